@@ -1,0 +1,284 @@
+"""``hscache extract``: run the target once and write a cache (resuming when one exists).
+
+Named steps: resolve settings -> check prompts (one streaming pass) -> open or resume the
+store -> capture batches on the main thread while a writer thread compresses, writes and
+commits -> finish (compact index, provenance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import schemas
+from hscache.backend import resolve_backend, use_backend
+from hscache.capture import CapturedSequence, capture_batch, greedy_continuation
+from hscache.errors import InputError, PromptFileError, ResumeMismatchError
+from hscache.layers import parse_layer_spec
+from hscache.prompts import PromptRecord, file_sha256, iter_records, prompt_token_ids, resolve_prompts
+from hscache.provenance import build_provenance, tokenizer_sha256, utc_now
+from hscache.store import fsio
+from hscache.store.layout import COMPRESSIONS, MANIFEST, PROVENANCE, TARGET_DIR, array_specs
+from hscache.store.reader import read_manifest
+from hscache.store.writer import SequenceRows, StoreWriter
+from hscache.target import Target, load_target
+from hscache.writer_thread import WriterThread
+
+__all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
+
+# Settings that change what the cache holds; a resume must match all of them.
+_RESUME_KEYS = ("model", "weights_sha256", "layer_ids", "dtype", "backend", "device", "tokenizer_sha256",
+                "prompts_sha256", "max_new_tokens", "max_length", "top_k", "full_logits", "batch_tokens")
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    """Everything ``hscache extract`` takes; CLI flags mirror these names."""
+
+    out: str
+    model: str = "builtin:tiny-qwen3.5"
+    prompts: str = "builtin:default"
+    layers: str = "dflash:3"
+    max_new_tokens: int = 64
+    dtype: str = "bf16"
+    backend: str = "auto"
+    device: str = "cpu"
+    max_length: int = 4096
+    top_k: int = 64
+    batch_tokens: int = 0  # 0: one sequence per forward on CPU, 16384 tokens on CUDA
+    full_logits: bool = False
+    compression: str = "balanced"
+    chunk_bytes: int = 8 << 20
+    commit_every_s: float = 30.0
+    overwrite: bool = False
+    limit: int | None = None
+
+
+@dataclass
+class ExtractResult:
+    path: Path
+    sequences: int
+    tokens: int
+    resumed_from: int  # sequences already committed when this run started
+    seconds: float
+    provenance: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+class Progress:
+    """Progress callbacks; the CLI renders them, the API default ignores them."""
+
+    def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None: ...
+    def advance(self, sequences: int, tokens: int) -> None: ...
+    def finish(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _PromptSummary:
+    path: Path
+    sha256: str
+    records: int
+    prompt_tokens: int
+
+
+def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
+    """Stream the prompts once: every line parses, tokenizes, and fits --max-length."""
+    path = resolve_prompts(config.prompts)
+    records = prompt_tokens = 0
+    for record in _limited(iter_records(path), config.limit):
+        length = len(prompt_token_ids(record, target.tokenizer))
+        if length > config.max_length:
+            raise PromptFileError(
+                f"record {record.record_id!r} (line {record.line_no}) has {length} prompt tokens, more than "
+                f"--max-length {config.max_length}; shorten it or raise --max-length"
+            )
+        records += 1
+        prompt_tokens += length
+    return _PromptSummary(path, file_sha256(path), records, prompt_tokens)
+
+
+def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[PromptRecord]:
+    for n, record in enumerate(records):
+        if limit is not None and n >= limit:
+            return
+        yield record
+
+
+def _settings(config: ExtractConfig, target: Target, layer_ids: list[int], backend: str,
+              prompts: _PromptSummary) -> dict[str, Any]:
+    batch_tokens = config.batch_tokens or (16384 if config.device.startswith("cuda") else 0)
+    return {
+        "model": config.model, "weights_sha256": target.weights_sha256, "layer_ids": layer_ids,
+        "dtype": config.dtype, "backend_requested": config.backend, "backend": backend,
+        "device": config.device, "tokenizer_sha256": tokenizer_sha256(target.tokenizer),
+        "prompts_sha256": prompts.sha256, "max_new_tokens": config.max_new_tokens,
+        "max_length": config.max_length, "top_k": config.top_k, "full_logits": config.full_logits,
+        "batch_tokens": batch_tokens, "mask_token_id": target.mask_token_id, "limit": config.limit,
+    }
+
+
+def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path) -> None:
+    diffs = [k for k in _RESUME_KEYS if existing.get(k) != settings.get(k)]
+    if diffs:
+        key = diffs[0]
+        raise ResumeMismatchError(
+            f"{out} was built with {key}={existing.get(key)!r} but this run has {key}={settings.get(key)!r}"
+            f"{f' (and {len(diffs) - 1} more differences)' if len(diffs) > 1 else ''}; "
+            "re-run with the original settings to resume, or pass --overwrite to start over"
+        )
+
+
+def _write_target_dir(out: Path, target: Target) -> None:
+    """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
+    from safetensors.torch import save_file
+
+    staging = out / f"{TARGET_DIR}{fsio.TEMP_MARK}staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    (staging / "config.json").write_text(json.dumps(target.text_config.to_dict(), indent=2, default=str))
+    target.tokenizer.save_pretrained(str(staging))
+    embed = target.model.get_input_embeddings().weight.detach().cpu()
+    head = target.model.get_output_embeddings().weight.detach().cpu()
+    tied = embed.data_ptr() == head.data_ptr()
+    tensors = {"embed_tokens": embed.contiguous()}
+    if not tied:
+        tensors["lm_head"] = head.contiguous()
+    save_file(tensors, str(staging / "head.safetensors"), metadata={"tied": str(tied).lower()})
+    for path in staging.iterdir():
+        fsio.fsync_file(path)
+    shutil.rmtree(out / TARGET_DIR, ignore_errors=True)
+    staging.rename(out / TARGET_DIR)
+    fsio.fsync_dir(out)
+
+
+def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any]) -> tuple[StoreWriter, int]:
+    out = Path(config.out)
+    if config.overwrite and out.exists():
+        shutil.rmtree(out)
+    if (out / MANIFEST).is_file():
+        manifest = read_manifest(out)
+        _check_resume(manifest["settings"], settings, out)
+        return StoreWriter.resume(out, manifest), int(manifest["committed"]["sequences"])
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory")
+    if config.compression not in COMPRESSIONS:
+        raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
+    text = target.text_config
+    specs = array_specs(len(settings["layer_ids"]), int(text.hidden_size), _LOGICAL[config.dtype], config.top_k,
+                        int(text.vocab_size) if config.full_logits else None, config.chunk_bytes)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_target_dir(out, target)
+    return StoreWriter.create(out, specs, config.compression, settings), 0
+
+
+_LOGICAL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _stored(t: torch.Tensor, dtype: str) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)  # raw bits: bit-exact round trip
+    return t.numpy().astype(dtype, copy=False)
+
+
+def _to_rows(captured: CapturedSequence, record: PromptRecord, prompt_len: int, stop_reason: str) -> SequenceRows:
+    token_ids = _stored(captured.token_ids, "int32")
+    arrays = {
+        "hidden_states": _stored(captured.hidden_states, "float32"),
+        "token_ids": token_ids,
+        "target_argmax": _stored(captured.argmax, "int32"),
+        "target_topk_values": _stored(captured.topk_values, "float32"),
+        "target_topk_ids": _stored(captured.topk_ids, "int32"),
+        "target_logsumexp": _stored(captured.logsumexp, "float32"),
+    }
+    if captured.logits is not None:
+        arrays["target_logits"] = _stored(captured.logits, "float32")
+    return SequenceRows(
+        arrays=arrays, record_id=record.record_id, prompt_len=prompt_len, stop_reason=stop_reason,
+        token_sha256=hashlib.sha256(token_ids.astype("<i4").tobytes()).hexdigest(),
+        metadata_json=json.dumps(record.metadata, sort_keys=True),
+    )
+
+
+def _batches(config: ExtractConfig, target: Target, batch_tokens: int, skip: int
+             ) -> Iterator[list[tuple[PromptRecord, list[int], int, str]]]:
+    """Generate continuations and group sequences greedily up to ``batch_tokens`` padded tokens.
+
+    Grouping depends only on the sequence order, so a resume (which starts at a committed batch
+    boundary) forms the same batches as an uninterrupted run.
+    """
+    batch: list[tuple[PromptRecord, list[int], int, str]] = []
+    records = _limited(iter_records(resolve_prompts(config.prompts)), config.limit)
+    for n, record in enumerate(records):
+        if n < skip:
+            continue
+        prompt = prompt_token_ids(record, target.tokenizer)
+        ids, stop = greedy_continuation(target, prompt, config.max_new_tokens, config.max_length)
+        width = max([len(ids)] + [len(b[1]) for b in batch])
+        if batch and width * (len(batch) + 1) > batch_tokens:
+            yield batch
+            batch = []
+        batch.append((record, ids, len(prompt), stop))
+    if batch:
+        yield batch
+
+
+def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractResult:
+    """Run the target over the prompts and write (or resume) the cache at ``config.out``.
+
+    Raises:
+        HscacheError subclasses for bad input, before any model work where possible;
+        StoreWriteError when the disk fails (the committed part stays intact and resumable).
+    """
+    progress = progress or Progress()
+    t0 = time.perf_counter()
+    backend = resolve_backend(config.backend, config.device)
+    target = load_target(config.model, config.dtype, config.device)
+    layer_ids = parse_layer_spec(config.layers, target.num_layers)
+    if config.top_k < 1:
+        raise InputError(f"--top-k {config.top_k} must be at least 1")
+    prompts = _check_prompts(config, target)
+    settings = _settings(config, target, layer_ids, backend, prompts)
+    writer, done = _open_store(config, target, settings)
+    out = Path(config.out)
+    with use_backend(target.model, backend) as kernels:
+        provenance = _start_provenance(out, target, settings, kernels, prompts, resumed=done > 0)
+        progress.start(prompts.records, prompts.prompt_tokens, done)
+        with WriterThread(writer, config.commit_every_s) as background:
+            for batch in _batches(config, target, settings["batch_tokens"], skip=done):
+                captured = capture_batch(target, [b[1] for b in batch], layer_ids, config.top_k, config.full_logits)
+                background.submit(lambda c=captured, b=batch: [
+                    _to_rows(cap, rec, plen, stop) for cap, (rec, _ids, plen, stop) in zip(c, b)])
+                progress.advance(len(batch), sum(len(b[1]) for b in batch))
+        writer.finish()
+    provenance["timestamps"]["finished_at"] = utc_now()
+    _write_provenance(out, provenance)
+    progress.finish()
+    return ExtractResult(out, writer.committed_sequences, writer.committed_tokens, done,
+                         time.perf_counter() - t0, provenance)
+
+
+def _start_provenance(out: Path, target: Target, settings: dict[str, Any], kernels: dict,
+                      prompts: _PromptSummary, resumed: bool) -> dict[str, Any]:
+    existing = out / PROVENANCE
+    if resumed and existing.is_file():
+        provenance = json.loads(existing.read_text())
+        provenance["timestamps"]["resumed_at"].append(utc_now())
+    else:
+        provenance = build_provenance(target=target, settings=settings, kernels=kernels, prompts_path=prompts.path,
+                                      num_records=prompts.records, started_at=utc_now())
+    _write_provenance(out, provenance)
+    return provenance
+
+
+def _write_provenance(out: Path, provenance: dict[str, Any]) -> None:
+    schemas.validate(provenance, "provenance")
+    fsio.atomic_write_json(out / PROVENANCE, provenance)

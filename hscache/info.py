@@ -1,0 +1,63 @@
+"""``hscache info``: what a cache holds, in numbers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hscache.store.reader import open_cache
+
+__all__ = ["cache_summary", "format_summary"]
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON-ready summary of the cache at ``path``."""
+    cache = open_cache(path)
+    prov = cache.provenance
+    stored = {name: _dir_bytes(cache.path / "arrays" / name) for name in cache.specs}
+    raw = {name: spec.bytes_per_token * cache.num_tokens for name, spec in cache.specs.items()}
+    lengths = cache.index.column("length").to_pylist()
+    prompt_lens = cache.index.column("prompt_len").to_pylist()
+    return {
+        "path": str(cache.path),
+        "complete": cache.complete,
+        "sequences": len(cache),
+        "tokens": cache.num_tokens,
+        "generated_tokens": sum(lengths) - sum(prompt_lens),
+        "layer_ids": cache.layer_ids,
+        "layer_types": [prov.get("model", {}).get("layer_types", [None] * 10**4)[i] for i in cache.layer_ids],
+        "dtype": cache.settings["dtype"],
+        "backend": cache.settings["backend"],
+        "kernels": {k: v["backend"] for k, v in prov.get("capture", {}).get("kernels", {}).items()},
+        "device": cache.settings["device"],
+        "model": cache.settings["model"],
+        "mask_token_id": cache.mask_token_id,
+        "compression": cache.manifest["compression"],
+        "bytes_on_disk": _dir_bytes(cache.path),
+        "arrays": {
+            name: {**spec.to_dict(), "stored_bytes": stored[name],
+                   "compression_ratio": round(raw[name] / stored[name], 3) if stored[name] else None}
+            for name, spec in cache.specs.items()
+        },
+        "bytes_per_token": round(sum(stored.values()) / max(1, cache.num_tokens), 1),
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    hidden = s["arrays"]["hidden_states"]
+    lines = [
+        f"cache      {s['path']} ({'complete' if s['complete'] else 'INCOMPLETE: resume with the same extract command'})",
+        f"model      {s['model']}",
+        f"sequences  {s['sequences']}  tokens {s['tokens']} ({s['generated_tokens']} generated)",
+        f"layers     {s['layer_ids']}  types {s['layer_types']}",
+        f"dtype      {s['dtype']} on {s['device']}, backend {s['backend']} {s['kernels']}",
+        f"storage    {s['bytes_on_disk'] / 2**20:.2f} MiB, {s['bytes_per_token']} B/token, "
+        f"hidden states x{hidden['compression_ratio']} ({s['compression']}), chunk {hidden['chunk_tokens']} tokens",
+        f"mask id    {s['mask_token_id']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Read prompt records from JSONL, one at a time, and turn each into prompt token ids.
+
+A record is ``{"id", "prompt"}``, ``{"id", "messages"}`` (chat template applied when the
+tokenizer has one) or ``{"id", "input_ids"}``; any other key is kept as metadata.
+The file is streamed: memory does not grow with its size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from hscache.errors import PromptFileError
+
+__all__ = ["DEFAULT_PROMPTS", "PromptRecord", "file_sha256", "iter_records", "prompt_token_ids", "resolve_prompts"]
+
+DEFAULT_PROMPTS = "builtin:default"
+_CONTENT_KEYS = ("prompt", "messages", "input_ids")
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    line_no: int  # 1-based line in the prompts file, for error messages
+    record_id: str
+    content_key: str  # which of _CONTENT_KEYS carried the content
+    content: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_prompts(prompts: str | Path) -> Path:
+    """The path of a prompts file; ``builtin:default`` is the bundled set of 20 prompts."""
+    if str(prompts) == DEFAULT_PROMPTS:
+        return Path(str(resources.files("hscache.data").joinpath("default_prompts.jsonl")))
+    path = Path(prompts)
+    if not path.is_file():
+        raise PromptFileError(
+            f"prompts file {str(path)!r} does not exist; pass a JSONL file or {DEFAULT_PROMPTS}"
+        )
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
+    where = f"{path}:{line_no}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+    if not isinstance(obj, dict):
+        raise PromptFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    keys = [k for k in _CONTENT_KEYS if k in obj]
+    if len(keys) != 1:
+        raise PromptFileError(
+            f"{where}: a record needs exactly one of 'prompt', 'messages', 'input_ids' (found {keys or 'none'})"
+        )
+    content = obj[keys[0]]
+    if keys[0] == "prompt" and not (isinstance(content, str) and content):
+        raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
+    if keys[0] == "messages" and not (isinstance(content, list) and content):
+        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    if keys[0] == "input_ids" and not (
+        isinstance(content, list) and content and all(isinstance(t, int) and t >= 0 for t in content)
+    ):
+        raise PromptFileError(f"{where}: 'input_ids' must be a non-empty list of non-negative integers")
+    record_id = str(obj.get("id", line_no))
+    metadata = {k: v for k, v in obj.items() if k not in (*_CONTENT_KEYS, "id")}
+    return PromptRecord(line_no, record_id, keys[0], content, metadata)
+
+
+def iter_records(path: Path) -> Iterator[PromptRecord]:
+    """Yield records in file order; blank lines are skipped.
+
+    Raises:
+        PromptFileError: a malformed line (with its line number) or a file with no records.
+    """
+    count = 0
+    with path.open("r", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                count += 1
+                yield _parse_line(path, line_no, line)
+    if count == 0:
+        raise PromptFileError(f"prompts file {str(path)!r} has no records; add one JSON object per line")
+
+
+def prompt_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids of the record's prompt (chat template applied to ``messages`` when present)."""
+    if record.content_key == "input_ids":
+        ids = list(record.content)
+        too_big = [t for t in ids if t >= len(tokenizer)]
+        if too_big:
+            raise PromptFileError(
+                f"record {record.record_id!r} (line {record.line_no}): token id {too_big[0]} is outside "
+                f"the tokenizer's vocabulary of {len(tokenizer)}"
+            )
+        return ids
+    if record.content_key == "messages":
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(record.content, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            return list(ids)
+        text = "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in record.content)
+        return tokenizer(text, add_special_tokens=True)["input_ids"]
+    return tokenizer(record.content, add_special_tokens=True)["input_ids"]

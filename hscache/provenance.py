@@ -1,0 +1,117 @@
+"""Provenance: how a cache was made, validated against schemas/provenance.schema.json."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hscache.backend import KernelBinding
+
+__all__ = ["LAYER_CONVENTION", "SCHEMA_VERSION", "build_provenance", "git_commit", "package_versions", "utc_now"]
+
+SCHEMA_VERSION = 1
+LAYER_CONVENTION = (
+    "layer i = output of decoder layer i (0-based) = transformers hidden_states[i + 1], "
+    "captured by a forward hook, before the final norm"
+)
+_VERSIONED = ("hscache", "torch", "transformers", "flash-linear-attention", "triton", "causal-conv1d",
+              "zarr", "numcodecs", "pyarrow", "numpy", "safetensors", "tokenizers", "dask")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed version of each package that can change what a cache holds (None: absent)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    versions["cuda"] = torch.version.cuda
+    return versions
+
+
+def git_commit() -> str | None:
+    """The hscache source commit when running from a git checkout, else None."""
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _hardware(device: str) -> dict[str, Any]:
+    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None
+    return {"device": device, "gpu_name": gpu, "cpu": platform.processor() or platform.machine(),
+            "hostname": platform.node()}
+
+
+def build_provenance(
+    *,
+    target: Any,
+    settings: dict[str, Any],
+    kernels: dict[str, KernelBinding],
+    prompts_path: Path,
+    num_records: int,
+    started_at: str,
+) -> dict[str, Any]:
+    """The provenance document of one extraction (finished_at is filled in at the end)."""
+    config = target.text_config
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hscache_git_commit": git_commit(),
+        "model": {
+            "name": target.name,
+            "path": str(Path(target.name).resolve()) if not target.name.startswith("builtin:") else None,
+            "weights_sha256": target.weights_sha256,
+            "model_type": getattr(target.model.config, "model_type", "unknown"),
+            "architecture": type(target.model).__name__,
+            "layer_path": target.layer_path,
+            "num_layers": target.num_layers,
+            "hidden_size": int(config.hidden_size),
+            "vocab_size": int(config.vocab_size),
+            "layer_types": target.layer_types,
+            "tokenizer_sha256": tokenizer_sha256(target.tokenizer),
+            "mask_token_id": target.mask_token_id,
+        },
+        "capture": {
+            "layer_ids": list(settings["layer_ids"]),
+            "layer_convention": LAYER_CONVENTION,
+            "dtype": settings["dtype"],
+            "device": settings["device"],
+            "backend_requested": settings["backend_requested"],
+            "backend": settings["backend"],
+            "kernels": {k: {"backend": b.backend, "function": b.function} for k, b in sorted(kernels.items())},
+            "attn_implementation": str(getattr(target.model.config, "_attn_implementation", None)),
+            "max_new_tokens": settings["max_new_tokens"],
+            "max_length": settings["max_length"],
+            "top_k": settings["top_k"],
+            "full_logits": settings["full_logits"],
+            "batch_tokens": settings["batch_tokens"],
+        },
+        "prompts": {"path": str(prompts_path), "sha256": settings["prompts_sha256"], "records": num_records},
+        "versions": package_versions(),
+        "hardware": _hardware(settings["device"]),
+        "command_line": list(sys.argv),
+        "timestamps": {"started_at": started_at, "finished_at": None, "resumed_at": []},
+    }

@@ -1,0 +1,60 @@
+"""Durable file operations: write to a temp file, fsync, rename, fsync the directory.
+
+A reader therefore sees either the old or the new file, never a torn one, and a power
+loss after the rename cannot lose what the rename published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_bytes", "atomic_write_json", "fsync_dir", "fsync_file", "TEMP_MARK"]
+
+# Every temp file hscache creates contains this mark, so a resume can find and delete leftovers.
+TEMP_MARK = ".hscache-tmp-"
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Publish ``data`` at ``path`` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{TEMP_MARK}{uuid.uuid4().hex}")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, document: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())

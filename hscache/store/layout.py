@@ -1,0 +1,122 @@
+"""What a cache directory holds and how each array is chunked and compressed.
+
+    cache/
+      manifest.json          the commit record: which tokens and index parts exist (truth)
+      provenance.json        how the cache was made (schemas/provenance.schema.json)
+      zarr.json, arrays/...  zarr v3 group; token-major ragged arrays, one row per token
+      index/part-NNNNNN.parquet  per-sequence rows (offset, length, prompt_len, hashes, metadata)
+      target/                config.json, head.safetensors, tokenizer files
+
+All arrays are flat along the token axis (sequence i = rows offset..offset+length), so one
+sequence is one contiguous slice (random access) and a full scan reads chunks in order
+(streaming). Chunks hold whole powers of two of tokens, sized to ``chunk_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ARRAYS_GROUP",
+    "ArraySpec",
+    "COMPRESSIONS",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_DIR",
+    "LOGICAL_TO_STORED",
+    "MANIFEST",
+    "PROVENANCE",
+    "TARGET_DIR",
+    "array_specs",
+    "chunk_tokens_for",
+    "codecs_for",
+]
+
+FORMAT_NAME = "hscache"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PROVENANCE = "provenance.json"
+ARRAYS_GROUP = "arrays"
+INDEX_DIR = "index"
+TARGET_DIR = "target"
+
+# zarr 3.1 has no bfloat16: store the raw 16 bits as uint16 and name the logical dtype in the
+# array's attributes. Bit-exact, and readable by any zarr reader without a registration.
+LOGICAL_TO_STORED = {"bfloat16": "uint16", "float16": "float16", "float32": "float32"}
+
+# Measured in bench/extract.py on bf16 hidden states; see README "Storage choices".
+COMPRESSIONS = ("balanced", "fast", "none")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    name: str  # fixed on-disk name; survives renames in code
+    row_shape: tuple[int, ...]  # shape of one token's row
+    logical_dtype: str  # numpy/ml_dtypes name of what readers get back
+    chunk_tokens: int
+
+    @property
+    def stored_dtype(self) -> str:
+        return LOGICAL_TO_STORED.get(self.logical_dtype, self.logical_dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(self.stored_dtype).itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "row_shape": list(self.row_shape),
+            "logical_dtype": self.logical_dtype,
+            "stored_dtype": self.stored_dtype,
+            "chunk_tokens": self.chunk_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict[str, Any]) -> "ArraySpec":
+        return cls(name, tuple(d["row_shape"]), d["logical_dtype"], int(d["chunk_tokens"]))
+
+
+def chunk_tokens_for(bytes_per_token: int, chunk_bytes: int) -> int:
+    """The largest power of two of tokens whose chunk fits ``chunk_bytes`` (256 .. 1M tokens)."""
+    tokens = max(1, chunk_bytes // max(1, bytes_per_token))
+    return int(min(1 << 20, max(256, 1 << (tokens.bit_length() - 1))))
+
+
+def array_specs(
+    num_layers: int, hidden_size: int, hidden_dtype: str, top_k: int, vocab_size: int | None, chunk_bytes: int
+) -> dict[str, ArraySpec]:
+    """The arrays of one cache; ``vocab_size`` adds full logits (``--full-logits``)."""
+    rows: dict[str, tuple[tuple[int, ...], str]] = {
+        "hidden_states": ((num_layers, hidden_size), hidden_dtype),
+        "token_ids": ((), "int32"),
+        "target_argmax": ((), "int32"),
+        "target_topk_values": ((top_k,), "float32"),
+        "target_topk_ids": ((top_k,), "int32"),
+        "target_logsumexp": ((), "float32"),
+    }
+    if vocab_size:
+        rows["target_logits"] = ((vocab_size,), "float32")
+    specs = {}
+    for name, (shape, dtype) in rows.items():
+        probe = ArraySpec(name, shape, dtype, 1)
+        specs[name] = ArraySpec(name, shape, dtype, chunk_tokens_for(probe.bytes_per_token, chunk_bytes))
+    return specs
+
+
+def codecs_for(spec: ArraySpec, compression: str) -> list[Any]:
+    """zarr v3 bytes-to-bytes codecs; crc32c is always last so any flipped bit is caught."""
+    from zarr.codecs import BloscCodec, Crc32cCodec
+
+    itemsize = np.dtype(spec.stored_dtype).itemsize
+    if compression == "none":
+        chain: list[Any] = []
+    elif compression == "fast":
+        chain = [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=itemsize)]
+    elif compression == "balanced":
+        chain = [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", typesize=itemsize)]
+    else:
+        raise ValueError(f"compression {compression!r}; choose one of {', '.join(COMPRESSIONS)}")
+    return [*chain, Crc32cCodec()]
