@@ -1,0 +1,34 @@
+"""Shared test helpers: small caches of the built-in targets, built once per session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import transformers
+
+import hscache
+
+transformers.logging.set_verbosity_error()
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="session")
+def fp32_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built-in hybrid target, fp32, 4 prompts with 12 greedy tokens, all 8 layers."""
+    out = tmp_path_factory.mktemp("cache") / "fp32"
+    hscache.extract(hscache.ExtractConfig(out=str(out), layers="0,1,2,3,4,5,6,7", max_new_tokens=12,
+                                          dtype="fp32", limit=4))
+    return out
+
+
+@pytest.fixture(scope="session")
+def bf16_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cache") / "bf16"
+    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="bf16", limit=4))
+    return out

@@ -1,0 +1,115 @@
+"""Each bad input: one clear line naming the problem and the fix, exit 2, nothing lost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import hscache
+from hscache.cli import main
+from tests.conftest import write_jsonl
+
+
+def _run(*args: str):
+    result = CliRunner().invoke(main, ["extract", "--quiet", *args])
+    return result.exit_code, result.output.strip()
+
+
+def _assert_one_line_error(code: int, text: str, *fragments: str) -> None:
+    assert code == 2, text
+    assert text.startswith("error: ") and "\n" not in text, text
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def test_missing_prompts_file(tmp_path):
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(tmp_path / "nope.jsonl"))
+    _assert_one_line_error(code, text, "nope.jsonl' does not exist", "builtin:default")
+
+
+def test_malformed_jsonl_line_names_its_line_number(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 1, "prompt": "ok"}\n\n{"id": 2, "prompt": "broken"\n')
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:3:", "not valid JSON")
+    assert not (tmp_path / "c").exists()  # rejected before anything was written
+
+
+def test_record_without_content_key(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "hi"}])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:1:", "exactly one of 'prompt', 'messages', 'input_ids'")
+
+
+def test_empty_prompts_file(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n\n")
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "has no records")
+
+
+@pytest.mark.parametrize("layers,fragment", [
+    ("9", "layer 9 out of range for a target with 8 layers; choose 0-7"),
+    ("1,3,1", "layer 1 is listed twice"),
+    ("1,x", "not a comma-separated list of integers"),
+    ("dflash:x", "expected dflash:N"),
+    ("-1", "layer -1 out of range"),
+])
+def test_bad_layer_ids(tmp_path, layers, fragment):
+    code, text = _run("--out", str(tmp_path / "c"), "--layers", layers)
+    _assert_one_line_error(code, text, fragment)
+    assert not (tmp_path / "c").exists()
+
+
+def test_unknown_model_path(tmp_path):
+    code, text = _run("--out", str(tmp_path / "c"), "--model", str(tmp_path / "no-model"))
+    _assert_one_line_error(code, text, "neither a built-in target", "nothing is downloaded")
+    code, text = _run("--out", str(tmp_path / "c"), "--model", "builtin:huge")
+    _assert_one_line_error(code, text, "unknown built-in target 'builtin:huge'")
+
+
+def test_prompt_longer_than_max_length(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": "short", "prompt": "hi"},
+                                              {"id": "long", "prompt": "word " * 200}])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path), "--max-length", "50")
+    _assert_one_line_error(code, text, "record 'long' (line 2)", "more than --max-length 50")
+
+
+def test_out_of_vocabulary_input_ids(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "input_ids": [1, 2, 99999]}])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "token id 99999 is outside the tokenizer's vocabulary of 512")
+
+
+def test_fla_backend_on_a_cpu_machine(tmp_path):
+    code, text = _run("--out", str(tmp_path / "c"), "--backend", "fla")
+    _assert_one_line_error(code, text, "--backend fla cannot run here", "use --backend torch")
+
+
+def test_out_dir_with_foreign_files_is_not_touched(tmp_path):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    code, text = _run("--out", str(out), "--limit", "1", "--max-new-tokens", "2")
+    _assert_one_line_error(code, text, "is not empty and holds no cache")
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_mismatched_resume_keeps_the_existing_cache(tmp_path, bf16_cache):
+    import shutil
+
+    out = tmp_path / "c"
+    shutil.copytree(bf16_cache, out)
+    before = json.loads((out / "manifest.json").read_text())
+    code, text = _run("--out", str(out), "--layers", "1,3,7", "--max-new-tokens", "12", "--limit", "4",
+                      "--dtype", "fp32")
+    _assert_one_line_error(code, text, "built with dtype='bf16' but this run has dtype='fp32'", "--overwrite")
+    assert json.loads((out / "manifest.json").read_text()) == before
+    assert len(hscache.open_cache(out)) == 4
+
+
+def test_info_on_a_directory_that_is_not_a_cache(tmp_path):
+    result = CliRunner().invoke(main, ["info", str(tmp_path)])
+    _assert_one_line_error(result.exit_code, result.output.strip(), "is not an hscache cache")
