@@ -1,0 +1,279 @@
+"""Exact offline replay of the greedy speculative-decoding round loop (spec section 3).
+
+Data model, for one cached sequence of length T with prompt length P:
+    token_ids x [T], target_argmax a [T]: a[t] is the target's greedy prediction for t+1,
+    so the target's greedy token at position p+j is g_{p+j} = a[p+j-1].
+    The drafter runs once per anchor p in [P, T-2]; row r of its outputs is anchor p = P + r.
+
+The round loop (identical for chain and DDTree, only the per-round match count differs):
+
+    p = P                      # x_P, the first generated token, is the first bonus token
+    while p < T - 1:
+        avail = T - 1 - p      # positions left after the anchor
+        acc   = matched drafted tokens, at most avail (stop at the sequence end), and
+                stopping BEFORE the first position p+j where the data leaves the greedy
+                path (x[p+j] != g_{p+j}): the cache has no features past that point
+        tokens = min(acc + 1, avail)   # acc drafted + 1 bonus; the bonus is dropped
+                                       # when acc already reaches position T-1
+        p += tokens
+
+So the rounds of a sequence always commit exactly T-1-P tokens. A round is "cut short by
+off-greedy data" when the draft DID match g_{p+j} at the first off-greedy position p+j: the
+online loop would have accepted it and gone on, so the offline count is a lower bound there.
+When the draft missed at that position the round ends there anyway and nothing is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scorer.ddtree import Tree, build_tree, walk_tree
+
+__all__ = ["RoundLog", "slot_matches", "replay_chain", "replay_trees", "replay_ddtree"]
+
+
+@dataclass(frozen=True)
+class RoundLog:
+    """The rounds of one replayed sequence.
+
+    Attributes:
+        prompt_len: P.
+        seq_len: T.
+        anchors: anchor position p of each round.
+        accepted: acc per round (matched drafted tokens that were committed).
+        tokens: tokens committed per round, min(acc + 1, T-1-p); they sum to T-1-P.
+        cut_off_greedy: per round, True when off-greedy data stopped a round whose draft
+            still matched the target there (the offline count undercounts that round).
+        hit_end: per round, True when acc reached position T-1 (the last round, cut).
+        off_greedy_positions: generated positions t in [P+1, T-1] with x[t] != a[t-1].
+    """
+
+    prompt_len: int
+    seq_len: int
+    anchors: tuple[int, ...]
+    accepted: tuple[int, ...]
+    tokens: tuple[int, ...]
+    cut_off_greedy: tuple[bool, ...]
+    hit_end: tuple[bool, ...]
+    off_greedy_positions: int
+
+    @property
+    def n_rounds(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(self.tokens)
+
+    @property
+    def n_cut_off_greedy(self) -> int:
+        return sum(self.cut_off_greedy)
+
+    @property
+    def tau(self) -> float | None:
+        """Mean tokens per round of this sequence, None when it has no rounds (T-1 <= P)."""
+        return self.n_tokens / self.n_rounds if self.tokens else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return per-round lists and the sequence summary as plain numbers."""
+        return {
+            "prompt_len": self.prompt_len,
+            "seq_len": self.seq_len,
+            "n_rounds": self.n_rounds,
+            "n_tokens": self.n_tokens,
+            "tau": self.tau,
+            "n_cut_off_greedy": self.n_cut_off_greedy,
+            "off_greedy_positions": self.off_greedy_positions,
+            "anchors": list(self.anchors),
+            "accepted": list(self.accepted),
+            "tokens": list(self.tokens),
+            "cut_off_greedy": list(self.cut_off_greedy),
+            "hit_end": list(self.hit_end),
+        }
+
+
+def _as_int_array(name: str, value: Any, ndim: int) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch tensor -> numpy without importing torch here
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim != ndim or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must be a {ndim}-D integer array, got shape {arr.shape} {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _check_sequence(token_ids: Any, target_argmax: Any, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+    x = _as_int_array("token_ids", token_ids, 1)
+    a = _as_int_array("target_argmax", target_argmax, 1)
+    if x.shape != a.shape:
+        raise ValueError(f"token_ids has length {len(x)} but target_argmax has {len(a)}; they must match")
+    if not 1 <= prompt_len <= len(x):
+        raise ValueError(f"prompt_len {prompt_len} out of range for a sequence of length {len(x)}")
+    return x, a
+
+
+def _n_anchors(seq_len: int, prompt_len: int) -> int:
+    return max(seq_len - 1 - prompt_len, 0)  # anchors p in [P, T-2]
+
+
+def _check_rows(name: str, rows: int, seq_len: int, prompt_len: int) -> None:
+    expected = _n_anchors(seq_len, prompt_len)
+    if rows != expected:
+        raise ValueError(
+            f"{name} has {rows} anchor rows but a sequence of length {seq_len} with prompt_len "
+            f"{prompt_len} has {expected} anchors; run the drafter once per anchor p in [P, T-2]"
+        )
+
+
+def slot_matches(
+    draft: Any, token_ids: Any, target_argmax: Any, prompt_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Compare every draft slot with the target's greedy token, over all anchors.
+
+    Args:
+        draft: [A, B-1] argmax draft tokens of slots 1..B-1; row r is anchor p = P + r.
+        token_ids: [T] token ids x.
+        target_argmax: [T] target argmax a (a[t] predicts position t+1).
+        prompt_len: P.
+
+    Returns:
+        (match, valid), both bool [A, B-1]: valid[r, j-1] is p+j <= T-1 (the slot lies inside
+        the sequence); match[r, j-1] is valid and draft_j == g_{p+j} = a[p+j-1].
+
+    Raises:
+        ValueError: on mismatched shapes or a wrong number of anchor rows.
+    """
+    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
+    d = _as_int_array("draft", draft, 2)
+    _check_rows("draft", d.shape[0], len(x), prompt_len)
+    # pos[r, s] = p + j - 1 with p = P + r, j = s + 1: the index of a holding g_{p+j}.
+    pos = prompt_len + np.arange(d.shape[0])[:, None] + np.arange(d.shape[1])[None, :]
+    valid = pos <= len(x) - 2
+    match = valid & (d == a[np.minimum(pos, len(x) - 1)])
+    return match, valid
+
+
+def _next_off_greedy(x: np.ndarray, a: np.ndarray) -> np.ndarray:
+    # nxt[t] = smallest t' >= t with x[t'] != a[t'-1] (data leaves the greedy path), T if none.
+    n = len(x)
+    off = np.zeros(n + 1, dtype=bool)
+    off[1:n] = x[1:] != a[:-1]
+    idx = np.where(off, np.arange(n + 1), n)
+    return np.minimum.accumulate(idx[::-1])[::-1]
+
+
+def _replay(walk: Callable[[int, int], int], x: np.ndarray, a: np.ndarray, prompt_len: int) -> RoundLog:
+    """Run the round loop; ``walk(p, avail)`` gives the match depth at anchor p, ignoring data."""
+    n = len(x)
+    nxt = _next_off_greedy(x, a)
+    anchors, accepted, tokens, cut, end = [], [], [], [], []
+    p = prompt_len
+    while p < n - 1:
+        avail = n - 1 - p
+        matched = min(walk(p, avail), avail)
+        first_off = int(nxt[p + 1]) - p  # depth j of the first off-greedy position (> avail if none)
+        acc = min(matched, first_off - 1)
+        anchors.append(p)
+        accepted.append(acc)
+        tokens.append(min(acc + 1, avail))
+        cut.append(first_off <= matched)
+        end.append(acc == avail)
+        p += tokens[-1]
+    off_count = int(np.count_nonzero(x[prompt_len + 1 :] != a[prompt_len : n - 1]))
+    return RoundLog(
+        prompt_len, n, tuple(anchors), tuple(accepted), tuple(tokens), tuple(cut), tuple(end), off_count
+    )
+
+
+def replay_chain(
+    draft: Any, token_ids: Any, target_argmax: Any, prompt_len: int, block_size: int
+) -> RoundLog:
+    """Replay the chain (plain DFlash) round loop over one cached sequence.
+
+    Args:
+        draft: [A, B-1] argmax draft tokens, A = T-1-P anchors (row r is anchor P + r).
+        token_ids: [T] token ids x.
+        target_argmax: [T] target argmax a.
+        prompt_len: P.
+        block_size: B; ``draft`` must have B-1 columns.
+
+    Returns:
+        The RoundLog; acc is the count of leading slots with draft_j == g_{p+j}, see the
+        module docstring for the sequence-end and off-greedy rules.
+
+    Raises:
+        ValueError: on mismatched shapes.
+    """
+    match, _ = slot_matches(draft, token_ids, target_argmax, prompt_len)
+    if match.shape[1] != block_size - 1:
+        raise ValueError(
+            f"draft has {match.shape[1]} slot columns; block_size {block_size} needs {block_size - 1}"
+        )
+    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
+    lead = np.cumprod(match, axis=1).sum(axis=1).tolist()  # leading correct slots per anchor
+    return _replay(lambda p, avail: lead[p - prompt_len], x, a, prompt_len)
+
+
+def _tree_walk(tree: Tree, a: np.ndarray, p: int, avail: int) -> int:
+    # Depth j is checked against g_{p+j} = a[p+j-1], j = 1..avail.
+    return len(walk_tree(tree, a[p : p + avail].tolist()))
+
+
+def replay_trees(trees: Sequence[Tree], token_ids: Any, target_argmax: Any, prompt_len: int) -> RoundLog:
+    """Replay the DDTree round loop (spec section 4) with one prebuilt tree per anchor.
+
+    Args:
+        trees: A = T-1-P trees; ``trees[r]`` is the tree drafted at anchor P + r.
+        token_ids: [T] token ids x.
+        target_argmax: [T] target argmax a.
+        prompt_len: P.
+
+    Returns:
+        The RoundLog; acc is the number of nodes matched by the greedy walk (``walk_tree``).
+
+    Raises:
+        ValueError: on mismatched shapes.
+    """
+    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
+    _check_rows("trees", len(trees), len(x), prompt_len)
+    return _replay(lambda p, avail: _tree_walk(trees[p - prompt_len], a, p, avail), x, a, prompt_len)
+
+
+def replay_ddtree(
+    lp_vals: Any, lp_ids: Any, token_ids: Any, target_argmax: Any, prompt_len: int, budget: int
+) -> RoundLog:
+    """Replay DDTree-``budget`` from per-slot top-K log-probs, building trees only where visited.
+
+    Args:
+        lp_vals: [A, B-1, K] float log-probs (log_softmax over the full vocabulary, sorted
+            descending per slot); row r is anchor P + r.
+        lp_ids: [A, B-1, K] token ids matching ``lp_vals``.
+        token_ids: [T] token ids x.
+        target_argmax: [T] target argmax a.
+        prompt_len: P.
+        budget: N tree nodes per round (root not counted).
+
+    Returns:
+        The RoundLog, as ``replay_trees`` with ``build_tree(lp_vals[r], lp_ids[r], budget)``.
+
+    Raises:
+        ValueError: on mismatched shapes or a negative budget.
+    """
+    if hasattr(lp_vals, "detach"):
+        lp_vals, lp_ids = lp_vals.detach().cpu().numpy(), lp_ids.detach().cpu().numpy()
+    vals, ids = np.asarray(lp_vals), np.asarray(lp_ids)
+    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
+    if vals.ndim != 3 or vals.shape != ids.shape:
+        raise ValueError(f"lp_vals {vals.shape} and lp_ids {ids.shape} must both be [A, B-1, K]")
+    _check_rows("lp_vals", vals.shape[0], len(x), prompt_len)
+    if budget < 0:
+        raise ValueError(f"budget {budget} is negative; pass the number of tree nodes N >= 0")
+
+    def walk(p: int, avail: int) -> int:
+        r = p - prompt_len
+        return _tree_walk(build_tree(vals[r], ids[r], budget), a, p, avail)
+
+    return _replay(walk, x, a, prompt_len)
