@@ -1,0 +1,1 @@
+"""Offline scoring of DFlash drafters against hidden-state caches."""

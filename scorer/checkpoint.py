@@ -1,0 +1,431 @@
+"""Load any DFlash drafter checkpoint into (DrafterConfig, state_dict) and say what was inferred.
+
+Accepted (spec/dflash.md section 2): an HF directory (config.json + model.safetensors, or
+shards with `model.safetensors.index.json`, or pytorch_model.bin), a bare `.safetensors` file,
+or a training pickle (`.pt`, `.pth`, `.bin`). Pickles load with `weights_only=True` unless the
+caller trusts the file, since full unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import zipfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from scorer.drafter import DFlashDrafter, DrafterConfig, derive_target_layer_ids, hf_config_fields
+from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
+
+__all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
+
+# Fixed strings: they are written into cache manifests and result files.
+FORMAT_HF_DIR, FORMAT_HF_SHARDED, FORMAT_SAFETENSORS, FORMAT_PICKLE = (
+    "hf_dir", "hf_dir_sharded", "safetensors", "torch_pickle")
+_ACCEPTED = ("an HF directory (config.json + model.safetensors or shards + model.safetensors.index.json), "
+             "a .safetensors file, or a .pt/.pth/.bin training checkpoint")
+_PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
+_NESTING_KEYS = ("model", "state_dict", "model_state_dict", "module")
+_CONFIG_KEYS = ("config", "args", "model_config")
+_CONFIG_HINTS = {*DrafterConfig.__dataclass_fields__, "dflash_config", "aux", "aux_layer_ids"}
+_LEADING_PREFIXES = ("module.", "draft_model.", "model.")
+_WRAPPER_SEGMENTS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")  # may sit mid-key
+_RENAMES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))
+_TARGET_COPIES = ("embed_tokens.weight", "lm_head.weight")
+_ST_METADATA = {"format": "pt"}  # what transformers writes; lets it load our shards
+_DEFAULTS = {"block_size": 16, "rms_norm_eps": 1e-6, "rope_scaling": None, "attention_bias": False}
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What `load_checkpoint` read, inferred and changed.
+
+    `field_sources` maps each DrafterConfig field to "config", "shapes", "override", "derived"
+    (target_layer_ids from num_target_layers) or "default". `sha256` is the file's digest, or for
+    several files the sha256 of their sorted "name digest" lines; `weights_sha256` hashes the
+    final state_dict (names, dtypes, shapes, bytes), so it is the same across formats.
+    `stripped_prefixes` also lists vLLM renames as "old -> new"; `dropped_keys` are original names.
+    """
+
+    path: str
+    format: str
+    file_sha256: dict[str, str]
+    sha256: str
+    weights_sha256: str
+    field_sources: dict[str, str]
+    stripped_prefixes: tuple[str, ...]
+    dropped_keys: tuple[str, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (tuples become lists)."""
+        return json.loads(json.dumps(asdict(self)))
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A drafter ready for `DFlashDrafter(config).load_state_dict(state_dict)`."""
+
+    config: DrafterConfig
+    state_dict: dict[str, torch.Tensor]
+    report: LoadReport
+
+
+def load_checkpoint(path: str | os.PathLike, *, overrides: dict[str, Any] | None = None,
+                    trust_checkpoint: bool = False) -> LoadedCheckpoint:
+    """Load a DFlash drafter checkpoint of any supported format.
+
+    Args:
+        path: HF directory, `.safetensors` file, or `.pt`/`.pth`/`.bin` pickle.
+        overrides: DrafterConfig field -> value for what the weights cannot tell (target_layer_ids
+            or num_target_layers, mask_token_id, rope_theta, vocab_size, ...); wins over a config.
+        trust_checkpoint: allow full unpickling of a pickle that `weights_only` refuses.
+
+    Returns:
+        LoadedCheckpoint with exactly the drafter's keys (no embed_tokens / lm_head).
+
+    Raises:
+        CheckpointNotFoundError: no such path, or a directory without weights.
+        UntrustedCheckpointError: the pickle needs full unpickling and trust_checkpoint is False.
+        CheckpointError: not a DFlash drafter (keys or shapes), or fields nothing could supply.
+
+    Example:
+        >>> ckpt = load_checkpoint("Qwen3-8B-DFlash-b16")  # doctest: +SKIP
+        >>> drafter = DFlashDrafter(ckpt.config); drafter.load_state_dict(ckpt.state_dict)  # doctest: +SKIP
+    """
+    root = Path(path)
+    fmt, files, config_json = _resolve_files(root)
+    raw, embedded_config = _read_weights(fmt, files, root, trust_checkpoint)
+    state_dict, stripped, dropped = _normalize_keys(raw, root)
+    del raw  # drop the last reference to anything else the file held
+    config, sources, notes = _resolve_config(state_dict, config_json or embedded_config, overrides or {},
+                                             root)
+    _validate(state_dict, config, root)
+    file_sha = {str(f.relative_to(root) if root.is_dir() else f.name): _sha256_file(f) for f in files}
+    report = LoadReport(path=str(root), format=fmt, file_sha256=file_sha, sha256=_combine(file_sha),
+                        weights_sha256=_weights_sha256(state_dict), field_sources=sources,
+                        stripped_prefixes=stripped, dropped_keys=dropped, notes=tuple(notes))
+    return LoadedCheckpoint(config=config, state_dict=state_dict, report=report)
+
+
+def _resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
+    """Format, weight/config files to read and hash, and the parsed config.json (if any)."""
+    if not root.exists():
+        raise CheckpointNotFoundError(f"checkpoint {root} does not exist; expected {_ACCEPTED}")
+    if root.is_file():
+        if root.suffix == ".safetensors":
+            return FORMAT_SAFETENSORS, [root], None
+        if root.suffix in _PICKLE_SUFFIXES:
+            return FORMAT_PICKLE, [root], None
+        raise CheckpointError(f"{root}: unknown checkpoint suffix {root.suffix!r}; expected {_ACCEPTED}")
+    cfg_path, index = root / "config.json", root / "model.safetensors.index.json"
+    config = _read_json(cfg_path) if cfg_path.is_file() else None
+    head = [cfg_path] if config is not None else []
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index} has no 'weight_map' object naming the shard of each tensor")
+        shards = [root / s for s in sorted(set(weight_map.values()))]
+        if absent := [p.name for p in shards if not p.is_file()]:
+            raise CheckpointNotFoundError(
+                f"{root}: shards named in {index.name} are missing: {_few(absent, noun='file')}")
+        return FORMAT_HF_SHARDED, head + [index] + shards, config
+    for name, fmt in (("model.safetensors", FORMAT_HF_DIR), ("pytorch_model.bin", FORMAT_PICKLE)):
+        if (root / name).is_file():
+            return fmt, head + [root / name], config
+    raise CheckpointNotFoundError(f"{root} holds no model.safetensors, model.safetensors.index.json or "
+                                  f"pytorch_model.bin; expected {_ACCEPTED}")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def _read_weights(fmt: str, files: list[Path], root: Path, trust: bool) -> tuple[dict, dict | None]:
+    """Raw (un-normalised) weights and a config dict found inside a pickle, if any."""
+    weight_files = [f for f in files if f.suffix != ".json"]
+    if fmt != FORMAT_PICKLE:
+        raw: dict[str, torch.Tensor] = {}
+        for f in weight_files:
+            shard = load_file(f, device="cpu")
+            if clash := raw.keys() & shard.keys():
+                raise CheckpointError(f"{root}: keys appear in more than one shard: {_few(clash)}")
+            raw.update(shard)
+        return raw, None
+    obj = _torch_load(weight_files[0], trust)
+    trail = _find_weights(obj)
+    if trail is None:
+        top = list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
+        raise CheckpointError(f"{root}: no weights dict found (top level: {top}); expected the drafter "
+                              f"state_dict at top level or under {'/'.join(_NESTING_KEYS)}")
+    weights = trail[-1]
+    weights = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+    return dict(weights), _find_config(trail[:-1])
+
+
+def _torch_load(path: Path, trust: bool) -> Any:
+    # mmap keeps optimizer state (often most of a training file) out of RAM; needs the zip format.
+    mmap = zipfile.is_zipfile(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if trust or not re.search(r"weights.only", str(e), re.IGNORECASE):  # corrupt, not refused
+            raise CheckpointError(f"{path} is not a readable torch checkpoint: {e}") from e
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        what = f" (it references {found.group(1)})" if found else ""
+        raise UntrustedCheckpointError(
+            f"{path} cannot be loaded with weights_only=True{what}: it needs full unpickling, which runs "
+            "arbitrary code from the file. Pass --trust-checkpoint (trust_checkpoint=True) only if you "
+            "trust its source.") from e
+    except MemoryError:
+        raise
+    except Exception as e:  # corrupt or not a torch file: unpicklers raise many types (IndexError...)
+        raise CheckpointError(f"{path} is not a readable torch checkpoint: {type(e).__name__}: {e}") from e
+
+
+def _is_weights(obj: Any) -> bool:
+    if isinstance(obj, torch.nn.Module):
+        return True
+    return (isinstance(obj, Mapping) and len(obj) > 0
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
+def _find_weights(obj: Any) -> list[Any] | None:
+    """Containers from `obj` down to the weights dict (last element), via the nesting keys."""
+    if _is_weights(obj):
+        return [obj]
+    if isinstance(obj, Mapping):
+        for key in _NESTING_KEYS:
+            if key in obj and (below := _find_weights(obj[key])) is not None:
+                return [obj, *below]
+    return None
+
+
+def _find_config(containers: list[Any]) -> dict | None:
+    """A trainer config saved beside the weights (`config`/`args`/`model_config`), if any."""
+    for container in containers:
+        for key in _CONFIG_KEYS:
+            cfg = container.get(key)
+            cfg = vars(cfg) if hasattr(cfg, "__dict__") and not isinstance(cfg, Mapping) else cfg
+            if isinstance(cfg, Mapping) and cfg.keys() & _CONFIG_HINTS:
+                return dict(cfg)
+    return None
+
+
+def _normalize_keys(raw: dict[str, torch.Tensor], root: Path) -> tuple[dict, tuple, tuple]:
+    """Strip wrapper prefixes, apply vLLM renames, drop target copies. -> (sd, stripped, dropped)."""
+    out: dict[str, torch.Tensor] = {}
+    stripped: set[str] = set()
+    dropped: list[str] = []
+    for original, tensor in raw.items():
+        key = original
+        for seg in _WRAPPER_SEGMENTS:
+            if seg in key:
+                key = key.replace(seg, "")
+                stripped.add(seg)
+        while prefix := next((p for p in _LEADING_PREFIXES if key.startswith(p)), None):
+            key = key[len(prefix):]
+            stripped.add(prefix)
+        for old, new in _RENAMES:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                stripped.add(f"{old} -> {new}")
+        if key in _TARGET_COPIES or key.endswith("rotary_emb.inv_freq"):
+            dropped.append(original)
+            continue
+        if key in out:
+            raise CheckpointError(f"{root}: two keys map to {key!r} after prefix stripping; "
+                                  "the file holds more than one model")
+        out[key] = tensor
+    return out, tuple(sorted(stripped)), tuple(sorted(dropped))
+
+
+def _infer_from_shapes(sd: dict[str, torch.Tensor], root: Path) -> dict[str, Any]:
+    """Architecture fields the weight shapes determine (spec section 2 key layout)."""
+    need = ["fc.weight", "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.0.self_attn.k_proj.weight", "layers.0.mlp.gate_proj.weight"]
+    if missing := [k for k in need if k not in sd]:
+        raise CheckpointError(f"{root} is not a DFlash drafter checkpoint: missing {_few(missing)}; "
+                              f"present: {_few(sorted(sd))}")
+    hidden, fc_in = sd["fc.weight"].shape
+    head_dim = sd["layers.0.self_attn.q_norm.weight"].shape[0]
+    if fc_in % hidden:
+        raise CheckpointError(f"{root}: fc.weight is {[hidden, fc_in]}; columns must be K * hidden_size")
+    return {"hidden_size": hidden, "num_features": fc_in // hidden,
+            "num_hidden_layers": len({k.split(".")[1] for k in sd if k.startswith("layers.")}),
+            "intermediate_size": sd["layers.0.mlp.gate_proj.weight"].shape[0], "head_dim": head_dim,
+            "num_attention_heads": sd["layers.0.self_attn.q_proj.weight"].shape[0] // head_dim,
+            "num_key_value_heads": sd["layers.0.self_attn.k_proj.weight"].shape[0] // head_dim,
+            "attention_bias": "layers.0.self_attn.q_proj.bias" in sd}
+
+
+def _resolve_config(sd: dict, config_dict: dict | None, overrides: dict[str, Any],
+                    root: Path) -> tuple[DrafterConfig, dict[str, str], list[str]]:
+    """Merge config file, weight shapes, overrides and defaults; record where each field came from."""
+    names = set(DrafterConfig.__dataclass_fields__)
+    if unknown := sorted(set(overrides) - names):
+        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(names)}")
+    try:
+        fields = hf_config_fields(config_dict) if config_dict else {}
+    except ValueError as e:
+        raise CheckpointError(f"{root}: {e}") from e
+    sources, notes = {k: "config" for k in fields}, []
+    shapes = _infer_from_shapes(sd, root)
+    k_features = shapes.pop("num_features")
+    for name, value in shapes.items():
+        if name in fields and fields[name] != value:
+            raise CheckpointError(f"{root}: config says {name}={fields[name]} but the weights say {value}")
+        fields.setdefault(name, value)
+        sources.setdefault(name, "shapes")
+    for name, value in overrides.items():
+        if sources.get(name) == "shapes" and fields[name] != value:
+            raise CheckpointError(f"{root}: override {name}={value} contradicts the weights ({fields[name]})")
+        if sources.get(name) == "config" and fields[name] != value:
+            notes.append(f"override {name}={value!r} replaced config value {fields[name]!r}")
+        fields[name], sources[name] = value, "override"
+    if "target_layer_ids" not in fields and fields.get("num_target_layers") is not None:
+        fields["target_layer_ids"] = derive_target_layer_ids(fields["num_target_layers"],
+                                                             fields["num_hidden_layers"])
+        sources["target_layer_ids"] = "derived"
+    for name, value in _DEFAULTS.items():
+        if name not in fields:
+            fields[name], sources[name] = value, "default"
+    if missing := sorted(names - set(fields) - {"num_target_layers"}):
+        raise CheckpointError(f"{root}: cannot tell {', '.join(missing)} from the checkpoint; pass them "
+                              "as overrides (CLI flags, or from the hidden-state cache)")
+    if len(fields["target_layer_ids"]) != k_features:
+        raise CheckpointError(f"{root}: target_layer_ids {list(fields['target_layer_ids'])} has "
+                              f"{len(fields['target_layer_ids'])} entries but fc.weight takes {k_features} "
+                              "features")
+    try:
+        return DrafterConfig(**fields), dict(sorted(sources.items())), notes
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{root}: invalid drafter config: {e}") from e
+
+
+def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | str) -> None:
+    """Exactly the drafter's keys with the drafter's shapes, else one CheckpointError naming them."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in DFlashDrafter(config).state_dict().items()}
+    missing = sorted(expected.keys() - sd.keys())
+    unexpected = sorted(sd.keys() - expected.keys())
+    wrong = [f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
+             for k in sorted(expected.keys() & sd.keys()) if tuple(sd[k].shape) != expected[k]]
+    wrong += [f"{k} dtype {v.dtype}" for k, v in sorted(sd.items()) if not v.is_floating_point()]
+    problems = [f"{label} {_few(keys)}" for label, keys in
+                (("missing", missing), ("unexpected", unexpected), ("wrong shape/dtype", wrong)) if keys]
+    if problems:
+        raise CheckpointError(f"{root} is not a DFlash drafter checkpoint matching its config: "
+                              f"{'; '.join(problems)}")
+
+
+def _few(keys: Any, limit: int = 5, noun: str = "key") -> str:
+    """'2 keys: a, b' -- the first few offending names and the count, for one-line errors."""
+    keys = list(keys)
+    shown = ", ".join(keys[:limit])
+    return f"{len(keys)} {noun}{'s' if len(keys) != 1 else ''}: {shown}" + (
+        f", ... (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 23) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _combine(file_sha: dict[str, str]) -> str:
+    if len(file_sha) == 1:
+        return next(iter(file_sha.values()))
+    lines = "".join(f"{name} {digest}\n" for name, digest in sorted(file_sha.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _weights_sha256(sd: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(sd):
+        t = sd[key].detach().contiguous().cpu()
+        h.update(f"{key} {t.dtype} {list(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def save_hf_checkpoint(directory: str | os.PathLike, config: DrafterConfig,
+                       state_dict: dict[str, torch.Tensor], *,
+                       max_shard_bytes: int | None = None) -> list[Path]:
+    """Write config.json + model.safetensors (or shards + model.safetensors.index.json).
+
+    Each file goes to a temp name then is renamed; stale weight files of the other layout in
+    `directory` are removed so a later load cannot mix them.
+
+    Args:
+        directory: created if missing.
+        config: written as the HF config.json (`DrafterConfig.to_hf_config`).
+        state_dict: exactly the drafter's keys.
+        max_shard_bytes: shard when given; a tensor larger than this gets a shard of its own.
+
+    Returns:
+        Paths written.
+
+    Raises:
+        CheckpointError: state_dict does not match config.
+    """
+    out = Path(directory)
+    _validate(state_dict, config, out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, seen = {}, set()
+    for key in sorted(state_dict):  # safetensors refuses tensors that share storage
+        t = state_dict[key].detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        tensors[key] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    shards = _plan_shards(tensors, max_shard_bytes)
+    config_text = json.dumps(config.to_hf_config(), indent=2)
+    written = [_atomic(out / "config.json", lambda p: p.write_text(config_text))]
+    names = (["model.safetensors"] if len(shards) == 1 and max_shard_bytes is None
+             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    for name, shard in zip(names, shards):
+        written.append(_atomic(out / name, lambda p, s=shard: save_file(s, str(p), metadata=_ST_METADATA)))
+    if len(names) > 1 or max_shard_bytes is not None:
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+                 "weight_map": {k: n for n, s in zip(names, shards) for k in s}}
+        written.append(_atomic(out / "model.safetensors.index.json",
+                               lambda p: p.write_text(json.dumps(index, indent=2))))
+    for stale in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]:
+        if stale not in written:
+            stale.unlink()
+    return written
+
+
+def _plan_shards(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, t in tensors.items():
+        if max_bytes is not None and shards[-1] and size + t.nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += t.nbytes
+    return shards
+
+
+def _atomic(path: Path, write: Any) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path

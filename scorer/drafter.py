@@ -1,0 +1,530 @@
+"""The DFlash drafter (spec/dflash.md section 1) in plain torch.
+
+The drafter owns `fc`, `hidden_norm`, `layers.*` and `norm`; the target's `embed_tokens` and
+`lm_head` are attached with `DFlashDrafter.attach_target` and never enter `state_dict`.
+
+Two forward paths:
+- `forward_one_block`: the reference, one block anchored at p, no mask, eager attention.
+- `forward_blocks`: many blocks in one forward with the block-sparse mask used in training
+  (SDPA + boolean mask, or flex_attention + block mask on CUDA). Equal to the reference up to
+  rounding; it is the production path.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "DFlashDrafter",
+    "DrafterConfig",
+    "derive_target_layer_ids",
+    "draft_tokens",
+    "hf_config_fields",
+    "topk_logprobs",
+]
+
+_SUPPORTED_ROPE_TYPES = ("default", "linear")
+AttentionBackend = Literal["auto", "sdpa", "flex"]
+
+
+def derive_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Target layers a DFlash drafter reads when its config does not list them (spec section 1).
+
+    Args:
+        num_target_layers: L, decoder layers in the target.
+        num_draft_layers: n, the drafter's `num_hidden_layers` (= number of features).
+
+    Returns:
+        `[L // 2]` when n == 1, else `round(1 + i * (L - 4) / (n - 1))` for i in 0..n-1.
+
+    Raises:
+        ValueError: n < 1, or a derived id falls outside 0..L-1.
+    """
+    L, n = num_target_layers, num_draft_layers
+    if n < 1:
+        raise ValueError(f"num_draft_layers must be >= 1, got {n}")
+    ids = [L // 2] if n == 1 else [round(1 + i * (L - 4) / (n - 1)) for i in range(n)]
+    if any(not 0 <= i < L for i in ids):
+        raise ValueError(f"derived target_layer_ids {ids} out of range for a target with {L} layers; "
+                         "pass target_layer_ids explicitly")
+    return ids
+
+
+def _rope_type(rope_scaling: dict | None) -> str:
+    if rope_scaling is None:
+        return "default"
+    return str(rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Architecture of a DFlash drafter; mirrors the HF `config.json` fields (spec section 1)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    vocab_size: int
+    attention_bias: bool
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty; a drafter reads at least one target layer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (slot 0 is the known token), got {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                             f"(size {self.vocab_size})")
+        rope_type = _rope_type(self.rope_scaling)
+        if rope_type not in _SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: "
+                             f"{', '.join(_SUPPORTED_ROPE_TYPES)}")
+        if rope_type == "linear" and not float(self.rope_scaling.get("factor", 0)) > 0:
+            raise ValueError(f"linear rope_scaling needs a positive 'factor', got {self.rope_scaling}")
+
+    @property
+    def num_features(self) -> int:
+        """K, the number of target layers concatenated into each context row (K*H columns)."""
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> DrafterConfig:
+        """Build from an HF `config.json` dict.
+
+        Args:
+            config: the parsed JSON. `dflash_config.block_size` wins over `block_size` (default 16);
+                `rope_theta` may sit at top level or under `rope_parameters` (transformers 5).
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: a required field is missing or a value is unsupported.
+        """
+        fields = hf_config_fields(config)
+        if "target_layer_ids" not in fields and fields.get("num_target_layers") is not None:
+            fields["target_layer_ids"] = tuple(
+                derive_target_layer_ids(fields["num_target_layers"], fields["num_hidden_layers"]))
+        fields.setdefault("block_size", 16)
+        fields.setdefault("rope_scaling", None)
+        fields.setdefault("attention_bias", False)
+        missing = [f for f in cls.__dataclass_fields__ if f not in fields and f != "num_target_layers"]
+        if missing:
+            raise ValueError(f"config.json lacks {', '.join(missing)}; a DFlash drafter config needs "
+                             "them (target_layer_ids may be replaced by num_target_layers)")
+        return cls(**fields)
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The HF `config.json` dict (`model_type: qwen3`, `architectures: [DFlashDraftModel]`)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("target_layer_ids", "block_size",
+                                                                 "mask_token_id", "num_target_layers")}
+        out.update(model_type="qwen3", architectures=["DFlashDraftModel"], block_size=self.block_size,
+                   hidden_act="silu", tie_word_embeddings=False)
+        if self.num_target_layers is not None:
+            out["num_target_layers"] = self.num_target_layers
+        out["dflash_config"] = {"block_size": self.block_size, "mask_token_id": self.mask_token_id,
+                                "target_layer_ids": list(self.target_layer_ids)}
+        return out
+
+
+def hf_config_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The DrafterConfig fields present in an HF config dict (a partial parse; nothing defaulted).
+
+    Args:
+        config: parsed `config.json`, or a trainer's config dict (`aux`/`aux_layer_ids` are read
+            as `target_layer_ids`).
+
+    Returns:
+        Field name -> value for the fields the dict sets.
+
+    Raises:
+        ValueError: the config describes a later DFlash variant (DFlash2, sliding/causal layers,
+            embedding or logit scaling) that this drafter does not implement.
+    """
+    _reject_unsupported(config)
+    dflash = config.get("dflash_config") or {}
+    rope_params = config.get("rope_parameters") or {}
+    fields: dict[str, Any] = {k: config[k] for k in DrafterConfig.__dataclass_fields__ if k in config}
+    if "rope_theta" not in fields and "rope_theta" in rope_params:
+        fields["rope_theta"] = rope_params["rope_theta"]
+    if "rope_scaling" not in fields and rope_params:
+        scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        fields["rope_scaling"] = None if _rope_type(scaling) == "default" else scaling
+    for alias in ("aux_layer_ids", "aux"):
+        if isinstance(config.get(alias), (list, tuple)) and "target_layer_ids" not in fields:
+            fields["target_layer_ids"] = config[alias]
+    for key in ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers"):
+        if dflash.get(key) is not None:
+            fields[key] = dflash[key]
+    if fields.get("target_layer_ids") is not None:
+        fields["target_layer_ids"] = tuple(fields["target_layer_ids"])
+    return {k: v for k, v in fields.items() if v is not None or k == "rope_scaling"}
+
+
+def _reject_unsupported(config: dict[str, Any]) -> None:
+    """Fail on features of later DFlash variants that this model does not implement."""
+    dflash = config.get("dflash_config") or {}
+    # Later variants (DFlash2DraftModel: convolutions + candidate selector) share the key layout.
+    problems = [f"architectures={config['architectures']}"] if any(
+        a.startswith("DFlash") and a != "DFlashDraftModel" for a in config.get("architectures") or []) else []
+    neutral = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0}
+    for key, inert in neutral.items():
+        value = dflash.get(key, config.get(key))
+        if value is not None and float(value) != inert:
+            problems.append(f"{key}={value}")
+    if any(t != "full_attention" for t in config.get("layer_types") or []) or config.get("is_causal"):
+        problems.append("sliding-window or causal draft layers")
+    if problems:
+        raise ValueError(f"unsupported DFlash drafter variant ({'; '.join(problems)}); this scorer "
+                         "implements the block-diffusion drafter of spec/dflash.md section 1 only")
+
+
+class _RMSNorm(nn.Module):
+    """Qwen3 RMSNorm: normalise in fp32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [M, heads, D]; cos/sin [M, D] -> broadcast over heads.
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.n_kv * c.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.n_kv * c.head_dim, bias=c.attention_bias)
+        # attention_bias puts a bias on o_proj too, as in Qwen3Attention and the DFlash reference.
+        self.o_proj = nn.Linear(self.n_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
+        self.q_norm = _RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = _RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [M, H] -> roped, normed keys [M, n_kv, D] and values [M, n_kv, D]."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.n_kv, self.head_dim)))
+        return _apply_rope(k, cos, sin), self.v_proj(x).unflatten(-1, (self.n_kv, self.head_dim))
+
+    def q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [M, H] -> roped, normed queries [M, n_heads, D]."""
+        q = self.q_norm(self.q_proj(x).unflatten(-1, (self.n_heads, self.head_dim)))
+        return _apply_rope(q, cos, sin)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = _Attention(c)
+        self.post_attention_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = _MLP(c)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual adds after attention: h [M, H], attn [M, n_heads, D] -> [M, H]."""
+        h = h + self.self_attn.o_proj(attn.flatten(-2))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """A DFlash drafter; parameter names equal the HF checkpoint keys (spec section 2).
+
+    Call `attach_target(embed_weight, lm_head_weight)` before any forward: the target's
+    embedding [V, H] and output head [V, H] are stored as non-persistent buffers, so they follow
+    `.to()` but stay out of `state_dict`.
+    """
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.fc = nn.Linear(c.num_features * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(_Layer(c) for _ in range(c.num_hidden_layers))
+        self.norm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim  # [D/2]
+        base = 1.0 / (c.rope_theta**exponents)
+        if _rope_type(c.rope_scaling) == "linear":
+            base = base / float(c.rope_scaling["factor"])
+        self.register_buffer("inv_freq", base, persistent=False)
+        self.register_buffer("embed_weight", None, persistent=False)
+        self.register_buffer("lm_head_weight", None, persistent=False)
+        self.backend_used: str | None = None  # attention kernel(s) of the last block_hidden call
+
+    def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Attach the target's frozen `embed_tokens.weight` [V, H] and `lm_head.weight` [V, H].
+
+        Raises:
+            ValueError: a shape does not match [vocab_size, hidden_size].
+        """
+        want = (self.config.vocab_size, self.config.hidden_size)
+        for name, w in (("embed_weight", embed_weight), ("lm_head_weight", lm_head_weight)):
+            if tuple(w.shape) != want:
+                raise ValueError(f"{name} has shape {list(w.shape)}, expected {list(want)} "
+                                 "(vocab_size, hidden_size) from the drafter config")
+        self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
+
+    def _target(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.embed_weight is None or self.lm_head_weight is None:
+            raise RuntimeError("call DFlashDrafter.attach_target(embed_weight, lm_head_weight) "
+                               "before a forward")
+        return self.embed_weight, self.lm_head_weight
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [M] -> cos, sin [M, D]; angles in fp32 like transformers, then cast.
+        freqs = positions.to(self.inv_freq.device).float()[:, None] * self.inv_freq[None]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def project_context(self, context_features: torch.Tensor) -> torch.Tensor:
+        """hidden_norm(fc(features)): [T, K*H] target features -> [T, H] context rows."""
+        return self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target lm_head on already-normed hidden states: [..., H] -> logits [..., V]."""
+        return hidden @ self._target()[1].to(hidden.dtype).T
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)
+
+    @torch.no_grad()
+    def forward_one_block(self, context_features: torch.Tensor, block_token_ids: torch.Tensor,
+                          anchor_pos: int) -> torch.Tensor:
+        """Reference forward for one block (spec section 1): no mask, eager softmax.
+
+        Args:
+            context_features: [T, K*H] target features, T >= anchor_pos; rows 0..p-1 are used.
+            block_token_ids: [B] long, x_p then MASK ids.
+            anchor_pos: p, the absolute position of slot 0.
+
+        Returns:
+            logits [B-1, V]; row j-1 predicts x_{p+j}.
+        """
+        p, B = int(anchor_pos), block_token_ids.shape[0]
+        ctx = self.project_context(context_features[:p])  # [p, H]
+        h = self._embed(block_token_ids)  # [B, H]
+        pos = torch.arange(p + B, device=h.device)
+        cos, sin = self._cos_sin(pos, h.dtype)
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        for layer in self.layers:
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q(x, cos[p:], sin[p:]).transpose(0, 1)  # [heads, B, D]
+            k, v = attn.kv(torch.cat([ctx, x]), cos, sin)  # [p+B, kv, D]; ctx is not input-normed
+            k = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, p+B, D]
+            v = v.repeat_interleave(rep, dim=1).transpose(0, 1)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.config.head_dim)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            h = layer.finish(h, (probs @ v).transpose(0, 1))
+        return self.head(self.norm(h)[1:])
+
+    @torch.no_grad()
+    def block_hidden(self, context_features: torch.Tensor, anchors: torch.Tensor,
+                     block_token_ids: torch.Tensor, *, max_blocks_per_forward: int = 64,
+                     backend: AttentionBackend = "auto") -> torch.Tensor:
+        """Final normed hidden states of many blocks, scored with the block-sparse mask.
+
+        Blocks are sorted by anchor and run `max_blocks_per_forward` at a time; each chunk only
+        keys context rows below its largest anchor. Attention memory per chunk is about
+        heads * (n*B) * (T + n*B) scores, so lower the chunk for long contexts on CPU.
+
+        Args:
+            context_features: [T, K*H], T >= max(anchors).
+            anchors: [N] long, the absolute position of each block's slot 0.
+            block_token_ids: [N, B] long, each row x_p then MASK ids.
+            max_blocks_per_forward: blocks per chunk (memory bound).
+            backend: "sdpa" (boolean mask), "flex" (flex_attention block mask; compiled on CUDA),
+                or "auto" (flex on CUDA where importable, else sdpa; a flex failure falls back to
+                sdpa with a RuntimeWarning). `self.backend_used` records what ran.
+
+        Returns:
+            [N, B-1, H], `norm(h)[:, 1:]` in input order; `head()` turns it into logits, so
+            callers can project the vocabulary in pieces.
+
+        Raises:
+            ValueError: shapes disagree, an anchor is outside 0..T, or the backend is unknown.
+        """
+        N, B = block_token_ids.shape
+        if anchors.shape != (N,) or B < 2:
+            raise ValueError(f"anchors {list(anchors.shape)} / block_token_ids {[N, B]}: expected [N] and "
+                             "[N, B] with B >= 2 (one anchor per block)")
+        if N and not 0 <= int(anchors.min()) <= int(anchors.max()) <= context_features.shape[0]:
+            raise ValueError(f"anchors span {int(anchors.min())}..{int(anchors.max())} but there are "
+                             f"{context_features.shape[0]} context rows; anchors must be in 0..T")
+        use_flex = _pick_flex(backend, context_features.device)
+        out = torch.empty(N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype,
+                          device=self.fc.weight.device)
+        t_max = int(anchors.max()) if N else 0
+        ctx = self.project_context(context_features[:t_max])  # [t_max, H]
+        cos, sin = self._cos_sin(torch.arange(t_max, device=ctx.device), ctx.dtype)
+        ctx_kv = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]  # per layer [t_max, kv, D] x2
+        order = torch.argsort(anchors.cpu(), stable=True).to(anchors.device)  # similar anchors share a chunk
+        used: set[str] = set()
+        for start in range(0, N, max_blocks_per_forward):
+            idx = order[start:start + max_blocks_per_forward]
+            try:
+                out[idx] = self._chunk(ctx_kv, anchors[idx], block_token_ids[idx], use_flex)
+            except Exception as e:  # compile or kernel failure of flex: "auto" falls back, loudly
+                if not (use_flex and backend == "auto"):
+                    raise
+                warnings.warn(f"flex_attention failed ({type(e).__name__}: {e}); using SDPA", RuntimeWarning,
+                              stacklevel=2)
+                use_flex = False
+                out[idx] = self._chunk(ctx_kv, anchors[idx], block_token_ids[idx], use_flex)
+            used.add("flex" if use_flex else "sdpa")
+        # Kernel choice can move tau (spec section 5): callers record this next to their results.
+        self.backend_used = "+".join(sorted(used)) or None
+        return out
+
+    def _chunk(self, ctx_kv: list, anchors: torch.Tensor, tokens: torch.Tensor,
+               use_flex: bool) -> torch.Tensor:
+        """One chunk of n blocks: queries [n*B], keys [T_c context | n*B block] -> [n, B-1, H]."""
+        n, B = tokens.shape
+        t_c = int(anchors.max())
+        h = self._embed(tokens.flatten())  # [n*B, H]
+        pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).flatten()  # [n*B]
+        cos, sin = self._cos_sin(pos, h.dtype)
+        attend = _flex_attend if use_flex else _sdpa_attend
+        mask = _flex_mask(anchors, B, t_c) if use_flex else _block_sparse_mask(anchors, B, t_c)
+        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+            x = layer.input_layernorm(h)
+            q = layer.self_attn.q(x, cos, sin)
+            k_blk, v_blk = layer.self_attn.kv(x, cos, sin)
+            k = torch.cat([k_ctx[:t_c], k_blk])  # [t_c + n*B, kv, D]
+            v = torch.cat([v_ctx[:t_c], v_blk])
+            h = layer.finish(h, attend(q, k, v, mask))
+        return self.norm(h).unflatten(0, (n, B))[:, 1:]
+
+    def forward_blocks(self, context_features: torch.Tensor, anchors: torch.Tensor,
+                       block_token_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """`head(block_hidden(...))`: logits [N, B-1, V]. Same arguments as `block_hidden`.
+
+        Full logits cost N*(B-1)*V floats; for large N use `block_hidden` and `head` on pieces.
+        """
+        return self.head(self.block_hidden(context_features, anchors, block_token_ids, **kwargs))
+
+
+def _block_sparse_mask(anchors: torch.Tensor, B: int, t_c: int) -> torch.Tensor:
+    """Boolean [n*B, t_c + n*B]: block i sees context keys < anchor_i and its own block's keys."""
+    n = anchors.shape[0]
+    ctx_ok = torch.arange(t_c, device=anchors.device)[None] < anchors[:, None]  # [n, t_c]
+    own = torch.eye(n, dtype=torch.bool, device=anchors.device)  # [n, n] block-diagonal seed
+    mask = torch.cat([ctx_ok, own.repeat_interleave(B, dim=1)], dim=1)  # [n, t_c + n*B]
+    return mask.repeat_interleave(B, dim=0)
+
+
+def _sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # q [M, heads, D], k/v [S, kv, D] -> [M, heads, D]; GQA by repeating kv heads.
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(rep, dim=1).transpose(0, 1)[None] for t in (k, v))
+    return F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask)[0].transpose(0, 1)
+
+
+def _pick_flex(backend: AttentionBackend, device: torch.device) -> bool:
+    if backend not in ("auto", "sdpa", "flex"):
+        raise ValueError(f"backend must be 'auto', 'sdpa' or 'flex', got {backend!r}")
+    if backend == "sdpa":
+        return False
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as e:
+        if backend == "flex":
+            raise ValueError("backend 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from e
+        return False
+    return backend == "flex" or device.type == "cuda"
+
+
+def _flex_mask(anchors: torch.Tensor, B: int, t_c: int) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    # t_c as a tensor: a compiled kernel would otherwise guard on (and recompile for) each value.
+    t_ctx = torch.tensor(t_c, device=anchors.device)
+
+    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex passes index tensors
+        block = q_idx // B
+        in_ctx = (kv_idx < t_ctx) & (kv_idx < anchors[block])
+        return in_ctx | ((kv_idx >= t_ctx) & ((kv_idx - t_ctx) // B == block))
+
+    n = anchors.shape[0]
+    return create_block_mask(mask_mod, None, None, n * B, t_c + n * B, device=anchors.device)
+
+
+_compiled_flex: Any = None
+
+
+def _flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if q.is_cuda:  # uncompiled flex materialises all scores; compile once per process on GPU
+        _compiled_flex = _compiled_flex or torch.compile(flex_attention, dynamic=True)
+        fn = _compiled_flex
+    out = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+             block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
+def draft_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy drafts: logits [..., V] -> argmax token ids [...] (long)."""
+    return logits.argmax(dim=-1)
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot top-k of log_softmax over the full vocabulary, in float32 (spec section 4).
+
+    Args:
+        logits: [..., V].
+        k: how many per slot; clipped to V.
+
+    Returns:
+        (values [..., k] float32 log-probs, descending; ids [..., k] long).
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return values, ids
