@@ -80,6 +80,7 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(path: str | os.PathLike, *, overrides: dict[str, Any] | None = None,
+                    fallbacks: dict[str, Any] | None = None,
                     trust_checkpoint: bool = False) -> LoadedCheckpoint:
     """Load a DFlash drafter checkpoint of any supported format.
 
@@ -87,6 +88,8 @@ def load_checkpoint(path: str | os.PathLike, *, overrides: dict[str, Any] | None
         path: HF directory, `.safetensors` file, or `.pt`/`.pth`/`.bin` pickle.
         overrides: DrafterConfig field -> value for what the weights cannot tell (target_layer_ids
             or num_target_layers, mask_token_id, rope_theta, vocab_size, ...); wins over a config.
+        fallbacks: values used only for fields that neither the config, the weights nor the
+            overrides supply (the scorer passes what the hidden-state cache knows); source "cache".
         trust_checkpoint: allow full unpickling of a pickle that `weights_only` refuses.
 
     Returns:
@@ -107,7 +110,7 @@ def load_checkpoint(path: str | os.PathLike, *, overrides: dict[str, Any] | None
     state_dict, stripped, dropped = _normalize_keys(raw, root)
     del raw  # drop the last reference to anything else the file held
     config, sources, notes = _resolve_config(state_dict, config_json or embedded_config, overrides or {},
-                                             root)
+                                             root, fallbacks or {})
     _validate(state_dict, config, root)
     file_sha = {str(f.relative_to(root) if root.is_dir() else f.name): _sha256_file(f) for f in files}
     report = LoadReport(path=str(root), format=fmt, file_sha256=file_sha, sha256=_combine(file_sha),
@@ -274,7 +277,8 @@ def _infer_from_shapes(sd: dict[str, torch.Tensor], root: Path) -> dict[str, Any
 
 
 def _resolve_config(sd: dict, config_dict: dict | None, overrides: dict[str, Any],
-                    root: Path) -> tuple[DrafterConfig, dict[str, str], list[str]]:
+                    root: Path, fallbacks: dict[str, Any] | None = None,
+                    ) -> tuple[DrafterConfig, dict[str, str], list[str]]:
     """Merge config file, weight shapes, overrides and defaults; record where each field came from."""
     names = set(DrafterConfig.__dataclass_fields__)
     if unknown := sorted(set(overrides) - names):
@@ -301,6 +305,9 @@ def _resolve_config(sd: dict, config_dict: dict | None, overrides: dict[str, Any
         fields["target_layer_ids"] = derive_target_layer_ids(fields["num_target_layers"],
                                                              fields["num_hidden_layers"])
         sources["target_layer_ids"] = "derived"
+    for name, value in (fallbacks or {}).items():
+        if name not in fields and value is not None:
+            fields[name], sources[name] = value, "cache"
     for name, value in _DEFAULTS.items():
         if name not in fields:
             fields[name], sources[name] = value, "default"

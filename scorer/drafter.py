@@ -363,6 +363,16 @@ class DFlashDrafter(nn.Module):
             h = layer.finish(h, (probs @ v).transpose(0, 1))
         return self.head(self.norm(h)[1:])
 
+    def forward(self, context_features: torch.Tensor, anchors: torch.Tensor,
+                block_token_ids: torch.Tensor) -> torch.Tensor:
+        """Differentiable ``block_hidden`` (SDPA, one chunk): for training helpers.
+
+        Returns:
+            [N, B-1, H] final normed hidden states of the blocks; ``head()`` gives logits.
+        """
+        return self._block_hidden(context_features, anchors, block_token_ids,
+                                  max_blocks_per_forward=max(1, block_token_ids.shape[0]), backend="sdpa")
+
     @torch.no_grad()
     def block_hidden(self, context_features: torch.Tensor, anchors: torch.Tensor,
                      block_token_ids: torch.Tensor, *, max_blocks_per_forward: int = 64,
@@ -389,6 +399,12 @@ class DFlashDrafter(nn.Module):
         Raises:
             ValueError: shapes disagree, an anchor is outside 0..T, or the backend is unknown.
         """
+        return self._block_hidden(context_features, anchors, block_token_ids,
+                                  max_blocks_per_forward=max_blocks_per_forward, backend=backend)
+
+    def _block_hidden(self, context_features: torch.Tensor, anchors: torch.Tensor,
+                      block_token_ids: torch.Tensor, *, max_blocks_per_forward: int,
+                      backend: AttentionBackend) -> torch.Tensor:
         N, B = block_token_ids.shape
         if anchors.shape != (N,) or B < 2:
             raise ValueError(f"anchors {list(anchors.shape)} / block_token_ids {[N, B]}: expected [N] and "

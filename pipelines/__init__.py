@@ -1,0 +1,1 @@
+"""End-to-end flows built from hscache (stage one) and scorer (stage two)."""

@@ -1,0 +1,96 @@
+"""A tiny DFlash training helper: a few hundred CPU steps on a cache, for quickstarts and tests.
+
+Not a training framework: it exists so a newcomer can see a drafter whose tau is clearly
+above 1 without downloads. Loss: cross-entropy of slot j against x_{p+j} at random anchors,
+weighted by exp(-(j-1)/B) like DFlash training (early slots matter most for acceptance).
+
+    python -m pipelines.train_drafter --cache cache/ --out drafter/ --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import hscache
+from scorer.checkpoint import save_hf_checkpoint
+from scorer.drafter import DFlashDrafter
+from scorer.features import attach_cache_head, feature_index, sequence_features
+from scorer.init import drafter_config_for_cache
+
+__all__ = ["train_drafter"]
+
+
+def _batch(cache, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
+    """One random sequence, ``anchors_per_step`` random anchors, blocks and targets."""
+    row = rows[int(torch.randint(len(rows), (1,), generator=gen))]
+    ids = cache.token_ids(row)
+    T, B = len(ids), drafter.config.block_size
+    anchors = torch.randint(1, T - 1, (anchors_per_step,), generator=gen).unique()
+    blocks = torch.full((len(anchors), B), drafter.config.mask_token_id, dtype=torch.long)
+    blocks[:, 0] = ids[anchors]
+    offsets = anchors[:, None] + torch.arange(1, B)  # [N, B-1] positions p+j
+    valid = offsets < T
+    targets = torch.where(valid, ids[offsets.clamp(max=T - 1)], torch.full_like(offsets, -100))
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu")
+    return features, anchors, blocks, targets
+
+
+def train_drafter(cache_path: str | Path, out: str | Path, *, steps: int = 300, num_layers: int = 1,
+                  block_size: int = 8, lr: float = 3e-3, anchors_per_step: int = 32, seed: int = 0,
+                  log_every: int = 50) -> dict:
+    """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
+
+    Returns:
+        {"steps", "final_loss", "seconds"}.
+    """
+    cache = hscache.open_cache(cache_path)
+    config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(config)
+    for param in drafter.parameters():
+        if param.ndim == 2:
+            torch.nn.init.normal_(param, std=0.02)
+    attach_cache_head(drafter, cache, torch.float32, "cpu")
+    index = feature_index(config, cache.layer_ids)
+    rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
+    slot_weight = torch.exp(-torch.arange(block_size - 1) / block_size)
+    gen = torch.Generator().manual_seed(seed)
+    t0, loss = time.perf_counter(), torch.tensor(0.0)
+    for step in range(1, steps + 1):
+        features, anchors, blocks, targets = _batch(cache, rows, index, drafter, anchors_per_step, gen)
+        logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
+        per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
+        weights = slot_weight[None] * (targets != -100)
+        loss = (per_slot * weights).sum() / weights.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if log_every and step % log_every == 0:
+            print(f"step {step}/{steps} loss {loss.item():.3f}", flush=True)
+    save_hf_checkpoint(out, config, {k: v.detach() for k, v in drafter.state_dict().items()})
+    return {"steps": steps, "final_loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    result = train_drafter(args.cache, args.out, steps=args.steps, num_layers=args.layers,
+                           block_size=args.block_size, seed=args.seed)
+    print(f"saved drafter to {args.out}: {result['steps']} steps, final loss {result['final_loss']:.3f}, "
+          f"{result['seconds']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The ``scorer`` command line: a thin layer over scorer.evaluate / online / init."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hscache.errors import HscacheError
+from scorer.errors import ScorerError
+
+__all__ = ["main"]
+
+
+def friendly_errors(fn: Callable) -> Callable:
+    """Expected errors (bad checkpoint, incompatible cache, bad flags) -> one line, exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ScorerError, HscacheError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def _int_list(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None) -> dict:
+    overrides: dict[str, Any] = {}
+    if target_layer_ids:
+        overrides["target_layer_ids"] = _int_list(target_layer_ids)
+    if mask_token_id is not None:
+        overrides["mask_token_id"] = mask_token_id
+    if rope_theta is not None:
+        overrides["rope_theta"] = rope_theta
+    return overrides
+
+
+def _write_json(path: str | None, document: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(document, indent=2) + "\n")
+        click.echo(f"wrote {path}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hscache")
+def main() -> None:
+    """Score DFlash drafter checkpoints against hidden-state caches, without the target model."""
+
+
+_checkpoint_flags = [
+    click.option("--target-layer-ids", default=None, help="Override: comma-separated target layer ids."),
+    click.option("--mask-token-id", type=int, default=None, help="Override the mask token id."),
+    click.option("--rope-theta", type=float, default=None, help="Override the drafter's rope theta."),
+    click.option("--trust-checkpoint", is_flag=True,
+                 help="Allow full unpickling of a .pt that weights_only refuses (runs its code!)."),
+]
+
+
+def checkpoint_flags(fn: Callable) -> Callable:
+    for flag in reversed(_checkpoint_flags):
+        fn = flag(fn)
+    return fn
+
+
+@main.command("eval")
+@click.argument("checkpoint")
+@click.option("--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
+@click.option("--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size.")
+@click.option("--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
+@click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@checkpoint_flags
+@friendly_errors
+def eval_command(checkpoint: str, caches: tuple[str, ...], ddtree: str, json_out: str | None,
+                 target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None,
+                 **options: Any) -> None:
+    """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from scorer.evaluate import EvalConfig, evaluate_many
+    from scorer.render import render_comparison, render_report
+
+    config = EvalConfig(ddtree=_int_list(ddtree), overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+                        **options)
+    console = Console(stderr=False)
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("scoring", total=None)
+        result = evaluate_many(checkpoint, caches, config, on_sequence=lambda n: progress.advance(task))
+    for report in result["reports"]:
+        render_report(report, console)
+    if len(result["reports"]) > 1:
+        render_comparison(result, console)
+    _write_json(json_out, result["reports"][0] if len(caches) == 1 else result)
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option("--model", default="builtin:tiny-qwen3.5", show_default=True)
+@click.option("--prompts", default="builtin:default", show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="fp32", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "fla", "torch"]), default="auto", show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None)
+@click.option("--json", "json_out", default=None)
+@checkpoint_flags
+@friendly_errors
+def online(checkpoint: str, json_out: str | None, target_layer_ids: str | None, mask_token_id: int | None,
+           rope_theta: float | None, **options: Any) -> None:
+    """Real greedy speculative decoding with the target verifying: the online tau per request."""
+    from scorer.online import run_online
+
+    result = run_online(checkpoint, overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options)
+    for row in result["per_request"]:
+        tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
+        click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")
+    tau = result["tau"]
+    click.echo(f"online tau: per request {tau['per_request']:.4f}, pooled {tau['pooled']:.4f} "
+               f"over {result['rounds']} rounds")
+    _write_json(json_out, result)
+
+
+@main.command()
+@click.argument("out")
+@click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
+@click.option("--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--train-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Train for N CPU steps on the cache (pipelines.train_drafter) instead of random weights.")
+@friendly_errors
+def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int) -> None:
+    """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
+    if train_steps:
+        from pipelines.train_drafter import train_drafter
+
+        result = train_drafter(cache, out, steps=train_steps, num_layers=num_layers, block_size=block_size,
+                               seed=seed, log_every=0)
+        click.echo(f"trained {train_steps} steps (final loss {result['final_loss']:.3f}); saved to {out}")
+        return
+    from scorer.init import init_drafter
+
+    config, _ = init_drafter(cache, out, num_layers=num_layers, block_size=block_size, seed=seed)
+    click.echo(f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
+               f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}")
+
+
+if __name__ == "__main__":
+    main()

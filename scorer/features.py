@@ -1,0 +1,67 @@
+"""From a cache to what a drafter consumes: the target head, and per-sequence features in
+``target_layer_ids`` order. Checks compatibility before anything is computed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from scorer.drafter import DFlashDrafter, DrafterConfig
+from scorer.errors import IncompatibleCacheError
+
+__all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "feature_index", "sequence_features"]
+
+
+def cache_fallbacks(cache: Any) -> dict[str, Any]:
+    """What a config-less checkpoint can take from the cache (reported as source "cache")."""
+    target_config = cache.target_config
+    rope = target_config.get("rope_parameters") or {}
+    head = cache.target_head()
+    return {
+        "target_layer_ids": tuple(cache.layer_ids),
+        "mask_token_id": cache.mask_token_id,
+        "vocab_size": int(head["embed_tokens"].shape[0]),
+        "rope_theta": target_config.get("rope_theta", rope.get("rope_theta")),
+        "rms_norm_eps": target_config.get("rms_norm_eps"),
+        "num_target_layers": target_config.get("num_hidden_layers"),
+    }
+
+
+def check_compatible(config: DrafterConfig, cache: Any, cache_name: str = "the cache") -> None:
+    """Raise one IncompatibleCacheError naming every mismatch between drafter and cache."""
+    problems = []
+    missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
+    if missing:
+        problems.append(f"drafter target_layer_ids {list(config.target_layer_ids)} need layers {missing} that "
+                        f"{cache_name} lacks (it has {cache.layer_ids}); re-extract with --layers "
+                        f"{','.join(map(str, config.target_layer_ids))}")
+    hidden = int(cache.specs["hidden_states"].row_shape[1])
+    if hidden != config.hidden_size:
+        problems.append(f"drafter hidden_size {config.hidden_size} != target hidden size {hidden} in {cache_name}")
+    vocab = int(cache.target_head()["embed_tokens"].shape[0])
+    if config.vocab_size != vocab:
+        problems.append(f"drafter vocab_size {config.vocab_size} != target vocabulary {vocab} in {cache_name}")
+    if not 0 <= config.mask_token_id < vocab:
+        problems.append(f"mask_token_id {config.mask_token_id} is outside the target vocabulary of {vocab}")
+    if problems:
+        raise IncompatibleCacheError("; ".join(problems))
+
+
+def feature_index(config: DrafterConfig, cache_layer_ids: list[int]) -> list[int]:
+    """Positions in the cache's K axis of the drafter's layers, in the drafter's order."""
+    return [cache_layer_ids.index(i) for i in config.target_layer_ids]
+
+
+def attach_cache_head(drafter: DFlashDrafter, cache: Any, dtype: torch.dtype, device: str) -> None:
+    head = cache.target_head()
+    embed = head["embed_tokens"].to(device=device, dtype=dtype)
+    lm_head = embed if head["lm_head"] is head["embed_tokens"] else head["lm_head"].to(device=device, dtype=dtype)
+    drafter.attach_target(embed, lm_head)
+
+
+def sequence_features(hidden_states: torch.Tensor, index: list[int], dtype: torch.dtype,
+                      device: str) -> torch.Tensor:
+    """``[T, K_cache, H]`` cached states -> ``[T, K*H]`` drafter input (concatenated in drafter order)."""
+    picked = hidden_states[:, index] if index != list(range(hidden_states.shape[1])) else hidden_states
+    return picked.reshape(picked.shape[0], -1).to(device=device, dtype=dtype)

@@ -1,0 +1,124 @@
+"""``scorer online``: real greedy speculative decoding, the target verifying every block.
+
+This is the calibration slice: on the same prompts, the offline replay of ``scorer eval``
+must give the same tau (spec section 3), which is what makes the offline number the serving
+number. For hybrid targets whose recurrent state cannot be cropped after a rejection, each
+round re-runs the target over the committed prefix plus the drafted block: slow, exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hscache.backend import resolve_backend, use_backend
+from hscache.capture import capture_batch
+from hscache.prompts import iter_records, prompt_token_ids, resolve_prompts
+from hscache.target import Target, load_target
+from scorer.checkpoint import load_checkpoint
+from scorer.drafter import DFlashDrafter
+from scorer.metrics import tau_per_request, tau_pooled
+
+__all__ = ["OnlineRequest", "online_decode", "run_online"]
+
+
+@dataclass(frozen=True)
+class OnlineRequest:
+    record_id: str
+    prompt_len: int
+    token_ids: tuple[int, ...]
+    tokens_per_round: tuple[int, ...]
+
+    @property
+    def tau(self) -> float | None:
+        return sum(self.tokens_per_round) / len(self.tokens_per_round) if self.tokens_per_round else None
+
+
+def _target_fallbacks(target: Target) -> dict[str, Any]:
+    config = target.text_config
+    rope = getattr(config, "rope_parameters", None) or {}
+    return {"mask_token_id": target.mask_token_id, "vocab_size": int(config.vocab_size),
+            "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
+            "num_target_layers": target.num_layers}
+
+
+def _eos_ids(target: Target) -> set[int]:
+    eos = target.model.generation_config.eos_token_id
+    eos = target.tokenizer.eos_token_id if eos is None else eos
+    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+def online_decode(target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int,
+                  max_length: int) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding of one prompt; returns (all token ids, tokens per round).
+
+    Rounds follow spec section 3 exactly as the offline replay counts them: a round commits
+    acc drafted tokens plus the target's bonus token, capped at the sequence end (EOS or the
+    token budget), so ``sum(tokens) == generated - 1`` as in replay.
+    """
+    config = drafter.config
+    layer_ids = list(config.target_layer_ids)
+    limit = min(len(prompt) + max_new_tokens, max_length)  # final length T
+    eos = _eos_ids(target)
+    prefill = capture_batch(target, [prompt], layer_ids, top_k=1, full_logits=False)[0]
+    ids = list(prompt) + [int(prefill.argmax[-1])]  # x_P, the first bonus token
+    rounds: list[int] = []
+    while len(ids) < limit and ids[-1] not in eos:
+        p = len(ids) - 1
+        features = prefill.hidden_states[:p].reshape(p, -1).to(drafter.fc.weight.dtype)
+        block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
+        block[0, 0] = ids[p]
+        hidden = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        draft = drafter.head(hidden[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+        verify = capture_batch(target, [ids + draft], layer_ids, top_k=1, full_logits=False)[0]
+        greedy = verify.argmax[p:].tolist()  # greedy[j-1] = g_{p+j}
+        acc = 0
+        while acc < len(draft) and draft[acc] == greedy[acc]:
+            acc += 1
+        new = draft[:acc] + [greedy[acc]]  # acc drafted tokens + the bonus
+        for n, token in enumerate(new):  # stop at EOS or the budget, like the cached sequence
+            if len(ids) >= limit or (n and ids[-1] in eos):
+                new = new[:n]
+                break
+            ids.append(token)
+        # tokens this round as replay counts them: positions p+1..new end, capped at T-1
+        rounds.append(len(ids) - 1 - p if (len(ids) >= limit or ids[-1] in eos) else len(new))
+        prefill = verify
+    return ids, rounds
+
+
+def run_online(checkpoint: str | Path, model: str, prompts: str, *, max_new_tokens: int = 64,
+               max_length: int = 4096, dtype: str = "fp32", device: str = "cpu", backend: str = "auto",
+               limit: int | None = None, overrides: dict[str, Any] | None = None,
+               trust_checkpoint: bool = False) -> dict[str, Any]:
+    """Speculative decoding of every prompt; per-request and pooled online tau."""
+    backend = resolve_backend(backend, device)
+    target = load_target(model, dtype, device)
+    loaded = load_checkpoint(checkpoint, overrides=overrides, fallbacks=_target_fallbacks(target),
+                             trust_checkpoint=trust_checkpoint)
+    drafter = DFlashDrafter(loaded.config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=device, dtype=target.model.dtype).eval()
+    drafter.attach_target(target.model.get_input_embeddings().weight.detach(),
+                          target.model.get_output_embeddings().weight.detach())
+    requests = []
+    with use_backend(target.model, backend):
+        for n, record in enumerate(iter_records(resolve_prompts(prompts))):
+            if limit is not None and n >= limit:
+                break
+            prompt = prompt_token_ids(record, target.tokenizer)
+            ids, rounds = online_decode(target, drafter, prompt, max_new_tokens, max_length)
+            requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
+    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
+    return {
+        "tau": {"per_request": tau_per_request(with_rounds) if with_rounds else None,
+                "pooled": tau_pooled(with_rounds) if with_rounds else None},
+        "rounds": sum(len(r) for r in with_rounds),
+        "per_request": [{"record_id": r.record_id, "prompt_len": r.prompt_len, "tau": r.tau,
+                         "tokens_per_round": list(r.tokens_per_round), "generated": len(r.token_ids) - r.prompt_len}
+                        for r in requests],
+        "checkpoint": loaded.report.to_dict(), "model": model, "dtype": dtype, "device": device, "backend": backend,
+    }

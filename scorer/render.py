@@ -1,0 +1,83 @@
+"""Terminal rendering of eval reports (rich tables); no numbers are computed here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["render_comparison", "render_report"]
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _ci(pair: Any) -> str:
+    return "" if not pair else f"[{pair[0]:.2f}, {pair[1]:.2f}]"
+
+
+def render_report(report: dict[str, Any], console: Console) -> None:
+    tau = report["tau"]
+    head = Table(title=f"DFlash replay: {report['checkpoint']['path']} on {report['cache']['path']}", show_header=True)
+    head.add_column("metric")
+    head.add_column("value", justify="right")
+    head.add_column("95% CI", justify="right")
+    head.add_row("tau, per request then mean (DFlash)", _f(tau["per_request"]), _ci(tau["per_request_ci95"]))
+    head.add_row("tau, pooled over rounds (vLLM/SGLang)", _f(tau["pooled"]), _ci(tau["pooled_ci95"]))
+    head.add_row("train-log accept length (all anchors, no +1)", _f(report["train_accept_len"]), "")
+    for budget, value in report["ddtree"].items():
+        head.add_row(f"DDTree-{budget} tau (per request)", _f(value),
+                     _ci(report["ddtree_detail"][budget]["per_request_ci95"]))
+        head.add_row(f"DDTree-{budget} draft-only surrogate (estimate)", _f(report["ddtree_surrogate"][budget]), "")
+    head.add_row("requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", "")
+    head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
+    console.print(head)
+    acc = Table(title="per-position acceptance (slot 1 first)")
+    acc.add_column("slot", justify="right")
+    acc.add_column("conditional", justify="right")
+    acc.add_column("unconditional", justify="right")
+    for j, (c, u) in enumerate(zip(report["acceptance"]["conditional"], report["acceptance"]["unconditional"]), 1):
+        acc.add_row(str(j), _f(c), _f(u))
+    console.print(acc)
+    hist = report["tokens_per_round_histogram"]
+    console.print("tokens per round: " + "  ".join(f"{n}:{c}" for n, c in enumerate(hist, 1) if c))
+    if report["per_category"]:
+        cats = Table(title="per category")
+        for col in ("category", "requests", "tau per request", "tau pooled"):
+            cats.add_column(col)
+        for name, row in report["per_category"].items():
+            cats.add_row(name, str(row["n_requests"]), _f(row["tau_per_request"]), _f(row["tau_pooled"]))
+        console.print(cats)
+    for sample in report["samples"]:
+        _render_sample(sample, console)
+    for warning in report["warnings"]:
+        console.print(f"[bold yellow]warning:[/] {warning}")
+
+
+def _render_sample(sample: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"{sample['record_id']} @ {sample['anchor']}: {sample['tokens']} tokens "
+                        f"(...{sample['context_tail']!r})")
+    table.add_column("slot", justify="right")
+    table.add_column("drafted")
+    table.add_column("target")
+    for j, (d, t) in enumerate(zip(sample["drafted"], sample["target"]), 1):
+        mark = "" if d == t else " [red]x[/]"
+        table.add_row(str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t))
+    console.print(table)
+
+
+def render_comparison(result: dict[str, Any], console: Console) -> None:
+    table = Table(title="one checkpoint, several caches")
+    for col in ("cache", "tau per request", "tau pooled", "delta per request [95%]", "delta pooled [95%]",
+                "rounds changed"):
+        table.add_column(col)
+    base = result["reports"][0]
+    table.add_row(base["cache"]["path"], _f(base["tau"]["per_request"]), _f(base["tau"]["pooled"]), "(base)", "", "")
+    for report, comp in zip(result["reports"][1:], result["comparisons"]):
+        d = comp["delta"]
+        cell = lambda x: "-" if x is None else f"{x['delta']:+.3f} [{x['lo']:+.2f}, {x['hi']:+.2f}]"  # noqa: E731
+        table.add_row(report["cache"]["path"], _f(report["tau"]["per_request"]), _f(report["tau"]["pooled"]),
+                      cell(d["per_request"]), cell(d["pooled"]), str(comp["rounds_with_changed_acceptance"]))
+    console.print(table)
