@@ -8,8 +8,11 @@
 
 from hscache.errors import *  # noqa: F401,F403  (the exception hierarchy is public API)
 from hscache.errors import __all__ as _error_names
+from hscache.diff import diff_caches
+from hscache.diff_report import DiffReport
 from hscache.extract import ExtractConfig, ExtractResult, Progress, extract
 from hscache.store.reader import Cache, open_cache
 
 __version__ = "0.1.0"
-__all__ = ["Cache", "ExtractConfig", "ExtractResult", "Progress", "extract", "open_cache", *_error_names]
+__all__ = ["Cache", "DiffReport", "ExtractConfig", "ExtractResult", "Progress", "diff_caches", "extract", "open_cache",
+           *_error_names]

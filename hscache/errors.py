@@ -17,6 +17,7 @@ __all__ = [
     "CacheFormatError",
     "ResumeMismatchError",
     "StoreWriteError",
+    "CacheMismatchError",
 ]
 
 
@@ -58,3 +59,7 @@ class ResumeMismatchError(HscacheError, ValueError):
 
 class StoreWriteError(HscacheError, OSError):
     """Writing to the store failed (disk full, permissions); committed sequences are intact."""
+
+
+class CacheMismatchError(HscacheError, ValueError):
+    """Two caches cannot be compared: different sequences, token ids, layers or hidden size."""
