@@ -30,7 +30,10 @@ def _batch(cache, rows, index, drafter, anchors_per_step: int, gen: torch.Genera
     row = rows[int(torch.randint(len(rows), (1,), generator=gen))]
     ids = cache.token_ids(row)
     T, B = len(ids), drafter.config.block_size
-    anchors = torch.randint(1, T - 1, (anchors_per_step,), generator=gen).unique()
+    # Anchors where scoring happens: the generated region (falls back to the whole sequence).
+    first = cache.index.column("prompt_len")[row].as_py()
+    first = first if first < T - 1 else 1
+    anchors = torch.randint(first, T - 1, (anchors_per_step,), generator=gen).unique()
     blocks = torch.full((len(anchors), B), drafter.config.mask_token_id, dtype=torch.long)
     blocks[:, 0] = ids[anchors]
     offsets = anchors[:, None] + torch.arange(1, B)  # [N, B-1] positions p+j
@@ -41,7 +44,7 @@ def _batch(cache, rows, index, drafter, anchors_per_step: int, gen: torch.Genera
 
 
 def train_drafter(cache_path: str | Path, out: str | Path, *, steps: int = 300, num_layers: int = 1,
-                  block_size: int = 8, lr: float = 3e-3, anchors_per_step: int = 32, seed: int = 0,
+                  block_size: int = 8, lr: float = 3e-3, anchors_per_step: int = 64, seed: int = 0,
                   log_every: int = 50) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
 
