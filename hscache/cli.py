@@ -103,14 +103,19 @@ def main() -> None:
 @click.option("--commit-every-s", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between durable commits (0: after every batch).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@click.option("--shard", default=None, help="I/N: extract every N-th prompt from I into OUT/shard-IIIII-of-NNNNN "
+              "(run N of these; open_cache(OUT) reads them as one).")
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @friendly_errors
-def extract(quiet: bool, chunk_mb: float, **options: Any) -> None:
+def extract(quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
     """Run the target once and write hidden states, token ids and target logits to a cache."""
     from hscache.extract import ExtractConfig, extract as run_extract
 
-    config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), **options)
+    from hscache.store.shards import parse_shard
+
+    config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None,
+                           **options)
     progress = None if quiet else _RichProgress()
     result = run_extract(config, progress)
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""
@@ -128,6 +133,82 @@ def info(cache_dir: str, as_json: bool) -> None:
 
     summary = cache_summary(cache_dir)
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+
+
+def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        starts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a comma-separated list of integers, e.g. 0,16,64,256"
+        ) from None
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise click.BadParameter(f"{value!r} must begin at 0 and increase strictly, e.g. 0,16,64,256")
+    return starts
+
+
+@main.command()
+@click.argument("cache_a")
+@click.argument("cache_b")
+@click.option("--json", "json_path", default=None, help="Also write the full report as JSON here.")
+@click.option("--report", "report_path", default=None, help="Also write a self-contained HTML report here.")
+@click.option("--intersect", is_flag=True,
+              help="Compare only the sequences both caches hold with identical token ids.")
+@click.option("--position-buckets", default="0,16,32,64,128,256,512,1024,2048,4096", show_default=True,
+              callback=_position_buckets,
+              help="Token-position bucket starts, from 0; the last bucket is open.")
+@friendly_errors
+def diff(cache_a: str, cache_b: str, json_path: str | None, report_path: str | None, intersect: bool,
+         position_buckets: tuple[int, ...]) -> None:
+    """Measure drift between two caches of the same tokens (A is the reference), layer by layer."""
+    from hscache.diff import diff_caches
+    from hscache.diff_report import format_report, save_json
+    from hscache.report_html import write_report
+
+    result = diff_caches(cache_a, cache_b, intersect=intersect, position_buckets=position_buckets)
+    click.echo(format_report(result))
+    if json_path:
+        click.echo(f"wrote {save_json(result, json_path)}")
+    if report_path:
+        click.echo(f"wrote {write_report(result, report_path)}")
+
+
+
+@main.command()
+@click.argument("cache_dir")
+@click.option("--deep", is_flag=True, help="Also decode every stored chunk of every array (checksums).")
+@click.option("--recompute", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Re-run N sampled sequences through the target and compare with the cache.")
+@click.option("--model", default=None, help="Target for --recompute (default: the cache's --model).")
+@click.option("--device", default=None, help="Device for --recompute (default: the cache's).")
+@click.option("--backend", type=click.Choice(["auto", "fla", "torch"]), default=None,
+              help="Backend for --recompute (default: the cache's).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
+              help="Max relative error for --recompute (default: 0 when the re-run must be exact, else 0.02).")
+@click.option("--seed", default=0, show_default=True, help="Which sequences --recompute samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
+@friendly_errors
+def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
+    """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong."""
+    from hscache.verify import VerifyConfig, format_report, verify_cache
+
+    report = verify_cache(cache_dir, VerifyConfig(**options))
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_report(report))
+    if not report.ok:
+        sys.exit(1)
+
+@main.command()
+@click.argument("out")
+@click.option("--into", default=None, help="Also write one ordinary cache holding every shard's sequences here.")
+@friendly_errors
+def merge(out: str, into: str | None) -> None:
+    """Check the shards under OUT (same settings, none missing) and write OUT/shards.json."""
+    from hscache.store.shards import merge_shards
+
+    document = merge_shards(out, into)
+    state = "complete" if document["complete"] else "still running"
+    click.echo(f"{document['shards']} shards, {document['sequences']} sequences, {document['tokens']} tokens "
+               f"({state}); wrote {out}/shards.json" + (f" and the merged cache {into}" if into else ""))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ commits -> finish (compact index, provenance).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,15 @@ import torch
 import schemas
 from hscache.backend import resolve_backend, use_backend
 from hscache.capture import CapturedSequence, capture_batch, greedy_continuation
-from hscache.errors import InputError, PromptFileError, ResumeMismatchError
+from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.layers import parse_layer_spec
 from hscache.prompts import PromptRecord, file_sha256, iter_records, prompt_token_ids, resolve_prompts
 from hscache.provenance import build_provenance, tokenizer_sha256, utc_now
 from hscache.store import fsio
-from hscache.store.layout import COMPRESSIONS, MANIFEST, PROVENANCE, TARGET_DIR, array_specs
+from hscache.store.layout import COMPRESSIONS, CREATING_MARK, MANIFEST, PROVENANCE, TARGET_DIR, array_specs
 from hscache.store.reader import read_manifest
-from hscache.store.writer import SequenceRows, StoreWriter
+from hscache.store.shards import shard_path
+from hscache.store.writer import SequenceRows, StoreWriter, write_error
 from hscache.target import Target, load_target
 from hscache.writer_thread import WriterThread
 
@@ -37,7 +39,8 @@ __all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
 
 # Settings that change what the cache holds; a resume must match all of them.
 _RESUME_KEYS = ("model", "weights_sha256", "layer_ids", "dtype", "backend", "device", "tokenizer_sha256",
-                "prompts_sha256", "max_new_tokens", "max_length", "top_k", "full_logits", "batch_tokens")
+                "prompts_sha256", "limit", "max_new_tokens", "max_length", "top_k", "full_logits", "batch_tokens",
+                "shard")
 
 
 @dataclass(frozen=True)
@@ -61,11 +64,13 @@ class ExtractConfig:
     commit_every_s: float = 30.0
     overwrite: bool = False
     limit: int | None = None
+    # (I, N): extract records n % N == I (after --limit) into OUT/shard-IIIII-of-NNNNN; see store/shards.py
+    shard: tuple[int, int] | None = None
 
 
 @dataclass
 class ExtractResult:
-    path: Path
+    path: Path | str  # str: the URL of an --out s3://... run
     sequences: int
     tokens: int
     resumed_from: int  # sequences already committed when this run started
@@ -93,7 +98,7 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
     """Stream the prompts once: every line parses, tokenizes, and fits --max-length."""
     path = resolve_prompts(config.prompts)
     records = prompt_tokens = 0
-    for record in _limited(iter_records(path), config.limit):
+    for record in _selected(config, path):
         length = len(prompt_token_ids(record, target.tokenizer))
         if length > config.max_length:
             raise PromptFileError(
@@ -112,6 +117,15 @@ def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[Pro
         yield record
 
 
+def _selected(config: ExtractConfig, path: Path) -> Iterator[PromptRecord]:
+    """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
+    records = _limited(iter_records(path), config.limit)
+    if config.shard is None:
+        return records
+    index, count = config.shard
+    return (record for n, record in enumerate(records) if n % count == index)
+
+
 def _settings(config: ExtractConfig, target: Target, layer_ids: list[int], backend: str,
               prompts: _PromptSummary) -> dict[str, Any]:
     batch_tokens = config.batch_tokens or (16384 if config.device.startswith("cuda") else 0)
@@ -122,6 +136,7 @@ def _settings(config: ExtractConfig, target: Target, layer_ids: list[int], backe
         "prompts_sha256": prompts.sha256, "max_new_tokens": config.max_new_tokens,
         "max_length": config.max_length, "top_k": config.top_k, "full_logits": config.full_logits,
         "batch_tokens": batch_tokens, "mask_token_id": target.mask_token_id, "limit": config.limit,
+        **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
     }
 
 
@@ -129,15 +144,17 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
     diffs = [k for k in _RESUME_KEYS if existing.get(k) != settings.get(k)]
     if diffs:
         key = diffs[0]
+        more = f" (and {len(diffs) - 1} more: {', '.join(diffs[1:])})" if len(diffs) > 1 else ""
         raise ResumeMismatchError(
             f"{out} was built with {key}={existing.get(key)!r} but this run has {key}={settings.get(key)!r}"
-            f"{f' (and {len(diffs) - 1} more differences)' if len(diffs) > 1 else ''}; "
+            f"{more}; "
             "re-run with the original settings to resume, or pass --overwrite to start over"
         )
 
 
 def _write_target_dir(out: Path, target: Target) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     staging = out / f"{TARGET_DIR}{fsio.TEMP_MARK}staging"
@@ -151,7 +168,10 @@ def _write_target_dir(out: Path, target: Target) -> None:
     tensors = {"embed_tokens": embed.contiguous()}
     if not tied:
         tensors["lm_head"] = head.contiguous()
-    save_file(tensors, str(staging / "head.safetensors"), metadata={"tied": str(tied).lower()})
+    try:
+        save_file(tensors, str(staging / "head.safetensors"), metadata={"tied": str(tied).lower()})
+    except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
+        raise OSError(f"cannot write {staging / 'head.safetensors'}: {exc}") from exc
     for path in staging.iterdir():
         fsio.fsync_file(path)
     shutil.rmtree(out / TARGET_DIR, ignore_errors=True)
@@ -159,23 +179,56 @@ def _write_target_dir(out: Path, target: Target) -> None:
     fsio.fsync_dir(out)
 
 
+@contextlib.contextmanager
+def _disk_errors(out: Path, committed: int) -> Iterator[None]:
+    """Any OSError while writing the cache becomes a one-line StoreWriteError (disk full, permissions)."""
+    try:
+        yield
+    except HscacheError:
+        raise
+    except OSError as exc:
+        raise write_error(out, committed, exc) from exc
+
+
+def _prepare_fresh_dir(out: Path) -> None:
+    """Make ``out`` an empty directory carrying the creation mark (see layout.CREATING_MARK)."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / CREATING_MARK).is_file():
+            raise InputError(
+                f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory"
+            )
+        # A fresh run was killed before its first manifest: it committed nothing, and the
+        # directory was empty when the mark was written, so everything in it is ours.
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CREATING_MARK).write_bytes(b"")
+    fsio.fsync_dir(out)
+
+
 def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any]) -> tuple[StoreWriter, int]:
     out = Path(config.out)
     if config.overwrite and out.exists():
+        # Only ever delete what hscache made: a cache, or a fresh run killed before its manifest.
+        if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and any(out.iterdir()):
+            raise InputError(f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
+                             "choose an empty or new directory")
         shutil.rmtree(out)
     if (out / MANIFEST).is_file():
         manifest = read_manifest(out)
         _check_resume(manifest["settings"], settings, out)
         return StoreWriter.resume(out, manifest), int(manifest["committed"]["sequences"])
-    if out.exists() and any(out.iterdir()):
-        raise InputError(f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory")
     if config.compression not in COMPRESSIONS:
         raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
     text = target.text_config
     specs = array_specs(len(settings["layer_ids"]), int(text.hidden_size), _LOGICAL[config.dtype], config.top_k,
                         int(text.vocab_size) if config.full_logits else None, config.chunk_bytes)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_target_dir(out, target)
+    with _disk_errors(out, 0):
+        _prepare_fresh_dir(out)
+        _write_target_dir(out, target)
     return StoreWriter.create(out, specs, config.compression, settings), 0
 
 
@@ -216,7 +269,7 @@ def _batches(config: ExtractConfig, target: Target, batch_tokens: int, skip: int
     boundary) forms the same batches as an uninterrupted run.
     """
     batch: list[tuple[PromptRecord, list[int], int, str]] = []
-    records = _limited(iter_records(resolve_prompts(config.prompts)), config.limit)
+    records = _selected(config, resolve_prompts(config.prompts))
     for n, record in enumerate(records):
         if n < skip:
             continue
@@ -238,8 +291,12 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         HscacheError subclasses for bad input, before any model work where possible;
         StoreWriteError when the disk fails (the committed part stays intact and resumable).
     """
+    if "://" in config.out:
+        return _extract_to_url(config, progress)
     progress = progress or Progress()
     t0 = time.perf_counter()
+    if config.shard is not None:
+        config = replace(config, out=str(shard_path(config.out, *config.shard)))
     backend = resolve_backend(config.backend, config.device)
     target = load_target(config.model, config.dtype, config.device)
     layer_ids = parse_layer_spec(config.layers, target.num_layers)
@@ -250,7 +307,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     writer, done = _open_store(config, target, settings)
     out = Path(config.out)
     with use_backend(target.model, backend) as kernels:
-        provenance = _start_provenance(out, target, settings, kernels, prompts, resumed=done > 0)
+        with _disk_errors(out, done):
+            provenance = _start_provenance(out, target, settings, kernels, prompts, resumed=done > 0)
         progress.start(prompts.records, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings["batch_tokens"], skip=done):
@@ -260,10 +318,22 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
         writer.finish()
     provenance["timestamps"]["finished_at"] = utc_now()
-    _write_provenance(out, provenance)
+    with _disk_errors(out, writer.committed_sequences):
+        _write_provenance(out, provenance)
     progress.finish()
     return ExtractResult(out, writer.committed_sequences, writer.committed_tokens, done,
                          time.perf_counter() - t0, provenance)
+
+
+def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
+    """``--out s3://...``: extract into a local staging directory, then upload (store/remote.py)."""
+    from hscache.store.remote import staging_dir, upload_cache
+
+    staging = staging_dir(config.out)
+    result = extract(replace(config, out=str(staging)), progress)
+    url = config.out.rstrip("/") + "/" + result.path.relative_to(staging).as_posix() if config.shard else config.out
+    upload_cache(result.path, url.rstrip("/"), remove_local=True)
+    return replace(result, path=url)
 
 
 def _start_provenance(out: Path, target: Target, settings: dict[str, Any], kernels: dict,

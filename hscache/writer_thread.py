@@ -66,3 +66,7 @@ class WriterThread:
         self.thread.join()
         if exc is None:
             self._raise_if_failed()
+        elif self.error is None:
+            # The main thread failed or was interrupted (Ctrl-C): keep the batches already
+            # captured by committing them before the exception propagates.
+            self.writer.commit()

@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "ARRAYS_GROUP",
     "ArraySpec",
+    "CREATING_MARK",
     "COMPRESSIONS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -31,6 +32,7 @@ __all__ = [
     "PROVENANCE",
     "TARGET_DIR",
     "array_specs",
+    "chunk_key",
     "chunk_tokens_for",
     "codecs_for",
 ]
@@ -42,6 +44,9 @@ PROVENANCE = "provenance.json"
 ARRAYS_GROUP = "arrays"
 INDEX_DIR = "index"
 TARGET_DIR = "target"
+# Written first into an empty --out and removed once the first manifest is durable: a directory
+# holding it but no manifest is a fresh run that was killed early, safe to wipe and restart.
+CREATING_MARK = ".hscache-creating"
 
 # zarr 3.1 has no bfloat16: store the raw 16 bits as uint16 and name the logical dtype in the
 # array's attributes. Bit-exact, and readable by any zarr reader without a registration.
@@ -77,6 +82,12 @@ class ArraySpec:
     @classmethod
     def from_dict(cls, name: str, d: dict[str, Any]) -> "ArraySpec":
         return cls(name, tuple(d["row_shape"]), d["logical_dtype"], int(d["chunk_tokens"]))
+
+
+def chunk_key(spec: ArraySpec, chunk_index: int) -> str:
+    """The chunk file of token-chunk ``chunk_index`` inside the array's directory (zarr v3 default
+    encoding; row dimensions are never split, so their chunk coordinates are 0)."""
+    return "/".join(["c", str(chunk_index), *["0"] * len(spec.row_shape)])
 
 
 def chunk_tokens_for(bytes_per_token: int, chunk_bytes: int) -> int:

@@ -30,9 +30,12 @@ from hscache.store.layout import (
     ArraySpec,
 )
 
-__all__ = ["Cache", "open_cache", "read_manifest"]
+__all__ = ["Cache", "index_part_path", "open_cache", "read_manifest"]
 
 _PART_NAME = re.compile(r"^index/part-\d{6}\.parquet$")
+# Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
+_ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_OPEN_ATTEMPTS = 3
 _TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -64,16 +67,52 @@ def read_manifest(root: Path) -> dict[str, Any]:
             f"{path} has format_version {manifest.get('format_version')}, this hscache reads "
             f"{FORMAT_VERSION}; upgrade hscache"
         )
+    _check_shape(path, manifest)
     return manifest
 
 
-def _safe_part_path(root: Path, name: str) -> Path:
+def _check_shape(path: Path, manifest: dict[str, Any]) -> None:
+    """The few manifest fields the reader relies on, so damage reads as CacheFormatError."""
+    try:
+        committed = manifest["committed"]
+        ok = (int(committed["sequences"]) >= 0 and int(committed["tokens"]) >= 0
+              and isinstance(manifest["index_parts"], list) and isinstance(manifest["arrays"], dict)
+              and isinstance(manifest["settings"], dict))
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise CacheFormatError(f"{path} lacks committed/index_parts/arrays/settings; the cache is damaged")
+    for name in manifest["arrays"]:
+        if not _ARRAY_NAME.match(str(name)):
+            raise CacheFormatError(f"{path} names array {name!r}, which is not a plain identifier")
+
+
+def index_part_path(root: Path, name: str) -> Path:
+    """The file of index part ``name`` (as listed in the manifest), checked to stay inside ``root``.
+
+    Raises:
+        CacheFormatError: ``name`` is not ``index/part-NNNNNN.parquet`` or resolves outside ``root``
+            (e.g. through a symlink).
+    """
     if not isinstance(name, str) or not _PART_NAME.match(name):
         raise CacheFormatError(f"manifest lists index part {name!r}, which is not index/part-NNNNNN.parquet")
-    path = (root / name).resolve()
-    if root.resolve() not in path.parents:
+    path = (Path(root) / name).resolve()
+    if Path(root).resolve() not in path.parents:
         raise CacheFormatError(f"index part {name!r} points outside the cache directory")
     return path
+
+
+def _read_part(root: Path, name: str) -> pa.Table:
+    path = index_part_path(root, name)
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError as exc:
+        raise CacheFormatError(
+            f"index part {name} listed in {MANIFEST} is missing; the cache is damaged: run `hscache verify "
+            f"{root}`, then re-extract with --overwrite"
+        ) from exc
+    except (OSError, pa.ArrowException) as exc:
+        raise CacheFormatError(f"index part {name} is unreadable ({exc}); run `hscache verify {root}`") from exc
 
 
 def _expand_metadata(table: pa.Table) -> pa.Table:
@@ -100,11 +139,20 @@ class Cache:
         self.path = Path(root)
         self.manifest = manifest
         self.specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
-        self._group = zarr.open_group(str(self.path / ARRAYS_GROUP), mode="r")
+        try:
+            self._group = zarr.open_group(str(self.path / ARRAYS_GROUP), mode="r")
+        except FileNotFoundError as exc:
+            raise CacheFormatError(f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged") from exc
         self._arrays: dict[str, zarr.Array] = {}
-        parts = [pq.read_table(_safe_part_path(self.path, p)) for p in manifest["index_parts"]]
+        parts = [_read_part(self.path, p) for p in manifest["index_parts"]]
         table = pa.concat_tables(parts) if parts else _empty_index()
-        table = table.slice(0, int(manifest["committed"]["sequences"]))
+        committed = int(manifest["committed"]["sequences"])
+        if table.num_rows < committed:
+            raise CacheFormatError(
+                f"the index of {self.path} has {table.num_rows} rows but the manifest commits {committed} "
+                f"sequences; the cache is damaged: run `hscache verify {self.path}`"
+            )
+        table = table.slice(0, committed)
         self.index: pa.Table = _expand_metadata(table)
         self._offsets = np.asarray(self.index.column("offset").to_numpy(), dtype=np.int64)
         self._lengths = np.asarray(self.index.column("length").to_numpy(), dtype=np.int64)
@@ -205,7 +253,9 @@ class Cache:
     def tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(self.path / TARGET_DIR), local_files_only=True)
+        # The cache is data, never code: no remote code from tokenizer_config.json's auto_map.
+        return AutoTokenizer.from_pretrained(str(self.path / TARGET_DIR), local_files_only=True,
+                                             trust_remote_code=False)
 
 
 def _empty_index() -> pa.Table:
@@ -217,9 +267,30 @@ def _empty_index() -> pa.Table:
 def open_cache(path: str | Path) -> Cache:
     """Open the cache at ``path`` read-only; it shows the sequences committed so far.
 
+    ``path`` may also be a directory of shards (``extract --shard I/N``), read as one cache
+    (store/shards.py), or an fsspec URL such as ``s3://bucket/cache`` (store/remote.py).
+
     Raises:
         CacheNotFoundError: ``path`` holds no cache.
         CacheFormatError: the manifest or index is damaged or of an unknown version.
     """
+    if "://" in str(path):
+        from hscache.store.remote import open_remote_cache  # lazy: fsspec backends are optional
+
+        return open_remote_cache(str(path))
     root = Path(path)
-    return Cache(root, read_manifest(root))
+    if not (root / MANIFEST).is_file():
+        from hscache.store.shards import has_shards, open_sharded
+
+        if has_shards(root):
+            return open_sharded(root)
+    for attempt in range(_OPEN_ATTEMPTS):
+        manifest = read_manifest(root)
+        try:
+            return Cache(root, manifest)
+        except CacheFormatError:
+            # A running extraction may have compacted the index (and deleted the parts this
+            # manifest lists) between our two reads: retry on the newer manifest.
+            if attempt + 1 == _OPEN_ATTEMPTS or read_manifest(root) == manifest:
+                raise
+    raise AssertionError("unreachable")

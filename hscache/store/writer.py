@@ -10,10 +10,12 @@ One writer per store: zarr has no locking.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,19 +25,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
 
+import schemas
 from hscache.errors import StoreWriteError
 from hscache.store import fsio
 from hscache.store.layout import (
     ARRAYS_GROUP,
+    CREATING_MARK,
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_DIR,
     MANIFEST,
     ArraySpec,
+    chunk_key,
     codecs_for,
 )
 
-__all__ = ["INDEX_SCHEMA", "SequenceRows", "StoreWriter"]
+__all__ = ["INDEX_SCHEMA", "SequenceRows", "StoreWriter", "write_error"]
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -68,7 +73,12 @@ class SequenceRows:
 
 
 class _Appender:
-    """Buffers one array's rows from the last chunk boundary on and writes whole chunks."""
+    """Buffers one array's rows from the last chunk boundary on and writes whole chunks.
+
+    Chunks are written as soon as they fill (memory stays bounded by the chunk size, not by
+    the commit interval); the partial last chunk is written, padded, only at a commit. Rows
+    written past ``committed.tokens`` are invisible to readers until the manifest says so.
+    """
 
     def __init__(self, array: zarr.Array, spec: ArraySpec, committed_tokens: int):
         self.array, self.spec = array, spec
@@ -78,56 +88,91 @@ class _Appender:
         tail = np.asarray(array[self.buf_start : committed_tokens]) if committed_tokens > self.buf_start else None
         self.parts: list[np.ndarray] = [tail] if tail is not None else []
         self.buffered = committed_tokens - self.buf_start
+        self.written: set[int] = set()  # chunk indices written since the last flush (to fsync)
+        self.resized = False  # zarr.json rewritten since the last flush (to fsync)
 
     def append(self, rows: np.ndarray) -> None:
         self.parts.append(rows)
         self.buffered += len(rows)
+        if self.buffered >= self.chunk:
+            self._write(pad_tail=False)
 
-    def flush(self) -> list[int]:
-        """Write everything buffered; return the chunk indices written."""
-        if self.buffered == 0:
-            return []
+    def flush(self) -> tuple[set[int], bool]:
+        """Write everything buffered; return (chunks written since the last flush, resized)."""
+        if self.buffered:
+            self._write(pad_tail=True)
+        written, resized = self.written, self.resized
+        self.written, self.resized = set(), False
+        return written, resized
+
+    def _write(self, pad_tail: bool) -> None:
         data = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0]
-        padded_len = -(-len(data) // self.chunk) * self.chunk
-        if padded_len != len(data):  # pad to a chunk boundary: whole-chunk writes, no read-modify-write
-            pad = np.zeros((padded_len - len(data), *data.shape[1:]), dtype=data.dtype)
+        full = len(data) // self.chunk * self.chunk
+        out_len = -(-len(data) // self.chunk) * self.chunk if pad_tail else full
+        if out_len == 0:
+            return
+        if out_len > len(data):  # pad to a chunk boundary: whole-chunk writes, no read-modify-write
+            pad = np.zeros((out_len - len(data), *data.shape[1:]), dtype=data.dtype)
             data_out = np.concatenate([data, pad])
         else:
-            data_out = data
-        end = self.buf_start + padded_len
+            data_out = data[:out_len]
+        end = self.buf_start + out_len
         if self.array.shape[0] < end:
             # Grow in big steps: every resize rewrites zarr.json.
             new_rows = max(end, 2 * self.array.shape[0])
             self.array.resize((-(-new_rows // self.chunk) * self.chunk, *self.array.shape[1:]))
+            self.resized = True
         self.array[self.buf_start : end] = data_out
-        written = list(range(self.buf_start // self.chunk, end // self.chunk))
-        full = len(data) // self.chunk * self.chunk
-        self.parts = [data[full:]] if full < len(data) else []
+        self.written.update(range(self.buf_start // self.chunk, end // self.chunk))
+        # Copy the remainder so the concatenated block can be freed.
+        self.parts = [data[full:].copy()] if full < len(data) else []
         self.buffered = len(data) - full
         self.buf_start += full
-        return written
+
+
+@dataclass(frozen=True)
+class _PendingRow:
+    """The index fields of an appended, not yet committed sequence (its arrays are already buffered)."""
+
+    record_id: str
+    length: int
+    prompt_len: int
+    stop_reason: str
+    token_sha256: str
+    metadata_json: str
 
 
 class StoreWriter:
-    """Append-only writer of one cache directory (new or resumed)."""
+    """Append-only writer of one cache directory (new or resumed).
+
+    Every method that touches the disk raises ``StoreWriteError`` on an ``OSError`` (disk full,
+    permissions); after one, the writer is unusable and the committed part is intact on disk.
+    """
 
     def __init__(self, root: Path, specs: dict[str, ArraySpec], compression: str, manifest: dict[str, Any]):
         self.root, self.specs, self.compression = Path(root), specs, compression
         self.manifest = manifest
         self.committed_tokens = int(manifest["committed"]["tokens"])
         self.committed_sequences = int(manifest["committed"]["sequences"])
-        self.pending: list[SequenceRows] = []
+        self.pending: list[_PendingRow] = []
         self.pending_tokens = 0
-        group = zarr.open_group(str(self.root / ARRAYS_GROUP), mode="a")
-        self.appenders = {
-            name: _Appender(self._open_array(group, spec), spec, self.committed_tokens)
-            for name, spec in specs.items()
-        }
+        with self._store_errors():
+            group = zarr.open_group(str(self.root / ARRAYS_GROUP), mode="a")
+            self.appenders = {
+                name: _Appender(self._open_array(group, spec), spec, self.committed_tokens)
+                for name, spec in specs.items()
+            }
 
     @classmethod
     def create(
         cls, root: Path, specs: dict[str, ArraySpec], compression: str, settings: dict[str, Any]
     ) -> "StoreWriter":
+        """Start a new cache at ``root``: arrays first, then the first manifest (so a reader that
+        finds a manifest always finds the arrays it names).
+
+        Raises:
+            StoreWriteError: the directory could not be written.
+        """
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -139,20 +184,33 @@ class StoreWriter:
             "complete": False,
             "updated_at": time.time(),
         }
-        Path(root).mkdir(parents=True, exist_ok=True)
-        fsio.atomic_write_json(Path(root) / MANIFEST, manifest)
-        return cls(root, specs, compression, manifest)
+        try:
+            Path(root).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(Path(root), 0, exc) from exc
+        writer = cls(root, specs, compression, manifest)
+        with writer._store_errors():
+            writer._fsync_metadata()
+            writer._publish_manifest()
+            (writer.root / CREATING_MARK).unlink(missing_ok=True)
+        return writer
 
     @classmethod
     def resume(cls, root: Path, manifest: dict[str, Any]) -> "StoreWriter":
+        """Reopen the cache at ``root`` after deleting whatever a killed run left behind."""
         specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
-        _remove_leftovers(Path(root), manifest)
+        try:
+            _remove_leftovers(Path(root), manifest)
+        except OSError as exc:
+            raise write_error(Path(root), int(manifest["committed"]["sequences"]), exc) from exc
         manifest = dict(manifest, complete=False)
         return cls(root, specs, manifest["compression"], manifest)
 
     def _open_array(self, group: zarr.Group, spec: ArraySpec) -> zarr.Array:
         if spec.name in group:
-            return group[spec.name]
+            # write_empty_chunks is a runtime setting, not stored: without it a resumed run would
+            # delete (not write) an all-zero chunk, which then reads as "missing" to verify.
+            return group[spec.name].with_config({"write_empty_chunks": True})
         array = group.create_array(
             spec.name,
             shape=(0, *spec.row_shape),
@@ -165,14 +223,31 @@ class StoreWriter:
         array.attrs.update({"logical_dtype": spec.logical_dtype, "hscache_array": spec.name})
         return array
 
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except StoreWriteError:
+            raise
+        except OSError as exc:
+            raise write_error(self.root, self.committed_sequences, exc) from exc
+
     def append(self, seq: SequenceRows) -> None:
-        """Buffer one sequence; it becomes visible to readers at the next commit."""
+        """Buffer one sequence; it becomes visible to readers at the next commit.
+
+        Raises:
+            ValueError: the rows do not match the arrays' shapes or dtypes.
+            StoreWriteError: writing a filled chunk failed.
+        """
         for name, appender in self.appenders.items():
             rows = seq.arrays[name]
             if rows.shape[1:] != appender.spec.row_shape or rows.dtype != np.dtype(appender.spec.stored_dtype):
                 raise ValueError(f"{name}: rows {rows.shape}/{rows.dtype} do not match {appender.spec}")
-            appender.append(rows)
-        self.pending.append(seq)
+        with self._store_errors():
+            for name, appender in self.appenders.items():
+                appender.append(seq.arrays[name])
+        self.pending.append(_PendingRow(seq.record_id, seq.length, seq.prompt_len, seq.stop_reason,
+                                        seq.token_sha256, seq.metadata_json))
         self.pending_tokens += seq.length
 
     def commit(self) -> None:
@@ -183,35 +258,51 @@ class StoreWriter:
         """
         if not self.pending:
             return
-        try:
+        with self._store_errors():
             self._commit()
-        except OSError as exc:
-            raise StoreWriteError(
-                f"writing to {self.root} failed ({exc.strerror or exc}); the {self.committed_sequences} "
-                "sequences committed before are intact: fix the cause and re-run the same command to resume"
-            ) from exc
 
     def _commit(self) -> None:
+        # Order is the protocol: chunks durable -> index part durable -> manifest (the commit).
         for name, appender in self.appenders.items():
-            for chunk_index in appender.flush():
+            written, resized = appender.flush()
+            for chunk_index in sorted(written):
                 self._fsync_chunk(name, appender.spec, chunk_index)
-            fsio.fsync_dir(self.root / ARRAYS_GROUP / name)
-        rows = self._index_rows(self.pending)
-        part_name = f"{INDEX_DIR}/part-{len(self.manifest['index_parts']):06d}.parquet"
-        fsio.atomic_write_bytes(self.root / part_name, _parquet_bytes(rows))
+            if resized:
+                fsio.fsync_file(self.root / ARRAYS_GROUP / name / "zarr.json")
+        part_name = self._next_part_name()
+        fsio.atomic_write_bytes(self.root / part_name, _parquet_bytes(self._index_rows(self.pending)))
+        self.manifest["index_parts"] = [*self.manifest["index_parts"], part_name]
+        self._publish_manifest(self.committed_sequences + len(self.pending),
+                               self.committed_tokens + self.pending_tokens)
         self.committed_sequences += len(self.pending)
         self.committed_tokens += self.pending_tokens
-        self.manifest["index_parts"] = [*self.manifest["index_parts"], part_name]
-        self._publish_manifest()
         self.pending, self.pending_tokens = [], 0
 
-    def _fsync_chunk(self, name: str, spec: ArraySpec, chunk_index: int) -> None:
-        key = "/".join(["c", str(chunk_index), *["0"] * len(spec.row_shape)])
-        path = self.root / ARRAYS_GROUP / name / key
-        fsio.fsync_file(path)
-        fsio.fsync_dir(path.parent)
+    def _next_part_name(self) -> str:
+        """One past the highest listed part: never the name of a listed (or compacted) part."""
+        numbers = [int(p.rsplit("-", 1)[1].split(".")[0]) for p in self.manifest["index_parts"]]
+        return f"{INDEX_DIR}/part-{max(numbers, default=-1) + 1:06d}.parquet"
 
-    def _index_rows(self, seqs: Iterable[SequenceRows]) -> pa.Table:
+    def _fsync_chunk(self, name: str, spec: ArraySpec, chunk_index: int) -> None:
+        array_dir = self.root / ARRAYS_GROUP / name
+        path = array_dir / chunk_key(spec, chunk_index)
+        fsio.fsync_file(path)
+        # New chunk directories (c/<i>/0/...) must be durable entries in their parents too.
+        for parent in path.parents:
+            fsio.fsync_dir(parent)
+            if parent == array_dir:
+                break
+
+    def _fsync_metadata(self) -> None:
+        arrays = self.root / ARRAYS_GROUP
+        for name in self.specs:
+            fsio.fsync_file(arrays / name / "zarr.json")
+            fsio.fsync_dir(arrays / name)
+        fsio.fsync_file(arrays / "zarr.json")
+        fsio.fsync_dir(arrays)
+        fsio.fsync_dir(self.root)
+
+    def _index_rows(self, seqs: Iterable[_PendingRow]) -> pa.Table:
         offset, seq_id = self.committed_tokens, self.committed_sequences
         columns: dict[str, list[Any]] = {f.name: [] for f in INDEX_SCHEMA}
         for seq in seqs:
@@ -223,28 +314,50 @@ class StoreWriter:
             seq_id += 1
         return pa.table(columns, schema=INDEX_SCHEMA)
 
-    def _publish_manifest(self) -> None:
-        self.manifest["committed"] = {"sequences": self.committed_sequences, "tokens": self.committed_tokens}
+    def _publish_manifest(self, sequences: int | None = None, tokens: int | None = None) -> None:
+        sequences = self.committed_sequences if sequences is None else sequences
+        tokens = self.committed_tokens if tokens is None else tokens
+        self.manifest["committed"] = {"sequences": sequences, "tokens": tokens}
         self.manifest["updated_at"] = time.time()
+        schemas.validate(self.manifest, "manifest")
         fsio.atomic_write_json(self.root / MANIFEST, self.manifest)
 
     def finish(self) -> None:
-        """Commit, compact the index into one part, trim arrays to their length, mark complete."""
+        """Commit, compact the index into one part, trim arrays to their length, mark complete.
+
+        Each step is safe to kill: the compacted part is published by one manifest write (a
+        reader sees the old parts or the compacted one, never both) and a resume deletes
+        whichever parts the manifest no longer lists.
+
+        Raises:
+            StoreWriteError: a write failed; the committed part stays intact and resumable.
+        """
         self.commit()
-        parts = self.manifest["index_parts"]
-        if len(parts) > 1:
-            table = pa.concat_tables([pq.read_table(self.root / p) for p in parts])
-            compacted = f"{INDEX_DIR}/part-{len(parts):06d}.parquet"
-            fsio.atomic_write_bytes(self.root / compacted, _parquet_bytes(table))
-            self.manifest["index_parts"] = [compacted]
+        with self._store_errors():
+            parts = self.manifest["index_parts"]
+            if len(parts) > 1:
+                table = pa.concat_tables([pq.read_table(self.root / p) for p in parts])
+                compacted = self._next_part_name()
+                fsio.atomic_write_bytes(self.root / compacted, _parquet_bytes(table))
+                self.manifest["index_parts"] = [compacted]
+                self._publish_manifest()
+                for old in parts:
+                    (self.root / old).unlink(missing_ok=True)
+            for name, appender in self.appenders.items():
+                if appender.array.shape[0] != self.committed_tokens:
+                    appender.array.resize((self.committed_tokens, *appender.array.shape[1:]))
+                    fsio.fsync_file(self.root / ARRAYS_GROUP / name / "zarr.json")
+            self.manifest["complete"] = True
             self._publish_manifest()
-            for old in parts:
-                (self.root / old).unlink(missing_ok=True)
-        for appender in self.appenders.values():
-            if appender.array.shape[0] != self.committed_tokens:
-                appender.array.resize((self.committed_tokens, *appender.array.shape[1:]))
-        self.manifest["complete"] = True
-        self._publish_manifest()
+
+
+def write_error(root: Path, committed_sequences: int, exc: OSError) -> StoreWriteError:
+    """The one-line ``StoreWriteError`` for an ``OSError`` while writing the cache at ``root``."""
+    where = f" at {exc.filename}" if exc.filename else ""
+    return StoreWriteError(
+        f"writing to {root} failed{where} ({exc.strerror or exc}); the {committed_sequences} sequences "
+        "committed before are intact: fix the cause (e.g. free disk space) and re-run the same command to resume"
+    )
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
@@ -254,9 +367,15 @@ def _parquet_bytes(table: pa.Table) -> bytes:
 
 
 def _remove_leftovers(root: Path, manifest: dict[str, Any]) -> None:
-    """Delete what a killed run left: zarr's ``.partial`` files, our temp files, unlisted index parts."""
+    """Delete what a killed run left: zarr's ``.partial`` files, our temp files and directories
+    (e.g. a half-written ``target`` staging dir), unlisted index parts, the creation mark."""
     listed = {root / p for p in manifest["index_parts"]}
-    for dirpath, _dirnames, filenames in os.walk(root):
+    (root / CREATING_MARK).unlink(missing_ok=True)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for dirname in list(dirnames):
+            if fsio.TEMP_MARK in dirname:
+                shutil.rmtree(Path(dirpath) / dirname, ignore_errors=True)
+                dirnames.remove(dirname)
         for filename in filenames:
             path = Path(dirpath) / filename
             stale = filename.endswith(".partial") or fsio.TEMP_MARK in filename

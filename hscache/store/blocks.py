@@ -1,0 +1,163 @@
+"""Read a contiguous range of sequences with one slice per array (the streaming read path).
+
+``Cache.hidden_states(i)`` decodes every chunk that sequence ``i`` touches; a chunk holds
+thousands of tokens, so reading a range of sequences one by one decodes each chunk many times.
+``read_rows(cache, rows)`` reads the token span of the whole range once per array and serves
+per-sequence tensors from memory: memory is the range's bytes (size ranges to a few chunks),
+and a scan in ranges reads every chunk exactly once.
+
+    >>> block = read_rows(cache, range(0, 64))                       # doctest: +SKIP
+    >>> view = BlockView(cache, block)                               # doctest: +SKIP
+    >>> view.hidden_states(3)  # == cache.hidden_states(3), from memory   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["BlockView", "RowBlock", "plan_row_ranges", "read_rows", "token_span"]
+
+# The arrays the scorer reads per sequence; others stay lazy (read through the cache).
+DEFAULT_ARRAYS = ("hidden_states", "token_ids", "target_argmax")
+
+
+@dataclass
+class RowBlock:
+    """The rows ``rows`` of some arrays, in memory: ``data[name]`` holds sequence ``i`` at
+    ``spans[i] = (start, stop)`` (positions inside the block, not the cache)."""
+
+    rows: range
+    spans: dict[int, tuple[int, int]]
+    data: dict[str, torch.Tensor]
+
+    def get(self, name: str, row: int) -> torch.Tensor:
+        if row not in self.spans:
+            raise IndexError(f"row {row} is not in this block (rows {self.rows.start}-{self.rows.stop - 1})")
+        start, stop = self.spans[row]
+        return self.data[name][start:stop]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.data.values())
+
+
+def _offsets(cache: Any) -> tuple[np.ndarray, np.ndarray]:
+    index = cache.index
+    return (np.asarray(index.column("offset").to_numpy(), dtype=np.int64),
+            np.asarray(index.column("length").to_numpy(), dtype=np.int64))
+
+
+def token_span(cache: Any, rows: range) -> tuple[int, int]:
+    """[first token, end token) of the contiguous rows ``rows`` of a single (unsharded) cache."""
+    offsets, lengths = _offsets(cache)
+    if not rows:
+        return 0, 0
+    return int(offsets[rows.start]), int(offsets[rows.stop - 1] + lengths[rows.stop - 1])
+
+
+def _to_tensor(raw: np.ndarray, logical_dtype: str) -> torch.Tensor:
+    tensor = torch.from_numpy(np.ascontiguousarray(raw))
+    return tensor.view(torch.bfloat16) if logical_dtype == "bfloat16" else tensor  # raw 16 bits on disk
+
+
+def _read_single(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
+    if rows and not (0 <= rows.start and rows.stop <= len(cache)):
+        raise IndexError(f"rows {rows.start}-{rows.stop - 1} out of range for a cache of {len(cache)} sequences")
+    offsets, lengths = _offsets(cache)
+    first, end = token_span(cache, rows)
+    spans = {r: (int(offsets[r]) - first, int(offsets[r] + lengths[r]) - first) for r in rows}
+    data = {name: _to_tensor(np.asarray(cache.array(name)[first:end]), cache.specs[name].logical_dtype)
+            for name in arrays}
+    return RowBlock(rows, spans, data)
+
+
+def _read_sharded(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
+    """Global rows -> one contiguous local range per shard (round-robin: row g is shard g % N)."""
+    n = len(cache.shards)
+    spans: dict[int, tuple[int, int]] = {}
+    pieces: dict[str, list[torch.Tensor]] = {name: [] for name in arrays}
+    base = 0
+    for i, shard in enumerate(cache.shards):
+        local = range(-(-(rows.start - i) // n), -(-(rows.stop - i) // n)) if rows else range(0)
+        local = range(max(0, local.start), max(0, local.stop))
+        if not local:
+            continue
+        block = _read_single(shard, local, arrays)
+        for r, (a, b) in block.spans.items():
+            spans[r * n + i] = (a + base, b + base)
+        for name in arrays:
+            pieces[name].append(block.data[name])
+        base += len(block.data[arrays[0]]) if arrays else 0
+    data = {name: torch.cat(parts) if parts else torch.empty(0) for name, parts in pieces.items()}
+    return RowBlock(rows, spans, data)
+
+
+def read_rows(cache: Any, rows: range, arrays: tuple[str, ...] = DEFAULT_ARRAYS) -> RowBlock:
+    """Read sequences ``rows`` (a contiguous range of index rows) with one slice per array.
+
+    Works on any object ``hscache.open_cache`` returns (a cache, a sharded view, a remote cache).
+
+    Raises:
+        IndexError: ``rows`` reaches past the cache.
+        KeyError: the cache has no array of one of ``arrays``.
+    """
+    if getattr(cache, "shards", None):
+        return _read_sharded(cache, rows, arrays)
+    return _read_single(cache, rows, arrays)
+
+
+def plan_row_ranges(lengths: Sequence[int], tokens_per_task: int) -> list[range]:
+    """Cut rows ``0..len(lengths)`` into contiguous ranges of about ``tokens_per_task`` tokens.
+
+    A range closes once it holds at least ``tokens_per_task`` tokens, so a longer sequence is
+    never split and no range is empty.
+
+    Raises:
+        ValueError: ``tokens_per_task`` < 1.
+    """
+    if tokens_per_task < 1:
+        raise ValueError(f"tokens_per_task {tokens_per_task} must be at least 1")
+    tasks, start, tokens = [], 0, 0
+    for row, length in enumerate(lengths):
+        tokens += int(length)
+        if tokens >= tokens_per_task:
+            tasks.append(range(start, row + 1))
+            start, tokens = row + 1, 0
+    if start < len(lengths):
+        tasks.append(range(start, len(lengths)))
+    return tasks
+
+
+class BlockView:
+    """A cache whose per-sequence accessors for the block's rows are served from memory.
+
+    Everything else (``index``, ``layer_ids``, ``target_head()``...) is the wrapped cache's.
+    """
+
+    def __init__(self, cache: Any, block: RowBlock):
+        self._cache, self._block = cache, block
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def _get(self, name: str, row: int) -> torch.Tensor:
+        if name in self._block.data and row in self._block.spans:
+            return self._block.get(name, row)
+        return getattr(self._cache, name)(row)
+
+    def hidden_states(self, i: int) -> torch.Tensor:
+        return self._get("hidden_states", i)
+
+    def token_ids(self, i: int) -> torch.Tensor:
+        return self._get("token_ids", i).long()
+
+    def target_argmax(self, i: int) -> torch.Tensor:
+        return self._get("target_argmax", i).long()

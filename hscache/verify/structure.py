@@ -1,0 +1,223 @@
+"""Structural checks: manifest, index parts, arrays' metadata, chunk files, target/ and links.
+
+Cheap (no array data is decoded) and run first: they decide whether the per-sequence scans
+can map tokens to sequences at all. Nothing here trusts the index or manifest to name safe
+paths: index parts go through ``index_part_path`` and symlinks leaving the cache are flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zarr
+
+import schemas
+from hscache.errors import CacheFormatError
+from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, TARGET_DIR, ArraySpec, chunk_key
+from hscache.store.reader import index_part_path, read_manifest
+from hscache.store.writer import INDEX_SCHEMA
+from hscache.verify.report import Problem, VerifyReport
+
+__all__ = ["CacheLayout", "check_structure", "sequences_in"]
+
+_TARGET_FILES = ("config.json", "head.safetensors")
+
+
+@dataclass
+class CacheLayout:
+    """What the data checks need: the committed extent, the index, and the open arrays."""
+
+    root: Path
+    manifest: dict[str, Any]
+    specs: dict[str, ArraySpec]
+    arrays: dict[str, zarr.Array]  # only those that opened with the expected shape and dtype
+    committed_tokens: int
+    index: pa.Table | None  # None when unusable: per-sequence checks are then skipped
+    offsets: np.ndarray  # [S] int64 token offset of each sequence
+    lengths: np.ndarray  # [S] int64
+
+    def record_id(self, seq: int) -> str | None:
+        return None if self.index is None else self.index.column("record_id")[seq].as_py()
+
+    def problem(self, check: str, message: str, seq: int, **where: Any) -> Problem:
+        """A problem naming sequence row ``seq`` (message prefixed with its ids)."""
+        rid = self.record_id(seq)
+        return Problem(check, f"sequence {seq} (record {rid!r}): {message}", seq_id=seq, record_id=rid, **where)
+
+
+def sequences_in(layout: CacheLayout, start: int, stop: int) -> range:
+    """Rows of the sequences holding any token in ``[start, stop)``."""
+    if layout.index is None or stop <= start:
+        return range(0)
+    first = int(np.searchsorted(layout.offsets + layout.lengths, start, side="right"))
+    last = int(np.searchsorted(layout.offsets, stop, side="left"))
+    return range(first, min(last, len(layout.offsets)))
+
+
+def check_structure(root: Path, report: VerifyReport) -> CacheLayout | None:
+    """Run the manifest, index and files checks; None when the manifest itself is unusable.
+
+    Raises:
+        CacheNotFoundError: ``root`` holds no manifest.json (not a cache: bad input).
+    """
+    try:
+        manifest = read_manifest(root)
+        schemas.validate(manifest, "manifest")
+    except (CacheFormatError, schemas.SchemaError) as exc:
+        report.add(Problem("manifest", f"manifest.json is damaged: {exc}"))
+        return None
+    report.passed("manifest")
+    committed = manifest["committed"]
+    report.sequences, report.tokens = int(committed["sequences"]), int(committed["tokens"])
+    report.complete = bool(manifest["complete"])
+    report.layer_ids = list(manifest["settings"]["layer_ids"])
+    specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
+    hidden = specs.get("hidden_states")
+    if hidden is None or hidden.row_shape[:1] != (len(report.layer_ids),) or "token_ids" not in specs:
+        report.add(Problem("manifest", f"manifest.json arrays do not match its {len(report.layer_ids)} layer_ids "
+                                       "(hidden_states [T, K, H] and token_ids are required)"))
+        return None
+    index = _check_index(root, manifest, report)
+    layout = CacheLayout(root, manifest, specs, {}, report.tokens, index,
+                         np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if index is not None:
+        layout.offsets = index.column("offset").to_numpy().astype(np.int64)
+        layout.lengths = index.column("length").to_numpy().astype(np.int64)
+    report.passed("index")
+    layout.arrays = _check_arrays(layout, report)
+    _check_chunk_files(layout, report)
+    _check_side_files(root, manifest, report)
+    report.passed("files")
+    return layout
+
+
+def _check_index(root: Path, manifest: dict[str, Any], report: VerifyReport) -> pa.Table | None:
+    tables = []
+    for name in manifest["index_parts"]:
+        try:
+            tables.append(pq.read_table(index_part_path(root, name)))
+        except CacheFormatError as exc:
+            report.add(Problem("index", str(exc)))
+        except FileNotFoundError:
+            report.add(Problem("index", f"index part {name} listed in manifest.json is missing; "
+                                        "the sequences it held cannot be located"))
+        except (OSError, pa.ArrowException) as exc:
+            report.add(Problem("index", f"index part {name} is unreadable ({exc})"))
+    listed = {root / p for p in manifest["index_parts"]}
+    for path in sorted((root / INDEX_DIR).glob("*")) if (root / INDEX_DIR).is_dir() else []:
+        if path not in listed:
+            report.add(Problem("index", f"{path.relative_to(root)} is not listed in manifest.json (left by a "
+                                        "killed run; ignored by readers, removed on resume)"), warning=True)
+    if len(tables) != len(manifest["index_parts"]):
+        return None
+    if any(t.schema.names != INDEX_SCHEMA.names for t in tables):
+        report.add(Problem("index", f"index columns differ from {INDEX_SCHEMA.names}"))
+        return None
+    table = pa.concat_tables([t.cast(INDEX_SCHEMA) for t in tables]) if tables else INDEX_SCHEMA.empty_table()
+    return _check_rows(table, report)
+
+
+def _check_rows(table: pa.Table, report: VerifyReport) -> pa.Table | None:
+    """Row count, seq ids, contiguous offsets and lengths against the manifest's committed extent."""
+    if table.num_rows < report.sequences:
+        report.add(Problem("index", f"the index has {table.num_rows} rows but manifest.json commits "
+                                    f"{report.sequences} sequences"))
+        return None
+    if table.num_rows > report.sequences:
+        report.add(Problem("index", f"the index has {table.num_rows} rows, more than the {report.sequences} "
+                                    "committed sequences"))
+    table = table.slice(0, report.sequences)
+    seq_ids = table.column("seq_id").to_numpy()
+    offsets = table.column("offset").to_numpy().astype(np.int64)
+    lengths = table.column("length").to_numpy().astype(np.int64)
+    prompt_lens = table.column("prompt_len").to_numpy().astype(np.int64)
+    record_ids = table.column("record_id").to_pylist()
+    expected_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
+    for i in np.flatnonzero((seq_ids != np.arange(len(seq_ids))) | (offsets != expected_offsets)
+                            | (lengths < 1) | (prompt_lens < 0) | (prompt_lens > lengths)):
+        report.add(Problem("index", f"sequence {i} (record {record_ids[i]!r}): index row is inconsistent "
+                                    f"(seq_id {seq_ids[i]}, offset {offsets[i]} expected {expected_offsets[i]}, "
+                                    f"length {lengths[i]}, prompt_len {prompt_lens[i]})",
+                           seq_id=int(i), record_id=record_ids[i]))
+    if int(lengths.sum()) != report.tokens:
+        report.add(Problem("index", f"the index's lengths sum to {int(lengths.sum())} tokens but manifest.json "
+                                    f"commits {report.tokens}"))
+    return table
+
+
+def _check_arrays(layout: CacheLayout, report: VerifyReport) -> dict[str, zarr.Array]:
+    """Open each array and check its metadata against the manifest; return those usable."""
+    arrays = {}
+    try:
+        group = zarr.open_group(str(layout.root / ARRAYS_GROUP), mode="r")
+    except (OSError, ValueError) as exc:
+        report.add(Problem("files", f"{ARRAYS_GROUP}/ cannot be opened ({exc}); no array can be read"))
+        return arrays
+    for name, spec in layout.specs.items():
+        try:
+            array = group[name]
+        except (KeyError, OSError, ValueError) as exc:
+            report.add(Problem("files", f"array {name} is missing or unreadable ({exc})", array=name))
+            continue
+        expected = {"row shape": (tuple(array.shape[1:]), spec.row_shape),
+                    "dtype": (str(array.dtype), spec.stored_dtype),
+                    "chunks": (tuple(array.chunks), (spec.chunk_tokens, *spec.row_shape))}
+        bad = [f"{k} {got} (manifest: {want})" for k, (got, want) in expected.items() if got != want]
+        if array.shape[0] < layout.committed_tokens:
+            bad.append(f"{array.shape[0]} rows, fewer than the {layout.committed_tokens} committed tokens")
+        if bad:
+            report.add(Problem("files", f"array {name}: {'; '.join(bad)}", array=name))
+            continue
+        codecs = [type(c).__name__ for c in array.metadata.codecs]
+        if not codecs or codecs[-1] != "Crc32cCodec":
+            report.add(Problem("files", f"array {name} has no crc32c checksum as its last codec ({codecs}): "
+                                        "flipped bits cannot be detected", array=name), warning=True)
+        arrays[name] = array
+    return arrays
+
+
+def _check_chunk_files(layout: CacheLayout, report: VerifyReport) -> None:
+    """Every chunk that holds committed tokens must exist: zarr reads a missing one as zeros."""
+    for name, spec in layout.specs.items():
+        if name not in layout.arrays:
+            continue
+        for chunk in range(-(-layout.committed_tokens // spec.chunk_tokens)):
+            path = layout.root / ARRAYS_GROUP / name / chunk_key(spec, chunk)
+            if path.is_file():
+                continue
+            start = chunk * spec.chunk_tokens
+            seqs = sequences_in(layout, start, start + spec.chunk_tokens)
+            message = f"chunk file {path.relative_to(layout.root)} is missing (it would read as zeros)"
+            if not seqs:
+                report.add(Problem("files", message, array=name, chunk=chunk))
+            for seq in seqs:
+                report.add(layout.problem("files", message, seq, array=name, chunk=chunk))
+
+
+def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+    """target/ complete, provenance.json valid, and no symlink that leads out of the cache."""
+    for name in _TARGET_FILES:
+        if not (root / TARGET_DIR / name).is_file():
+            report.add(Problem("files", f"{TARGET_DIR}/{name} is missing: the scorer needs it"))
+    provenance = root / PROVENANCE
+    if provenance.is_file():
+        try:
+            schemas.validate(json.loads(provenance.read_text()), "provenance")
+        except (ValueError, schemas.SchemaError) as exc:
+            report.add(Problem("files", f"{PROVENANCE} is invalid: {exc}"))
+    elif manifest["complete"]:
+        report.add(Problem("files", f"{PROVENANCE} is missing from a complete cache"), warning=True)
+    resolved_root = root.resolve()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for entry in (*dirnames, *filenames):
+            path = Path(dirpath) / entry
+            if path.is_symlink() and resolved_root not in path.resolve().parents:
+                message = f"{path.relative_to(root)} is a symlink that leads outside the cache"
+                report.add(Problem("files", message))

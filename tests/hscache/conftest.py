@@ -1,0 +1,68 @@
+"""Fixtures of the crash-safety and verify tests: a small cache cut into many chunk files.
+
+Extraction runs on one torch thread here and in every subprocess these tests start, so an
+interrupted-and-resumed run can be compared bit for bit with an uninterrupted one (and the
+tiny model is ~7x faster on one thread than on two contended ones).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import hscache
+
+# One subprocess environment for every CLI run of these tests (see module docstring).
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class SmallCache:
+    """An uninterrupted reference cache and the settings that built it."""
+
+    path: Path
+    config: hscache.ExtractConfig
+
+    def cli_args(self, out: Path) -> list[str]:
+        """``hscache extract`` flags equal to ``config`` with ``--out out``."""
+        c = self.config
+        return ["extract", "--out", str(out), "--limit", str(c.limit), "--max-new-tokens", str(c.max_new_tokens),
+                "--dtype", c.dtype, "--layers", c.layers, "--chunk-mb", str(c.chunk_bytes / (1 << 20)),
+                "--commit-every-s", str(c.commit_every_s), "--quiet"]
+
+    def copy(self, dest: Path) -> Path:
+        shutil.copytree(self.path, dest)
+        return dest
+
+    def config_for(self, out: Path, **changes: object) -> hscache.ExtractConfig:
+        return replace(self.config, out=str(out), **changes)
+
+
+@pytest.fixture
+def one_thread():
+    """Run torch on one thread for the test (restored after): resumed runs must match bit for bit."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
+    """12 built-in prompts, 8 greedy tokens, fp32, layers 1,3,5: ~600 tokens in 256-token chunks
+    (3 chunk files per hidden-state array), one commit per sequence."""
+    out = tmp_path_factory.mktemp("small") / "reference"
+    # chunk_bytes 10 KiB rounds up to the 256-token minimum chunk for every array.
+    config = hscache.ExtractConfig(out=str(out), layers="1,3,5", max_new_tokens=8, dtype="fp32", limit=12,
+                                   chunk_bytes=10 * 1024, commit_every_s=0.0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        hscache.extract(config)
+    finally:
+        torch.set_num_threads(before)
+    return SmallCache(out, config)

@@ -1,0 +1,78 @@
+"""Caches at s3:// URLs, against a local S3-compatible server (moto) on loopback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+import hscache
+from hscache.store.remote import RemoteCache, upload_cache
+from scorer.evaluate import EvalConfig, evaluate
+from scorer.init import init_drafter
+
+pytest.importorskip("s3fs", reason="pip install s3fs 'moto[server]' to test s3:// caches")
+moto_server = pytest.importorskip("moto.server", reason="pip install 'moto[server]' to test s3:// caches")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory: pytest.TempPathFactory):
+    """An empty bucket on a moto server; fake credentials and the endpoint only for this module."""
+    import s3fs
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                           "HSCACHE_LOCAL_DIR": str(tmp_path_factory.mktemp("local"))}.items():
+            env.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir("hscache-test")
+        yield "s3://hscache-test"
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+def _same_numbers(a: dict, b: dict) -> None:
+    for key in ("tau", "acceptance", "train_accept_len", "ddtree", "rounds", "tokens", "per_request"):
+        assert a[key] == b[key], key
+
+
+def test_extract_and_eval_round_trip_through_s3(bucket, scale_cache, tmp_path):
+    url = f"{bucket}/cache"
+    result = hscache.extract(hscache.ExtractConfig(out=url, layers="1,3,7", max_new_tokens=12, dtype="fp32", limit=4))
+    assert result.path == url and result.sequences == 4
+    remote, local = hscache.open_cache(url), hscache.open_cache(scale_cache)
+    assert isinstance(remote, RemoteCache) and remote.complete and "RemoteCache('s3://hscache-test/cache'" in repr(remote)
+    for i in range(len(local)):
+        assert torch.equal(remote.hidden_states(i), local.hidden_states(i))
+        assert torch.equal(remote.token_ids(i), local.token_ids(i))
+    init_drafter(scale_cache, tmp_path / "d", seed=5)
+    drafter = tmp_path / "d"
+    config = EvalConfig(ddtree=(8,), n_boot=20)
+    from_s3 = evaluate(drafter, url, config)
+    assert from_s3["cache"]["path"] == url
+    _same_numbers(from_s3, evaluate(drafter, scale_cache, config))
+
+
+def test_upload_then_reopen_sees_the_new_cache(bucket, scale_cache):
+    url = f"{bucket}/copy"
+    upload_cache(scale_cache, url)
+    assert len(hscache.open_cache(url)) == 4
+    upload_cache(scale_cache, url)  # publishing again replaces it (manifest removed first, written last)
+    assert hscache.open_cache(url).num_tokens == hscache.open_cache(scale_cache).num_tokens
+
+
+def test_missing_remote_cache_is_a_one_line_error(bucket):
+    with pytest.raises(hscache.CacheNotFoundError, match=r"s3://hscache-test/nothing is not an hscache cache \(no manifest"
+                       r"\.json\); create one with `hscache extract --out s3://hscache-test/nothing`"):
+        hscache.open_cache(f"{bucket}/nothing")

@@ -1,0 +1,99 @@
+"""Sharded extraction: N shards on a dask cluster read back as one cache, bit-identical to one run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import hscache
+from hscache.cli import main
+from hscache.store.blocks import read_rows
+from hscache.store.shards import ShardedCache, merge_shards, parse_shard
+from pipelines.sharded_extract import sharded_extract
+
+CONFIG = {"layers": "1,3,7", "max_new_tokens": 6, "dtype": "fp32", "limit": 5}  # 5 prompts: shards of 3 and 2
+_COLUMNS = ("seq_id", "record_id", "offset", "length", "prompt_len", "stop_reason", "token_sha256", "metadata_json")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-shard extraction on one torch thread, like the single-threaded dask workers."""
+    out = tmp_path_factory.mktemp("shards") / "one"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        hscache.extract(hscache.ExtractConfig(out=str(out), **CONFIG))
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharded(dask_client, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards") / "two"
+    results = sharded_extract(hscache.ExtractConfig(out=str(out), **CONFIG), 2, dask_client)
+    assert [r.sequences for r in results] == [3, 2]
+    return out
+
+
+def _assert_same(a, b) -> None:
+    assert len(a) == len(b) and a.num_tokens == b.num_tokens
+    for name in _COLUMNS:
+        assert a.index.column(name).to_pylist() == b.index.column(name).to_pylist(), name
+    for i in range(len(a)):
+        for read in ("hidden_states", "token_ids", "target_argmax", "target_logsumexp"):
+            assert torch.equal(getattr(a, read)(i), getattr(b, read)(i)), (read, i)
+        assert all(torch.equal(x, y) for x, y in zip(a.target_topk(i), b.target_topk(i)))
+
+
+def test_two_shards_read_back_identical_to_one(reference, sharded):
+    one, view = hscache.open_cache(reference), hscache.open_cache(sharded)
+    assert isinstance(view, ShardedCache) and view.complete
+    assert sorted(p.name for p in sharded.iterdir()) == ["shard-00000-of-00002", "shard-00001-of-00002", "shards.json"]
+    _assert_same(one, view)
+    assert view.settings == one.settings and view.layer_ids == [1, 3, 7]
+    assert [p["capture"]["layer_ids"] for p in view.provenance["shards"]] == [[1, 3, 7]] * 2
+    block, ref = read_rows(view, range(1, 5)), read_rows(one, range(1, 5))
+    assert all(torch.equal(block.get("hidden_states", r), ref.get("hidden_states", r)) for r in range(1, 5))
+
+
+def test_merge_writes_one_identical_cache(reference, sharded, tmp_path):
+    result = CliRunner().invoke(main, ["merge", str(sharded), "--into", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    assert "2 shards, 5 sequences" in result.output
+    merged = hscache.open_cache(tmp_path / "merged")
+    _assert_same(hscache.open_cache(reference), merged)
+    document = json.loads((sharded / "shards.json").read_text())
+    assert [p["sequences"] for p in document["parts"]] == [3, 2] and document["complete"]
+    one = hscache.open_cache(reference)
+    assert np.array_equal(np.asarray(one.array("hidden_states")[:]), np.asarray(merged.array("hidden_states")[:]))
+
+
+def test_shards_with_different_settings_are_refused(sharded, tmp_path):
+    copy = shutil.copytree(sharded, tmp_path / "c")
+    manifest_path = copy / "shard-00001-of-00002" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["settings"]["max_new_tokens"] = 7
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(hscache.CacheFormatError, match=r"shards of .* differ in max_new_tokens: "
+                       r"shard-00000-of-00002 has 6, shard-00001-of-00002 has 7; re-extract"):
+        hscache.open_cache(copy)
+    shutil.rmtree(copy / "shard-00001-of-00002")
+    with pytest.raises(hscache.CacheFormatError, match=r"has 1 of 2 shards; shard 1 is missing: run "
+                       r"`hscache extract \.\.\. --out .* --shard 1/2`"):
+        merge_shards(copy)
+
+
+def test_shard_flag_is_checked():
+    assert parse_shard("1/4") == (1, 4)
+    result = CliRunner().invoke(main, ["extract", "--out", "x", "--shard", "2/2"])
+    assert result.exit_code == 2
+    assert "error: --shard 2/2 out of range; shard I of N needs 0 <= I < N, e.g. 0/2" in result.output
+    with pytest.raises(hscache.InputError, match="is not I/N"):
+        parse_shard("a/b")
