@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,31 @@ def checkpoint_flags(fn: Callable) -> Callable:
     return fn
 
 
+_cluster_flags = [
+    click.option("--scheduler", default=None, help="Address of a running dask scheduler (tcp://host:8786)."),
+    click.option("--workers", type=click.IntRange(min=1), default=None,
+                 help="Start a local dask cluster of N single-threaded worker processes for this run."),
+]
+
+
+def cluster_flags(fn: Callable) -> Callable:
+    for flag in reversed(_cluster_flags):
+        fn = flag(fn)
+    return fn
+
+
+@contextlib.contextmanager
+def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
+    """A dask client when --scheduler or --workers is given, else None (score in this process)."""
+    if scheduler is None and workers is None:
+        yield None
+        return
+    from scorer.distributed import cluster_client
+
+    with cluster_client(scheduler=scheduler, workers=workers) as client:
+        yield client
+
+
 @main.command("eval")
 @click.argument("checkpoint")
 @click.option("--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches.")
@@ -87,13 +113,16 @@ def checkpoint_flags(fn: Callable) -> Callable:
 @click.option("--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
+@click.option("--report", "report_out", default=None,
+              help="Write a self-contained HTML page here: tau per cache, deltas, per-position acceptance.")
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@cluster_flags
 @checkpoint_flags
 @friendly_errors
 def eval_command(checkpoint: str, caches: tuple[str, ...], ddtree: str, json_out: str | None,
-                 target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None,
-                 **options: Any) -> None:
+                 report_out: str | None, target_layer_ids: str | None, mask_token_id: int | None,
+                 rope_theta: float | None, scheduler: str | None, workers: int | None, **options: Any) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
     from rich.console import Console
     from rich.progress import Progress
@@ -104,14 +133,55 @@ def eval_command(checkpoint: str, caches: tuple[str, ...], ddtree: str, json_out
     config = EvalConfig(ddtree=_int_list(ddtree), overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
                         **options)
     console = Console(stderr=False)
-    with Progress(console=Console(stderr=True), transient=True) as progress:
+    with _maybe_cluster(scheduler, workers) as client, \
+            Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("scoring", total=None)
-        result = evaluate_many(checkpoint, caches, config, on_sequence=lambda n: progress.advance(task))
+        result = evaluate_many(checkpoint, caches, config, on_sequence=lambda n: progress.advance(task),
+                               client=client)
     for report in result["reports"]:
         render_report(report, console)
     if len(result["reports"]) > 1:
         render_comparison(result, console)
     _write_json(json_out, result["reports"][0] if len(caches) == 1 else result)
+    if report_out:
+        from scorer.eval_html import write_eval_html
+
+        click.echo(f"wrote {write_eval_html(result, report_out)}", err=True)
+
+
+@main.command()
+@click.argument("run_dir")
+@click.option("--cache", required=True, help="Cache directory or URL to score every checkpoint on.")
+@click.option("--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
+@click.option("--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--tokens-per-task", type=click.IntRange(min=1), default=None,
+              help="Tokens of work per dask task (default: scorer.distributed.DEFAULT_TASK_TOKENS).")
+@cluster_flags
+@friendly_errors
+def sweep(run_dir: str, cache: str, out: str | None, ddtree: str, scheduler: str | None, workers: int | None,
+          tokens_per_task: int | None, **options: Any) -> None:
+    """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot."""
+    from scorer.evaluate import EvalConfig
+    from scorer.sweep import sweep as run_sweep
+
+    config = EvalConfig(ddtree=_int_list(ddtree), **options)
+
+    def report(checkpoint: Any, reused: bool) -> None:
+        click.echo(f"step {checkpoint.step:>10}  {'reused' if reused else 'scored'}  {checkpoint.path}", err=True)
+
+    with _maybe_cluster(scheduler, workers) as client:
+        document = run_sweep(run_dir, cache, out or str(Path(run_dir) / "sweep"), config, client=client,
+                             tokens_per_task=tokens_per_task, on_checkpoint=report)
+    for row in document["rows"]:
+        tau = "-" if row["tau_per_request"] is None else f"{row['tau_per_request']:.4f}"
+        click.echo(f"{row['step']:>10}  tau {tau}  {row['checkpoint']}")
+    for skipped in document["skipped"]:
+        click.echo(f"skipped {skipped['path']}: {skipped['reason']}", err=True)
+    click.echo(f"wrote {', '.join(document['outputs'].values())}")
 
 
 @main.command()

@@ -16,16 +16,29 @@ from typing import Any
 import torch
 
 import hscache
+from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
 from scorer.drafter import DFlashDrafter
 from scorer.errors import ScorerError
-from scorer.features import attach_cache_head, cache_fallbacks, check_compatible, feature_index, sequence_features
+from scorer.features import (
+    attach_cache_head,
+    cache_fallbacks,
+    check_compatible,
+    feature_index,
+    sequence_features,
+)
 from scorer.report import build_report, compare_reports
 from scorer.score import SequenceResult, score_sequence
 
-__all__ = ["EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_rows"]
+__all__ = ["REPLAY_PROMPT_LEN", "EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_rows",
+           "scored_prompt_lens"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# Index column (per-sequence metadata) of a cache extracted from another cache's full token ids with
+# --max-new-tokens 0: its own prompt_len is then the whole sequence, and this column says where the
+# original prompt ended, so the same region is scored on both (pipelines/drift_study.py writes it).
+REPLAY_PROMPT_LEN = "replay_prompt_len"
+_BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
 
 
 @dataclass(frozen=True)
@@ -84,13 +97,22 @@ def _category(cache: Any, row: int) -> str | None:
     return None if value is None else str(value)
 
 
+def scored_prompt_lens(cache: Any) -> list[int]:
+    """Per row, where the scored region starts: ``REPLAY_PROMPT_LEN`` where the index has it, else prompt_len."""
+    prompt_lens = cache.index.column("prompt_len").to_pylist()
+    if REPLAY_PROMPT_LEN not in cache.index.column_names:
+        return prompt_lens
+    replayed = cache.index.column(REPLAY_PROMPT_LEN).to_pylist()
+    return [int(r) if r is not None else p for r, p in zip(replayed, prompt_lens)]
+
+
 def score_rows(drafter: DFlashDrafter, cache: Any, rows: Sequence[int], config: EvalConfig,
                on_sequence: Callable[[int], None] | None = None) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = _DTYPES[config.dtype]
     record_ids = cache.index.column("record_id").to_pylist()
-    prompt_lens = cache.index.column("prompt_len").to_pylist()
+    prompt_lens = scored_prompt_lens(cache)
     results = []
     for row in rows:
         features = sequence_features(cache.hidden_states(row), index, dtype, config.device)
@@ -119,13 +141,27 @@ def evaluate(checkpoint: str | Path, cache_path: str | Path, config: EvalConfig 
     t0 = time.perf_counter()
     cache = hscache.open_cache(cache_path)
     drafter, loaded = load_drafter(checkpoint, cache, config)
-    results = score_rows(drafter, cache, _rows(cache, config.limit), config, on_sequence)
+    results = []
+    # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
+    lengths = cache.index.column("length").to_pylist()[: len(_rows(cache, config.limit))]
+    for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
+        results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
     return build_report(results, cache=cache, drafter=drafter, loaded=loaded, config=config,
                         seconds=time.perf_counter() - t0)
 
 
 def evaluate_many(checkpoint: str | Path, cache_paths: Sequence[str | Path], config: EvalConfig = EvalConfig(),
-                  on_sequence: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first."""
-    reports = [evaluate(checkpoint, path, config, on_sequence) for path in cache_paths]
+                  on_sequence: Callable[[int], None] | None = None, client: Any = None) -> dict[str, Any]:
+    """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first.
+
+    Args:
+        client: a ``distributed.Client``: score on that cluster (scorer/distributed.py), same reports.
+    """
+    if client is not None:
+        from scorer.distributed import evaluate_distributed  # lazy: distributed imports this module
+
+        reports = [evaluate_distributed(checkpoint, path, config, client, on_sequence=on_sequence)
+                   for path in cache_paths]
+    else:
+        reports = [evaluate(checkpoint, path, config, on_sequence) for path in cache_paths]
     return {"reports": reports, "comparisons": [compare_reports(reports[0], other, config) for other in reports[1:]]}

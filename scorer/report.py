@@ -119,13 +119,13 @@ def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any,
                          if any(c is not None for c in categories) else {}),
         "warnings": warnings,
         "samples": _samples(results, cache, config.samples, config.seed, B),
-        "per_request": [dict(result_summary(r), anchors=list(r.chain.anchors), accepted=list(r.chain.accepted))
-                        for r in results],
+        "per_request": [dict(result_summary(r), anchors=list(r.chain.anchors), accepted=list(r.chain.accepted),
+                             token_sha256=_token_sha256(cache, r.row)) for r in results],
         "definitions": TAU_DEFINITIONS,
         "config": config.to_dict(),
         "drafter": {**drafter.config.to_hf_config(), "attention_backend": drafter.backend_used},
         "checkpoint": loaded.report.to_dict(),
-        "cache": {"path": str(cache.path), "sequences": len(cache), "layer_ids": cache.layer_ids,
+        "cache": {"path": str(getattr(cache, "url", cache.path)), "sequences": len(cache), "layer_ids": cache.layer_ids,
                   "settings": cache.settings, "provenance": cache.provenance},
         "versions": package_versions(),
         "hscache_git_commit": git_commit(),
@@ -143,27 +143,76 @@ def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:
             "counts": acceptance.counts.to_dict()}
 
 
+def _token_sha256(cache: Any, row: int) -> str | None:
+    """The sequence's token hash from the index, so that a comparison pairs only identical texts."""
+    if "token_sha256" not in cache.index.column_names:
+        return None
+    return cache.index.column("token_sha256")[row].as_py()
+
+
+def _keyed(report: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per-request rows by (record id, n-th occurrence): a repeated record id still pairs up in order."""
+    seen: dict[str, int] = {}
+    rows = {}
+    for row in report["per_request"]:
+        n = seen.get(row["record_id"], 0)
+        seen[row["record_id"]] = n + 1
+        rows[(row["record_id"], n)] = row
+    return rows
+
+
+def _pair_requests(base: dict[str, Any], other: dict[str, Any]) -> tuple[list, dict[str, list[str]]]:
+    """Requests both reports scored on the same token ids, and the others by reason.
+
+    A request whose text differs between the caches (e.g. a bf16 greedy continuation that left the
+    fp32 one) is not paired: its rounds sit at different anchors of a different sequence.
+    """
+    a_rows, b_rows = _keyed(base), _keyed(other)
+    pairs, left_out = [], {"missing": [], "different_tokens": [], "no_rounds": []}
+    for key in a_rows.keys() | b_rows.keys():
+        a, b = a_rows.get(key), b_rows.get(key)
+        if a is None or b is None:
+            left_out["missing"].append(key[0])
+        elif a.get("token_sha256") != b.get("token_sha256"):
+            left_out["different_tokens"].append(key[0])
+        elif not (a["rounds"] and b["rounds"]):
+            left_out["no_rounds"].append(key[0])
+        else:
+            pairs.append((a, b))
+    pairs.sort(key=lambda pair: pair[0]["row"])
+    return pairs, {why: sorted(ids) for why, ids in left_out.items()}
+
+
 def compare_reports(base: dict[str, Any], other: dict[str, Any], config: Any) -> dict[str, Any]:
-    """Paired comparison of one checkpoint on two caches: tau deltas and rounds that changed."""
-    a_rows = {r["record_id"]: r for r in base["per_request"] if r["rounds"]}
-    b_rows = {r["record_id"]: r for r in other["per_request"] if r["rounds"]}
-    common = [k for k in a_rows if k in b_rows]
-    a_tot = np.array([[a_rows[k]["tokens"], a_rows[k]["rounds"]] for k in common], dtype=float).reshape(-1, 2)
-    b_tot = np.array([[b_rows[k]["tokens"], b_rows[k]["rounds"]] for k in common], dtype=float).reshape(-1, 2)
+    """Paired comparison of one checkpoint on two caches: tau deltas and rounds that changed.
+
+    Requests pair up by record id and token ids (``requests_left_out`` lists the rest). Rounds are
+    compared at the anchors both chains visit (``rounds_compared``): after a round's accepted count
+    changes, the two chains step to different anchors until they meet again.
+
+    Returns:
+        base/other cache paths, ``requests_compared``, ``requests_left_out``, both tau blocks,
+        ``delta`` (per_request, pooled: other - base with a paired bootstrap 95% interval, None when
+        no request pairs up), ``rounds_compared``, ``rounds_with_changed_acceptance``, ``first_changes``.
+    """
+    pairs, left_out = _pair_requests(base, other)
+    a_tot = np.array([[a["tokens"], a["rounds"]] for a, _ in pairs], dtype=float).reshape(-1, 2)
+    b_tot = np.array([[b["tokens"], b["rounds"]] for _, b in pairs], dtype=float).reshape(-1, 2)
     deltas = {}
     for name, stat in (("per_request", tau_per_request_from_totals), ("pooled", tau_pooled_from_totals)):
         deltas[name] = (paired_bootstrap_delta(a_tot, b_tot, stat, config.n_boot, config.seed).to_dict()
-                        if common else None)
-    changed, first = 0, []
-    for k in common:
-        a_acc = dict(zip(a_rows[k]["anchors"], a_rows[k]["accepted"]))
-        b_acc = dict(zip(b_rows[k]["anchors"], b_rows[k]["accepted"]))
-        diff = sorted(p for p in a_acc.keys() & b_acc.keys() if a_acc[p] != b_acc[p])
+                        if pairs else None)
+    compared, changed, first = 0, 0, []
+    for a, b in pairs:
+        a_acc, b_acc = dict(zip(a["anchors"], a["accepted"])), dict(zip(b["anchors"], b["accepted"]))
+        common = a_acc.keys() & b_acc.keys()
+        diff = sorted(p for p in common if a_acc[p] != b_acc[p])
+        compared += len(common)
         changed += len(diff)
         if diff:
-            first.append({"record_id": k, "anchor": diff[0], "accepted": [a_acc[diff[0]], b_acc[diff[0]]]})
+            first.append({"record_id": a["record_id"], "anchor": diff[0], "accepted": [a_acc[diff[0]], b_acc[diff[0]]]})
     return {
-        "base": base["cache"]["path"], "other": other["cache"]["path"], "requests_compared": len(common),
-        "tau": {"base": base["tau"], "other": other["tau"]}, "delta": deltas,
-        "rounds_with_changed_acceptance": changed, "first_changes": first[:20],
+        "base": base["cache"]["path"], "other": other["cache"]["path"], "requests_compared": len(pairs),
+        "requests_left_out": left_out, "tau": {"base": base["tau"], "other": other["tau"]}, "delta": deltas,
+        "rounds_compared": compared, "rounds_with_changed_acceptance": changed, "first_changes": first[:20],
     }

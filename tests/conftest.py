@@ -32,3 +32,21 @@ def bf16_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cache") / "bf16"
     hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="bf16", limit=4))
     return out
+
+
+@pytest.fixture(scope="session")
+def scale_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cache of the distributed/sweep/remote tests: fp32, layers 1,3,7, 4 prompts x 12 tokens."""
+    out = tmp_path_factory.mktemp("scale") / "cache"
+    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="fp32", limit=4))
+    return out
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """One LocalCluster (2 single-threaded worker processes) for every test that needs dask:
+    starting one takes ~10 s on a 2-core machine."""
+    from scorer.distributed import cluster_client
+
+    with cluster_client(workers=2) as client:
+        yield client

@@ -1,0 +1,238 @@
+"""Score on a dask.distributed cluster: the same report as ``evaluate``, split into tasks.
+
+Named steps: plan tasks (contiguous row ranges of about ``tokens_per_task`` tokens, so each
+task has far more work than dask's per-task cost; spec/storage.md "dask") -> submit one task
+per range -> each worker loads the drafter and target head once per checkpoint (a small
+per-process LRU) and reads its rows straight from the store with one slice per array -> the
+client merges the ``SequenceResult``s in row order and builds the report with ``build_report``.
+
+Only paths, settings and row ranges travel to workers, and only small ``SequenceResult``s come
+back: hidden states never pass through the scheduler. Workers therefore need the cache and
+the checkpoint at the same path (a shared filesystem) or URL (s3://...).
+
+    >>> with cluster_client(workers=2) as client:                               # doctest: +SKIP
+    ...     report = evaluate_distributed("drafter/", "cache/", EvalConfig(), client)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import hscache
+from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from scorer.errors import ScorerError
+from scorer.evaluate import EvalConfig, load_drafter, score_rows
+from scorer.report import build_report, merge_results
+from scorer.score import SequenceResult
+
+__all__ = ["DEFAULT_TASK_TOKENS", "ScoringJob", "TaskOutput", "TaskSpec", "cluster_client", "evaluate_distributed",
+           "plan_tasks", "score_task", "submit_scoring"]
+
+# Tokens per task. One tiny-drafter sequence of ~100 tokens scores in ~0.1-0.5 s on one core, so
+# 2048 tokens is seconds of work: dask's ~5-15 ms per task is well under 5% (bench/scale.py).
+DEFAULT_TASK_TOKENS = 2048
+_MAX_DRAFTERS = 2  # per worker: the current checkpoint and the next one of a sweep
+_MAX_CACHES = 4
+
+
+def plan_tasks(lengths: Sequence[int], tokens_per_task: int = DEFAULT_TASK_TOKENS) -> list[range]:
+    """Contiguous row ranges of about ``tokens_per_task`` tokens each (see ``hscache.store.blocks.plan_row_ranges``)."""
+    return plan_row_ranges(lengths, tokens_per_task)
+
+
+def checkpoint_fingerprint(path: str | Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime_ns) of the checkpoint's files: a worker reloads when any changes."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return tuple((str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
+                 for p in files if p.exists())
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task needs: paths and settings, never data."""
+
+    checkpoint: str
+    fingerprint: tuple[tuple[str, int, int], ...]
+    cache: str
+    cache_tokens: int  # the committed size the client saw: a grown cache is reopened
+    config: EvalConfig
+    start: int
+    stop: int
+
+
+@dataclass
+class TaskOutput:
+    """A task's results plus what the benchmark and the report need from the worker."""
+
+    results: list[SequenceResult]
+    seconds: float  # scoring time inside the task (excludes the one-time drafter load)
+    load_seconds: float  # drafter load time on this call (0 when the worker had it)
+    backend_used: str | None
+    peak_rss_mb: float  # the worker process's peak resident memory so far
+    pid: int
+
+
+_CACHES: OrderedDict[tuple[str, int], Any] = OrderedDict()
+_DRAFTERS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+
+def _lru_get(table: OrderedDict, key: Any, limit: int, make: Callable[[], Any]) -> tuple[Any, bool]:
+    if key in table:
+        table.move_to_end(key)
+        return table[key], False
+    value = make()
+    table[key] = value
+    while len(table) > limit:
+        table.popitem(last=False)
+    return value, True
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
+
+
+_malloc_tuned = False
+
+
+def _tune_malloc() -> None:
+    """Undo what dask's nanny does to glibc malloc in workers, once per process.
+
+    The nanny sets MALLOC_TRIM_THRESHOLD_=65536, which also freezes glibc's mmap threshold at
+    128 KiB: every activation tensor above it is then mmapped and unmapped on each allocation,
+    measured 1.4-2x slower scoring (bench/scale.py). Large thresholds restore the default speed.
+    """
+    global _malloc_tuned
+    if _malloc_tuned or not sys.platform.startswith("linux"):
+        return
+    _malloc_tuned = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (glibc's maximum on 64-bit)
+    except (OSError, AttributeError):
+        pass  # not glibc (e.g. musl): nothing to undo
+
+
+def score_task(spec: TaskSpec) -> TaskOutput:
+    """Score rows ``spec.start..spec.stop`` on this worker (runs in the worker process)."""
+    _tune_malloc()
+    torch.set_num_threads(1)  # one torch thread per single-threaded dask worker (spec/storage.md)
+    t0 = time.perf_counter()
+    cache, _ = _lru_get(_CACHES, (spec.cache, spec.cache_tokens), _MAX_CACHES, lambda: hscache.open_cache(spec.cache))
+    key = (spec.checkpoint, spec.fingerprint, spec.cache, spec.cache_tokens,
+           json.dumps(spec.config.to_dict(), sort_keys=True))
+    (drafter, _loaded), _ = _lru_get(_DRAFTERS, key, _MAX_DRAFTERS,
+                                     lambda: load_drafter(spec.checkpoint, cache, spec.config))
+    t1 = time.perf_counter()
+    rows = range(spec.start, spec.stop)
+    view = BlockView(cache, read_rows(cache, rows))
+    with torch.inference_mode():
+        results = score_rows(drafter, view, rows, spec.config)
+    return TaskOutput(results, time.perf_counter() - t1, t1 - t0, drafter.backend_used, _peak_rss_mb(), os.getpid())
+
+
+@dataclass
+class ScoringJob:
+    """Submitted tasks of one (checkpoint, cache) pair; ``collect`` waits and builds the report."""
+
+    checkpoint: str
+    cache_path: str
+    config: EvalConfig
+    futures: list[Any]
+    started: float
+
+    def outputs(self, on_output: Callable[[TaskOutput], None] | None = None) -> list[TaskOutput]:
+        from distributed import as_completed
+
+        outputs = []
+        for future in as_completed(self.futures):
+            output = future.result()  # re-raises the worker's exception (e.g. IncompatibleCacheError)
+            outputs.append(output)
+            if on_output:
+                on_output(output)
+        return outputs
+
+    def collect(self, on_sequence: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Wait for every task; the report equals ``evaluate``'s for the same inputs (timings aside)."""
+        cache = hscache.open_cache(self.cache_path)
+        drafter, loaded = load_drafter(self.checkpoint, cache, self.config)
+
+        def progress(output: TaskOutput) -> None:
+            for result in output.results if on_sequence else ():
+                on_sequence(result.chain.n_tokens)
+
+        outputs = self.outputs(progress)
+        backends = {o.backend_used for o in outputs if o.backend_used}
+        drafter.backend_used = "+".join(sorted(backends)) or None
+        results = merge_results([r for o in outputs for r in o.results])
+        return build_report(results, cache=cache, drafter=drafter, loaded=loaded, config=self.config,
+                            seconds=time.perf_counter() - self.started)
+
+
+def submit_scoring(client: Any, checkpoint: str | Path, cache_path: str | Path, config: EvalConfig = EvalConfig(),
+                   tokens_per_task: int = DEFAULT_TASK_TOKENS) -> ScoringJob:
+    """Submit the tasks of one checkpoint on one cache without waiting (a sweep submits many)."""
+    started = time.perf_counter()
+    cache = hscache.open_cache(cache_path)
+    n = len(cache) if config.limit is None else min(config.limit, len(cache))
+    lengths = np.asarray(cache.index.column("length").to_numpy())[:n]
+    fingerprint = checkpoint_fingerprint(checkpoint) if "://" not in str(checkpoint) else ()
+    specs = [TaskSpec(str(checkpoint), fingerprint, str(cache_path), cache.num_tokens, config, r.start, r.stop)
+             for r in plan_tasks(lengths, tokens_per_task)]
+    futures = [client.submit(score_task, spec, pure=False) for spec in specs]
+    return ScoringJob(str(checkpoint), str(cache_path), config, futures, started)
+
+
+def evaluate_distributed(checkpoint: str | Path, cache_path: str | Path, config: EvalConfig = EvalConfig(),
+                         client: Any = None, tokens_per_task: int = DEFAULT_TASK_TOKENS,
+                         on_sequence: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """``evaluate`` on a dask cluster: identical report (all numbers) for the same inputs.
+
+    Args:
+        client: a ``distributed.Client`` (see ``cluster_client``).
+        tokens_per_task: work per task; smaller gives more parallelism, larger less overhead.
+
+    Raises:
+        ScorerError: no client; any error ``evaluate`` raises (re-raised from the worker).
+    """
+    if client is None:
+        raise ScorerError("evaluate_distributed needs a dask client; use cluster_client(scheduler=..., workers=...)")
+    return submit_scoring(client, checkpoint, cache_path, config, tokens_per_task).collect(on_sequence)
+
+
+@contextlib.contextmanager
+def cluster_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """A ``distributed.Client`` on ``scheduler`` (an address) or on a LocalCluster of ``workers``
+    single-threaded worker processes started for the block.
+
+    Raises:
+        ScorerError: both or neither given.
+    """
+    from distributed import Client, LocalCluster
+
+    if (scheduler is None) == (workers is None):
+        raise ScorerError("give exactly one of --scheduler ADDRESS or --workers N")
+    if scheduler is not None:
+        with Client(scheduler) as client:
+            yield client
+        return
+    with (LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+          Client(cluster) as client):
+        yield client

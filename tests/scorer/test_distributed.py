@@ -1,0 +1,81 @@
+"""Distributed scoring gives exactly the single-process report; drafters load once per worker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from scorer.cli import main
+from scorer.distributed import TaskSpec, evaluate_distributed, plan_tasks, score_task, submit_scoring
+from scorer.errors import ScorerError
+from scorer.evaluate import EvalConfig, evaluate
+from scorer.init import init_drafter
+
+_TIMINGS = ("seconds", "created_at")
+
+
+def _numbers(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k not in _TIMINGS}
+
+
+@pytest.fixture(scope="module")
+def drafter(scale_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("drafter") / "d"
+    init_drafter(scale_cache, out, seed=3)
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(drafter: Path, scale_cache: Path) -> dict:
+    """The single-process reference, on one torch thread like the workers (see test below)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return evaluate(drafter, scale_cache, EvalConfig(samples=2))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_plan_tasks_cuts_contiguous_ranges_by_tokens():
+    assert plan_tasks([5, 5, 5, 5], 10) == [range(2), range(2, 4)]
+    assert plan_tasks([30, 1, 1], 10) == [range(1), range(1, 3)]  # a long sequence is never split
+    assert plan_tasks([], 10) == []
+    with pytest.raises(ValueError, match="tokens_per_task 0 must be at least 1"):
+        plan_tasks([1], 0)
+
+
+def test_two_workers_give_exactly_the_single_process_report(dask_client, drafter, scale_cache, single):
+    report = evaluate_distributed(drafter, scale_cache, EvalConfig(samples=2), dask_client, tokens_per_task=40)
+    assert _numbers(report) == _numbers(single)
+
+
+def test_each_worker_loads_the_drafter_once(dask_client, drafter, scale_cache):
+    config = EvalConfig(ddtree=(8,), n_boot=10)
+    job = submit_scoring(dask_client, drafter, scale_cache, config, tokens_per_task=1)
+    first = job.outputs()
+    assert len(first) == 4 and {o.pid for o in first} <= set(dask_client.run(os.getpid).values())
+    loads = [o for o in first if o.load_seconds > 0.01]
+    assert 1 <= len(loads) <= 2  # once per worker process, not once per task
+    again = submit_scoring(dask_client, drafter, scale_cache, config, tokens_per_task=1).outputs()
+    assert all(o.load_seconds < 0.01 for o in again)
+
+
+def test_eval_cli_on_a_running_scheduler(dask_client, drafter, scale_cache, single, tmp_path):
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["eval", str(drafter), "--cache", str(scale_cache), "--samples", "2",
+                                       "--scheduler", dask_client.scheduler.address, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert _numbers(json.loads(out.read_text())) == json.loads(json.dumps(_numbers(single)))
+
+
+def test_worker_errors_reach_the_client(dask_client, scale_cache, tmp_path):
+    with pytest.raises(ScorerError, match="needs a dask client"):
+        evaluate_distributed(tmp_path / "x", scale_cache, EvalConfig(), None)
+    spec = TaskSpec(str(tmp_path / "missing"), (), str(scale_cache), 0, EvalConfig(), 0, 1)
+    with pytest.raises(FileNotFoundError):
+        dask_client.submit(score_task, spec, pure=False).result()
