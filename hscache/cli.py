@@ -6,10 +6,12 @@ Errors hscache raises on purpose print as one line (``error: ...``) with exit co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -34,6 +36,21 @@ def friendly_errors(fn: Callable) -> Callable:
             sys.exit(130)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Pre-empted nodes get SIGTERM before SIGKILL: treat it like Ctrl-C, so the batches already
+    captured are committed on the way out (see writer_thread) instead of being lost."""
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _RichProgress:
@@ -117,7 +134,8 @@ def extract(quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> 
     config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None,
                            **options)
     progress = None if quiet else _RichProgress()
-    result = run_extract(config, progress)
+    with _sigterm_as_interrupt():
+        result = run_extract(config, progress)
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""
     click.echo(f"wrote {result.sequences} sequences, {result.tokens} tokens to {result.path}{resumed} "
                f"in {result.seconds:.1f} s; backend={result.provenance['capture']['backend']}")

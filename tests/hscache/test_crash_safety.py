@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -361,3 +362,29 @@ def test_mismatched_resume_is_refused_naming_the_difference(tmp_path, small_cach
     message = str(info.value)
     assert named in message and "--overwrite" in message and "\n" not in message
     assert (out / "manifest.json").read_bytes() == before  # nothing touched
+
+
+# ----------------------------------------------------------------------------- SIGTERM (pre-emption)
+
+
+@pytest.mark.slow
+def test_sigterm_commits_captured_batches_then_resumes_identically(tmp_path, small_cache):
+    """A pre-empted node gets SIGTERM first: the batches captured so far must be committed."""
+    out = tmp_path / "c"
+    args = small_cache.cli_args(out)
+    args[args.index("--commit-every-s") + 1] = "1000"  # nothing would be committed before the end
+    proc = _start(args)
+    chunks = out / "arrays" / "hidden_states" / "c"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not any(chunks.rglob("*")):
+        time.sleep(0.01)  # a full chunk on disk: several batches were captured
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the extraction finished before SIGTERM arrived")
+    assert proc.returncode == 130, stderr
+    assert "interrupted: committed sequences are kept; re-run the same command to resume" in stderr
+    assert _committed(out) >= 1
+    _assert_prefix_of(hscache.open_cache(out), hscache.open_cache(small_cache.path))
+    hscache.extract(small_cache.config_for(out))  # the same settings resume
+    _assert_identical(out, small_cache.path)
