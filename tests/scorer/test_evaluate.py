@@ -178,3 +178,15 @@ def test_cli_refuses_a_malicious_pickle_without_trust(scorer_cache, tmp_path):
     assert result.exit_code == 2 and "--trust-checkpoint" in result.output
     assert result.output.strip().startswith("error: ") and "\n" not in result.output.strip()
     assert not marker.exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CPU and GPU paths are compared there")
+def test_cpu_and_gpu_paths_agree(scorer_cache, trained_drafter):
+    cpu = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(8,), n_boot=20))
+    gpu = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(8,), n_boot=20, device="cuda"))
+    assert gpu["drafter"]["attention_backend"] in ("flex", "sdpa", "flex+sdpa")
+    # fp32 on both; a near-tie argmax may flip, so compare the rounds, allowing rare differences
+    same = sum(a["accepted"] == b["accepted"] for a, b in zip(cpu["per_request"], gpu["per_request"]))
+    assert same >= len(cpu["per_request"]) - 1
+    assert gpu["tau"]["pooled"] == pytest.approx(cpu["tau"]["pooled"], rel=0.02)
