@@ -29,7 +29,8 @@ def test_readme_names_the_test_command_that_ci_runs():
 def test_quickstart_runs_and_scores_a_drafter_above_one(tmp_path):
     bin_dir = Path(sys.executable).parent
     steps = _quickstart_steps()
-    assert [s.split()[0].rsplit("/", 1)[1] for s in steps][:2] == ["hscache", "scorer"] or steps
+    programs = [s.split()[0].rsplit("/", 1)[1] + " " + s.split()[1] for s in steps]
+    assert programs == ["hscache extract", "hscache info", "scorer init", "scorer eval"], programs
     for step in steps:
         command = step.replace(".venv/bin/", f"{bin_dir}/")
         if command.split()[0].endswith("scorer") and " eval " in command:
