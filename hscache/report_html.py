@@ -17,19 +17,21 @@ from pathlib import Path
 from hscache.diff_report import DiffReport, LayerDrift
 from hscache.svg_charts import Series, bar_chart, gradient, line_chart
 
-__all__ = ["LAYER_TYPE_COLORS", "acceptance_chart", "render_report", "write_report"]
+__all__ = ["LAYER_TYPE_COLORS", "acceptance_chart", "diff_sections", "html_page", "html_table", "render_report",
+           "write_report"]
 
 LAYER_TYPE_COLORS = {"linear_attention": "#4c78a8", "full_attention": "#f58518"}
 _UNKNOWN_COLOR = "#999999"
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin-top:20px}
 .cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px}
 .card b{display:block;font-size:20px}.note{color:#8a5300}
 table{border-collapse:collapse;font-size:12px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:right}
 td.k,th.k,table.prov td{text-align:left;font-family:monospace}
-tr.differs{background:#ffd9d9}tr.expected{color:#888}
+table.prov td{word-break:break-all;max-width:460px}tr.differs{background:#ffd9d9}tr.expected{color:#888}
 .charts svg{margin:6px 0;border:1px solid #eee}
 """
 
@@ -55,7 +57,8 @@ def acceptance_chart(acceptance: Mapping[str, Sequence[float]], *, title: str | 
     """
     slots = max((len(v) for v in acceptance.values()), default=0)
     colors = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2"]
-    series = {name: Series(list(values) + [None] * (slots - len(values)), colors[i % len(colors)])
+    # Caches after the first are dashed: where drift changes nothing the lines coincide, and both stay visible.
+    series = {name: Series(list(values) + [None] * (slots - len(values)), colors[i % len(colors)], dashed=i > 0)
               for i, (name, values) in enumerate(acceptance.items())}
     return line_chart([str(i + 1) for i in range(slots)], series, title=title or "Per-position acceptance",
                       y_label="acceptance rate", x_label="draft position", percent=True)
@@ -124,8 +127,9 @@ def _notes(report: DiffReport) -> str:
     return "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] = (),
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], row_classes: Sequence[str] = (),
            css_class: str = "") -> str:
+    """An HTML table of escaped strings; the first column is left-aligned (a key), the rest right."""
     head = "".join(f'<th class="{"k" if i == 0 else ""}">{escape(h)}</th>' for i, h in enumerate(header))
     body = []
     for r, cells in enumerate(rows):
@@ -139,7 +143,7 @@ def _layer_table(layers: Sequence[LayerDrift]) -> str:
     rows = [[str(x.layer_id), x.layer_type or "?", str(x.tokens), _num(x.rel_l2), _num(x.rel_l2_token_mean),
              _num(x.max_abs), _num(x.cosine_mean, ".7f"), _num(x.cosine_min, ".7f"),
              str(x.nonfinite_tokens)] for x in layers]
-    return _table(["layer", "type", "tokens", "rel L2 (pooled)", "rel L2 (token mean)", "max |a-b|",
+    return html_table(["layer", "type", "tokens", "rel L2 (pooled)", "rel L2 (token mean)", "max |a-b|",
                    "cosine mean", "cosine worst", "non-finite"], rows)
 
 
@@ -147,7 +151,7 @@ def _worst_sequences(report: DiffReport, n: int = 10) -> str:
     worst = sorted(report.per_sequence, key=lambda s: -(s.worst_rel_l2 or 0.0))[:n]
     rows = [[s.record_id, str(s.tokens), str(s.worst_layer), _num(s.worst_rel_l2), _pct(s.argmax_agreement)]
             for s in worst]
-    return _table(["record id", "tokens", "worst layer", "rel L2 there", "argmax agreement"], rows)
+    return html_table(["record id", "tokens", "worst layer", "rel L2 there", "argmax agreement"], rows)
 
 
 def _provenance_table(report: DiffReport) -> str:
@@ -157,9 +161,39 @@ def _provenance_table(report: DiffReport) -> str:
     same = [r for r in rows if r.status == "same"]
     cells = [[r.key, json.dumps(r.a), json.dumps(r.b)] for r in shown]
     header = ["key", "A", "B"]
-    table = _table(header, cells, [r.status for r in shown], "prov") if shown else "<p>No differences.</p>"
-    rest = _table(header, [[r.key, json.dumps(r.a), json.dumps(r.b)] for r in same], css_class="prov")
+    table = html_table(header, cells, [r.status for r in shown], "prov") if shown else "<p>No differences.</p>"
+    rest = html_table(header, [[r.key, json.dumps(r.a), json.dumps(r.b)] for r in same], css_class="prov")
     return f"{table}<details><summary>{len(same)} identical keys</summary>{rest}</details>"
+
+
+def html_page(title: str, body: Sequence[str]) -> str:
+    """A whole self-contained page (inline CSS, nothing fetched) around the HTML fragments ``body``."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def diff_sections(report: DiffReport, *, acceptance_html: str | None = None, level: int = 2) -> list[str]:
+    """The body of a diff page as HTML fragments, to compose into a larger page (the drift study).
+
+    Args:
+        report: what ``hscache.diff.diff_caches`` returned.
+        acceptance_html: a per-position acceptance section body, placed after the next-token charts;
+            None leaves the section out.
+        level: heading level of the section titles (2 on the diff page, 3 inside a study).
+    """
+    h = f"h{level}"
+    return [
+        _cards(report), _notes(report),
+        f"<{h}>Hidden states</{h}>", '<div class="charts">', *_layer_charts(report.hidden_states), "</div>",
+        _layer_table(report.hidden_states),
+        f"<{h}>Next-token predictions</{h}>", '<div class="charts">', *_next_token_charts(report), "</div>",
+        ("<p>Margin at risk: A's top-1/top-2 logit margin is below twice the largest logit change seen "
+        "at that position, so drift of that size could flip the argmax. KL is over the common top-k "
+        "tokens plus one rest bucket (a lower bound on the full KL).</p>"),
+        *([f"<{h}>Per-position acceptance</{h}>", acceptance_html] if acceptance_html is not None else []),
+        f"<{h}>Worst sequences</{h}>", _worst_sequences(report),
+        f"<{h}>Provenance</{h}>", _provenance_table(report),
+    ]
 
 
 def render_report(report: DiffReport, *, acceptance: Mapping[str, Sequence[float]] | None = None) -> str:
@@ -176,24 +210,14 @@ def render_report(report: DiffReport, *, acceptance: Mapping[str, Sequence[float
               "<p>Not measured: score one drafter on both caches to see how drift moves acceptance.</p>")
     body = [
         f"<h1>{escape(title)}</h1>",
-        f"<p>A (reference): <code>{escape(a.path)}</code> ({escape(a.dtype)}, {escape(a.backend)}, "
+        (f"<p>A (reference): <code>{escape(a.path)}</code> ({escape(a.dtype)}, {escape(a.backend)}, "
         f"{escape(a.device)})<br>B: <code>{escape(b.path)}</code> ({escape(b.dtype)}, {escape(b.backend)}, "
-        f"{escape(b.device)})</p>",
-        _cards(report), _notes(report),
-        "<h2>Hidden states</h2>", '<div class="charts">', *_layer_charts(report.hidden_states), "</div>",
-        _layer_table(report.hidden_states),
-        "<h2>Next-token predictions</h2>", '<div class="charts">', *_next_token_charts(report), "</div>",
-        "<p>Margin at risk: A's top-1/top-2 logit margin is below twice the largest logit change seen "
-        "at that position, so drift of that size could flip the argmax. KL is over the common top-k "
-        "tokens plus one rest bucket (a lower bound on the full KL).</p>",
-        "<h2>Per-position acceptance</h2>", accept,
-        "<h2>Worst sequences</h2>", _worst_sequences(report),
-        "<h2>Provenance</h2>", _provenance_table(report),
-        f"<p><small>hscache {escape(report.hscache_version)}, "
-        f"diff schema {report.schema_version}</small></p>",
+        f"{escape(b.device)})</p>"),
+        *diff_sections(report, acceptance_html=accept),
+        (f"<p><small>hscache {escape(report.hscache_version)}, "
+        f"diff schema {report.schema_version}</small></p>"),
     ]
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return html_page(title, body)
 
 
 def write_report(report: DiffReport, path: str | os.PathLike, *,

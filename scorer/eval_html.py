@@ -61,12 +61,15 @@ def tau_table(result: Mapping[str, Any], names: Sequence[str] | None = None) -> 
         rows.append([
             names[i], f"{settings.get('dtype', '?')} / {settings.get('backend', '?')}",
             f"{report['requests']} / {report['rounds']}",
-            _num(tau["per_request"]) + _ci(tau["per_request_ci95"]), _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
-            _delta(comp["delta"]["per_request"]) if comp else "-", _delta(comp["delta"]["pooled"]) if comp else "-",
-            changed, str(report["off_greedy"]["rounds_cut_short"]),
+            _num(tau["per_request"]) + _ci(tau["per_request_ci95"]),
+            _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
+            _delta(comp["delta"]["per_request"]) if comp else "-",
+            _delta(comp["delta"]["pooled"]) if comp else "-",
+            changed, f"{report['off_greedy']['positions']} / {report['off_greedy']['rounds_cut_short']}",
         ])
     header = ["cache", "dtype / backend", "requests / rounds", "tau per request [95%]", "tau pooled [95%]",
-              "delta per request [95%]", "delta pooled [95%]", "rounds changed", "rounds cut off-greedy"]
+              "delta per request [95%]", "delta pooled [95%]", "rounds changed",
+              "off-greedy positions / rounds cut"]
     return html_table(header, rows)
 
 
@@ -103,13 +106,15 @@ def render_eval_html(result: Mapping[str, Any], *, title: str | None = None) -> 
     defs = reports[0]["definitions"]
     body = [
         f"<h1>{escape(title)}</h1>",
-        f"<p>Checkpoint <code>{escape(str(checkpoint))}</code>; reference cache "
-        f"<code>{escape(str(reports[0]['cache']['path']))}</code>.</p>",
+        (f"<p>Checkpoint <code>{escape(str(checkpoint))}</code>; reference cache "
+        f"<code>{escape(str(reports[0]['cache']['path']))}</code>.</p>"),
         *_notes(result, names),
         "<h2>Tau</h2>", tau_table(result, names),
-        f"<p>tau per request: {escape(defs['per_request'])}. tau pooled: {escape(defs['pooled'])}. "
+        (f"<p>tau per request: {escape(defs['per_request'])}. tau pooled: {escape(defs['pooled'])}. "
         "Deltas are this cache minus the first, with a paired bootstrap over requests; rounds changed "
-        "counts rounds at anchors both replays visit whose accepted count differs.</p>",
+        "counts rounds at anchors both replays visit whose accepted count differs. Off-greedy positions: "
+        "generated positions where the cached text leaves that cache's own argmax (its replay there is "
+        "exact only up to that point; rounds cut counts rounds whose draft still matched past it).</p>"),
         "<h2>Per-position acceptance</h2>", acceptance_section(result, names),
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",
     ]

@@ -79,5 +79,6 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         d = comp["delta"]
         cell = lambda x: "-" if x is None else f"{x['delta']:+.3f} [{x['lo']:+.2f}, {x['hi']:+.2f}]"  # noqa: E731
         table.add_row(report["cache"]["path"], _f(report["tau"]["per_request"]), _f(report["tau"]["pooled"]),
-                      cell(d["per_request"]), cell(d["pooled"]), str(comp["rounds_with_changed_acceptance"]))
+                      cell(d["per_request"]), cell(d["pooled"]),
+                      f"{comp['rounds_with_changed_acceptance']} of {comp.get('rounds_compared', '?')}")
     console.print(table)

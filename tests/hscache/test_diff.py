@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import zlib
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from hscache.cli import main
 from hscache.diff import compare_provenance, diff_caches
 from hscache.diff_report import save_json
 from hscache.report_html import acceptance_chart, write_report
+from tests.chromium import png_is_not_blank, screenshot
 from tests.conftest import write_jsonl
 
 _ALL_LAYERS = "0,1,2,3,4,5,6,7"
@@ -228,32 +226,12 @@ def test_save_json_round_trips(drift_report, tmp_path) -> None:
     assert json.loads(path.read_text()) == json.loads(json.dumps(drift_report.to_dict()))
 
 
-def _png_is_not_blank(data: bytes) -> bool:
-    """True when the decoded image data holds many distinct byte values (a blank page holds a few)."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(data):
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        if data[pos + 4:pos + 8] == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    return len(set(zlib.decompress(idat))) > 64
-
-
 def test_html_report_renders_in_headless_chromium(drift_report, tmp_path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("chromium not installed (apt-get install chromium); the HTML report was not rendered")
     acceptance = {"fp32": [0.8, 0.6], "bf16": [0.7, 0.5]}
     page = write_report(drift_report, tmp_path / "report.html", acceptance=acceptance)
-    png = tmp_path / "shot.png"
-    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run",
-               f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1200,2000",
-               page.resolve().as_uri()]
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    png = screenshot(page, tmp_path)
     assert png.is_file() and png.stat().st_size > 10_000
-    assert _png_is_not_blank(png.read_bytes())
+    assert png_is_not_blank(png.read_bytes())
 
 
 def test_acceptance_chart_hook_draws_one_line_per_cache() -> None:
