@@ -18,24 +18,35 @@ import click
 
 from hscache.errors import HscacheError
 
-__all__ = ["main"]
+__all__ = ["error_boundary", "main"]
 
 
-def friendly_errors(fn: Callable) -> Callable:
-    """Turn expected errors into one line on stderr and exit code 2; keep tracebacks for bugs."""
+def error_boundary(*error_types: type[BaseException], on_interrupt: str | None = None
+                   ) -> Callable[[Callable], Callable]:
+    """Decorator for CLI commands: ``error_types`` print as one ``error: ...`` line with exit 2
+    (tracebacks are kept for bugs); with ``on_interrupt``, Ctrl-C prints it and exits 130."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HscacheError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("interrupted: committed sequences are kept; re-run the same command to resume", err=True)
-            sys.exit(130)
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except error_types as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(2)
+            except KeyboardInterrupt:
+                if on_interrupt is None:
+                    raise
+                click.echo(on_interrupt, err=True)
+                sys.exit(130)
 
-    return wrapper
+        return wrapper
+
+    return decorate
+
+
+friendly_errors = error_boundary(
+    HscacheError, on_interrupt="interrupted: committed sequences are kept; re-run the same command to resume")
 
 
 @contextlib.contextmanager

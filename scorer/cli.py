@@ -3,33 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
+from hscache.cli import error_boundary
 from hscache.errors import HscacheError
 from scorer.errors import ScorerError
 
 __all__ = ["main"]
 
 
-def friendly_errors(fn: Callable) -> Callable:
-    """Expected errors (bad checkpoint, incompatible cache, bad flags) -> one line, exit 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ScorerError, HscacheError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
-
-    return wrapper
+# Expected errors (bad checkpoint, incompatible cache, bad flags): one line, exit 2.
+friendly_errors = error_boundary(ScorerError, HscacheError)
 
 
 def _int_list(text: str | None) -> tuple[int, ...]:
