@@ -59,7 +59,7 @@ class ExtractConfig:
     top_k: int = 64
     batch_tokens: int = 0  # 0: one sequence per forward on CPU, 16384 tokens on CUDA
     full_logits: bool = False
-    compression: str = "balanced"
+    compression: str = "fast"  # layout.COMPRESSIONS; measured choice in docs/storage.md
     chunk_bytes: int = 8 << 20
     commit_every_s: float = 30.0
     overwrite: bool = False

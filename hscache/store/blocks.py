@@ -71,7 +71,8 @@ def _read_single(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     offsets, lengths = _offsets(cache)
     first, end = token_span(cache, rows)
     spans = {r: (int(offsets[r]) - first, int(offsets[r] + lengths[r]) - first) for r in rows}
-    data = {name: _to_tensor(np.asarray(cache.array(name)[first:end]), cache.specs[name].logical_dtype)
+    # read_tokens reads a local cache's chunk files directly, several at once (store/chunks.py).
+    data = {name: _to_tensor(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
             for name in arrays}
     return RowBlock(rows, spans, data)
 

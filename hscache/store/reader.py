@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError
+from hscache.store.chunks import ChunkReader, chunk_reader
 from hscache.store.layout import (
     ARRAYS_GROUP,
     FORMAT_NAME,
@@ -144,6 +146,7 @@ class Cache:
         except FileNotFoundError as exc:
             raise CacheFormatError(f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged") from exc
         self._arrays: dict[str, zarr.Array] = {}
+        self._chunk_readers: dict[str, ChunkReader | None] = {}
         parts = [_read_part(self.path, p) for p in manifest["index_parts"]]
         table = pa.concat_tables(parts) if parts else _empty_index()
         committed = int(manifest["committed"]["sequences"])
@@ -203,9 +206,54 @@ class Cache:
             self._arrays[name] = self._group[name]
         return self._arrays[name]
 
+    def _chunk_reader(self, name: str) -> ChunkReader | None:
+        if name not in self._chunk_readers:
+            self._chunk_readers[name] = chunk_reader(self.array(name))
+        return self._chunk_readers[name]
+
+    def _check_tokens(self, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise IndexError(f"tokens {start}-{stop} out of range for a cache of {self.num_tokens} committed tokens")
+
+    def read_tokens(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of array ``name`` in its stored dtype (bfloat16 as raw uint16).
+
+        A local cache's chunk files are read directly, several at once (store/chunks.py); anything
+        else (a remote cache, codecs hscache does not write) through zarr. Both check crc32c.
+
+        Raises:
+            KeyError: no array ``name``.
+            IndexError: the range reaches past the committed tokens.
+            ValueError: a chunk fails its checksum or does not decode (``CacheFormatError``
+                naming the chunk on the direct path).
+        """
+        self._check_tokens(start, stop)
+        reader = self._chunk_reader(name)
+        if reader is None:
+            return np.asarray(self.array(name)[start:stop])
+        return reader.read(start, stop)
+
+    def iter_tokens(self, name: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first token, rows)`` chunk by chunk over ``[start, stop)`` (default: every committed
+        token), the next chunks read in the background: a full scan with memory of a few chunks.
+
+        Raises:
+            as ``read_tokens``.
+        """
+        stop = self.num_tokens if stop is None else stop
+        self._check_tokens(start, stop)
+        reader = self._chunk_reader(name)
+        if reader is not None:
+            yield from reader.iter_blocks(start, stop)
+            return
+        step, a = self.specs[name].chunk_tokens, start
+        while a < stop:
+            b = min(stop, (a // step + 1) * step)
+            yield a, np.asarray(self.array(name)[a:b])
+            a = b
+
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        raw = np.asarray(self.array(name)[start:stop])
-        tensor = torch.from_numpy(np.ascontiguousarray(raw))
+        tensor = torch.from_numpy(np.ascontiguousarray(self.read_tokens(name, start, stop)))
         logical = self.specs[name].logical_dtype
         if logical == "bfloat16":
             return tensor.view(torch.bfloat16)  # stored as the raw 16 bits (see store/layout.py)

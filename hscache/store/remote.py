@@ -84,7 +84,7 @@ class RemoteCache(Cache):
         # an s3fs instance is bound to fsspec's loop); local/sync backends are wrapped by zarr.
         store = FsspecStore.from_url(f"{url}/{ARRAYS_GROUP}", read_only=True)
         self._group = zarr.open_group(store, mode="r")
-        self._arrays = {}
+        self._arrays, self._chunk_readers = {}, {}  # read through the URL, never the mirror
 
     def __repr__(self) -> str:
         return f"RemoteCache({self.url!r}, sequences={len(self)}, tokens={self.num_tokens}, layers={self.layer_ids})"
