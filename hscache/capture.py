@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
 from hscache.target import Target
 
-__all__ = ["CapturedSequence", "capture_batch", "greedy_continuation", "next_token_stats"]
+__all__ = ["CapturedSequence", "capture_batch", "greedy_continuation", "next_token_stats", "to_host_async"]
 
 _LOGIT_ROWS_PER_STEP = 2048  # bounds the [rows, V] float32 logits held at once
 
@@ -145,3 +146,25 @@ def capture_batch(
             argmax, values, ids, lse, logits = next_token_stats(lm_head, final_hidden[row, :length], top_k, full_logits)
             out.append(CapturedSequence(input_ids[row, :length], hidden, argmax, values, ids, lse, logits))
     return out
+
+
+def to_host_async(captured: list[CapturedSequence]) -> tuple[list[CapturedSequence], Any]:
+    """Queue device-to-host copies into pinned memory; return the host tensors and a CUDA event.
+
+    The copies run on the current stream ahead of the next forward; whoever reads the host
+    tensors must ``event.synchronize()`` first. CPU tensors are returned as they are, event None.
+    """
+    if not captured or not captured[0].hidden_states.is_cuda:
+        return captured, None
+
+    def pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # torch caches pinned blocks
+        host.copy_(t, non_blocking=True)
+        return host
+
+    host = [CapturedSequence(*(pinned(getattr(c, f.name)) for f in fields(c))) for c in captured]
+    event = torch.cuda.Event()
+    event.record()
+    return host, event

@@ -22,10 +22,17 @@ import torch
 
 import schemas
 from hscache.backend import resolve_backend, use_backend
-from hscache.capture import CapturedSequence, capture_batch, greedy_continuation
+from hscache.capture import CapturedSequence, capture_batch, greedy_continuation, to_host_async
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.layers import parse_layer_spec
-from hscache.prompts import PromptRecord, file_sha256, iter_records, prompt_token_ids, resolve_prompts
+from hscache.prompts import (
+    PromptRecord,
+    file_sha256,
+    iter_records,
+    prompt_token_ids,
+    resolve_prompts,
+    response_token_ids,
+)
 from hscache.provenance import build_provenance, tokenizer_sha256, utc_now
 from hscache.store import fsio
 from hscache.store.layout import COMPRESSIONS, CREATING_MARK, MANIFEST, PROVENANCE, TARGET_DIR, array_specs
@@ -103,6 +110,12 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
         if length > config.max_length:
             raise PromptFileError(
                 f"record {record.record_id!r} (line {record.line_no}) has {length} prompt tokens, more than "
+                f"--max-length {config.max_length}; shorten it or raise --max-length"
+            )
+        response = response_token_ids(record, target.tokenizer) if config.max_new_tokens == 0 else []
+        if length + len(response) > config.max_length:
+            raise PromptFileError(
+                f"record {record.record_id!r} (line {record.line_no}): prompt + response is longer than "
                 f"--max-length {config.max_length}; shorten it or raise --max-length"
             )
         records += 1
@@ -235,17 +248,18 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
 _LOGICAL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def _stored(t: torch.Tensor, dtype: str) -> np.ndarray:
+def _stored(t: torch.Tensor, dtype: str | None = None) -> np.ndarray:
+    """Host numpy rows in the stored dtype (``None``: the tensor's own, as for hidden states)."""
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)  # raw bits: bit-exact round trip
-    return t.numpy().astype(dtype, copy=False)
+    return t.numpy() if dtype is None else t.numpy().astype(dtype, copy=False)
 
 
 def _to_rows(captured: CapturedSequence, record: PromptRecord, prompt_len: int, stop_reason: str) -> SequenceRows:
     token_ids = _stored(captured.token_ids, "int32")
     arrays = {
-        "hidden_states": _stored(captured.hidden_states, "float32"),
+        "hidden_states": _stored(captured.hidden_states),
         "token_ids": token_ids,
         "target_argmax": _stored(captured.argmax, "int32"),
         "target_topk_values": _stored(captured.topk_values, "float32"),
@@ -261,6 +275,12 @@ def _to_rows(captured: CapturedSequence, record: PromptRecord, prompt_len: int, 
     )
 
 
+def _rows_when_copied(captured: list[CapturedSequence], batch: list, copied: Any) -> list[SequenceRows]:
+    if copied is not None:
+        copied.synchronize()
+    return [_to_rows(cap, rec, plen, stop) for cap, (rec, _ids, plen, stop) in zip(captured, batch)]
+
+
 def _batches(config: ExtractConfig, target: Target, batch_tokens: int, skip: int
              ) -> Iterator[list[tuple[PromptRecord, list[int], int, str]]]:
     """Generate continuations and group sequences greedily up to ``batch_tokens`` padded tokens.
@@ -274,7 +294,11 @@ def _batches(config: ExtractConfig, target: Target, batch_tokens: int, skip: int
         if n < skip:
             continue
         prompt = prompt_token_ids(record, target.tokenizer)
-        ids, stop = greedy_continuation(target, prompt, config.max_new_tokens, config.max_length)
+        response = response_token_ids(record, target.tokenizer) if config.max_new_tokens == 0 else []
+        if response:  # dataset text after the prompt, cached as is; scoring starts at the prompt's end
+            ids, stop = prompt + response, "dataset"
+        else:
+            ids, stop = greedy_continuation(target, prompt, config.max_new_tokens, config.max_length)
         width = max([len(ids)] + [len(b[1]) for b in batch])
         if batch and width * (len(batch) + 1) > batch_tokens:
             yield batch
@@ -313,8 +337,10 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings["batch_tokens"], skip=done):
                 captured = capture_batch(target, [b[1] for b in batch], layer_ids, config.top_k, config.full_logits)
-                background.submit(lambda c=captured, b=batch: [
-                    _to_rows(cap, rec, plen, stop) for cap, (rec, _ids, plen, stop) in zip(c, b)])
+                # On CUDA the copies to pinned host memory are queued now, before the next forward, and
+                # the writer thread waits for them alone: the GPU never waits for the disk.
+                captured, copied = to_host_async(captured)
+                background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
         writer.finish()
     provenance["timestamps"]["finished_at"] = utc_now()

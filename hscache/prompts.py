@@ -19,10 +19,12 @@ from transformers import PreTrainedTokenizerBase
 
 from hscache.errors import PromptFileError
 
-__all__ = ["DEFAULT_PROMPTS", "PromptRecord", "file_sha256", "iter_records", "prompt_token_ids", "resolve_prompts"]
+__all__ = ["DEFAULT_PROMPTS", "PromptRecord", "file_sha256", "iter_records", "prompt_token_ids", "resolve_prompts",
+           "response_token_ids"]
 
 DEFAULT_PROMPTS = "builtin:default"
 _CONTENT_KEYS = ("prompt", "messages", "input_ids")
+_RESPONSE_KEYS = ("response", "prompt_len")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class PromptRecord:
     content_key: str  # which of _CONTENT_KEYS carried the content
     content: Any
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Dataset text after the prompt: a "response" string, or input_ids past "prompt_len".
+    # Cached as is (with --max-new-tokens 0), so scoring starts where the prompt ends.
+    response: Any = None
 
 
 def resolve_prompts(prompts: str | Path) -> Path:
@@ -76,9 +81,26 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
         isinstance(content, list) and content and all(isinstance(t, int) and t >= 0 for t in content)
     ):
         raise PromptFileError(f"{where}: 'input_ids' must be a non-empty list of non-negative integers")
+    content, response = _split_response(where, keys[0], content, obj)
     record_id = str(obj.get("id", line_no))
-    metadata = {k: v for k, v in obj.items() if k not in (*_CONTENT_KEYS, "id")}
-    return PromptRecord(line_no, record_id, keys[0], content, metadata)
+    metadata = {k: v for k, v in obj.items() if k not in (*_CONTENT_KEYS, *_RESPONSE_KEYS, "id")}
+    return PromptRecord(line_no, record_id, keys[0], content, metadata, response)
+
+
+def _split_response(where: str, key: str, content: Any, obj: dict[str, Any]) -> tuple[Any, Any]:
+    """(prompt content, response) from a record's optional "response" / "prompt_len"."""
+    if "response" in obj:
+        if key != "prompt" or not isinstance(obj["response"], str):
+            raise PromptFileError(f"{where}: 'response' must be a string next to 'prompt'; "
+                                  "for token ids use 'input_ids' with 'prompt_len'")
+        return content, obj["response"]
+    if "prompt_len" in obj:
+        prompt_len = obj["prompt_len"]
+        if key != "input_ids" or not (isinstance(prompt_len, int) and 1 <= prompt_len <= len(content)):
+            raise PromptFileError(f"{where}: 'prompt_len' must be an integer in 1..len(input_ids) next to "
+                                  f"'input_ids' (got {prompt_len!r})")
+        return content[:prompt_len], content[prompt_len:]
+    return content, None
 
 
 def iter_records(path: Path) -> Iterator[PromptRecord]:
@@ -116,3 +138,12 @@ def prompt_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -
         text = "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in record.content)
         return tokenizer(text, add_special_tokens=True)["input_ids"]
     return tokenizer(record.content, add_special_tokens=True)["input_ids"]
+
+
+def response_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids of the record's dataset continuation (empty when it has none)."""
+    if record.response is None:
+        return []
+    if record.content_key == "input_ids":
+        return list(record.response)
+    return tokenizer(record.response, add_special_tokens=False)["input_ids"]

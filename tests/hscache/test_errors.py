@@ -113,3 +113,13 @@ def test_mismatched_resume_keeps_the_existing_cache(tmp_path, bf16_cache):
 def test_info_on_a_directory_that_is_not_a_cache(tmp_path):
     result = CliRunner().invoke(main, ["info", str(tmp_path)])
     _assert_one_line_error(result.exit_code, result.output.strip(), "is not an hscache cache")
+
+
+@pytest.mark.parametrize("record,fragment", [
+    ({"id": "a", "messages": [{"role": "user", "content": "hi"}], "response": "x"}, "'response' must be a string"),
+    ({"id": "a", "input_ids": [1, 2], "prompt_len": 5}, "'prompt_len' must be an integer in 1..len(input_ids)"),
+])
+def test_bad_dataset_continuations(tmp_path, record, fragment):
+    path = write_jsonl(tmp_path / "p.jsonl", [record])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path), "--max-new-tokens", "0")
+    _assert_one_line_error(code, text, "p.jsonl:1:", fragment)

@@ -112,3 +112,53 @@ def test_batched_forward_matches_one_sequence_per_forward_and_padding_does_not_l
         # Different batch shapes may pick different reduction orders: fp32 rounding only.
         torch.testing.assert_close(batched.hidden_states(i), single.hidden_states(i), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(batched.target_topk(i)[0], single.target_topk(i)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_cache_keeps_fp16_states_bit_for_bit(tmp_path):
+    out = tmp_path / "fp16"
+    hscache.extract(hscache.ExtractConfig(out=str(out), layers="0,6", max_new_tokens=3, dtype="fp16", limit=1))
+    cache = hscache.open_cache(out)
+    assert cache.dtype == torch.float16 and cache.array("hidden_states").dtype == "float16"
+    target = load_target("builtin:tiny-qwen3.5", "fp16")
+    out_hf = _independent_forward(target.model, cache.token_ids(0))
+    assert torch.equal(cache.hidden_states(0)[:, 0], out_hf.hidden_states[1][0])
+    assert torch.equal(cache.hidden_states(0)[:, 1], out_hf.hidden_states[7][0])
+
+
+def test_dataset_text_after_the_prompt_is_cached_and_scored_from_the_prompt_end(tmp_path):
+    from tests.conftest import write_jsonl
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "chat", "prompt": "Write fizzbuzz.", "response": " def fizzbuzz(n): return n", "category": "code"},
+        {"id": "ids", "input_ids": [5, 6, 7, 8, 9, 10, 11], "prompt_len": 3},
+    ])
+    out = tmp_path / "c"
+    hscache.extract(hscache.ExtractConfig(out=str(out), prompts=str(prompts), layers="1,3", max_new_tokens=0,
+                                          dtype="fp32"))
+    cache = hscache.open_cache(out)
+    rows = cache.index.to_pylist()
+    target = load_target("builtin:tiny-qwen3.5")
+    prompt_ids = target.tokenizer("Write fizzbuzz.")["input_ids"]
+    response_ids = target.tokenizer(" def fizzbuzz(n): return n", add_special_tokens=False)["input_ids"]
+    assert cache.token_ids(0).tolist() == prompt_ids + response_ids
+    assert rows[0]["prompt_len"] == len(prompt_ids) and rows[0]["stop_reason"] == "dataset"
+    assert cache.token_ids(1).tolist() == [5, 6, 7, 8, 9, 10, 11] and rows[1]["prompt_len"] == 3
+    assert "response" not in cache.index.column_names and rows[0]["category"] == "code"
+
+
+def test_cpu_tensors_need_no_host_copy():
+    from hscache.capture import to_host_async
+
+    assert to_host_async([]) == ([], None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned async copies)")
+def test_cuda_extraction_copies_through_pinned_memory(tmp_path):
+    out = tmp_path / "cuda"
+    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3", max_new_tokens=4, dtype="bf16", limit=2,
+                                          device="cuda", batch_tokens=1))  # one per forward: bit-exact
+    cache = hscache.open_cache(out)
+    target = load_target("builtin:tiny-qwen3.5", "bf16", "cuda")
+    ref = _independent_forward(target.model, cache.token_ids(0).cuda())
+    assert torch.equal(cache.hidden_states(0)[:, 0], ref.hidden_states[2][0].cpu())
