@@ -58,9 +58,17 @@ def greedy_continuation(
     )
     device = next(model.parameters()).device
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                             generation_config=config)
+    # generate() fills every unset field from model.generation_config, so a target shipping e.g.
+    # repetition_penalty=1.05 would bend "greedy" text off the argmax path that replay assumes.
+    # A neutral model-level config for the call keeps the continuation the plain argmax chain.
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                 generation_config=config)
+    finally:
+        model.generation_config = saved
     ids = out[0].tolist()
     new = ids[len(prompt_ids):]
     eos_set = set(eos) if isinstance(eos, (list, tuple)) else {eos}

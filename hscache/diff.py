@@ -101,7 +101,8 @@ def match_sequences(
                 raise CacheMismatchError(f"caches are not comparable: sequence {key[0]!r} has {what}; {_FIX}")
         else:
             pairs.append((row_a, row_b))
-    only_b = [key[0] for key in keys_b if key not in set(keys_a)]
+    set_a = set(keys_a)  # built once: a set per key made this quadratic in the sequence count
+    only_b = [key[0] for key in keys_b if key not in set_a]
     if only_b and not intersect:
         raise CacheMismatchError(f"caches are not comparable: sequence {only_b[0]!r} is in B "
                                  f"({cache_b.path}) but not in A ({cache_a.path}); {_FIX}")

@@ -39,7 +39,7 @@ from hscache.store.layout import COMPRESSIONS, CREATING_MARK, MANIFEST, PROVENAN
 from hscache.store.reader import read_manifest
 from hscache.store.shards import shard_path
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
-from hscache.target import Target, load_target
+from hscache.target import Target, check_device, load_target
 from hscache.writer_thread import WriterThread
 
 __all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
@@ -321,6 +321,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     t0 = time.perf_counter()
     if config.shard is not None:
         config = replace(config, out=str(shard_path(config.out, *config.shard)))
+    check_device(config.device)
     backend = resolve_backend(config.backend, config.device)
     target = load_target(config.model, config.dtype, config.device)
     layer_ids = parse_layer_spec(config.layers, target.num_layers)

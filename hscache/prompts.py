@@ -75,8 +75,11 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
     content = obj[keys[0]]
     if keys[0] == "prompt" and not (isinstance(content, str) and content):
         raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
-    if keys[0] == "messages" and not (isinstance(content, list) and content):
-        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    if keys[0] == "messages" and not (isinstance(content, list) and content and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in content)):
+        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{\"role\": str, \"content\": str}} "
+                              "objects")
     if keys[0] == "input_ids" and not (
         isinstance(content, list) and content and all(isinstance(t, int) and t >= 0 for t in content)
     ):

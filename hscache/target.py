@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from hscache.builtin import BUILTIN_TARGETS, build_builtin
 from hscache.errors import InputError, ModelNotFoundError
 
-__all__ = ["DTYPES", "Target", "load_target", "torch_dtype"]
+__all__ = ["DTYPES", "Target", "check_device", "load_target", "torch_dtype"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Where decoder layers live, by model layout: multimodal wrappers nest the text model.
@@ -26,6 +26,18 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise InputError(f"--dtype {name!r} is unknown; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def check_device(device: str) -> None:
+    """A clear error for a device torch cannot use here (a typo, or CUDA on a CPU-only machine)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"--device {device!r} is not a torch device; use cpu or cuda[:N]") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: torch reports no CUDA device on this machine; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 @dataclass
@@ -123,6 +135,7 @@ def load_target(name: str, dtype: str = "fp32", device: str = "cpu") -> Target:
         ModelNotFoundError: neither a built-in name nor a directory with config.json.
     """
     torch_type = torch_dtype(dtype)
+    check_device(device)
     if name.startswith("builtin:"):
         if name not in BUILTIN_TARGETS:
             raise ModelNotFoundError(

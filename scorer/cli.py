@@ -21,13 +21,16 @@ __all__ = ["main"]
 friendly_errors = error_boundary(ScorerError, HscacheError)
 
 
-def _int_list(text: str | None) -> tuple[int, ...]:
+def _int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
     if not text:
         return ()
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a comma-separated list of integers") from None
+    if minimum is not None and any(v < minimum for v in values):
+        raise click.BadParameter(f"{text!r}: every value must be at least {minimum}")
+    return values
 
 
 def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None) -> dict:
@@ -119,7 +122,8 @@ def eval_command(checkpoint: str, caches: tuple[str, ...], ddtree: str, json_out
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.render import render_comparison, render_report
 
-    config = EvalConfig(ddtree=_int_list(ddtree), overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1),
+                        overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
                         **options)
     console = Console(stderr=False)
     with _maybe_cluster(scheduler, workers) as client, \
@@ -157,7 +161,7 @@ def sweep(run_dir: str, cache: str, out: str | None, ddtree: str, scheduler: str
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
-    config = EvalConfig(ddtree=_int_list(ddtree), **options)
+    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
         click.echo(f"step {checkpoint.step:>10}  {'reused' if reused else 'scored'}  {checkpoint.path}", err=True)
@@ -196,8 +200,11 @@ def online(checkpoint: str, json_out: str | None, target_layer_ids: str | None, 
         tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
         click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")
     tau = result["tau"]
-    click.echo(f"online tau: per request {tau['per_request']:.4f}, pooled {tau['pooled']:.4f} "
-               f"over {result['rounds']} rounds")
+    if tau["per_request"] is None:
+        click.echo("online tau: no rounds (every request ended before its first draft); raise --max-new-tokens")
+    else:
+        click.echo(f"online tau: per request {tau['per_request']:.4f}, pooled {tau['pooled']:.4f} "
+                   f"over {result['rounds']} rounds")
     _write_json(json_out, result)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 import hscache
+from hscache.target import check_device
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
 from scorer.drafter import DFlashDrafter
@@ -79,6 +80,7 @@ def load_drafter(checkpoint: str | Path, cache: Any, config: EvalConfig) -> tupl
     """
     if config.dtype not in _DTYPES:
         raise ScorerError(f"--dtype {config.dtype!r}; choose bf16 or fp32")
+    check_device(config.device)
     loaded = load_checkpoint(checkpoint, overrides=_overrides(config), fallbacks=cache_fallbacks(cache),
                              trust_checkpoint=config.trust_checkpoint)
     check_compatible(loaded.config, cache, str(cache.path))

@@ -101,7 +101,8 @@ def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any,
         total = sum(r.ddtree_surrogate[b][0] for r in results)
         count = sum(r.ddtree_surrogate[b][1] for r in results)
         surrogate[str(b)] = total / count if count else None
-    categories = [r.category for r in results]
+    # Records without a category still count, under their own name (sorting mixed None fails).
+    categories = [r.category if r.category is not None else "(none)" for r in results]
     report = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "tau": tau,
@@ -116,7 +117,7 @@ def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any,
         "ddtree_surrogate": surrogate,
         "off_greedy": {"positions": sum(c.off_greedy_positions for c in chains), "rounds_cut_short": cut},
         "per_category": ({k: v.to_dict() for k, v in per_category_tau(chains, categories).items()}
-                         if any(c is not None for c in categories) else {}),
+                         if any(r.category is not None for r in results) else {}),
         "warnings": warnings,
         "samples": _samples(results, cache, config.samples, config.seed, B),
         "per_request": [dict(result_summary(r), anchors=list(r.chain.anchors), accepted=list(r.chain.accepted),

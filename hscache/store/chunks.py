@@ -183,8 +183,10 @@ class ChunkReader:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            out[...] = self.fill_value  # as zarr reads a chunk that was never written
-            return
+            # The writer writes every chunk (empty ones too) before a commit publishes its tokens,
+            # so a missing chunk under committed tokens is damage: zeros would be wrong data.
+            raise CacheFormatError(f"{self._where(path)} is missing; the cache is damaged: run `hscache verify` "
+                                   "and re-extract the sequences it names") from None
         try:
             size = os.fstat(fd).st_size
             if size < 4:

@@ -123,3 +123,20 @@ def test_bad_dataset_continuations(tmp_path, record, fragment):
     path = write_jsonl(tmp_path / "p.jsonl", [record])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path), "--max-new-tokens", "0")
     _assert_one_line_error(code, text, "p.jsonl:1:", fragment)
+
+
+@pytest.mark.parametrize("device,fragment", [
+    ("gpu", "--device 'gpu' is not a torch device; use cpu or cuda[:N]"),
+    ("cuda", "torch reports no CUDA device on this machine; use --device cpu"),
+])
+def test_bad_or_absent_device(tmp_path, device, fragment):
+    if device == "cuda" and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, text = _run("--out", str(tmp_path / "c"), "--device", device)
+    _assert_one_line_error(code, text, fragment)
+
+
+def test_messages_that_are_not_role_content_objects(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "messages": ["hi"]}])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:1:", "'messages' must be a non-empty list of")

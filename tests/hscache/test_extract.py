@@ -162,3 +162,20 @@ def test_cuda_extraction_copies_through_pinned_memory(tmp_path):
     target = load_target("builtin:tiny-qwen3.5", "bf16", "cuda")
     ref = _independent_forward(target.model, cache.token_ids(0).cuda())
     assert torch.equal(cache.hidden_states(0)[:, 0], ref.hidden_states[2][0].cpu())
+
+
+def test_greedy_ignores_sampling_settings_the_target_ships(tmp_path):
+    """A target whose generation_config carries a repetition penalty still gets the argmax chain."""
+    from hscache.capture import greedy_continuation
+
+    target = load_target("builtin:tiny-qwen3.5", "fp32")
+    target.model.generation_config.repetition_penalty = 3.0
+    target.model.generation_config.no_repeat_ngram_size = 1
+    prompt = target.tokenizer("def fizzbuzz(n):")["input_ids"]
+    ids, _ = greedy_continuation(target, prompt, 16, 4096)
+    with torch.no_grad():
+        naive = torch.tensor(prompt)
+        for _ in range(16):
+            naive = torch.cat([naive, target.model(input_ids=naive[None]).logits[0, -1].argmax()[None]])
+    assert ids == naive.tolist()
+    assert target.model.generation_config.repetition_penalty == 3.0  # restored

@@ -190,3 +190,25 @@ def test_cpu_and_gpu_paths_agree(scorer_cache, trained_drafter):
     same = sum(a["accepted"] == b["accepted"] for a, b in zip(cpu["per_request"], gpu["per_request"]))
     assert same >= len(cpu["per_request"]) - 1
     assert gpu["tau"]["pooled"] == pytest.approx(cpu["tau"]["pooled"], rel=0.02)
+
+
+def test_records_without_a_category_are_reported_under_none(tmp_path):
+    from scorer.init import init_drafter
+    from tests.conftest import write_jsonl
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "def f(x):", "category": "code"},
+                                                 {"id": "b", "prompt": "Two plus two is"}])
+    hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "c"), prompts=str(prompts), layers="1,3",
+                                          max_new_tokens=6, dtype="fp32"))
+    init_drafter(tmp_path / "c", tmp_path / "d", block_size=4)
+    report = evaluate(tmp_path / "d", tmp_path / "c", EvalConfig(ddtree=(), n_boot=10))
+    assert set(report["per_category"]) == {"code", "(none)"}
+
+
+def test_cli_rejects_ddtree_budgets_below_one(scorer_cache, trained_drafter):
+    from click.testing import CliRunner
+
+    from scorer.cli import main
+
+    result = CliRunner().invoke(main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), "--ddtree", "0"])
+    assert result.exit_code == 2 and "every value must be at least 1" in result.output
