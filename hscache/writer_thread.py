@@ -8,6 +8,7 @@ the next ``submit`` or at exit.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -19,6 +20,15 @@ from hscache.store.writer import SequenceRows, StoreWriter
 __all__ = ["WriterThread"]
 
 _STOP = object()
+
+
+def _lower_priority() -> None:
+    """Nice this thread (Linux threads have their own nice value): on a CPU extraction the forward
+    owns the cores and the writer fills the gaps; on CUDA it changes nothing that matters."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 class WriterThread:
@@ -49,6 +59,7 @@ class WriterThread:
             raise self.error
 
     def _run(self) -> None:
+        _lower_priority()
         while (item := self.queue.get()) is not _STOP:
             if self.error is not None:
                 continue  # drain: nothing more is written after a failure
