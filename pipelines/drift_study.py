@@ -24,7 +24,8 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,12 @@ class DriftStudyConfig:
         if not self.checkpoints and self.train_steps < 1:
             raise DriftStudyError("no checkpoint to score: pass --checkpoint PATH or --train-steps N "
                                   "(N >= 1)")
+        # Checked here, not left to diff_caches: there it would fail only after every cache was built.
+        starts = list(self.position_buckets)
+        if not starts or starts[0] != 0 or any(b <= a for a, b in pairwise(starts)):
+            text = ",".join(map(str, starts))
+            raise DriftStudyError(f"--position-buckets {text!r} must start at 0 and increase strictly; "
+                                  f"e.g. {','.join(map(str, DEFAULT_POSITION_BUCKETS))}")
 
     @property
     def reference_setting(self) -> Setting:
@@ -151,13 +158,26 @@ class DriftStudyConfig:
 
 def _extract(config: DriftStudyConfig, setting: Setting, prompts: str, max_new_tokens: int,
              limit: int | None) -> Path:
-    """Build (or resume, or reuse when complete: extract refuses different settings) one cache."""
+    """Build, resume, or reuse (when complete) one cache; rebuild it only if its settings differ.
+
+    ``config.overwrite`` is not passed on to extract, where it would delete and rebuild every cache
+    on every run: a cache is rebuilt only when extract refuses to resume it (ResumeMismatchError),
+    and only with ``--overwrite``; without it that error propagates, naming the difference.
+    """
+    from hscache.errors import ResumeMismatchError
+
     out = Path(config.out) / "caches" / setting.name
-    hscache.extract(hscache.ExtractConfig(
+    extract_config = hscache.ExtractConfig(
         out=str(out), model=config.model, prompts=prompts, layers=config.layers,
         max_new_tokens=max_new_tokens,
         dtype=setting.dtype, backend=setting.backend, device=setting.device, max_length=config.max_length,
-        limit=limit, overwrite=config.overwrite))
+        limit=limit, overwrite=False)
+    try:
+        hscache.extract(extract_config)
+    except ResumeMismatchError:
+        if not config.overwrite:
+            raise
+        hscache.extract(replace(extract_config, overwrite=True))
     return out
 
 
@@ -262,9 +282,10 @@ def run_drift_study(config: DriftStudyConfig) -> dict[str, Any]:
         The JSON document written to OUT/drift_study.json.
 
     Raises:
-        DriftStudyError: invalid settings (at construction of the config).
+        DriftStudyError: invalid settings or position buckets (at construction of the config).
         hscache errors (ResumeMismatchError: OUT/caches/<name> holds a cache of other settings; pass
-        overwrite=True / --overwrite), scorer errors (an incompatible checkpoint), one line each.
+        overwrite=True / --overwrite to rebuild that cache), scorer errors (an incompatible
+        checkpoint), one line each.
     """
     from pipelines.drift_report import build_document, write_html
 

@@ -2,12 +2,16 @@
 
 Reading: ``open_remote_cache(url)`` copies the small files (manifest, index parts, provenance,
 ``target/``) into a local mirror directory and reads the arrays straight from the URL through
-zarr's ``FsspecStore``: a worker fetches only the chunks of the rows it reads.
+zarr's ``FsspecStore``: a worker fetches only the chunks of the rows it reads. The mirror is
+keyed by URL; each file in it is fetched again when its remote identity (ETag, md5 or generation,
+else modification time, plus size) differs from the one recorded when it was mirrored, so a cache
+re-published at the same URL is never read through stale mirrored files (e.g. the old target head).
 
 Writing (the honest, simple design): ``extract --out s3://...`` extracts into a local staging
 directory (resumable like any local run) and, once finished, uploads the committed cache:
 every file but ``manifest.json`` first, the manifest last, so a reader of the URL sees the old
-cache or the whole new one, never a partial one. Limitation: no incremental remote commits;
+cache or the whole new one, never a partial one; files of an earlier upload that the new cache
+lacks are removed from its folders before the manifest goes up. Limitation: no incremental remote commits;
 nothing is visible at the URL until the run ends, and the staging disk must hold the cache.
 
 Credentials and endpoints come from the usual places (``AWS_*`` environment variables,
@@ -28,7 +32,7 @@ import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError, InputError
 from hscache.store import fsio
-from hscache.store.layout import ARRAYS_GROUP, CREATING_MARK, MANIFEST, PROVENANCE, TARGET_DIR
+from hscache.store.layout import ARRAYS_GROUP, CREATING_MARK, INDEX_DIR, MANIFEST, PROVENANCE, TARGET_DIR
 from hscache.store.reader import Cache
 
 __all__ = ["RemoteCache", "is_url", "open_remote_cache", "staging_dir", "upload_cache"]
@@ -61,15 +65,47 @@ def staging_dir(url: str) -> Path:
     return _local_root() / "staging" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def _fetch(fs: Any, remote: str, local: Path) -> None:
-    """Copy one file unless the mirror already has it at the same size (e.g. the target head)."""
-    size = fs.size(remote)
-    if local.is_file() and local.stat().st_size == size:
+# What identifies one version of a remote file, best first. Content or version stamps (S3 ETag,
+# GCS md5/generation, ...) change whenever the bytes do; modification times are the fallback for
+# backends without them. Size alone is not enough: re-extracting a same-architecture target gives
+# a head.safetensors, config and index parts of the same sizes but other bytes.
+_CONTENT_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum", "generation", "VersionId")
+_TIME_KEYS = ("LastModified", "last_modified", "mtime", "updated", "modified", "created")
+
+
+def _identity(info: dict[str, Any]) -> str | None:
+    """A text that changes whenever the remote file does, or None where the backend gives no stamp."""
+    for keys in (_CONTENT_KEYS, _TIME_KEYS):
+        stamps = {k: str(info[k]) for k in keys if info.get(k) is not None}
+        if stamps:
+            return json.dumps({"size": info.get("size"), **stamps}, sort_keys=True)
+    return None
+
+
+def _fetch(fs: Any, remote: str, local: Path, info: dict[str, Any], stamp: Path) -> None:
+    """Copy one file unless the mirror already holds this version of it (``stamp`` records which).
+
+    The stamp is written after the file, so a stamp that matches always describes the file next to
+    it; without an identity from the backend the file is copied every time.
+    """
+    identity = _identity(info)
+    if (identity is not None and local.is_file() and local.stat().st_size == info.get("size")
+            and stamp.is_file() and stamp.read_text() == identity):
         return
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(f"{local.name}{fsio.TEMP_MARK}{uuid.uuid4().hex}")
     fs.get_file(remote, str(tmp))
     os.replace(tmp, local)  # several worker processes may mirror the same cache at once
+    if identity is not None:
+        fsio.atomic_write_bytes(stamp, identity.encode())
+
+
+def _prune(mirror: Path, keep: set[str]) -> None:
+    """Delete mirrored files the remote cache no longer has (e.g. a tokenizer file of an older target)."""
+    for path in mirror.rglob("*"):
+        name = path.relative_to(mirror).as_posix()
+        if path.is_file() and name != MANIFEST and name not in keep and fsio.TEMP_MARK not in path.name:
+            path.unlink(missing_ok=True)  # another process may prune the same file
 
 
 class RemoteCache(Cache):
@@ -100,6 +136,10 @@ def open_remote_cache(url: str) -> RemoteCache:
     """
     url = url.rstrip("/")
     fs, root = _filesystem(url)
+    # fsspec instances are shared and cache listings (s3fs answers info() from them): one made before
+    # the cache was re-published would describe the old files. Invalidating a folder clears its parents.
+    for folder in (TARGET_DIR, INDEX_DIR, ARRAYS_GROUP):
+        fs.invalidate_cache(f"{root}/{folder}")
     try:
         manifest = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))
     except FileNotFoundError as exc:
@@ -107,16 +147,28 @@ def open_remote_cache(url: str) -> RemoteCache:
                                  f"`hscache extract --out {url}`") from exc
     except json.JSONDecodeError as exc:
         raise CacheFormatError(f"{url}/{MANIFEST} is not valid JSON ({exc}); the cache is damaged") from exc
-    mirror = _local_root() / "mirrors" / hashlib.sha256(url.encode()).hexdigest()[:16]
-    names = [*manifest.get("index_parts", []), f"{ARRAYS_GROUP}/zarr.json"]
-    if fs.exists(f"{root}/{PROVENANCE}"):
-        names.append(PROVENANCE)
-    names += [f"{TARGET_DIR}/{p.rsplit('/', 1)[1]}" for p in fs.ls(f"{root}/{TARGET_DIR}", detail=False)]
-    for name in names:
-        _fetch(fs, f"{root}/{name}", mirror / name)
-    fsio.atomic_write_json(mirror / MANIFEST, manifest)
-    from hscache.store.reader import read_manifest
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    mirror, stamps = _local_root() / "mirrors" / key, _local_root() / "mirrors" / f"{key}.stamps"
+    from hscache.store.reader import index_part_path, read_manifest
 
+    parts = manifest.get("index_parts") if isinstance(manifest, dict) else None
+    for name in parts if isinstance(parts, list) else []:
+        index_part_path(mirror, name)  # a name like ../x must not write outside the mirror
+    infos = {}
+    for name in [*(parts if isinstance(parts, list) else []), f"{ARRAYS_GROUP}/zarr.json", PROVENANCE]:
+        try:
+            infos[name] = fs.info(f"{root}/{name}")
+        except FileNotFoundError:
+            if name != PROVENANCE:  # provenance.json is optional, the rest is not
+                raise CacheFormatError(f"{url}/{name} is missing; the cache is damaged: re-extract with "
+                                       f"`hscache extract --out {url} --overwrite`") from None
+    for info in fs.ls(f"{root}/{TARGET_DIR}", detail=True):
+        if info.get("type", "file") == "file":
+            infos[f"{TARGET_DIR}/{info['name'].rsplit('/', 1)[1]}"] = info
+    for name, info in infos.items():
+        _fetch(fs, f"{root}/{name}", mirror / name, info, stamps / name)
+    _prune(mirror, set(infos))
+    fsio.atomic_write_json(mirror / MANIFEST, manifest)
     return RemoteCache(url, mirror, read_manifest(mirror))
 
 
@@ -125,6 +177,20 @@ def _upload_order(local: Path) -> list[Path]:
     files = [p for p in sorted(local.rglob("*")) if p.is_file() and fsio.TEMP_MARK not in p.name
              and not p.name.endswith(".partial") and p.name != CREATING_MARK]
     return [p for p in files if p.name != MANIFEST or p.parent != local] + [local / MANIFEST]
+
+
+def _remove_stale(fs: Any, root: str, names: set[str]) -> None:
+    """Delete files an earlier upload left in the cache's own folders (e.g. the old target's tokenizer
+    files, which a reader would otherwise mirror next to the new ones); nothing else at the URL."""
+    for folder in (TARGET_DIR, INDEX_DIR, ARRAYS_GROUP):
+        fs.invalidate_cache(f"{root}/{folder}")
+        try:
+            found = fs.find(f"{root}/{folder}")
+        except FileNotFoundError:
+            continue
+        stale = [path for path in found if path[len(root):].lstrip("/") not in names]
+        if stale:
+            fs.rm(stale)
 
 
 def upload_cache(local: str | Path, url: str, *, remove_local: bool = False) -> None:
@@ -140,7 +206,11 @@ def upload_cache(local: str | Path, url: str, *, remove_local: bool = False) -> 
     fs, root = _filesystem(url)
     if fs.exists(f"{root}/{MANIFEST}"):
         fs.rm_file(f"{root}/{MANIFEST}")  # readers must never see the old manifest over new files
-    for path in _upload_order(local):
+    order = _upload_order(local)
+    names = {path.relative_to(local).as_posix() for path in order}
+    for path in order[:-1]:
         fs.put_file(str(path), f"{root}/{path.relative_to(local).as_posix()}")
+    _remove_stale(fs, root, names)
+    fs.put_file(str(order[-1]), f"{root}/{MANIFEST}")
     if remove_local:
         shutil.rmtree(local)

@@ -124,14 +124,24 @@ class ShardedCache:
         self.index = self._global_index(order, offsets)
 
     def _global_index(self, order: list[tuple[int, int]], offsets: np.ndarray) -> pa.Table:
+        """The stored index columns in global order, then metadata expanded over ALL rows.
+
+        Each shard's metadata columns (e.g. ``category``) were inferred from its own rows only: a
+        key may be missing from a shard, or have another type there. Re-expanding ``metadata_json``
+        over the combined rows gives exactly the columns and types a 1-shard extraction would.
+        """
+        from hscache.store.reader import _expand_metadata
+        from hscache.store.writer import INDEX_SCHEMA
+
         tables = [s.index for s in self.shards]
         columns = {}
-        for name in tables[0].column_names:
-            values = [tables[i].column(name)[j].as_py() if name in tables[i].column_names else None for i, j in order]
-            columns[name] = pa.array(values, type=tables[0].schema.field(name).type)
-        columns["seq_id"] = pa.array(np.arange(len(order), dtype=np.int64))
-        columns["offset"] = pa.array(offsets)
-        return pa.table(columns)
+        for field in INDEX_SCHEMA:
+            per_shard = [t.column(field.name).to_pylist() for t in tables]
+            values = [per_shard[i][j] for i, j in order]
+            columns[field.name] = pa.array(values, type=field.type)
+        columns["seq_id"] = pa.array(np.arange(len(order), dtype=np.int64), type=INDEX_SCHEMA.field("seq_id").type)
+        columns["offset"] = pa.array(offsets, type=INDEX_SCHEMA.field("offset").type)
+        return _expand_metadata(pa.table(columns, schema=INDEX_SCHEMA))
 
     def __len__(self) -> int:
         return self._rows

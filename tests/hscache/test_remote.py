@@ -76,3 +76,31 @@ def test_missing_remote_cache_is_a_one_line_error(bucket):
     with pytest.raises(hscache.CacheNotFoundError, match=r"s3://hscache-test/nothing is not an hscache cache \(no manifest"
                        r"\.json\); create one with `hscache extract --out s3://hscache-test/nothing`"):
         hscache.open_cache(f"{bucket}/nothing")
+
+
+def test_reopen_after_republish_with_same_sizes_sees_the_new_files(bucket, scale_cache, tmp_path):
+    """Another target of the same architecture gives files of the same names and sizes: the mirror
+    must notice the new bytes, and drop the files the new cache no longer has."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    url = f"{bucket}/republished"
+    old = shutil.copytree(scale_cache, tmp_path / "old")
+    (old / "target" / "stale.txt").write_text("a tokenizer file of the old target")
+    upload_cache(old, url)
+    first = hscache.open_cache(url)
+    assert (first.path / "target" / "stale.txt").is_file()
+    before = first.target_head()
+    new = shutil.copytree(scale_cache, tmp_path / "new")
+    head = new / "target" / "head.safetensors"
+    with safe_open(str(head), "pt") as f:
+        metadata = f.metadata()
+    save_file({k: -v for k, v in load_file(str(head)).items()}, str(head), metadata=metadata)
+    assert head.stat().st_size == (scale_cache / "target" / "head.safetensors").stat().st_size
+    upload_cache(new, url)
+    second = hscache.open_cache(url)
+    assert second.path == first.path  # the same mirror, refreshed
+    assert all(torch.equal(second.target_head()[k], -before[k]) for k in before)
+    assert not (second.path / "target" / "stale.txt").exists()

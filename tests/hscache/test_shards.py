@@ -97,3 +97,20 @@ def test_shard_flag_is_checked():
     assert "error: --shard 2/2 out of range; shard I of N needs 0 <= I < N, e.g. 0/2" in result.output
     with pytest.raises(hscache.InputError, match="is not I/N"):
         parse_shard("a/b")
+
+
+def test_metadata_only_some_shards_carry_is_kept(tmp_path):
+    """Odd records (all in shard 1) carry ``category``; ``difficulty`` is an int in shard 0, text in shard 1."""
+    from tests.conftest import write_jsonl
+
+    records = [{"id": f"r{n}", "prompt": f"def f{n}(x): return", "difficulty": n if n % 2 == 0 else "hard",
+                **({"category": "code"} if n % 2 else {})} for n in range(4)]
+    prompts = str(write_jsonl(tmp_path / "prompts.jsonl", records))
+    config = {"prompts": prompts, "layers": "1", "max_new_tokens": 2, "dtype": "fp32"}
+    hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "one"), **config))
+    for index in range(2):
+        hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "two"), shard=(index, 2), **config))
+    one, view = hscache.open_cache(tmp_path / "one"), hscache.open_cache(tmp_path / "two")
+    assert isinstance(view, ShardedCache)
+    assert view.index.column("category").to_pylist() == [None, "code", None, "code"]
+    assert view.index.schema == one.index.schema and view.index.to_pylist() == one.index.to_pylist()

@@ -110,6 +110,58 @@ def test_cli_rerun_reuses_caches_and_the_drafter(study) -> None:
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
 
+def test_cli_rerun_with_overwrite_reuses_caches_whose_settings_hold(study) -> None:
+    out, _ = study
+    caches = [out / "caches" / name for name in ("torch-fp32", "torch-bf16")]
+    data = [p for cache in caches for part in ("arrays", "index") for p in (cache / part).rglob("*") if p.is_file()]
+    stamps = {p: p.stat().st_mtime_ns for p in data}
+    started = [hscache.open_cache(c).provenance["timestamps"]["started_at"] for c in caches]
+    result = CliRunner().invoke(main, ["--out", str(out), *_FLAGS, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    # --overwrite rebuilds only caches of other settings: these were resumed (complete), not rebuilt.
+    assert [hscache.open_cache(c).provenance["timestamps"]["started_at"] for c in caches] == started
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_overwrite_rebuilds_only_the_cache_extract_refuses(tmp_path, monkeypatch) -> None:
+    from hscache.errors import ResumeMismatchError
+    from pipelines import drift_study
+
+    calls = []
+
+    def fake_extract(config):
+        calls.append((Path(config.out).name, config.overwrite))
+        if Path(config.out).name == "torch-bf16" and not config.overwrite:
+            raise ResumeMismatchError("torch-bf16 was built with dtype='fp16' but this run has dtype='bf16'")
+
+    monkeypatch.setattr(hscache, "extract", fake_extract)
+    fp32, bf16 = parse_settings("torch:fp32,torch:bf16")
+    for overwrite in (False, True):
+        config = _config(tmp_path, overwrite=overwrite)
+        calls.clear()
+        drift_study._extract(config, fp32, "builtin:default", 12, 3)
+        assert calls == [("torch-fp32", False)]  # a cache whose settings hold is reused, never rebuilt
+        calls.clear()
+        if overwrite:
+            drift_study._extract(config, bf16, "replay.jsonl", 0, None)
+            assert calls == [("torch-bf16", False), ("torch-bf16", True)]
+        else:
+            with pytest.raises(ResumeMismatchError, match="dtype='fp16'"):
+                drift_study._extract(config, bf16, "replay.jsonl", 0, None)
+            assert calls == [("torch-bf16", False)]
+
+
+def test_position_buckets_are_checked_before_any_cache_is_built(tmp_path) -> None:
+    for buckets in ((16, 64), (0, 64, 64), ()):
+        with pytest.raises(DriftStudyError, match=r"^--position-buckets '.*' must start at 0 and increase strictly; "
+                           r"e\.g\. 0,"):
+            _config(tmp_path, position_buckets=buckets)
+    result = CliRunner().invoke(main, ["--out", str(tmp_path / "study"), "--position-buckets", "16,64"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --position-buckets '16,64' must start at 0 and increase strictly; e.g. 0,")
+    assert result.output.count("\n") == 1 and not (tmp_path / "study").exists()
+
+
 def test_scorer_eval_report_option_writes_one_page(study, tmp_path) -> None:
     from scorer.cli import main as scorer_main
 
