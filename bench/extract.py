@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import hscache
+from hscache.store.fsio import drop_page_cache
 from hscache.capture import next_token_stats
 from hscache.store.layout import array_specs
 from hscache.store.writer import SequenceRows, StoreWriter
@@ -81,17 +82,6 @@ def _hidden_like(tokens: int, layers: int, hidden: int) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-def _drop(paths: list[Path]) -> None:
-    """Evict ``paths`` from the page cache (the next read is cold)."""
-    os.sync()
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _scan_ratios(root: Path, raw_path: Path, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
     """Best-of-``repeats`` full scans of ``hidden_states``: raw memmap seconds / ours, cold and warm."""
     cache = hscache.open_cache(root)
@@ -113,7 +103,7 @@ def _scan_ratios(root: Path, raw_path: Path, shape: tuple[int, ...], repeats: in
         for _ in range(repeats):
             for name, fn in (("ours", ours), ("memmap", memmap)):
                 if drop:
-                    _drop(files)
+                    drop_page_cache(files)
                 t0 = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 import hscache
+from hscache.store.fsio import drop_page_cache
 from hscache.store.writer import SequenceRows, StoreWriter
 from scorer.distributed import DEFAULT_TASK_TOKENS, TaskOutput, cluster_client, score_task
 from scorer.evaluate import EvalConfig, evaluate
@@ -152,16 +153,6 @@ def memory(client, drafter: Path, small: Path, large: Path, tokens_per_task: int
     print(f"peak memory 4x cache - 1x cache: {growth:+.1f} MiB (flat: bounded by drafter + a few chunks)")
 
 
-def _drop(paths: list[Path]) -> None:
-    os.sync()
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def scan(cache_path: Path, tmp: Path, repeats: int) -> None:
     """Full scan of ``hidden_states``: the reader (``Cache.iter_tokens``, chunk files read directly)
     and zarr-python's own slicing, each against a raw memmap of the same bytes; then random reads
@@ -195,7 +186,7 @@ def scan(cache_path: Path, tmp: Path, repeats: int) -> None:
         for _ in range(repeats):
             for name, fn in (("reader", reader), ("zarr", zarr_path), ("memmap", memmap)):
                 if drop:
-                    _drop(files + [raw])
+                    drop_page_cache(files + [raw])
                 t0 = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "fsync_dir", "fsync_file", "TEMP_MARK"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "drop_page_cache", "fsync_dir", "fsync_file", "TEMP_MARK"]
 
 # Every temp file hscache creates contains this mark, so a resume can find and delete leftovers.
 TEMP_MARK = ".hscache-tmp-"
@@ -58,3 +58,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, document: Any) -> None:
     atomic_write_bytes(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+
+
+def drop_page_cache(paths: list[Path]) -> None:
+    """Evict ``paths`` from the page cache, so the next read is cold (benchmarks)."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
