@@ -81,6 +81,7 @@ class TaskOutput:
     results: list[SequenceResult]
     seconds: float  # scoring time inside the task (excludes the one-time drafter load)
     load_seconds: float  # drafter load time on this call (0 when the worker had it)
+    loaded_drafter: bool  # True when this task loaded the drafter (the worker did not have it yet)
     backend_used: str | None
     peak_rss_mb: float  # the worker process's peak resident memory so far
     pid: int
@@ -138,14 +139,15 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     cache, _ = _lru_get(_CACHES, (spec.cache, spec.cache_tokens), _MAX_CACHES, lambda: hscache.open_cache(spec.cache))
     key = (spec.checkpoint, spec.fingerprint, spec.cache, spec.cache_tokens,
            json.dumps(spec.config.to_dict(), sort_keys=True))
-    (drafter, _loaded), _ = _lru_get(_DRAFTERS, key, _MAX_DRAFTERS,
+    (drafter, _loaded), loaded_now = _lru_get(_DRAFTERS, key, _MAX_DRAFTERS,
                                      lambda: load_drafter(spec.checkpoint, cache, spec.config))
     t1 = time.perf_counter()
     rows = range(spec.start, spec.stop)
     view = BlockView(cache, read_rows(cache, rows))
     with torch.inference_mode():
         results = score_rows(drafter, view, rows, spec.config)
-    return TaskOutput(results, time.perf_counter() - t1, t1 - t0, drafter.backend_used, _peak_rss_mb(), os.getpid())
+    return TaskOutput(results, time.perf_counter() - t1, t1 - t0, loaded_now, drafter.backend_used, _peak_rss_mb(),
+                      os.getpid())
 
 
 @dataclass
