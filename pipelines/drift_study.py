@@ -35,7 +35,7 @@ import hscache
 from hscache.diff import DEFAULT_POSITION_BUCKETS, diff_caches
 from hscache.diff_report import DiffReport, save_json
 from hscache.store.fsio import atomic_write_bytes, atomic_write_json
-from scorer.evaluate import REPLAY_PROMPT_LEN, EvalConfig, evaluate_many
+from scorer.evaluate import EvalConfig, evaluate_many
 
 __all__ = ["DriftStudyConfig", "DriftStudyError", "Setting", "parse_settings", "run_drift_study"]
 
@@ -194,7 +194,7 @@ def _write_replay_prompts(reference: Path, path: Path) -> Path:
                                                 index.column("prompt_len").to_pylist(),
                                                 index.column("metadata_json").to_pylist())):
         record = {**(json.loads(meta) if meta else {}), "id": rid,
-                  "input_ids": cache.token_ids(row).tolist(), REPLAY_PROMPT_LEN: int(plen)}
+                  "input_ids": cache.token_ids(row).tolist(), "prompt_len": int(plen)}
         lines.append(json.dumps(record, sort_keys=True))
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

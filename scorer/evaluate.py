@@ -31,14 +31,9 @@ from scorer.features import (
 from scorer.report import build_report, compare_reports
 from scorer.score import SequenceResult, score_sequence
 
-__all__ = ["REPLAY_PROMPT_LEN", "EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_rows",
-           "scored_prompt_lens"]
+__all__ = ["EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_rows"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-# Index column (per-sequence metadata) of a cache extracted from another cache's full token ids with
-# --max-new-tokens 0: its own prompt_len is then the whole sequence, and this column says where the
-# original prompt ended, so the same region is scored on both (pipelines/drift_study.py writes it).
-REPLAY_PROMPT_LEN = "replay_prompt_len"
 _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
 
 
@@ -99,22 +94,13 @@ def _category(cache: Any, row: int) -> str | None:
     return None if value is None else str(value)
 
 
-def scored_prompt_lens(cache: Any) -> list[int]:
-    """Per row, where the scored region starts: ``REPLAY_PROMPT_LEN`` where the index has it, else prompt_len."""
-    prompt_lens = cache.index.column("prompt_len").to_pylist()
-    if REPLAY_PROMPT_LEN not in cache.index.column_names:
-        return prompt_lens
-    replayed = cache.index.column(REPLAY_PROMPT_LEN).to_pylist()
-    return [int(r) if r is not None else p for r, p in zip(replayed, prompt_lens)]
-
-
 def score_rows(drafter: DFlashDrafter, cache: Any, rows: Sequence[int], config: EvalConfig,
                on_sequence: Callable[[int], None] | None = None) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = _DTYPES[config.dtype]
     record_ids = cache.index.column("record_id").to_pylist()
-    prompt_lens = scored_prompt_lens(cache)
+    prompt_lens = cache.index.column("prompt_len").to_pylist()
     results = []
     for row in rows:
         features = sequence_features(cache.hidden_states(row), index, dtype, config.device)

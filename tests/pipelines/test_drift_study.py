@@ -12,7 +12,6 @@ from click.testing import CliRunner
 import hscache
 import schemas
 from pipelines.drift_study import DriftStudyConfig, DriftStudyError, main, parse_settings, run_drift_study
-from scorer.evaluate import REPLAY_PROMPT_LEN
 from tests.chromium import png_is_not_blank, screenshot
 
 pytestmark = pytest.mark.slow
@@ -40,9 +39,10 @@ def test_both_caches_hold_the_reference_tokens(study) -> None:
     ref, bf16 = (hscache.open_cache(out / "caches" / name) for name in ("torch-fp32", "torch-bf16"))
     assert len(ref) == len(bf16) == 3 and ref.settings["dtype"] == "fp32" and bf16.settings["dtype"] == "bf16"
     assert ref.index.column("token_sha256").to_pylist() == bf16.index.column("token_sha256").to_pylist()
-    # bf16 ran on the whole reference text, and knows where the reference's prompt ended.
-    assert bf16.index.column("prompt_len").to_pylist() == bf16.index.column("length").to_pylist()
-    assert bf16.index.column(REPLAY_PROMPT_LEN).to_pylist() == ref.index.column("prompt_len").to_pylist()
+    # bf16 ran one forward over the whole reference text ({input_ids, prompt_len} records, no
+    # generation), and its prompt ends where the reference's did: the same region is scored.
+    assert bf16.index.column("stop_reason").to_pylist() == ["dataset"] * 3
+    assert bf16.index.column("prompt_len").to_pylist() == ref.index.column("prompt_len").to_pylist()
 
 
 def test_drift_is_nonzero_and_grows_with_depth(study) -> None:
