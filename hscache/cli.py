@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -220,11 +221,19 @@ def diff(cache_a: str, cache_b: str, json_path: str | None, report_path: str | N
 @friendly_errors
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
     """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong."""
+    from hscache.store.shards import has_shards, shard_dirs
     from hscache.verify import VerifyConfig, format_report, verify_cache
 
-    report = verify_cache(cache_dir, VerifyConfig(**options))
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_report(report))
-    if not report.ok:
+    # A sharded cache is verified shard by shard: each is an ordinary cache with its own commits.
+    roots = shard_dirs(Path(cache_dir)) if has_shards(cache_dir) else [Path(cache_dir)]
+    reports = [verify_cache(root, VerifyConfig(**options)) for root in roots]
+    if as_json:
+        docs = [r.to_dict() for r in reports]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else {"shards": docs}, indent=2))
+    else:
+        click.echo("\n\n".join(f"{root}:\n{format_report(r)}" if len(roots) > 1 else format_report(r)
+                                 for root, r in zip(roots, reports)))
+    if not all(r.ok for r in reports):
         sys.exit(1)
 
 @main.command()

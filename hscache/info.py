@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hscache.store.reader import open_cache
+from hscache.store.shards import has_shards, shard_dirs
 
 __all__ = ["cache_summary", "format_summary"]
 
@@ -19,7 +20,8 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready summary of the cache at ``path``."""
     cache = open_cache(path)
     prov = cache.provenance
-    stored = {name: _dir_bytes(cache.path / "arrays" / name) for name in cache.specs}
+    roots = shard_dirs(cache.path) if has_shards(cache.path) else [cache.path]
+    stored = {name: sum(_dir_bytes(root / "arrays" / name) for root in roots) for name in cache.specs}
     raw = {name: spec.bytes_per_token * cache.num_tokens for name, spec in cache.specs.items()}
     lengths = cache.index.column("length").to_pylist()
     prompt_lens = cache.index.column("prompt_len").to_pylist()

@@ -31,7 +31,7 @@ from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio
 from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
 
-__all__ = ["SHARDS_FILE", "ShardedCache", "has_shards", "merge_shards", "open_sharded", "parse_shard", "shard_path"]
+__all__ = ["SHARDS_FILE", "ShardedCache", "has_shards", "merge_shards", "open_sharded", "parse_shard", "shard_path", "shard_dirs"]
 
 SHARDS_FILE = "shards.json"
 _SHARD_DIR = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
@@ -68,7 +68,8 @@ def has_shards(root: str | Path) -> bool:
     return root.is_dir() and any(_SHARD_DIR.match(p.name) for p in root.iterdir() if p.is_dir())
 
 
-def _shard_dirs(root: Path) -> list[Path]:
+def shard_dirs(root: Path) -> list[Path]:
+    """The shard directories under ``root`` in shard order; all of one run, none missing."""
     found = sorted((int(m.group(1)), int(m.group(2)), p) for p in root.iterdir()
                    if p.is_dir() and (m := _SHARD_DIR.match(p.name)))
     counts = {count for _, count, _ in found}
@@ -239,7 +240,7 @@ def open_sharded(root: str | Path) -> ShardedCache:
     from hscache.store.reader import open_cache
 
     root = Path(root)
-    shards = [open_cache(p) for p in _shard_dirs(root)]
+    shards = [open_cache(p) for p in shard_dirs(root)]
     _check_same(root, shards)
     return ShardedCache(root, shards)
 

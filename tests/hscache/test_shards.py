@@ -114,3 +114,28 @@ def test_metadata_only_some_shards_carry_is_kept(tmp_path):
     assert isinstance(view, ShardedCache)
     assert view.index.column("category").to_pylist() == [None, "code", None, "code"]
     assert view.index.schema == one.index.schema and view.index.to_pylist() == one.index.to_pylist()
+
+
+def test_info_and_verify_take_a_directory_of_shards(sharded, tmp_path):
+    import json as _json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from hscache.cli import main
+
+    info = CliRunner().invoke(main, ["info", str(sharded), "--json"])
+    assert info.exit_code == 0, info.output
+    summary = _json.loads(info.output)
+    assert summary["sequences"] == len(hscache.open_cache(sharded)) and summary["bytes_per_token"] > 0
+    ok = CliRunner().invoke(main, ["verify", str(sharded)])
+    assert ok.exit_code == 0, ok.output
+    assert "shard-00000-of-00002" in ok.output and "shard-00001-of-00002" in ok.output
+    damaged = shutil.copytree(sharded, tmp_path / "damaged")
+    chunk = next((damaged / "shard-00001-of-00002" / "arrays" / "hidden_states" / "c").rglob("*"))
+    chunk = chunk if chunk.is_file() else next(p for p in chunk.rglob("*") if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    bad = CliRunner().invoke(main, ["verify", str(damaged)])
+    assert bad.exit_code == 1, bad.output
