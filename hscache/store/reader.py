@@ -32,7 +32,7 @@ from hscache.store.layout import (
     ArraySpec,
 )
 
-__all__ = ["Cache", "index_part_path", "open_cache", "read_manifest"]
+__all__ = ["Cache", "expand_metadata", "index_part_path", "open_cache", "read_manifest"]
 
 _PART_NAME = re.compile(r"^index/part-\d{6}\.parquet$")
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
@@ -117,7 +117,7 @@ def _read_part(root: Path, name: str) -> pa.Table:
         raise CacheFormatError(f"index part {name} is unreadable ({exc}); run `hscache verify {root}`") from exc
 
 
-def _expand_metadata(table: pa.Table) -> pa.Table:
+def expand_metadata(table: pa.Table) -> pa.Table:
     """Turn the ``metadata_json`` column into one column per key (e.g. ``category``)."""
     records = [json.loads(s) if s else {} for s in table.column("metadata_json").to_pylist()]
     keys = sorted({k for r in records for k in r} - set(table.column_names))
@@ -156,7 +156,7 @@ class Cache:
                 f"sequences; the cache is damaged: run `hscache verify {self.path}`"
             )
         table = table.slice(0, committed)
-        self.index: pa.Table = _expand_metadata(table)
+        self.index: pa.Table = expand_metadata(table)
         self._offsets = np.asarray(self.index.column("offset").to_numpy(), dtype=np.int64)
         self._lengths = np.asarray(self.index.column("length").to_numpy(), dtype=np.int64)
 

@@ -131,7 +131,7 @@ class ShardedCache:
         key may be missing from a shard, or have another type there. Re-expanding ``metadata_json``
         over the combined rows gives exactly the columns and types a 1-shard extraction would.
         """
-        from hscache.store.reader import _expand_metadata
+        from hscache.store.reader import expand_metadata
         from hscache.store.writer import INDEX_SCHEMA
 
         tables = [s.index for s in self.shards]
@@ -142,7 +142,7 @@ class ShardedCache:
             columns[field.name] = pa.array(values, type=field.type)
         columns["seq_id"] = pa.array(np.arange(len(order), dtype=np.int64), type=INDEX_SCHEMA.field("seq_id").type)
         columns["offset"] = pa.array(offsets, type=INDEX_SCHEMA.field("offset").type)
-        return _expand_metadata(pa.table(columns, schema=INDEX_SCHEMA))
+        return expand_metadata(pa.table(columns, schema=INDEX_SCHEMA))
 
     def __len__(self) -> int:
         return self._rows
