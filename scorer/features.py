@@ -17,11 +17,10 @@ def cache_fallbacks(cache: Any) -> dict[str, Any]:
     """What a config-less checkpoint can take from the cache (reported as source "cache")."""
     target_config = cache.target_config
     rope = target_config.get("rope_parameters") or {}
-    head = cache.target_head()
     return {
         "target_layer_ids": tuple(cache.layer_ids),
         "mask_token_id": cache.mask_token_id,
-        "vocab_size": int(head["embed_tokens"].shape[0]),
+        "vocab_size": cache.vocab_size,
         "rope_theta": target_config.get("rope_theta", rope.get("rope_theta")),
         "rms_norm_eps": target_config.get("rms_norm_eps"),
         "num_target_layers": target_config.get("num_hidden_layers"),
@@ -39,7 +38,7 @@ def check_compatible(config: DrafterConfig, cache: Any, cache_name: str = "the c
     hidden = int(cache.specs["hidden_states"].row_shape[1])
     if hidden != config.hidden_size:
         problems.append(f"drafter hidden_size {config.hidden_size} != target hidden size {hidden} in {cache_name}")
-    vocab = int(cache.target_head()["embed_tokens"].shape[0])
+    vocab = cache.vocab_size
     if config.vocab_size != vocab:
         problems.append(f"drafter vocab_size {config.vocab_size} != target vocabulary {vocab} in {cache_name}")
     if not 0 <= config.mask_token_id < vocab:

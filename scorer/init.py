@@ -32,7 +32,7 @@ def drafter_config_for_cache(cache: Any, *, num_layers: int = 1, block_size: int
         num_key_value_heads=int(target.get("num_key_value_heads", heads)), head_dim=head_dim,
         rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
         rope_theta=float(target.get("rope_theta", rope.get("rope_theta", 10000.0))), rope_scaling=None,
-        vocab_size=int(cache.target_head()["embed_tokens"].shape[0]), attention_bias=False,
+        vocab_size=cache.vocab_size, attention_bias=False,
         block_size=block_size, mask_token_id=int(cache.mask_token_id),
         target_layer_ids=tuple(layer_ids if layer_ids is not None else cache.layer_ids),
         num_target_layers=int(target.get("num_hidden_layers", 0)) or None,

@@ -298,6 +298,14 @@ class Cache:
             tensors["lm_head"] = tensors["embed_tokens"]
         return tensors
 
+    @cached_property
+    def vocab_size(self) -> int:
+        """Rows of the target's embedding, read from the safetensors header (no weights loaded)."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.path / TARGET_DIR / "head.safetensors"), framework="pt") as f:
+            return int(f.get_slice("embed_tokens").get_shape()[0])
+
     def tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 

@@ -193,6 +193,10 @@ class ShardedCache:
     def target_head(self) -> dict[str, torch.Tensor]:
         return self.shards[0].target_head()
 
+    @property
+    def vocab_size(self) -> int:
+        return self.shards[0].vocab_size
+
     def tokenizer(self) -> Any:
         return self.shards[0].tokenizer()
 
