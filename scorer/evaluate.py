@@ -101,6 +101,7 @@ def score_rows(drafter: DFlashDrafter, cache: Any, rows: Sequence[int], config: 
     dtype = _DTYPES[config.dtype]
     record_ids = cache.index.column("record_id").to_pylist()
     prompt_lens = cache.index.column("prompt_len").to_pylist()
+    lengths = cache.index.column("length").to_pylist()
     results = []
     for row in rows:
         features = sequence_features(cache.hidden_states(row), index, dtype, config.device)
@@ -109,7 +110,7 @@ def score_rows(drafter: DFlashDrafter, cache: Any, rows: Sequence[int], config: 
             record_id=record_ids[row], category=_category(cache, row), ddtree_budgets=tuple(config.ddtree),
             max_blocks_per_forward=config.max_blocks_per_forward))
         if on_sequence:
-            on_sequence(cache.token_ids(row).shape[0] - prompt_lens[row])
+            on_sequence(lengths[row] - prompt_lens[row])
     return results
 
 

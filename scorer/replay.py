@@ -243,7 +243,8 @@ def replay_trees(trees: Sequence[Tree], token_ids: Any, target_argmax: Any, prom
 
 
 def replay_ddtree(
-    lp_vals: Any, lp_ids: Any, token_ids: Any, target_argmax: Any, prompt_len: int, budget: int
+    lp_vals: Any, lp_ids: Any, token_ids: Any, target_argmax: Any, prompt_len: int, budget: int,
+    built: dict[int, Tree] | None = None,
 ) -> RoundLog:
     """Replay DDTree-``budget`` from per-slot top-K log-probs, building trees only where visited.
 
@@ -255,6 +256,8 @@ def replay_ddtree(
         target_argmax: [T] target argmax a.
         prompt_len: P.
         budget: N tree nodes per round (root not counted).
+        built: if given, filled with the trees the replay built, keyed by anchor row r, so a
+            caller (e.g. the draft-only surrogate) can reuse them instead of building them again.
 
     Returns:
         The RoundLog, as ``replay_trees`` with ``build_tree(lp_vals[r], lp_ids[r], budget)``.
@@ -274,6 +277,9 @@ def replay_ddtree(
 
     def walk(p: int, avail: int) -> int:
         r = p - prompt_len
-        return _tree_walk(build_tree(vals[r], ids[r], budget), a, p, avail)
+        tree = build_tree(vals[r], ids[r], budget)
+        if built is not None:
+            built[r] = tree
+        return _tree_walk(tree, a, p, avail)
 
     return _replay(walk, x, a, prompt_len)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from scorer.ddtree import build_tree, surrogate_tau
+from scorer.ddtree import surrogate_tau
 from scorer.drafter import DFlashDrafter
 from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train_accept_len
 from scorer.replay import RoundLog, replay_chain, replay_ddtree
@@ -96,10 +96,9 @@ def score_sequence(
     chain = replay_chain(draft, x, a, prompt_len, B)
     ddtree, surrogate = {}, {}
     for budget in ddtree_budgets:
-        ddtree[budget] = replay_ddtree(lp_vals, lp_ids, x, a, prompt_len, budget)
-        rows = [p - prompt_len for p in ddtree[budget].anchors]
-        total = sum(surrogate_tau(build_tree(lp_vals[r], lp_ids[r], budget)) for r in rows)
-        surrogate[budget] = (float(total), len(rows))
+        trees: dict[int, Any] = {}  # the trees the replay built, one per visited anchor
+        ddtree[budget] = replay_ddtree(lp_vals, lp_ids, x, a, prompt_len, budget, built=trees)
+        surrogate[budget] = (float(sum(surrogate_tau(t) for t in trees.values())), len(trees))
     visited = np.asarray([p - prompt_len for p in chain.anchors], dtype=np.int64)
     return SequenceResult(
         row=row, record_id=record_id, category=category, chain=chain, ddtree=ddtree, ddtree_surrogate=surrogate,
