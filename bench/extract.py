@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 import hscache
+from hscache.capture.forward import next_token_stats
+from hscache.capture.target import load_target
 from hscache.store.fsio import drop_page_cache
-from hscache.capture import next_token_stats
 from hscache.store.layout import array_specs
 from hscache.store.writer import SequenceRows, StoreWriter
-from hscache.target import load_target
 
 
 def _prompts(path: Path, sequences: int, seq_len: int) -> Path:
@@ -59,9 +59,17 @@ def _bare_forward_s(prompts: Path, layers: list[int], dtype: str) -> float:
 def writer_overhead(tmp: Path, sequences: int, seq_len: int, dtype: str, repeats: int) -> dict:
     prompts = _prompts(tmp / "p.jsonl", sequences, seq_len)
     layers = [1, 3, 5]
-    config = hscache.ExtractConfig(out=str(tmp / "c"), prompts=str(prompts), layers="1,3,5", max_new_tokens=0,
-                                   dtype=dtype, max_length=seq_len + 1)
-    hscache.extract(hscache.ExtractConfig(**{**config.__dict__, "out": str(tmp / "warm"), "limit": 1}))
+    config = hscache.ExtractConfig(
+        out=str(tmp / "c"),
+        prompts=str(prompts),
+        layers="1,3,5",
+        max_new_tokens=0,
+        dtype=dtype,
+        max_length=seq_len + 1,
+    )
+    hscache.extract(
+        hscache.ExtractConfig(**{**config.__dict__, "out": str(tmp / "warm"), "limit": 1})
+    )
     bare, ours = float("inf"), float("inf")
     for _ in range(repeats):  # interleaved: a load spike hits one run, not all runs of one side
         bare = min(bare, _bare_forward_s(prompts, layers, dtype))
@@ -69,8 +77,12 @@ def writer_overhead(tmp: Path, sequences: int, seq_len: int, dtype: str, repeats
         t0 = time.perf_counter()
         hscache.extract(config)
         ours = min(ours, time.perf_counter() - t0)
-    return {"tokens": sequences * seq_len, "bare_forward_s": bare, "extract_s": ours,
-            "writer_overhead_ratio": ours / bare}
+    return {
+        "tokens": sequences * seq_len,
+        "bare_forward_s": bare,
+        "extract_s": ours,
+        "writer_overhead_ratio": ours / bare,
+    }
 
 
 def _hidden_like(tokens: int, layers: int, hidden: int) -> torch.Tensor:
@@ -135,9 +147,16 @@ def store_speed(tmp: Path, tokens: int, layers: int, hidden: int, repeats: int) 
             ours_s = min(ours_s, time.perf_counter() - t0)
         stored = sum(f.stat().st_size for f in (root / "arrays" / "hidden_states").rglob("*") if f.is_file())
         scan = _scan_ratios(root, raw_path, raw.shape, repeats)
-        results.append({"compression": compression, "hidden_compression_ratio": raw.nbytes / stored,
-                        "write_MBps_ratio_vs_raw_file": (raw_s / ours_s), "write_MBps": raw.nbytes / ours_s / 1e6,
-                        "scan_ratio_cold": scan["cold"], "scan_ratio_warm": scan["warm"]})
+        results.append(
+            {
+                "compression": compression,
+                "hidden_compression_ratio": raw.nbytes / stored,
+                "write_MBps_ratio_vs_raw_file": (raw_s / ours_s),
+                "write_MBps": raw.nbytes / ours_s / 1e6,
+                "scan_ratio_cold": scan["cold"],
+                "scan_ratio_warm": scan["warm"],
+            }
+        )
     return results
 
 
@@ -146,21 +165,37 @@ def _write_store(root: Path, specs: dict, compression: str, raw: np.ndarray, lay
     seq_len = 1024
     for start in range(0, len(raw), seq_len):
         n = min(seq_len, len(raw) - start)
-        writer.append(SequenceRows({
-            "hidden_states": raw[start:start + n],
-            "token_ids": np.zeros(n, np.int32), "target_argmax": np.zeros(n, np.int32),
-            "target_topk_values": np.zeros((n, 8), np.float32), "target_topk_ids": np.zeros((n, 8), np.int32),
-            "target_logsumexp": np.zeros(n, np.float32)}, str(start), 0, "none", "0" * 64, "{}"))
+        writer.append(
+            SequenceRows(
+                {
+                    "hidden_states": raw[start : start + n],
+                    "token_ids": np.zeros(n, np.int32),
+                    "target_argmax": np.zeros(n, np.int32),
+                    "target_topk_values": np.zeros((n, 8), np.float32),
+                    "target_topk_ids": np.zeros((n, 8), np.int32),
+                    "target_logsumexp": np.zeros(n, np.float32),
+                },
+                str(start),
+                0,
+                "none",
+                "0" * 64,
+                "{}",
+            )
+        )
     writer.finish()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--dtype", default="fp32", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--store-tokens", type=int, default=65536)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per side; the best of each counts")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved runs per side; the best of each counts"
+    )
     parser.add_argument("--skip-overhead", action="store_true", help="only the store measurements")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
     args = parser.parse_args()
@@ -170,14 +205,18 @@ def main() -> None:
     try:
         if not args.skip_overhead:
             overhead = writer_overhead(tmp, args.sequences, args.seq_len, args.dtype, args.repeats)
-            print(f"writer overhead: extract / bare forward = {overhead['writer_overhead_ratio']:.3f} "
-                  f"(target <= 1.15) over {overhead['tokens']} tokens ({args.sequences} x {args.seq_len}, "
-                  f"{args.dtype}, best of {args.repeats}: {overhead['extract_s']:.2f} s vs {overhead['bare_forward_s']:.2f} s)")
+            print(
+                f"writer overhead: extract / bare forward = {overhead['writer_overhead_ratio']:.3f} "
+                f"(target <= 1.15) over {overhead['tokens']} tokens ({args.sequences} x {args.seq_len}, "
+                f"{args.dtype}, best of {args.repeats}: {overhead['extract_s']:.2f} s vs {overhead['bare_forward_s']:.2f} s)"
+            )
         for row in store_speed(tmp, args.store_tokens, 5, 1024, args.repeats):
-            print(f"store {row['compression']:>8}: hidden states compression x{row['hidden_compression_ratio']:.3f}, "
-                  f"write speed {row['write_MBps_ratio_vs_raw_file']:.2f} x raw sequential file "
-                  f"({row['write_MBps']:,.0f} MB/s), scan speed {row['scan_ratio_cold']:.2f} (cold) / "
-                  f"{row['scan_ratio_warm']:.2f} (warm) x raw memmap")
+            print(
+                f"store {row['compression']:>8}: hidden states compression x{row['hidden_compression_ratio']:.3f}, "
+                f"write speed {row['write_MBps_ratio_vs_raw_file']:.2f} x raw sequential file "
+                f"({row['write_MBps']:,.0f} MB/s), scan speed {row['scan_ratio_cold']:.2f} (cold) / "
+                f"{row['scan_ratio_warm']:.2f} (warm) x raw memmap"
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

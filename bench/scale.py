@@ -56,30 +56,48 @@ def _rows(spec, length: int, rng: np.random.Generator, vocab: int, tokens: np.nd
     return values.numpy().astype(spec.stored_dtype)
 
 
-def synthetic_cache(template: hscache.Cache, out: Path, sequences: int, length: int, seed: int = 0,
-                    compression: str | None = None) -> Path:
+def synthetic_cache(
+    template: hscache.Cache,
+    out: Path,
+    sequences: int,
+    length: int,
+    seed: int = 0,
+    compression: str | None = None,
+) -> Path:
     """A cache with ``template``'s target, settings and arrays, holding random sequences."""
     rng = np.random.default_rng(seed)
     vocab = int(template.target_head()["embed_tokens"].shape[0])
-    writer = StoreWriter.create(out, template.specs, compression or template.manifest["compression"],
-                                template.settings)
+    writer = StoreWriter.create(
+        out, template.specs, compression or template.manifest["compression"], template.settings
+    )
     for i in range(sequences):
         tokens = rng.integers(0, vocab, length, dtype=np.int32)
         arrays = {name: _rows(spec, length, rng, vocab, tokens) for name, spec in template.specs.items()}
-        writer.append(SequenceRows(arrays, f"s{i}", length // 4, "length",
-                                   hashlib.sha256(tokens.astype("<i4").tobytes()).hexdigest(), "{}"))
+        writer.append(
+            SequenceRows(
+                arrays,
+                f"s{i}",
+                length // 4,
+                "length",
+                hashlib.sha256(tokens.astype("<i4").tobytes()).hexdigest(),
+                "{}",
+            )
+        )
     writer.finish()
     shutil.copytree(template.path / "target", out / "target")
     return out
 
 
-def _run(client, drafter: Path, cache: Path, tokens_per_task: int, workers: list[str] | None
-         ) -> tuple[float, list[TaskOutput]]:
+def _run(
+    client, drafter: Path, cache: Path, tokens_per_task: int, workers: list[str] | None
+) -> tuple[float, list[TaskOutput]]:
     """Wall seconds and outputs of scoring ``cache``; ``workers`` pins the tasks ("1 worker" on 2)."""
     specs = _specs(drafter, cache, tokens_per_task)
     t0 = time.perf_counter()
-    futures = [client.submit(score_task, spec, pure=False, workers=workers, allow_other_workers=False)
-               for spec in specs]
+    futures = [
+        client.submit(score_task, spec, pure=False, workers=workers, allow_other_workers=False)
+        for spec in specs
+    ]
     outputs = client.gather(futures)
     return time.perf_counter() - t0, outputs
 
@@ -89,8 +107,12 @@ def _specs(drafter: Path, cache: Path, tokens_per_task: int):
 
     c = hscache.open_cache(cache)
     lengths = np.asarray(c.index.column("length").to_numpy())
-    return [TaskSpec(str(drafter), checkpoint_fingerprint(drafter), str(cache), c.num_tokens, CONFIG, r.start, r.stop)
-            for r in plan_tasks(lengths, tokens_per_task)]
+    return [
+        TaskSpec(
+            str(drafter), checkpoint_fingerprint(drafter), str(cache), c.num_tokens, CONFIG, r.start, r.stop
+        )
+        for r in plan_tasks(lengths, tokens_per_task)
+    ]
 
 
 def throughput(client, drafter: Path, cache: Path, tokens_per_task: int) -> None:
@@ -104,17 +126,25 @@ def throughput(client, drafter: Path, cache: Path, tokens_per_task: int) -> None
     evaluate(drafter, cache, CONFIG)
     single_s = time.perf_counter() - t0
     print(f"scoring: {tokens} tokens in {len(outputs)} tasks of ~{tokens_per_task} tokens")
-    print(f"  one process {tokens / single_s:,.0f} tok/s, 1 worker {tokens / one_s:,.0f} tok/s, "
-          f"{len(names)} workers {tokens / two_s:,.0f} tok/s")
-    print(f"throughput ratio {len(names)} workers / 1 worker: {one_s / two_s:.2f}x "
-          f"(1 worker / one process: {single_s / one_s:.2f}x; {os.cpu_count()} cores)")
+    print(
+        f"  one process {tokens / single_s:,.0f} tok/s, 1 worker {tokens / one_s:,.0f} tok/s, "
+        f"{len(names)} workers {tokens / two_s:,.0f} tok/s"
+    )
+    print(
+        f"throughput ratio {len(names)} workers / 1 worker: {one_s / two_s:.2f}x "
+        f"(1 worker / one process: {single_s / one_s:.2f}x; {os.cpu_count()} cores)"
+    )
     per_worker = sorted(sum(1 for o in both if o.pid == pid) for pid in {o.pid for o in both})
-    print(f"  {len(names)} workers: tasks per worker {per_worker}, in-task time {sum(o.seconds for o in both):.2f} s "
-          f"vs {sum(o.seconds for o in outputs):.2f} s on 1 worker (more: the workers slow each other down)")
+    print(
+        f"  {len(names)} workers: tasks per worker {per_worker}, in-task time {sum(o.seconds for o in both):.2f} s "
+        f"vs {sum(o.seconds for o in outputs):.2f} s on 1 worker (more: the workers slow each other down)"
+    )
     in_task = sum(o.seconds + o.load_seconds for o in outputs)
     share = (one_s - in_task) / in_task
-    print(f"scheduling overhead per task: {(one_s - in_task) / len(outputs) * 1e3:.1f} ms = {share:.1%} of task time "
-          f"({in_task / len(outputs) * 1e3:.0f} ms/task; target < 5%)")
+    print(
+        f"scheduling overhead per task: {(one_s - in_task) / len(outputs) * 1e3:.1f} ms = {share:.1%} of task time "
+        f"({in_task / len(outputs) * 1e3:.0f} ms/task; target < 5%)"
+    )
 
 
 def _peak_during(spec_list) -> tuple[float, float]:
@@ -140,16 +170,23 @@ def _peak_during(spec_list) -> tuple[float, float]:
 
 def memory(client, drafter: Path, small: Path, large: Path, tokens_per_task: int) -> None:
     worker = sorted(client.scheduler_info()["workers"])[:1]
-    run = lambda cache: client.submit(_peak_during, _specs(drafter, cache, tokens_per_task), pure=False,
-                                      workers=worker, allow_other_workers=False).result()
+    run = lambda cache: client.submit(
+        _peak_during,
+        _specs(drafter, cache, tokens_per_task),
+        pure=False,
+        workers=worker,
+        allow_other_workers=False,
+    ).result()
     run(small)  # warm: drafter and target head loaded
     results = {}
     for name, cache in (("1x", small), ("4x", large)):
         results[name] = run(cache)
         size = sum(p.stat().st_size for p in (cache / "arrays").rglob("*") if p.is_file()) / 2**20
-        print(f"worker memory, {name} cache ({size:.1f} MiB on disk): rss before {results[name][0]:.0f} MiB, "
-              f"peak {results[name][1]:.0f} MiB")
-    growth = (results["4x"][1] - results["1x"][1])
+        print(
+            f"worker memory, {name} cache ({size:.1f} MiB on disk): rss before {results[name][0]:.0f} MiB, "
+            f"peak {results[name][1]:.0f} MiB"
+        )
+    growth = results["4x"][1] - results["1x"][1]
     print(f"peak memory 4x cache - 1x cache: {growth:+.1f} MiB (flat: bounded by drafter + a few chunks)")
 
 
@@ -169,7 +206,7 @@ def scan(cache_path: Path, tmp: Path, repeats: int) -> None:
     files = [p for p in (cache_path / "arrays" / "hidden_states").rglob("*") if p.is_file()]
 
     def reader() -> None:
-        for _first, rows in cache.iter_tokens("hidden_states"):
+        for _first, _rows in cache.iter_tokens("hidden_states"):
             pass
 
     def zarr_path() -> None:
@@ -190,9 +227,11 @@ def scan(cache_path: Path, tmp: Path, repeats: int) -> None:
                 t0 = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)
-        print(f"full scan {label}, --compression {compression}: reader {nbytes / best['reader'] / 1e6:,.0f} MB/s, raw memmap "
-              f"{nbytes / best['memmap'] / 1e6:,.0f} MB/s; reader/memmap ratio {best['memmap'] / best['reader']:.2f} "
-              f"(target >= 0.8; zarr-python slicing {best['memmap'] / best['zarr']:.2f})")
+        print(
+            f"full scan {label}, --compression {compression}: reader {nbytes / best['reader'] / 1e6:,.0f} MB/s, raw memmap "
+            f"{nbytes / best['memmap'] / 1e6:,.0f} MB/s; reader/memmap ratio {best['memmap'] / best['reader']:.2f} "
+            f"(target >= 0.8; zarr-python slicing {best['memmap'] / best['zarr']:.2f})"
+        )
     random_reads(cache, raw, repeats)
 
 
@@ -228,18 +267,26 @@ def random_reads(cache: hscache.Cache, raw: Path, repeats: int) -> None:
     finally:
         os.close(fd)
     per = {k: v / len(order) * 1e3 for k, v in best.items()}
-    print(f"random sequence reads, warm ({int(lengths[order].mean())} tokens, {array.chunks[0]}-token chunks): "
-          f"hidden_states(i) {per['reader']:.2f} ms, raw pread {per['pread']:.2f} ms, zarr-python {per['zarr']:.2f} ms; "
-          f"pread/reader ratio {per['pread'] / per['reader']:.2f}")
+    print(
+        f"random sequence reads, warm ({int(lengths[order].mean())} tokens, {array.chunks[0]}-token chunks): "
+        f"hidden_states(i) {per['reader']:.2f} ms, raw pread {per['pread']:.2f} ms, zarr-python {per['zarr']:.2f} ms; "
+        f"pread/reader ratio {per['pread'] / per['reader']:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--tokens-per-task", type=int, default=DEFAULT_TASK_TOKENS)
-    parser.add_argument("--template", default=None, help="a cache whose target and settings to copy (default: extract one)")
-    parser.add_argument("--scheduler", default=None, help="a running scheduler with 2 workers (default: start one)")
+    parser.add_argument(
+        "--template", default=None, help="a cache whose target and settings to copy (default: extract one)"
+    )
+    parser.add_argument(
+        "--scheduler", default=None, help="a running scheduler with 2 workers (default: start one)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs")
     args = parser.parse_args(argv)
     if args.quick:
@@ -249,7 +296,9 @@ def main(argv: list[str] | None = None) -> None:
         template = args.template
         if template is None:
             template = str(tmp / "template")
-            hscache.extract(hscache.ExtractConfig(out=template, layers="1,3,7", max_new_tokens=2, dtype="fp32", limit=1))
+            hscache.extract(
+                hscache.ExtractConfig(out=template, layers="1,3,7", max_new_tokens=2, dtype="fp32", limit=1)
+            )
         template_cache = hscache.open_cache(template)
         small = synthetic_cache(template_cache, tmp / "small", args.sequences, args.length)
         large = synthetic_cache(template_cache, tmp / "large", 4 * args.sequences, args.length, seed=1)
@@ -259,8 +308,9 @@ def main(argv: list[str] | None = None) -> None:
             throughput(client, drafter, small, args.tokens_per_task)
             memory(client, drafter, small, large, args.tokens_per_task)
         scan(large, tmp, repeats=1 if args.quick else 3)
-        plain = synthetic_cache(template_cache, tmp / "plain", 4 * args.sequences, args.length, seed=1,
-                                compression="none")
+        plain = synthetic_cache(
+            template_cache, tmp / "plain", 4 * args.sequences, args.length, seed=1, compression="none"
+        )
         scan(plain, tmp, repeats=1 if args.quick else 3)
 
 

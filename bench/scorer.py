@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-import hscache  # noqa: E402
+import hscache
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
 
@@ -44,7 +44,9 @@ def _bare_forward_s(drafter, shapes: list[tuple[int, int]], k_features: int) -> 
     return time.perf_counter() - t0
 
 
-def _one_block_s(drafter, shapes: list[tuple[int, int]], k_features: int, max_blocks: int) -> tuple[float, int]:
+def _one_block_s(
+    drafter, shapes: list[tuple[int, int]], k_features: int, max_blocks: int
+) -> tuple[float, int]:
     gen = torch.Generator().manual_seed(0)
     B, done, t0 = drafter.config.block_size, 0, time.perf_counter()
     for T, P in shapes:
@@ -57,7 +59,9 @@ def _one_block_s(drafter, shapes: list[tuple[int, int]], k_features: int, max_bl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
@@ -68,8 +72,15 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="hscache-bench-"))
     try:
         cache_dir, ckpt = tmp / "cache", tmp / "drafter"
-        hscache.extract(hscache.ExtractConfig(out=str(cache_dir), layers="1,3,7", max_new_tokens=args.new_tokens,
-                                              dtype="fp32", limit=args.sequences))
+        hscache.extract(
+            hscache.ExtractConfig(
+                out=str(cache_dir),
+                layers="1,3,7",
+                max_new_tokens=args.new_tokens,
+                dtype="fp32",
+                limit=args.sequences,
+            )
+        )
         _, drafter = init_drafter(cache_dir, ckpt, block_size=16)
         cache = hscache.open_cache(cache_dir)
         head = cache.target_head()
@@ -87,10 +98,14 @@ def main() -> None:
             evaluate(ckpt, cache_dir, config)
             ours = min(ours, time.perf_counter() - t0)
             bare = min(bare, _bare_forward_s(drafter, shapes, 3))
-        print(f"scoring: {blocks / ours:,.0f} blocks/s; evaluate / bare batched forward = {ours / bare:.3f} "
-              f"(target <= 1.2) over {blocks} blocks")
+        print(
+            f"scoring: {blocks / ours:,.0f} blocks/s; evaluate / bare batched forward = {ours / bare:.3f} "
+            f"(target <= 1.2) over {blocks} blocks"
+        )
         one_s, one_n = _one_block_s(drafter, shapes, 3, max_blocks=64)
-        print(f"batched block-sparse path vs one block per forward: {(one_s / one_n) / (bare / blocks):.1f}x faster")
+        print(
+            f"batched block-sparse path vs one block per forward: {(one_s / one_n) / (bare / blocks):.1f}x faster"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

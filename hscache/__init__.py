@@ -1,18 +1,27 @@
 """hscache: extract a target model's hidden states once, into a self-describing cache.
 
-    >>> import hscache
-    >>> hscache.extract(hscache.ExtractConfig(out="cache/", layers="1,3,5"))   # doctest: +SKIP
-    >>> cache = hscache.open_cache("cache/")                                     # doctest: +SKIP
-    >>> cache.hidden_states(0).shape                                             # doctest: +SKIP
+>>> import hscache
+>>> hscache.extract(hscache.ExtractConfig(out="cache/", layers="1,3,5"))   # doctest: +SKIP
+>>> cache = hscache.open_cache("cache/")                                     # doctest: +SKIP
+>>> cache.hidden_states(0).shape                                             # doctest: +SKIP
 """
 
-from hscache.errors import *  # noqa: F401,F403  (the exception hierarchy is public API)
+from hscache.capture.extract import ExtractConfig, ExtractResult, Progress, extract
+from hscache.diff.compare import diff_caches
+from hscache.diff.report import DiffReport
+from hscache.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from hscache.errors import __all__ as _error_names
-from hscache.diff import diff_caches
-from hscache.diff_report import DiffReport
-from hscache.extract import ExtractConfig, ExtractResult, Progress, extract
 from hscache.store.reader import Cache, open_cache
 
 __version__ = "0.1.0"
-__all__ = ["Cache", "DiffReport", "ExtractConfig", "ExtractResult", "Progress", "diff_caches", "extract", "open_cache",
-           *_error_names]
+__all__ = [
+    "Cache",
+    "DiffReport",
+    "ExtractConfig",
+    "ExtractResult",
+    "Progress",
+    "diff_caches",
+    "extract",
+    "open_cache",
+    *_error_names,
+]

@@ -22,8 +22,9 @@ from hscache.errors import HscacheError
 __all__ = ["error_boundary", "main"]
 
 
-def error_boundary(*error_types: type[BaseException], on_interrupt: str | None = None
-                   ) -> Callable[[Callable], Callable]:
+def error_boundary(
+    *error_types: type[BaseException], on_interrupt: str | None = None
+) -> Callable[[Callable], Callable]:
     """Decorator for CLI commands: ``error_types`` print as one ``error: ...`` line with exit 2
     (tracebacks are kept for bugs); with ``on_interrupt``, Ctrl-C prints it and exits 130."""
 
@@ -47,7 +48,8 @@ def error_boundary(*error_types: type[BaseException], on_interrupt: str | None =
 
 
 friendly_errors = error_boundary(
-    HscacheError, on_interrupt="interrupted: committed sequences are kept; re-run the same command to resume")
+    HscacheError, on_interrupt="interrupted: committed sequences are kept; re-run the same command to resume"
+)
 
 
 @contextlib.contextmanager
@@ -73,9 +75,14 @@ class _RichProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.progress = Progress(
-            TextColumn("[bold]extract"), BarColumn(), MofNCompleteColumn(), TextColumn("seqs"),
-            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False,
+            TextColumn("[bold]extract"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("seqs"),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
         )
         self.task = None
         self.tokens = 0
@@ -86,9 +93,13 @@ class _RichProgress:
 
         self.t0 = time.perf_counter()
         self.progress.start()
-        self.task = self.progress.add_task("extract", total=total_sequences, completed=done_sequences, rate="")
+        self.task = self.progress.add_task(
+            "extract", total=total_sequences, completed=done_sequences, rate=""
+        )
         if done_sequences:
-            self.progress.console.print(f"resuming: {done_sequences}/{total_sequences} sequences already committed")
+            self.progress.console.print(
+                f"resuming: {done_sequences}/{total_sequences} sequences already committed"
+            )
 
     def advance(self, sequences: int, tokens: int) -> None:
         import time
@@ -108,50 +119,94 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--model", default="builtin:tiny-qwen3.5", show_default=True,
-              help="Local Hugging Face directory, or builtin:tiny-qwen3.5 / builtin:tiny-qwen3.")
-@click.option("--prompts", default="builtin:default", show_default=True,
-              help="JSONL file ({id, prompt|messages|input_ids, ...metadata}) or builtin:default.")
-@click.option("--layers", default="dflash:3", show_default=True,
-              help="0-based decoder-layer ids (1,9,17) or dflash:N for the DFlash rule.")
+@click.option(
+    "--model",
+    default="builtin:tiny-qwen3.5",
+    show_default=True,
+    help="Local Hugging Face directory, or builtin:tiny-qwen3.5 / builtin:tiny-qwen3.",
+)
+@click.option(
+    "--prompts",
+    default="builtin:default",
+    show_default=True,
+    help="JSONL file ({id, prompt|messages|input_ids, ...metadata}) or builtin:default.",
+)
+@click.option(
+    "--layers",
+    default="dflash:3",
+    show_default=True,
+    help="0-based decoder-layer ids (1,9,17) or dflash:N for the DFlash rule.",
+)
 @click.option("--out", required=True, help="Cache directory (created, or resumed when it holds a cache).")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=0),
-              help="Greedy continuation length per prompt (0: cache the prompt text as is).")
+@click.option(
+    "--max-new-tokens",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Greedy continuation length per prompt (0: cache the prompt text as is).",
+)
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "fla", "torch"]), default="auto", show_default=True,
-              help="Linear-attention kernels: fla (CUDA), torch fallback, or auto.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "fla", "torch"]),
+    default="auto",
+    show_default=True,
+    help="Linear-attention kernels: fla (CUDA), torch fallback, or auto.",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
 @click.option("--max-length", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--top-k", default=64, show_default=True, type=click.IntRange(min=1))
-@click.option("--batch-tokens", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Padded tokens per forward (0: one sequence on CPU, 16384 on CUDA).")
+@click.option(
+    "--batch-tokens",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Padded tokens per forward (0: one sequence on CPU, 16384 on CUDA).",
+)
 @click.option("--full-logits", is_flag=True, help="Also store full [T, V] logits (small vocabularies).")
-@click.option("--compression", type=click.Choice(["balanced", "fast", "none"]), default="fast",
-              show_default=True, help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
-              "5x slower to decode (docs/storage.md).")
+@click.option(
+    "--compression",
+    type=click.Choice(["balanced", "fast", "none"]),
+    default="fast",
+    show_default=True,
+    help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
+    "5x slower to decode (docs/storage.md).",
+)
 @click.option("--chunk-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001))
-@click.option("--commit-every-s", default=30.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds between durable commits (0: after every batch).")
+@click.option(
+    "--commit-every-s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds between durable commits (0: after every batch).",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
-@click.option("--shard", default=None, help="I/N: extract every N-th prompt from I into OUT/shard-IIIII-of-NNNNN "
-              "(run N of these; open_cache(OUT) reads them as one).")
+@click.option(
+    "--shard",
+    default=None,
+    help="I/N: extract every N-th prompt from I into OUT/shard-IIIII-of-NNNNN "
+    "(run N of these; open_cache(OUT) reads them as one).",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @friendly_errors
 def extract(quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
     """Run the target once and write hidden states, token ids and target logits to a cache."""
-    from hscache.extract import ExtractConfig, extract as run_extract
-
+    from hscache.capture.extract import ExtractConfig
+    from hscache.capture.extract import extract as run_extract
     from hscache.store.shards import parse_shard
 
-    config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None,
-                           **options)
+    config = ExtractConfig(
+        chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None, **options
+    )
     progress = None if quiet else _RichProgress()
     with _sigterm_as_interrupt():
         result = run_extract(config, progress)
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""
-    click.echo(f"wrote {result.sequences} sequences, {result.tokens} tokens to {result.path}{resumed} "
-               f"in {result.seconds:.1f} s; backend={result.provenance['capture']['backend']}")
+    click.echo(
+        f"wrote {result.sequences} sequences, {result.tokens} tokens to {result.path}{resumed} "
+        f"in {result.seconds:.1f} s; backend={result.provenance['capture']['backend']}"
+    )
 
 
 @main.command()
@@ -160,7 +215,7 @@ def extract(quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> 
 @friendly_errors
 def info(cache_dir: str, as_json: bool) -> None:
     """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes."""
-    from hscache.info import cache_summary, format_summary
+    from hscache.store.info import cache_summary, format_summary
 
     summary = cache_summary(cache_dir)
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
@@ -183,18 +238,29 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
 @click.argument("cache_b")
 @click.option("--json", "json_path", default=None, help="Also write the full report as JSON here.")
 @click.option("--report", "report_path", default=None, help="Also write a self-contained HTML report here.")
-@click.option("--intersect", is_flag=True,
-              help="Compare only the sequences both caches hold with identical token ids.")
-@click.option("--position-buckets", default="0,16,32,64,128,256,512,1024,2048,4096", show_default=True,
-              callback=_position_buckets,
-              help="Token-position bucket starts, from 0; the last bucket is open.")
+@click.option(
+    "--intersect", is_flag=True, help="Compare only the sequences both caches hold with identical token ids."
+)
+@click.option(
+    "--position-buckets",
+    default="0,16,32,64,128,256,512,1024,2048,4096",
+    show_default=True,
+    callback=_position_buckets,
+    help="Token-position bucket starts, from 0; the last bucket is open.",
+)
 @friendly_errors
-def diff(cache_a: str, cache_b: str, json_path: str | None, report_path: str | None, intersect: bool,
-         position_buckets: tuple[int, ...]) -> None:
+def diff(
+    cache_a: str,
+    cache_b: str,
+    json_path: str | None,
+    report_path: str | None,
+    intersect: bool,
+    position_buckets: tuple[int, ...],
+) -> None:
     """Measure drift between two caches of the same tokens (A is the reference), layer by layer."""
-    from hscache.diff import diff_caches
-    from hscache.diff_report import format_report, save_json
-    from hscache.report_html import write_report
+    from hscache.diff.compare import diff_caches
+    from hscache.diff.report import format_report, save_json
+    from hscache.report.html import write_report
 
     result = diff_caches(cache_a, cache_b, intersect=intersect, position_buckets=position_buckets)
     click.echo(format_report(result))
@@ -204,18 +270,30 @@ def diff(cache_a: str, cache_b: str, json_path: str | None, report_path: str | N
         click.echo(f"wrote {write_report(result, report_path)}")
 
 
-
 @main.command()
 @click.argument("cache_dir")
 @click.option("--deep", is_flag=True, help="Also decode every stored chunk of every array (checksums).")
-@click.option("--recompute", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Re-run N sampled sequences through the target and compare with the cache.")
+@click.option(
+    "--recompute",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Re-run N sampled sequences through the target and compare with the cache.",
+)
 @click.option("--model", default=None, help="Target for --recompute (default: the cache's --model).")
 @click.option("--device", default=None, help="Device for --recompute (default: the cache's).")
-@click.option("--backend", type=click.Choice(["auto", "fla", "torch"]), default=None,
-              help="Backend for --recompute (default: the cache's).")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
-              help="Max relative error for --recompute (default: 0 when the re-run must be exact, else 0.02).")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "fla", "torch"]),
+    default=None,
+    help="Backend for --recompute (default: the cache's).",
+)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Max relative error for --recompute (default: 0 when the re-run must be exact, else 0.02).",
+)
 @click.option("--seed", default=0, show_default=True, help="Which sequences --recompute samples.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
 @friendly_errors
@@ -231,14 +309,21 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
         docs = [r.to_dict() for r in reports]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else {"shards": docs}, indent=2))
     else:
-        click.echo("\n\n".join(f"{root}:\n{format_report(r)}" if len(roots) > 1 else format_report(r)
-                                 for root, r in zip(roots, reports)))
+        click.echo(
+            "\n\n".join(
+                f"{root}:\n{format_report(r)}" if len(roots) > 1 else format_report(r)
+                for root, r in zip(roots, reports)
+            )
+        )
     if not all(r.ok for r in reports):
         sys.exit(1)
 
+
 @main.command()
 @click.argument("out")
-@click.option("--into", default=None, help="Also write one ordinary cache holding every shard's sequences here.")
+@click.option(
+    "--into", default=None, help="Also write one ordinary cache holding every shard's sequences here."
+)
 @friendly_errors
 def merge(out: str, into: str | None) -> None:
     """Check the shards under OUT (same settings, none missing) and write OUT/shards.json."""
@@ -246,8 +331,10 @@ def merge(out: str, into: str | None) -> None:
 
     document = merge_shards(out, into)
     state = "complete" if document["complete"] else "still running"
-    click.echo(f"{document['shards']} shards, {document['sequences']} sequences, {document['tokens']} tokens "
-               f"({state}); wrote {out}/shards.json" + (f" and the merged cache {into}" if into else ""))
+    click.echo(
+        f"{document['shards']} shards, {document['sequences']} sequences, {document['tokens']} tokens "
+        f"({state}); wrote {out}/shards.json" + (f" and the merged cache {into}" if into else "")
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ from typing import Any
 import click
 
 import hscache
-from hscache.diff import DEFAULT_POSITION_BUCKETS, diff_caches
-from hscache.diff_report import DiffReport, save_json
+from hscache.diff.compare import DEFAULT_POSITION_BUCKETS, diff_caches
+from hscache.diff.report import DiffReport, save_json
 from hscache.store.fsio import atomic_write_bytes, atomic_write_json
 from scorer.evaluate import EvalConfig, evaluate_many
 
@@ -57,11 +57,13 @@ class Setting:
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
-            raise DriftStudyError(f"backend {self.backend!r} in setting {self.spec}; "
-                                  f"choose one of {', '.join(_BACKENDS)}")
+            raise DriftStudyError(
+                f"backend {self.backend!r} in setting {self.spec}; choose one of {', '.join(_BACKENDS)}"
+            )
         if self.dtype not in _DTYPES:
-            raise DriftStudyError(f"dtype {self.dtype!r} in setting {self.spec}; "
-                                  f"choose one of {', '.join(_DTYPES)}")
+            raise DriftStudyError(
+                f"dtype {self.dtype!r} in setting {self.spec}; choose one of {', '.join(_DTYPES)}"
+            )
 
     @property
     def spec(self) -> str:
@@ -87,8 +89,9 @@ def parse_settings(text: str) -> tuple[Setting, ...]:
             continue
         parts = item.split(":", 2)
         if len(parts) < 2:
-            raise DriftStudyError(f"setting {item!r} is not backend:dtype[:device]; "
-                                  "e.g. torch:fp32 or fla:bf16:cuda")
+            raise DriftStudyError(
+                f"setting {item!r} is not backend:dtype[:device]; e.g. torch:fp32 or fla:bf16:cuda"
+            )
         settings.append(Setting(*parts))
     return tuple(settings)
 
@@ -124,24 +127,31 @@ class DriftStudyConfig:
 
     def __post_init__(self) -> None:
         if len(self.settings) < 2:
-            raise DriftStudyError(f"a drift study needs at least 2 settings, got {len(self.settings)}; "
-                                  "e.g. --settings torch:fp32,torch:bf16")
+            raise DriftStudyError(
+                f"a drift study needs at least 2 settings, got {len(self.settings)}; "
+                "e.g. --settings torch:fp32,torch:bf16"
+            )
         names = [s.name for s in self.settings]
         if len(set(names)) != len(names):
             specs = ", ".join(s.spec for s in self.settings)
             raise DriftStudyError(f"settings repeat: {specs}; list each once")
         if not 0 <= self.reference < len(self.settings):
             n = len(self.settings)
-            raise DriftStudyError(f"reference {self.reference} out of range for {n} settings; choose 0-{n - 1}")
+            raise DriftStudyError(
+                f"reference {self.reference} out of range for {n} settings; choose 0-{n - 1}"
+            )
         if not self.checkpoints and self.train_steps < 1:
-            raise DriftStudyError("no checkpoint to score: pass --checkpoint PATH or --train-steps N "
-                                  "(N >= 1)")
+            raise DriftStudyError(
+                "no checkpoint to score: pass --checkpoint PATH or --train-steps N (N >= 1)"
+            )
         # Checked here, not left to diff_caches: there it would fail only after every cache was built.
         starts = list(self.position_buckets)
         if not starts or starts[0] != 0 or any(b <= a for a, b in pairwise(starts)):
             text = ",".join(map(str, starts))
-            raise DriftStudyError(f"--position-buckets {text!r} must start at 0 and increase strictly; "
-                                  f"e.g. {','.join(map(str, DEFAULT_POSITION_BUCKETS))}")
+            raise DriftStudyError(
+                f"--position-buckets {text!r} must start at 0 and increase strictly; "
+                f"e.g. {','.join(map(str, DEFAULT_POSITION_BUCKETS))}"
+            )
 
     @property
     def reference_setting(self) -> Setting:
@@ -156,8 +166,9 @@ class DriftStudyConfig:
 # ---------------------------------------------------------------- step 1: caches
 
 
-def _extract(config: DriftStudyConfig, setting: Setting, prompts: str, max_new_tokens: int,
-             limit: int | None) -> Path:
+def _extract(
+    config: DriftStudyConfig, setting: Setting, prompts: str, max_new_tokens: int, limit: int | None
+) -> Path:
     """Build, resume, or reuse (when complete) one cache; rebuild it only if its settings differ.
 
     ``config.overwrite`` is not passed on to extract, where it would delete and rebuild every cache
@@ -168,10 +179,18 @@ def _extract(config: DriftStudyConfig, setting: Setting, prompts: str, max_new_t
 
     out = Path(config.out) / "caches" / setting.name
     extract_config = hscache.ExtractConfig(
-        out=str(out), model=config.model, prompts=prompts, layers=config.layers,
+        out=str(out),
+        model=config.model,
+        prompts=prompts,
+        layers=config.layers,
         max_new_tokens=max_new_tokens,
-        dtype=setting.dtype, backend=setting.backend, device=setting.device, max_length=config.max_length,
-        limit=limit, overwrite=False)
+        dtype=setting.dtype,
+        backend=setting.backend,
+        device=setting.device,
+        max_length=config.max_length,
+        limit=limit,
+        overwrite=False,
+    )
     try:
         hscache.extract(extract_config)
     except ResumeMismatchError:
@@ -190,11 +209,19 @@ def _write_replay_prompts(reference: Path, path: Path) -> Path:
     cache = hscache.open_cache(reference)
     index = cache.index
     lines = []
-    for row, (rid, plen, meta) in enumerate(zip(index.column("record_id").to_pylist(),
-                                                index.column("prompt_len").to_pylist(),
-                                                index.column("metadata_json").to_pylist())):
-        record = {**(json.loads(meta) if meta else {}), "id": rid,
-                  "input_ids": cache.token_ids(row).tolist(), "prompt_len": int(plen)}
+    for row, (rid, plen, meta) in enumerate(
+        zip(
+            index.column("record_id").to_pylist(),
+            index.column("prompt_len").to_pylist(),
+            index.column("metadata_json").to_pylist(),
+        )
+    ):
+        record = {
+            **(json.loads(meta) if meta else {}),
+            "id": rid,
+            "input_ids": cache.token_ids(row).tolist(),
+            "prompt_len": int(plen),
+        }
         lines.append(json.dumps(record, sort_keys=True))
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path
@@ -242,24 +269,41 @@ def ensure_checkpoints(config: DriftStudyConfig, reference: Path) -> list[dict[s
         labels = [Path(p.rstrip("/")).name for p in config.checkpoints]
         labels = labels if len(set(labels)) == len(labels) else [f"{i}-{n}" for i, n in enumerate(labels)]
         return [{"path": p, "label": n, "trained_here": False} for p, n in zip(config.checkpoints, labels)]
-    from pipelines.train_drafter import train_drafter
+    from scorer.train import train_drafter
 
     out = Path(config.out) / "drafter"
-    recipe = {"cache": str(reference), "tokens": _token_fingerprint(reference), "steps": config.train_steps,
-              "block_size": config.block_size, "seed": config.seed}
+    recipe = {
+        "cache": str(reference),
+        "tokens": _token_fingerprint(reference),
+        "steps": config.train_steps,
+        "block_size": config.block_size,
+        "seed": config.seed,
+    }
     marker = out / "drift_study_training.json"
     if not (marker.is_file() and json.loads(marker.read_text()) == recipe):
-        train_drafter(reference, out, steps=config.train_steps, block_size=config.block_size,
-                      seed=config.seed, log_every=0)
+        train_drafter(
+            reference,
+            out,
+            steps=config.train_steps,
+            block_size=config.block_size,
+            seed=config.seed,
+            log_every=0,
+        )
         atomic_write_json(marker, recipe)
     return [{"path": str(out), "label": "drafter", "trained_here": True}]
 
 
-def score_all(config: DriftStudyConfig, caches: dict[str, Path], checkpoints: list[dict[str, Any]]
-              ) -> list[dict[str, Any]]:
+def score_all(
+    config: DriftStudyConfig, caches: dict[str, Path], checkpoints: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """``evaluate_many`` per checkpoint over every cache, reference first; saved under OUT/scores/."""
-    eval_config = EvalConfig(device=config.eval_device, dtype=config.eval_dtype, ddtree=config.ddtree,
-                             n_boot=config.n_boot, seed=config.seed)
+    eval_config = EvalConfig(
+        device=config.eval_device,
+        dtype=config.eval_dtype,
+        ddtree=config.ddtree,
+        n_boot=config.n_boot,
+        seed=config.seed,
+    )
     ref = config.reference_setting.name
     order = [ref] + [name for name in caches if name != ref]
     results = []
@@ -309,22 +353,39 @@ def _int_tuple(text: str) -> tuple[int, ...]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--out", required=True,
-              help="Study directory: caches/, diffs/, scores/, drift_study.json and .html.")
-@click.option("--settings", "settings_text", default="torch:fp32,torch:bf16", show_default=True,
-              help="Comma-separated backend:dtype[:device] settings, e.g. torch:fp32,fla:bf16:cuda.")
-@click.option("--reference", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Index in --settings of the reference (its greedy text is the one every cache holds).")
+@click.option(
+    "--out", required=True, help="Study directory: caches/, diffs/, scores/, drift_study.json and .html."
+)
+@click.option(
+    "--settings",
+    "settings_text",
+    default="torch:fp32,torch:bf16",
+    show_default=True,
+    help="Comma-separated backend:dtype[:device] settings, e.g. torch:fp32,fla:bf16:cuda.",
+)
+@click.option(
+    "--reference",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Index in --settings of the reference (its greedy text is the one every cache holds).",
+)
 @click.option("--model", default="builtin:tiny-qwen3.5", show_default=True)
 @click.option("--prompts", default="builtin:default", show_default=True)
 @click.option("--layers", default="dflash:3", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
-@click.option("--checkpoint", "checkpoints", multiple=True,
-              help="Drafter checkpoint to score; repeat for several.")
-@click.option("--train-steps", type=click.IntRange(min=0), default=300, show_default=True,
-              help="Without --checkpoint: train a tiny drafter on the reference cache for N steps.")
+@click.option(
+    "--checkpoint", "checkpoints", multiple=True, help="Drafter checkpoint to score; repeat for several."
+)
+@click.option(
+    "--train-steps",
+    type=click.IntRange(min=0),
+    default=300,
+    show_default=True,
+    help="Without --checkpoint: train a tiny drafter on the reference cache for N steps.",
+)
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
 @click.option("--eval-device", default="cpu", show_default=True)
 @click.option("--eval-dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
@@ -333,8 +394,9 @@ def _int_tuple(text: str) -> tuple[int, ...]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--position-buckets", default=",".join(map(str, DEFAULT_POSITION_BUCKETS)), show_default=True)
 @click.option("--overwrite", is_flag=True, help="Rebuild caches whose settings differ instead of refusing.")
-def main(settings_text: str, checkpoints: tuple[str, ...], ddtree: str, position_buckets: str,
-         **options: Any) -> None:
+def main(
+    settings_text: str, checkpoints: tuple[str, ...], ddtree: str, position_buckets: str, **options: Any
+) -> None:
     """Build caches of one target under several settings, diff them, score drafters, write one report.
 
     Example: hscache-drift --out study/ --settings torch:fp32,torch:bf16 --limit 8 --train-steps 200
@@ -343,9 +405,13 @@ def main(settings_text: str, checkpoints: tuple[str, ...], ddtree: str, position
     from scorer.errors import ScorerError
 
     try:
-        config = DriftStudyConfig(settings=parse_settings(settings_text), checkpoints=checkpoints,
-                                  ddtree=_int_tuple(ddtree), position_buckets=_int_tuple(position_buckets),
-                                  **options)
+        config = DriftStudyConfig(
+            settings=parse_settings(settings_text),
+            checkpoints=checkpoints,
+            ddtree=_int_tuple(ddtree),
+            position_buckets=_int_tuple(position_buckets),
+            **options,
+        )
         document = run_drift_study(config)
     except (DriftStudyError, HscacheError, ScorerError) as exc:
         click.echo(f"error: {exc}", err=True)

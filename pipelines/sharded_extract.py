@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import hscache
-from hscache.extract import ExtractConfig, ExtractResult
+from hscache.capture.extract import ExtractConfig, ExtractResult
 from hscache.store.shards import merge_shards
 
 __all__ = ["extract_shard", "sharded_extract"]
@@ -31,7 +31,9 @@ __all__ = ["extract_shard", "sharded_extract"]
 def extract_shard(config: ExtractConfig) -> ExtractResult:
     """One shard on this worker (runs in the worker process)."""
     if not config.device.startswith("cuda"):
-        torch.set_num_threads(1)  # one core per single-threaded CPU worker; also makes shards bit-reproducible
+        torch.set_num_threads(
+            1
+        )  # one core per single-threaded CPU worker; also makes shards bit-reproducible
     result = hscache.extract(config)
     return replace(result, provenance={})  # the provenance stays on disk; keep the reply small
 
@@ -44,21 +46,33 @@ def sharded_extract(config: ExtractConfig, shards: int, client: Any) -> list[Ext
 
     Raises:
         InputError: ``shards`` < 1 or ``config.shard`` already set.
-        Whatever ``hscache.extract`` raises in a worker (re-raised here); CacheFormatError if the
+        Whatever ``hscache.capture.extract`` raises in a worker (re-raised here); CacheFormatError if the
         finished shards disagree.
     """
     if shards < 1 or config.shard is not None:
-        raise hscache.InputError(f"shards={shards}, config.shard={config.shard}: give shards >= 1 and no config.shard")
+        raise hscache.InputError(
+            f"shards={shards}, config.shard={config.shard}: give shards >= 1 and no config.shard"
+        )
     resources = {"GPU": 1} if config.device.startswith("cuda") else None
-    futures = [client.submit(extract_shard, replace(config, shard=(i, shards)), pure=False, resources=resources,
-                             key=f"extract-shard-{i}-of-{shards}") for i in range(shards)]
+    futures = [
+        client.submit(
+            extract_shard,
+            replace(config, shard=(i, shards)),
+            pure=False,
+            resources=resources,
+            key=f"extract-shard-{i}-of-{shards}",
+        )
+        for i in range(shards)
+    ]
     results = client.gather(futures)
     merge_shards(config.out)
     return results
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--shards", type=int, required=True)
     where = parser.add_mutually_exclusive_group(required=True)
@@ -74,12 +88,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from scorer.distributed import cluster_client
 
-    config = ExtractConfig(out=args.out, model=args.model, prompts=args.prompts, layers=args.layers,
-                           max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device, limit=args.limit)
+    config = ExtractConfig(
+        out=args.out,
+        model=args.model,
+        prompts=args.prompts,
+        layers=args.layers,
+        max_new_tokens=args.max_new_tokens,
+        dtype=args.dtype,
+        device=args.device,
+        limit=args.limit,
+    )
     with cluster_client(scheduler=args.scheduler, workers=args.workers) as client:
         results = sharded_extract(config, args.shards, client)
     for result in results:
-        print(f"{result.path}: {result.sequences} sequences, {result.tokens} tokens in {result.seconds:.1f} s")
+        print(
+            f"{result.path}: {result.sequences} sequences, {result.tokens} tokens in {result.seconds:.1f} s"
+        )
 
 
 if __name__ == "__main__":

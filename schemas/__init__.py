@@ -20,7 +20,7 @@ class SchemaError(ValueError):
     """A document does not match its JSON Schema."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_schema(name: str) -> dict[str, Any]:
     """Return the schema ``schemas/<name>.schema.json`` as a dict."""
     path = _SCHEMA_DIR / f"{name}.schema.json"

@@ -22,16 +22,22 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from scorer.drafter import DFlashDrafter, DrafterConfig, derive_target_layer_ids, hf_config_fields
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
+from scorer.model import DFlashDrafter, DrafterConfig, derive_target_layer_ids, hf_config_fields
 
 __all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
 
 # Fixed strings: they are written into cache manifests and result files.
 FORMAT_HF_DIR, FORMAT_HF_SHARDED, FORMAT_SAFETENSORS, FORMAT_PICKLE = (
-    "hf_dir", "hf_dir_sharded", "safetensors", "torch_pickle")
-_ACCEPTED = ("an HF directory (config.json + model.safetensors or shards + model.safetensors.index.json), "
-             "a .safetensors file, or a .pt/.pth/.bin training checkpoint")
+    "hf_dir",
+    "hf_dir_sharded",
+    "safetensors",
+    "torch_pickle",
+)
+_ACCEPTED = (
+    "an HF directory (config.json + model.safetensors or shards + model.safetensors.index.json), "
+    "a .safetensors file, or a .pt/.pth/.bin training checkpoint"
+)
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
 _NESTING_KEYS = ("model", "state_dict", "model_state_dict", "module")
 _CONFIG_KEYS = ("config", "args", "model_config")
@@ -79,9 +85,13 @@ class LoadedCheckpoint:
     report: LoadReport
 
 
-def load_checkpoint(path: str | os.PathLike, *, overrides: dict[str, Any] | None = None,
-                    fallbacks: dict[str, Any] | None = None,
-                    trust_checkpoint: bool = False) -> LoadedCheckpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    overrides: dict[str, Any] | None = None,
+    fallbacks: dict[str, Any] | None = None,
+    trust_checkpoint: bool = False,
+) -> LoadedCheckpoint:
     """Load a DFlash drafter checkpoint of any supported format.
 
     Args:
@@ -109,13 +119,22 @@ def load_checkpoint(path: str | os.PathLike, *, overrides: dict[str, Any] | None
     raw, embedded_config = _read_weights(fmt, files, root, trust_checkpoint)
     state_dict, stripped, dropped = _normalize_keys(raw, root)
     del raw  # drop the last reference to anything else the file held
-    config, sources, notes = _resolve_config(state_dict, config_json or embedded_config, overrides or {},
-                                             root, fallbacks or {})
+    config, sources, notes = _resolve_config(
+        state_dict, config_json or embedded_config, overrides or {}, root, fallbacks or {}
+    )
     _validate(state_dict, config, root)
     file_sha = {str(f.relative_to(root) if root.is_dir() else f.name): _sha256_file(f) for f in files}
-    report = LoadReport(path=str(root), format=fmt, file_sha256=file_sha, sha256=_combine(file_sha),
-                        weights_sha256=_weights_sha256(state_dict), field_sources=sources,
-                        stripped_prefixes=stripped, dropped_keys=dropped, notes=tuple(notes))
+    report = LoadReport(
+        path=str(root),
+        format=fmt,
+        file_sha256=file_sha,
+        sha256=_combine(file_sha),
+        weights_sha256=_weights_sha256(state_dict),
+        field_sources=sources,
+        stripped_prefixes=stripped,
+        dropped_keys=dropped,
+        notes=tuple(notes),
+    )
     return LoadedCheckpoint(config=config, state_dict=state_dict, report=report)
 
 
@@ -139,13 +158,16 @@ def _resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
         shards = [root / s for s in sorted(set(weight_map.values()))]
         if absent := [p.name for p in shards if not p.is_file()]:
             raise CheckpointNotFoundError(
-                f"{root}: shards named in {index.name} are missing: {_few(absent, noun='file')}")
+                f"{root}: shards named in {index.name} are missing: {_few(absent, noun='file')}"
+            )
         return FORMAT_HF_SHARDED, head + [index] + shards, config
     for name, fmt in (("model.safetensors", FORMAT_HF_DIR), ("pytorch_model.bin", FORMAT_PICKLE)):
         if (root / name).is_file():
             return fmt, head + [root / name], config
-    raise CheckpointNotFoundError(f"{root} holds no model.safetensors, model.safetensors.index.json or "
-                                  f"pytorch_model.bin; expected {_ACCEPTED}")
+    raise CheckpointNotFoundError(
+        f"{root} holds no model.safetensors, model.safetensors.index.json or "
+        f"pytorch_model.bin; expected {_ACCEPTED}"
+    )
 
 
 def _read_json(path: Path) -> dict:
@@ -173,8 +195,10 @@ def _read_weights(fmt: str, files: list[Path], root: Path, trust: bool) -> tuple
     trail = _find_weights(obj)
     if trail is None:
         top = list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(f"{root}: no weights dict found (top level: {top}); expected the drafter "
-                              f"state_dict at top level or under {'/'.join(_NESTING_KEYS)}")
+        raise CheckpointError(
+            f"{root}: no weights dict found (top level: {top}); expected the drafter "
+            f"state_dict at top level or under {'/'.join(_NESTING_KEYS)}"
+        )
     weights = trail[-1]
     weights = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
     return dict(weights), _find_config(trail[:-1])
@@ -193,7 +217,8 @@ def _torch_load(path: Path, trust: bool) -> Any:
         raise UntrustedCheckpointError(
             f"{path} cannot be loaded with weights_only=True{what}: it needs full unpickling, which runs "
             "arbitrary code from the file. Pass --trust-checkpoint (trust_checkpoint=True) only if you "
-            "trust its source.") from e
+            "trust its source."
+        ) from e
     except MemoryError:
         raise
     except Exception as e:  # corrupt or not a torch file: unpicklers raise many types (IndexError...)
@@ -203,8 +228,11 @@ def _torch_load(path: Path, trust: bool) -> Any:
 def _is_weights(obj: Any) -> bool:
     if isinstance(obj, torch.nn.Module):
         return True
-    return (isinstance(obj, Mapping) and len(obj) > 0
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+    return (
+        isinstance(obj, Mapping)
+        and len(obj) > 0
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    )
 
 
 def _find_weights(obj: Any) -> list[Any] | None:
@@ -241,44 +269,59 @@ def _normalize_keys(raw: dict[str, torch.Tensor], root: Path) -> tuple[dict, tup
                 key = key.replace(seg, "")
                 stripped.add(seg)
         while prefix := next((p for p in _LEADING_PREFIXES if key.startswith(p)), None):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
             stripped.add(prefix)
         for old, new in _RENAMES:
             if key.startswith(old):
-                key = new + key[len(old):]
+                key = new + key[len(old) :]
                 stripped.add(f"{old} -> {new}")
         if key in _TARGET_COPIES or key.endswith("rotary_emb.inv_freq"):
             dropped.append(original)
             continue
         if key in out:
-            raise CheckpointError(f"{root}: two keys map to {key!r} after prefix stripping; "
-                                  "the file holds more than one model")
+            raise CheckpointError(
+                f"{root}: two keys map to {key!r} after prefix stripping; the file holds more than one model"
+            )
         out[key] = tensor
     return out, tuple(sorted(stripped)), tuple(sorted(dropped))
 
 
 def _infer_from_shapes(sd: dict[str, torch.Tensor], root: Path) -> dict[str, Any]:
     """Architecture fields the weight shapes determine (spec section 2 key layout)."""
-    need = ["fc.weight", "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.q_proj.weight",
-            "layers.0.self_attn.k_proj.weight", "layers.0.mlp.gate_proj.weight"]
+    need = [
+        "fc.weight",
+        "layers.0.self_attn.q_norm.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.self_attn.k_proj.weight",
+        "layers.0.mlp.gate_proj.weight",
+    ]
     if missing := [k for k in need if k not in sd]:
-        raise CheckpointError(f"{root} is not a DFlash drafter checkpoint: missing {_few(missing)}; "
-                              f"present: {_few(sorted(sd))}")
+        raise CheckpointError(
+            f"{root} is not a DFlash drafter checkpoint: missing {_few(missing)}; present: {_few(sorted(sd))}"
+        )
     hidden, fc_in = sd["fc.weight"].shape
     head_dim = sd["layers.0.self_attn.q_norm.weight"].shape[0]
     if fc_in % hidden:
         raise CheckpointError(f"{root}: fc.weight is {[hidden, fc_in]}; columns must be K * hidden_size")
-    return {"hidden_size": hidden, "num_features": fc_in // hidden,
-            "num_hidden_layers": len({k.split(".")[1] for k in sd if k.startswith("layers.")}),
-            "intermediate_size": sd["layers.0.mlp.gate_proj.weight"].shape[0], "head_dim": head_dim,
-            "num_attention_heads": sd["layers.0.self_attn.q_proj.weight"].shape[0] // head_dim,
-            "num_key_value_heads": sd["layers.0.self_attn.k_proj.weight"].shape[0] // head_dim,
-            "attention_bias": "layers.0.self_attn.q_proj.bias" in sd}
+    return {
+        "hidden_size": hidden,
+        "num_features": fc_in // hidden,
+        "num_hidden_layers": len({k.split(".")[1] for k in sd if k.startswith("layers.")}),
+        "intermediate_size": sd["layers.0.mlp.gate_proj.weight"].shape[0],
+        "head_dim": head_dim,
+        "num_attention_heads": sd["layers.0.self_attn.q_proj.weight"].shape[0] // head_dim,
+        "num_key_value_heads": sd["layers.0.self_attn.k_proj.weight"].shape[0] // head_dim,
+        "attention_bias": "layers.0.self_attn.q_proj.bias" in sd,
+    }
 
 
-def _resolve_config(sd: dict, config_dict: dict | None, overrides: dict[str, Any],
-                    root: Path, fallbacks: dict[str, Any] | None = None,
-                    ) -> tuple[DrafterConfig, dict[str, str], list[str]]:
+def _resolve_config(
+    sd: dict,
+    config_dict: dict | None,
+    overrides: dict[str, Any],
+    root: Path,
+    fallbacks: dict[str, Any] | None = None,
+) -> tuple[DrafterConfig, dict[str, str], list[str]]:
     """Merge config file, weight shapes, overrides and defaults; record where each field came from."""
     names = set(DrafterConfig.__dataclass_fields__)
     if unknown := sorted(set(overrides) - names):
@@ -302,8 +345,9 @@ def _resolve_config(sd: dict, config_dict: dict | None, overrides: dict[str, Any
             notes.append(f"override {name}={value!r} replaced config value {fields[name]!r}")
         fields[name], sources[name] = value, "override"
     if "target_layer_ids" not in fields and fields.get("num_target_layers") is not None:
-        fields["target_layer_ids"] = derive_target_layer_ids(fields["num_target_layers"],
-                                                             fields["num_hidden_layers"])
+        fields["target_layer_ids"] = derive_target_layer_ids(
+            fields["num_target_layers"], fields["num_hidden_layers"]
+        )
         sources["target_layer_ids"] = "derived"
     for name, value in (fallbacks or {}).items():
         if name not in fields and value is not None:
@@ -312,12 +356,16 @@ def _resolve_config(sd: dict, config_dict: dict | None, overrides: dict[str, Any
         if name not in fields:
             fields[name], sources[name] = value, "default"
     if missing := sorted(names - set(fields) - {"num_target_layers"}):
-        raise CheckpointError(f"{root}: cannot tell {', '.join(missing)} from the checkpoint; pass them "
-                              "as overrides (CLI flags, or from the hidden-state cache)")
+        raise CheckpointError(
+            f"{root}: cannot tell {', '.join(missing)} from the checkpoint; pass them "
+            "as overrides (CLI flags, or from the hidden-state cache)"
+        )
     if len(fields["target_layer_ids"]) != k_features:
-        raise CheckpointError(f"{root}: target_layer_ids {list(fields['target_layer_ids'])} has "
-                              f"{len(fields['target_layer_ids'])} entries but fc.weight takes {k_features} "
-                              "features")
+        raise CheckpointError(
+            f"{root}: target_layer_ids {list(fields['target_layer_ids'])} has "
+            f"{len(fields['target_layer_ids'])} entries but fc.weight takes {k_features} "
+            "features"
+        )
     try:
         return DrafterConfig(**fields), dict(sorted(sources.items())), notes
     except (TypeError, ValueError) as e:
@@ -330,14 +378,21 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
         expected = {k: tuple(v.shape) for k, v in DFlashDrafter(config).state_dict().items()}
     missing = sorted(expected.keys() - sd.keys())
     unexpected = sorted(sd.keys() - expected.keys())
-    wrong = [f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
-             for k in sorted(expected.keys() & sd.keys()) if tuple(sd[k].shape) != expected[k]]
+    wrong = [
+        f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
+        for k in sorted(expected.keys() & sd.keys())
+        if tuple(sd[k].shape) != expected[k]
+    ]
     wrong += [f"{k} dtype {v.dtype}" for k, v in sorted(sd.items()) if not v.is_floating_point()]
-    problems = [f"{label} {_few(keys)}" for label, keys in
-                (("missing", missing), ("unexpected", unexpected), ("wrong shape/dtype", wrong)) if keys]
+    problems = [
+        f"{label} {_few(keys)}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape/dtype", wrong))
+        if keys
+    ]
     if problems:
-        raise CheckpointError(f"{root} is not a DFlash drafter checkpoint matching its config: "
-                              f"{'; '.join(problems)}")
+        raise CheckpointError(
+            f"{root} is not a DFlash drafter checkpoint matching its config: {'; '.join(problems)}"
+        )
 
 
 def _few(keys: Any, limit: int = 5, noun: str = "key") -> str:
@@ -345,7 +400,8 @@ def _few(keys: Any, limit: int = 5, noun: str = "key") -> str:
     keys = list(keys)
     shown = ", ".join(keys[:limit])
     return f"{len(keys)} {noun}{'s' if len(keys) != 1 else ''}: {shown}" + (
-        f", ... (+{len(keys) - limit} more)" if len(keys) > limit else "")
+        f", ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    )
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 23) -> str:
@@ -372,9 +428,13 @@ def _weights_sha256(sd: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def save_hf_checkpoint(directory: str | os.PathLike, config: DrafterConfig,
-                       state_dict: dict[str, torch.Tensor], *,
-                       max_shard_bytes: int | None = None) -> list[Path]:
+def save_hf_checkpoint(
+    directory: str | os.PathLike,
+    config: DrafterConfig,
+    state_dict: dict[str, torch.Tensor],
+    *,
+    max_shard_bytes: int | None = None,
+) -> list[Path]:
     """Write config.json + model.safetensors (or shards + model.safetensors.index.json).
 
     Each file goes to a temp name then is renamed; stale weight files of the other layout in
@@ -404,15 +464,21 @@ def save_hf_checkpoint(directory: str | os.PathLike, config: DrafterConfig,
     shards = _plan_shards(tensors, max_shard_bytes)
     config_text = json.dumps(config.to_hf_config(), indent=2)
     written = [_atomic(out / "config.json", lambda p: p.write_text(config_text))]
-    names = (["model.safetensors"] if len(shards) == 1 and max_shard_bytes is None
-             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1 and max_shard_bytes is None
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     for name, shard in zip(names, shards):
         written.append(_atomic(out / name, lambda p, s=shard: save_file(s, str(p), metadata=_ST_METADATA)))
     if len(names) > 1 or max_shard_bytes is not None:
-        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
-                 "weight_map": {k: n for n, s in zip(names, shards) for k in s}}
-        written.append(_atomic(out / "model.safetensors.index.json",
-                               lambda p: p.write_text(json.dumps(index, indent=2))))
+        index = {
+            "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+            "weight_map": {k: n for n, s in zip(names, shards) for k in s},
+        }
+        written.append(
+            _atomic(out / "model.safetensors.index.json", lambda p: p.write_text(json.dumps(index, indent=2)))
+        )
     for stale in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]:
         if stale not in written:
             stale.unlink()

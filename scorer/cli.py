@@ -60,8 +60,11 @@ _checkpoint_flags = [
     click.option("--target-layer-ids", default=None, help="Override: comma-separated target layer ids."),
     click.option("--mask-token-id", type=int, default=None, help="Override the mask token id."),
     click.option("--rope-theta", type=float, default=None, help="Override the drafter's rope theta."),
-    click.option("--trust-checkpoint", is_flag=True,
-                 help="Allow full unpickling of a .pt that weights_only refuses (runs its code!)."),
+    click.option(
+        "--trust-checkpoint",
+        is_flag=True,
+        help="Allow full unpickling of a .pt that weights_only refuses (runs its code!).",
+    ),
 ]
 
 
@@ -73,8 +76,12 @@ def checkpoint_flags(fn: Callable) -> Callable:
 
 _cluster_flags = [
     click.option("--scheduler", default=None, help="Address of a running dask scheduler (tcp://host:8786)."),
-    click.option("--workers", type=click.IntRange(min=1), default=None,
-                 help="Start a local dask cluster of N single-threaded worker processes for this run."),
+    click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Start a local dask cluster of N single-threaded worker processes for this run.",
+    ),
 ]
 
 
@@ -98,46 +105,71 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 
 @main.command("eval")
 @click.argument("checkpoint")
-@click.option("--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches.")
+@click.option(
+    "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
+)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
-@click.option("--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size.")
-@click.option("--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none.")
+@click.option(
+    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@click.option(
+    "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
-@click.option("--report", "report_out", default=None,
-              help="Write a self-contained HTML page here: tau per cache, deltas, per-position acceptance.")
+@click.option(
+    "--report",
+    "report_out",
+    default=None,
+    help="Write a self-contained HTML page here: tau per cache, deltas, per-position acceptance.",
+)
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cluster_flags
 @checkpoint_flags
 @friendly_errors
-def eval_command(checkpoint: str, caches: tuple[str, ...], ddtree: str, json_out: str | None,
-                 report_out: str | None, target_layer_ids: str | None, mask_token_id: int | None,
-                 rope_theta: float | None, scheduler: str | None, workers: int | None, **options: Any) -> None:
+def eval_command(
+    checkpoint: str,
+    caches: tuple[str, ...],
+    ddtree: str,
+    json_out: str | None,
+    report_out: str | None,
+    target_layer_ids: str | None,
+    mask_token_id: int | None,
+    rope_theta: float | None,
+    scheduler: str | None,
+    workers: int | None,
+    **options: Any,
+) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
     from rich.console import Console
     from rich.progress import Progress
 
     from scorer.evaluate import EvalConfig, evaluate_many
-    from scorer.render import render_comparison, render_report
+    from scorer.report.terminal import render_comparison, render_report
 
-    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1),
-                        overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
-                        **options)
+    config = EvalConfig(
+        ddtree=_int_list(ddtree, minimum=1),
+        overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+        **options,
+    )
     console = Console(stderr=False)
-    with _maybe_cluster(scheduler, workers) as client, \
-            Progress(console=Console(stderr=True), transient=True) as progress:
+    with (
+        _maybe_cluster(scheduler, workers) as client,
+        Progress(console=Console(stderr=True), transient=True) as progress,
+    ):
         task = progress.add_task("scoring", total=None)
-        result = evaluate_many(checkpoint, caches, config, on_sequence=lambda n: progress.advance(task),
-                               client=client)
+        result = evaluate_many(
+            checkpoint, caches, config, on_sequence=lambda n: progress.advance(task), client=client
+        )
     for report in result["reports"]:
         render_report(report, console)
     if len(result["reports"]) > 1:
         render_comparison(result, console)
     _write_json(json_out, result["reports"][0] if len(caches) == 1 else result)
     if report_out:
-        from scorer.eval_html import write_eval_html
+        from scorer.report.html import write_eval_html
 
         click.echo(f"wrote {write_eval_html(result, report_out)}", err=True)
 
@@ -145,18 +177,34 @@ def eval_command(checkpoint: str, caches: tuple[str, ...], ddtree: str, json_out
 @main.command()
 @click.argument("run_dir")
 @click.option("--cache", required=True, help="Cache directory or URL to score every checkpoint on.")
-@click.option("--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results.")
+@click.option(
+    "--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results."
+)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
-@click.option("--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none.")
+@click.option(
+    "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--tokens-per-task", type=click.IntRange(min=1), default=None,
-              help="Tokens of work per dask task (default: scorer.distributed.DEFAULT_TASK_TOKENS).")
+@click.option(
+    "--tokens-per-task",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokens of work per dask task (default: scorer.distributed.DEFAULT_TASK_TOKENS).",
+)
 @cluster_flags
 @friendly_errors
-def sweep(run_dir: str, cache: str, out: str | None, ddtree: str, scheduler: str | None, workers: int | None,
-          tokens_per_task: int | None, **options: Any) -> None:
+def sweep(
+    run_dir: str,
+    cache: str,
+    out: str | None,
+    ddtree: str,
+    scheduler: str | None,
+    workers: int | None,
+    tokens_per_task: int | None,
+    **options: Any,
+) -> None:
     """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot."""
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
@@ -164,11 +212,20 @@ def sweep(run_dir: str, cache: str, out: str | None, ddtree: str, scheduler: str
     config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
-        click.echo(f"step {checkpoint.step:>10}  {'reused' if reused else 'scored'}  {checkpoint.path}", err=True)
+        click.echo(
+            f"step {checkpoint.step:>10}  {'reused' if reused else 'scored'}  {checkpoint.path}", err=True
+        )
 
     with _maybe_cluster(scheduler, workers) as client:
-        document = run_sweep(run_dir, cache, out or str(Path(run_dir) / "sweep"), config, client=client,
-                             tokens_per_task=tokens_per_task, on_checkpoint=report)
+        document = run_sweep(
+            run_dir,
+            cache,
+            out or str(Path(run_dir) / "sweep"),
+            config,
+            client=client,
+            tokens_per_task=tokens_per_task,
+            on_checkpoint=report,
+        )
     for row in document["rows"]:
         tau = "-" if row["tau_per_request"] is None else f"{row['tau_per_request']:.4f}"
         click.echo(f"{row['step']:>10}  tau {tau}  {row['checkpoint']}")
@@ -190,21 +247,33 @@ def sweep(run_dir: str, cache: str, out: str | None, ddtree: str, scheduler: str
 @click.option("--json", "json_out", default=None)
 @checkpoint_flags
 @friendly_errors
-def online(checkpoint: str, json_out: str | None, target_layer_ids: str | None, mask_token_id: int | None,
-           rope_theta: float | None, **options: Any) -> None:
+def online(
+    checkpoint: str,
+    json_out: str | None,
+    target_layer_ids: str | None,
+    mask_token_id: int | None,
+    rope_theta: float | None,
+    **options: Any,
+) -> None:
     """Real greedy speculative decoding with the target verifying: the online tau per request."""
     from scorer.online import run_online
 
-    result = run_online(checkpoint, overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options)
+    result = run_online(
+        checkpoint, overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options
+    )
     for row in result["per_request"]:
         tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
         click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")
     tau = result["tau"]
     if tau["per_request"] is None:
-        click.echo("online tau: no rounds (every request ended before its first draft); raise --max-new-tokens")
+        click.echo(
+            "online tau: no rounds (every request ended before its first draft); raise --max-new-tokens"
+        )
     else:
-        click.echo(f"online tau: per request {tau['per_request']:.4f}, pooled {tau['pooled']:.4f} "
-                   f"over {result['rounds']} rounds")
+        click.echo(
+            f"online tau: per request {tau['per_request']:.4f}, pooled {tau['pooled']:.4f} "
+            f"over {result['rounds']} rounds"
+        )
     _write_json(json_out, result)
 
 
@@ -214,23 +283,37 @@ def online(checkpoint: str, json_out: str | None, target_layer_ids: str | None, 
 @click.option("--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--train-steps", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Train for N CPU steps on the cache (pipelines.train_drafter) instead of random weights.")
+@click.option(
+    "--train-steps",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
+)
 @friendly_errors
 def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int) -> None:
     """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
     if train_steps:
-        from pipelines.train_drafter import train_drafter
+        from scorer.train import train_drafter
 
-        result = train_drafter(cache, out, steps=train_steps, num_layers=num_layers, block_size=block_size,
-                               seed=seed, log_every=0)
+        result = train_drafter(
+            cache,
+            out,
+            steps=train_steps,
+            num_layers=num_layers,
+            block_size=block_size,
+            seed=seed,
+            log_every=0,
+        )
         click.echo(f"trained {train_steps} steps (final loss {result['final_loss']:.3f}); saved to {out}")
         return
     from scorer.init import init_drafter
 
     config, _ = init_drafter(cache, out, num_layers=num_layers, block_size=block_size, seed=seed)
-    click.echo(f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
-               f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}")
+    click.echo(
+        f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
+        f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -35,11 +35,20 @@ import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from scorer.errors import ScorerError
 from scorer.evaluate import EvalConfig, load_drafter, score_rows
-from scorer.report import build_report, merge_results
+from scorer.report.build import build_report, merge_results
 from scorer.score import SequenceResult
 
-__all__ = ["DEFAULT_TASK_TOKENS", "ScoringJob", "TaskOutput", "TaskSpec", "cluster_client", "evaluate_distributed",
-           "plan_tasks", "score_task", "submit_scoring"]
+__all__ = [
+    "DEFAULT_TASK_TOKENS",
+    "ScoringJob",
+    "TaskOutput",
+    "TaskSpec",
+    "cluster_client",
+    "evaluate_distributed",
+    "plan_tasks",
+    "score_task",
+    "submit_scoring",
+]
 
 # Tokens per task. One tiny-drafter sequence of ~100 tokens scores in ~0.1-0.5 s on one core, so
 # 2048 tokens is seconds of work: dask's ~5-15 ms per task is well under 5% (bench/scale.py).
@@ -57,8 +66,11 @@ def checkpoint_fingerprint(path: str | Path) -> tuple[tuple[str, int, int], ...]
     """(name, size, mtime_ns) of the checkpoint's files: a worker reloads when any changes."""
     path = Path(path)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return tuple((str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
-                 for p in files if p.exists())
+    return tuple(
+        (str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in files
+        if p.exists()
+    )
 
 
 @dataclass(frozen=True)
@@ -136,18 +148,33 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     _tune_malloc()
     torch.set_num_threads(1)  # one torch thread per single-threaded dask worker (spec/storage.md)
     t0 = time.perf_counter()
-    cache, _ = _lru_get(_CACHES, (spec.cache, spec.cache_tokens), _MAX_CACHES, lambda: hscache.open_cache(spec.cache))
-    key = (spec.checkpoint, spec.fingerprint, spec.cache, spec.cache_tokens,
-           json.dumps(spec.config.to_dict(), sort_keys=True))
-    (drafter, _loaded), loaded_now = _lru_get(_DRAFTERS, key, _MAX_DRAFTERS,
-                                     lambda: load_drafter(spec.checkpoint, cache, spec.config))
+    cache, _ = _lru_get(
+        _CACHES, (spec.cache, spec.cache_tokens), _MAX_CACHES, lambda: hscache.open_cache(spec.cache)
+    )
+    key = (
+        spec.checkpoint,
+        spec.fingerprint,
+        spec.cache,
+        spec.cache_tokens,
+        json.dumps(spec.config.to_dict(), sort_keys=True),
+    )
+    (drafter, _loaded), loaded_now = _lru_get(
+        _DRAFTERS, key, _MAX_DRAFTERS, lambda: load_drafter(spec.checkpoint, cache, spec.config)
+    )
     t1 = time.perf_counter()
     rows = range(spec.start, spec.stop)
     view = BlockView(cache, read_rows(cache, rows))
     with torch.inference_mode():
         results = score_rows(drafter, view, rows, spec.config)
-    return TaskOutput(results, time.perf_counter() - t1, t1 - t0, loaded_now, drafter.backend_used, _peak_rss_mb(),
-                      os.getpid())
+    return TaskOutput(
+        results,
+        time.perf_counter() - t1,
+        t1 - t0,
+        loaded_now,
+        drafter.backend_used,
+        _peak_rss_mb(),
+        os.getpid(),
+    )
 
 
 @dataclass
@@ -184,27 +211,45 @@ class ScoringJob:
         backends = {o.backend_used for o in outputs if o.backend_used}
         drafter.backend_used = "+".join(sorted(backends)) or None
         results = merge_results([r for o in outputs for r in o.results])
-        return build_report(results, cache=cache, drafter=drafter, loaded=loaded, config=self.config,
-                            seconds=time.perf_counter() - self.started)
+        return build_report(
+            results,
+            cache=cache,
+            drafter=drafter,
+            loaded=loaded,
+            config=self.config,
+            seconds=time.perf_counter() - self.started,
+        )
 
 
-def submit_scoring(client: Any, checkpoint: str | Path, cache_path: str | Path, config: EvalConfig = EvalConfig(),
-                   tokens_per_task: int = DEFAULT_TASK_TOKENS) -> ScoringJob:
+def submit_scoring(
+    client: Any,
+    checkpoint: str | Path,
+    cache_path: str | Path,
+    config: EvalConfig = EvalConfig(),
+    tokens_per_task: int = DEFAULT_TASK_TOKENS,
+) -> ScoringJob:
     """Submit the tasks of one checkpoint on one cache without waiting (a sweep submits many)."""
     started = time.perf_counter()
     cache = hscache.open_cache(cache_path)
     n = len(cache) if config.limit is None else min(config.limit, len(cache))
     lengths = np.asarray(cache.index.column("length").to_numpy())[:n]
     fingerprint = checkpoint_fingerprint(checkpoint) if "://" not in str(checkpoint) else ()
-    specs = [TaskSpec(str(checkpoint), fingerprint, str(cache_path), cache.num_tokens, config, r.start, r.stop)
-             for r in plan_tasks(lengths, tokens_per_task)]
+    specs = [
+        TaskSpec(str(checkpoint), fingerprint, str(cache_path), cache.num_tokens, config, r.start, r.stop)
+        for r in plan_tasks(lengths, tokens_per_task)
+    ]
     futures = [client.submit(score_task, spec, pure=False) for spec in specs]
     return ScoringJob(str(checkpoint), str(cache_path), config, futures, started)
 
 
-def evaluate_distributed(checkpoint: str | Path, cache_path: str | Path, config: EvalConfig = EvalConfig(),
-                         client: Any = None, tokens_per_task: int = DEFAULT_TASK_TOKENS,
-                         on_sequence: Callable[[int], None] | None = None) -> dict[str, Any]:
+def evaluate_distributed(
+    checkpoint: str | Path,
+    cache_path: str | Path,
+    config: EvalConfig = EvalConfig(),
+    client: Any = None,
+    tokens_per_task: int = DEFAULT_TASK_TOKENS,
+    on_sequence: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """``evaluate`` on a dask cluster: identical report (all numbers) for the same inputs.
 
     Args:
@@ -215,7 +260,9 @@ def evaluate_distributed(checkpoint: str | Path, cache_path: str | Path, config:
         ScorerError: no client; any error ``evaluate`` raises (re-raised from the worker).
     """
     if client is None:
-        raise ScorerError("evaluate_distributed needs a dask client; use cluster_client(scheduler=..., workers=...)")
+        raise ScorerError(
+            "evaluate_distributed needs a dask client; use cluster_client(scheduler=..., workers=...)"
+        )
     return submit_scoring(client, checkpoint, cache_path, config, tokens_per_task).collect(on_sequence)
 
 
@@ -235,6 +282,10 @@ def cluster_client(scheduler: str | None = None, workers: int | None = None) -> 
         with Client(scheduler) as client:
             yield client
         return
-    with (LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-          Client(cluster) as client):
+    with (
+        LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         yield client

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 import hscache
-from hscache.target import check_device
+from hscache.capture.target import check_device
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
-from scorer.drafter import DFlashDrafter
 from scorer.errors import ScorerError
 from scorer.features import (
     attach_cache_head,
@@ -28,7 +27,8 @@ from scorer.features import (
     feature_index,
     sequence_features,
 )
-from scorer.report import build_report, compare_reports
+from scorer.model import DFlashDrafter
+from scorer.report.build import build_report, compare_reports
 from scorer.score import SequenceResult, score_sequence
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_rows"]
@@ -67,7 +67,9 @@ def _overrides(config: EvalConfig) -> dict[str, Any]:
     return overrides
 
 
-def load_drafter(checkpoint: str | Path, cache: Any, config: EvalConfig) -> tuple[DFlashDrafter, LoadedCheckpoint]:
+def load_drafter(
+    checkpoint: str | Path, cache: Any, config: EvalConfig
+) -> tuple[DFlashDrafter, LoadedCheckpoint]:
     """Load, check against ``cache`` and ready a drafter (target head attached, eval mode).
 
     Raises:
@@ -76,8 +78,12 @@ def load_drafter(checkpoint: str | Path, cache: Any, config: EvalConfig) -> tupl
     if config.dtype not in _DTYPES:
         raise ScorerError(f"--dtype {config.dtype!r}; choose bf16 or fp32")
     check_device(config.device)
-    loaded = load_checkpoint(checkpoint, overrides=_overrides(config), fallbacks=cache_fallbacks(cache),
-                             trust_checkpoint=config.trust_checkpoint)
+    loaded = load_checkpoint(
+        checkpoint,
+        overrides=_overrides(config),
+        fallbacks=cache_fallbacks(cache),
+        trust_checkpoint=config.trust_checkpoint,
+    )
     check_compatible(loaded.config, cache, str(cache.path))
     dtype = _DTYPES[config.dtype]
     drafter = DFlashDrafter(loaded.config)
@@ -94,8 +100,13 @@ def _category(cache: Any, row: int) -> str | None:
     return None if value is None else str(value)
 
 
-def score_rows(drafter: DFlashDrafter, cache: Any, rows: Sequence[int], config: EvalConfig,
-               on_sequence: Callable[[int], None] | None = None) -> list[SequenceResult]:
+def score_rows(
+    drafter: DFlashDrafter,
+    cache: Any,
+    rows: Sequence[int],
+    config: EvalConfig,
+    on_sequence: Callable[[int], None] | None = None,
+) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = _DTYPES[config.dtype]
@@ -105,10 +116,20 @@ def score_rows(drafter: DFlashDrafter, cache: Any, rows: Sequence[int], config: 
     results = []
     for row in rows:
         features = sequence_features(cache.hidden_states(row), index, dtype, config.device)
-        results.append(score_sequence(
-            drafter, features, cache.token_ids(row), cache.target_argmax(row), prompt_lens[row], row=row,
-            record_id=record_ids[row], category=_category(cache, row), ddtree_budgets=tuple(config.ddtree),
-            max_blocks_per_forward=config.max_blocks_per_forward))
+        results.append(
+            score_sequence(
+                drafter,
+                features,
+                cache.token_ids(row),
+                cache.target_argmax(row),
+                prompt_lens[row],
+                row=row,
+                record_id=record_ids[row],
+                category=_category(cache, row),
+                ddtree_budgets=tuple(config.ddtree),
+                max_blocks_per_forward=config.max_blocks_per_forward,
+            )
+        )
         if on_sequence:
             on_sequence(lengths[row] - prompt_lens[row])
     return results
@@ -119,8 +140,12 @@ def _rows(cache: Any, limit: int | None) -> list[int]:
     return list(range(n if limit is None else min(limit, n)))
 
 
-def evaluate(checkpoint: str | Path, cache_path: str | Path, config: EvalConfig = EvalConfig(),
-             on_sequence: Callable[[int], None] | None = None) -> dict[str, Any]:
+def evaluate(
+    checkpoint: str | Path,
+    cache_path: str | Path,
+    config: EvalConfig = EvalConfig(),
+    on_sequence: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Score ``checkpoint`` against the cache at ``cache_path``; return the JSON-ready report.
 
     Example:
@@ -135,12 +160,18 @@ def evaluate(checkpoint: str | Path, cache_path: str | Path, config: EvalConfig 
     lengths = cache.index.column("length").to_pylist()[: len(_rows(cache, config.limit))]
     for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
         results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
-    return build_report(results, cache=cache, drafter=drafter, loaded=loaded, config=config,
-                        seconds=time.perf_counter() - t0)
+    return build_report(
+        results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=time.perf_counter() - t0
+    )
 
 
-def evaluate_many(checkpoint: str | Path, cache_paths: Sequence[str | Path], config: EvalConfig = EvalConfig(),
-                  on_sequence: Callable[[int], None] | None = None, client: Any = None) -> dict[str, Any]:
+def evaluate_many(
+    checkpoint: str | Path,
+    cache_paths: Sequence[str | Path],
+    config: EvalConfig = EvalConfig(),
+    on_sequence: Callable[[int], None] | None = None,
+    client: Any = None,
+) -> dict[str, Any]:
     """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first.
 
     Args:
@@ -149,8 +180,13 @@ def evaluate_many(checkpoint: str | Path, cache_paths: Sequence[str | Path], con
     if client is not None:
         from scorer.distributed import evaluate_distributed  # lazy: distributed imports this module
 
-        reports = [evaluate_distributed(checkpoint, path, config, client, on_sequence=on_sequence)
-                   for path in cache_paths]
+        reports = [
+            evaluate_distributed(checkpoint, path, config, client, on_sequence=on_sequence)
+            for path in cache_paths
+        ]
     else:
         reports = [evaluate(checkpoint, path, config, on_sequence) for path in cache_paths]
-    return {"reports": reports, "comparisons": [compare_reports(reports[0], other, config) for other in reports[1:]]}
+    return {
+        "reports": reports,
+        "comparisons": [compare_reports(reports[0], other, config) for other in reports[1:]],
+    }

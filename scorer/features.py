@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from scorer.drafter import DFlashDrafter, DrafterConfig
 from scorer.errors import IncompatibleCacheError
+from scorer.model import DFlashDrafter, DrafterConfig
 
 __all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "feature_index", "sequence_features"]
 
@@ -32,15 +32,21 @@ def check_compatible(config: DrafterConfig, cache: Any, cache_name: str = "the c
     problems = []
     missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
     if missing:
-        problems.append(f"drafter target_layer_ids {list(config.target_layer_ids)} need layers {missing} that "
-                        f"{cache_name} lacks (it has {cache.layer_ids}); re-extract with --layers "
-                        f"{','.join(map(str, config.target_layer_ids))}")
+        problems.append(
+            f"drafter target_layer_ids {list(config.target_layer_ids)} need layers {missing} that "
+            f"{cache_name} lacks (it has {cache.layer_ids}); re-extract with --layers "
+            f"{','.join(map(str, config.target_layer_ids))}"
+        )
     hidden = int(cache.specs["hidden_states"].row_shape[1])
     if hidden != config.hidden_size:
-        problems.append(f"drafter hidden_size {config.hidden_size} != target hidden size {hidden} in {cache_name}")
+        problems.append(
+            f"drafter hidden_size {config.hidden_size} != target hidden size {hidden} in {cache_name}"
+        )
     vocab = cache.vocab_size
     if config.vocab_size != vocab:
-        problems.append(f"drafter vocab_size {config.vocab_size} != target vocabulary {vocab} in {cache_name}")
+        problems.append(
+            f"drafter vocab_size {config.vocab_size} != target vocabulary {vocab} in {cache_name}"
+        )
     if not 0 <= config.mask_token_id < vocab:
         problems.append(f"mask_token_id {config.mask_token_id} is outside the target vocabulary of {vocab}")
     if problems:
@@ -55,12 +61,15 @@ def feature_index(config: DrafterConfig, cache_layer_ids: list[int]) -> list[int
 def attach_cache_head(drafter: DFlashDrafter, cache: Any, dtype: torch.dtype, device: str) -> None:
     head = cache.target_head()
     embed = head["embed_tokens"].to(device=device, dtype=dtype)
-    lm_head = embed if head["lm_head"] is head["embed_tokens"] else head["lm_head"].to(device=device, dtype=dtype)
+    lm_head = (
+        embed if head["lm_head"] is head["embed_tokens"] else head["lm_head"].to(device=device, dtype=dtype)
+    )
     drafter.attach_target(embed, lm_head)
 
 
-def sequence_features(hidden_states: torch.Tensor, index: list[int], dtype: torch.dtype,
-                      device: str) -> torch.Tensor:
+def sequence_features(
+    hidden_states: torch.Tensor, index: list[int], dtype: torch.dtype, device: str
+) -> torch.Tensor:
     """``[T, K_cache, H]`` cached states -> ``[T, K*H]`` drafter input (concatenated in drafter order)."""
     picked = hidden_states[:, index] if index != list(range(hidden_states.shape[1])) else hidden_states
     return picked.reshape(picked.shape[0], -1).to(device=device, dtype=dtype)

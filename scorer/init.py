@@ -9,14 +9,15 @@ import torch
 
 import hscache
 from scorer.checkpoint import save_hf_checkpoint
-from scorer.drafter import DFlashDrafter, DrafterConfig
 from scorer.errors import ScorerError
+from scorer.model import DFlashDrafter, DrafterConfig
 
 __all__ = ["drafter_config_for_cache", "init_drafter"]
 
 
-def drafter_config_for_cache(cache: Any, *, num_layers: int = 1, block_size: int = 8,
-                             layer_ids: list[int] | None = None) -> DrafterConfig:
+def drafter_config_for_cache(
+    cache: Any, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
+) -> DrafterConfig:
     """A Qwen3-style drafter config matching the cache's target (hidden size, vocab, rope, mask id)."""
     target = cache.target_config
     hidden = int(target["hidden_size"])
@@ -24,30 +25,39 @@ def drafter_config_for_cache(cache: Any, *, num_layers: int = 1, block_size: int
     head_dim = int(target.get("head_dim") or hidden // heads)
     rope = target.get("rope_parameters") or {}
     if cache.mask_token_id is None:
-        raise ScorerError(f"{cache.path} has no mask token id (its tokenizer defines none); "
-                          "pass --mask-token-id to choose one")
+        raise ScorerError(
+            f"{cache.path} has no mask token id (its tokenizer defines none); "
+            "pass --mask-token-id to choose one"
+        )
     return DrafterConfig(
-        hidden_size=hidden, intermediate_size=int(target.get("intermediate_size", 4 * hidden)),
-        num_hidden_layers=num_layers, num_attention_heads=heads,
-        num_key_value_heads=int(target.get("num_key_value_heads", heads)), head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=int(target.get("intermediate_size", 4 * hidden)),
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(target.get("num_key_value_heads", heads)),
+        head_dim=head_dim,
         rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(target.get("rope_theta", rope.get("rope_theta", 10000.0))), rope_scaling=None,
-        vocab_size=cache.vocab_size, attention_bias=False,
-        block_size=block_size, mask_token_id=int(cache.mask_token_id),
+        rope_theta=float(target.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=None,
+        vocab_size=cache.vocab_size,
+        attention_bias=False,
+        block_size=block_size,
+        mask_token_id=int(cache.mask_token_id),
         target_layer_ids=tuple(layer_ids if layer_ids is not None else cache.layer_ids),
         num_target_layers=int(target.get("num_hidden_layers", 0)) or None,
     )
 
 
-def init_drafter(cache_path: str | Path, out: str | Path, *, num_layers: int = 1, block_size: int = 8,
-                 seed: int = 0) -> tuple[DrafterConfig, DFlashDrafter]:
+def init_drafter(
+    cache_path: str | Path, out: str | Path, *, num_layers: int = 1, block_size: int = 8, seed: int = 0
+) -> tuple[DrafterConfig, DFlashDrafter]:
     """Write a random drafter for the cache at ``cache_path`` as an HF directory at ``out``."""
     cache = hscache.open_cache(cache_path)
     config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         drafter = DFlashDrafter(config)
-        for name, param in drafter.named_parameters():
+        for _name, param in drafter.named_parameters():
             if param.ndim == 2:  # Linear weights; norms stay at 1
                 torch.nn.init.normal_(param, std=0.02)
     save_hf_checkpoint(out, config, drafter.state_dict())

@@ -235,7 +235,7 @@ class AcceptanceCounts:
     def __add__(self, other: AcceptanceCounts) -> AcceptanceCounts:
         if len(self.cond_num) != len(other.cond_num):
             raise ValueError(f"cannot add counts for {len(self.cond_num)} and {len(other.cond_num)} slots")
-        add = lambda u, v: tuple(i + j for i, j in zip(u, v))  # noqa: E731
+        add = lambda u, v: tuple(i + j for i, j in zip(u, v))
         return AcceptanceCounts(
             add(self.cond_num, other.cond_num), add(self.cond_den, other.cond_den),
             add(self.uncond_num, other.uncond_num), add(self.uncond_den, other.uncond_den),
@@ -279,7 +279,7 @@ def acceptance_counts(draft: Any, token_ids: Any, target_argmax: Any, prompt_len
     prefix_ok = np.ones_like(match)  # prefix_ok[:, j-1]: slots 1..j-1 all correct
     prefix_ok[:, 1:] = np.cumprod(match, axis=1)[:, :-1].astype(bool)
     cond_den = valid & prefix_ok
-    as_tuple = lambda m: tuple(int(v) for v in m.sum(axis=0))  # noqa: E731
+    as_tuple = lambda m: tuple(int(v) for v in m.sum(axis=0))
     return AcceptanceCounts(as_tuple(cond_den & match), as_tuple(cond_den), as_tuple(match), as_tuple(valid))
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from hscache.backend import resolve_backend, use_backend
-from hscache.capture import capture_batch
-from hscache.prompts import iter_records, prompt_token_ids, resolve_prompts
-from hscache.target import Target, load_target
+from hscache.capture.backend import resolve_backend, use_backend
+from hscache.capture.forward import capture_batch
+from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+from hscache.capture.target import Target, load_target
 from scorer.checkpoint import load_checkpoint
-from scorer.drafter import DFlashDrafter
 from scorer.metrics import tau_per_request, tau_pooled
+from scorer.model import DFlashDrafter
 
 __all__ = ["OnlineRequest", "online_decode", "run_online"]
 
@@ -40,9 +40,12 @@ class OnlineRequest:
 def _target_fallbacks(target: Target) -> dict[str, Any]:
     config = target.text_config
     rope = getattr(config, "rope_parameters", None) or {}
-    return {"mask_token_id": target.mask_token_id, "vocab_size": int(config.vocab_size),
-            "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
-            "num_target_layers": target.num_layers}
+    return {
+        "mask_token_id": target.mask_token_id,
+        "vocab_size": int(config.vocab_size),
+        "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
+        "num_target_layers": target.num_layers,
+    }
 
 
 def _eos_ids(target: Target) -> set[int]:
@@ -51,8 +54,9 @@ def _eos_ids(target: Target) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
 
 
-def online_decode(target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int,
-                  max_length: int) -> tuple[list[int], list[int]]:
+def online_decode(
+    target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, max_length: int
+) -> tuple[list[int], list[int]]:
     """Greedy speculative decoding of one prompt; returns (all token ids, tokens per round).
 
     Rounds follow spec section 3 exactly as the offline replay counts them: a round commits
@@ -90,20 +94,36 @@ def online_decode(target: Target, drafter: DFlashDrafter, prompt: list[int], max
     return ids, rounds
 
 
-def run_online(checkpoint: str | Path, model: str, prompts: str, *, max_new_tokens: int = 64,
-               max_length: int = 4096, dtype: str = "fp32", device: str = "cpu", backend: str = "auto",
-               limit: int | None = None, overrides: dict[str, Any] | None = None,
-               trust_checkpoint: bool = False) -> dict[str, Any]:
+def run_online(
+    checkpoint: str | Path,
+    model: str,
+    prompts: str,
+    *,
+    max_new_tokens: int = 64,
+    max_length: int = 4096,
+    dtype: str = "fp32",
+    device: str = "cpu",
+    backend: str = "auto",
+    limit: int | None = None,
+    overrides: dict[str, Any] | None = None,
+    trust_checkpoint: bool = False,
+) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau."""
     backend = resolve_backend(backend, device)
     target = load_target(model, dtype, device)
-    loaded = load_checkpoint(checkpoint, overrides=overrides, fallbacks=_target_fallbacks(target),
-                             trust_checkpoint=trust_checkpoint)
+    loaded = load_checkpoint(
+        checkpoint,
+        overrides=overrides,
+        fallbacks=_target_fallbacks(target),
+        trust_checkpoint=trust_checkpoint,
+    )
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=device, dtype=target.model.dtype).eval()
-    drafter.attach_target(target.model.get_input_embeddings().weight.detach(),
-                          target.model.get_output_embeddings().weight.detach())
+    drafter.attach_target(
+        target.model.get_input_embeddings().weight.detach(),
+        target.model.get_output_embeddings().weight.detach(),
+    )
     requests = []
     with use_backend(target.model, backend):
         for n, record in enumerate(iter_records(resolve_prompts(prompts))):
@@ -114,11 +134,24 @@ def run_online(checkpoint: str | Path, model: str, prompts: str, *, max_new_toke
             requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
     with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
     return {
-        "tau": {"per_request": tau_per_request(with_rounds) if with_rounds else None,
-                "pooled": tau_pooled(with_rounds) if with_rounds else None},
+        "tau": {
+            "per_request": tau_per_request(with_rounds) if with_rounds else None,
+            "pooled": tau_pooled(with_rounds) if with_rounds else None,
+        },
         "rounds": sum(len(r) for r in with_rounds),
-        "per_request": [{"record_id": r.record_id, "prompt_len": r.prompt_len, "tau": r.tau,
-                         "tokens_per_round": list(r.tokens_per_round), "generated": len(r.token_ids) - r.prompt_len}
-                        for r in requests],
-        "checkpoint": loaded.report.to_dict(), "model": model, "dtype": dtype, "device": device, "backend": backend,
+        "per_request": [
+            {
+                "record_id": r.record_id,
+                "prompt_len": r.prompt_len,
+                "tau": r.tau,
+                "tokens_per_round": list(r.tokens_per_round),
+                "generated": len(r.token_ids) - r.prompt_len,
+            }
+            for r in requests
+        ],
+        "checkpoint": loaded.report.to_dict(),
+        "model": model,
+        "dtype": dtype,
+        "device": device,
+        "backend": backend,
     }

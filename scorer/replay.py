@@ -243,7 +243,12 @@ def replay_trees(trees: Sequence[Tree], token_ids: Any, target_argmax: Any, prom
 
 
 def replay_ddtree(
-    lp_vals: Any, lp_ids: Any, token_ids: Any, target_argmax: Any, prompt_len: int, budget: int,
+    lp_vals: Any,
+    lp_ids: Any,
+    token_ids: Any,
+    target_argmax: Any,
+    prompt_len: int,
+    budget: int,
     built: dict[int, Tree] | None = None,
 ) -> RoundLog:
     """Replay DDTree-``budget`` from per-slot top-K log-probs, building trees only where visited.

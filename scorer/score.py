@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from scorer.ddtree import surrogate_tau
-from scorer.drafter import DFlashDrafter
 from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train_accept_len
+from scorer.model import DFlashDrafter
 from scorer.replay import RoundLog, replay_chain, replay_ddtree
 
 __all__ = ["SequenceResult", "draft_all_anchors", "score_sequence"]
@@ -40,8 +40,12 @@ class SequenceResult:
 
 
 def draft_all_anchors(
-    drafter: DFlashDrafter, features: torch.Tensor, token_ids: torch.Tensor, prompt_len: int,
-    tree_k: int, max_blocks_per_forward: int = 64,
+    drafter: DFlashDrafter,
+    features: torch.Tensor,
+    token_ids: torch.Tensor,
+    prompt_len: int,
+    tree_k: int,
+    max_blocks_per_forward: int = 64,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Drafts for anchors P..T-2: argmax ``[A, B-1]`` and, when ``tree_k`` > 0, top-K log-probs.
 
@@ -79,9 +83,17 @@ def draft_all_anchors(
 
 
 def score_sequence(
-    drafter: DFlashDrafter, features: torch.Tensor, token_ids: torch.Tensor, target_argmax: torch.Tensor,
-    prompt_len: int, *, row: int = 0, record_id: str = "", category: str | None = None,
-    ddtree_budgets: tuple[int, ...] = (), max_blocks_per_forward: int = 64,
+    drafter: DFlashDrafter,
+    features: torch.Tensor,
+    token_ids: torch.Tensor,
+    target_argmax: torch.Tensor,
+    prompt_len: int,
+    *,
+    row: int = 0,
+    record_id: str = "",
+    category: str | None = None,
+    ddtree_budgets: tuple[int, ...] = (),
+    max_blocks_per_forward: int = 64,
 ) -> SequenceResult:
     """Drafts at every anchor, then chain replay, DDTree replays and acceptance counts."""
     B = drafter.config.block_size
@@ -91,8 +103,9 @@ def score_sequence(
         draft = np.zeros((0, B - 1), dtype=np.int64)
         lp_vals = lp_ids = np.zeros((0, B - 1, max(tree_k, 1)), dtype=np.float32)
     else:
-        draft, lp_vals, lp_ids = draft_all_anchors(drafter, features, token_ids, prompt_len, tree_k,
-                                                   max_blocks_per_forward)
+        draft, lp_vals, lp_ids = draft_all_anchors(
+            drafter, features, token_ids, prompt_len, tree_k, max_blocks_per_forward
+        )
     chain = replay_chain(draft, x, a, prompt_len, B)
     ddtree, surrogate = {}, {}
     for budget in ddtree_budgets:
@@ -101,8 +114,14 @@ def score_sequence(
         surrogate[budget] = (float(sum(surrogate_tau(t) for t in trees.values())), len(trees))
     visited = np.asarray([p - prompt_len for p in chain.anchors], dtype=np.int64)
     return SequenceResult(
-        row=row, record_id=record_id, category=category, chain=chain, ddtree=ddtree, ddtree_surrogate=surrogate,
-        acceptance=acceptance_counts(draft, x, a, prompt_len), accept_len=train_accept_len(draft, x, a, prompt_len),
+        row=row,
+        record_id=record_id,
+        category=category,
+        chain=chain,
+        ddtree=ddtree,
+        ddtree_surrogate=surrogate,
+        acceptance=acceptance_counts(draft, x, a, prompt_len),
+        accept_len=train_accept_len(draft, x, a, prompt_len),
         chain_drafts=draft[visited] if len(visited) else np.zeros((0, B - 1), dtype=np.int64),
     )
 
@@ -110,8 +129,12 @@ def score_sequence(
 def result_summary(result: SequenceResult) -> dict[str, Any]:
     """Per-request line of the report."""
     return {
-        "row": result.row, "record_id": result.record_id, "category": result.category,
-        "rounds": result.chain.n_rounds, "tokens": result.chain.n_tokens, "tau": result.chain.tau,
+        "row": result.row,
+        "record_id": result.record_id,
+        "category": result.category,
+        "rounds": result.chain.n_rounds,
+        "tokens": result.chain.n_tokens,
+        "tau": result.chain.tau,
         "rounds_cut_off_greedy": result.chain.n_cut_off_greedy,
         "off_greedy_positions": result.chain.off_greedy_positions,
         "ddtree_tau": {str(b): log.tau for b, log in result.ddtree.items()},

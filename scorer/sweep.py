@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import hscache
-from hscache.provenance import git_commit, package_versions, utc_now
+from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store import fsio
 from scorer.errors import ScorerError
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.sweep_report import report_row, write_outputs
+from scorer.report.sweep import report_row, write_outputs
 
 __all__ = [
     "SWEEP_SCHEMA_VERSION",
@@ -45,8 +45,11 @@ __all__ = [
 SWEEP_SCHEMA_VERSION = 1
 RESULTS_DIR = "results"
 # step_020000, checkpoint-20000, checkpoint_step20k, global_step1000, iter_0001000, ckpt-5k ...
-_STEP = re.compile(r"(?<![a-z])(?:global[_-]?)?(?:checkpoint|ckpt|step|steps|iter|iteration)[_-]?(?:step[_-]?)?"
-                   r"(\d+(?:\.\d+)?)([km]?)(?![a-z0-9])", re.IGNORECASE)
+_STEP = re.compile(
+    r"(?<![a-z])(?:global[_-]?)?(?:checkpoint|ckpt|step|steps|iter|iteration)[_-]?(?:step[_-]?)?"
+    r"(\d+(?:\.\d+)?)([km]?)(?![a-z0-9])",
+    re.IGNORECASE,
+)
 _WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")
 # Files a trainer saves next to the weights: never checkpoints of the drafter.
 _AUX_STEMS = re.compile(r"^(optimizer|scheduler|scaler|rng_state.*|training_args|trainer_state)$")
@@ -58,7 +61,11 @@ def parse_step(name: str) -> int | None:
     ``checkpoint-20000`` -> 20000, ``checkpoint_step20k.pt`` -> 20000, ``step_020000`` -> 20000,
     ``global_step1.5k`` -> 1500; ``epoch_3``, ``best.pt`` and ``final`` -> None (epochs are not steps).
     """
-    stem = name[: -len(suffix)] if (suffix := next((s for s in _WEIGHT_SUFFIXES if name.endswith(s)), "")) else name
+    stem = (
+        name[: -len(suffix)]
+        if (suffix := next((s for s in _WEIGHT_SUFFIXES if name.endswith(s)), ""))
+        else name
+    )
     matches = list(_STEP.finditer(stem))
     if not matches:
         return None
@@ -74,8 +81,9 @@ class FoundCheckpoint:
 
 
 def _is_hf_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and (any(path.glob("*.safetensors")) or
-                                                  (path / "pytorch_model.bin").is_file())
+    return (path / "config.json").is_file() and (
+        any(path.glob("*.safetensors")) or (path / "pytorch_model.bin").is_file()
+    )
 
 
 def _candidates(run_dir: Path, exclude: Path | None) -> list[Path]:
@@ -90,8 +98,11 @@ def _candidates(run_dir: Path, exclude: Path | None) -> list[Path]:
             dirnames.clear()  # its files are parts of this checkpoint
             continue
         dirnames.sort()
-        found += [here / f for f in sorted(filenames)
-                  if f.endswith(_WEIGHT_SUFFIXES) and not _AUX_STEMS.match(f.rsplit(".", 1)[0])]
+        found += [
+            here / f
+            for f in sorted(filenames)
+            if f.endswith(_WEIGHT_SUFFIXES) and not _AUX_STEMS.match(f.rsplit(".", 1)[0])
+        ]
     return found
 
 
@@ -117,8 +128,10 @@ def find_checkpoints(run_dir: str | Path, exclude: str | Path | None = None) -> 
     by_step: dict[int, Path] = {}
     for ck in found:
         if ck.step is not None and ck.step in by_step:
-            raise ScorerError(f"two checkpoints for step {ck.step}: {by_step[ck.step]} and {ck.path}; "
-                              "move one away or point sweep at a narrower directory")
+            raise ScorerError(
+                f"two checkpoints for step {ck.step}: {by_step[ck.step]} and {ck.path}; "
+                "move one away or point sweep at a narrower directory"
+            )
         if ck.step is not None:
             by_step[ck.step] = ck.path
     return sorted(found, key=lambda c: (c.step is None, c.step or 0, str(c.path)))
@@ -143,8 +156,12 @@ def _file_sha256(path: Path) -> str:
 
 def cache_identity(cache: Any) -> str:
     """sha256 of what a cache holds for scoring: its settings, committed size and per-sequence token hashes."""
-    document = {"settings": cache.settings, "sequences": len(cache), "tokens": cache.num_tokens,
-                "token_sha256": cache.index.column("token_sha256").to_pylist()}
+    document = {
+        "settings": cache.settings,
+        "sequences": len(cache),
+        "tokens": cache.num_tokens,
+        "token_sha256": cache.index.column("token_sha256").to_pylist(),
+    }
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -153,8 +170,14 @@ def _result_key(checkpoint_sha: str, cache_id: str, config: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _score(todo: list[tuple[FoundCheckpoint, Path]], cache_path: str, config: EvalConfig, client: Any,
-           tokens_per_task: int | None, on_done: Callable[[FoundCheckpoint, dict], None]) -> None:
+def _score(
+    todo: list[tuple[FoundCheckpoint, Path]],
+    cache_path: str,
+    config: EvalConfig,
+    client: Any,
+    tokens_per_task: int | None,
+    on_done: Callable[[FoundCheckpoint, dict], None],
+) -> None:
     """Score ``todo`` and hand each report to ``on_done`` as soon as it exists (so a killed sweep
     keeps what it finished). On a cluster every checkpoint's tasks are submitted up front."""
     if client is None:
@@ -163,15 +186,24 @@ def _score(todo: list[tuple[FoundCheckpoint, Path]], cache_path: str, config: Ev
         return
     from scorer.distributed import DEFAULT_TASK_TOKENS, submit_scoring
 
-    jobs = [(ck, submit_scoring(client, ck.path, cache_path, config, tokens_per_task or DEFAULT_TASK_TOKENS))
-            for ck, _ in todo]
+    jobs = [
+        (ck, submit_scoring(client, ck.path, cache_path, config, tokens_per_task or DEFAULT_TASK_TOKENS))
+        for ck, _ in todo
+    ]
     for ck, job in jobs:
         on_done(ck, job.collect())
 
 
-def sweep(run_dir: str | Path, cache_path: str | Path, out: str | Path, config: EvalConfig = EvalConfig(), *,
-          client: Any = None, tokens_per_task: int | None = None,
-          on_checkpoint: Callable[[FoundCheckpoint, bool], None] | None = None) -> dict[str, Any]:
+def sweep(
+    run_dir: str | Path,
+    cache_path: str | Path,
+    out: str | Path,
+    config: EvalConfig = EvalConfig(),
+    *,
+    client: Any = None,
+    tokens_per_task: int | None = None,
+    on_checkpoint: Callable[[FoundCheckpoint, bool], None] | None = None,
+) -> dict[str, Any]:
     """Score every checkpoint under ``run_dir`` on ``cache_path``; write sweep.json/.csv/.html to ``out``.
 
     Args:
@@ -190,12 +222,16 @@ def sweep(run_dir: str | Path, cache_path: str | Path, out: str | Path, config: 
     found = find_checkpoints(run_dir, exclude=out)
     stepped = [ck for ck in found if ck.step is not None]
     if not stepped:
-        raise ScorerError(f"no checkpoint with a step in its name under {run_dir} (found {len(found)} without one); "
-                          "name them like checkpoint-20000, step_020000/ or checkpoint_step20k.pt")
+        raise ScorerError(
+            f"no checkpoint with a step in its name under {run_dir} (found {len(found)} without one); "
+            "name them like checkpoint-20000, step_020000/ or checkpoint_step20k.pt"
+        )
     cache = hscache.open_cache(cache_path)
     cache_id = cache_identity(cache)
     results = out / RESULTS_DIR
-    keyed = [(ck, results / f"{_result_key(checkpoint_sha256(ck.path), cache_id, config)}.json") for ck in stepped]
+    keyed = [
+        (ck, results / f"{_result_key(checkpoint_sha256(ck.path), cache_id, config)}.json") for ck in stepped
+    ]
     reports: dict[Path, tuple[dict, bool]] = {}
     for ck, path in keyed:
         if path.is_file():
@@ -212,16 +248,28 @@ def sweep(run_dir: str | Path, cache_path: str | Path, out: str | Path, config: 
         if on_checkpoint:
             on_checkpoint(ck, False)
 
-    _score([(ck, p) for ck, p in keyed if ck.path not in reports], str(cache_path), config, client,
-           tokens_per_task, done)
+    _score(
+        [(ck, p) for ck, p in keyed if ck.path not in reports],
+        str(cache_path),
+        config,
+        client,
+        tokens_per_task,
+        done,
+    )
     document = {
-        "schema_version": SWEEP_SCHEMA_VERSION, "run_dir": str(run_dir),
+        "schema_version": SWEEP_SCHEMA_VERSION,
+        "run_dir": str(run_dir),
         "cache": {"path": str(cache_path), "identity": cache_id, "sequences": len(cache)},
         "config": config.to_dict(),
         "rows": [report_row(ck.step, ck.path, path, *reports[ck.path]) for ck, path in keyed],
-        "skipped": [{"path": str(ck.path), "reason": "no training step in its name"}
-                    for ck in found if ck.step is None],
-        "versions": package_versions(), "hscache_git_commit": git_commit(), "created_at": utc_now(),
+        "skipped": [
+            {"path": str(ck.path), "reason": "no training step in its name"}
+            for ck in found
+            if ck.step is None
+        ],
+        "versions": package_versions(),
+        "hscache_git_commit": git_commit(),
+        "created_at": utc_now(),
         "seconds": time.perf_counter() - t0,
     }
     document["outputs"] = write_outputs(document, out)

@@ -22,15 +22,20 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 def fp32_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built-in hybrid target, fp32, 4 prompts with 12 greedy tokens, all 8 layers."""
     out = tmp_path_factory.mktemp("cache") / "fp32"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="0,1,2,3,4,5,6,7", max_new_tokens=12,
-                                          dtype="fp32", limit=4))
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out), layers="0,1,2,3,4,5,6,7", max_new_tokens=12, dtype="fp32", limit=4
+        )
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def bf16_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cache") / "bf16"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="bf16", limit=4))
+    hscache.extract(
+        hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="bf16", limit=4)
+    )
     return out
 
 
@@ -38,7 +43,9 @@ def bf16_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def scale_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cache of the distributed/sweep/remote tests: fp32, layers 1,3,7, 4 prompts x 12 tokens."""
     out = tmp_path_factory.mktemp("scale") / "cache"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="fp32", limit=4))
+    hscache.extract(
+        hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=12, dtype="fp32", limit=4)
+    )
     return out
 
 

@@ -35,7 +35,9 @@ def test_quickstart_runs_and_scores_a_drafter_above_one(tmp_path):
         command = step.replace(".venv/bin/", f"{bin_dir}/")
         if command.split()[0].endswith("scorer") and " eval " in command:
             command += " --json report.json"
-        result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
         assert result.returncode == 0, f"{step}\n{result.stdout}\n{result.stderr}"
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["tau"]["per_request"] > 1.5

@@ -48,8 +48,10 @@ class RowBlock:
 
 def _offsets(cache: Any) -> tuple[np.ndarray, np.ndarray]:
     index = cache.index
-    return (np.asarray(index.column("offset").to_numpy(), dtype=np.int64),
-            np.asarray(index.column("length").to_numpy(), dtype=np.int64))
+    return (
+        np.asarray(index.column("offset").to_numpy(), dtype=np.int64),
+        np.asarray(index.column("length").to_numpy(), dtype=np.int64),
+    )
 
 
 def token_span(cache: Any, rows: range) -> tuple[int, int]:
@@ -67,13 +69,17 @@ def _to_tensor(raw: np.ndarray, logical_dtype: str) -> torch.Tensor:
 
 def _read_single(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     if rows and not (0 <= rows.start and rows.stop <= len(cache)):
-        raise IndexError(f"rows {rows.start}-{rows.stop - 1} out of range for a cache of {len(cache)} sequences")
+        raise IndexError(
+            f"rows {rows.start}-{rows.stop - 1} out of range for a cache of {len(cache)} sequences"
+        )
     offsets, lengths = _offsets(cache)
     first, end = token_span(cache, rows)
     spans = {r: (int(offsets[r]) - first, int(offsets[r] + lengths[r]) - first) for r in rows}
     # read_tokens reads a local cache's chunk files directly, several at once (store/chunks.py).
-    data = {name: _to_tensor(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
-            for name in arrays}
+    data = {
+        name: _to_tensor(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
+        for name in arrays
+    }
     return RowBlock(rows, spans, data)
 
 

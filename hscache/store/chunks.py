@@ -93,8 +93,17 @@ class ChunkReader:
     Rows are read in the array's stored dtype (bfloat16 stays raw uint16, as through zarr).
     """
 
-    def __init__(self, directory: Path, name: str, length: int, chunk_tokens: int, row_shape: tuple[int, ...],
-                 dtype: np.dtype, compressed: bool, fill_value: Any):
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        length: int,
+        chunk_tokens: int,
+        row_shape: tuple[int, ...],
+        dtype: np.dtype,
+        compressed: bool,
+        fill_value: Any,
+    ):
         self.directory, self.name, self.length = Path(directory), name, length
         self.chunk_tokens, self.row_shape, self.dtype = chunk_tokens, row_shape, np.dtype(dtype)
         self.compressed, self.fill_value = compressed, fill_value
@@ -119,8 +128,10 @@ class ChunkReader:
             for index, a, b in pieces:
                 self._read_chunk(index, a, b, out[a - start : b - start])
             return out
-        futures = [_executor().submit(self._read_chunk, index, a, b, out[a - start : b - start])
-                   for index, a, b in pieces]
+        futures = [
+            _executor().submit(self._read_chunk, index, a, b, out[a - start : b - start])
+            for index, a, b in pieces
+        ]
         for future in futures:
             future.result()
         return out
@@ -185,12 +196,16 @@ class ChunkReader:
         except FileNotFoundError:
             # The writer writes every chunk (empty ones too) before a commit publishes its tokens,
             # so a missing chunk under committed tokens is damage: zeros would be wrong data.
-            raise CacheFormatError(f"{self._where(path)} is missing; the cache is damaged: run `hscache verify` "
-                                   "and re-extract the sequences it names") from None
+            raise CacheFormatError(
+                f"{self._where(path)} is missing; the cache is damaged: run `hscache verify` "
+                "and re-extract the sequences it names"
+            ) from None
         try:
             size = os.fstat(fd).st_size
             if size < 4:
-                self._check_size(path, size, self.chunk_bytes + 4 if not self.compressed else _BLOSC_HEADER + 4)
+                self._check_size(
+                    path, size, self.chunk_bytes + 4 if not self.compressed else _BLOSC_HEADER + 4
+                )
             if not self.compressed and whole:
                 payload = out.reshape(-1).view(np.uint8)  # read the payload straight into the result
                 self._check_size(path, size, self.chunk_bytes + 4)
@@ -220,8 +235,10 @@ class ChunkReader:
 
     def _check_size(self, path: Path, size: int, expected: int) -> None:
         if size != expected:
-            raise CacheFormatError(f"{self._where(path)} holds {size} bytes, expected {expected}; the chunk is "
-                                   "truncated or damaged: run `hscache verify` on the cache")
+            raise CacheFormatError(
+                f"{self._where(path)} holds {size} bytes, expected {expected}; the chunk is "
+                "truncated or damaged: run `hscache verify` on the cache"
+            )
 
     def _check_crc(self, path: Path, computed: int, stored: bytes) -> None:
         if computed != int.from_bytes(stored, "little"):
@@ -232,12 +249,16 @@ class ChunkReader:
 
     def _check_frame(self, path: Path, payload: np.ndarray) -> None:
         if payload.nbytes < _BLOSC_HEADER:
-            raise CacheFormatError(f"{self._where(path)} is too short for a blosc frame; the chunk is damaged")
+            raise CacheFormatError(
+                f"{self._where(path)} is too short for a blosc frame; the chunk is damaged"
+            )
         header = payload[:_BLOSC_HEADER].tobytes()
         nbytes, cbytes = int.from_bytes(header[4:8], "little"), int.from_bytes(header[12:16], "little")
         if nbytes != self.chunk_bytes or cbytes != payload.nbytes:
-            raise CacheFormatError(f"{self._where(path)} decodes to {nbytes} bytes in a {cbytes}-byte frame, "
-                                   f"expected {self.chunk_bytes} in {payload.nbytes}; the chunk is damaged")
+            raise CacheFormatError(
+                f"{self._where(path)} decodes to {nbytes} bytes in a {cbytes}-byte frame, "
+                f"expected {self.chunk_bytes} in {payload.nbytes}; the chunk is damaged"
+            )
 
 
 def _readinto_crc(fd: int, target: np.ndarray, path: Path) -> int:
@@ -250,7 +271,9 @@ def _readinto_crc(fd: int, target: np.ndarray, path: Path) -> int:
     while done < target.nbytes:
         n = os.preadv(fd, [view[done : done + _CRC_PIECE]], done)
         if n == 0:
-            raise CacheFormatError(f"{path} ended after {done} of {target.nbytes} bytes; the chunk is truncated")
+            raise CacheFormatError(
+                f"{path} ended after {done} of {target.nbytes} bytes; the chunk is truncated"
+            )
         crc = google_crc32c.extend(crc, target[done : done + n])
         done += n
     return crc
@@ -278,8 +301,14 @@ def chunk_reader(array: Any) -> ChunkReader | None:
     chunk_shape = tuple((grid.get("configuration") or {}).get("chunk_shape") or ())
     shape = tuple(meta["shape"])
     separator = (keys.get("configuration") or {}).get("separator", "/")
-    if (grid.get("name") != "regular" or keys.get("name") != "default" or separator != "/"
-            or len(chunk_shape) != len(shape) or not shape or chunk_shape[1:] != shape[1:]):
+    if (
+        grid.get("name") != "regular"
+        or keys.get("name") != "default"
+        or separator != "/"
+        or len(chunk_shape) != len(shape)
+        or not shape
+        or chunk_shape[1:] != shape[1:]
+    ):
         return None
     dtype = np.dtype(array.dtype)
     if dtype.kind not in "fiu":
@@ -288,6 +317,13 @@ def chunk_reader(array: Any) -> ChunkReader | None:
     if compressed is None:
         return None
     directory = Path(str(store.root)) / array.path
-    return ChunkReader(directory, array.path.rsplit("/", 1)[-1], int(shape[0]), int(chunk_shape[0]),
-                       tuple(int(s) for s in shape[1:]), dtype.newbyteorder("<"), compressed,
-                       meta.get("fill_value") or 0)
+    return ChunkReader(
+        directory,
+        array.path.rsplit("/", 1)[-1],
+        int(shape[0]),
+        int(chunk_shape[0]),
+        tuple(int(s) for s in shape[1:]),
+        dtype.newbyteorder("<"),
+        compressed,
+        meta.get("fill_value") or 0,
+    )

@@ -12,7 +12,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "drop_page_cache", "fsync_dir", "fsync_file", "TEMP_MARK"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "drop_page_cache",
+    "fsync_dir",
+    "fsync_file",
+    "TEMP_MARK",
+]
 
 # Every temp file hscache creates contains this mark, so a resume can find and delete leftovers.
 TEMP_MARK = ".hscache-tmp-"

@@ -81,7 +81,7 @@ class ArraySpec:
         }
 
     @classmethod
-    def from_dict(cls, name: str, d: dict[str, Any]) -> "ArraySpec":
+    def from_dict(cls, name: str, d: dict[str, Any]) -> ArraySpec:
         return cls(name, tuple(d["row_shape"]), d["logical_dtype"], int(d["chunk_tokens"]))
 
 

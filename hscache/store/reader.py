@@ -77,9 +77,13 @@ def _check_shape(path: Path, manifest: dict[str, Any]) -> None:
     """The few manifest fields the reader relies on, so damage reads as CacheFormatError."""
     try:
         committed = manifest["committed"]
-        ok = (int(committed["sequences"]) >= 0 and int(committed["tokens"]) >= 0
-              and isinstance(manifest["index_parts"], list) and isinstance(manifest["arrays"], dict)
-              and isinstance(manifest["settings"], dict))
+        ok = (
+            int(committed["sequences"]) >= 0
+            and int(committed["tokens"]) >= 0
+            and isinstance(manifest["index_parts"], list)
+            and isinstance(manifest["arrays"], dict)
+            and isinstance(manifest["settings"], dict)
+        )
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
@@ -114,7 +118,9 @@ def _read_part(root: Path, name: str) -> pa.Table:
             f"{root}`, then re-extract with --overwrite"
         ) from exc
     except (OSError, pa.ArrowException) as exc:
-        raise CacheFormatError(f"index part {name} is unreadable ({exc}); run `hscache verify {root}`") from exc
+        raise CacheFormatError(
+            f"index part {name} is unreadable ({exc}); run `hscache verify {root}`"
+        ) from exc
 
 
 def expand_metadata(table: pa.Table) -> pa.Table:
@@ -144,7 +150,9 @@ class Cache:
         try:
             self._group = zarr.open_group(str(self.path / ARRAYS_GROUP), mode="r")
         except FileNotFoundError as exc:
-            raise CacheFormatError(f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged") from exc
+            raise CacheFormatError(
+                f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged"
+            ) from exc
         self._arrays: dict[str, zarr.Array] = {}
         self._chunk_readers: dict[str, ChunkReader | None] = {}
         parts = [_read_part(self.path, p) for p in manifest["index_parts"]]
@@ -213,7 +221,9 @@ class Cache:
 
     def _check_tokens(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.num_tokens:
-            raise IndexError(f"tokens {start}-{stop} out of range for a cache of {self.num_tokens} committed tokens")
+            raise IndexError(
+                f"tokens {start}-{stop} out of range for a cache of {self.num_tokens} committed tokens"
+            )
 
     def read_tokens(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of array ``name`` in its stored dtype (bfloat16 as raw uint16).
@@ -233,7 +243,9 @@ class Cache:
             return np.asarray(self.array(name)[start:stop])
         return reader.read(start, stop)
 
-    def iter_tokens(self, name: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    def iter_tokens(
+        self, name: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray]]:
         """``(first token, rows)`` chunk by chunk over ``[start, stop)`` (default: every committed
         token), the next chunks read in the background: a full scan with memory of a few chunks.
 
@@ -279,7 +291,9 @@ class Cache:
     def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(values ``[T, k]`` float32 logits, ids ``[T, k]`` int64), sorted descending."""
         start, stop = self._span(i)
-        return self._rows("target_topk_values", start, stop), self._rows("target_topk_ids", start, stop).long()
+        return self._rows("target_topk_values", start, stop), self._rows(
+            "target_topk_ids", start, stop
+        ).long()
 
     def target_logsumexp(self, i: int) -> torch.Tensor:
         """``[T]`` float32 log-sum-exp of the full logits: top-k probs = exp(value - lse)."""
@@ -310,8 +324,9 @@ class Cache:
         from transformers import AutoTokenizer
 
         # The cache is data, never code: no remote code from tokenizer_config.json's auto_map.
-        return AutoTokenizer.from_pretrained(str(self.path / TARGET_DIR), local_files_only=True,
-                                             trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(
+            str(self.path / TARGET_DIR), local_files_only=True, trust_remote_code=False
+        )
 
 
 def _empty_index() -> pa.Table:

@@ -53,7 +53,9 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:  # unknown protocol or its backend package missing
-        raise InputError(f"cannot open {url} ({exc}); install the fsspec backend, e.g. pip install s3fs") from exc
+        raise InputError(
+            f"cannot open {url} ({exc}); install the fsspec backend, e.g. pip install s3fs"
+        ) from exc
 
 
 def _local_root() -> Path:
@@ -89,8 +91,13 @@ def _fetch(fs: Any, remote: str, local: Path, info: dict[str, Any], stamp: Path)
     it; without an identity from the backend the file is copied every time.
     """
     identity = _identity(info)
-    if (identity is not None and local.is_file() and local.stat().st_size == info.get("size")
-            and stamp.is_file() and stamp.read_text() == identity):
+    if (
+        identity is not None
+        and local.is_file()
+        and local.stat().st_size == info.get("size")
+        and stamp.is_file()
+        and stamp.read_text() == identity
+    ):
         return
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(f"{local.name}{fsio.TEMP_MARK}{uuid.uuid4().hex}")
@@ -143,8 +150,9 @@ def open_remote_cache(url: str) -> RemoteCache:
     try:
         manifest = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))
     except FileNotFoundError as exc:
-        raise CacheNotFoundError(f"{url} is not an hscache cache (no {MANIFEST}); create one with "
-                                 f"`hscache extract --out {url}`") from exc
+        raise CacheNotFoundError(
+            f"{url} is not an hscache cache (no {MANIFEST}); create one with `hscache extract --out {url}`"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise CacheFormatError(f"{url}/{MANIFEST} is not valid JSON ({exc}); the cache is damaged") from exc
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
@@ -160,8 +168,10 @@ def open_remote_cache(url: str) -> RemoteCache:
             infos[name] = fs.info(f"{root}/{name}")
         except FileNotFoundError:
             if name != PROVENANCE:  # provenance.json is optional, the rest is not
-                raise CacheFormatError(f"{url}/{name} is missing; the cache is damaged: re-extract with "
-                                       f"`hscache extract --out {url} --overwrite`") from None
+                raise CacheFormatError(
+                    f"{url}/{name} is missing; the cache is damaged: re-extract with "
+                    f"`hscache extract --out {url} --overwrite`"
+                ) from None
     for info in fs.ls(f"{root}/{TARGET_DIR}", detail=True):
         if info.get("type", "file") == "file":
             infos[f"{TARGET_DIR}/{info['name'].rsplit('/', 1)[1]}"] = info
@@ -174,8 +184,14 @@ def open_remote_cache(url: str) -> RemoteCache:
 
 def _upload_order(local: Path) -> list[Path]:
     """Every committed file, manifest last; leftovers of killed runs (temp, .partial) excluded."""
-    files = [p for p in sorted(local.rglob("*")) if p.is_file() and fsio.TEMP_MARK not in p.name
-             and not p.name.endswith(".partial") and p.name != CREATING_MARK]
+    files = [
+        p
+        for p in sorted(local.rglob("*"))
+        if p.is_file()
+        and fsio.TEMP_MARK not in p.name
+        and not p.name.endswith(".partial")
+        and p.name != CREATING_MARK
+    ]
     return [p for p in files if p.name != MANIFEST or p.parent != local] + [local / MANIFEST]
 
 
@@ -188,7 +204,7 @@ def _remove_stale(fs: Any, root: str, names: set[str]) -> None:
             found = fs.find(f"{root}/{folder}")
         except FileNotFoundError:
             continue
-        stale = [path for path in found if path[len(root):].lstrip("/") not in names]
+        stale = [path for path in found if path[len(root) :].lstrip("/") not in names]
         if stale:
             fs.rm(stale)
 

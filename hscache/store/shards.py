@@ -31,7 +31,16 @@ from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio
 from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
 
-__all__ = ["SHARDS_FILE", "ShardedCache", "has_shards", "merge_shards", "open_sharded", "parse_shard", "shard_path", "shard_dirs"]
+__all__ = [
+    "SHARDS_FILE",
+    "ShardedCache",
+    "has_shards",
+    "merge_shards",
+    "open_sharded",
+    "parse_shard",
+    "shard_path",
+    "shard_dirs",
+]
 
 SHARDS_FILE = "shards.json"
 _SHARD_DIR = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
@@ -53,7 +62,9 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def _check_shard(index: int, count: int) -> None:
     if not (count >= 1 and 0 <= index < count):
-        raise InputError(f"--shard {index}/{count} out of range; shard I of N needs 0 <= I < N, e.g. 0/{max(count, 1)}")
+        raise InputError(
+            f"--shard {index}/{count} out of range; shard I of N needs 0 <= I < N, e.g. 0/{max(count, 1)}"
+        )
 
 
 def shard_path(out: str | Path, index: int, count: int) -> Path:
@@ -70,16 +81,21 @@ def has_shards(root: str | Path) -> bool:
 
 def shard_dirs(root: Path) -> list[Path]:
     """The shard directories under ``root`` in shard order; all of one run, none missing."""
-    found = sorted((int(m.group(1)), int(m.group(2)), p) for p in root.iterdir()
-                   if p.is_dir() and (m := _SHARD_DIR.match(p.name)))
+    found = sorted(
+        (int(m.group(1)), int(m.group(2)), p)
+        for p in root.iterdir()
+        if p.is_dir() and (m := _SHARD_DIR.match(p.name))
+    )
     counts = {count for _, count, _ in found}
     if len(counts) != 1:
         raise CacheFormatError(f"{root} mixes shard counts {sorted(counts)}; keep the shards of one run only")
     count = counts.pop()
     missing = sorted(set(range(count)) - {index for index, _, _ in found})
     if missing:
-        raise CacheFormatError(f"{root} has {len(found)} of {count} shards; shard {missing[0]} is missing: run "
-                               f"`hscache extract ... --out {root} --shard {missing[0]}/{count}`")
+        raise CacheFormatError(
+            f"{root} has {len(found)} of {count} shards; shard {missing[0]} is missing: run "
+            f"`hscache extract ... --out {root} --shard {missing[0]}/{count}`"
+        )
     return [p for _, _, p in found]
 
 
@@ -90,17 +106,22 @@ def _check_same(root: Path, shards: list[Any]) -> None:
     for i, shard in enumerate(shards):
         expected = {"index": i, "count": len(shards)}
         if shard.settings.get("shard") != expected:
-            raise CacheFormatError(f"{shard.path} has settings shard={shard.settings.get('shard')!r}, expected "
-                                   f"{expected!r}; it was not written by `--shard {i}/{len(shards)}`")
+            raise CacheFormatError(
+                f"{shard.path} has settings shard={shard.settings.get('shard')!r}, expected "
+                f"{expected!r}; it was not written by `--shard {i}/{len(shards)}`"
+            )
         other = {k: v for k, v in shard.settings.items() if k != "shard"}
         for key in sorted(base.keys() | other.keys()):
             if base.get(key) != other.get(key):
                 raise CacheFormatError(
                     f"shards of {root} differ in {key}: {first.path.name} has {base.get(key)!r}, {shard.path.name} "
-                    f"has {other.get(key)!r}; re-extract {shard.path.name} with the same settings as the others")
+                    f"has {other.get(key)!r}; re-extract {shard.path.name} with the same settings as the others"
+                )
         if shard.manifest["arrays"] != first.manifest["arrays"]:
-            raise CacheFormatError(f"shards of {root} differ in their arrays ({first.path.name} vs {shard.path.name}); "
-                                   "re-extract with the same --top-k, --full-logits and --chunk-mb")
+            raise CacheFormatError(
+                f"shards of {root} differ in their arrays ({first.path.name} vs {shard.path.name}); "
+                "re-extract with the same --top-k, --full-logits and --chunk-mb"
+            )
 
 
 class ShardedCache:
@@ -140,7 +161,9 @@ class ShardedCache:
             per_shard = [t.column(field.name).to_pylist() for t in tables]
             values = [per_shard[i][j] for i, j in order]
             columns[field.name] = pa.array(values, type=field.type)
-        columns["seq_id"] = pa.array(np.arange(len(order), dtype=np.int64), type=INDEX_SCHEMA.field("seq_id").type)
+        columns["seq_id"] = pa.array(
+            np.arange(len(order), dtype=np.int64), type=INDEX_SCHEMA.field("seq_id").type
+        )
         columns["offset"] = pa.array(offsets, type=INDEX_SCHEMA.field("offset").type)
         return expand_metadata(pa.table(columns, schema=INDEX_SCHEMA))
 
@@ -148,8 +171,10 @@ class ShardedCache:
         return self._rows
 
     def __repr__(self) -> str:
-        return (f"ShardedCache({str(self.path)!r}, shards={len(self.shards)}, sequences={len(self)}, "
-                f"tokens={self.num_tokens}, layers={self.layer_ids})")
+        return (
+            f"ShardedCache({str(self.path)!r}, shards={len(self.shards)}, sequences={len(self)}, "
+            f"tokens={self.num_tokens}, layers={self.layer_ids})"
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -166,8 +191,12 @@ class ShardedCache:
     @property
     def manifest(self) -> dict[str, Any]:
         """Shard 0's manifest with the view's settings and size (what a 1-shard run would commit)."""
-        return {**self.shards[0].manifest, "settings": self.settings,
-                "committed": {"sequences": len(self), "tokens": self.num_tokens}, "complete": self.complete}
+        return {
+            **self.shards[0].manifest,
+            "settings": self.settings,
+            "committed": {"sequences": len(self), "tokens": self.num_tokens},
+            "complete": self.complete,
+        }
 
     @property
     def layer_ids(self) -> list[int]:
@@ -201,8 +230,10 @@ class ShardedCache:
         return self.shards[0].tokenizer()
 
     def array(self, name: str) -> Any:
-        raise CacheFormatError(f"{self.path} is sharded and has no single {name!r} array; read per sequence, or "
-                               f"write one cache with `hscache merge {self.path} --into DEST`")
+        raise CacheFormatError(
+            f"{self.path} is sharded and has no single {name!r} array; read per sequence, or "
+            f"write one cache with `hscache merge {self.path} --into DEST`"
+        )
 
     def _locate(self, i: int) -> tuple[Any, int]:
         if not 0 <= i < len(self):
@@ -262,10 +293,24 @@ def merge_shards(root: str | Path, into: str | Path | None = None) -> dict[str, 
     """
     cache = open_sharded(root)
     document = {
-        "format": "hscache-shards", "format_version": 1, "shards": len(cache.shards),
-        "sequences": len(cache), "tokens": cache.num_tokens, "complete": cache.complete, "settings": cache.settings,
-        "parts": [{"path": s.path.name, "sequences": len(s), "tokens": s.num_tokens, "complete": s.complete,
-                   "settings": s.settings, "provenance": s.provenance} for s in cache.shards],
+        "format": "hscache-shards",
+        "format_version": 1,
+        "shards": len(cache.shards),
+        "sequences": len(cache),
+        "tokens": cache.num_tokens,
+        "complete": cache.complete,
+        "settings": cache.settings,
+        "parts": [
+            {
+                "path": s.path.name,
+                "sequences": len(s),
+                "tokens": s.num_tokens,
+                "complete": s.complete,
+                "settings": s.settings,
+                "provenance": s.provenance,
+            }
+            for s in cache.shards
+        ],
     }
     fsio.atomic_write_json(cache.path / SHARDS_FILE, document)
     if into is not None:
@@ -277,7 +322,9 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
     from hscache.store.writer import SequenceRows, StoreWriter
 
     if not cache.complete:
-        raise CacheFormatError(f"{cache.path} has unfinished shards; finish every shard before merging into one cache")
+        raise CacheFormatError(
+            f"{cache.path} has unfinished shards; finish every shard before merging into one cache"
+        )
     if dest.exists() and any(dest.iterdir()):
         raise InputError(f"--into {dest} exists and is not empty; choose a new directory")
     first = cache.shards[0]
@@ -286,10 +333,16 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
         shard, local = cache._locate(g)
         start, stop = int(shard._offsets[local]), int(shard._offsets[local] + shard._lengths[local])
         row = shard.index.slice(local, 1).to_pylist()[0]
-        writer.append(SequenceRows(
-            arrays={name: np.asarray(shard.array(name)[start:stop]) for name in cache.specs},
-            record_id=row["record_id"], prompt_len=row["prompt_len"], stop_reason=row["stop_reason"],
-            token_sha256=row["token_sha256"], metadata_json=row["metadata_json"]))
+        writer.append(
+            SequenceRows(
+                arrays={name: np.asarray(shard.array(name)[start:stop]) for name in cache.specs},
+                record_id=row["record_id"],
+                prompt_len=row["prompt_len"],
+                stop_reason=row["stop_reason"],
+                token_sha256=row["token_sha256"],
+                metadata_json=row["metadata_json"],
+            )
+        )
     writer.finish()
     shutil.copytree(first.path / TARGET_DIR, dest / TARGET_DIR)
     shutil.copy2(first.path / PROVENANCE, dest / PROVENANCE)

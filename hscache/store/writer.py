@@ -85,7 +85,11 @@ class _Appender:
         self.chunk = spec.chunk_tokens
         self.buf_start = committed_tokens // self.chunk * self.chunk
         # Reload the committed tail of a partly filled chunk: the next write rewrites that chunk.
-        tail = np.asarray(array[self.buf_start : committed_tokens]) if committed_tokens > self.buf_start else None
+        tail = (
+            np.asarray(array[self.buf_start : committed_tokens])
+            if committed_tokens > self.buf_start
+            else None
+        )
         self.parts: list[np.ndarray] = [tail] if tail is not None else []
         self.buffered = committed_tokens - self.buf_start
         self.written: set[int] = set()  # chunk indices written since the last flush (to fsync)
@@ -166,7 +170,7 @@ class StoreWriter:
     @classmethod
     def create(
         cls, root: Path, specs: dict[str, ArraySpec], compression: str, settings: dict[str, Any]
-    ) -> "StoreWriter":
+    ) -> StoreWriter:
         """Start a new cache at ``root``: arrays first, then the first manifest (so a reader that
         finds a manifest always finds the arrays it names).
 
@@ -196,7 +200,7 @@ class StoreWriter:
         return writer
 
     @classmethod
-    def resume(cls, root: Path, manifest: dict[str, Any]) -> "StoreWriter":
+    def resume(cls, root: Path, manifest: dict[str, Any]) -> StoreWriter:
         """Reopen the cache at ``root`` after deleting whatever a killed run left behind."""
         specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
         try:
@@ -241,13 +245,23 @@ class StoreWriter:
         """
         for name, appender in self.appenders.items():
             rows = seq.arrays[name]
-            if rows.shape[1:] != appender.spec.row_shape or rows.dtype != np.dtype(appender.spec.stored_dtype):
+            if rows.shape[1:] != appender.spec.row_shape or rows.dtype != np.dtype(
+                appender.spec.stored_dtype
+            ):
                 raise ValueError(f"{name}: rows {rows.shape}/{rows.dtype} do not match {appender.spec}")
         with self._store_errors():
             for name, appender in self.appenders.items():
                 appender.append(seq.arrays[name])
-        self.pending.append(_PendingRow(seq.record_id, seq.length, seq.prompt_len, seq.stop_reason,
-                                        seq.token_sha256, seq.metadata_json))
+        self.pending.append(
+            _PendingRow(
+                seq.record_id,
+                seq.length,
+                seq.prompt_len,
+                seq.stop_reason,
+                seq.token_sha256,
+                seq.metadata_json,
+            )
+        )
         self.pending_tokens += seq.length
 
     def commit(self) -> None:
@@ -272,8 +286,9 @@ class StoreWriter:
         part_name = self._next_part_name()
         fsio.atomic_write_bytes(self.root / part_name, _parquet_bytes(self._index_rows(self.pending)))
         self.manifest["index_parts"] = [*self.manifest["index_parts"], part_name]
-        self._publish_manifest(self.committed_sequences + len(self.pending),
-                               self.committed_tokens + self.pending_tokens)
+        self._publish_manifest(
+            self.committed_sequences + len(self.pending), self.committed_tokens + self.pending_tokens
+        )
         self.committed_sequences += len(self.pending)
         self.committed_tokens += self.pending_tokens
         self.pending, self.pending_tokens = [], 0
@@ -306,8 +321,16 @@ class StoreWriter:
         offset, seq_id = self.committed_tokens, self.committed_sequences
         columns: dict[str, list[Any]] = {f.name: [] for f in INDEX_SCHEMA}
         for seq in seqs:
-            values = (seq_id, seq.record_id, offset, seq.length, seq.prompt_len, seq.stop_reason,
-                      seq.token_sha256, seq.metadata_json)
+            values = (
+                seq_id,
+                seq.record_id,
+                offset,
+                seq.length,
+                seq.prompt_len,
+                seq.stop_reason,
+                seq.token_sha256,
+                seq.metadata_json,
+            )
             for field_name, value in zip(columns, values):
                 columns[field_name].append(value)
             offset += seq.length

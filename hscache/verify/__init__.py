@@ -24,8 +24,16 @@ from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, 
 from hscache.verify.scan import deep_decode, scan_sequences
 from hscache.verify.structure import check_structure
 
-__all__ = ["CHECKS", "LayerStats", "Problem", "RecomputeResult", "VerifyConfig", "VerifyReport",
-           "format_report", "verify_cache"]
+__all__ = [
+    "CHECKS",
+    "LayerStats",
+    "Problem",
+    "RecomputeResult",
+    "VerifyConfig",
+    "VerifyReport",
+    "format_report",
+    "verify_cache",
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,15 @@ def verify_cache(path: str | os.PathLike, config: VerifyConfig | None = None) ->
         if config.deep:
             deep_decode(layout, report, tried)
         if config.recompute:
-            recompute_sequences(layout, report, config.recompute, config.model, config.device, config.backend,
-                                config.tolerance, config.seed)
+            recompute_sequences(
+                layout,
+                report,
+                config.recompute,
+                config.model,
+                config.device,
+                config.backend,
+                config.tolerance,
+                config.seed,
+            )
     report.seconds = time.perf_counter() - t0
     return report

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from hscache.backend import resolve_backend, use_backend
-from hscache.capture import capture_batch
+from hscache.capture.backend import resolve_backend, use_backend
+from hscache.capture.forward import capture_batch
+from hscache.capture.target import load_target
 from hscache.errors import InputError
-from hscache.target import load_target
 from hscache.verify.report import Problem, RecomputeResult, VerifyReport
 from hscache.verify.scan import as_float32
 from hscache.verify.structure import CacheLayout
@@ -30,8 +30,16 @@ def _relative_error(recomputed: np.ndarray, cached: np.ndarray) -> float | None:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
 
 
-def recompute_sequences(layout: CacheLayout, report: VerifyReport, count: int, model: str | None,
-                        device: str | None, backend: str | None, tolerance: float | None, seed: int) -> None:
+def recompute_sequences(
+    layout: CacheLayout,
+    report: VerifyReport,
+    count: int,
+    model: str | None,
+    device: str | None,
+    backend: str | None,
+    tolerance: float | None,
+    seed: int,
+) -> None:
     """Re-run ``count`` sequences sampled with ``seed`` and record per-layer relative errors.
 
     Raises:
@@ -47,13 +55,25 @@ def recompute_sequences(layout: CacheLayout, report: VerifyReport, count: int, m
     backend = resolve_backend(backend or settings.get("backend", "auto"), device)
     target = load_target(model, settings["dtype"], device)
     if target.weights_sha256 != settings.get("weights_sha256"):
-        report.add(Problem("recompute", f"--model {model} has other weights than the cache's target "
-                                        "(weights_sha256 differs): expect large errors"), warning=True)
-    exact = (device == settings.get("device") and backend == settings.get("backend")
-             and settings.get("batch_tokens") == 0 and target.weights_sha256 == settings.get("weights_sha256"))
+        report.add(
+            Problem(
+                "recompute",
+                f"--model {model} has other weights than the cache's target "
+                "(weights_sha256 differs): expect large errors",
+            ),
+            warning=True,
+        )
+    exact = (
+        device == settings.get("device")
+        and backend == settings.get("backend")
+        and settings.get("batch_tokens") == 0
+        and target.weights_sha256 == settings.get("weights_sha256")
+    )
     limit = 0.0 if tolerance is None and exact else (0.02 if tolerance is None else tolerance)
     rng = np.random.default_rng(seed)
-    picks = sorted(rng.choice(len(layout.offsets), size=min(count, len(layout.offsets)), replace=False).tolist())
+    picks = sorted(
+        rng.choice(len(layout.offsets), size=min(count, len(layout.offsets)), replace=False).tolist()
+    )
     results = []
     with use_backend(target.model, backend):
         for seq in picks:
@@ -63,9 +83,16 @@ def recompute_sequences(layout: CacheLayout, report: VerifyReport, count: int, m
             results.append(result)
             bad = [(lid, e) for lid, e in zip(report.layer_ids, result.rel_error) if e is None or e > limit]
             for layer_id, err in bad:
-                report.add(layout.problem("recompute", f"layer {layer_id} differs from a re-run of the target "
-                                          f"(relative error {err}, tolerance {limit})", seq,
-                                          array="hidden_states", layer_id=layer_id))
+                report.add(
+                    layout.problem(
+                        "recompute",
+                        f"layer {layer_id} differs from a re-run of the target "
+                        f"(relative error {err}, tolerance {limit})",
+                        seq,
+                        array="hidden_states",
+                        layer_id=layer_id,
+                    )
+                )
     report.recompute = _summary(model, device, backend, exact, limit, results, report.layer_ids)
     report.passed("recompute")
 
@@ -88,11 +115,25 @@ def _one(layout: CacheLayout, target: Any, seq: int) -> RecomputeResult | None:
     return RecomputeResult(seq, str(layout.record_id(seq)), errors, agreement)
 
 
-def _summary(model: str, device: str, backend: str, exact: bool, limit: float,
-             results: list[RecomputeResult], layer_ids: list[int]) -> dict[str, Any]:
+def _summary(
+    model: str,
+    device: str,
+    backend: str,
+    exact: bool,
+    limit: float,
+    results: list[RecomputeResult],
+    layer_ids: list[int],
+) -> dict[str, Any]:
     worst: list[float | None] = []
     for k in range(len(layer_ids)):
         values = [r.rel_error[k] for r in results]
         worst.append(None if any(v is None for v in values) else max(values, default=0.0))
-    return {"model": model, "device": device, "backend": backend, "exact_expected": exact, "tolerance": limit,
-            "max_rel_error": worst, "results": [r.to_dict() for r in results]}
+    return {
+        "model": model,
+        "device": device,
+        "backend": backend,
+        "exact_expected": exact,
+        "tolerance": limit,
+        "max_rel_error": worst,
+        "results": [r.to_dict() for r in results],
+    }

@@ -109,7 +109,9 @@ class VerifyReport:
         seen: dict[int, dict[str, Any]] = {}
         for p in self.problems:
             if p.seq_id is not None:
-                entry = seen.setdefault(p.seq_id, {"seq_id": p.seq_id, "record_id": p.record_id, "checks": []})
+                entry = seen.setdefault(
+                    p.seq_id, {"seq_id": p.seq_id, "record_id": p.record_id, "checks": []}
+                )
                 if p.check not in entry["checks"]:
                     entry["checks"].append(p.check)
         return [seen[k] for k in sorted(seen)]
@@ -153,12 +155,16 @@ def format_report(report: VerifyReport, max_lines: int = 20) -> str:
     if report.layers:
         lines.append("layer   nan      inf      zero_frac  zero_rows  norm_mean  norm_std   outliers")
         for s in report.layers:
-            lines.append(f"{s.layer_id:<7} {s.nan:<8} {s.inf:<8} {s.zero_fraction:<10.3g} {s.zero_rows:<10} "
-                         f"{_fmt(s.norm_mean):<10} {_fmt(s.norm_std):<10} {s.outlier_seq_ids[:8]}")
+            lines.append(
+                f"{s.layer_id:<7} {s.nan:<8} {s.inf:<8} {s.zero_fraction:<10.3g} {s.zero_rows:<10} "
+                f"{_fmt(s.norm_mean):<10} {_fmt(s.norm_std):<10} {s.outlier_seq_ids[:8]}"
+            )
     if report.recompute:
         rc = report.recompute
-        lines.append(f"recompute  {len(rc['results'])} sequences, max rel error per layer {rc['max_rel_error']} "
-                     f"(tolerance {rc['tolerance']}, exact expected: {rc['exact_expected']})")
+        lines.append(
+            f"recompute  {len(rc['results'])} sequences, max rel error per layer {rc['max_rel_error']} "
+            f"(tolerance {rc['tolerance']}, exact expected: {rc['exact_expected']})"
+        )
     for title, items in (("problem", report.problems), ("warning", report.warnings)):
         for p in items[:max_lines]:
             lines.append(f"{title:<10} [{p.check}] {p.message}")

@@ -63,9 +63,14 @@ class _Accumulators:
         clean = np.where(finite[..., None], x, 0.0).astype(np.float64)  # float64: no overflow in squares
         norms = np.sqrt(np.einsum("nkh,nkh->nk", clean, clean))
         zero = (x == 0).sum(axis=2)  # [n, K]
-        per_row = {"nan": np.isnan(x).sum(axis=2), "inf": np.isinf(x).sum(axis=2),
-                   "zero_rows": zero == x.shape[2], "norm_sum": norms, "norm_sq_sum": norms**2,
-                   "finite_rows": finite}
+        per_row = {
+            "nan": np.isnan(x).sum(axis=2),
+            "inf": np.isinf(x).sum(axis=2),
+            "zero_rows": zero == x.shape[2],
+            "norm_sum": norms,
+            "norm_sq_sum": norms**2,
+            "finite_rows": finite,
+        }
         for name, values in per_row.items():
             np.add.at(getattr(self, name), seq_of_row, values)
         self.zeros += zero.sum(axis=0)
@@ -105,8 +110,9 @@ def scan_sequences(layout: CacheLayout, report: VerifyReport) -> dict[tuple[str,
     return acc.tried
 
 
-def _read(layout: CacheLayout, report: VerifyReport, name: str, start: int, stop: int,
-          acc: _Accumulators) -> np.ndarray | None:
+def _read(
+    layout: CacheLayout, report: VerifyReport, name: str, start: int, stop: int, acc: _Accumulators
+) -> np.ndarray | None:
     """Rows ``[start, stop)`` of array ``name`` (within one chunk), or None and a problem per sequence."""
     chunk = start // layout.specs[name].chunk_tokens
     try:
@@ -115,8 +121,15 @@ def _read(layout: CacheLayout, report: VerifyReport, name: str, start: int, stop
         for seq in sequences_in(layout, start, stop):
             if (name, chunk, seq) not in acc.reported:  # a sequence may span two blocks of one chunk
                 acc.reported.add((name, chunk, seq))
-                report.add(layout.problem("chunks", f"{name} chunk {chunk} does not decode ({exc})", seq,
-                                          array=name, chunk=chunk))
+                report.add(
+                    layout.problem(
+                        "chunks",
+                        f"{name} chunk {chunk} does not decode ({exc})",
+                        seq,
+                        array=name,
+                        chunk=chunk,
+                    )
+                )
             acc.unreadable.add(seq)
         acc.tried[(name, chunk)] = False
         return None
@@ -128,8 +141,11 @@ def _check_hashes(layout: CacheLayout, report: VerifyReport, hashers: dict, unre
     expected = layout.index.column("token_sha256").to_pylist()
     for seq, hasher in sorted(hashers.items()):
         if seq not in unreadable and hasher.hexdigest() != expected[seq]:
-            report.add(layout.problem("token_hash", "token ids do not match the index's token_sha256", seq,
-                                      array="token_ids"))
+            report.add(
+                layout.problem(
+                    "token_hash", "token ids do not match the index's token_sha256", seq, array="token_ids"
+                )
+            )
     report.passed("token_hash")
 
 
@@ -138,32 +154,62 @@ def _report_layers(layout: CacheLayout, report: VerifyReport, acc: _Accumulators
     trusted[list(acc.unreadable)] = False
     for k, layer_id in enumerate(report.layer_ids):
         for seq in np.flatnonzero(trusted & ((acc.nan[:, k] > 0) | (acc.inf[:, k] > 0))):
-            report.add(layout.problem("nonfinite", f"layer {layer_id} holds {acc.nan[seq, k]} NaN and "
-                                      f"{acc.inf[seq, k]} Inf values", int(seq), array="hidden_states",
-                                      layer_id=layer_id))
+            report.add(
+                layout.problem(
+                    "nonfinite",
+                    f"layer {layer_id} holds {acc.nan[seq, k]} NaN and {acc.inf[seq, k]} Inf values",
+                    int(seq),
+                    array="hidden_states",
+                    layer_id=layer_id,
+                )
+            )
         for seq in np.flatnonzero(trusted & (acc.zero_rows[:, k] > 0)):
-            report.add(layout.problem("zeros", f"layer {layer_id}: {acc.zero_rows[seq, k]} of "
-                                      f"{layout.lengths[seq]} tokens are all exact zeros (unwritten or "
-                                      "zeroed states)", int(seq), array="hidden_states", layer_id=layer_id))
+            report.add(
+                layout.problem(
+                    "zeros",
+                    f"layer {layer_id}: {acc.zero_rows[seq, k]} of "
+                    f"{layout.lengths[seq]} tokens are all exact zeros (unwritten or "
+                    "zeroed states)",
+                    int(seq),
+                    array="hidden_states",
+                    layer_id=layer_id,
+                )
+            )
         report.layers.append(_layer_stats(layout, report, acc, k, layer_id, trusted))
     for check in ("nonfinite", "zeros", "norms"):
         report.passed(check)
 
 
-def _layer_stats(layout: CacheLayout, report: VerifyReport, acc: _Accumulators, k: int, layer_id: int,
-                 trusted: np.ndarray) -> LayerStats:
+def _layer_stats(
+    layout: CacheLayout, report: VerifyReport, acc: _Accumulators, k: int, layer_id: int, trusted: np.ndarray
+) -> LayerStats:
     rows = int(acc.finite_rows[trusted, k].sum())
     mean = float(acc.norm_sum[trusted, k].sum() / rows) if rows else None
     std = float(np.sqrt(max(0.0, acc.norm_sq_sum[trusted, k].sum() / rows - mean**2))) if rows else None
     outliers = _robust_outliers(acc.norm_sum[:, k], acc.finite_rows[:, k], trusted)
     for seq in outliers:
-        report.add(layout.problem("norms", f"layer {layer_id}: mean token norm "
-                                  f"{acc.norm_sum[seq, k] / max(1, acc.finite_rows[seq, k]):.4g} is an outlier "
-                                  f"(layer mean {mean:.4g}; robust z > {OUTLIER_Z})", seq,
-                                  array="hidden_states", layer_id=layer_id), warning=True)
-    return LayerStats(layer_id, int(acc.nan[:, k].sum()), int(acc.inf[:, k].sum()),
-                      float(acc.zeros[k] / max(1, acc.elements[k])), int(acc.zero_rows[:, k].sum()),
-                      mean, std, outliers)
+        report.add(
+            layout.problem(
+                "norms",
+                f"layer {layer_id}: mean token norm "
+                f"{acc.norm_sum[seq, k] / max(1, acc.finite_rows[seq, k]):.4g} is an outlier "
+                f"(layer mean {mean:.4g}; robust z > {OUTLIER_Z})",
+                seq,
+                array="hidden_states",
+                layer_id=layer_id,
+            ),
+            warning=True,
+        )
+    return LayerStats(
+        layer_id,
+        int(acc.nan[:, k].sum()),
+        int(acc.inf[:, k].sum()),
+        float(acc.zeros[k] / max(1, acc.elements[k])),
+        int(acc.zero_rows[:, k].sum()),
+        mean,
+        std,
+        outliers,
+    )
 
 
 def _robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray) -> list[int]:
@@ -206,24 +252,44 @@ def deep_decode(layout: CacheLayout, report: VerifyReport, tried: dict[tuple[str
     report.passed("chunks")
 
 
-def _bad_chunk(layout: CacheLayout, report: VerifyReport, name: str, chunk: int, start: int, stop: int,
-               exc: Exception) -> None:
+def _bad_chunk(
+    layout: CacheLayout, report: VerifyReport, name: str, chunk: int, start: int, stop: int, exc: Exception
+) -> None:
     seqs = sequences_in(layout, start, min(stop, layout.committed_tokens))
     if start >= layout.committed_tokens or not seqs:
-        report.add(Problem("chunks", f"{name} chunk {chunk} past the committed tokens does not decode ({exc}); "
-                                     "it holds no committed data", array=name, chunk=chunk), warning=True)
+        report.add(
+            Problem(
+                "chunks",
+                f"{name} chunk {chunk} past the committed tokens does not decode ({exc}); "
+                "it holds no committed data",
+                array=name,
+                chunk=chunk,
+            ),
+            warning=True,
+        )
         return
     for seq in seqs:
-        report.add(layout.problem("chunks", f"{name} chunk {chunk} does not decode ({exc})", seq,
-                                  array=name, chunk=chunk))
+        report.add(
+            layout.problem(
+                "chunks", f"{name} chunk {chunk} does not decode ({exc})", seq, array=name, chunk=chunk
+            )
+        )
 
 
-def _nonfinite_rows(layout: CacheLayout, report: VerifyReport, name: str, start: int, rows: np.ndarray) -> None:
+def _nonfinite_rows(
+    layout: CacheLayout, report: VerifyReport, name: str, start: int, rows: np.ndarray
+) -> None:
     n = max(0, min(len(rows), layout.committed_tokens - start))
     bad = np.flatnonzero(~np.isfinite(rows[:n].reshape(n, -1)).all(axis=1))
     if not len(bad) or layout.index is None:
         return
     seq_of_row = np.searchsorted(layout.offsets + layout.lengths, start + bad, side="right")
     for seq, count in zip(*np.unique(seq_of_row, return_counts=True)):
-        report.add(layout.problem("nonfinite", f"{name} holds {count} non-finite rows in chunk "
-                                  f"{start // layout.specs[name].chunk_tokens}", int(seq), array=name))
+        report.add(
+            layout.problem(
+                "nonfinite",
+                f"{name} holds {count} non-finite rows in chunk {start // layout.specs[name].chunk_tokens}",
+                int(seq),
+                array=name,
+            )
+        )

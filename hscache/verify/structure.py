@@ -49,7 +49,9 @@ class CacheLayout:
     def problem(self, check: str, message: str, seq: int, **where: Any) -> Problem:
         """A problem naming sequence row ``seq`` (message prefixed with its ids)."""
         rid = self.record_id(seq)
-        return Problem(check, f"sequence {seq} (record {rid!r}): {message}", seq_id=seq, record_id=rid, **where)
+        return Problem(
+            check, f"sequence {seq} (record {rid!r}): {message}", seq_id=seq, record_id=rid, **where
+        )
 
 
 def sequences_in(layout: CacheLayout, start: int, stop: int) -> range:
@@ -81,12 +83,18 @@ def check_structure(root: Path, report: VerifyReport) -> CacheLayout | None:
     specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
     hidden = specs.get("hidden_states")
     if hidden is None or hidden.row_shape[:1] != (len(report.layer_ids),) or "token_ids" not in specs:
-        report.add(Problem("manifest", f"manifest.json arrays do not match its {len(report.layer_ids)} layer_ids "
-                                       "(hidden_states [T, K, H] and token_ids are required)"))
+        report.add(
+            Problem(
+                "manifest",
+                f"manifest.json arrays do not match its {len(report.layer_ids)} layer_ids "
+                "(hidden_states [T, K, H] and token_ids are required)",
+            )
+        )
         return None
     index = _check_index(root, manifest, report)
-    layout = CacheLayout(root, manifest, specs, {}, report.tokens, index,
-                         np.zeros(0, np.int64), np.zeros(0, np.int64))
+    layout = CacheLayout(
+        root, manifest, specs, {}, report.tokens, index, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    )
     if index is not None:
         layout.offsets = index.column("offset").to_numpy().astype(np.int64)
         layout.lengths = index.column("length").to_numpy().astype(np.int64)
@@ -106,15 +114,26 @@ def _check_index(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
         except CacheFormatError as exc:
             report.add(Problem("index", str(exc)))
         except FileNotFoundError:
-            report.add(Problem("index", f"index part {name} listed in manifest.json is missing; "
-                                        "the sequences it held cannot be located"))
+            report.add(
+                Problem(
+                    "index",
+                    f"index part {name} listed in manifest.json is missing; "
+                    "the sequences it held cannot be located",
+                )
+            )
         except (OSError, pa.ArrowException) as exc:
             report.add(Problem("index", f"index part {name} is unreadable ({exc})"))
     listed = {root / p for p in manifest["index_parts"]}
     for path in sorted((root / INDEX_DIR).glob("*")) if (root / INDEX_DIR).is_dir() else []:
         if path not in listed:
-            report.add(Problem("index", f"{path.relative_to(root)} is not listed in manifest.json (left by a "
-                                        "killed run; ignored by readers, removed on resume)"), warning=True)
+            report.add(
+                Problem(
+                    "index",
+                    f"{path.relative_to(root)} is not listed in manifest.json (left by a "
+                    "killed run; ignored by readers, removed on resume)",
+                ),
+                warning=True,
+            )
     if len(tables) != len(manifest["index_parts"]):
         return None
     if any(t.schema.names != INDEX_SCHEMA.names for t in tables):
@@ -127,12 +146,20 @@ def _check_index(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
 def _check_rows(table: pa.Table, report: VerifyReport) -> pa.Table | None:
     """Row count, seq ids, contiguous offsets and lengths against the manifest's committed extent."""
     if table.num_rows < report.sequences:
-        report.add(Problem("index", f"the index has {table.num_rows} rows but manifest.json commits "
-                                    f"{report.sequences} sequences"))
+        report.add(
+            Problem(
+                "index",
+                f"the index has {table.num_rows} rows but manifest.json commits {report.sequences} sequences",
+            )
+        )
         return None
     if table.num_rows > report.sequences:
-        report.add(Problem("index", f"the index has {table.num_rows} rows, more than the {report.sequences} "
-                                    "committed sequences"))
+        report.add(
+            Problem(
+                "index",
+                f"the index has {table.num_rows} rows, more than the {report.sequences} committed sequences",
+            )
+        )
     table = table.slice(0, report.sequences)
     seq_ids = table.column("seq_id").to_numpy()
     offsets = table.column("offset").to_numpy().astype(np.int64)
@@ -140,15 +167,31 @@ def _check_rows(table: pa.Table, report: VerifyReport) -> pa.Table | None:
     prompt_lens = table.column("prompt_len").to_numpy().astype(np.int64)
     record_ids = table.column("record_id").to_pylist()
     expected_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
-    for i in np.flatnonzero((seq_ids != np.arange(len(seq_ids))) | (offsets != expected_offsets)
-                            | (lengths < 1) | (prompt_lens < 0) | (prompt_lens > lengths)):
-        report.add(Problem("index", f"sequence {i} (record {record_ids[i]!r}): index row is inconsistent "
-                                    f"(seq_id {seq_ids[i]}, offset {offsets[i]} expected {expected_offsets[i]}, "
-                                    f"length {lengths[i]}, prompt_len {prompt_lens[i]})",
-                           seq_id=int(i), record_id=record_ids[i]))
+    for i in np.flatnonzero(
+        (seq_ids != np.arange(len(seq_ids)))
+        | (offsets != expected_offsets)
+        | (lengths < 1)
+        | (prompt_lens < 0)
+        | (prompt_lens > lengths)
+    ):
+        report.add(
+            Problem(
+                "index",
+                f"sequence {i} (record {record_ids[i]!r}): index row is inconsistent "
+                f"(seq_id {seq_ids[i]}, offset {offsets[i]} expected {expected_offsets[i]}, "
+                f"length {lengths[i]}, prompt_len {prompt_lens[i]})",
+                seq_id=int(i),
+                record_id=record_ids[i],
+            )
+        )
     if int(lengths.sum()) != report.tokens:
-        report.add(Problem("index", f"the index's lengths sum to {int(lengths.sum())} tokens but manifest.json "
-                                    f"commits {report.tokens}"))
+        report.add(
+            Problem(
+                "index",
+                f"the index's lengths sum to {int(lengths.sum())} tokens but manifest.json "
+                f"commits {report.tokens}",
+            )
+        )
     return table
 
 
@@ -166,9 +209,11 @@ def _check_arrays(layout: CacheLayout, report: VerifyReport) -> dict[str, zarr.A
         except (KeyError, OSError, ValueError) as exc:
             report.add(Problem("files", f"array {name} is missing or unreadable ({exc})", array=name))
             continue
-        expected = {"row shape": (tuple(array.shape[1:]), spec.row_shape),
-                    "dtype": (str(array.dtype), spec.stored_dtype),
-                    "chunks": (tuple(array.chunks), (spec.chunk_tokens, *spec.row_shape))}
+        expected = {
+            "row shape": (tuple(array.shape[1:]), spec.row_shape),
+            "dtype": (str(array.dtype), spec.stored_dtype),
+            "chunks": (tuple(array.chunks), (spec.chunk_tokens, *spec.row_shape)),
+        }
         bad = [f"{k} {got} (manifest: {want})" for k, (got, want) in expected.items() if got != want]
         if array.shape[0] < layout.committed_tokens:
             bad.append(f"{array.shape[0]} rows, fewer than the {layout.committed_tokens} committed tokens")
@@ -177,8 +222,15 @@ def _check_arrays(layout: CacheLayout, report: VerifyReport) -> dict[str, zarr.A
             continue
         codecs = [type(c).__name__ for c in array.metadata.codecs]
         if not codecs or codecs[-1] != "Crc32cCodec":
-            report.add(Problem("files", f"array {name} has no crc32c checksum as its last codec ({codecs}): "
-                                        "flipped bits cannot be detected", array=name), warning=True)
+            report.add(
+                Problem(
+                    "files",
+                    f"array {name} has no crc32c checksum as its last codec ({codecs}): "
+                    "flipped bits cannot be detected",
+                    array=name,
+                ),
+                warning=True,
+            )
         arrays[name] = array
     return arrays
 

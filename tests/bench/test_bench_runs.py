@@ -14,11 +14,29 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_scale_bench_quick(scale_cache: Path, dask_client):
     # Reuse the session's 2-worker cluster and cache: a new cluster costs ~10 s on 2 cores.
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--quick", "--template",
-                             str(scale_cache), "--scheduler", dask_client.scheduler.address],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "scale.py"),
+            "--quick",
+            "--template",
+            str(scale_cache),
+            "--scheduler",
+            dask_client.scheduler.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    for line in ("throughput ratio 2 workers / 1 worker:", "scheduling overhead per task:",
-                 "peak memory 4x cache - 1x cache:", "full scan cold, --compression none:", "reader/memmap ratio"):
+    for line in (
+        "throughput ratio 2 workers / 1 worker:",
+        "scheduling overhead per task:",
+        "peak memory 4x cache - 1x cache:",
+        "full scan cold, --compression none:",
+        "reader/memmap ratio",
+    ):
         assert line in out, out

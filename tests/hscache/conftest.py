@@ -30,9 +30,24 @@ class SmallCache:
     def cli_args(self, out: Path) -> list[str]:
         """``hscache extract`` flags equal to ``config`` with ``--out out``."""
         c = self.config
-        return ["extract", "--out", str(out), "--limit", str(c.limit), "--max-new-tokens", str(c.max_new_tokens),
-                "--dtype", c.dtype, "--layers", c.layers, "--chunk-mb", str(c.chunk_bytes / (1 << 20)),
-                "--commit-every-s", str(c.commit_every_s), "--quiet"]
+        return [
+            "extract",
+            "--out",
+            str(out),
+            "--limit",
+            str(c.limit),
+            "--max-new-tokens",
+            str(c.max_new_tokens),
+            "--dtype",
+            c.dtype,
+            "--layers",
+            c.layers,
+            "--chunk-mb",
+            str(c.chunk_bytes / (1 << 20)),
+            "--commit-every-s",
+            str(c.commit_every_s),
+            "--quiet",
+        ]
 
     def copy(self, dest: Path) -> Path:
         shutil.copytree(self.path, dest)
@@ -57,8 +72,15 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
     (3 chunk files per hidden-state array), one commit per sequence."""
     out = tmp_path_factory.mktemp("small") / "reference"
     # chunk_bytes 10 KiB rounds up to the 256-token minimum chunk for every array.
-    config = hscache.ExtractConfig(out=str(out), layers="1,3,5", max_new_tokens=8, dtype="fp32", limit=12,
-                                   chunk_bytes=10 * 1024, commit_every_s=0.0)
+    config = hscache.ExtractConfig(
+        out=str(out),
+        layers="1,3,5",
+        max_new_tokens=8,
+        dtype="fp32",
+        limit=12,
+        chunk_bytes=10 * 1024,
+        commit_every_s=0.0,
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

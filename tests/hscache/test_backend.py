@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
 
-from hscache.backend import fla_status, inspect_kernels, resolve_backend, use_backend
+from hscache.capture.backend import fla_status, inspect_kernels, resolve_backend, use_backend
+from hscache.capture.target import load_target
 from hscache.errors import BackendUnavailableError
-from hscache.target import load_target
 
 
 def _fake_fla_wrapper(torch_function):
@@ -64,7 +64,9 @@ def test_plain_attention_models_have_no_linear_kernels():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and flash-linear-attention (GPU machine)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA and flash-linear-attention (GPU machine)"
+)
 def test_fla_backend_binds_fla_kernels_on_cuda():
     pytest.importorskip("fla.ops.gated_delta_rule", reason="flash-linear-attention is not installed")
     target = load_target("builtin:tiny-qwen3.5", "bf16", "cuda")

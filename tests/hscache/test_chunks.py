@@ -28,8 +28,11 @@ def _write(root: Path, dtype: str, compression: str, lengths: list[int] = LENGTH
     for n, t in enumerate(lengths):
         hidden = torch.randn(t, 2, 8, generator=gen) * 100
         hidden.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])[: hidden.numel()]
-        stored = (hidden.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16) if dtype == "bfloat16"
-                  else hidden.numpy().astype(dtype))
+        stored = (
+            hidden.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            if dtype == "bfloat16"
+            else hidden.numpy().astype(dtype)
+        )
         rows = {
             "hidden_states": stored,
             "token_ids": np.arange(t, dtype=np.int32) + n,
@@ -45,8 +48,11 @@ def _write(root: Path, dtype: str, compression: str, lengths: list[int] = LENGTH
     return root
 
 
-@pytest.fixture(scope="module", params=[("bfloat16", "balanced"), ("float16", "fast"), ("float32", "none")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[("bfloat16", "balanced"), ("float16", "fast"), ("float32", "none")],
+    ids=lambda p: "-".join(p),
+)
 def cache_dir(request, tmp_path_factory) -> Path:
     dtype, compression = request.param
     return _write(tmp_path_factory.mktemp("chunks") / "c", dtype, compression)
@@ -69,8 +75,10 @@ def test_direct_reads_equal_zarr_bit_for_bit_for_every_array_and_range(cache_dir
         blocks = list(cache.iter_tokens(name))
         assert [a for a, _ in blocks] == list(range(0, n, cache.specs[name].chunk_tokens))
         assert np.concatenate([rows for _, rows in blocks]).tobytes() == _zarr(cache, name, 0, n).tobytes()
-        assert np.concatenate([r for _, r in cache.iter_tokens(name, 250, 800)]).tobytes() == \
-            _zarr(cache, name, 250, 800).tobytes()
+        assert (
+            np.concatenate([r for _, r in cache.iter_tokens(name, 250, 800)]).tobytes()
+            == _zarr(cache, name, 250, 800).tobytes()
+        )
 
 
 def test_per_sequence_accessors_and_blocks_keep_the_logical_dtype(cache_dir):
@@ -82,11 +90,15 @@ def test_per_sequence_accessors_and_blocks_keep_the_logical_dtype(cache_dir):
         assert hidden.dtype == getattr(torch, logical) and hidden.shape == (t, 2, 8)
         raw = _zarr(cache, "hidden_states", start, start + t)
         assert hidden.contiguous().view(torch.uint8).numpy().tobytes() == raw.tobytes()
-        assert torch.equal(cache.target_logits(i), torch.from_numpy(_zarr(cache, "target_logits", start, start + t)))
+        assert torch.equal(
+            cache.target_logits(i), torch.from_numpy(_zarr(cache, "target_logits", start, start + t))
+        )
         start += t
     block = read_rows(cache, range(1, 4))
     for i in range(1, 4):
-        assert torch.equal(block.get("hidden_states", i).view(torch.uint8), cache.hidden_states(i).view(torch.uint8))
+        assert torch.equal(
+            block.get("hidden_states", i).view(torch.uint8), cache.hidden_states(i).view(torch.uint8)
+        )
 
 
 def test_the_chunk_file_is_payload_then_little_endian_crc32c(cache_dir):
@@ -139,7 +151,9 @@ def test_a_truncated_chunk_raises(cache_dir, tmp_path):
 def test_a_missing_chunk_is_refused_where_zarr_would_read_zeros(cache_dir, tmp_path):
     cache, _ = _damaged_copy(cache_dir, tmp_path, lambda p: p.unlink())
     assert not _zarr(cache, "hidden_states", 200, 600)[56:312].any()  # zarr: silent fill value
-    with pytest.raises(hscache.CacheFormatError, match=r"is missing; the cache is damaged: run `hscache verify`"):
+    with pytest.raises(
+        hscache.CacheFormatError, match=r"is missing; the cache is damaged: run `hscache verify`"
+    ):
         cache.read_tokens("hidden_states", 200, 600)
 
 
@@ -153,7 +167,9 @@ def test_unknown_codec_chains_fall_back_to_zarr(tmp_path):
     from zarr.codecs import ZstdCodec
 
     group = zarr.open_group(str(tmp_path / "g"), mode="w")
-    plain = group.create_array("plain", shape=(10, 4), chunks=(4, 4), dtype="float32", compressors=[ZstdCodec()])
+    plain = group.create_array(
+        "plain", shape=(10, 4), chunks=(4, 4), dtype="float32", compressors=[ZstdCodec()]
+    )
     split = group.create_array("split", shape=(10, 4), chunks=(4, 2), dtype="float32", compressors=None)
     assert chunk_reader(plain) is None and chunk_reader(split) is None
     meta = json.loads((tmp_path / "g" / "plain" / "zarr.json").read_text())

@@ -65,13 +65,23 @@ def _assert_identical(out: Path, reference: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hscache.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **ONE_THREAD_ENV}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hscache.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ONE_THREAD_ENV},
+        timeout=300,
+    )
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hscache.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD_ENV})
+    return subprocess.Popen(
+        [sys.executable, "-m", "hscache.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **ONE_THREAD_ENV},
+    )
 
 
 def _kill_when(proc: subprocess.Popen, condition, timeout: float = 120) -> bool:
@@ -169,9 +179,14 @@ def test_compaction_crash_windows_never_show_duplicates(tmp_path, monkeypatch):
     def rows(n: int, seed: int) -> SequenceRows:
         g = np.random.default_rng(seed)
         ids = g.integers(0, 100, n).astype(np.int32)
-        arrays = {"hidden_states": g.standard_normal((n, 2, 8)).astype(np.float32), "token_ids": ids,
-                  "target_argmax": ids, "target_topk_values": np.zeros((n, 4), np.float32),
-                  "target_topk_ids": np.zeros((n, 4), np.int32), "target_logsumexp": np.zeros(n, np.float32)}
+        arrays = {
+            "hidden_states": g.standard_normal((n, 2, 8)).astype(np.float32),
+            "token_ids": ids,
+            "target_argmax": ids,
+            "target_topk_values": np.zeros((n, 4), np.float32),
+            "target_topk_ids": np.zeros((n, 4), np.int32),
+            "target_logsumexp": np.zeros(n, np.float32),
+        }
         digest = hashlib.sha256(ids.astype("<i4").tobytes()).hexdigest()
         return SequenceRows(arrays, f"r{seed}", 1, "none", digest, "{}")
 
@@ -213,7 +228,9 @@ def test_compaction_crash_windows_never_show_duplicates(tmp_path, monkeypatch):
         for s in range(5):
             assert np.array_equal(cache.hidden_states(s).numpy(), rows(100 + s, s).arrays["hidden_states"])
         problems = verify_cache(root, VerifyConfig(deep=True)).problems
-        assert all(p.message.startswith("target/") for p in problems), problems  # no target/: store-level test
+        assert all(p.message.startswith("target/") for p in problems), (
+            problems
+        )  # no target/: store-level test
         assert len(list((root / "index").glob("*.parquet"))) == 1
 
 
@@ -221,8 +238,9 @@ def test_compaction_crash_windows_never_show_duplicates(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("where,fail_at", [("index_or_manifest", 5), ("chunk", 40)])
-def test_disk_full_keeps_the_committed_part_and_resumes_identically(tmp_path, small_cache, monkeypatch,
-                                                                    where, fail_at):
+def test_disk_full_keeps_the_committed_part_and_resumes_identically(
+    tmp_path, small_cache, monkeypatch, where, fail_at
+):
     import zarr.storage._local as zarr_local
 
     out = tmp_path / "c"
@@ -233,7 +251,9 @@ def test_disk_full_keeps_the_committed_part_and_resumes_identically(tmp_path, sm
     with pytest.raises(StoreWriteError) as info:
         hscache.extract(small_cache.config_for(out))
     message = str(info.value)
-    assert "\n" not in message and "No space left on device" in message and "re-run the same command" in message
+    assert (
+        "\n" not in message and "No space left on device" in message and "re-run the same command" in message
+    )
     monkeypatch.undo()
     committed = _committed(out)
     assert 0 < committed < 12, committed
@@ -256,7 +276,9 @@ def test_disk_full_while_staging_target_dir_restarts_cleanly(tmp_path, small_cac
 
 
 def test_disk_full_on_the_final_provenance_write_then_rerun_completes(tmp_path, small_cache, monkeypatch):
-    extract_module = sys.modules["hscache.extract"]  # the name hscache.extract is the function
+    extract_module = sys.modules[
+        "hscache.capture.extract"
+    ]  # the name hscache.capture.extract is the function
     out = tmp_path / "c"
     monkeypatch.setattr(extract_module, "_write_provenance", _DiskFull(extract_module._write_provenance, 2))
     with pytest.raises(StoreWriteError, match="the 12 sequences committed before are intact"):
@@ -303,7 +325,9 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_cache(tmp_path, small
 
 
 def test_ctrl_c_commits_finished_batches_then_resumes_identically(tmp_path, small_cache, monkeypatch):
-    extract_module = sys.modules["hscache.extract"]  # the name hscache.extract is the function
+    extract_module = sys.modules[
+        "hscache.capture.extract"
+    ]  # the name hscache.capture.extract is the function
     out = tmp_path / "c"
     calls = {"n": 0}
     original = extract_module.capture_batch
@@ -328,9 +352,13 @@ def test_resume_removes_leftovers_of_a_killed_run(tmp_path, small_cache):
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["complete"] = False
     (out / "manifest.json").write_text(json.dumps(manifest))
-    junk = [out / "arrays" / "hidden_states" / "c" / "0" / "0" / "0.abc.partial",
-            out / f"manifest.json{fsio.TEMP_MARK}dead", out / "index" / "part-000099.parquet",
-            out / f"target{fsio.TEMP_MARK}staging" / "config.json", out / ".hscache-creating"]
+    junk = [
+        out / "arrays" / "hidden_states" / "c" / "0" / "0" / "0.abc.partial",
+        out / f"manifest.json{fsio.TEMP_MARK}dead",
+        out / "index" / "part-000099.parquet",
+        out / f"target{fsio.TEMP_MARK}staging" / "config.json",
+        out / ".hscache-creating",
+    ]
     for path in junk:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"junk")
@@ -344,18 +372,23 @@ def test_resume_removes_leftovers_of_a_killed_run(tmp_path, small_cache):
 # ----------------------------------------------------------------------------- mismatched resume
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"layers": "1,3"}, "layer_ids=[1, 3, 5] but this run has layer_ids=[1, 3]"),
-    ({"dtype": "bf16"}, "dtype='fp32' but this run has dtype='bf16'"),
-    ({"prompts": "OTHER"}, "built with prompts_sha256="),
-    ({"limit": 6}, "limit=12 but this run has limit=6"),
-    ({"max_new_tokens": 4}, "max_new_tokens=8 but this run has max_new_tokens=4"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"layers": "1,3"}, "layer_ids=[1, 3, 5] but this run has layer_ids=[1, 3]"),
+        ({"dtype": "bf16"}, "dtype='fp32' but this run has dtype='bf16'"),
+        ({"prompts": "OTHER"}, "built with prompts_sha256="),
+        ({"limit": 6}, "limit=12 but this run has limit=6"),
+        ({"max_new_tokens": 4}, "max_new_tokens=8 but this run has max_new_tokens=4"),
+    ],
+)
 def test_mismatched_resume_is_refused_naming_the_difference(tmp_path, small_cache, change, named):
     out = small_cache.copy(tmp_path / "c")
     if change.get("prompts") == "OTHER":
-        change = {"prompts": str(write_jsonl(tmp_path / "p.jsonl", [{"id": "x", "prompt": "other"}])),
-                  "limit": None}
+        change = {
+            "prompts": str(write_jsonl(tmp_path / "p.jsonl", [{"id": "x", "prompt": "other"}])),
+            "limit": None,
+        }
     before = (out / "manifest.json").read_bytes()
     with pytest.raises(ResumeMismatchError) as info:
         hscache.extract(small_cache.config_for(out, **change))

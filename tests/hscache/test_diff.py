@@ -12,9 +12,9 @@ from click.testing import CliRunner
 import hscache
 import schemas
 from hscache.cli import main
-from hscache.diff import compare_provenance, diff_caches
-from hscache.diff_report import save_json
-from hscache.report_html import acceptance_chart, write_report
+from hscache.diff.compare import compare_provenance, diff_caches
+from hscache.diff.report import save_json
+from hscache.report.html import acceptance_chart, write_report
 from tests.chromium import png_is_not_blank, screenshot
 from tests.conftest import write_jsonl
 
@@ -31,8 +31,11 @@ def _extract(out: Path, **options) -> Path:
 def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Prompt-only caches (no generation, so the token ids agree whatever the dtype), all 8 layers."""
     root = tmp_path_factory.mktemp("diff")
-    return {"fp32": _extract(root / "fp32"), "fp32_again": _extract(root / "fp32_again"),
-            "bf16": _extract(root / "bf16", dtype="bf16")}
+    return {
+        "fp32": _extract(root / "fp32"),
+        "fp32_again": _extract(root / "fp32_again"),
+        "bf16": _extract(root / "bf16", dtype="bf16"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +47,21 @@ def drift_report(caches):
 def edited_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A: prompts a, b, c on layers 1,3; B: b's text edited, plus d, on layers 3,5; C: a and c only."""
     root = tmp_path_factory.mktemp("edited")
-    base = [{"id": "a", "prompt": "def add(x, y):"}, {"id": "b", "prompt": "The cat sat"},
-            {"id": "c", "prompt": "Once upon a time"}]
+    base = [
+        {"id": "a", "prompt": "def add(x, y):"},
+        {"id": "b", "prompt": "The cat sat"},
+        {"id": "c", "prompt": "Once upon a time"},
+    ]
     edited = [base[0], {"id": "b", "prompt": "The dog sat"}, base[2], {"id": "d", "prompt": "Hello"}]
-    files = {name: write_jsonl(root / f"{name}.jsonl", records)
-             for name, records in (("A", base), ("B", edited), ("C", [base[0], base[2]]))}
-    return {"A": _extract(root / "A", prompts=str(files["A"]), layers="1,3", limit=None),
-            "B": _extract(root / "B", prompts=str(files["B"]), layers="3,5", limit=None),
-            "C": _extract(root / "C", prompts=str(files["C"]), layers="1,3", limit=None)}
+    files = {
+        name: write_jsonl(root / f"{name}.jsonl", records)
+        for name, records in (("A", base), ("B", edited), ("C", [base[0], base[2]]))
+    }
+    return {
+        "A": _extract(root / "A", prompts=str(files["A"]), layers="1,3", limit=None),
+        "B": _extract(root / "B", prompts=str(files["B"]), layers="3,5", limit=None),
+        "C": _extract(root / "C", prompts=str(files["C"]), layers="1,3", limit=None),
+    }
 
 
 # ---------------------------------------------------------------- fp32 vs bf16
@@ -60,8 +70,9 @@ def edited_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_fp32_vs_bf16_drift_is_plausible_and_grows_with_depth(drift_report) -> None:
     layers = drift_report.hidden_states
     assert [x.layer_id for x in layers] == list(range(8))
-    assert [x.layer_type for x in layers] == ["linear_attention"] * 3 + ["full_attention"] + \
-        ["linear_attention"] * 3 + ["full_attention"]
+    assert [x.layer_type for x in layers] == ["linear_attention"] * 3 + ["full_attention"] + [
+        "linear_attention"
+    ] * 3 + ["full_attention"]
     rel = [x.rel_l2 for x in layers]
     assert all(1e-4 < r < 1e-1 for r in rel), rel  # bf16 keeps 8 significant bits: ~4e-3 per rounding
     assert rel[-1] > 2 * rel[0], rel
@@ -72,8 +83,12 @@ def test_fp32_vs_bf16_drift_is_plausible_and_grows_with_depth(drift_report) -> N
     assert 0 < nt.kl_mean < 0.1 and nt.kl_max >= nt.kl_mean
     assert nt.flips_at_risk == nt.argmax_flips  # a flip needs a margin below twice the drift
     assert drift_report.provenance.differing == ("capture.dtype",)
-    assert set(drift_report.provenance.expected) <= {"timestamps.started_at", "timestamps.finished_at",
-                                                      "command_line", "hardware.hostname"}
+    assert set(drift_report.provenance.expected) <= {
+        "timestamps.started_at",
+        "timestamps.finished_at",
+        "command_line",
+        "hardware.hostname",
+    }
 
 
 def test_aggregates_are_pooled_over_tokens_not_means_of_means(caches, drift_report) -> None:
@@ -95,15 +110,18 @@ def test_position_buckets_follow_the_requested_starts(caches) -> None:
     lengths = hscache.open_cache(caches["fp32"]).index.column("length").to_pylist()
     buckets = report.hidden_states[0].by_position
     assert [(p.start, p.stop) for p in buckets] == [(0, 10), (10, 40), (40, None)]
-    assert [p.tokens for p in buckets] == [sum(min(n, 10) for n in lengths),
-                                           sum(max(0, min(n, 40) - 10) for n in lengths),
-                                           sum(max(0, n - 40) for n in lengths)]
+    assert [p.tokens for p in buckets] == [
+        sum(min(n, 10) for n in lengths),
+        sum(max(0, min(n, 40) - 10) for n in lengths),
+        sum(max(0, n - 40) for n in lengths),
+    ]
     assert [b.positions for b in report.next_token.by_position] == [p.tokens for p in buckets]
 
 
 def test_per_sequence_worst_layer(drift_report) -> None:
-    assert [s.record_id for s in drift_report.per_sequence] == \
-        hscache.open_cache(drift_report.cache_a.path).index.column("record_id").to_pylist()
+    assert [s.record_id for s in drift_report.per_sequence] == hscache.open_cache(
+        drift_report.cache_a.path
+    ).index.column("record_id").to_pylist()
     for seq in drift_report.per_sequence:
         assert seq.worst_layer in range(8) and 1e-4 < seq.worst_rel_l2 < 1e-1
 
@@ -165,8 +183,11 @@ def test_no_common_layer_is_refused(edited_caches, caches) -> None:
 def test_differing_greedy_continuations_are_refused_unless_intersect(fp32_cache, bf16_cache) -> None:
     """With generation, bf16 greedy text may leave fp32's; the first such sequence is named."""
     a, b = hscache.open_cache(fp32_cache), hscache.open_cache(bf16_cache)
-    pairs = zip(a.index.column("record_id").to_pylist(), a.index.column("token_sha256").to_pylist(),
-                b.index.column("token_sha256").to_pylist())
+    pairs = zip(
+        a.index.column("record_id").to_pylist(),
+        a.index.column("token_sha256").to_pylist(),
+        b.index.column("token_sha256").to_pylist(),
+    )
     differing = [rid for rid, sha_a, sha_b in pairs if sha_a != sha_b]
     if not differing:
         pytest.skip("fp32 and bf16 greedy continuations happened to agree on every prompt")
@@ -183,10 +204,18 @@ def test_differing_greedy_continuations_are_refused_unless_intersect(fp32_cache,
 
 
 def test_compare_provenance_flattens_and_separates_expected_differences() -> None:
-    a = {"capture": {"dtype": "fp32", "kernels": {"chunk": {"backend": "torch"}}}, "command_line": ["x"],
-         "hardware": {"hostname": "h1", "device": "cpu"}, "versions": {"torch": "2.4"}}
-    b = {"capture": {"dtype": "fp32", "kernels": {"chunk": {"backend": "fla"}}}, "command_line": ["y"],
-         "hardware": {"hostname": "h2", "device": "cpu"}, "versions": {"torch": "2.4", "fla": "0.3"}}
+    a = {
+        "capture": {"dtype": "fp32", "kernels": {"chunk": {"backend": "torch"}}},
+        "command_line": ["x"],
+        "hardware": {"hostname": "h1", "device": "cpu"},
+        "versions": {"torch": "2.4"},
+    }
+    b = {
+        "capture": {"dtype": "fp32", "kernels": {"chunk": {"backend": "fla"}}},
+        "command_line": ["y"],
+        "hardware": {"hostname": "h2", "device": "cpu"},
+        "versions": {"torch": "2.4", "fla": "0.3"},
+    }
     diff = compare_provenance(a, b)
     assert diff.differing == ("capture.kernels.chunk.backend", "versions.fla")
     assert diff.expected == ("command_line", "hardware.hostname")
@@ -200,18 +229,30 @@ def test_compare_provenance_flattens_and_separates_expected_differences() -> Non
 
 def test_cli_diff_writes_schema_valid_json_and_html(caches, tmp_path) -> None:
     out_json, out_html = tmp_path / "d.json", tmp_path / "d.html"
-    args = ["diff", str(caches["fp32"]), str(caches["bf16"]), "--json", str(out_json),
-            "--report", str(out_html), "--position-buckets", "0,32"]
+    args = [
+        "diff",
+        str(caches["fp32"]),
+        str(caches["bf16"]),
+        "--json",
+        str(out_json),
+        "--report",
+        str(out_html),
+        "--position-buckets",
+        "0,32",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "full_attention" in result.output and "capture.dtype: \"fp32\" -> \"bf16\"" in result.output
+    assert "full_attention" in result.output and 'capture.dtype: "fp32" -> "bf16"' in result.output
     document = json.loads(out_json.read_text())
     schemas.validate(document, "diff_report")
     assert document["config"] == {"intersect": False, "position_buckets": [0, 32]}
     assert isinstance(document["hidden_states"][7]["rel_l2"], float)
     html = out_html.read_text()
-    assert html.count("<svg") >= 4 and "<script" not in html and "http://" not in html.replace(
-        'xmlns="http://www.w3.org/2000/svg"', "")
+    assert (
+        html.count("<svg") >= 4
+        and "<script" not in html
+        and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    )
 
 
 def test_cli_diff_refusal_is_one_line_exit_2(edited_caches) -> None:
@@ -244,7 +285,7 @@ def test_acceptance_chart_hook_draws_one_line_per_cache() -> None:
 
 @pytest.mark.gpu
 def test_fla_vs_torch_kernels_drift(tmp_path) -> None:
-    from hscache.backend import fla_status
+    from hscache.capture.backend import fla_status
 
     available, why = fla_status("cuda")
     if not available:

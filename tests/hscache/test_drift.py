@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hscache.drift import (
+from hscache.diff.stats import (
     argmax_agreement,
     bucket_positions,
     logit_drift,

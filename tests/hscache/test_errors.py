@@ -50,13 +50,16 @@ def test_empty_prompts_file(tmp_path):
     _assert_one_line_error(code, text, "has no records")
 
 
-@pytest.mark.parametrize("layers,fragment", [
-    ("9", "layer 9 out of range for a target with 8 layers; choose 0-7"),
-    ("1,3,1", "layer 1 is listed twice"),
-    ("1,x", "not a comma-separated list of integers"),
-    ("dflash:x", "expected dflash:N"),
-    ("-1", "layer -1 out of range"),
-])
+@pytest.mark.parametrize(
+    "layers,fragment",
+    [
+        ("9", "layer 9 out of range for a target with 8 layers; choose 0-7"),
+        ("1,3,1", "layer 1 is listed twice"),
+        ("1,x", "not a comma-separated list of integers"),
+        ("dflash:x", "expected dflash:N"),
+        ("-1", "layer -1 out of range"),
+    ],
+)
 def test_bad_layer_ids(tmp_path, layers, fragment):
     code, text = _run("--out", str(tmp_path / "c"), "--layers", layers)
     _assert_one_line_error(code, text, fragment)
@@ -71,8 +74,9 @@ def test_unknown_model_path(tmp_path):
 
 
 def test_prompt_longer_than_max_length(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"id": "short", "prompt": "hi"},
-                                              {"id": "long", "prompt": "word " * 200}])
+    path = write_jsonl(
+        tmp_path / "p.jsonl", [{"id": "short", "prompt": "hi"}, {"id": "long", "prompt": "word " * 200}]
+    )
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path), "--max-length", "50")
     _assert_one_line_error(code, text, "record 'long' (line 2)", "more than --max-length 50")
 
@@ -103,8 +107,9 @@ def test_mismatched_resume_keeps_the_existing_cache(tmp_path, bf16_cache):
     out = tmp_path / "c"
     shutil.copytree(bf16_cache, out)
     before = json.loads((out / "manifest.json").read_text())
-    code, text = _run("--out", str(out), "--layers", "1,3,7", "--max-new-tokens", "12", "--limit", "4",
-                      "--dtype", "fp32")
+    code, text = _run(
+        "--out", str(out), "--layers", "1,3,7", "--max-new-tokens", "12", "--limit", "4", "--dtype", "fp32"
+    )
     _assert_one_line_error(code, text, "built with dtype='bf16' but this run has dtype='fp32'", "--overwrite")
     assert json.loads((out / "manifest.json").read_text()) == before
     assert len(hscache.open_cache(out)) == 4
@@ -115,20 +120,32 @@ def test_info_on_a_directory_that_is_not_a_cache(tmp_path):
     _assert_one_line_error(result.exit_code, result.output.strip(), "is not an hscache cache")
 
 
-@pytest.mark.parametrize("record,fragment", [
-    ({"id": "a", "messages": [{"role": "user", "content": "hi"}], "response": "x"}, "'response' must be a string"),
-    ({"id": "a", "input_ids": [1, 2], "prompt_len": 5}, "'prompt_len' must be an integer in 1..len(input_ids)"),
-])
+@pytest.mark.parametrize(
+    "record,fragment",
+    [
+        (
+            {"id": "a", "messages": [{"role": "user", "content": "hi"}], "response": "x"},
+            "'response' must be a string",
+        ),
+        (
+            {"id": "a", "input_ids": [1, 2], "prompt_len": 5},
+            "'prompt_len' must be an integer in 1..len(input_ids)",
+        ),
+    ],
+)
 def test_bad_dataset_continuations(tmp_path, record, fragment):
     path = write_jsonl(tmp_path / "p.jsonl", [record])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path), "--max-new-tokens", "0")
     _assert_one_line_error(code, text, "p.jsonl:1:", fragment)
 
 
-@pytest.mark.parametrize("device,fragment", [
-    ("gpu", "--device 'gpu' is not a torch device; use cpu or cuda[:N]"),
-    ("cuda", "torch reports no CUDA device on this machine; use --device cpu"),
-])
+@pytest.mark.parametrize(
+    "device,fragment",
+    [
+        ("gpu", "--device 'gpu' is not a torch device; use cpu or cuda[:N]"),
+        ("cuda", "torch reports no CUDA device on this machine; use --device cpu"),
+    ],
+)
 def test_bad_or_absent_device(tmp_path, device, fragment):
     if device == "cuda" and __import__("torch").cuda.is_available():
         pytest.skip("this machine has CUDA")

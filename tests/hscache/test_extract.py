@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hscache
-from hscache.target import load_target
+from hscache.capture.target import load_target
 
 
 def _independent_forward(model: torch.nn.Module, ids: torch.Tensor):
@@ -49,8 +49,9 @@ def test_next_token_data_equals_model_logits(request, cache_fixture, dtype):
         assert torch.equal(values, top.values)
         assert torch.equal(ids, top.indices)
         # exact to float32 rounding of one reduction over the vocabulary
-        torch.testing.assert_close(cache.target_logsumexp(i), torch.logsumexp(logits.float(), -1),
-                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            cache.target_logsumexp(i), torch.logsumexp(logits.float(), -1), rtol=1e-6, atol=1e-6
+        )
 
 
 def test_greedy_continuation_equals_generate_and_a_naive_greedy_loop(fp32_cache):
@@ -60,8 +61,9 @@ def test_greedy_continuation_equals_generate_and_a_naive_greedy_loop(fp32_cache)
     ids = cache.token_ids(0)
     prompt = ids[: row["prompt_len"]]
     with torch.no_grad():
-        generated = target.model.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]),
-                                          max_new_tokens=12, do_sample=False)
+        generated = target.model.generate(
+            prompt[None], attention_mask=torch.ones_like(prompt[None]), max_new_tokens=12, do_sample=False
+        )
         naive = prompt.clone()
         for _ in range(len(ids) - len(prompt)):  # no KV cache: a full forward per token
             nxt = target.model(input_ids=naive[None]).logits[0, -1].argmax()
@@ -103,8 +105,16 @@ def test_target_head_and_tokenizer_come_from_the_cache(fp32_cache):
 
 def test_batched_forward_matches_one_sequence_per_forward_and_padding_does_not_leak(fp32_cache, tmp_path):
     out = tmp_path / "batched"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="0,1,2,3,4,5,6,7", max_new_tokens=12,
-                                          dtype="fp32", limit=4, batch_tokens=100_000))
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out),
+            layers="0,1,2,3,4,5,6,7",
+            max_new_tokens=12,
+            dtype="fp32",
+            limit=4,
+            batch_tokens=100_000,
+        )
+    )
     single, batched = hscache.open_cache(fp32_cache), hscache.open_cache(out)
     assert single.index.column("length").to_pylist() == batched.index.column("length").to_pylist()
     for i in range(len(single)):
@@ -116,7 +126,9 @@ def test_batched_forward_matches_one_sequence_per_forward_and_padding_does_not_l
 
 def test_fp16_cache_keeps_fp16_states_bit_for_bit(tmp_path):
     out = tmp_path / "fp16"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="0,6", max_new_tokens=3, dtype="fp16", limit=1))
+    hscache.extract(
+        hscache.ExtractConfig(out=str(out), layers="0,6", max_new_tokens=3, dtype="fp16", limit=1)
+    )
     cache = hscache.open_cache(out)
     assert cache.dtype == torch.float16 and cache.array("hidden_states").dtype == "float16"
     target = load_target("builtin:tiny-qwen3.5", "fp16")
@@ -128,13 +140,24 @@ def test_fp16_cache_keeps_fp16_states_bit_for_bit(tmp_path):
 def test_dataset_text_after_the_prompt_is_cached_and_scored_from_the_prompt_end(tmp_path):
     from tests.conftest import write_jsonl
 
-    prompts = write_jsonl(tmp_path / "p.jsonl", [
-        {"id": "chat", "prompt": "Write fizzbuzz.", "response": " def fizzbuzz(n): return n", "category": "code"},
-        {"id": "ids", "input_ids": [5, 6, 7, 8, 9, 10, 11], "prompt_len": 3},
-    ])
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "id": "chat",
+                "prompt": "Write fizzbuzz.",
+                "response": " def fizzbuzz(n): return n",
+                "category": "code",
+            },
+            {"id": "ids", "input_ids": [5, 6, 7, 8, 9, 10, 11], "prompt_len": 3},
+        ],
+    )
     out = tmp_path / "c"
-    hscache.extract(hscache.ExtractConfig(out=str(out), prompts=str(prompts), layers="1,3", max_new_tokens=0,
-                                          dtype="fp32"))
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out), prompts=str(prompts), layers="1,3", max_new_tokens=0, dtype="fp32"
+        )
+    )
     cache = hscache.open_cache(out)
     rows = cache.index.to_pylist()
     target = load_target("builtin:tiny-qwen3.5")
@@ -147,7 +170,7 @@ def test_dataset_text_after_the_prompt_is_cached_and_scored_from_the_prompt_end(
 
 
 def test_cpu_tensors_need_no_host_copy():
-    from hscache.capture import to_host_async
+    from hscache.capture.forward import to_host_async
 
     assert to_host_async([]) == ([], None)
 
@@ -156,8 +179,11 @@ def test_cpu_tensors_need_no_host_copy():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned async copies)")
 def test_cuda_extraction_copies_through_pinned_memory(tmp_path):
     out = tmp_path / "cuda"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3", max_new_tokens=4, dtype="bf16", limit=2,
-                                          device="cuda", batch_tokens=1))  # one per forward: bit-exact
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out), layers="1,3", max_new_tokens=4, dtype="bf16", limit=2, device="cuda", batch_tokens=1
+        )
+    )  # one per forward: bit-exact
     cache = hscache.open_cache(out)
     target = load_target("builtin:tiny-qwen3.5", "bf16", "cuda")
     ref = _independent_forward(target.model, cache.token_ids(0).cuda())
@@ -166,7 +192,7 @@ def test_cuda_extraction_copies_through_pinned_memory(tmp_path):
 
 def test_greedy_ignores_sampling_settings_the_target_ships(tmp_path):
     """A target whose generation_config carries a repetition penalty still gets the argmax chain."""
-    from hscache.capture import greedy_continuation
+    from hscache.capture.forward import greedy_continuation
 
     target = load_target("builtin:tiny-qwen3.5", "fp32")
     target.model.generation_config.repetition_penalty = 3.0

@@ -31,9 +31,13 @@ def bucket(tmp_path_factory: pytest.TempPathFactory):
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     with pytest.MonkeyPatch.context() as env:
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-                           "HSCACHE_LOCAL_DIR": str(tmp_path_factory.mktemp("local"))}.items():
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "HSCACHE_LOCAL_DIR": str(tmp_path_factory.mktemp("local")),
+        }.items():
             env.setenv(key, value)
         s3fs.S3FileSystem.clear_instance_cache()
         s3fs.S3FileSystem().mkdir("hscache-test")
@@ -49,10 +53,16 @@ def _same_numbers(a: dict, b: dict) -> None:
 
 def test_extract_and_eval_round_trip_through_s3(bucket, scale_cache, tmp_path):
     url = f"{bucket}/cache"
-    result = hscache.extract(hscache.ExtractConfig(out=url, layers="1,3,7", max_new_tokens=12, dtype="fp32", limit=4))
+    result = hscache.extract(
+        hscache.ExtractConfig(out=url, layers="1,3,7", max_new_tokens=12, dtype="fp32", limit=4)
+    )
     assert result.path == url and result.sequences == 4
     remote, local = hscache.open_cache(url), hscache.open_cache(scale_cache)
-    assert isinstance(remote, RemoteCache) and remote.complete and "RemoteCache('s3://hscache-test/cache'" in repr(remote)
+    assert (
+        isinstance(remote, RemoteCache)
+        and remote.complete
+        and "RemoteCache('s3://hscache-test/cache'" in repr(remote)
+    )
     for i in range(len(local)):
         assert torch.equal(remote.hidden_states(i), local.hidden_states(i))
         assert torch.equal(remote.token_ids(i), local.token_ids(i))
@@ -73,8 +83,11 @@ def test_upload_then_reopen_sees_the_new_cache(bucket, scale_cache):
 
 
 def test_missing_remote_cache_is_a_one_line_error(bucket):
-    with pytest.raises(hscache.CacheNotFoundError, match=r"s3://hscache-test/nothing is not an hscache cache \(no manifest"
-                       r"\.json\); create one with `hscache extract --out s3://hscache-test/nothing`"):
+    with pytest.raises(
+        hscache.CacheNotFoundError,
+        match=r"s3://hscache-test/nothing is not an hscache cache \(no manifest"
+        r"\.json\); create one with `hscache extract --out s3://hscache-test/nothing`",
+    ):
         hscache.open_cache(f"{bucket}/nothing")
 
 

@@ -18,7 +18,16 @@ from hscache.store.shards import ShardedCache, merge_shards, parse_shard
 from pipelines.sharded_extract import sharded_extract
 
 CONFIG = {"layers": "1,3,7", "max_new_tokens": 6, "dtype": "fp32", "limit": 5}  # 5 prompts: shards of 3 and 2
-_COLUMNS = ("seq_id", "record_id", "offset", "length", "prompt_len", "stop_reason", "token_sha256", "metadata_json")
+_COLUMNS = (
+    "seq_id",
+    "record_id",
+    "offset",
+    "length",
+    "prompt_len",
+    "stop_reason",
+    "token_sha256",
+    "metadata_json",
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +64,11 @@ def _assert_same(a, b) -> None:
 def test_two_shards_read_back_identical_to_one(reference, sharded):
     one, view = hscache.open_cache(reference), hscache.open_cache(sharded)
     assert isinstance(view, ShardedCache) and view.complete
-    assert sorted(p.name for p in sharded.iterdir()) == ["shard-00000-of-00002", "shard-00001-of-00002", "shards.json"]
+    assert sorted(p.name for p in sharded.iterdir()) == [
+        "shard-00000-of-00002",
+        "shard-00001-of-00002",
+        "shards.json",
+    ]
     _assert_same(one, view)
     assert view.settings == one.settings and view.layer_ids == [1, 3, 7]
     assert [p["capture"]["layer_ids"] for p in view.provenance["shards"]] == [[1, 3, 7]] * 2
@@ -72,7 +85,9 @@ def test_merge_writes_one_identical_cache(reference, sharded, tmp_path):
     document = json.loads((sharded / "shards.json").read_text())
     assert [p["sequences"] for p in document["parts"]] == [3, 2] and document["complete"]
     one = hscache.open_cache(reference)
-    assert np.array_equal(np.asarray(one.array("hidden_states")[:]), np.asarray(merged.array("hidden_states")[:]))
+    assert np.array_equal(
+        np.asarray(one.array("hidden_states")[:]), np.asarray(merged.array("hidden_states")[:])
+    )
 
 
 def test_shards_with_different_settings_are_refused(sharded, tmp_path):
@@ -81,12 +96,18 @@ def test_shards_with_different_settings_are_refused(sharded, tmp_path):
     manifest = json.loads(manifest_path.read_text())
     manifest["settings"]["max_new_tokens"] = 7
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(hscache.CacheFormatError, match=r"shards of .* differ in max_new_tokens: "
-                       r"shard-00000-of-00002 has 6, shard-00001-of-00002 has 7; re-extract"):
+    with pytest.raises(
+        hscache.CacheFormatError,
+        match=r"shards of .* differ in max_new_tokens: "
+        r"shard-00000-of-00002 has 6, shard-00001-of-00002 has 7; re-extract",
+    ):
         hscache.open_cache(copy)
     shutil.rmtree(copy / "shard-00001-of-00002")
-    with pytest.raises(hscache.CacheFormatError, match=r"has 1 of 2 shards; shard 1 is missing: run "
-                       r"`hscache extract \.\.\. --out .* --shard 1/2`"):
+    with pytest.raises(
+        hscache.CacheFormatError,
+        match=r"has 1 of 2 shards; shard 1 is missing: run "
+        r"`hscache extract \.\.\. --out .* --shard 1/2`",
+    ):
         merge_shards(copy)
 
 
@@ -103,8 +124,15 @@ def test_metadata_only_some_shards_carry_is_kept(tmp_path):
     """Odd records (all in shard 1) carry ``category``; ``difficulty`` is an int in shard 0, text in shard 1."""
     from tests.conftest import write_jsonl
 
-    records = [{"id": f"r{n}", "prompt": f"def f{n}(x): return", "difficulty": n if n % 2 == 0 else "hard",
-                **({"category": "code"} if n % 2 else {})} for n in range(4)]
+    records = [
+        {
+            "id": f"r{n}",
+            "prompt": f"def f{n}(x): return",
+            "difficulty": n if n % 2 == 0 else "hard",
+            **({"category": "code"} if n % 2 else {}),
+        }
+        for n in range(4)
+    ]
     prompts = str(write_jsonl(tmp_path / "prompts.jsonl", records))
     config = {"prompts": prompts, "layers": "1", "max_new_tokens": 2, "dtype": "fp32"}
     hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "one"), **config))

@@ -38,7 +38,9 @@ def _seqs_holding(cache: hscache.Cache, start: int, stop: int) -> list[int]:
 
 
 def _bad(report: dict, check: str) -> list[int]:
-    return sorted({p["seq_id"] for p in report["problems"] if p["check"] == check and p["seq_id"] is not None})
+    return sorted(
+        {p["seq_id"] for p in report["problems"] if p["check"] == check and p["seq_id"] is not None}
+    )
 
 
 @pytest.fixture
@@ -113,19 +115,25 @@ def test_deleted_index_is_named_and_readers_refuse_in_one_line(cache_copy):
 def test_nan_inf_and_zeroed_layers_are_flagged_per_sequence_and_layer(cache_copy):
     cache = hscache.open_cache(cache_copy)
     hidden = zarr.open_array(str(cache_copy / "arrays" / "hidden_states"), mode="r+")
-    (s_nan, s_zero), (o_nan, o_zero) = (2, 9), (int(cache.index["offset"][2].as_py()),
-                                               int(cache.index["offset"][9].as_py()))
-    block = np.asarray(hidden[o_nan:o_nan + 3])
+    (s_nan, s_zero), (o_nan, o_zero) = (
+        (2, 9),
+        (int(cache.index["offset"][2].as_py()), int(cache.index["offset"][9].as_py())),
+    )
+    block = np.asarray(hidden[o_nan : o_nan + 3])
     block[0, 1, 5], block[2, 1, 0] = np.nan, np.inf  # layer position 1 = layer id 3
-    hidden[o_nan:o_nan + 3] = block
+    hidden[o_nan : o_nan + 3] = block
     n = int(cache.index["length"][9].as_py())
-    block = np.asarray(hidden[o_zero:o_zero + n])
+    block = np.asarray(hidden[o_zero : o_zero + n])
     block[:, 2] = 0.0  # the whole of layer 5 for sequence 9: the "all-zero states" bug
-    hidden[o_zero:o_zero + n] = block
+    hidden[o_zero : o_zero + n] = block
     code, report = _verify_cli(str(cache_copy))
     assert code == 1
-    assert [(p["seq_id"], p["layer_id"]) for p in report["problems"] if p["check"] == "nonfinite"] == [(s_nan, 3)]
-    assert [(p["seq_id"], p["layer_id"]) for p in report["problems"] if p["check"] == "zeros"] == [(s_zero, 5)]
+    assert [(p["seq_id"], p["layer_id"]) for p in report["problems"] if p["check"] == "nonfinite"] == [
+        (s_nan, 3)
+    ]
+    assert [(p["seq_id"], p["layer_id"]) for p in report["problems"] if p["check"] == "zeros"] == [
+        (s_zero, 5)
+    ]
     layers = {s["layer_id"]: s for s in report["layers"]}
     assert (layers[3]["nan"], layers[3]["inf"]) == (1, 1) and layers[1]["nan"] == 0
     assert layers[5]["zero_rows"] == n and layers[5]["zero_fraction"] == pytest.approx(n / cache.num_tokens)
@@ -157,9 +165,9 @@ def test_recompute_is_exact_on_the_same_backend_and_catches_a_plausible_corrupti
     cache = hscache.open_cache(cache_copy)
     hidden = zarr.open_array(str(cache_copy / "arrays" / "hidden_states"), mode="r+")
     start, n = int(cache.index["offset"][7].as_py()), int(cache.index["length"][7].as_py())
-    block = np.asarray(hidden[start:start + n])
+    block = np.asarray(hidden[start : start + n])
     block[:, 0] *= np.float32(1.001)
-    hidden[start:start + n] = block
+    hidden[start : start + n] = block
     assert verify_cache(cache_copy, VerifyConfig(deep=True)).ok
     code, report = _verify_cli(str(cache_copy), "--recompute", "12", "--model", "builtin:tiny-qwen3.5")
     assert code == 1 and _bad(report, "recompute") == [7]
@@ -210,11 +218,14 @@ def test_bf16_caches_verify_too(bf16_cache):
     assert report.ok and all(s.norm_mean and s.norm_mean > 0 for s in report.layers)
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["NOPE"], "is not an hscache cache"),
-    (["CACHE", "--model", "builtin:tiny-qwen3.5"], "only apply to --recompute N"),
-    (["CACHE", "--recompute", "1", "--model", "/no/such/model"], "is neither a built-in target"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["NOPE"], "is not an hscache cache"),
+        (["CACHE", "--model", "builtin:tiny-qwen3.5"], "only apply to --recompute N"),
+        (["CACHE", "--recompute", "1", "--model", "/no/such/model"], "is neither a built-in target"),
+    ],
+)
 def test_bad_input_is_one_error_line_and_exit_2(small_cache, tmp_path, args, fragment):
     paths = {"NOPE": str(tmp_path / "nope"), "CACHE": str(small_cache.path)}
     args = [paths.get(a, a) for a in args]

@@ -17,13 +17,35 @@ from tests.chromium import png_is_not_blank, screenshot
 pytestmark = pytest.mark.slow
 
 # The fixture's study as CLI flags: the CLI test re-runs it on the same directory (reusing everything).
-_FLAGS = ["--settings", "torch:fp32,torch:bf16", "--limit", "3", "--max-new-tokens", "12",
-          "--train-steps", "60", "--block-size", "4", "--layers", "0,1,2,3,4,5,6,7", "--n-boot", "200"]
+_FLAGS = [
+    "--settings",
+    "torch:fp32,torch:bf16",
+    "--limit",
+    "3",
+    "--max-new-tokens",
+    "12",
+    "--train-steps",
+    "60",
+    "--block-size",
+    "4",
+    "--layers",
+    "0,1,2,3,4,5,6,7",
+    "--n-boot",
+    "200",
+]
 
 
 def _config(out: Path, **changes) -> DriftStudyConfig:
-    settings = {"settings": parse_settings("torch:fp32,torch:bf16"), "limit": 3, "max_new_tokens": 12,
-                "train_steps": 60, "block_size": 4, "layers": "0,1,2,3,4,5,6,7", "n_boot": 200, **changes}
+    settings = {
+        "settings": parse_settings("torch:fp32,torch:bf16"),
+        "limit": 3,
+        "max_new_tokens": 12,
+        "train_steps": 60,
+        "block_size": 4,
+        "layers": "0,1,2,3,4,5,6,7",
+        "n_boot": 200,
+        **changes,
+    }
     return DriftStudyConfig(out=str(out), **settings)
 
 
@@ -90,8 +112,14 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(study, tmp_path
     page = out / "drift_study.html"
     html = page.read_text()
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    for text in ("Relative L2 error per layer vs torch-fp32", "Per-position acceptance (conditional)",
-                 "tau per request [95%]", "delta pooled [95%]", "torch-bf16 vs torch-fp32", "capture.dtype"):
+    for text in (
+        "Relative L2 error per layer vs torch-fp32",
+        "Per-position acceptance (conditional)",
+        "tau per request [95%]",
+        "delta pooled [95%]",
+        "torch-bf16 vs torch-fp32",
+        "capture.dtype",
+    ):
         assert text in html, text
     assert html.count("<svg") == 7  # drift per layer, 2 acceptance, 4 of the bf16 diff
     png = screenshot(page, tmp_path, height=3000)
@@ -101,8 +129,13 @@ def test_html_is_self_contained_and_renders_in_headless_chromium(study, tmp_path
 def test_cli_rerun_reuses_caches_and_the_drafter(study) -> None:
     out, _ = study
     # Data files only: a resume of a complete cache re-publishes its manifest and provenance.
-    data = [p for name in ("torch-fp32", "torch-bf16") for part in ("arrays", "index")
-            for p in (out / "caches" / name / part).rglob("*") if p.is_file()]
+    data = [
+        p
+        for name in ("torch-fp32", "torch-bf16")
+        for part in ("arrays", "index")
+        for p in (out / "caches" / name / part).rglob("*")
+        if p.is_file()
+    ]
     stamps = {p: p.stat().st_mtime_ns for p in [*data, out / "drafter" / "model.safetensors"]}
     result = CliRunner().invoke(main, ["--out", str(out), *_FLAGS])
     assert result.exit_code == 0, result.output
@@ -113,7 +146,13 @@ def test_cli_rerun_reuses_caches_and_the_drafter(study) -> None:
 def test_cli_rerun_with_overwrite_reuses_caches_whose_settings_hold(study) -> None:
     out, _ = study
     caches = [out / "caches" / name for name in ("torch-fp32", "torch-bf16")]
-    data = [p for cache in caches for part in ("arrays", "index") for p in (cache / part).rglob("*") if p.is_file()]
+    data = [
+        p
+        for cache in caches
+        for part in ("arrays", "index")
+        for p in (cache / part).rglob("*")
+        if p.is_file()
+    ]
     stamps = {p: p.stat().st_mtime_ns for p in data}
     started = [hscache.open_cache(c).provenance["timestamps"]["started_at"] for c in caches]
     result = CliRunner().invoke(main, ["--out", str(out), *_FLAGS, "--overwrite"])
@@ -153,12 +192,17 @@ def test_overwrite_rebuilds_only_the_cache_extract_refuses(tmp_path, monkeypatch
 
 def test_position_buckets_are_checked_before_any_cache_is_built(tmp_path) -> None:
     for buckets in ((16, 64), (0, 64, 64), ()):
-        with pytest.raises(DriftStudyError, match=r"^--position-buckets '.*' must start at 0 and increase strictly; "
-                           r"e\.g\. 0,"):
+        with pytest.raises(
+            DriftStudyError,
+            match=r"^--position-buckets '.*' must start at 0 and increase strictly; "
+            r"e\.g\. 0,",
+        ):
             _config(tmp_path, position_buckets=buckets)
     result = CliRunner().invoke(main, ["--out", str(tmp_path / "study"), "--position-buckets", "16,64"])
     assert result.exit_code == 2
-    assert result.output.startswith("error: --position-buckets '16,64' must start at 0 and increase strictly; e.g. 0,")
+    assert result.output.startswith(
+        "error: --position-buckets '16,64' must start at 0 and increase strictly; e.g. 0,"
+    )
     assert result.output.count("\n") == 1 and not (tmp_path / "study").exists()
 
 
@@ -168,8 +212,23 @@ def test_scorer_eval_report_option_writes_one_page(study, tmp_path) -> None:
     out, _ = study
     page, doc = tmp_path / "eval.html", tmp_path / "eval.json"
     caches = [str(out / "caches" / name) for name in ("torch-fp32", "torch-bf16")]
-    result = CliRunner().invoke(scorer_main, ["eval", str(out / "drafter"), "--cache", caches[0], "--cache",
-                                              caches[1], "--ddtree", "", "--report", str(page), "--json", str(doc)])
+    result = CliRunner().invoke(
+        scorer_main,
+        [
+            "eval",
+            str(out / "drafter"),
+            "--cache",
+            caches[0],
+            "--cache",
+            caches[1],
+            "--ddtree",
+            "",
+            "--report",
+            str(page),
+            "--json",
+            str(doc),
+        ],
+    )
     assert result.exit_code == 0, result.output
     html = page.read_text()
     assert html.count("<svg") == 2 and html.count("<polyline") == 4 and "rounds changed" in html
@@ -178,9 +237,13 @@ def test_scorer_eval_report_option_writes_one_page(study, tmp_path) -> None:
 
 
 def test_config_errors_name_the_value_and_the_fix(tmp_path) -> None:
-    with pytest.raises(DriftStudyError, match=r"^setting 'torch' is not backend:dtype\[:device\]; e.g. torch:"):
+    with pytest.raises(
+        DriftStudyError, match=r"^setting 'torch' is not backend:dtype\[:device\]; e.g. torch:"
+    ):
         parse_settings("torch:fp32,torch")
-    with pytest.raises(DriftStudyError, match=r"^dtype 'fp64' in setting torch:fp64; choose one of bf16, fp16, fp32"):
+    with pytest.raises(
+        DriftStudyError, match=r"^dtype 'fp64' in setting torch:fp64; choose one of bf16, fp16, fp32"
+    ):
         parse_settings("torch:fp64")
     with pytest.raises(DriftStudyError, match=r"^reference 2 out of range for 2 settings; choose 0-1$"):
         _config(tmp_path, reference=2)
@@ -193,7 +256,7 @@ def test_config_errors_name_the_value_and_the_fix(tmp_path) -> None:
 
 @pytest.mark.gpu
 def test_fla_vs_torch_fallback_drift_study(tmp_path) -> None:
-    from hscache.backend import fla_status
+    from hscache.capture.backend import fla_status
 
     available, why = fla_status("cuda")
     if not available:

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 import hscache
-from pipelines.train_drafter import train_drafter
+from scorer.train import train_drafter
 
 
 @pytest.fixture(scope="session")
 def scorer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("scorer") / "cache"
-    hscache.extract(hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=24, dtype="fp32", limit=6))
+    hscache.extract(
+        hscache.ExtractConfig(out=str(out), layers="1,3,7", max_new_tokens=24, dtype="fp32", limit=6)
+    )
     return out
 
 

@@ -15,25 +15,53 @@ import torch
 from safetensors.torch import save_file
 
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint, save_hf_checkpoint
-from scorer.drafter import DFlashDrafter, DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
+from scorer.model import DFlashDrafter, DrafterConfig
 
-SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "attention_bias")
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "attention_bias",
+)
 
 
 def _config(**changes) -> DrafterConfig:
-    base = DrafterConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-                         rope_scaling=None, vocab_size=100, attention_bias=False, block_size=4,
-                         mask_token_id=99, target_layer_ids=(1, 3))
+    base = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        vocab_size=100,
+        attention_bias=False,
+        block_size=4,
+        mask_token_id=99,
+        target_layer_ids=(1, 3),
+    )
     return dataclasses.replace(base, **changes)
 
 
 def _overrides(config: DrafterConfig) -> dict:
     """What a caller supplies for a checkpoint without config: everything shapes cannot tell."""
-    return {k: getattr(config, k) for k in ("target_layer_ids", "block_size", "mask_token_id", "rope_theta",
-                                            "vocab_size", "rms_norm_eps")}
+    return {
+        k: getattr(config, k)
+        for k in (
+            "target_layer_ids",
+            "block_size",
+            "mask_token_id",
+            "rope_theta",
+            "vocab_size",
+            "rms_norm_eps",
+        )
+    }
 
 
 def _weights(config: DrafterConfig, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -126,10 +154,24 @@ def test_nested_training_pickle_with_optimizer_and_prefixes(tmp_path: Path, monk
     config, weights = _config(), _weights(_config())
     wrapped = {f"module._orig_mod.{k}": v for k, v in weights.items()}
     wrapped["module._orig_mod.embed_tokens.weight"] = torch.zeros(100, 32)
-    trainer_config = {"aux": [1, 3], "mask_token_id": 99, "vocab_size": 100, "rope_theta": 10000.0,
-                      "block_size": 4, "rms_norm_eps": 1e-5, "lr": 3e-4}
-    torch.save({"state_dict": {"model": wrapped}, "optimizer": {"state": {0: {"exp_avg": torch.ones(1000)}}},
-                "step": 7, "config": trainer_config}, tmp_path / "ckpt.pt")
+    trainer_config = {
+        "aux": [1, 3],
+        "mask_token_id": 99,
+        "vocab_size": 100,
+        "rope_theta": 10000.0,
+        "block_size": 4,
+        "rms_norm_eps": 1e-5,
+        "lr": 3e-4,
+    }
+    torch.save(
+        {
+            "state_dict": {"model": wrapped},
+            "optimizer": {"state": {0: {"exp_avg": torch.ones(1000)}}},
+            "step": 7,
+            "config": trainer_config,
+        },
+        tmp_path / "ckpt.pt",
+    )
     seen: list[weakref.ref] = []
     real_load = torch.load
 
@@ -152,15 +194,22 @@ def test_nested_training_pickle_with_optimizer_and_prefixes(tmp_path: Path, monk
 def test_vllm_renamed_keys(tmp_path: Path) -> None:
     config = _config(num_hidden_layers=1, target_layer_ids=(2,))
     weights = _weights(config)
-    renamed = {k.replace("layers.0.", "midlayer.").replace("fc.", "encoder.fc.")
-               .replace("hidden_norm.", "encoder.output_norm_enc."): v for k, v in weights.items()}
+    renamed = {
+        k.replace("layers.0.", "midlayer.")
+        .replace("fc.", "encoder.fc.")
+        .replace("hidden_norm.", "encoder.output_norm_enc."): v
+        for k, v in weights.items()
+    }
     renamed["lm_head.weight"] = torch.zeros(100, 32)
     save_file(renamed, tmp_path / "vllm.safetensors")
     loaded = load_checkpoint(tmp_path / "vllm.safetensors", overrides=_overrides(config))
     assert loaded.config == config
     _assert_same_weights(loaded, weights)
-    assert set(loaded.report.stripped_prefixes) == {"midlayer. -> layers.0.", "encoder.fc. -> fc.",
-                                                    "encoder.output_norm_enc. -> hidden_norm."}
+    assert set(loaded.report.stripped_prefixes) == {
+        "midlayer. -> layers.0.",
+        "encoder.fc. -> fc.",
+        "encoder.output_norm_enc. -> hidden_norm.",
+    }
     assert loaded.report.dropped_keys == ("lm_head.weight",)
 
 
@@ -173,48 +222,62 @@ def test_malicious_pickle_is_refused_unless_trusted(tmp_path: Path) -> None:
     assert str(info.value) == (
         f"{tmp_path / 'evil.pt'} cannot be loaded with weights_only=True (it references exec): it needs full "
         "unpickling, which runs arbitrary code from the file. Pass --trust-checkpoint "
-        "(trust_checkpoint=True) only if you trust its source.")
+        "(trust_checkpoint=True) only if you trust its source."
+    )
     assert not marker.exists()
     loaded = load_checkpoint(tmp_path / "evil.pt", overrides=_overrides(config), trust_checkpoint=True)
     assert marker.exists()  # trusted: the payload ran, as full unpickling does
     _assert_same_weights(loaded, weights)
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda w: w.pop("layers.1.mlp.up_proj.weight"), "missing 1 key: layers.1.mlp.up_proj.weight"),
-    (lambda w: w.update({"junk.weight": torch.zeros(3)}), "unexpected 1 key: junk.weight"),
-    (lambda w: w.update({"norm.weight": torch.zeros(31)}),
-     "wrong shape/dtype 1 key: norm.weight [31] (expected [32])"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda w: w.pop("layers.1.mlp.up_proj.weight"), "missing 1 key: layers.1.mlp.up_proj.weight"),
+        (lambda w: w.update({"junk.weight": torch.zeros(3)}), "unexpected 1 key: junk.weight"),
+        (
+            lambda w: w.update({"norm.weight": torch.zeros(31)}),
+            "wrong shape/dtype 1 key: norm.weight [31] (expected [32])",
+        ),
+    ],
+)
 def test_bad_checkpoint_names_the_key(tmp_path: Path, edit, message: str) -> None:
     weights = _weights(_config())
     edit(weights)
     save_file(weights, tmp_path / "bad.safetensors")
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(tmp_path / "bad.safetensors", overrides=_overrides(_config()))
-    assert str(info.value) == (f"{tmp_path / 'bad.safetensors'} is not a DFlash drafter checkpoint matching "
-                               f"its config: {message}")
+    assert str(info.value) == (
+        f"{tmp_path / 'bad.safetensors'} is not a DFlash drafter checkpoint matching its config: {message}"
+    )
 
 
 def test_not_a_drafter_at_all(tmp_path: Path) -> None:
     save_file({f"model.layers.{i}.weight": torch.zeros(2) for i in range(8)}, tmp_path / "llm.safetensors")
-    with pytest.raises(CheckpointError, match=re.escape(
-            "is not a DFlash drafter checkpoint: missing 5 keys: fc.weight, "
-            "layers.0.self_attn.q_norm.weight,")):
+    with pytest.raises(
+        CheckpointError,
+        match=re.escape(
+            "is not a DFlash drafter checkpoint: missing 5 keys: fc.weight, layers.0.self_attn.q_norm.weight,"
+        ),
+    ):
         load_checkpoint(tmp_path / "llm.safetensors")
 
 
 def test_missing_fields_and_contradictions_are_errors(tmp_path: Path) -> None:
     config = _config()
     save_file(_weights(config), tmp_path / "d.safetensors")
-    with pytest.raises(CheckpointError, match="cannot tell mask_token_id, rope_theta, target_layer_ids, "
-                                              "vocab_size from the checkpoint; pass them as overrides"):
+    with pytest.raises(
+        CheckpointError,
+        match="cannot tell mask_token_id, rope_theta, target_layer_ids, "
+        "vocab_size from the checkpoint; pass them as overrides",
+    ):
         load_checkpoint(tmp_path / "d.safetensors")
     with pytest.raises(CheckpointError, match=r"override hidden_size=64 contradicts the weights \(32\)"):
         load_checkpoint(tmp_path / "d.safetensors", overrides={**_overrides(config), "hidden_size": 64})
     with pytest.raises(CheckpointError, match="has 3 entries but fc.weight takes 2 features"):
-        load_checkpoint(tmp_path / "d.safetensors",
-                        overrides={**_overrides(config), "target_layer_ids": [1, 2, 3]})
+        load_checkpoint(
+            tmp_path / "d.safetensors", overrides={**_overrides(config), "target_layer_ids": [1, 2, 3]}
+        )
     with pytest.raises(ValueError, match=r"unknown override\(s\) \['mask_id'\]"):
         load_checkpoint(tmp_path / "d.safetensors", overrides={"mask_id": 5})
 
@@ -255,6 +318,8 @@ def test_index_naming_a_missing_shard(tmp_path: Path) -> None:
     written = save_hf_checkpoint(tmp_path, _config(), _weights(_config()), max_shard_bytes=20_000)
     shard = next(p for p in written if p.name.startswith("model-00002-of-"))
     shard.unlink()
-    with pytest.raises(CheckpointNotFoundError, match="shards named in model.safetensors.index.json are "
-                                                      f"missing: 1 file: {shard.name}"):
+    with pytest.raises(
+        CheckpointNotFoundError,
+        match=f"shards named in model.safetensors.index.json are missing: 1 file: {shard.name}",
+    ):
         load_checkpoint(tmp_path)

@@ -50,7 +50,9 @@ def test_plan_tasks_cuts_contiguous_ranges_by_tokens():
 
 
 def test_two_workers_give_exactly_the_single_process_report(dask_client, drafter, scale_cache, single):
-    report = evaluate_distributed(drafter, scale_cache, EvalConfig(samples=2), dask_client, tokens_per_task=40)
+    report = evaluate_distributed(
+        drafter, scale_cache, EvalConfig(samples=2), dask_client, tokens_per_task=40
+    )
     assert _numbers(report) == _numbers(single)
 
 
@@ -67,8 +69,21 @@ def test_each_worker_loads_the_drafter_once(dask_client, drafter, scale_cache):
 
 def test_eval_cli_on_a_running_scheduler(dask_client, drafter, scale_cache, single, tmp_path):
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(main, ["eval", str(drafter), "--cache", str(scale_cache), "--samples", "2",
-                                       "--scheduler", dask_client.scheduler.address, "--json", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            str(drafter),
+            "--cache",
+            str(scale_cache),
+            "--samples",
+            "2",
+            "--scheduler",
+            dask_client.scheduler.address,
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert _numbers(json.loads(out.read_text())) == json.loads(json.dumps(_numbers(single)))
 

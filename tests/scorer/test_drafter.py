@@ -8,16 +8,29 @@ import re
 import pytest
 import torch
 
-from scorer.drafter import DFlashDrafter, DrafterConfig, derive_target_layer_ids, draft_tokens, topk_logprobs
+from scorer.model import DFlashDrafter, DrafterConfig, derive_target_layer_ids, draft_tokens, topk_logprobs
 
 V, MASK = 100, 99
 
 
 def _config(**changes) -> DrafterConfig:
-    base = DrafterConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-                         rope_scaling=None, vocab_size=V, attention_bias=False, block_size=4,
-                         mask_token_id=MASK, target_layer_ids=(1, 3), num_target_layers=6)
+    base = DrafterConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        vocab_size=V,
+        attention_bias=False,
+        block_size=4,
+        mask_token_id=MASK,
+        target_layer_ids=(1, 3),
+        num_target_layers=6,
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -51,17 +64,25 @@ def _assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
-@pytest.mark.parametrize("changes", [{}, {"attention_bias": True}, {"num_key_value_heads": 1},
-                                     {"num_key_value_heads": 4},
-                                     {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-                                     {"num_hidden_layers": 1, "target_layer_ids": (3,)}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"attention_bias": True},
+        {"num_key_value_heads": 1},
+        {"num_key_value_heads": 4},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"num_hidden_layers": 1, "target_layer_ids": (3,)},
+    ],
+)
 def test_batched_forward_equals_one_block_forward(backend: str, changes: dict) -> None:
     config = _config(**changes)
     model = _drafter(config)
     anchors = [1, 9, 12, 3, 7, 0, 9]
     feats, tokens = _features(config, 12), _blocks(anchors, config.block_size)
-    got = model.forward_blocks(feats, torch.tensor(anchors), tokens, max_blocks_per_forward=3,
-                               backend=backend)
+    got = model.forward_blocks(
+        feats, torch.tensor(anchors), tokens, max_blocks_per_forward=3, backend=backend
+    )
     want = torch.stack([model.forward_one_block(feats, tokens[i], p) for i, p in enumerate(anchors)])
     assert got.shape == (len(anchors), config.block_size - 1, V) and model.backend_used == backend
     _assert_close(got, want)
@@ -69,8 +90,11 @@ def test_batched_forward_equals_one_block_forward(backend: str, changes: dict) -
 
 def test_no_blocks_gives_an_empty_result() -> None:
     config = _config()
-    out = _drafter(config).block_hidden(_features(config, 5), torch.zeros(0, dtype=torch.long),
-                                        torch.zeros(0, config.block_size, dtype=torch.long))
+    out = _drafter(config).block_hidden(
+        _features(config, 5),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, config.block_size, dtype=torch.long),
+    )
     assert out.shape == (0, config.block_size - 1, config.hidden_size)
 
 
@@ -103,8 +127,10 @@ def test_empty_context_equals_transformers_qwen3_layers_without_mask() -> None:
     config = _config(attention_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0})
     model = _drafter(config)
     legacy_rope = ("rope_theta", "rope_scaling")
-    hf = Qwen3Config(**{k: v for k, v in config.to_hf_config().items() if k not in legacy_rope},
-                     rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": config.rope_theta})
+    hf = Qwen3Config(
+        **{k: v for k, v in config.to_hf_config().items() if k not in legacy_rope},
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": config.rope_theta},
+    )
     hf._attn_implementation = "eager"
     tokens = _blocks([0], config.block_size)[0]
     h = model.embed_weight[tokens][None]
@@ -121,9 +147,18 @@ def test_empty_context_equals_transformers_qwen3_layers_without_mask() -> None:
 
 def test_state_dict_keys_are_the_hf_checkpoint_keys() -> None:
     model = _drafter(_config(num_hidden_layers=1, target_layer_ids=(2,), attention_bias=True))
-    layer = {f"layers.0.{k}" for k in ["input_layernorm.weight", "post_attention_layernorm.weight",
-                                       "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-                                       "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]}
+    layer = {
+        f"layers.0.{k}"
+        for k in [
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ]
+    }
     # attention_bias adds a bias to q, k, v AND o, as Qwen3Attention and the DFlash reference do.
     layer |= {f"layers.0.self_attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")}
     assert set(model.state_dict()) == {"fc.weight", "hidden_norm.weight", "norm.weight"} | layer
@@ -147,8 +182,10 @@ def test_bad_anchor_and_backend_are_rejected() -> None:
         model.forward_blocks(_features(config, 12), torch.tensor([3]), _blocks([3], 4), backend="xformers")
 
 
-@pytest.mark.parametrize(("L", "n", "want"), [(36, 5, [1, 9, 17, 25, 33]), (36, 1, [18]), (28, 1, [14]),
-                                              (28, 3, [1, 13, 25]), (64, 2, [1, 61])])
+@pytest.mark.parametrize(
+    ("L", "n", "want"),
+    [(36, 5, [1, 9, 17, 25, 33]), (36, 1, [18]), (28, 1, [14]), (28, 3, [1, 13, 25]), (64, 2, [1, 61])],
+)
 def test_derive_target_layer_ids(L: int, n: int, want: list[int]) -> None:
     assert derive_target_layer_ids(L, n) == want
 
@@ -183,8 +220,9 @@ def test_from_hf_config_precedence_and_transformers5_rope() -> None:
 
 
 def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
-    with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported; "
-                                         "supported: default, linear"):
+    with pytest.raises(
+        ValueError, match="rope_scaling type 'yarn' is not supported; supported: default, linear"
+    ):
         _config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
     hf = _config().to_hf_config()
     del hf["dflash_config"]["target_layer_ids"], hf["num_target_layers"], hf["vocab_size"]
@@ -192,11 +230,14 @@ def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
         DrafterConfig.from_hf_config(hf)
 
 
-@pytest.mark.parametrize(("change", "named"), [
-    ({"architectures": ["DFlash2DraftModel"]}, "architectures=['DFlash2DraftModel']"),
-    ({"output_multiplier": 2.0}, "output_multiplier=2.0"),
-    ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window or causal draft layers"),
-])
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"architectures": ["DFlash2DraftModel"]}, "architectures=['DFlash2DraftModel']"),
+        ({"output_multiplier": 2.0}, "output_multiplier=2.0"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window or causal draft layers"),
+    ],
+)
 def test_config_rejects_later_dflash_variants(change: dict, named: str) -> None:
     hf = {**_config().to_hf_config(), **change}
     with pytest.raises(ValueError, match=f"unsupported DFlash drafter variant \\({re.escape(named)}\\)"):
@@ -215,7 +256,7 @@ def test_draft_tokens_and_topk_logprobs() -> None:
 
 
 def test_auto_backend_falls_back_to_sdpa_when_flex_fails(monkeypatch) -> None:
-    import scorer.drafter as drafter_module
+    import scorer.model as drafter_module
 
     def broken_flex(*args, **kwargs):
         raise RuntimeError("no triton")

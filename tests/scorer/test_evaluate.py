@@ -12,9 +12,9 @@ import torch
 import hscache
 import schemas
 from scorer.checkpoint import load_checkpoint, save_hf_checkpoint
-from scorer.drafter import DFlashDrafter
 from scorer.errors import IncompatibleCacheError
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
+from scorer.model import DFlashDrafter
 from scorer.score import score_sequence
 
 
@@ -51,13 +51,13 @@ def test_oracle_gets_the_maximum_tau_and_an_always_wrong_drafter_gets_one(scorer
     for i in range(len(cache)):
         ids, argmax, P = _sequence(cache, i)
         T = len(ids)
-        g = lambda p, j: int(argmax[min(p + j - 1, T - 1)])  # noqa: E731  target's greedy token
+        g = lambda p, j, argmax=argmax, T=T: int(argmax[min(p + j - 1, T - 1)])
         feats = torch.zeros(T, 1)  # the stand-ins ignore features
         oracle = score_sequence(_StandIn(B, V, g), feats, ids, argmax, P)
         generated = T - 1 - P  # tokens after the first bonus token
         full, rest = divmod(generated, B)
         assert oracle.chain.tokens == tuple([B] * full + ([rest] if rest else []))
-        wrong = score_sequence(_StandIn(B, V, lambda p, j: (g(p, j) + 1) % V), feats, ids, argmax, P)
+        wrong = score_sequence(_StandIn(B, V, lambda p, j, g=g: (g(p, j) + 1) % V), feats, ids, argmax, P)
         assert wrong.chain.tau == 1.0 and wrong.chain.n_rounds == generated
 
 
@@ -70,8 +70,12 @@ def _reference_tau(drafter: DFlashDrafter, cache, i: int, features_index: list[i
         block = torch.tensor([int(ids[p])] + [drafter.config.mask_token_id] * (B - 1))
         draft = drafter.forward_one_block(feats, block, p).argmax(-1).tolist()
         acc = 0
-        while acc < B - 1 and p + acc + 1 <= T - 1 and draft[acc] == int(ids[p + acc + 1]) \
-                and int(argmax[p + acc]) == int(ids[p + acc + 1]):
+        while (
+            acc < B - 1
+            and p + acc + 1 <= T - 1
+            and draft[acc] == int(ids[p + acc + 1])
+            and int(argmax[p + acc]) == int(ids[p + acc + 1])
+        ):
             acc += 1
         step = min(acc + 1, T - 1 - p)
         tokens.append(step)
@@ -86,7 +90,9 @@ def test_replay_equals_a_slow_reference_loop(scorer_cache, trained_drafter):
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     for i, row in enumerate(report["per_request"]):
         expected = _reference_tau(drafter, cache, i, index)
-        tokens = [min(a + 1, len(cache.token_ids(i)) - 1 - p) for a, p in zip(row["accepted"], row["anchors"])]
+        tokens = [
+            min(a + 1, len(cache.token_ids(i)) - 1 - p) for a, p in zip(row["accepted"], row["anchors"])
+        ]
         assert tokens == expected, row["record_id"]
     assert report["tau"]["per_request"] > 1.2  # the trained drafter is clearly better than nothing
 
@@ -126,7 +132,9 @@ def test_hidden_size_and_vocab_mismatch_are_refused(scorer_cache, trained_drafte
     config = c.__class__(**{**c.__dict__, "hidden_size": 64, "vocab_size": 1000, "head_dim": 16})
     drafter = DFlashDrafter(config)
     save_hf_checkpoint(tmp_path / "d", config, drafter.state_dict())
-    with pytest.raises(IncompatibleCacheError, match="hidden_size 64 != target hidden size 128.*vocab_size 1000"):
+    with pytest.raises(
+        IncompatibleCacheError, match="hidden_size 64 != target hidden size 128.*vocab_size 1000"
+    ):
         evaluate(tmp_path / "d", scorer_cache)
 
 
@@ -135,8 +143,9 @@ def test_config_less_safetensors_takes_missing_fields_from_the_cache(scorer_cach
 
     loaded = load_checkpoint(trained_drafter)
     save_file(loaded.state_dict, str(tmp_path / "bare.safetensors"))
-    report = evaluate(tmp_path / "bare.safetensors", scorer_cache,
-                      EvalConfig(ddtree=(), n_boot=20, block_size=6))
+    report = evaluate(
+        tmp_path / "bare.safetensors", scorer_cache, EvalConfig(ddtree=(), n_boot=20, block_size=6)
+    )
     sources = report["checkpoint"]["field_sources"]
     assert sources["target_layer_ids"] == "cache" and sources["mask_token_id"] == "cache"
     assert sources["block_size"] == "override" and sources["hidden_size"] == "shapes"
@@ -150,8 +159,21 @@ def test_cli_eval_writes_json_and_compares_caches(scorer_cache, trained_drafter,
     from scorer.cli import main
 
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(main, ["eval", str(trained_drafter), "--cache", str(scorer_cache),
-                                       "--cache", str(scorer_cache), "--ddtree", "4", "--json", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            str(trained_drafter),
+            "--cache",
+            str(scorer_cache),
+            "--cache",
+            str(scorer_cache),
+            "--ddtree",
+            "4",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert len(doc["reports"]) == 2
@@ -181,7 +203,9 @@ def test_cli_refuses_a_malicious_pickle_without_trust(scorer_cache, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CPU and GPU paths are compared there")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: CPU and GPU paths are compared there"
+)
 def test_cpu_and_gpu_paths_agree(scorer_cache, trained_drafter):
     cpu = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(8,), n_boot=20))
     gpu = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(8,), n_boot=20, device="cuda"))
@@ -196,10 +220,15 @@ def test_records_without_a_category_are_reported_under_none(tmp_path):
     from scorer.init import init_drafter
     from tests.conftest import write_jsonl
 
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "def f(x):", "category": "code"},
-                                                 {"id": "b", "prompt": "Two plus two is"}])
-    hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "c"), prompts=str(prompts), layers="1,3",
-                                          max_new_tokens=6, dtype="fp32"))
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"id": "a", "prompt": "def f(x):", "category": "code"}, {"id": "b", "prompt": "Two plus two is"}],
+    )
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(tmp_path / "c"), prompts=str(prompts), layers="1,3", max_new_tokens=6, dtype="fp32"
+        )
+    )
     init_drafter(tmp_path / "c", tmp_path / "d", block_size=4)
     report = evaluate(tmp_path / "d", tmp_path / "c", EvalConfig(ddtree=(), n_boot=10))
     assert set(report["per_category"]) == {"code", "(none)"}
@@ -210,5 +239,7 @@ def test_cli_rejects_ddtree_budgets_below_one(scorer_cache, trained_drafter):
 
     from scorer.cli import main
 
-    result = CliRunner().invoke(main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), "--ddtree", "0"])
+    result = CliRunner().invoke(
+        main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), "--ddtree", "0"]
+    )
     assert result.exit_code == 2 and "every value must be at least 1" in result.output

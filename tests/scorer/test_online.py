@@ -5,17 +5,20 @@ from __future__ import annotations
 import pytest
 
 import hscache
-from pipelines.train_drafter import train_drafter
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.online import run_online
+from scorer.train import train_drafter
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["builtin:tiny-qwen3.5", "builtin:tiny-qwen3"])
 def test_offline_tau_equals_online_tau(model, tmp_path):
     cache = tmp_path / "cache"
-    hscache.extract(hscache.ExtractConfig(out=str(cache), model=model, layers="1,3,7", max_new_tokens=20,
-                                          dtype="fp32", limit=4))
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(cache), model=model, layers="1,3,7", max_new_tokens=20, dtype="fp32", limit=4
+        )
+    )
     drafter = tmp_path / "drafter"
     train_drafter(cache, drafter, steps=120, block_size=5, log_every=0)
     offline = evaluate(drafter, cache, EvalConfig(ddtree=(), n_boot=20))
@@ -26,8 +29,10 @@ def test_offline_tau_equals_online_tau(model, tmp_path):
         assert on["record_id"] == off["record_id"]
         # same text, then the same rounds, round by round
         assert on["generated"] == cached.index.column("length")[i].as_py() - off["anchors"][0]
-        tokens = [min(a + 1, on["generated"] + off["anchors"][0] - 1 - p)
-                  for a, p in zip(off["accepted"], off["anchors"])]
+        tokens = [
+            min(a + 1, on["generated"] + off["anchors"][0] - 1 - p)
+            for a, p in zip(off["accepted"], off["anchors"])
+        ]
         assert on["tokens_per_round"] == tokens, off["record_id"]
     assert online["tau"]["per_request"] == pytest.approx(offline["tau"]["per_request"], abs=0)
     assert online["tau"]["pooled"] == pytest.approx(offline["tau"]["pooled"], abs=0)

@@ -20,12 +20,24 @@ from scorer.sweep import find_checkpoints, parse_step, sweep
 CONFIG = EvalConfig(ddtree=(8,), n_boot=20)
 
 
-@pytest.mark.parametrize("name, step", [
-    ("checkpoint-20000", 20000), ("checkpoint_step20k.pt", 20000), ("step_020000", 20000),
-    ("global_step1.5k", 1500), ("iter_0001000.pth", 1000), ("ckpt-2M.safetensors", 2_000_000),
-    ("model_step_500.safetensors", 500), ("epoch_3", None), ("best.pt", None), ("final", None),
-    ("model.safetensors", None), ("steps-7", 7), ("laststep", None),
-])
+@pytest.mark.parametrize(
+    "name, step",
+    [
+        ("checkpoint-20000", 20000),
+        ("checkpoint_step20k.pt", 20000),
+        ("step_020000", 20000),
+        ("global_step1.5k", 1500),
+        ("iter_0001000.pth", 1000),
+        ("ckpt-2M.safetensors", 2_000_000),
+        ("model_step_500.safetensors", 500),
+        ("epoch_3", None),
+        ("best.pt", None),
+        ("final", None),
+        ("model.safetensors", None),
+        ("steps-7", 7),
+        ("laststep", None),
+    ],
+)
 def test_parse_step(name, step):
     assert parse_step(name) == step
 
@@ -50,8 +62,11 @@ def run_dir(scale_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 def test_find_checkpoints(run_dir):
     found = find_checkpoints(run_dir)
     assert [(c.step, c.path.relative_to(run_dir).as_posix()) for c in found] == [
-        (100, "checkpoint-100"), (200, "step_000200"), (1000, "step_1k/model.safetensors"),
-        (None, "best.safetensors")]
+        (100, "checkpoint-100"),
+        (200, "step_000200"),
+        (1000, "step_1k/model.safetensors"),
+        (None, "best.safetensors"),
+    ]
 
 
 def test_two_checkpoints_for_one_step_is_an_error(tmp_path):
@@ -67,7 +82,9 @@ def test_sweep_writes_table_and_plot_then_skips_on_rerun(run_dir, scale_cache, t
     first = sweep(run_dir, scale_cache, out, CONFIG)
     assert [r["step"] for r in first["rows"]] == [100, 200, 1000]
     assert not any(r["reused"] for r in first["rows"])
-    assert first["skipped"] == [{"path": str(run_dir / "best.safetensors"), "reason": "no training step in its name"}]
+    assert first["skipped"] == [
+        {"path": str(run_dir / "best.safetensors"), "reason": "no training step in its name"}
+    ]
     table = list(csv.DictReader((out / "sweep.csv").open()))
     assert [int(r["step"]) for r in table] == [100, 200, 1000]
     assert float(table[0]["tau_per_request"]) == first["rows"][0]["tau_per_request"]
@@ -92,10 +109,24 @@ def test_sweep_writes_table_and_plot_then_skips_on_rerun(run_dir, scale_cache, t
 
 def test_sweep_on_a_cluster_matches_and_cli(run_dir, scale_cache, tmp_path, dask_client):
     local = sweep(run_dir, scale_cache, tmp_path / "local", CONFIG)
-    result = CliRunner().invoke(main, ["sweep", str(run_dir), "--cache", str(scale_cache), "--out",
-                                       str(tmp_path / "dist"), "--ddtree", "8", "--scheduler",
-                                       dask_client.scheduler.address, "--tokens-per-task", "64"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "sweep",
+            str(run_dir),
+            "--cache",
+            str(scale_cache),
+            "--out",
+            str(tmp_path / "dist"),
+            "--ddtree",
+            "8",
+            "--scheduler",
+            dask_client.scheduler.address,
+            "--tokens-per-task",
+            "64",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     dist = json.loads((tmp_path / "dist" / "sweep.json").read_text())
     # n_boot differs (CLI default 1000), so compare the numbers bootstrap does not touch.

@@ -2,7 +2,7 @@
 
 The page holds the tau table (both conventions with bootstrap intervals; for each cache after the
 first, the paired delta and the rounds whose accepted count changed) and per-position acceptance
-per cache, drawn with ``hscache.report_html.acceptance_chart``. No number is computed here: the
+per cache, drawn with ``hscache.report.html.acceptance_chart``. No number is computed here: the
 page draws what ``scorer.evaluate.evaluate_many`` returned. The fragments are public so that the
 drift study (pipelines/drift_study.py) composes them into its own page.
 
@@ -18,7 +18,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from hscache.report_html import acceptance_chart, html_page, html_table
+from hscache.report.html import acceptance_chart, html_page, html_table
 
 __all__ = ["acceptance_section", "cache_names", "render_eval_html", "tau_table", "write_eval_html"]
 
@@ -55,21 +55,36 @@ def tau_table(result: Mapping[str, Any], names: Sequence[str] | None = None) -> 
     for i, report in enumerate(reports):
         settings = report["cache"].get("settings") or {}
         comp = comparisons[i - 1] if i else None
-        changed = (f"{comp['rounds_with_changed_acceptance']} of {comp.get('rounds_compared', '?')}"
-                   if comp else "(reference)")
+        changed = (
+            f"{comp['rounds_with_changed_acceptance']} of {comp.get('rounds_compared', '?')}"
+            if comp
+            else "(reference)"
+        )
         tau = report["tau"]
-        rows.append([
-            names[i], f"{settings.get('dtype', '?')} / {settings.get('backend', '?')}",
-            f"{report['requests']} / {report['rounds']}",
-            _num(tau["per_request"]) + _ci(tau["per_request_ci95"]),
-            _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
-            _delta(comp["delta"]["per_request"]) if comp else "-",
-            _delta(comp["delta"]["pooled"]) if comp else "-",
-            changed, f"{report['off_greedy']['positions']} / {report['off_greedy']['rounds_cut_short']}",
-        ])
-    header = ["cache", "dtype / backend", "requests / rounds", "tau per request [95%]", "tau pooled [95%]",
-              "delta per request [95%]", "delta pooled [95%]", "rounds changed",
-              "off-greedy positions / rounds cut"]
+        rows.append(
+            [
+                names[i],
+                f"{settings.get('dtype', '?')} / {settings.get('backend', '?')}",
+                f"{report['requests']} / {report['rounds']}",
+                _num(tau["per_request"]) + _ci(tau["per_request_ci95"]),
+                _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
+                _delta(comp["delta"]["per_request"]) if comp else "-",
+                _delta(comp["delta"]["pooled"]) if comp else "-",
+                changed,
+                f"{report['off_greedy']['positions']} / {report['off_greedy']['rounds_cut_short']}",
+            ]
+        )
+    header = [
+        "cache",
+        "dtype / backend",
+        "requests / rounds",
+        "tau per request [95%]",
+        "tau pooled [95%]",
+        "delta per request [95%]",
+        "delta pooled [95%]",
+        "rounds changed",
+        "off-greedy positions / rounds cut",
+    ]
     return html_table(header, rows)
 
 
@@ -77,9 +92,13 @@ def acceptance_section(result: Mapping[str, Any], names: Sequence[str] | None = 
     """Per-position acceptance per cache: conditional and unconditional charts side by side."""
     reports = result["reports"]
     names = list(names or cache_names(reports))
-    charts = [acceptance_chart({n: r["acceptance"][kind] for n, r in zip(names, reports)},
-                               title=f"Per-position acceptance ({kind})")
-              for kind in ("conditional", "unconditional")]
+    charts = [
+        acceptance_chart(
+            {n: r["acceptance"][kind] for n, r in zip(names, reports)},
+            title=f"Per-position acceptance ({kind})",
+        )
+        for kind in ("conditional", "unconditional")
+    ]
     return '<div class="charts">' + "".join(charts) + "</div>"
 
 
@@ -106,16 +125,22 @@ def render_eval_html(result: Mapping[str, Any], *, title: str | None = None) -> 
     defs = reports[0]["definitions"]
     body = [
         f"<h1>{escape(title)}</h1>",
-        (f"<p>Checkpoint <code>{escape(str(checkpoint))}</code>; reference cache "
-        f"<code>{escape(str(reports[0]['cache']['path']))}</code>.</p>"),
+        (
+            f"<p>Checkpoint <code>{escape(str(checkpoint))}</code>; reference cache "
+            f"<code>{escape(str(reports[0]['cache']['path']))}</code>.</p>"
+        ),
         *_notes(result, names),
-        "<h2>Tau</h2>", tau_table(result, names),
-        (f"<p>tau per request: {escape(defs['per_request'])}. tau pooled: {escape(defs['pooled'])}. "
-        "Deltas are this cache minus the first, with a paired bootstrap over requests; rounds changed "
-        "counts rounds at anchors both replays visit whose accepted count differs. Off-greedy positions: "
-        "generated positions where the cached text leaves that cache's own argmax (its replay there is "
-        "exact only up to that point; rounds cut counts rounds whose draft still matched past it).</p>"),
-        "<h2>Per-position acceptance</h2>", acceptance_section(result, names),
+        "<h2>Tau</h2>",
+        tau_table(result, names),
+        (
+            f"<p>tau per request: {escape(defs['per_request'])}. tau pooled: {escape(defs['pooled'])}. "
+            "Deltas are this cache minus the first, with a paired bootstrap over requests; rounds changed "
+            "counts rounds at anchors both replays visit whose accepted count differs. Off-greedy positions: "
+            "generated positions where the cached text leaves that cache's own argmax (its replay there is "
+            "exact only up to that point; rounds cut counts rounds whose draft still matched past it).</p>"
+        ),
+        "<h2>Per-position acceptance</h2>",
+        acceptance_section(result, names),
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",
     ]
     return html_page(title, body)

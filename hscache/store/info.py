@@ -42,8 +42,11 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
         "compression": cache.manifest["compression"],
         "bytes_on_disk": _dir_bytes(cache.path),
         "arrays": {
-            name: {**spec.to_dict(), "stored_bytes": stored[name],
-                   "compression_ratio": round(raw[name] / stored[name], 3) if stored[name] else None}
+            name: {
+                **spec.to_dict(),
+                "stored_bytes": stored[name],
+                "compression_ratio": round(raw[name] / stored[name], 3) if stored[name] else None,
+            }
             for name, spec in cache.specs.items()
         },
         "bytes_per_token": round(sum(stored.values()) / max(1, cache.num_tokens), 1),

@@ -121,7 +121,7 @@ class NextTokenBucket:
 
 @dataclass(frozen=True)
 class NextTokenDrift:
-    """The target's next-token data compared; definitions in ``hscache.drift``.
+    """The target's next-token data compared; definitions in ``hscache.diff.stats``.
 
     ``argmax_flips`` positions predict different tokens; ``flips_at_risk`` of them had A's
     top-1/top-2 margin below twice the observed logit drift (all of them, unless the flipped token
@@ -224,32 +224,49 @@ def format_report(report: DiffReport) -> str:
         f"B  {b.path}  ({b.dtype}, backend {b.backend}, {b.device})",
         f"compared {seqs.compared} sequences, {seqs.tokens} tokens, layers {list(report.layers.compared)}",
     ]
-    skipped = {"only in A": seqs.only_in_a, "only in B": seqs.only_in_b,
-               "with different token ids": seqs.token_mismatch}
-    lines += [f"  skipped {len(ids)} {why}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}"
-              for why, ids in skipped.items() if ids]
+    skipped = {
+        "only in A": seqs.only_in_a,
+        "only in B": seqs.only_in_b,
+        "with different token ids": seqs.token_mismatch,
+    }
+    lines += [
+        f"  skipped {len(ids)} {why}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}"
+        for why, ids in skipped.items()
+        if ids
+    ]
     if report.layers.only_in_a or report.layers.only_in_b:
-        lines.append(f"  layers not compared: only in A {list(report.layers.only_in_a)}, "
-                     f"only in B {list(report.layers.only_in_b)}")
-    lines += ["", f"{'layer':>5}  {'type':<16} {'rel_l2':>9} {'tok_mean':>9} {'max_abs':>9} "
-                  f"{'cos_mean':>10} {'cos_min':>10}"]
+        lines.append(
+            f"  layers not compared: only in A {list(report.layers.only_in_a)}, "
+            f"only in B {list(report.layers.only_in_b)}"
+        )
+    lines += [
+        "",
+        f"{'layer':>5}  {'type':<16} {'rel_l2':>9} {'tok_mean':>9} {'max_abs':>9} "
+        f"{'cos_mean':>10} {'cos_min':>10}",
+    ]
     for layer in report.hidden_states:
-        lines.append(f"{layer.layer_id:>5}  {layer.layer_type or '?':<16} {_fmt(layer.rel_l2, '9.2e')} "
-                     f"{_fmt(layer.rel_l2_token_mean, '9.2e')} {_fmt(layer.max_abs, '9.2e')} "
-                     f"{_fmt(layer.cosine_mean, '10.7f')} {_fmt(layer.cosine_min, '10.7f')}")
+        lines.append(
+            f"{layer.layer_id:>5}  {layer.layer_type or '?':<16} {_fmt(layer.rel_l2, '9.2e')} "
+            f"{_fmt(layer.rel_l2_token_mean, '9.2e')} {_fmt(layer.max_abs, '9.2e')} "
+            f"{_fmt(layer.cosine_mean, '10.7f')} {_fmt(layer.cosine_min, '10.7f')}"
+        )
     nt = report.next_token
-    lines += ["", f"next token over {nt.positions} positions (top-{nt.top_k}): "
-                  f"argmax agreement {_fmt(nt.argmax_agreement, '.2%')} ({nt.argmax_flips} flips), "
-                  f"top-k overlap {_fmt(nt.topk_overlap, '.2%')}, "
-                  f"KL mean {_fmt(nt.kl_mean)} max {_fmt(nt.kl_max)}, "
-                  f"margin at risk {_fmt(nt.margin_at_risk, '.2%')}"]
+    lines += [
+        "",
+        f"next token over {nt.positions} positions (top-{nt.top_k}): "
+        f"argmax agreement {_fmt(nt.argmax_agreement, '.2%')} ({nt.argmax_flips} flips), "
+        f"top-k overlap {_fmt(nt.topk_overlap, '.2%')}, "
+        f"KL mean {_fmt(nt.kl_mean)} max {_fmt(nt.kl_max)}, "
+        f"margin at risk {_fmt(nt.margin_at_risk, '.2%')}",
+    ]
     prov = report.provenance
     lines.append("")
     if prov.differing:
         lines.append("provenance differs:")
         rows = {row.key: row for row in prov.rows}
-        lines += [f"  {key}: {json.dumps(rows[key].a)} -> {json.dumps(rows[key].b)}"
-                  for key in prov.differing]
+        lines += [
+            f"  {key}: {json.dumps(rows[key].a)} -> {json.dumps(rows[key].b)}" for key in prov.differing
+        ]
     else:
         lines.append("provenance: no differences")
     if prov.expected:

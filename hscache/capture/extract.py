@@ -21,11 +21,10 @@ import numpy as np
 import torch
 
 import schemas
-from hscache.backend import resolve_backend, use_backend
-from hscache.capture import CapturedSequence, capture_batch, greedy_continuation, to_host_async
-from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
-from hscache.layers import parse_layer_spec
-from hscache.prompts import (
+from hscache.capture.backend import resolve_backend, use_backend
+from hscache.capture.forward import CapturedSequence, capture_batch, greedy_continuation, to_host_async
+from hscache.capture.layers import parse_layer_spec
+from hscache.capture.prompts import (
     PromptRecord,
     file_sha256,
     iter_records,
@@ -33,21 +32,36 @@ from hscache.prompts import (
     resolve_prompts,
     response_token_ids,
 )
-from hscache.provenance import build_provenance, tokenizer_sha256, utc_now
+from hscache.capture.provenance import build_provenance, tokenizer_sha256, utc_now
+from hscache.capture.target import Target, check_device, load_target
+from hscache.capture.writer_thread import WriterThread
+from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store import fsio
 from hscache.store.layout import COMPRESSIONS, CREATING_MARK, MANIFEST, PROVENANCE, TARGET_DIR, array_specs
 from hscache.store.reader import read_manifest
 from hscache.store.shards import shard_path
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
-from hscache.target import Target, check_device, load_target
-from hscache.writer_thread import WriterThread
 
 __all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
 
 # Settings that change what the cache holds; a resume must match all of them.
-_RESUME_KEYS = ("model", "weights_sha256", "layer_ids", "dtype", "backend", "device", "tokenizer_sha256",
-                "prompts_sha256", "limit", "max_new_tokens", "max_length", "top_k", "full_logits", "batch_tokens",
-                "shard")
+_RESUME_KEYS = (
+    "model",
+    "weights_sha256",
+    "layer_ids",
+    "dtype",
+    "backend",
+    "device",
+    "tokenizer_sha256",
+    "prompts_sha256",
+    "limit",
+    "max_new_tokens",
+    "max_length",
+    "top_k",
+    "full_logits",
+    "batch_tokens",
+    "shard",
+)
 
 
 @dataclass(frozen=True)
@@ -139,16 +153,27 @@ def _selected(config: ExtractConfig, path: Path) -> Iterator[PromptRecord]:
     return (record for n, record in enumerate(records) if n % count == index)
 
 
-def _settings(config: ExtractConfig, target: Target, layer_ids: list[int], backend: str,
-              prompts: _PromptSummary) -> dict[str, Any]:
+def _settings(
+    config: ExtractConfig, target: Target, layer_ids: list[int], backend: str, prompts: _PromptSummary
+) -> dict[str, Any]:
     batch_tokens = config.batch_tokens or (16384 if config.device.startswith("cuda") else 0)
     return {
-        "model": config.model, "weights_sha256": target.weights_sha256, "layer_ids": layer_ids,
-        "dtype": config.dtype, "backend_requested": config.backend, "backend": backend,
-        "device": config.device, "tokenizer_sha256": tokenizer_sha256(target.tokenizer),
-        "prompts_sha256": prompts.sha256, "max_new_tokens": config.max_new_tokens,
-        "max_length": config.max_length, "top_k": config.top_k, "full_logits": config.full_logits,
-        "batch_tokens": batch_tokens, "mask_token_id": target.mask_token_id, "limit": config.limit,
+        "model": config.model,
+        "weights_sha256": target.weights_sha256,
+        "layer_ids": layer_ids,
+        "dtype": config.dtype,
+        "backend_requested": config.backend,
+        "backend": backend,
+        "device": config.device,
+        "tokenizer_sha256": tokenizer_sha256(target.tokenizer),
+        "prompts_sha256": prompts.sha256,
+        "max_new_tokens": config.max_new_tokens,
+        "max_length": config.max_length,
+        "top_k": config.top_k,
+        "full_logits": config.full_logits,
+        "batch_tokens": batch_tokens,
+        "mask_token_id": target.mask_token_id,
+        "limit": config.limit,
         **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
     }
 
@@ -227,8 +252,10 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
     if config.overwrite and out.exists():
         # Only ever delete what hscache made: a cache, or a fresh run killed before its manifest.
         if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and any(out.iterdir()):
-            raise InputError(f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
-                             "choose an empty or new directory")
+            raise InputError(
+                f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
+                "choose an empty or new directory"
+            )
         shutil.rmtree(out)
     if (out / MANIFEST).is_file():
         manifest = read_manifest(out)
@@ -237,8 +264,14 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
     if config.compression not in COMPRESSIONS:
         raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
     text = target.text_config
-    specs = array_specs(len(settings["layer_ids"]), int(text.hidden_size), _LOGICAL[config.dtype], config.top_k,
-                        int(text.vocab_size) if config.full_logits else None, config.chunk_bytes)
+    specs = array_specs(
+        len(settings["layer_ids"]),
+        int(text.hidden_size),
+        _LOGICAL[config.dtype],
+        config.top_k,
+        int(text.vocab_size) if config.full_logits else None,
+        config.chunk_bytes,
+    )
     with _disk_errors(out, 0):
         _prepare_fresh_dir(out)
         _write_target_dir(out, target)
@@ -256,7 +289,9 @@ def _stored(t: torch.Tensor, dtype: str | None = None) -> np.ndarray:
     return t.numpy() if dtype is None else t.numpy().astype(dtype, copy=False)
 
 
-def _to_rows(captured: CapturedSequence, record: PromptRecord, prompt_len: int, stop_reason: str) -> SequenceRows:
+def _to_rows(
+    captured: CapturedSequence, record: PromptRecord, prompt_len: int, stop_reason: str
+) -> SequenceRows:
     token_ids = _stored(captured.token_ids, "int32")
     arrays = {
         "hidden_states": _stored(captured.hidden_states),
@@ -269,7 +304,10 @@ def _to_rows(captured: CapturedSequence, record: PromptRecord, prompt_len: int, 
     if captured.logits is not None:
         arrays["target_logits"] = _stored(captured.logits, "float32")
     return SequenceRows(
-        arrays=arrays, record_id=record.record_id, prompt_len=prompt_len, stop_reason=stop_reason,
+        arrays=arrays,
+        record_id=record.record_id,
+        prompt_len=prompt_len,
+        stop_reason=stop_reason,
         token_sha256=hashlib.sha256(token_ids.astype("<i4").tobytes()).hexdigest(),
         metadata_json=json.dumps(record.metadata, sort_keys=True),
     )
@@ -281,8 +319,9 @@ def _rows_when_copied(captured: list[CapturedSequence], batch: list, copied: Any
     return [_to_rows(cap, rec, plen, stop) for cap, (rec, _ids, plen, stop) in zip(captured, batch)]
 
 
-def _batches(config: ExtractConfig, target: Target, batch_tokens: int, skip: int
-             ) -> Iterator[list[tuple[PromptRecord, list[int], int, str]]]:
+def _batches(
+    config: ExtractConfig, target: Target, batch_tokens: int, skip: int
+) -> Iterator[list[tuple[PromptRecord, list[int], int, str]]]:
     """Generate continuations and group sequences greedily up to ``batch_tokens`` padded tokens.
 
     Grouping depends only on the sequence order, so a resume (which starts at a committed batch
@@ -337,7 +376,9 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         progress.start(prompts.records, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings["batch_tokens"], skip=done):
-                captured = capture_batch(target, [b[1] for b in batch], layer_ids, config.top_k, config.full_logits)
+                captured = capture_batch(
+                    target, [b[1] for b in batch], layer_ids, config.top_k, config.full_logits
+                )
                 # On CUDA the copies to pinned host memory are queued now, before the next forward, and
                 # the writer thread waits for them alone: the GPU never waits for the disk.
                 captured, copied = to_host_async(captured)
@@ -348,8 +389,9 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     with _disk_errors(out, writer.committed_sequences):
         _write_provenance(out, provenance)
     progress.finish()
-    return ExtractResult(out, writer.committed_sequences, writer.committed_tokens, done,
-                         time.perf_counter() - t0, provenance)
+    return ExtractResult(
+        out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
+    )
 
 
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
@@ -358,20 +400,31 @@ def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> Extract
 
     staging = staging_dir(config.out)
     result = extract(replace(config, out=str(staging)), progress)
-    url = config.out.rstrip("/") + "/" + result.path.relative_to(staging).as_posix() if config.shard else config.out
+    url = (
+        config.out.rstrip("/") + "/" + result.path.relative_to(staging).as_posix()
+        if config.shard
+        else config.out
+    )
     upload_cache(result.path, url.rstrip("/"), remove_local=True)
     return replace(result, path=url)
 
 
-def _start_provenance(out: Path, target: Target, settings: dict[str, Any], kernels: dict,
-                      prompts: _PromptSummary, resumed: bool) -> dict[str, Any]:
+def _start_provenance(
+    out: Path, target: Target, settings: dict[str, Any], kernels: dict, prompts: _PromptSummary, resumed: bool
+) -> dict[str, Any]:
     existing = out / PROVENANCE
     if resumed and existing.is_file():
         provenance = json.loads(existing.read_text())
         provenance["timestamps"]["resumed_at"].append(utc_now())
     else:
-        provenance = build_provenance(target=target, settings=settings, kernels=kernels, prompts_path=prompts.path,
-                                      num_records=prompts.records, started_at=utc_now())
+        provenance = build_provenance(
+            target=target,
+            settings=settings,
+            kernels=kernels,
+            prompts_path=prompts.path,
+            num_records=prompts.records,
+            started_at=utc_now(),
+        )
     _write_provenance(out, provenance)
     return provenance
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hscache.target import Target
+from hscache.capture.target import Target
 
 __all__ = ["CapturedSequence", "capture_batch", "greedy_continuation", "next_token_stats", "to_host_async"]
 
@@ -53,7 +53,10 @@ def greedy_continuation(
     eos = model.generation_config.eos_token_id
     eos = eos if eos is not None else tokenizer.eos_token_id
     config = GenerationConfig(
-        max_new_tokens=budget, do_sample=False, num_beams=1, eos_token_id=eos,
+        max_new_tokens=budget,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
     )
     device = next(model.parameters()).device
@@ -62,15 +65,18 @@ def greedy_continuation(
     # repetition_penalty=1.05 would bend "greedy" text off the argmax path that replay assumes.
     # A neutral model-level config for the call keeps the continuation the plain argmax chain.
     saved = model.generation_config
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
     try:
         with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                 generation_config=config)
+            out = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
     finally:
         model.generation_config = saved
     ids = out[0].tolist()
-    new = ids[len(prompt_ids):]
+    new = ids[len(prompt_ids) :]
     eos_set = set(eos) if isinstance(eos, (list, tuple)) else {eos}
     if new and new[-1] in eos_set:
         return ids, "eos"
@@ -84,6 +90,7 @@ def _hooked(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[d
     def hook_for(layer_id: int):
         def hook(_module, _inputs, output):
             captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
         return hook
 
     handles = [layers[i].register_forward_hook(hook_for(i)) for i in layer_ids]
@@ -125,7 +132,11 @@ def _base_model(target: Target) -> torch.nn.Module:
 
 
 def capture_batch(
-    target: Target, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int], top_k: int, full_logits: bool
+    target: Target,
+    sequences: Sequence[Sequence[int]],
+    layer_ids: Sequence[int],
+    top_k: int,
+    full_logits: bool,
 ) -> list[CapturedSequence]:
     """One teacher-forced forward over ``sequences`` (right-padded when more than one).
 
@@ -151,7 +162,9 @@ def capture_batch(
         out = []
         for row, length in enumerate(lengths):
             hidden = torch.stack([captured[i][row, :length] for i in layer_ids], dim=1)
-            argmax, values, ids, lse, logits = next_token_stats(lm_head, final_hidden[row, :length], top_k, full_logits)
+            argmax, values, ids, lse, logits = next_token_stats(
+                lm_head, final_hidden[row, :length], top_k, full_logits
+            )
             out.append(CapturedSequence(input_ids[row, :length], hidden, argmax, values, ids, lse, logits))
     return out
 

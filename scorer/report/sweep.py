@@ -14,35 +14,57 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from hscache.report.svg import Series, gradient, line_chart
 from hscache.store import fsio
-from hscache.svg_charts import Series, gradient, line_chart
 
 __all__ = ["report_row", "write_outputs"]
 
 
-def report_row(step: int, checkpoint: Path, result_file: Path, report: dict[str, Any], reused: bool
-               ) -> dict[str, Any]:
+def report_row(
+    step: int, checkpoint: Path, result_file: Path, report: dict[str, Any], reused: bool
+) -> dict[str, Any]:
     """One table row: the numbers of one checkpoint's report."""
     tau = report["tau"]
     return {
-        "step": step, "checkpoint": str(checkpoint), "checkpoint_sha256": report["checkpoint"]["sha256"],
-        "tau_per_request": tau["per_request"], "tau_pooled": tau["pooled"],
-        "tau_per_request_ci95": tau["per_request_ci95"], "tau_pooled_ci95": tau["pooled_ci95"],
+        "step": step,
+        "checkpoint": str(checkpoint),
+        "checkpoint_sha256": report["checkpoint"]["sha256"],
+        "tau_per_request": tau["per_request"],
+        "tau_pooled": tau["pooled"],
+        "tau_per_request_ci95": tau["per_request_ci95"],
+        "tau_pooled_ci95": tau["pooled_ci95"],
         "train_accept_len": report["train_accept_len"],
         "acceptance_conditional": report["acceptance"]["conditional"],
         "acceptance_unconditional": report["acceptance"]["unconditional"],
-        "ddtree": report["ddtree"], "rounds": report["rounds"], "tokens": report["tokens"],
-        "requests": report["requests"], "result_file": str(result_file), "reused": reused,
+        "ddtree": report["ddtree"],
+        "rounds": report["rounds"],
+        "tokens": report["tokens"],
+        "requests": report["requests"],
+        "result_file": str(result_file),
+        "reused": reused,
     }
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
     slots = max((len(r["acceptance_conditional"]) for r in rows), default=0)
     budgets = sorted({b for r in rows for b in r["ddtree"]}, key=int)
-    header = ["step", "checkpoint", "checkpoint_sha256", "tau_per_request", "tau_pooled", "tau_per_request_lo",
-              "tau_per_request_hi", "train_accept_len", *[f"accept_cond_{j + 1}" for j in range(slots)],
-              *[f"accept_uncond_{j + 1}" for j in range(slots)], *[f"ddtree_{b}" for b in budgets],
-              "rounds", "tokens", "requests", "reused"]
+    header = [
+        "step",
+        "checkpoint",
+        "checkpoint_sha256",
+        "tau_per_request",
+        "tau_pooled",
+        "tau_per_request_lo",
+        "tau_per_request_hi",
+        "train_accept_len",
+        *[f"accept_cond_{j + 1}" for j in range(slots)],
+        *[f"accept_uncond_{j + 1}" for j in range(slots)],
+        *[f"ddtree_{b}" for b in budgets],
+        "rounds",
+        "tokens",
+        "requests",
+        "reused",
+    ]
     sink = io.StringIO()
     writer = csv.writer(sink, lineterminator="\n")
     writer.writerow(header)
@@ -50,23 +72,53 @@ def _csv(rows: list[dict[str, Any]]) -> str:
         ci = r["tau_per_request_ci95"] or [None, None]
         cond = list(r["acceptance_conditional"]) + [None] * (slots - len(r["acceptance_conditional"]))
         uncond = list(r["acceptance_unconditional"]) + [None] * (slots - len(r["acceptance_unconditional"]))
-        writer.writerow([r["step"], r["checkpoint"], r["checkpoint_sha256"], r["tau_per_request"], r["tau_pooled"],
-                         *ci, r["train_accept_len"], *cond, *uncond, *[r["ddtree"].get(b) for b in budgets],
-                         r["rounds"], r["tokens"], r["requests"], r["reused"]])
+        writer.writerow(
+            [
+                r["step"],
+                r["checkpoint"],
+                r["checkpoint_sha256"],
+                r["tau_per_request"],
+                r["tau_pooled"],
+                *ci,
+                r["train_accept_len"],
+                *cond,
+                *uncond,
+                *[r["ddtree"].get(b) for b in budgets],
+                r["rounds"],
+                r["tokens"],
+                r["requests"],
+                r["reused"],
+            ]
+        )
     return sink.getvalue()  # csv writes None as an empty cell
 
 
 def _charts(rows: list[dict[str, Any]]) -> list[str]:
     steps = [str(r["step"]) for r in rows]
-    tau = line_chart(steps, {"tau per request": Series([r["tau_per_request"] for r in rows], "#08519c"),
-                             "tau pooled": Series([r["tau_pooled"] for r in rows], "#e6550d", dashed=True)},
-                     title="Acceptance length tau by training step", y_label="tau", x_label="training step")
+    tau = line_chart(
+        steps,
+        {
+            "tau per request": Series([r["tau_per_request"] for r in rows], "#08519c"),
+            "tau pooled": Series([r["tau_pooled"] for r in rows], "#e6550d", dashed=True),
+        },
+        title="Acceptance length tau by training step",
+        y_label="tau",
+        x_label="training step",
+    )
     slots = max((len(r["acceptance_conditional"]) for r in rows), default=0)
     colors = gradient(slots)
-    series = {f"slot {j + 1}": Series([(r["acceptance_conditional"] + [None] * slots)[j] for r in rows], colors[j])
-              for j in range(slots)}
-    accept = line_chart(steps, series, title="Per-position acceptance (conditional) by training step",
-                        y_label="acceptance", x_label="training step", percent=True)
+    series = {
+        f"slot {j + 1}": Series([(r["acceptance_conditional"] + [None] * slots)[j] for r in rows], colors[j])
+        for j in range(slots)
+    }
+    accept = line_chart(
+        steps,
+        series,
+        title="Per-position acceptance (conditional) by training step",
+        y_label="acceptance",
+        x_label="training step",
+        percent=True,
+    )
     return [tau, accept]
 
 
@@ -75,15 +127,21 @@ def _html(document: dict[str, Any]) -> str:
     cells = "".join(
         f"<tr><td>{r['step']}</td><td>{escape(Path(r['checkpoint']).name)}</td>"
         f"<td>{_fmt(r['tau_per_request'])}</td><td>{_fmt(r['tau_pooled'])}</td>"
-        f"<td>{_fmt(r['train_accept_len'])}</td><td>{r['requests']}</td></tr>" for r in rows)
-    table = ("<table><tr><th>step</th><th>checkpoint</th><th>tau per request</th><th>tau pooled</th>"
-             f"<th>train accept len</th><th>requests</th></tr>{cells}</table>")
+        f"<td>{_fmt(r['train_accept_len'])}</td><td>{r['requests']}</td></tr>"
+        for r in rows
+    )
+    table = (
+        "<table><tr><th>step</th><th>checkpoint</th><th>tau per request</th><th>tau pooled</th>"
+        f"<th>train accept len</th><th>requests</th></tr>{cells}</table>"
+    )
     title = f"Sweep of {escape(document['run_dir'])}"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            "<style>body{font-family:system-ui,sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
-            "</style></head><body>"
-            f"<h1>{title}</h1><p>cache {escape(document['cache']['path'])} ({document['cache']['sequences']} "
-            f"sequences), {len(rows)} checkpoints</p>{''.join(_charts(rows))}{table}</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        "<style>body{font-family:system-ui,sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
+        "</style></head><body>"
+        f"<h1>{title}</h1><p>cache {escape(document['cache']['path'])} ({document['cache']['sequences']} "
+        f"sequences), {len(rows)} checkpoints</p>{''.join(_charts(rows))}{table}</body></html>\n"
+    )
 
 
 def _fmt(x: float | None) -> str:
@@ -107,8 +165,12 @@ def _png(document: dict[str, Any], path: Path) -> bool:
     ax_tau.legend()
     slots = max((len(r["acceptance_conditional"]) for r in rows), default=0)
     for j in range(slots):
-        ax_acc.plot(steps, [(r["acceptance_conditional"] + [None] * slots)[j] for r in rows], "o-",
-                    label=f"slot {j + 1}")
+        ax_acc.plot(
+            steps,
+            [(r["acceptance_conditional"] + [None] * slots)[j] for r in rows],
+            "o-",
+            label=f"slot {j + 1}",
+        )
     ax_acc.set(xlabel="training step", ylabel="conditional acceptance", title="per-position acceptance")
     ax_acc.legend(fontsize="small")
     fig.tight_layout()

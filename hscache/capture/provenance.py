@@ -13,17 +13,37 @@ from typing import Any
 
 import torch
 
-from hscache.backend import KernelBinding
+from hscache.capture.backend import KernelBinding
 
-__all__ = ["LAYER_CONVENTION", "SCHEMA_VERSION", "build_provenance", "git_commit", "package_versions", "utc_now"]
+__all__ = [
+    "LAYER_CONVENTION",
+    "SCHEMA_VERSION",
+    "build_provenance",
+    "git_commit",
+    "package_versions",
+    "utc_now",
+]
 
 SCHEMA_VERSION = 1
 LAYER_CONVENTION = (
     "layer i = output of decoder layer i (0-based) = transformers hidden_states[i + 1], "
     "captured by a forward hook, before the final norm"
 )
-_VERSIONED = ("hscache", "torch", "transformers", "flash-linear-attention", "triton", "causal-conv1d",
-              "zarr", "numcodecs", "pyarrow", "numpy", "safetensors", "tokenizers", "dask")
+_VERSIONED = (
+    "hscache",
+    "torch",
+    "transformers",
+    "flash-linear-attention",
+    "triton",
+    "causal-conv1d",
+    "zarr",
+    "numcodecs",
+    "pyarrow",
+    "numpy",
+    "safetensors",
+    "tokenizers",
+    "dask",
+)
 
 
 def utc_now() -> str:
@@ -48,7 +68,9 @@ def git_commit() -> str | None:
     if not (repo / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -62,8 +84,12 @@ def tokenizer_sha256(tokenizer: Any) -> str:
 
 def _hardware(device: str) -> dict[str, Any]:
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None
-    return {"device": device, "gpu_name": gpu, "cpu": platform.processor() or platform.machine(),
-            "hostname": platform.node()}
+    return {
+        "device": device,
+        "gpu_name": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "hostname": platform.node(),
+    }
 
 
 def build_provenance(
@@ -101,7 +127,9 @@ def build_provenance(
             "device": settings["device"],
             "backend_requested": settings["backend_requested"],
             "backend": settings["backend"],
-            "kernels": {k: {"backend": b.backend, "function": b.function} for k, b in sorted(kernels.items())},
+            "kernels": {
+                k: {"backend": b.backend, "function": b.function} for k, b in sorted(kernels.items())
+            },
             "attn_implementation": str(getattr(target.model.config, "_attn_implementation", None)),
             "max_new_tokens": settings["max_new_tokens"],
             "max_length": settings["max_length"],

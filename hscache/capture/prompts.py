@@ -19,8 +19,15 @@ from transformers import PreTrainedTokenizerBase
 
 from hscache.errors import PromptFileError
 
-__all__ = ["DEFAULT_PROMPTS", "PromptRecord", "file_sha256", "iter_records", "prompt_token_ids", "resolve_prompts",
-           "response_token_ids"]
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "PromptRecord",
+    "file_sha256",
+    "iter_records",
+    "prompt_token_ids",
+    "resolve_prompts",
+    "response_token_ids",
+]
 
 DEFAULT_PROMPTS = "builtin:default"
 _CONTENT_KEYS = ("prompt", "messages", "input_ids")
@@ -64,7 +71,9 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise PromptFileError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+        raise PromptFileError(
+            f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object"
+        ) from None
     if not isinstance(obj, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     keys = [k for k in _CONTENT_KEYS if k in obj]
@@ -75,11 +84,17 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
     content = obj[keys[0]]
     if keys[0] == "prompt" and not (isinstance(content, str) and content):
         raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
-    if keys[0] == "messages" and not (isinstance(content, list) and content and all(
+    if keys[0] == "messages" and not (
+        isinstance(content, list)
+        and content
+        and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in content)):
-        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{\"role\": str, \"content\": str}} "
-                              "objects")
+            for m in content
+        )
+    ):
+        raise PromptFileError(
+            f'{where}: \'messages\' must be a non-empty list of {{"role": str, "content": str}} objects'
+        )
     if keys[0] == "input_ids" and not (
         isinstance(content, list) and content and all(isinstance(t, int) and t >= 0 for t in content)
     ):
@@ -94,14 +109,18 @@ def _split_response(where: str, key: str, content: Any, obj: dict[str, Any]) -> 
     """(prompt content, response) from a record's optional "response" / "prompt_len"."""
     if "response" in obj:
         if key != "prompt" or not isinstance(obj["response"], str):
-            raise PromptFileError(f"{where}: 'response' must be a string next to 'prompt'; "
-                                  "for token ids use 'input_ids' with 'prompt_len'")
+            raise PromptFileError(
+                f"{where}: 'response' must be a string next to 'prompt'; "
+                "for token ids use 'input_ids' with 'prompt_len'"
+            )
         return content, obj["response"]
     if "prompt_len" in obj:
         prompt_len = obj["prompt_len"]
         if key != "input_ids" or not (isinstance(prompt_len, int) and 1 <= prompt_len <= len(content)):
-            raise PromptFileError(f"{where}: 'prompt_len' must be an integer in 1..len(input_ids) next to "
-                                  f"'input_ids' (got {prompt_len!r})")
+            raise PromptFileError(
+                f"{where}: 'prompt_len' must be an integer in 1..len(input_ids) next to "
+                f"'input_ids' (got {prompt_len!r})"
+            )
         return content[:prompt_len], content[prompt_len:]
     return content, None
 

@@ -52,8 +52,10 @@ def derive_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
         raise ValueError(f"num_draft_layers must be >= 1, got {n}")
     ids = [L // 2] if n == 1 else [round(1 + i * (L - 4) / (n - 1)) for i in range(n)]
     if any(not 0 <= i < L for i in ids):
-        raise ValueError(f"derived target_layer_ids {ids} out of range for a target with {L} layers; "
-                         "pass target_layer_ids explicitly")
+        raise ValueError(
+            f"derived target_layer_ids {ids} out of range for a target with {L} layers; "
+            "pass target_layer_ids explicitly"
+        )
     return ids
 
 
@@ -88,17 +90,22 @@ class DrafterConfig:
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty; a drafter reads at least one target layer")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads {self.num_key_value_heads}")
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (slot 0 is the known token), got {self.block_size}")
         if not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
-                             f"(size {self.vocab_size})")
+            raise ValueError(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary (size {self.vocab_size})"
+            )
         rope_type = _rope_type(self.rope_scaling)
         if rope_type not in _SUPPORTED_ROPE_TYPES:
-            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: "
-                             f"{', '.join(_SUPPORTED_ROPE_TYPES)}")
+            raise ValueError(
+                f"rope_scaling type {rope_type!r} is not supported; supported: "
+                f"{', '.join(_SUPPORTED_ROPE_TYPES)}"
+            )
         if rope_type == "linear" and not float(self.rope_scaling.get("factor", 0)) > 0:
             raise ValueError(f"linear rope_scaling needs a positive 'factor', got {self.rope_scaling}")
 
@@ -124,26 +131,40 @@ class DrafterConfig:
         fields = hf_config_fields(config)
         if "target_layer_ids" not in fields and fields.get("num_target_layers") is not None:
             fields["target_layer_ids"] = tuple(
-                derive_target_layer_ids(fields["num_target_layers"], fields["num_hidden_layers"]))
+                derive_target_layer_ids(fields["num_target_layers"], fields["num_hidden_layers"])
+            )
         fields.setdefault("block_size", 16)
         fields.setdefault("rope_scaling", None)
         fields.setdefault("attention_bias", False)
         missing = [f for f in cls.__dataclass_fields__ if f not in fields and f != "num_target_layers"]
         if missing:
-            raise ValueError(f"config.json lacks {', '.join(missing)}; a DFlash drafter config needs "
-                             "them (target_layer_ids may be replaced by num_target_layers)")
+            raise ValueError(
+                f"config.json lacks {', '.join(missing)}; a DFlash drafter config needs "
+                "them (target_layer_ids may be replaced by num_target_layers)"
+            )
         return cls(**fields)
 
     def to_hf_config(self) -> dict[str, Any]:
         """The HF `config.json` dict (`model_type: qwen3`, `architectures: [DFlashDraftModel]`)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("target_layer_ids", "block_size",
-                                                                 "mask_token_id", "num_target_layers")}
-        out.update(model_type="qwen3", architectures=["DFlashDraftModel"], block_size=self.block_size,
-                   hidden_act="silu", tie_word_embeddings=False)
+        out = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("target_layer_ids", "block_size", "mask_token_id", "num_target_layers")
+        }
+        out.update(
+            model_type="qwen3",
+            architectures=["DFlashDraftModel"],
+            block_size=self.block_size,
+            hidden_act="silu",
+            tie_word_embeddings=False,
+        )
         if self.num_target_layers is not None:
             out["num_target_layers"] = self.num_target_layers
-        out["dflash_config"] = {"block_size": self.block_size, "mask_token_id": self.mask_token_id,
-                                "target_layer_ids": list(self.target_layer_ids)}
+        out["dflash_config"] = {
+            "block_size": self.block_size,
+            "mask_token_id": self.mask_token_id,
+            "target_layer_ids": list(self.target_layer_ids),
+        }
         return out
 
 
@@ -185,8 +206,11 @@ def _reject_unsupported(config: dict[str, Any]) -> None:
     """Fail on features of later DFlash variants that this model does not implement."""
     dflash = config.get("dflash_config") or {}
     # Later variants (DFlash2DraftModel: convolutions + candidate selector) share the key layout.
-    problems = [f"architectures={config['architectures']}"] if any(
-        a.startswith("DFlash") and a != "DFlashDraftModel" for a in config.get("architectures") or []) else []
+    problems = (
+        [f"architectures={config['architectures']}"]
+        if any(a.startswith("DFlash") and a != "DFlashDraftModel" for a in config.get("architectures") or [])
+        else []
+    )
     neutral = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0}
     for key, inert in neutral.items():
         value = dflash.get(key, config.get(key))
@@ -195,8 +219,10 @@ def _reject_unsupported(config: dict[str, Any]) -> None:
     if any(t != "full_attention" for t in config.get("layer_types") or []) or config.get("is_causal"):
         problems.append("sliding-window or causal draft layers")
     if problems:
-        raise ValueError(f"unsupported DFlash drafter variant ({'; '.join(problems)}); this scorer "
-                         "implements the block-diffusion drafter of spec/dflash.md section 1 only")
+        raise ValueError(
+            f"unsupported DFlash drafter variant ({'; '.join(problems)}); this scorer "
+            "implements the block-diffusion drafter of spec/dflash.md section 1 only"
+        )
 
 
 class _RMSNorm(nn.Module):
@@ -305,14 +331,17 @@ class DFlashDrafter(nn.Module):
         want = (self.config.vocab_size, self.config.hidden_size)
         for name, w in (("embed_weight", embed_weight), ("lm_head_weight", lm_head_weight)):
             if tuple(w.shape) != want:
-                raise ValueError(f"{name} has shape {list(w.shape)}, expected {list(want)} "
-                                 "(vocab_size, hidden_size) from the drafter config")
+                raise ValueError(
+                    f"{name} has shape {list(w.shape)}, expected {list(want)} "
+                    "(vocab_size, hidden_size) from the drafter config"
+                )
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 
     def _target(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.embed_weight is None or self.lm_head_weight is None:
-            raise RuntimeError("call DFlashDrafter.attach_target(embed_weight, lm_head_weight) "
-                               "before a forward")
+            raise RuntimeError(
+                "call DFlashDrafter.attach_target(embed_weight, lm_head_weight) before a forward"
+            )
         return self.embed_weight, self.lm_head_weight
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,8 +362,9 @@ class DFlashDrafter(nn.Module):
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)
 
     @torch.no_grad()
-    def forward_one_block(self, context_features: torch.Tensor, block_token_ids: torch.Tensor,
-                          anchor_pos: int) -> torch.Tensor:
+    def forward_one_block(
+        self, context_features: torch.Tensor, block_token_ids: torch.Tensor, anchor_pos: int
+    ) -> torch.Tensor:
         """Reference forward for one block (spec section 1): no mask, eager softmax.
 
         Args:
@@ -363,20 +393,32 @@ class DFlashDrafter(nn.Module):
             h = layer.finish(h, (probs @ v).transpose(0, 1))
         return self.head(self.norm(h)[1:])
 
-    def forward(self, context_features: torch.Tensor, anchors: torch.Tensor,
-                block_token_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, context_features: torch.Tensor, anchors: torch.Tensor, block_token_ids: torch.Tensor
+    ) -> torch.Tensor:
         """Differentiable ``block_hidden`` (SDPA, one chunk): for training helpers.
 
         Returns:
             [N, B-1, H] final normed hidden states of the blocks; ``head()`` gives logits.
         """
-        return self._block_hidden(context_features, anchors, block_token_ids,
-                                  max_blocks_per_forward=max(1, block_token_ids.shape[0]), backend="sdpa")
+        return self._block_hidden(
+            context_features,
+            anchors,
+            block_token_ids,
+            max_blocks_per_forward=max(1, block_token_ids.shape[0]),
+            backend="sdpa",
+        )
 
     @torch.no_grad()
-    def block_hidden(self, context_features: torch.Tensor, anchors: torch.Tensor,
-                     block_token_ids: torch.Tensor, *, max_blocks_per_forward: int = 64,
-                     backend: AttentionBackend = "auto") -> torch.Tensor:
+    def block_hidden(
+        self,
+        context_features: torch.Tensor,
+        anchors: torch.Tensor,
+        block_token_ids: torch.Tensor,
+        *,
+        max_blocks_per_forward: int = 64,
+        backend: AttentionBackend = "auto",
+    ) -> torch.Tensor:
         """Final normed hidden states of many blocks, scored with the block-sparse mask.
 
         Blocks are sorted by anchor and run `max_blocks_per_forward` at a time; each chunk only
@@ -399,22 +441,38 @@ class DFlashDrafter(nn.Module):
         Raises:
             ValueError: shapes disagree, an anchor is outside 0..T, or the backend is unknown.
         """
-        return self._block_hidden(context_features, anchors, block_token_ids,
-                                  max_blocks_per_forward=max_blocks_per_forward, backend=backend)
+        return self._block_hidden(
+            context_features,
+            anchors,
+            block_token_ids,
+            max_blocks_per_forward=max_blocks_per_forward,
+            backend=backend,
+        )
 
-    def _block_hidden(self, context_features: torch.Tensor, anchors: torch.Tensor,
-                      block_token_ids: torch.Tensor, *, max_blocks_per_forward: int,
-                      backend: AttentionBackend) -> torch.Tensor:
+    def _block_hidden(
+        self,
+        context_features: torch.Tensor,
+        anchors: torch.Tensor,
+        block_token_ids: torch.Tensor,
+        *,
+        max_blocks_per_forward: int,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
         N, B = block_token_ids.shape
         if anchors.shape != (N,) or B < 2:
-            raise ValueError(f"anchors {list(anchors.shape)} / block_token_ids {[N, B]}: expected [N] and "
-                             "[N, B] with B >= 2 (one anchor per block)")
+            raise ValueError(
+                f"anchors {list(anchors.shape)} / block_token_ids {[N, B]}: expected [N] and "
+                "[N, B] with B >= 2 (one anchor per block)"
+            )
         if N and not 0 <= int(anchors.min()) <= int(anchors.max()) <= context_features.shape[0]:
-            raise ValueError(f"anchors span {int(anchors.min())}..{int(anchors.max())} but there are "
-                             f"{context_features.shape[0]} context rows; anchors must be in 0..T")
+            raise ValueError(
+                f"anchors span {int(anchors.min())}..{int(anchors.max())} but there are "
+                f"{context_features.shape[0]} context rows; anchors must be in 0..T"
+            )
         use_flex = _pick_flex(backend, context_features.device)
-        out = torch.empty(N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype,
-                          device=self.fc.weight.device)
+        out = torch.empty(
+            N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype, device=self.fc.weight.device
+        )
         t_max = int(anchors.max()) if N else 0
         ctx = self.project_context(context_features[:t_max])  # [t_max, H]
         cos, sin = self._cos_sin(torch.arange(t_max, device=ctx.device), ctx.dtype)
@@ -422,14 +480,17 @@ class DFlashDrafter(nn.Module):
         order = torch.argsort(anchors.cpu(), stable=True).to(anchors.device)  # similar anchors share a chunk
         used: set[str] = set()
         for start in range(0, N, max_blocks_per_forward):
-            idx = order[start:start + max_blocks_per_forward]
+            idx = order[start : start + max_blocks_per_forward]
             try:
                 out[idx] = self._chunk(ctx_kv, anchors[idx], block_token_ids[idx], use_flex)
             except Exception as e:  # compile or kernel failure of flex: "auto" falls back, loudly
                 if not (use_flex and backend == "auto"):
                     raise
-                warnings.warn(f"flex_attention failed ({type(e).__name__}: {e}); using SDPA", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"flex_attention failed ({type(e).__name__}: {e}); using SDPA",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 use_flex = False
                 out[idx] = self._chunk(ctx_kv, anchors[idx], block_token_ids[idx], use_flex)
             used.add("flex" if use_flex else "sdpa")
@@ -437,8 +498,9 @@ class DFlashDrafter(nn.Module):
         self.backend_used = "+".join(sorted(used)) or None
         return out
 
-    def _chunk(self, ctx_kv: list, anchors: torch.Tensor, tokens: torch.Tensor,
-               use_flex: bool) -> torch.Tensor:
+    def _chunk(
+        self, ctx_kv: list, anchors: torch.Tensor, tokens: torch.Tensor, use_flex: bool
+    ) -> torch.Tensor:
         """One chunk of n blocks: queries [n*B], keys [T_c context | n*B block] -> [n, B-1, H]."""
         n, B = tokens.shape
         t_c = int(anchors.max())
@@ -456,8 +518,13 @@ class DFlashDrafter(nn.Module):
             h = layer.finish(h, attend(q, k, v, mask))
         return self.norm(h).unflatten(0, (n, B))[:, 1:]
 
-    def forward_blocks(self, context_features: torch.Tensor, anchors: torch.Tensor,
-                       block_token_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    def forward_blocks(
+        self,
+        context_features: torch.Tensor,
+        anchors: torch.Tensor,
+        block_token_ids: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         """`head(block_hidden(...))`: logits [N, B-1, V]. Same arguments as `block_hidden`.
 
         Full logits cost N*(B-1)*V floats; for large N use `block_hidden` and `head` on pieces.
@@ -501,7 +568,7 @@ def _flex_mask(anchors: torch.Tensor, B: int, t_c: int) -> Any:
     # t_c as a tensor: a compiled kernel would otherwise guard on (and recompile for) each value.
     t_ctx = torch.tensor(t_c, device=anchors.device)
 
-    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex passes index tensors
+    def mask_mod(b, h, q_idx, kv_idx):
         block = q_idx // B
         in_ctx = (kv_idx < t_ctx) & (kv_idx < anchors[block])
         return in_ctx | ((kv_idx >= t_ctx) & ((kv_idx - t_ctx) // B == block))
@@ -521,8 +588,13 @@ def _flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -
     if q.is_cuda:  # uncompiled flex materialises all scores; compile once per process on GPU
         _compiled_flex = _compiled_flex or torch.compile(flex_attention, dynamic=True)
         fn = _compiled_flex
-    out = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-             block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    out = fn(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        block_mask=mask,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
     return out[0].transpose(0, 1)
 
 

@@ -12,7 +12,7 @@ import functools
 from importlib import resources
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 __all__ = ["BUILTIN_TARGETS", "MASK_TOKEN", "build_builtin", "build_tokenizer"]

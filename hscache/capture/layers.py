@@ -34,12 +34,16 @@ def parse_layer_spec(spec: str, num_target_layers: int) -> list[int]:
     if text.startswith("dflash:"):
         count_text = text.removeprefix("dflash:")
         if not count_text.isdigit():
-            raise LayerSpecError(f"--layers {spec!r}: expected dflash:N with N a positive integer, e.g. dflash:5")
+            raise LayerSpecError(
+                f"--layers {spec!r}: expected dflash:N with N a positive integer, e.g. dflash:5"
+            )
         layer_ids = dflash_layer_ids(num_target_layers, int(count_text))
     else:
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts:
-            raise LayerSpecError("--layers is empty; give comma-separated layer ids such as 1,9,17 or dflash:5")
+            raise LayerSpecError(
+                "--layers is empty; give comma-separated layer ids such as 1,9,17 or dflash:5"
+            )
         try:
             layer_ids = [int(p) for p in parts]
         except ValueError:

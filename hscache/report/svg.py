@@ -38,8 +38,8 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
 
 def gradient(n: int, start: str = "#9ecae1", stop: str = "#08306b") -> list[str]:
     """``n`` colors from ``start`` to ``stop`` (light to dark: shallow to deep layers)."""
-    a = [int(start[i:i + 2], 16) for i in (1, 3, 5)]
-    b = [int(stop[i:i + 2], 16) for i in (1, 3, 5)]
+    a = [int(start[i : i + 2], 16) for i in (1, 3, 5)]
+    b = [int(stop[i : i + 2], 16) for i in (1, 3, 5)]
     fractions = [i / max(1, n - 1) for i in range(n)]
     return ["#" + "".join(f"{round(x + (y - x) * f):02x}" for x, y in zip(a, b)) for f in fractions]
 
@@ -53,12 +53,14 @@ def _fmt(v: float, percent: bool) -> str:
 def _frame(title: str, y_label: str, ticks: list[float], percent: bool) -> list[str]:
     """The svg opening, title, y axis with grid lines; the plot area spans ticks[0]..ticks[-1]."""
     plot_h = _H - _TOP - _BOTTOM
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-             f'role="img" aria-label="{escape(title)}" {_FONT}>',
-             f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
-             f'<text x="{_LEFT}" y="20" font-size="14" font-weight="600">{escape(title)}</text>',
-             f'<text transform="translate(16,{_TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">'
-             f'{escape(y_label)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+        f'role="img" aria-label="{escape(title)}" {_FONT}>',
+        f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
+        f'<text x="{_LEFT}" y="20" font-size="14" font-weight="600">{escape(title)}</text>',
+        f'<text transform="translate(16,{_TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">'
+        f"{escape(y_label)}</text>",
+    ]
     for t in ticks:
         y = _TOP + plot_h * (1 - t / ticks[-1])
         parts.append(f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
@@ -74,15 +76,23 @@ def _legend(entries: Mapping[str, tuple[str, bool]]) -> list[str]:
         y = _TOP + 8 + 18 * i
         dash = ' stroke-dasharray="5,3"' if dashed else ""
         x = _W - _RIGHT + 14
-        parts.append(f'<line x1="{x}" x2="{x + 24}" y1="{y}" y2="{y}" stroke="{color}" '
-                     f'stroke-width="3"{dash}/>')
+        parts.append(
+            f'<line x1="{x}" x2="{x + 24}" y1="{y}" y2="{y}" stroke="{color}" stroke-width="3"{dash}/>'
+        )
         parts.append(f'<text x="{_W - _RIGHT + 44}" y="{y + 4}">{escape(name)}</text>')
     return parts
 
 
 def bar_chart(
-    labels: Sequence[str], values: Sequence[float | None], colors: Sequence[str], *, title: str, y_label: str,
-    legend: Mapping[str, str] | None = None, percent: bool = False, x_label: str = "",
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    colors: Sequence[str],
+    *,
+    title: str,
+    y_label: str,
+    legend: Mapping[str, str] | None = None,
+    percent: bool = False,
+    x_label: str = "",
 ) -> str:
     """Vertical bars, one per label, each with its value printed above it."""
     top = max((v for v in values if v is not None), default=0.0)
@@ -95,19 +105,30 @@ def bar_chart(
         if value is not None:
             h = plot_h * value / ticks[-1]
             y = _H - _BOTTOM - h
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" '
-                         f'fill="{color}"><title>{escape(label)}: {_fmt(value, percent)}</title></rect>')
-            parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle" '
-                         f'font-size="10">{_fmt(value, percent)}</text>')
-        parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{_H - _BOTTOM + 16}" text-anchor="middle">'
-                     f'{escape(label)}</text>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" '
+                f'fill="{color}"><title>{escape(label)}: {_fmt(value, percent)}</title></rect>'
+            )
+            parts.append(
+                f'<text x="{x + slot * 0.35:.1f}" y="{y - 4:.1f}" text-anchor="middle" '
+                f'font-size="10">{_fmt(value, percent)}</text>'
+            )
+        parts.append(
+            f'<text x="{x + slot * 0.35:.1f}" y="{_H - _BOTTOM + 16}" text-anchor="middle">'
+            f"{escape(label)}</text>"
+        )
     parts.append(f'<text x="{_LEFT + plot_w / 2}" y="{_H - 8}" text-anchor="middle">{escape(x_label)}</text>')
     parts += _legend({name: (color, False) for name, color in (legend or {}).items()})
     return "\n".join(parts + ["</svg>"])
 
 
 def line_chart(
-    x_labels: Sequence[str], series: Mapping[str, Series], *, title: str, y_label: str, x_label: str = "",
+    x_labels: Sequence[str],
+    series: Mapping[str, Series],
+    *,
+    title: str,
+    y_label: str,
+    x_label: str = "",
     percent: bool = False,
 ) -> str:
     """One polyline per series over shared x labels, with a dot at each defined point."""
@@ -125,8 +146,10 @@ def line_chart(
         if len(points) > 1:
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
             parts.append(f'<polyline points="{path}" fill="none" stroke="{s.color}" stroke-width="2"{dash}/>')
-        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{s.color}">'
-                  f'<title>{escape(name)}</title></circle>' for x, y in points]
+        parts += [
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{s.color}"><title>{escape(name)}</title></circle>'
+            for x, y in points
+        ]
     parts.append(f'<text x="{_LEFT + plot_w / 2}" y="{_H - 8}" text-anchor="middle">{escape(x_label)}</text>')
     parts += _legend({name: (s.color, s.dashed) for name, s in series.items()})
     return "\n".join(parts + ["</svg>"])

@@ -2,7 +2,7 @@
 
 Named steps: open both caches -> prove they are comparable (same sequences by record id and
 token hash, common layers, same hidden size) -> stream the matched sequences one at a time,
-summing per-token drift (``hscache.drift``) per layer and position bucket -> turn the sums into
+summing per-token drift (``hscache.diff.stats``) per layer and position bucket -> turn the sums into
 a ``DiffReport`` with the provenance of both caches side by side.
 
     >>> report = diff_caches("cache_fp32/", "cache_bf16/")          # doctest: +SKIP
@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from hscache import drift
-from hscache.diff_report import (
+from hscache.capture.provenance import git_commit
+from hscache.diff import stats as drift
+from hscache.diff.report import (
     DIFF_SCHEMA_VERSION,
     CacheSide,
     DiffReport,
@@ -29,9 +30,8 @@ from hscache.diff_report import (
     SequenceDrift,
     SequenceMatch,
 )
-from hscache.diff_sums import HiddenSums, NextTokenSums
+from hscache.diff.sums import HiddenSums, NextTokenSums
 from hscache.errors import CacheMismatchError
-from hscache.provenance import git_commit
 from hscache.store.reader import Cache, open_cache
 
 __all__ = [
@@ -92,8 +92,10 @@ def match_sequences(
         if row_b is None:
             only_a.append(key[0])
             if not intersect:
-                raise CacheMismatchError(f"caches are not comparable: sequence {key[0]!r} is in A "
-                                         f"({cache_a.path}) but not in B ({cache_b.path}); {_FIX}")
+                raise CacheMismatchError(
+                    f"caches are not comparable: sequence {key[0]!r} is in A "
+                    f"({cache_a.path}) but not in B ({cache_b.path}); {_FIX}"
+                )
         elif sha_a[row_a] != sha_b[row_b]:
             mismatch.append(key[0])
             if not intersect:
@@ -104,11 +106,15 @@ def match_sequences(
     set_a = set(keys_a)  # built once: a set per key made this quadratic in the sequence count
     only_b = [key[0] for key in keys_b if key not in set_a]
     if only_b and not intersect:
-        raise CacheMismatchError(f"caches are not comparable: sequence {only_b[0]!r} is in B "
-                                 f"({cache_b.path}) but not in A ({cache_a.path}); {_FIX}")
+        raise CacheMismatchError(
+            f"caches are not comparable: sequence {only_b[0]!r} is in B "
+            f"({cache_b.path}) but not in A ({cache_a.path}); {_FIX}"
+        )
     if not pairs:
-        raise CacheMismatchError(f"caches have no sequence in common (same record id and token ids): A has "
-                                 f"{len(keys_a)}, B has {len(keys_b)}; extract both from the same prompts")
+        raise CacheMismatchError(
+            f"caches have no sequence in common (same record id and token ids): A has "
+            f"{len(keys_a)}, B has {len(keys_b)}; extract both from the same prompts"
+        )
     tokens = sum(int(cache_a.index.column("length")[row].as_py()) for row, _ in pairs)
     return pairs, SequenceMatch(len(pairs), tokens, tuple(only_a), tuple(only_b), tuple(mismatch))
 
@@ -121,13 +127,17 @@ def match_layers(cache_a: Cache, cache_b: Cache) -> LayerMatch:
     """
     ha, hb = cache_a.specs["hidden_states"].row_shape[-1], cache_b.specs["hidden_states"].row_shape[-1]
     if ha != hb:
-        raise CacheMismatchError(f"caches are not comparable: hidden size {ha} in A, {hb} in B; "
-                                 "they come from different target models")
+        raise CacheMismatchError(
+            f"caches are not comparable: hidden size {ha} in A, {hb} in B; "
+            "they come from different target models"
+        )
     ids_a, ids_b = cache_a.layer_ids, cache_b.layer_ids
     common = tuple(i for i in ids_a if i in ids_b)
     if not common:
-        raise CacheMismatchError(f"caches have no layer in common: A has {ids_a}, B has {ids_b}; "
-                                 "extract both with overlapping --layers")
+        raise CacheMismatchError(
+            f"caches have no layer in common: A has {ids_a}, B has {ids_b}; "
+            "extract both with overlapping --layers"
+        )
     only_a = tuple(i for i in ids_a if i not in ids_b)
     return LayerMatch(common, only_a, tuple(i for i in ids_b if i not in ids_a))
 
@@ -163,13 +173,26 @@ def compare_provenance(prov_a: dict[str, Any], prov_b: dict[str, Any]) -> Proven
 
 def _side(cache: Cache) -> CacheSide:
     s = cache.settings
-    return CacheSide(str(cache.path), len(cache), cache.num_tokens, tuple(cache.layer_ids), str(s["dtype"]),
-                     str(s["backend"]), str(s["device"]))
+    return CacheSide(
+        str(cache.path),
+        len(cache),
+        cache.num_tokens,
+        tuple(cache.layer_ids),
+        str(s["dtype"]),
+        str(s["backend"]),
+        str(s["device"]),
+    )
 
 
 def _compare_sequence(
-    cache_a: Cache, cache_b: Cache, rows: tuple[int, int], cols: tuple[list[int], list[int]],
-    hidden: HiddenSums, nexttok: NextTokenSums, starts: Sequence[int], chunk_tokens: int,
+    cache_a: Cache,
+    cache_b: Cache,
+    rows: tuple[int, int],
+    cols: tuple[list[int], list[int]],
+    hidden: HiddenSums,
+    nexttok: NextTokenSums,
+    starts: Sequence[int],
+    chunk_tokens: int,
 ) -> SequenceDrift:
     """Add one matched sequence to the sums, a chunk of positions at a time (bounded float64 memory)."""
     row_a, row_b = rows
@@ -189,14 +212,30 @@ def _compare_sequence(
             hidden.add(layer, bucket, d)
             seq_err[layer] += d.sq_err[d.finite].sum()
             seq_ref[layer] += d.sq_ref[d.finite].sum()
-        agree += nexttok.add(bucket, arg_a[span], arg_b[span], top_a[0][span, :k], top_a[1][span, :k],
-                             lse_a[span], top_b[0][span, :k], top_b[1][span, :k], lse_b[span])
+        agree += nexttok.add(
+            bucket,
+            arg_a[span],
+            arg_b[span],
+            top_a[0][span, :k],
+            top_a[1][span, :k],
+            lse_a[span],
+            top_b[0][span, :k],
+            top_b[1][span, :k],
+            lse_b[span],
+        )
     rel = torch.where(seq_ref > 0, (seq_err / seq_ref).sqrt(), torch.where(seq_err > 0, torch.inf, 0.0))
     worst = int(rel.argmax())
     record_id = str(cache_a.index.column("record_id")[row_a].as_py())
     length = int(hs_a.shape[0])
-    return SequenceDrift(record_id, row_a, row_b, length, int(cache_a.layer_ids[cols[0][worst]]),
-                         float(rel[worst]), agree / length if length else None)
+    return SequenceDrift(
+        record_id,
+        row_a,
+        row_b,
+        length,
+        int(cache_a.layer_ids[cols[0][worst]]),
+        float(rel[worst]),
+        agree / length if length else None,
+    )
 
 
 def diff_caches(
@@ -217,7 +256,7 @@ def diff_caches(
         chunk_tokens: positions converted to float64 at a time (memory bound, not a result knob).
 
     Returns:
-        A ``DiffReport``; ``.to_dict()`` is JSON, ``hscache.report_html.write_report`` draws it.
+        A ``DiffReport``; ``.to_dict()`` is JSON, ``hscache.report.html.write_report`` draws it.
 
     Raises:
         CacheNotFoundError, CacheFormatError: a path holds no readable cache.
@@ -229,8 +268,10 @@ def diff_caches(
     cache_a, cache_b = open_cache(path_a), open_cache(path_b)
     layers = match_layers(cache_a, cache_b)
     pairs, seq_match = match_sequences(cache_a, cache_b, intersect=intersect)
-    cols = ([cache_a.layer_ids.index(i) for i in layers.compared],
-            [cache_b.layer_ids.index(i) for i in layers.compared])
+    cols = (
+        [cache_a.layer_ids.index(i) for i in layers.compared],
+        [cache_b.layer_ids.index(i) for i in layers.compared],
+    )
     top_k = min(cache.specs["target_topk_ids"].row_shape[-1] for cache in (cache_a, cache_b))
     hidden, nexttok = HiddenSums(len(layers.compared), len(starts)), NextTokenSums(len(starts), top_k)
     per_sequence = tuple(
@@ -244,8 +285,12 @@ def diff_caches(
         hscache_version=importlib.metadata.version("hscache"),
         hscache_git_commit=git_commit(),
         config={"intersect": intersect, "position_buckets": list(starts)},
-        cache_a=_side(cache_a), cache_b=_side(cache_b), sequences=seq_match, layers=layers,
+        cache_a=_side(cache_a),
+        cache_b=_side(cache_b),
+        sequences=seq_match,
+        layers=layers,
         hidden_states=hidden.result(layers.compared, types, starts),
-        next_token=nexttok.result(starts), per_sequence=per_sequence,
+        next_token=nexttok.result(starts),
+        per_sequence=per_sequence,
         provenance=compare_provenance(cache_a.provenance, cache_b.provenance),
     )

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hscache.builtin import BUILTIN_TARGETS, build_builtin
+from hscache.capture.builtin import BUILTIN_TARGETS, build_builtin
 from hscache.errors import InputError, ModelNotFoundError
 
 __all__ = ["DTYPES", "Target", "check_device", "load_target", "torch_dtype"]
@@ -108,7 +108,9 @@ def _files_sha256(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def _load_hf_directory(directory: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_hf_directory(
+    directory: Path, dtype: torch.dtype
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = json.loads((directory / "config.json").read_text())

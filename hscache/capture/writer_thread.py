@@ -40,7 +40,7 @@ class WriterThread:
         self.thread = threading.Thread(target=self._run, name="hscache-writer", daemon=True)
         self.last_commit = time.monotonic()
 
-    def __enter__(self) -> "WriterThread":
+    def __enter__(self) -> WriterThread:
         self.thread.start()
         return self
 

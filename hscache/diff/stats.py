@@ -1,6 +1,6 @@
 """Drift statistics between two captures of the same tokens: small pure tensor functions.
 
-Tensors in, per-token tensors out (float64); ``hscache.diff`` sums them over tokens so that
+Tensors in, per-token tensors out (float64); ``hscache.diff.compare`` sums them over tokens so that
 aggregates are exact (a ratio of sums, never a mean of means). Cache A is the reference: a
 relative error divides by A's norm, a KL is KL(A || B), a margin is A's margin.
 

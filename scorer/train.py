@@ -4,7 +4,7 @@ Not a training framework: it exists so a newcomer can see a drafter whose tau is
 above 1 without downloads. Loss: cross-entropy of slot j against x_{p+j} at random anchors,
 weighted by exp(-(j-1)/B) like DFlash training (early slots matter most for acceptance).
 
-    python -m pipelines.train_drafter --cache cache/ --out drafter/ --steps 300
+    python -m scorer.train --cache cache/ --out drafter/ --steps 300
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 import hscache
 from scorer.checkpoint import save_hf_checkpoint
-from scorer.drafter import DFlashDrafter
 from scorer.features import attach_cache_head, feature_index, sequence_features
 from scorer.init import drafter_config_for_cache
+from scorer.model import DFlashDrafter
 
 __all__ = ["train_drafter"]
 
@@ -43,9 +43,18 @@ def _batch(cache, rows, index, drafter, anchors_per_step: int, gen: torch.Genera
     return features, anchors, blocks, targets
 
 
-def train_drafter(cache_path: str | Path, out: str | Path, *, steps: int = 300, num_layers: int = 1,
-                  block_size: int = 8, lr: float = 3e-3, anchors_per_step: int = 64, seed: int = 0,
-                  log_every: int = 50) -> dict:
+def train_drafter(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    steps: int = 300,
+    num_layers: int = 1,
+    block_size: int = 8,
+    lr: float = 3e-3,
+    anchors_per_step: int = 64,
+    seed: int = 0,
+    log_every: int = 50,
+) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
 
     Returns:
@@ -81,7 +90,9 @@ def train_drafter(cache_path: str | Path, out: str | Path, *, steps: int = 300, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cache", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=300)
@@ -89,10 +100,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    result = train_drafter(args.cache, args.out, steps=args.steps, num_layers=args.layers,
-                           block_size=args.block_size, seed=args.seed)
-    print(f"saved drafter to {args.out}: {result['steps']} steps, final loss {result['final_loss']:.3f}, "
-          f"{result['seconds']:.1f} s")
+    result = train_drafter(
+        args.cache,
+        args.out,
+        steps=args.steps,
+        num_layers=args.layers,
+        block_size=args.block_size,
+        seed=args.seed,
+    )
+    print(
+        f"saved drafter to {args.out}: {result['steps']} steps, final loss {result['final_loss']:.3f}, "
+        f"{result['seconds']:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 import schemas
-from hscache.provenance import git_commit, package_versions, utc_now
+from hscache.capture.provenance import git_commit, package_versions, utc_now
 from scorer.metrics import (
     AcceptLen,
     acceptance_rates,
@@ -69,18 +69,24 @@ def _samples(results: list[SequenceResult], cache: Any, n: int, seed: int, block
         avail = min(block_size - 1, len(x) - 1 - p)
         drafted = result.chain_drafts[k][:avail].tolist()
         target = a[p : p + avail]  # g_{p+j} = a[p+j-1], j = 1..avail
-        out.append({
-            "record_id": result.record_id, "anchor": p, "accepted": acc, "tokens": result.chain.tokens[k],
-            "context_tail": tokenizer.decode(x[max(0, p - 15) : p + 1]),
-            "drafted": [tokenizer.decode([t]) for t in drafted],
-            "target": [tokenizer.decode([t]) for t in target],
-            "diverged_at_slot": acc + 1 if acc < avail else None,
-        })
+        out.append(
+            {
+                "record_id": result.record_id,
+                "anchor": p,
+                "accepted": acc,
+                "tokens": result.chain.tokens[k],
+                "context_tail": tokenizer.decode(x[max(0, p - 15) : p + 1]),
+                "drafted": [tokenizer.decode([t]) for t in drafted],
+                "target": [tokenizer.decode([t]) for t in target],
+                "diverged_at_slot": acc + 1 if acc < avail else None,
+            }
+        )
     return out
 
 
-def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any, loaded: Any, config: Any,
-                 seconds: float) -> dict[str, Any]:
+def build_report(
+    results: Sequence[SequenceResult], *, cache: Any, drafter: Any, loaded: Any, config: Any, seconds: float
+) -> dict[str, Any]:
     """The eval report: every number, the config used, checkpoint hash, cache provenance, versions."""
     results = merge_results(results)
     B = drafter.config.block_size
@@ -89,13 +95,22 @@ def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any,
     accept_len = sum((r.accept_len for r in results), AcceptLen(0, 0))
     acceptance = acceptance_rates(counts) if counts is not None else None
     tau = _tau_block(chains, config.n_boot, config.seed)
-    warnings = diagnose(acceptance=acceptance, tau_pooled=tau["pooled"], train_accept_len=accept_len.mean,
-                        target_layer_ids=drafter.config.target_layer_ids, cache_layer_ids=cache.layer_ids)
+    warnings = diagnose(
+        acceptance=acceptance,
+        tau_pooled=tau["pooled"],
+        train_accept_len=accept_len.mean,
+        target_layer_ids=drafter.config.target_layer_ids,
+        cache_layer_ids=cache.layer_ids,
+    )
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
-        warnings.append(f"{cut} rounds were cut short where the cached text leaves the target's greedy path; "
-                        "offline tau is then a lower bound (build the cache with --max-new-tokens for exact replay)")
-    ddtree = {str(b): _tau_block([r.ddtree[b] for r in results], config.n_boot, config.seed) for b in config.ddtree}
+        warnings.append(
+            f"{cut} rounds were cut short where the cached text leaves the target's greedy path; "
+            "offline tau is then a lower bound (build the cache with --max-new-tokens for exact replay)"
+        )
+    ddtree = {
+        str(b): _tau_block([r.ddtree[b] for r in results], config.n_boot, config.seed) for b in config.ddtree
+    }
     surrogate = {}
     for b in config.ddtree:
         total = sum(r.ddtree_surrogate[b][0] for r in results)
@@ -116,18 +131,33 @@ def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any,
         "ddtree_detail": ddtree,
         "ddtree_surrogate": surrogate,
         "off_greedy": {"positions": sum(c.off_greedy_positions for c in chains), "rounds_cut_short": cut},
-        "per_category": ({k: v.to_dict() for k, v in per_category_tau(chains, categories).items()}
-                         if any(r.category is not None for r in results) else {}),
+        "per_category": (
+            {k: v.to_dict() for k, v in per_category_tau(chains, categories).items()}
+            if any(r.category is not None for r in results)
+            else {}
+        ),
         "warnings": warnings,
         "samples": _samples(results, cache, config.samples, config.seed, B),
-        "per_request": [dict(result_summary(r), anchors=list(r.chain.anchors), accepted=list(r.chain.accepted),
-                             token_sha256=_token_sha256(cache, r.row)) for r in results],
+        "per_request": [
+            dict(
+                result_summary(r),
+                anchors=list(r.chain.anchors),
+                accepted=list(r.chain.accepted),
+                token_sha256=_token_sha256(cache, r.row),
+            )
+            for r in results
+        ],
         "definitions": TAU_DEFINITIONS,
         "config": config.to_dict(),
         "drafter": {**drafter.config.to_hf_config(), "attention_backend": drafter.backend_used},
         "checkpoint": loaded.report.to_dict(),
-        "cache": {"path": str(getattr(cache, "url", cache.path)), "sequences": len(cache), "layer_ids": cache.layer_ids,
-                  "settings": cache.settings, "provenance": cache.provenance},
+        "cache": {
+            "path": str(getattr(cache, "url", cache.path)),
+            "sequences": len(cache),
+            "layer_ids": cache.layer_ids,
+            "settings": cache.settings,
+            "provenance": cache.provenance,
+        },
         "versions": package_versions(),
         "hscache_git_commit": git_commit(),
         "seconds": seconds,
@@ -140,8 +170,11 @@ def build_report(results: Sequence[SequenceResult], *, cache: Any, drafter: Any,
 def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:
     if acceptance is None:
         return {"conditional": [None] * (B - 1), "unconditional": [None] * (B - 1), "counts": {}}
-    return {"conditional": list(acceptance.conditional), "unconditional": list(acceptance.unconditional),
-            "counts": acceptance.counts.to_dict()}
+    return {
+        "conditional": list(acceptance.conditional),
+        "unconditional": list(acceptance.unconditional),
+        "counts": acceptance.counts.to_dict(),
+    }
 
 
 def _token_sha256(cache: Any, row: int) -> str | None:
@@ -201,8 +234,11 @@ def compare_reports(base: dict[str, Any], other: dict[str, Any], config: Any) ->
     b_tot = np.array([[b["tokens"], b["rounds"]] for _, b in pairs], dtype=float).reshape(-1, 2)
     deltas = {}
     for name, stat in (("per_request", tau_per_request_from_totals), ("pooled", tau_pooled_from_totals)):
-        deltas[name] = (paired_bootstrap_delta(a_tot, b_tot, stat, config.n_boot, config.seed).to_dict()
-                        if pairs else None)
+        deltas[name] = (
+            paired_bootstrap_delta(a_tot, b_tot, stat, config.n_boot, config.seed).to_dict()
+            if pairs
+            else None
+        )
     compared, changed, first = 0, 0, []
     for a, b in pairs:
         a_acc, b_acc = dict(zip(a["anchors"], a["accepted"])), dict(zip(b["anchors"], b["accepted"]))
@@ -211,9 +247,17 @@ def compare_reports(base: dict[str, Any], other: dict[str, Any], config: Any) ->
         compared += len(common)
         changed += len(diff)
         if diff:
-            first.append({"record_id": a["record_id"], "anchor": diff[0], "accepted": [a_acc[diff[0]], b_acc[diff[0]]]})
+            first.append(
+                {"record_id": a["record_id"], "anchor": diff[0], "accepted": [a_acc[diff[0]], b_acc[diff[0]]]}
+            )
     return {
-        "base": base["cache"]["path"], "other": other["cache"]["path"], "requests_compared": len(pairs),
-        "requests_left_out": left_out, "tau": {"base": base["tau"], "other": other["tau"]}, "delta": deltas,
-        "rounds_compared": compared, "rounds_with_changed_acceptance": changed, "first_changes": first[:20],
+        "base": base["cache"]["path"],
+        "other": other["cache"]["path"],
+        "requests_compared": len(pairs),
+        "requests_left_out": left_out,
+        "tau": {"base": base["tau"], "other": other["tau"]},
+        "delta": deltas,
+        "rounds_compared": compared,
+        "rounds_with_changed_acceptance": changed,
+        "first_changes": first[:20],
     }

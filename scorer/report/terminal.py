@@ -20,7 +20,9 @@ def _ci(pair: Any) -> str:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     tau = report["tau"]
-    head = Table(title=f"DFlash replay: {report['checkpoint']['path']} on {report['cache']['path']}", show_header=True)
+    head = Table(
+        title=f"DFlash replay: {report['checkpoint']['path']} on {report['cache']['path']}", show_header=True
+    )
     head.add_column("metric")
     head.add_column("value", justify="right")
     head.add_column("95% CI", justify="right")
@@ -28,17 +30,26 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     head.add_row("tau, pooled over rounds (vLLM/SGLang)", _f(tau["pooled"]), _ci(tau["pooled_ci95"]))
     head.add_row("train-log accept length (all anchors, no +1)", _f(report["train_accept_len"]), "")
     for budget, value in report["ddtree"].items():
-        head.add_row(f"DDTree-{budget} tau (per request)", _f(value),
-                     _ci(report["ddtree_detail"][budget]["per_request_ci95"]))
-        head.add_row(f"DDTree-{budget} draft-only surrogate (estimate)", _f(report["ddtree_surrogate"][budget]), "")
-    head.add_row("requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", "")
+        head.add_row(
+            f"DDTree-{budget} tau (per request)",
+            _f(value),
+            _ci(report["ddtree_detail"][budget]["per_request_ci95"]),
+        )
+        head.add_row(
+            f"DDTree-{budget} draft-only surrogate (estimate)", _f(report["ddtree_surrogate"][budget]), ""
+        )
+    head.add_row(
+        "requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", ""
+    )
     head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
     console.print(head)
     acc = Table(title="per-position acceptance (slot 1 first)")
     acc.add_column("slot", justify="right")
     acc.add_column("conditional", justify="right")
     acc.add_column("unconditional", justify="right")
-    for j, (c, u) in enumerate(zip(report["acceptance"]["conditional"], report["acceptance"]["unconditional"]), 1):
+    for j, (c, u) in enumerate(
+        zip(report["acceptance"]["conditional"], report["acceptance"]["unconditional"]), 1
+    ):
         acc.add_row(str(j), _f(c), _f(u))
     console.print(acc)
     hist = report["tokens_per_round_histogram"]
@@ -57,28 +68,45 @@ def render_report(report: dict[str, Any], console: Console) -> None:
 
 
 def _render_sample(sample: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"{sample['record_id']} @ {sample['anchor']}: {sample['tokens']} tokens "
-                        f"(...{sample['context_tail']!r})")
+    table = Table(
+        title=f"{sample['record_id']} @ {sample['anchor']}: {sample['tokens']} tokens "
+        f"(...{sample['context_tail']!r})"
+    )
     table.add_column("slot", justify="right")
     table.add_column("drafted")
     table.add_column("target")
     for j, (d, t) in enumerate(zip(sample["drafted"], sample["target"]), 1):
         mark = "" if d == t else " [red]x[/]"
-        table.add_row(str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t))
+        table.add_row(
+            str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t)
+        )
     console.print(table)
 
 
 def render_comparison(result: dict[str, Any], console: Console) -> None:
     table = Table(title="one checkpoint, several caches")
-    for col in ("cache", "tau per request", "tau pooled", "delta per request [95%]", "delta pooled [95%]",
-                "rounds changed"):
+    for col in (
+        "cache",
+        "tau per request",
+        "tau pooled",
+        "delta per request [95%]",
+        "delta pooled [95%]",
+        "rounds changed",
+    ):
         table.add_column(col)
     base = result["reports"][0]
-    table.add_row(base["cache"]["path"], _f(base["tau"]["per_request"]), _f(base["tau"]["pooled"]), "(base)", "", "")
+    table.add_row(
+        base["cache"]["path"], _f(base["tau"]["per_request"]), _f(base["tau"]["pooled"]), "(base)", "", ""
+    )
     for report, comp in zip(result["reports"][1:], result["comparisons"]):
         d = comp["delta"]
-        cell = lambda x: "-" if x is None else f"{x['delta']:+.3f} [{x['lo']:+.2f}, {x['hi']:+.2f}]"  # noqa: E731
-        table.add_row(report["cache"]["path"], _f(report["tau"]["per_request"]), _f(report["tau"]["pooled"]),
-                      cell(d["per_request"]), cell(d["pooled"]),
-                      f"{comp['rounds_with_changed_acceptance']} of {comp.get('rounds_compared', '?')}")
+        cell = lambda x: "-" if x is None else f"{x['delta']:+.3f} [{x['lo']:+.2f}, {x['hi']:+.2f}]"
+        table.add_row(
+            report["cache"]["path"],
+            _f(report["tau"]["per_request"]),
+            _f(report["tau"]["pooled"]),
+            cell(d["per_request"]),
+            cell(d["pooled"]),
+            f"{comp['rounds_with_changed_acceptance']} of {comp.get('rounds_compared', '?')}",
+        )
     console.print(table)

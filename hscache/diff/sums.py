@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from hscache import drift
-from hscache.diff_report import LayerDrift, NextTokenBucket, NextTokenDrift, PositionDrift
+from hscache.diff import stats as drift
+from hscache.diff.report import LayerDrift, NextTokenBucket, NextTokenDrift, PositionDrift
 
 __all__ = ["HiddenSums", "NextTokenSums"]
 
@@ -71,29 +71,39 @@ class HiddenSums:
 
     def _buckets(self, k: int, starts: Sequence[int]) -> tuple[PositionDrift, ...]:
         return tuple(
-            PositionDrift(starts[j], _bucket_stop(starts, j), int(self.tokens[k, j]),
-                          _pooled_rel(self.sq_err[k, j], self.sq_ref[k, j], self.tokens[k, j]),
-                          _ratio(self.cos_sum[k, j], self.tokens[k, j]),
-                          _extreme(self.max_abs[k, j], self.tokens[k, j]))
-            for j in range(len(starts)) if self.tokens[k, j] > 0
+            PositionDrift(
+                starts[j],
+                _bucket_stop(starts, j),
+                int(self.tokens[k, j]),
+                _pooled_rel(self.sq_err[k, j], self.sq_ref[k, j], self.tokens[k, j]),
+                _ratio(self.cos_sum[k, j], self.tokens[k, j]),
+                _extreme(self.max_abs[k, j], self.tokens[k, j]),
+            )
+            for j in range(len(starts))
+            if self.tokens[k, j] > 0
         )
 
-    def result(self, layer_ids: Sequence[int], layer_types: Sequence[str | None],
-               starts: Sequence[int]) -> tuple[LayerDrift, ...]:
+    def result(
+        self, layer_ids: Sequence[int], layer_types: Sequence[str | None], starts: Sequence[int]
+    ) -> tuple[LayerDrift, ...]:
         """One ``LayerDrift`` per layer; position buckets without tokens are left out."""
         out = []
         for k, (layer_id, layer_type) in enumerate(zip(layer_ids, layer_types)):
             n = self.tokens[k].sum()
-            out.append(LayerDrift(
-                layer_id=int(layer_id), layer_type=layer_type, tokens=int(n),
-                nonfinite_tokens=int(self.nonfinite[k]),
-                rel_l2=_pooled_rel(self.sq_err[k].sum(), self.sq_ref[k].sum(), n),
-                rel_l2_token_mean=_ratio(self.rel_sum[k].sum(), self.rel_n[k].sum()),
-                max_abs=_extreme(self.max_abs[k].max(), n),
-                cosine_mean=_ratio(self.cos_sum[k].sum(), n),
-                cosine_min=_extreme(self.cos_min[k].min(), n),
-                by_position=self._buckets(k, starts),
-            ))
+            out.append(
+                LayerDrift(
+                    layer_id=int(layer_id),
+                    layer_type=layer_type,
+                    tokens=int(n),
+                    nonfinite_tokens=int(self.nonfinite[k]),
+                    rel_l2=_pooled_rel(self.sq_err[k].sum(), self.sq_ref[k].sum(), n),
+                    rel_l2_token_mean=_ratio(self.rel_sum[k].sum(), self.rel_n[k].sum()),
+                    max_abs=_extreme(self.max_abs[k].max(), n),
+                    cosine_mean=_ratio(self.cos_sum[k].sum(), n),
+                    cosine_min=_extreme(self.cos_min[k].min(), n),
+                    by_position=self._buckets(k, starts),
+                )
+            )
         return tuple(out)
 
 
@@ -110,9 +120,18 @@ class NextTokenSums:
         self.at_risk = torch.zeros(num_buckets, dtype=_F64)
         self.flips_at_risk = 0
 
-    def add(self, bucket: torch.Tensor, arg_a: torch.Tensor, arg_b: torch.Tensor,
-            values_a: torch.Tensor, ids_a: torch.Tensor, lse_a: torch.Tensor,
-            values_b: torch.Tensor, ids_b: torch.Tensor, lse_b: torch.Tensor) -> int:
+    def add(
+        self,
+        bucket: torch.Tensor,
+        arg_a: torch.Tensor,
+        arg_b: torch.Tensor,
+        values_a: torch.Tensor,
+        ids_a: torch.Tensor,
+        lse_a: torch.Tensor,
+        values_b: torch.Tensor,
+        ids_b: torch.Tensor,
+        lse_b: torch.Tensor,
+    ) -> int:
         """Add one chunk of positions; returns how many of them agree on the argmax."""
         agree = drift.argmax_agreement(arg_a, arg_b)
         kl = drift.topk_kl(values_a, ids_a, lse_a, values_b, ids_b, lse_b)
@@ -131,16 +150,26 @@ class NextTokenSums:
         n = self.positions.sum()
         margin = self.top_k >= 2
         buckets = tuple(
-            NextTokenBucket(starts[j], _bucket_stop(starts, j), int(self.positions[j]),
-                            _ratio(self.agree[j], self.positions[j]),
-                            _ratio(self.kl_sum[j], self.positions[j]),
-                            _ratio(self.at_risk[j], self.positions[j]) if margin else None)
-            for j in range(len(starts)) if self.positions[j] > 0
+            NextTokenBucket(
+                starts[j],
+                _bucket_stop(starts, j),
+                int(self.positions[j]),
+                _ratio(self.agree[j], self.positions[j]),
+                _ratio(self.kl_sum[j], self.positions[j]),
+                _ratio(self.at_risk[j], self.positions[j]) if margin else None,
+            )
+            for j in range(len(starts))
+            if self.positions[j] > 0
         )
         return NextTokenDrift(
-            positions=int(n), top_k=self.top_k, argmax_agreement=_ratio(self.agree.sum(), n),
-            argmax_flips=int(n - self.agree.sum()), topk_overlap=_ratio(self.overlap.sum(), n),
-            kl_mean=_ratio(self.kl_sum.sum(), n), kl_max=_extreme(self.kl_max.max(), n),
+            positions=int(n),
+            top_k=self.top_k,
+            argmax_agreement=_ratio(self.agree.sum(), n),
+            argmax_flips=int(n - self.agree.sum()),
+            topk_overlap=_ratio(self.overlap.sum(), n),
+            kl_mean=_ratio(self.kl_sum.sum(), n),
+            kl_max=_extreme(self.kl_max.max(), n),
             margin_at_risk=_ratio(self.at_risk.sum(), n) if margin else None,
-            flips_at_risk=self.flips_at_risk, by_position=buckets,
+            flips_at_risk=self.flips_at_risk,
+            by_position=buckets,
         )
