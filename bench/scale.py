@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 import hscache
+from hscache.cluster import cluster_client
 from hscache.store.fsio import drop_page_cache
 from hscache.store.writer import SequenceRows, StoreWriter
-from scorer.distributed import DEFAULT_TASK_TOKENS, TaskOutput, cluster_client, score_task
+from scorer.distributed import DEFAULT_TASK_TOKENS, TaskOutput, score_task
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--limit", type=int, default=None)
     args = parser.parse_args(argv)
-    from scorer.distributed import cluster_client
+    from hscache.cluster import cluster_client
 
     config = ExtractConfig(
         out=args.out,

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from scorer.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
-from scorer.model import DFlashDrafter, DrafterConfig, derive_target_layer_ids, hf_config_fields
+from scorer.model import DFlashDrafter
 
 __all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
 

@@ -97,7 +97,7 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     if scheduler is None and workers is None:
         yield None
         return
-    from scorer.distributed import cluster_client
+    from hscache.cluster import cluster_client
 
     with cluster_client(scheduler=scheduler, workers=workers) as client:
         yield client

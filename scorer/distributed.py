@@ -10,20 +10,19 @@ Only paths, settings and row ranges travel to workers, and only small ``Sequence
 back: hidden states never pass through the scheduler. Workers therefore need the cache and
 the checkpoint at the same path (a shared filesystem) or URL (s3://...).
 
-    >>> with cluster_client(workers=2) as client:                               # doctest: +SKIP
+    >>> with hscache.cluster.cluster_client(workers=2) as client:                               # doctest: +SKIP
     ...     report = evaluate_distributed("drafter/", "cache/", EvalConfig(), client)
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,8 @@ import torch
 import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from scorer.errors import ScorerError
-from scorer.evaluate import EvalConfig, load_drafter, score_rows
 from scorer.report.build import build_report, merge_results
+from scorer.rows import EvalConfig, load_drafter, score_rows
 from scorer.score import SequenceResult
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "ScoringJob",
     "TaskOutput",
     "TaskSpec",
-    "cluster_client",
     "evaluate_distributed",
     "plan_tasks",
     "score_task",
@@ -264,28 +262,3 @@ def evaluate_distributed(
             "evaluate_distributed needs a dask client; use cluster_client(scheduler=..., workers=...)"
         )
     return submit_scoring(client, checkpoint, cache_path, config, tokens_per_task).collect(on_sequence)
-
-
-@contextlib.contextmanager
-def cluster_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
-    """A ``distributed.Client`` on ``scheduler`` (an address) or on a LocalCluster of ``workers``
-    single-threaded worker processes started for the block.
-
-    Raises:
-        ScorerError: both or neither given.
-    """
-    from distributed import Client, LocalCluster
-
-    if (scheduler is None) == (workers is None):
-        raise ScorerError("give exactly one of --scheduler ADDRESS or --workers N")
-    if scheduler is not None:
-        with Client(scheduler) as client:
-            yield client
-        return
-    with (
-        LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client

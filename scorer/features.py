@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from scorer.config import DrafterConfig
 from scorer.errors import IncompatibleCacheError
-from scorer.model import DFlashDrafter, DrafterConfig
+from scorer.model import DFlashDrafter
 
 __all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "feature_index", "sequence_features"]
 

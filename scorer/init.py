@@ -9,8 +9,9 @@ import torch
 
 import hscache
 from scorer.checkpoint import save_hf_checkpoint
+from scorer.config import DrafterConfig
 from scorer.errors import ScorerError
-from scorer.model import DFlashDrafter, DrafterConfig
+from scorer.model import DFlashDrafter
 
 __all__ = ["drafter_config_for_cache", "init_drafter"]
 

@@ -53,7 +53,7 @@ def scale_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dask_client():
     """One LocalCluster (2 single-threaded worker processes) for every test that needs dask:
     starting one takes ~10 s on a 2-core machine."""
-    from scorer.distributed import cluster_client
+    from hscache.cluster import cluster_client
 
     with cluster_client(workers=2) as client:
         yield client

@@ -21,7 +21,14 @@ def dflash_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
     if num_features == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4
-    return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+    ids = [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
+    if len(set(ids)) != len(ids) or not all(0 <= i < num_target_layers for i in ids):
+        # The rule spreads N ids over layers 1..L-3: it needs roughly N <= L - 3 distinct layers.
+        raise LayerSpecError(
+            f"a target with {num_target_layers} layers is too small for {num_features} DFlash "
+            f"features (the rule gives {ids}); ask for fewer (dflash:N) or list the layer ids"
+        )
+    return ids
 
 
 def parse_layer_spec(spec: str, num_target_layers: int) -> list[int]:

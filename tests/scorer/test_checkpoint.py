@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import save_file
 
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint, save_hf_checkpoint
+from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
-from scorer.model import DFlashDrafter, DrafterConfig
+from scorer.model import DFlashDrafter
 
 SHAPE_FIELDS = (
     "hidden_size",

@@ -1,0 +1,130 @@
+"""Score rows of one cache with one drafter: the unit of work shared by local and distributed eval.
+
+`load_drafter` readies a checkpoint for a cache (config-less fields from the cache, checked against
+it); `score_rows` replays the given sequences (score.py). `scorer.evaluate` runs them in one
+process, `scorer.distributed` ships them to dask workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hscache.capture.target import check_device
+from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
+from scorer.errors import ScorerError
+from scorer.features import (
+    attach_cache_head,
+    cache_fallbacks,
+    check_compatible,
+    feature_index,
+    sequence_features,
+)
+from scorer.model import DFlashDrafter
+from scorer.score import SequenceResult, score_sequence
+
+__all__ = ["EvalConfig", "load_drafter", "score_rows"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything ``scorer eval`` takes besides the checkpoint and caches; flags mirror the names."""
+
+    device: str = "cpu"
+    dtype: str = "fp32"
+    block_size: int | None = None
+    ddtree: tuple[int, ...] = (8, 32, 128)
+    limit: int | None = None
+    samples: int = 0
+    seed: int = 0
+    n_boot: int = 1000
+    max_blocks_per_forward: int = 64
+    trust_checkpoint: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ddtree"] = list(self.ddtree)
+        d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
+        return d
+
+
+def _overrides(config: EvalConfig) -> dict[str, Any]:
+    overrides = dict(config.overrides)
+    if config.block_size is not None:
+        overrides["block_size"] = config.block_size
+    return overrides
+
+
+def load_drafter(
+    checkpoint: str | Path, cache: Any, config: EvalConfig
+) -> tuple[DFlashDrafter, LoadedCheckpoint]:
+    """Load, check against ``cache`` and ready a drafter (target head attached, eval mode).
+
+    Raises:
+        CheckpointError / UntrustedCheckpointError / IncompatibleCacheError with one-line messages.
+    """
+    if config.dtype not in _DTYPES:
+        raise ScorerError(f"--dtype {config.dtype!r}; choose bf16 or fp32")
+    check_device(config.device)
+    loaded = load_checkpoint(
+        checkpoint,
+        overrides=_overrides(config),
+        fallbacks=cache_fallbacks(cache),
+        trust_checkpoint=config.trust_checkpoint,
+    )
+    check_compatible(loaded.config, cache, str(cache.path))
+    dtype = _DTYPES[config.dtype]
+    drafter = DFlashDrafter(loaded.config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=config.device, dtype=dtype).eval()
+    attach_cache_head(drafter, cache, dtype, config.device)
+    return drafter, loaded
+
+
+def _category(cache: Any, row: int) -> str | None:
+    if "category" not in cache.index.column_names:
+        return None
+    value = cache.index.column("category")[row].as_py()
+    return None if value is None else str(value)
+
+
+def score_rows(
+    drafter: DFlashDrafter,
+    cache: Any,
+    rows: Sequence[int],
+    config: EvalConfig,
+    on_sequence: Callable[[int], None] | None = None,
+) -> list[SequenceResult]:
+    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
+    index = feature_index(drafter.config, cache.layer_ids)
+    dtype = _DTYPES[config.dtype]
+    record_ids = cache.index.column("record_id").to_pylist()
+    prompt_lens = cache.index.column("prompt_len").to_pylist()
+    lengths = cache.index.column("length").to_pylist()
+    results = []
+    for row in rows:
+        features = sequence_features(cache.hidden_states(row), index, dtype, config.device)
+        results.append(
+            score_sequence(
+                drafter,
+                features,
+                cache.token_ids(row),
+                cache.target_argmax(row),
+                prompt_lens[row],
+                row=row,
+                record_id=record_ids[row],
+                category=_category(cache, row),
+                ddtree_budgets=tuple(config.ddtree),
+                max_blocks_per_forward=config.max_blocks_per_forward,
+            )
+        )
+        if on_sequence:
+            on_sequence(lengths[row] - prompt_lens[row])
+    return results
