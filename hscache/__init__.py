@@ -11,7 +11,8 @@ from hscache.diff.compare import diff_caches
 from hscache.diff.report import DiffReport
 from hscache.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from hscache.errors import __all__ as _error_names
-from hscache.store.reader import Cache, open_cache
+from hscache.store.open import open_cache
+from hscache.store.reader import Cache
 
 __version__ = "0.1.0"
 __all__ = [

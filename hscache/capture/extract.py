@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import CapturedSequence, capture_batch, greedy_continuation, to_host_async
 from hscache.capture.layers import parse_layer_spec
@@ -36,10 +34,11 @@ from hscache.capture.provenance import build_provenance, tokenizer_sha256, utc_n
 from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
-from hscache.store import fsio
-from hscache.store.layout import COMPRESSIONS, CREATING_MARK, MANIFEST, PROVENANCE, TARGET_DIR, array_specs
+from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
+from hscache.store.layout import COMPRESSIONS, MANIFEST, array_specs
 from hscache.store.reader import read_manifest
 from hscache.store.shards import shard_path
+from hscache.store.target_files import write_target_dir
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
 
 __all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
@@ -192,29 +191,13 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
 
 def _write_target_dir(out: Path, target: Target) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    staging = out / f"{TARGET_DIR}{fsio.TEMP_MARK}staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    (staging / "config.json").write_text(json.dumps(target.text_config.to_dict(), indent=2, default=str))
-    target.tokenizer.save_pretrained(str(staging))
-    embed = target.model.get_input_embeddings().weight.detach().cpu()
-    head = target.model.get_output_embeddings().weight.detach().cpu()
-    tied = embed.data_ptr() == head.data_ptr()
-    tensors = {"embed_tokens": embed.contiguous()}
-    if not tied:
-        tensors["lm_head"] = head.contiguous()
-    try:
-        save_file(tensors, str(staging / "head.safetensors"), metadata={"tied": str(tied).lower()})
-    except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
-        raise OSError(f"cannot write {staging / 'head.safetensors'}: {exc}") from exc
-    for path in staging.iterdir():
-        fsio.fsync_file(path)
-    shutil.rmtree(out / TARGET_DIR, ignore_errors=True)
-    staging.rename(out / TARGET_DIR)
-    fsio.fsync_dir(out)
+    write_target_dir(
+        out,
+        target.text_config.to_dict(),
+        target.tokenizer,
+        target.model.get_input_embeddings().weight.detach().cpu(),
+        target.model.get_output_embeddings().weight.detach().cpu(),
+    )
 
 
 @contextlib.contextmanager
@@ -228,35 +211,10 @@ def _disk_errors(out: Path, committed: int) -> Iterator[None]:
         raise write_error(out, committed, exc) from exc
 
 
-def _prepare_fresh_dir(out: Path) -> None:
-    """Make ``out`` an empty directory carrying the creation mark (see layout.CREATING_MARK)."""
-    if out.exists() and any(out.iterdir()):
-        if not (out / CREATING_MARK).is_file():
-            raise InputError(
-                f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory"
-            )
-        # A fresh run was killed before its first manifest: it committed nothing, and the
-        # directory was empty when the mark was written, so everything in it is ours.
-        for child in out.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CREATING_MARK).write_bytes(b"")
-    fsio.fsync_dir(out)
-
-
 def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any]) -> tuple[StoreWriter, int]:
     out = Path(config.out)
-    if config.overwrite and out.exists():
-        # Only ever delete what hscache made: a cache, or a fresh run killed before its manifest.
-        if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and any(out.iterdir()):
-            raise InputError(
-                f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
-                "choose an empty or new directory"
-            )
-        shutil.rmtree(out)
+    if config.overwrite:
+        clear_for_overwrite(out)
     if (out / MANIFEST).is_file():
         manifest = read_manifest(out)
         _check_resume(manifest["settings"], settings, out)
@@ -273,7 +231,7 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
         config.chunk_bytes,
     )
     with _disk_errors(out, 0):
-        _prepare_fresh_dir(out)
+        prepare_fresh_dir(out)
         _write_target_dir(out, target)
     return StoreWriter.create(out, specs, config.compression, settings), 0
 
@@ -387,7 +345,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         writer.finish()
     provenance["timestamps"]["finished_at"] = utc_now()
     with _disk_errors(out, writer.committed_sequences):
-        _write_provenance(out, provenance)
+        write_provenance(out, provenance)
     progress.finish()
     return ExtractResult(
         out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
@@ -412,9 +370,8 @@ def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> Extract
 def _start_provenance(
     out: Path, target: Target, settings: dict[str, Any], kernels: dict, prompts: _PromptSummary, resumed: bool
 ) -> dict[str, Any]:
-    existing = out / PROVENANCE
-    if resumed and existing.is_file():
-        provenance = json.loads(existing.read_text())
+    provenance = read_provenance(out) if resumed else {}
+    if provenance:
         provenance["timestamps"]["resumed_at"].append(utc_now())
     else:
         provenance = build_provenance(
@@ -425,10 +382,5 @@ def _start_provenance(
             num_records=prompts.records,
             started_at=utc_now(),
         )
-    _write_provenance(out, provenance)
+    write_provenance(out, provenance)
     return provenance
-
-
-def _write_provenance(out: Path, provenance: dict[str, Any]) -> None:
-    schemas.validate(provenance, "provenance")
-    fsio.atomic_write_json(out / PROVENANCE, provenance)

@@ -32,7 +32,8 @@ from hscache.diff.report import (
 )
 from hscache.diff.sums import HiddenSums, NextTokenSums
 from hscache.errors import CacheMismatchError
-from hscache.store.reader import Cache, open_cache
+from hscache.store.open import open_cache
+from hscache.store.reader import Cache
 
 __all__ = [
     "DEFAULT_POSITION_BUCKETS",

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hscache.store.reader import open_cache
+from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs
 
 __all__ = ["cache_summary", "format_summary"]

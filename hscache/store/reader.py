@@ -16,25 +16,24 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError
+from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
+from hscache.store.index import empty_index, expand_metadata, read_part
 from hscache.store.layout import (
     ARRAYS_GROUP,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
-    PROVENANCE,
-    TARGET_DIR,
     ArraySpec,
 )
+from hscache.store.target_files import load_tokenizer, read_target_config, read_target_head, read_vocab_size
 
-__all__ = ["Cache", "expand_metadata", "index_part_path", "open_cache", "read_manifest"]
+__all__ = ["Cache", "open_local", "read_manifest"]
 
-_PART_NAME = re.compile(r"^index/part-\d{6}\.parquet$")
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 _ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _OPEN_ATTEMPTS = 3
@@ -93,50 +92,6 @@ def _check_shape(path: Path, manifest: dict[str, Any]) -> None:
             raise CacheFormatError(f"{path} names array {name!r}, which is not a plain identifier")
 
 
-def index_part_path(root: Path, name: str) -> Path:
-    """The file of index part ``name`` (as listed in the manifest), checked to stay inside ``root``.
-
-    Raises:
-        CacheFormatError: ``name`` is not ``index/part-NNNNNN.parquet`` or resolves outside ``root``
-            (e.g. through a symlink).
-    """
-    if not isinstance(name, str) or not _PART_NAME.match(name):
-        raise CacheFormatError(f"manifest lists index part {name!r}, which is not index/part-NNNNNN.parquet")
-    path = (Path(root) / name).resolve()
-    if Path(root).resolve() not in path.parents:
-        raise CacheFormatError(f"index part {name!r} points outside the cache directory")
-    return path
-
-
-def _read_part(root: Path, name: str) -> pa.Table:
-    path = index_part_path(root, name)
-    try:
-        return pq.read_table(path)
-    except FileNotFoundError as exc:
-        raise CacheFormatError(
-            f"index part {name} listed in {MANIFEST} is missing; the cache is damaged: run `hscache verify "
-            f"{root}`, then re-extract with --overwrite"
-        ) from exc
-    except (OSError, pa.ArrowException) as exc:
-        raise CacheFormatError(
-            f"index part {name} is unreadable ({exc}); run `hscache verify {root}`"
-        ) from exc
-
-
-def expand_metadata(table: pa.Table) -> pa.Table:
-    """Turn the ``metadata_json`` column into one column per key (e.g. ``category``)."""
-    records = [json.loads(s) if s else {} for s in table.column("metadata_json").to_pylist()]
-    keys = sorted({k for r in records for k in r} - set(table.column_names))
-    for key in keys:
-        values = [r.get(key) for r in records]
-        try:
-            column = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            column = pa.array([None if v is None else json.dumps(v) for v in values])
-        table = table.append_column(key, column)
-    return table
-
-
 class Cache:
     """A read-only view of the committed part of a cache directory.
 
@@ -155,8 +110,8 @@ class Cache:
             ) from exc
         self._arrays: dict[str, zarr.Array] = {}
         self._chunk_readers: dict[str, ChunkReader | None] = {}
-        parts = [_read_part(self.path, p) for p in manifest["index_parts"]]
-        table = pa.concat_tables(parts) if parts else _empty_index()
+        parts = [read_part(self.path, p) for p in manifest["index_parts"]]
+        table = pa.concat_tables(parts) if parts else empty_index()
         committed = int(manifest["committed"]["sequences"])
         if table.num_rows < committed:
             raise CacheFormatError(
@@ -196,12 +151,11 @@ class Cache:
 
     @cached_property
     def provenance(self) -> dict[str, Any]:
-        path = self.path / PROVENANCE
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return read_provenance(self.path)
 
     @cached_property
     def target_config(self) -> dict[str, Any]:
-        return json.loads((self.path / TARGET_DIR / "config.json").read_text())
+        return read_target_config(self.path)
 
     @property
     def mask_token_id(self) -> int | None:
@@ -271,7 +225,22 @@ class Cache:
             return tensor.view(torch.bfloat16)  # stored as the raw 16 bits (see store/layout.py)
         return tensor
 
-    def _span(self, i: int) -> tuple[int, int]:
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[len(self)]``: the first token of each sequence (the index's ``offset`` column)."""
+        return self._offsets
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 ``[len(self)]``: the tokens of each sequence (the index's ``length`` column)."""
+        return self._lengths
+
+    def sequence_span(self, i: int) -> tuple[int, int]:
+        """``(first token, end token)`` of sequence row ``i`` in the token-major arrays.
+
+        Raises:
+            IndexError: ``i`` is not a committed row.
+        """
         if not 0 <= i < len(self):
             raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
         start = int(self._offsets[i])
@@ -279,82 +248,52 @@ class Cache:
 
     def hidden_states(self, i: int) -> torch.Tensor:
         """``[T, K, H]`` in the logical dtype; K follows ``layer_ids``."""
-        return self._rows("hidden_states", *self._span(i))
+        return self._rows("hidden_states", *self.sequence_span(i))
 
     def token_ids(self, i: int) -> torch.Tensor:
-        return self._rows("token_ids", *self._span(i)).long()
+        return self._rows("token_ids", *self.sequence_span(i)).long()
 
     def target_argmax(self, i: int) -> torch.Tensor:
         """``[T]``: the target's greedy prediction for position t + 1, at each position t."""
-        return self._rows("target_argmax", *self._span(i)).long()
+        return self._rows("target_argmax", *self.sequence_span(i)).long()
 
     def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(values ``[T, k]`` float32 logits, ids ``[T, k]`` int64), sorted descending."""
-        start, stop = self._span(i)
+        start, stop = self.sequence_span(i)
         return self._rows("target_topk_values", start, stop), self._rows(
             "target_topk_ids", start, stop
         ).long()
 
     def target_logsumexp(self, i: int) -> torch.Tensor:
         """``[T]`` float32 log-sum-exp of the full logits: top-k probs = exp(value - lse)."""
-        return self._rows("target_logsumexp", *self._span(i))
+        return self._rows("target_logsumexp", *self.sequence_span(i))
 
     def target_logits(self, i: int) -> torch.Tensor:
         """``[T, V]`` float32 full logits (only in caches written with ``--full-logits``)."""
-        return self._rows("target_logits", *self._span(i))
+        return self._rows("target_logits", *self.sequence_span(i))
 
     def target_head(self) -> dict[str, torch.Tensor]:
         """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(self.path / TARGET_DIR / "head.safetensors"))
-        if "lm_head" not in tensors:
-            tensors["lm_head"] = tensors["embed_tokens"]
-        return tensors
+        return read_target_head(self.path)
 
     @cached_property
     def vocab_size(self) -> int:
         """Rows of the target's embedding, read from the safetensors header (no weights loaded)."""
-        from safetensors import safe_open
-
-        with safe_open(str(self.path / TARGET_DIR / "head.safetensors"), framework="pt") as f:
-            return int(f.get_slice("embed_tokens").get_shape()[0])
+        return read_vocab_size(self.path)
 
     def tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        # The cache is data, never code: no remote code from tokenizer_config.json's auto_map.
-        return AutoTokenizer.from_pretrained(
-            str(self.path / TARGET_DIR), local_files_only=True, trust_remote_code=False
-        )
+        """The target's tokenizer (from ``target/``, never remote code)."""
+        return load_tokenizer(self.path)
 
 
-def _empty_index() -> pa.Table:
-    from hscache.store.writer import INDEX_SCHEMA
-
-    return INDEX_SCHEMA.empty_table()
-
-
-def open_cache(path: str | Path) -> Cache:
-    """Open the cache at ``path`` read-only; it shows the sequences committed so far.
-
-    ``path`` may also be a directory of shards (``extract --shard I/N``), read as one cache
-    (store/shards.py), or an fsspec URL such as ``s3://bucket/cache`` (store/remote.py).
+def open_local(path: str | Path) -> Cache:
+    """Open the (unsharded, local) cache directory ``path`` read-only; see ``store.open.open_cache``.
 
     Raises:
         CacheNotFoundError: ``path`` holds no cache.
         CacheFormatError: the manifest or index is damaged or of an unknown version.
     """
-    if "://" in str(path):
-        from hscache.store.remote import open_remote_cache  # lazy: fsspec backends are optional
-
-        return open_remote_cache(str(path))
     root = Path(path)
-    if not (root / MANIFEST).is_file():
-        from hscache.store.shards import has_shards, open_sharded
-
-        if has_shards(root):
-            return open_sharded(root)
     for attempt in range(_OPEN_ATTEMPTS):
         manifest = read_manifest(root)
         try:

@@ -32,17 +32,13 @@ import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError, InputError
 from hscache.store import fsio
+from hscache.store.index import index_part_path
 from hscache.store.layout import ARRAYS_GROUP, CREATING_MARK, INDEX_DIR, MANIFEST, PROVENANCE, TARGET_DIR
-from hscache.store.reader import Cache
+from hscache.store.reader import Cache, read_manifest
 
-__all__ = ["RemoteCache", "is_url", "open_remote_cache", "staging_dir", "upload_cache"]
+__all__ = ["RemoteCache", "open_remote_cache", "staging_dir", "upload_cache"]
 
 _MIRRORS = "hscache-remote"
-
-
-def is_url(path: str | Path) -> bool:
-    """Whether ``path`` names an fsspec URL (``proto://...``) rather than a local path."""
-    return "://" in str(path)
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
@@ -157,8 +153,6 @@ def open_remote_cache(url: str) -> RemoteCache:
         raise CacheFormatError(f"{url}/{MANIFEST} is not valid JSON ({exc}); the cache is damaged") from exc
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
     mirror, stamps = _local_root() / "mirrors" / key, _local_root() / "mirrors" / f"{key}.stamps"
-    from hscache.store.reader import index_part_path, read_manifest
-
     parts = manifest.get("index_parts") if isinstance(manifest, dict) else None
     for name in parts if isinstance(parts, list) else []:
         index_part_path(mirror, name)  # a name like ../x must not write outside the mirror

@@ -29,7 +29,10 @@ import torch
 
 from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio
+from hscache.store.index import INDEX_SCHEMA, expand_metadata
 from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
+from hscache.store.reader import Cache, open_local
+from hscache.store.writer import SequenceRows, StoreWriter
 
 __all__ = [
     "SHARDS_FILE",
@@ -99,7 +102,7 @@ def shard_dirs(root: Path) -> list[Path]:
     return [p for _, _, p in found]
 
 
-def _check_same(root: Path, shards: list[Any]) -> None:
+def _check_same(root: Path, shards: list[Cache]) -> None:
     """Every shard must hold the same settings (but ``shard``) and arrays; name the first difference."""
     first = shards[0]
     base = {k: v for k, v in first.settings.items() if k != "shard"}
@@ -131,7 +134,7 @@ class ShardedCache:
     ``array(name)``: there is no single array; read per sequence or merge with ``--into``.
     """
 
-    def __init__(self, root: Path, shards: list[Any]):
+    def __init__(self, root: Path, shards: list[Cache]):
         self.path = Path(root)
         self.shards = shards
         self.specs: dict[str, ArraySpec] = shards[0].specs
@@ -140,7 +143,7 @@ class ShardedCache:
         # global row of shard i is committed_i * n + i.
         self._rows = min(len(s) * n + i for i, s in enumerate(shards))
         order = [(g % n, g // n) for g in range(self._rows)]
-        lengths = np.array([shards[i]._lengths[j] for i, j in order], dtype=np.int64)
+        lengths = np.array([shards[i].lengths[j] for i, j in order], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
         self._order, self._lengths, self._offsets = order, lengths, offsets
         self.index = self._global_index(order, offsets)
@@ -152,9 +155,6 @@ class ShardedCache:
         key may be missing from a shard, or have another type there. Re-expanding ``metadata_json``
         over the combined rows gives exactly the columns and types a 1-shard extraction would.
         """
-        from hscache.store.reader import expand_metadata
-        from hscache.store.writer import INDEX_SCHEMA
-
         tables = [s.index for s in self.shards]
         columns = {}
         for field in INDEX_SCHEMA:
@@ -175,6 +175,16 @@ class ShardedCache:
             f"ShardedCache({str(self.path)!r}, shards={len(self.shards)}, sequences={len(self)}, "
             f"tokens={self.num_tokens}, layers={self.layer_ids})"
         )
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64: each sequence's first token in the concatenation of all sequences in global order."""
+        return self._offsets
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64: the tokens of each sequence, in global order."""
+        return self._lengths
 
     @property
     def num_tokens(self) -> int:
@@ -235,34 +245,39 @@ class ShardedCache:
             f"write one cache with `hscache merge {self.path} --into DEST`"
         )
 
-    def _locate(self, i: int) -> tuple[Any, int]:
+    def locate(self, i: int) -> tuple[Cache, int]:
+        """``(shard, local row)`` holding global row ``i`` (round-robin: shard ``i % N``, row ``i // N``).
+
+        Raises:
+            IndexError: ``i`` is not a row of the view.
+        """
         if not 0 <= i < len(self):
             raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
         shard, local = self._order[i]
         return self.shards[shard], local
 
     def hidden_states(self, i: int) -> torch.Tensor:
-        shard, local = self._locate(i)
+        shard, local = self.locate(i)
         return shard.hidden_states(local)
 
     def token_ids(self, i: int) -> torch.Tensor:
-        shard, local = self._locate(i)
+        shard, local = self.locate(i)
         return shard.token_ids(local)
 
     def target_argmax(self, i: int) -> torch.Tensor:
-        shard, local = self._locate(i)
+        shard, local = self.locate(i)
         return shard.target_argmax(local)
 
     def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shard, local = self._locate(i)
+        shard, local = self.locate(i)
         return shard.target_topk(local)
 
     def target_logsumexp(self, i: int) -> torch.Tensor:
-        shard, local = self._locate(i)
+        shard, local = self.locate(i)
         return shard.target_logsumexp(local)
 
     def target_logits(self, i: int) -> torch.Tensor:
-        shard, local = self._locate(i)
+        shard, local = self.locate(i)
         return shard.target_logits(local)
 
 
@@ -272,10 +287,8 @@ def open_sharded(root: str | Path) -> ShardedCache:
     Raises:
         CacheFormatError: a shard is missing, or the shards' settings or arrays differ (names the key).
     """
-    from hscache.store.reader import open_cache
-
     root = Path(root)
-    shards = [open_cache(p) for p in shard_dirs(root)]
+    shards = [open_local(p) for p in shard_dirs(root)]
     _check_same(root, shards)
     return ShardedCache(root, shards)
 
@@ -319,8 +332,6 @@ def merge_shards(root: str | Path, into: str | Path | None = None) -> dict[str, 
 
 
 def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> None:
-    from hscache.store.writer import SequenceRows, StoreWriter
-
     if not cache.complete:
         raise CacheFormatError(
             f"{cache.path} has unfinished shards; finish every shard before merging into one cache"
@@ -330,8 +341,8 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
     first = cache.shards[0]
     writer = StoreWriter.create(dest, cache.specs, first.manifest["compression"], cache.settings)
     for g in range(len(cache)):
-        shard, local = cache._locate(g)
-        start, stop = int(shard._offsets[local]), int(shard._offsets[local] + shard._lengths[local])
+        shard, local = cache.locate(g)
+        start, stop = shard.sequence_span(local)
         row = shard.index.slice(local, 1).to_pylist()[0]
         writer.append(
             SequenceRows(

@@ -11,7 +11,6 @@ One writer per store: zarr has no locking.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import time
@@ -28,6 +27,7 @@ import zarr
 import schemas
 from hscache.errors import StoreWriteError
 from hscache.store import fsio
+from hscache.store.index import INDEX_SCHEMA, parquet_bytes
 from hscache.store.layout import (
     ARRAYS_GROUP,
     CREATING_MARK,
@@ -40,20 +40,7 @@ from hscache.store.layout import (
     codecs_for,
 )
 
-__all__ = ["INDEX_SCHEMA", "SequenceRows", "StoreWriter", "write_error"]
-
-INDEX_SCHEMA = pa.schema(
-    [
-        ("seq_id", pa.int64()),
-        ("record_id", pa.string()),
-        ("offset", pa.int64()),
-        ("length", pa.int32()),
-        ("prompt_len", pa.int32()),
-        ("stop_reason", pa.string()),
-        ("token_sha256", pa.string()),
-        ("metadata_json", pa.string()),
-    ]
-)
+__all__ = ["SequenceRows", "StoreWriter", "write_error"]
 
 
 @dataclass
@@ -284,7 +271,7 @@ class StoreWriter:
             if resized:
                 fsio.fsync_file(self.root / ARRAYS_GROUP / name / "zarr.json")
         part_name = self._next_part_name()
-        fsio.atomic_write_bytes(self.root / part_name, _parquet_bytes(self._index_rows(self.pending)))
+        fsio.atomic_write_bytes(self.root / part_name, parquet_bytes(self._index_rows(self.pending)))
         self.manifest["index_parts"] = [*self.manifest["index_parts"], part_name]
         self._publish_manifest(
             self.committed_sequences + len(self.pending), self.committed_tokens + self.pending_tokens
@@ -361,7 +348,7 @@ class StoreWriter:
             if len(parts) > 1:
                 table = pa.concat_tables([pq.read_table(self.root / p) for p in parts])
                 compacted = self._next_part_name()
-                fsio.atomic_write_bytes(self.root / compacted, _parquet_bytes(table))
+                fsio.atomic_write_bytes(self.root / compacted, parquet_bytes(table))
                 self.manifest["index_parts"] = [compacted]
                 self._publish_manifest()
                 for old in parts:
@@ -381,12 +368,6 @@ def write_error(root: Path, committed_sequences: int, exc: OSError) -> StoreWrit
         f"writing to {root} failed{where} ({exc.strerror or exc}); the {committed_sequences} sequences "
         "committed before are intact: fix the cause (e.g. free disk space) and re-run the same command to resume"
     )
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=65536)
-    return sink.getvalue()
 
 
 def _remove_leftovers(root: Path, manifest: dict[str, Any]) -> None:

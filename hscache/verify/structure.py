@@ -20,9 +20,9 @@ import zarr
 
 import schemas
 from hscache.errors import CacheFormatError
+from hscache.store.index import INDEX_SCHEMA, index_part_path
 from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, TARGET_DIR, ArraySpec, chunk_key
-from hscache.store.reader import index_part_path, read_manifest
-from hscache.store.writer import INDEX_SCHEMA
+from hscache.store.reader import read_manifest
 from hscache.verify.report import Problem, VerifyReport
 
 __all__ = ["CacheLayout", "check_structure", "sequences_in"]

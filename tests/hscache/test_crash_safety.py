@@ -280,7 +280,7 @@ def test_disk_full_on_the_final_provenance_write_then_rerun_completes(tmp_path, 
         "hscache.capture.extract"
     ]  # the name hscache.capture.extract is the function
     out = tmp_path / "c"
-    monkeypatch.setattr(extract_module, "_write_provenance", _DiskFull(extract_module._write_provenance, 2))
+    monkeypatch.setattr(extract_module, "write_provenance", _DiskFull(extract_module.write_provenance, 2))
     with pytest.raises(StoreWriteError, match="the 12 sequences committed before are intact"):
         hscache.extract(small_cache.config_for(out))
     monkeypatch.undo()

@@ -1,0 +1,71 @@
+"""The cache directory itself: the creation mark of a fresh run, ``--overwrite``, and ``provenance.json``.
+
+A fresh extraction first empties ``--out`` and writes ``.hscache-creating`` (layout.CREATING_MARK);
+the first durable manifest removes it (store/writer.py). A directory with the mark and no
+manifest is therefore a fresh run killed early: everything in it is ours to delete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import schemas
+from hscache.errors import InputError
+from hscache.store import fsio
+from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE
+
+__all__ = ["clear_for_overwrite", "prepare_fresh_dir", "read_provenance", "write_provenance"]
+
+
+def clear_for_overwrite(out: Path) -> None:
+    """``--overwrite``: delete ``out`` if it is a cache, a killed fresh run, or empty.
+
+    Raises:
+        InputError: ``out`` holds other files (only ever delete what hscache made).
+    """
+    if not out.exists():
+        return
+    if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and any(out.iterdir()):
+        raise InputError(
+            f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
+            "choose an empty or new directory"
+        )
+    shutil.rmtree(out)
+
+
+def prepare_fresh_dir(out: Path) -> None:
+    """Make ``out`` an empty directory carrying the creation mark (see layout.CREATING_MARK).
+
+    Raises:
+        InputError: ``out`` holds files but no cache and no creation mark.
+    """
+    if out.exists() and any(out.iterdir()):
+        if not (out / CREATING_MARK).is_file():
+            raise InputError(
+                f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory"
+            )
+        # A fresh run was killed before its first manifest: it committed nothing, and the
+        # directory was empty when the mark was written, so everything in it is ours.
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CREATING_MARK).write_bytes(b"")
+    fsio.fsync_dir(out)
+
+
+def read_provenance(root: Path) -> dict[str, Any]:
+    """``provenance.json`` of the cache at ``root``; ``{}`` where there is none."""
+    path = Path(root) / PROVENANCE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_provenance(root: Path, provenance: dict[str, Any]) -> None:
+    """Validate ``provenance`` against schemas/provenance.schema.json and publish it atomically."""
+    schemas.validate(provenance, "provenance")
+    fsio.atomic_write_json(Path(root) / PROVENANCE, provenance)

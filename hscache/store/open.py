@@ -1,0 +1,38 @@
+"""``open_cache(path)``: one entry point for every kind of cache, above the modules that read them.
+
+A local directory -> ``Cache`` (store/reader.py); a directory of shards -> ``ShardedCache``
+(store/shards.py); an fsspec URL -> ``RemoteCache`` (store/remote.py). The dispatch lives here
+so that none of those three modules needs to import another one back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hscache.store.layout import MANIFEST
+from hscache.store.reader import Cache, open_local
+from hscache.store.shards import ShardedCache, has_shards, open_sharded
+from hscache.store.urls import is_url
+
+__all__ = ["open_cache"]
+
+
+def open_cache(path: str | Path) -> Cache | ShardedCache:
+    """Open the cache at ``path`` read-only; it shows the sequences committed so far.
+
+    ``path`` may also be a directory of shards (``extract --shard I/N``), read as one cache
+    (store/shards.py), or an fsspec URL such as ``s3://bucket/cache`` (store/remote.py).
+
+    Raises:
+        CacheNotFoundError: ``path`` holds no cache.
+        CacheFormatError: the manifest or index is damaged or of an unknown version.
+        InputError: a URL whose fsspec backend is not installed.
+    """
+    if is_url(path):
+        from hscache.store.remote import open_remote_cache  # lazy: fsspec backends are optional
+
+        return open_remote_cache(str(path))
+    root = Path(path)
+    if not (root / MANIFEST).is_file() and has_shards(root):
+        return open_sharded(root)
+    return open_local(root)

@@ -1,0 +1,95 @@
+"""``target/``: the target's config, tokenizer files and embedding/output head, written and read.
+
+The scorer never needs the model itself: ``head.safetensors`` holds ``embed_tokens`` (and
+``lm_head`` when the two are not tied, with metadata ``tied``), ``config.json`` the target's text
+config, and the tokenizer files are what ``save_pretrained`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hscache.store import fsio
+from hscache.store.layout import TARGET_DIR
+
+__all__ = [
+    "HEAD_FILE",
+    "load_tokenizer",
+    "read_target_config",
+    "read_target_head",
+    "read_vocab_size",
+    "write_target_dir",
+]
+
+HEAD_FILE = "head.safetensors"
+
+
+def write_target_dir(
+    out: Path, config: dict[str, Any], tokenizer: Any, embed: torch.Tensor, head: torch.Tensor
+) -> None:
+    """Publish ``out/target/`` whole: staged under a temp name, fsynced, then renamed into place.
+
+    ``head`` sharing ``embed``'s storage (tied weights) is written once.
+
+    Raises:
+        OSError: a write failed (safetensors' own I/O errors included).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    staging = out / f"{TARGET_DIR}{fsio.TEMP_MARK}staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    tokenizer.save_pretrained(str(staging))
+    tied = embed.data_ptr() == head.data_ptr()
+    tensors = {"embed_tokens": embed.contiguous()}
+    if not tied:
+        tensors["lm_head"] = head.contiguous()
+    try:
+        save_file(tensors, str(staging / HEAD_FILE), metadata={"tied": str(tied).lower()})
+    except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
+        raise OSError(f"cannot write {staging / HEAD_FILE}: {exc}") from exc
+    for path in staging.iterdir():
+        fsio.fsync_file(path)
+    shutil.rmtree(out / TARGET_DIR, ignore_errors=True)
+    staging.rename(out / TARGET_DIR)
+    fsio.fsync_dir(out)
+
+
+def read_target_config(root: Path) -> dict[str, Any]:
+    """The target's text config as written at extraction."""
+    return json.loads((Path(root) / TARGET_DIR / "config.json").read_text())
+
+
+def read_target_head(root: Path) -> dict[str, torch.Tensor]:
+    """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(root) / TARGET_DIR / HEAD_FILE))
+    if "lm_head" not in tensors:
+        tensors["lm_head"] = tensors["embed_tokens"]
+    return tensors
+
+
+def read_vocab_size(root: Path) -> int:
+    """Rows of the target's embedding, read from the safetensors header (no weights loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(root) / TARGET_DIR / HEAD_FILE), framework="pt") as f:
+        return int(f.get_slice("embed_tokens").get_shape()[0])
+
+
+def load_tokenizer(root: Path) -> Any:
+    """The target's tokenizer from ``target/``."""
+    from transformers import AutoTokenizer
+
+    # The cache is data, never code: no remote code from tokenizer_config.json's auto_map.
+    return AutoTokenizer.from_pretrained(
+        str(Path(root) / TARGET_DIR), local_files_only=True, trust_remote_code=False
+    )

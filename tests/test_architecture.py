@@ -1,0 +1,151 @@
+"""The dependency rules of the layout, checked on the source (README "Architecture").
+
+Every import counts, including those inside functions (a lazy import hides a cycle, it does
+not remove it):
+
+- ``hscache`` imports nothing from ``scorer`` or ``pipelines``; ``scorer`` nothing from ``pipelines``;
+- ``hscache.store`` imports only ``hscache.store.*`` and ``hscache.errors``;
+- no import cycles among modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("hscache", "scorer", "pipelines", "schemas")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its body (``from pkg import mod`` -> pkg.mod)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            # `import a.b.c` names module a.b.c; keep the longest project module it names.
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path, _modules()) for name, path in _modules().items()}
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if _inside(m, source)
+        for t in targets
+        if any(_inside(t, f) for f in forbidden)
+    )
+
+
+def test_hscache_imports_neither_scorer_nor_pipelines():
+    assert _violations("hscache", ("scorer", "pipelines")) == []
+
+
+def test_scorer_imports_nothing_from_pipelines():
+    assert _violations("scorer", ("pipelines",)) == []
+
+
+def test_store_imports_only_store_and_errors():
+    allowed = ("hscache.store", "hscache.errors", "schemas")
+    bad = sorted(
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if _inside(m, "hscache.store")
+        for t in targets
+        if not any(_inside(t, a) for a in allowed)
+    )
+    assert bad == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles():
+    # A package's __init__ re-exporting its modules is not a cycle of the code it re-exports:
+    # leave out edges from a package to its own submodules.
+    graph = {m: {t for t in ts if not _inside(t, m)} for m, ts in GRAPH.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_checker_sees_lazy_imports_and_cycles():
+    source = "def f():\n    from hscache.store import fsio\n"
+    tree_imports = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
+    assert tree_imports == {"hscache.store"}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert "hscache.store.fsio" in GRAPH["hscache.store.writer"]
