@@ -13,10 +13,12 @@ from hscache.errors import *  # noqa: F403  (the exception hierarchy is public A
 from hscache.errors import __all__ as _error_names
 from hscache.store.open import open_cache
 from hscache.store.reader import Cache
+from hscache.store.view import CacheView
 
 __version__ = "0.1.0"
 __all__ = [
     "Cache",
+    "CacheView",
     "DiffReport",
     "ExtractConfig",
     "ExtractResult",

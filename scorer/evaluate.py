@@ -14,6 +14,7 @@ from typing import Any
 
 import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, load_drafter, score_rows
@@ -23,7 +24,7 @@ __all__ = ["EvalConfig", "evaluate", "evaluate_many"]
 _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
 
 
-def _rows(cache: Any, limit: int | None) -> list[int]:
+def _rows(cache: CacheView, limit: int | None) -> list[int]:
     n = len(cache)
     return list(range(n if limit is None else min(limit, n)))
 

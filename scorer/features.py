@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from hscache.store.view import CacheView
 from scorer.config import DrafterConfig
 from scorer.errors import IncompatibleCacheError
 from scorer.model import DFlashDrafter
@@ -14,7 +15,7 @@ from scorer.model import DFlashDrafter
 __all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "feature_index", "sequence_features"]
 
 
-def cache_fallbacks(cache: Any) -> dict[str, Any]:
+def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
     """What a config-less checkpoint can take from the cache (reported as source "cache")."""
     target_config = cache.target_config
     rope = target_config.get("rope_parameters") or {}
@@ -28,7 +29,7 @@ def cache_fallbacks(cache: Any) -> dict[str, Any]:
     }
 
 
-def check_compatible(config: DrafterConfig, cache: Any, cache_name: str = "the cache") -> None:
+def check_compatible(config: DrafterConfig, cache: CacheView, cache_name: str = "the cache") -> None:
     """Raise one IncompatibleCacheError naming every mismatch between drafter and cache."""
     problems = []
     missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
@@ -59,7 +60,7 @@ def feature_index(config: DrafterConfig, cache_layer_ids: list[int]) -> list[int
     return [cache_layer_ids.index(i) for i in config.target_layer_ids]
 
 
-def attach_cache_head(drafter: DFlashDrafter, cache: Any, dtype: torch.dtype, device: str) -> None:
+def attach_cache_head(drafter: DFlashDrafter, cache: CacheView, dtype: torch.dtype, device: str) -> None:
     head = cache.target_head()
     embed = head["embed_tokens"].to(device=device, dtype=dtype)
     lm_head = (

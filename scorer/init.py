@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 import hscache
+from hscache.store.view import CacheView
 from scorer.checkpoint import save_hf_checkpoint
 from scorer.config import DrafterConfig
 from scorer.errors import ScorerError
@@ -17,7 +17,7 @@ __all__ = ["drafter_config_for_cache", "init_drafter"]
 
 
 def drafter_config_for_cache(
-    cache: Any, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
+    cache: CacheView, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
 ) -> DrafterConfig:
     """A Qwen3-style drafter config matching the cache's target (hidden size, vocab, rope, mask id)."""
     target = cache.target_config

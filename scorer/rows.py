@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hscache.capture.target import check_device
+from hscache.store.view import CacheView
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
 from scorer.errors import ScorerError
 from scorer.features import (
@@ -63,7 +64,7 @@ def _overrides(config: EvalConfig) -> dict[str, Any]:
 
 
 def load_drafter(
-    checkpoint: str | Path, cache: Any, config: EvalConfig
+    checkpoint: str | Path, cache: CacheView, config: EvalConfig
 ) -> tuple[DFlashDrafter, LoadedCheckpoint]:
     """Load, check against ``cache`` and ready a drafter (target head attached, eval mode).
 
@@ -88,7 +89,7 @@ def load_drafter(
     return drafter, loaded
 
 
-def _category(cache: Any, row: int) -> str | None:
+def _category(cache: CacheView, row: int) -> str | None:
     if "category" not in cache.index.column_names:
         return None
     value = cache.index.column("category")[row].as_py()
@@ -97,7 +98,7 @@ def _category(cache: Any, row: int) -> str | None:
 
 def score_rows(
     drafter: DFlashDrafter,
-    cache: Any,
+    cache: CacheView,
     rows: Sequence[int],
     config: EvalConfig,
     on_sequence: Callable[[int], None] | None = None,

@@ -28,6 +28,7 @@ from typing import Any
 import hscache
 from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store import fsio
+from hscache.store.view import CacheView
 from scorer.errors import ScorerError
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.report.sweep import report_row, write_outputs
@@ -154,7 +155,7 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_identity(cache: Any) -> str:
+def cache_identity(cache: CacheView) -> str:
     """sha256 of what a cache holds for scoring: its settings, committed size and per-sequence token hashes."""
     document = {
         "settings": cache.settings,

@@ -33,7 +33,7 @@ from hscache.diff.report import (
 from hscache.diff.sums import HiddenSums, NextTokenSums
 from hscache.errors import CacheMismatchError
 from hscache.store.open import open_cache
-from hscache.store.reader import Cache
+from hscache.store.view import CacheView
 
 __all__ = [
     "DEFAULT_POSITION_BUCKETS",
@@ -51,7 +51,7 @@ EXPECTED_DIFFERENCES: tuple[str, ...] = ("timestamps", "command_line", "hardware
 _FIX = "compare only the sequences both caches hold with --intersect (intersect=True)"
 
 
-def _keys(cache: Cache) -> list[tuple[str, int]]:
+def _keys(cache: CacheView) -> list[tuple[str, int]]:
     """(record_id, n-th occurrence) per row, so that a repeated record id still pairs up in order."""
     seen: dict[str, int] = {}
     keys = []
@@ -61,7 +61,7 @@ def _keys(cache: Cache) -> list[tuple[str, int]]:
     return keys
 
 
-def _token_difference(cache_a: Cache, row_a: int, cache_b: Cache, row_b: int) -> str:
+def _token_difference(cache_a: CacheView, row_a: int, cache_b: CacheView, row_b: int) -> str:
     ta, tb = cache_a.token_ids(row_a), cache_b.token_ids(row_b)
     n = min(len(ta), len(tb))
     differs = (ta[:n] != tb[:n]).nonzero()
@@ -72,7 +72,7 @@ def _token_difference(cache_a: Cache, row_a: int, cache_b: Cache, row_b: int) ->
 
 
 def match_sequences(
-    cache_a: Cache, cache_b: Cache, *, intersect: bool = False
+    cache_a: CacheView, cache_b: CacheView, *, intersect: bool = False
 ) -> tuple[list[tuple[int, int]], SequenceMatch]:
     """Pair rows of A and B holding the same record id and the same token ids (by token_sha256).
 
@@ -120,7 +120,7 @@ def match_sequences(
     return pairs, SequenceMatch(len(pairs), tokens, tuple(only_a), tuple(only_b), tuple(mismatch))
 
 
-def match_layers(cache_a: Cache, cache_b: Cache) -> LayerMatch:
+def match_layers(cache_a: CacheView, cache_b: CacheView) -> LayerMatch:
     """The captured layers both caches hold (compared), and the rest.
 
     Raises:
@@ -172,7 +172,7 @@ def compare_provenance(prov_a: dict[str, Any], prov_b: dict[str, Any]) -> Proven
     return ProvenanceDiff(tuple(rows), tuple(differing), tuple(expected))
 
 
-def _side(cache: Cache) -> CacheSide:
+def _side(cache: CacheView) -> CacheSide:
     s = cache.settings
     return CacheSide(
         str(cache.path),
@@ -186,8 +186,8 @@ def _side(cache: Cache) -> CacheSide:
 
 
 def _compare_sequence(
-    cache_a: Cache,
-    cache_b: Cache,
+    cache_a: CacheView,
+    cache_b: CacheView,
     rows: tuple[int, int],
     cols: tuple[list[int], list[int]],
     hidden: HiddenSums,

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hscache.store.view import CacheView
+
 __all__ = ["BlockView", "RowBlock", "plan_row_ranges", "read_rows", "token_span"]
 
 # The arrays the scorer reads per sequence; others stay lazy (read through the cache).
@@ -46,7 +48,7 @@ class RowBlock:
         return sum(t.numel() * t.element_size() for t in self.data.values())
 
 
-def _offsets(cache: Any) -> tuple[np.ndarray, np.ndarray]:
+def _offsets(cache: CacheView) -> tuple[np.ndarray, np.ndarray]:
     index = cache.index
     return (
         np.asarray(index.column("offset").to_numpy(), dtype=np.int64),
@@ -54,7 +56,7 @@ def _offsets(cache: Any) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def token_span(cache: Any, rows: range) -> tuple[int, int]:
+def token_span(cache: CacheView, rows: range) -> tuple[int, int]:
     """[first token, end token) of the contiguous rows ``rows`` of a single (unsharded) cache."""
     offsets, lengths = _offsets(cache)
     if not rows:
@@ -67,7 +69,7 @@ def _to_tensor(raw: np.ndarray, logical_dtype: str) -> torch.Tensor:
     return tensor.view(torch.bfloat16) if logical_dtype == "bfloat16" else tensor  # raw 16 bits on disk
 
 
-def _read_single(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
+def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     if rows and not (0 <= rows.start and rows.stop <= len(cache)):
         raise IndexError(
             f"rows {rows.start}-{rows.stop - 1} out of range for a cache of {len(cache)} sequences"
@@ -83,7 +85,7 @@ def _read_single(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     return RowBlock(rows, spans, data)
 
 
-def _read_sharded(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
+def _read_sharded(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     """Global rows -> one contiguous local range per shard (round-robin: row g is shard g % N)."""
     n = len(cache.shards)
     spans: dict[int, tuple[int, int]] = {}
@@ -104,7 +106,7 @@ def _read_sharded(cache: Any, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     return RowBlock(rows, spans, data)
 
 
-def read_rows(cache: Any, rows: range, arrays: tuple[str, ...] = DEFAULT_ARRAYS) -> RowBlock:
+def read_rows(cache: CacheView, rows: range, arrays: tuple[str, ...] = DEFAULT_ARRAYS) -> RowBlock:
     """Read sequences ``rows`` (a contiguous range of index rows) with one slice per array.
 
     Works on any object ``hscache.open_cache`` returns (a cache, a sharded view, a remote cache).
@@ -140,17 +142,56 @@ def plan_row_ranges(lengths: Sequence[int], tokens_per_task: int) -> list[range]
     return tasks
 
 
+def _delegated(name: str) -> property:
+    """A read-only attribute of ``BlockView`` that is the wrapped cache's ``name``."""
+    return property(lambda self: getattr(self._cache, name), doc=f"The wrapped cache's ``{name}``.")
+
+
 class BlockView:
     """A cache whose per-sequence accessors for the block's rows are served from memory.
 
-    Everything else (``index``, ``layer_ids``, ``target_head()``...) is the wrapped cache's.
+    Everything else (``index``, ``layer_ids``, ``target_head()``...) is the wrapped cache's: the
+    ``CacheView`` members explicitly (so ``isinstance(view, CacheView)`` holds), the rest
+    (``read_tokens``, ``shards``...) through ``__getattr__``.
     """
 
-    def __init__(self, cache: Any, block: RowBlock):
+    def __init__(self, cache: CacheView, block: RowBlock):
         self._cache, self._block = cache, block
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cache, name)
+
+    def __repr__(self) -> str:
+        return f"BlockView({self._cache!r}, rows={self._block.rows.start}-{self._block.rows.stop - 1})"
+
+    path = _delegated("path")
+    index = _delegated("index")
+    layer_ids = _delegated("layer_ids")
+    dtype = _delegated("dtype")
+    num_tokens = _delegated("num_tokens")
+    complete = _delegated("complete")
+    settings = _delegated("settings")
+    manifest = _delegated("manifest")
+    specs = _delegated("specs")
+    provenance = _delegated("provenance")
+    target_config = _delegated("target_config")
+    mask_token_id = _delegated("mask_token_id")
+    vocab_size = _delegated("vocab_size")
+
+    def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._cache.target_topk(i)
+
+    def target_logsumexp(self, i: int) -> torch.Tensor:
+        return self._get("target_logsumexp", i)
+
+    def target_logits(self, i: int) -> torch.Tensor:
+        return self._get("target_logits", i)
+
+    def target_head(self) -> dict[str, torch.Tensor]:
+        return self._cache.target_head()
+
+    def tokenizer(self) -> Any:
+        return self._cache.tokenizer()
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from hscache.store.layout import MANIFEST
-from hscache.store.reader import Cache, open_local
-from hscache.store.shards import ShardedCache, has_shards, open_sharded
+from hscache.store.reader import open_local
+from hscache.store.shards import has_shards, open_sharded
 from hscache.store.urls import is_url
+from hscache.store.view import CacheView
 
 __all__ = ["open_cache"]
 
 
-def open_cache(path: str | Path) -> Cache | ShardedCache:
+def open_cache(path: str | Path) -> CacheView:
     """Open the cache at ``path`` read-only; it shows the sequences committed so far.
 
     ``path`` may also be a directory of shards (``extract --shard I/N``), read as one cache

@@ -13,6 +13,7 @@ import numpy as np
 
 import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.store.view import CacheView
 from scorer.metrics import (
     AcceptLen,
     acceptance_rates,
@@ -56,7 +57,9 @@ def merge_results(results: Sequence[SequenceResult]) -> list[SequenceResult]:
     return sorted(results, key=lambda r: r.row)
 
 
-def _samples(results: list[SequenceResult], cache: Any, n: int, seed: int, block_size: int) -> list[dict]:
+def _samples(
+    results: list[SequenceResult], cache: CacheView, n: int, seed: int, block_size: int
+) -> list[dict]:
     rounds = [(r, k) for r in results for k in range(r.chain.n_rounds)]
     if not n or not rounds:
         return []
@@ -85,7 +88,13 @@ def _samples(results: list[SequenceResult], cache: Any, n: int, seed: int, block
 
 
 def build_report(
-    results: Sequence[SequenceResult], *, cache: Any, drafter: Any, loaded: Any, config: Any, seconds: float
+    results: Sequence[SequenceResult],
+    *,
+    cache: CacheView,
+    drafter: Any,
+    loaded: Any,
+    config: Any,
+    seconds: float,
 ) -> dict[str, Any]:
     """The eval report: every number, the config used, checkpoint hash, cache provenance, versions."""
     results = merge_results(results)
@@ -177,7 +186,7 @@ def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:
     }
 
 
-def _token_sha256(cache: Any, row: int) -> str | None:
+def _token_sha256(cache: CacheView, row: int) -> str | None:
     """The sequence's token hash from the index, so that a comparison pairs only identical texts."""
     if "token_sha256" not in cache.index.column_names:
         return None

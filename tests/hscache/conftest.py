@@ -8,6 +8,7 @@ tiny model is ~7x faster on one thread than on two contended ones).
 from __future__ import annotations
 
 import shutil
+import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -88,3 +89,34 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
     finally:
         torch.set_num_threads(before)
     return SmallCache(out, config)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory: pytest.TempPathFactory):
+    """An empty bucket on a moto server; fake credentials and the endpoint only for the module using it."""
+    s3fs = pytest.importorskip("s3fs", reason="pip install s3fs 'moto[server]' to test s3:// caches")
+    moto_server = pytest.importorskip("moto.server", reason="pip install 'moto[server]' to test s3:// caches")
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "HSCACHE_LOCAL_DIR": str(tmp_path_factory.mktemp("local")),
+        }.items():
+            env.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir("hscache-test")
+        yield "s3://hscache-test"
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
