@@ -29,6 +29,7 @@ import torch
 import hscache
 from hscache.capture.forward import next_token_stats
 from hscache.capture.target import load_target
+from hscache.store.dtypes import DTYPES
 from hscache.store.fsio import drop_page_cache
 from hscache.store.layout import array_specs
 from hscache.store.writer import SequenceRows, StoreWriter
@@ -189,7 +190,7 @@ def main() -> None:
     )
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--dtype", default="fp32", choices=("bf16", "fp16", "fp32"))
+    parser.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     parser.add_argument("--store-tokens", type=int, default=65536)
     parser.add_argument(
         "--repeats", type=int, default=3, help="interleaved runs per side; the best of each counts"

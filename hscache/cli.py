@@ -17,7 +17,10 @@ from typing import Any
 
 import click
 
+from hscache.capture.backend import BACKENDS
 from hscache.errors import HscacheError
+from hscache.store.dtypes import DTYPES
+from hscache.store.layout import COMPRESSIONS
 
 __all__ = ["error_boundary", "main"]
 
@@ -145,10 +148,10 @@ def main() -> None:
     type=click.IntRange(min=0),
     help="Greedy continuation length per prompt (0: cache the prompt text as is).",
 )
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
 @click.option(
     "--backend",
-    type=click.Choice(["auto", "fla", "torch"]),
+    type=click.Choice(list(BACKENDS)),
     default="auto",
     show_default=True,
     help="Linear-attention kernels: fla (CUDA), torch fallback, or auto.",
@@ -166,7 +169,7 @@ def main() -> None:
 @click.option("--full-logits", is_flag=True, help="Also store full [T, V] logits (small vocabularies).")
 @click.option(
     "--compression",
-    type=click.Choice(["balanced", "fast", "none"]),
+    type=click.Choice(list(COMPRESSIONS)),
     default="fast",
     show_default=True,
     help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
@@ -284,7 +287,7 @@ def diff(
 @click.option("--device", default=None, help="Device for --recompute (default: the cache's).")
 @click.option(
     "--backend",
-    type=click.Choice(["auto", "fla", "torch"]),
+    type=click.Choice(list(BACKENDS)),
     default=None,
     help="Backend for --recompute (default: the cache's).",
 )

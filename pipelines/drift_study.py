@@ -32,15 +32,19 @@ from typing import Any
 import click
 
 import hscache
+from hscache.capture.backend import BACKENDS
 from hscache.diff.compare import DEFAULT_POSITION_BUCKETS, diff_caches
 from hscache.diff.report import DiffReport, save_json
+from hscache.store.dtypes import DTYPES, SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes, atomic_write_json
 from scorer.evaluate import EvalConfig, evaluate_many
 
 __all__ = ["DriftStudyConfig", "DriftStudyError", "Setting", "parse_settings", "run_drift_study"]
 
-_BACKENDS = ("auto", "fla", "torch")
-_DTYPES = ("bf16", "fp16", "fp32")
+# Defaults come from the stages' own configs: the study extracts and scores like `hscache extract`
+# and `scorer eval` do unless told otherwise.
+_EXTRACT = hscache.ExtractConfig(out="")
+_EVAL = EvalConfig()
 
 
 class DriftStudyError(ValueError):
@@ -56,13 +60,13 @@ class Setting:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.backend not in _BACKENDS:
+        if self.backend not in BACKENDS:
             raise DriftStudyError(
-                f"backend {self.backend!r} in setting {self.spec}; choose one of {', '.join(_BACKENDS)}"
+                f"backend {self.backend!r} in setting {self.spec}; choose one of {', '.join(BACKENDS)}"
             )
-        if self.dtype not in _DTYPES:
+        if self.dtype not in DTYPES:
             raise DriftStudyError(
-                f"dtype {self.dtype!r} in setting {self.spec}; choose one of {', '.join(_DTYPES)}"
+                f"dtype {self.dtype!r} in setting {self.spec}; choose one of {', '.join(DTYPES)}"
             )
 
     @property
@@ -108,20 +112,20 @@ class DriftStudyConfig:
     out: str
     settings: tuple[Setting, ...]
     reference: int = 0
-    model: str = "builtin:tiny-qwen3.5"
-    prompts: str = "builtin:default"
-    layers: str = "dflash:3"
-    max_new_tokens: int = 64
-    max_length: int = 4096
-    limit: int | None = None
+    model: str = _EXTRACT.model
+    prompts: str = _EXTRACT.prompts
+    layers: str = _EXTRACT.layers
+    max_new_tokens: int = _EXTRACT.max_new_tokens
+    max_length: int = _EXTRACT.max_length
+    limit: int | None = _EXTRACT.limit
     checkpoints: tuple[str, ...] = ()
     train_steps: int = 300
     block_size: int = 8
-    eval_device: str = "cpu"
-    eval_dtype: str = "fp32"
+    eval_device: str = _EVAL.device
+    eval_dtype: str = _EVAL.dtype
     ddtree: tuple[int, ...] = ()
-    n_boot: int = 1000
-    seed: int = 0
+    n_boot: int = _EVAL.n_boot
+    seed: int = _EVAL.seed
     position_buckets: tuple[int, ...] = DEFAULT_POSITION_BUCKETS
     overwrite: bool = False
 
@@ -370,11 +374,13 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     show_default=True,
     help="Index in --settings of the reference (its greedy text is the one every cache holds).",
 )
-@click.option("--model", default="builtin:tiny-qwen3.5", show_default=True)
-@click.option("--prompts", default="builtin:default", show_default=True)
-@click.option("--layers", default="dflash:3", show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
+@click.option("--model", default=_EXTRACT.model, show_default=True)
+@click.option("--prompts", default=_EXTRACT.prompts, show_default=True)
+@click.option("--layers", default=_EXTRACT.layers, show_default=True)
+@click.option(
+    "--max-new-tokens", type=click.IntRange(min=1), default=_EXTRACT.max_new_tokens, show_default=True
+)
+@click.option("--max-length", type=click.IntRange(min=2), default=_EXTRACT.max_length, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
 @click.option(
     "--checkpoint", "checkpoints", multiple=True, help="Drafter checkpoint to score; repeat for several."
@@ -387,11 +393,11 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     help="Without --checkpoint: train a tiny drafter on the reference cache for N steps.",
 )
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
-@click.option("--eval-device", default="cpu", show_default=True)
-@click.option("--eval-dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
+@click.option("--eval-device", default=_EVAL.device, show_default=True)
+@click.option("--eval-dtype", type=click.Choice(list(SCORER_DTYPES)), default=_EVAL.dtype, show_default=True)
 @click.option("--ddtree", default="", help="DDTree budgets to score too, e.g. 8,32 (default: none).")
-@click.option("--n-boot", type=click.IntRange(min=10), default=1000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--n-boot", type=click.IntRange(min=10), default=_EVAL.n_boot, show_default=True)
+@click.option("--seed", type=int, default=_EVAL.seed, show_default=True)
 @click.option("--position-buckets", default=",".join(map(str, DEFAULT_POSITION_BUCKETS)), show_default=True)
 @click.option("--overwrite", is_flag=True, help="Rebuild caches whose settings differ instead of refusing.")
 def main(

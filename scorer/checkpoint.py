@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from hscache.store.fsio import atomic_write_with, file_sha256
 from scorer.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.model import DFlashDrafter
@@ -124,7 +125,7 @@ def load_checkpoint(
         state_dict, config_json or embedded_config, overrides or {}, root, fallbacks or {}
     )
     _validate(state_dict, config, root)
-    file_sha = {str(f.relative_to(root) if root.is_dir() else f.name): _sha256_file(f) for f in files}
+    file_sha = {str(f.relative_to(root) if root.is_dir() else f.name): file_sha256(f) for f in files}
     report = LoadReport(
         path=str(root),
         format=fmt,
@@ -405,14 +406,6 @@ def _few(keys: Any, limit: int = 5, noun: str = "key") -> str:
     )
 
 
-def _sha256_file(path: Path, chunk: int = 1 << 23) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _combine(file_sha: dict[str, str]) -> str:
     if len(file_sha) == 1:
         return next(iter(file_sha.values()))
@@ -464,21 +457,25 @@ def save_hf_checkpoint(
         seen.add(ptr)
     shards = _plan_shards(tensors, max_shard_bytes)
     config_text = json.dumps(config.to_hf_config(), indent=2)
-    written = [_atomic(out / "config.json", lambda p: p.write_text(config_text))]
+    written = [atomic_write_with(out / "config.json", lambda p: p.write_text(config_text))]
     names = (
         ["model.safetensors"]
         if len(shards) == 1 and max_shard_bytes is None
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     for name, shard in zip(names, shards):
-        written.append(_atomic(out / name, lambda p, s=shard: save_file(s, str(p), metadata=_ST_METADATA)))
+        written.append(
+            atomic_write_with(out / name, lambda p, s=shard: save_file(s, str(p), metadata=_ST_METADATA))
+        )
     if len(names) > 1 or max_shard_bytes is not None:
         index = {
             "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
             "weight_map": {k: n for n, s in zip(names, shards) for k in s},
         }
         written.append(
-            _atomic(out / "model.safetensors.index.json", lambda p: p.write_text(json.dumps(index, indent=2)))
+            atomic_write_with(
+                out / "model.safetensors.index.json", lambda p: p.write_text(json.dumps(index, indent=2))
+            )
         )
     for stale in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]:
         if stale not in written:
@@ -496,10 +493,3 @@ def _plan_shards(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> lis
         shards[-1][key] = t
         size += t.nbytes
     return shards
-
-
-def _atomic(path: Path, write: Any) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-    return path

@@ -10,8 +10,11 @@ from typing import Any
 
 import click
 
+from hscache.capture.backend import BACKENDS
 from hscache.cli import error_boundary
 from hscache.errors import HscacheError
+from hscache.store.dtypes import DTYPES, SCORER_DTYPES
+from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
 
 __all__ = ["main"]
@@ -46,7 +49,7 @@ def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_the
 
 def _write_json(path: str | None, document: dict) -> None:
     if path:
-        Path(path).write_text(json.dumps(document, indent=2) + "\n")
+        atomic_write_bytes(Path(path), (json.dumps(document, indent=2) + "\n").encode())
         click.echo(f"wrote {path}", err=True)
 
 
@@ -109,7 +112,7 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
 )
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
@@ -181,7 +184,7 @@ def eval_command(
     "--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results."
 )
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
 @click.option(
     "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
 )
@@ -240,9 +243,9 @@ def sweep(
 @click.option("--prompts", default="builtin:default", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "fla", "torch"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None)
 @click.option("--json", "json_out", default=None)
 @checkpoint_flags

@@ -32,6 +32,7 @@ import torch
 
 import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
 from scorer.rows import EvalConfig, load_drafter, score_rows
@@ -231,7 +232,7 @@ def submit_scoring(
     cache = hscache.open_cache(cache_path)
     n = len(cache) if config.limit is None else min(config.limit, len(cache))
     lengths = np.asarray(cache.index.column("length").to_numpy())[:n]
-    fingerprint = checkpoint_fingerprint(checkpoint) if "://" not in str(checkpoint) else ()
+    fingerprint = checkpoint_fingerprint(checkpoint) if not is_url(checkpoint) else ()
     specs = [
         TaskSpec(str(checkpoint), fingerprint, str(cache_path), cache.num_tokens, config, r.start, r.stop)
         for r in plan_tasks(lengths, tokens_per_task)

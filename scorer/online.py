@@ -8,21 +8,28 @@ round re-runs the target over the committed prefix plus the drafted block: slow,
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.capture.target import Target, load_target
+from hscache.store.fsio import file_sha256
 from scorer.checkpoint import load_checkpoint
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.model import DFlashDrafter
 
-__all__ = ["OnlineRequest", "online_decode", "run_online"]
+__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online"]
+
+# Version of the result document (schemas/online_report.schema.json); bump on a breaking change.
+ONLINE_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,13 @@ def run_online(
     overrides: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
 ) -> dict[str, Any]:
-    """Speculative decoding of every prompt; per-request and pooled online tau."""
+    """Speculative decoding of every prompt; per-request and pooled online tau.
+
+    Returns the result document (schemas/online_report.schema.json): the numbers, the settings, and
+    what identifies the run like an eval report does: checkpoint and target weight hashes, the
+    prompts' hash, package versions and the git commit.
+    """
+    t0 = time.perf_counter()
     backend = resolve_backend(backend, device)
     target = load_target(model, dtype, device)
     loaded = load_checkpoint(
@@ -133,7 +146,8 @@ def run_online(
             ids, rounds = online_decode(target, drafter, prompt, max_new_tokens, max_length)
             requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
     with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
-    return {
+    result = {
+        "schema_version": ONLINE_SCHEMA_VERSION,
         "tau": {
             "per_request": tau_per_request(with_rounds) if with_rounds else None,
             "pooled": tau_pooled(with_rounds) if with_rounds else None,
@@ -151,7 +165,19 @@ def run_online(
         ],
         "checkpoint": loaded.report.to_dict(),
         "model": model,
+        "model_weights_sha256": target.weights_sha256,
+        "prompts": prompts,
+        "prompts_sha256": file_sha256(resolve_prompts(prompts)),
         "dtype": dtype,
         "device": device,
         "backend": backend,
+        "max_new_tokens": max_new_tokens,
+        "max_length": max_length,
+        "limit": limit,
+        "versions": package_versions(),
+        "hscache_git_commit": git_commit(),
+        "seconds": time.perf_counter() - t0,
+        "created_at": utc_now(),
     }
+    schemas.validate(result, "online_report")
+    return result

@@ -12,9 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hscache.capture.target import check_device
+from hscache.store.dtypes import DTYPES, SCORER_DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
 from scorer.errors import ScorerError
@@ -29,8 +28,6 @@ from scorer.model import DFlashDrafter
 from scorer.score import SequenceResult, score_sequence
 
 __all__ = ["EvalConfig", "load_drafter", "score_rows"]
-
-_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -71,8 +68,8 @@ def load_drafter(
     Raises:
         CheckpointError / UntrustedCheckpointError / IncompatibleCacheError with one-line messages.
     """
-    if config.dtype not in _DTYPES:
-        raise ScorerError(f"--dtype {config.dtype!r}; choose bf16 or fp32")
+    if config.dtype not in SCORER_DTYPES:
+        raise ScorerError(f"--dtype {config.dtype!r}; choose one of {', '.join(SCORER_DTYPES)}")
     check_device(config.device)
     loaded = load_checkpoint(
         checkpoint,
@@ -81,7 +78,7 @@ def load_drafter(
         trust_checkpoint=config.trust_checkpoint,
     )
     check_compatible(loaded.config, cache, str(cache.path))
-    dtype = _DTYPES[config.dtype]
+    dtype = DTYPES[config.dtype]
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
@@ -105,7 +102,7 @@ def score_rows(
 ) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
     index = feature_index(drafter.config, cache.layer_ids)
-    dtype = _DTYPES[config.dtype]
+    dtype = DTYPES[config.dtype]
     record_ids = cache.index.column("record_id").to_pylist()
     prompt_lens = cache.index.column("prompt_len").to_pylist()
     lengths = cache.index.column("length").to_pylist()

@@ -142,17 +142,9 @@ def checkpoint_sha256(path: str | Path) -> str:
     """sha256 of a checkpoint's content: the file, or a directory's sorted "name digest" lines."""
     path = Path(path)
     if path.is_file():
-        return _file_sha256(path)
-    lines = [f"{p.relative_to(path)} {_file_sha256(p)}" for p in sorted(path.rglob("*")) if p.is_file()]
+        return fsio.file_sha256(path)
+    lines = [f"{p.relative_to(path)} {fsio.file_sha256(p)}" for p in sorted(path.rglob("*")) if p.is_file()]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cache_identity(cache: CacheView) -> str:

@@ -81,10 +81,6 @@ def resolve_backend(requested: str, device: str) -> str:
     return requested
 
 
-def _modeling_module(model: torch.nn.Module) -> ModuleType:
-    return sys.modules[type(model).__module__]
-
-
 def _kernel_modules(model: torch.nn.Module) -> list[ModuleType]:
     """The modeling modules of the model and of its submodules (wrappers nest text models)."""
     names = {type(m).__module__ for m in model.modules()}

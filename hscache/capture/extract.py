@@ -24,7 +24,6 @@ from hscache.capture.forward import CapturedSequence, capture_batch, greedy_cont
 from hscache.capture.layers import parse_layer_spec
 from hscache.capture.prompts import (
     PromptRecord,
-    file_sha256,
     iter_records,
     prompt_token_ids,
     resolve_prompts,
@@ -35,10 +34,13 @@ from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
+from hscache.store.dtypes import LOGICAL_DTYPES
+from hscache.store.fsio import file_sha256
 from hscache.store.layout import COMPRESSIONS, MANIFEST, array_specs
 from hscache.store.reader import read_manifest
 from hscache.store.shards import shard_path
 from hscache.store.target_files import write_target_dir
+from hscache.store.urls import is_url
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
 
 __all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
@@ -225,7 +227,7 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
     specs = array_specs(
         len(settings["layer_ids"]),
         int(text.hidden_size),
-        _LOGICAL[config.dtype],
+        LOGICAL_DTYPES[config.dtype],
         config.top_k,
         int(text.vocab_size) if config.full_logits else None,
         config.chunk_bytes,
@@ -234,9 +236,6 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
         prepare_fresh_dir(out)
         _write_target_dir(out, target)
     return StoreWriter.create(out, specs, config.compression, settings), 0
-
-
-_LOGICAL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def _stored(t: torch.Tensor, dtype: str | None = None) -> np.ndarray:
@@ -312,7 +311,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         HscacheError subclasses for bad input, before any model work where possible;
         StoreWriteError when the disk fails (the committed part stays intact and resumable).
     """
-    if "://" in config.out:
+    if is_url(config.out):
         return _extract_to_url(config, progress)
     progress = progress or Progress()
     t0 = time.perf_counter()

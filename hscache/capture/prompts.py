@@ -7,7 +7,6 @@ The file is streamed: memory does not grow with its size.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from hscache.errors import PromptFileError
 __all__ = [
     "DEFAULT_PROMPTS",
     "PromptRecord",
-    "file_sha256",
     "iter_records",
     "prompt_token_ids",
     "resolve_prompts",
@@ -56,14 +54,6 @@ def resolve_prompts(prompts: str | Path) -> Path:
             f"prompts file {str(path)!r} does not exist; pass a JSONL file or {DEFAULT_PROMPTS}"
         )
     return path
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:

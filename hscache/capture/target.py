@@ -13,10 +13,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hscache.capture.builtin import BUILTIN_TARGETS, build_builtin
 from hscache.errors import InputError, ModelNotFoundError
+from hscache.store.dtypes import DTYPES
 
-__all__ = ["DTYPES", "Target", "check_device", "load_target", "torch_dtype"]
+__all__ = ["Target", "check_device", "load_target", "torch_dtype"]
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Where decoder layers live, by model layout: multimodal wrappers nest the text model.
 _LAYER_PATHS = ("model.language_model.layers", "model.layers", "language_model.model.layers")
 

@@ -6,16 +6,20 @@ loss after the rename cannot lose what the rename published.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
+    "atomic_write_with",
     "drop_page_cache",
+    "file_sha256",
     "fsync_dir",
     "fsync_file",
     "TEMP_MARK",
@@ -47,6 +51,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_with(path: Path, write: Callable[[Path], object]) -> Path:
+    """Publish at ``path``, atomically and durably, the file ``write(tmp_path)`` creates (for writers
+    that want a path, e.g. safetensors' ``save_file``). Returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{TEMP_MARK}{uuid.uuid4().hex}")
+    try:
+        write(tmp)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Publish ``data`` at ``path`` atomically and durably."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +85,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, document: Any) -> None:
     atomic_write_bytes(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+
+
+def file_sha256(path: Path, block_bytes: int = 1 << 22) -> str:
+    """Hex sha256 of the bytes of file ``path``, read in blocks (memory stays at one block)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(block_bytes):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def drop_page_cache(paths: list[Path]) -> None:

@@ -22,6 +22,7 @@ import zarr
 from hscache.errors import CacheFormatError, CacheNotFoundError
 from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
+from hscache.store.dtypes import torch_dtype_of_logical
 from hscache.store.index import empty_index, expand_metadata, read_part
 from hscache.store.layout import (
     ARRAYS_GROUP,
@@ -37,12 +38,6 @@ __all__ = ["Cache", "open_local", "read_manifest"]
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 _ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _OPEN_ATTEMPTS = 3
-_TORCH_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "int32": torch.int32,
-}
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -147,7 +142,7 @@ class Cache:
 
     @property
     def dtype(self) -> torch.dtype:
-        return _TORCH_DTYPES[self.specs["hidden_states"].logical_dtype]
+        return torch_dtype_of_logical(self.specs["hidden_states"].logical_dtype)
 
     @cached_property
     def provenance(self) -> dict[str, Any]:

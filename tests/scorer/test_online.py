@@ -37,3 +37,28 @@ def test_offline_tau_equals_online_tau(model, tmp_path):
     assert online["tau"]["per_request"] == pytest.approx(offline["tau"]["per_request"], abs=0)
     assert online["tau"]["pooled"] == pytest.approx(offline["tau"]["pooled"], abs=0)
     assert offline["tau"]["pooled"] > 1.0
+
+
+def test_online_result_carries_schema_versions_and_hashes(trained_drafter, scorer_cache, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    import schemas
+    from scorer.checkpoint import load_checkpoint
+    from scorer.cli import main
+
+    out = tmp_path / "online.json"
+    args = ["online", str(trained_drafter), "--max-new-tokens", "3", "--limit", "1", "--json", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    schemas.validate(document, "online_report")
+    cache = hscache.open_cache(scorer_cache)  # same built-in target (fp32) and prompts
+    assert document["schema_version"] == 1 and document["versions"]["torch"]
+    assert document["model_weights_sha256"] == cache.settings["weights_sha256"]
+    assert document["prompts_sha256"] == cache.settings["prompts_sha256"]
+    assert document["checkpoint"]["sha256"] == load_checkpoint(trained_drafter).report.sha256
+    assert not list(tmp_path.glob("*.hscache-tmp-*"))  # written through the atomic helper
+    with pytest.raises(schemas.SchemaError, match="model_weights_sha256"):
+        schemas.validate({k: v for k, v in document.items() if k != "model_weights_sha256"}, "online_report")

@@ -1,0 +1,28 @@
+"""Dtypes by name, one table: the ``--dtype`` flag names, the logical names a cache records, torch's.
+
+``--dtype bf16`` (CLI/config) <-> ``"bfloat16"`` (an array's ``logical_dtype`` in the manifest)
+<-> ``torch.bfloat16``. How each logical dtype is stored on disk is layout.LOGICAL_TO_STORED.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["DTYPES", "LOGICAL_DTYPES", "SCORER_DTYPES", "torch_dtype_of_logical"]
+
+# --dtype flag name -> torch dtype: what a target can run and a cache can hold.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# --dtype flag name -> the logical dtype name recorded for the hidden-state array.
+LOGICAL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# The dtypes the scorer computes in (``scorer eval --dtype``): fp16 drafter replays are not supported.
+SCORER_DTYPES = ("bf16", "fp32")
+
+_BY_LOGICAL = {
+    **{LOGICAL_DTYPES[name]: dtype for name, dtype in DTYPES.items()},
+    "int32": torch.int32,
+}
+
+
+def torch_dtype_of_logical(logical: str) -> torch.dtype:
+    """The torch dtype of a logical dtype name (``"bfloat16"``, ``"float32"``, ``"int32"``...)."""
+    return _BY_LOGICAL[logical]
