@@ -1,1 +1,1 @@
-"""End-to-end flows built from hscache (stage one) and scorer (stage two)."""
+"""Flows built from both stages: the drift study and sharded extraction (nothing in hscache or scorer imports them)."""

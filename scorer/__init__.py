@@ -1,1 +1,1 @@
-"""Offline scoring of DFlash drafters against hidden-state caches."""
+"""Stage two: replay DFlash drafter checkpoints against a cache (any ``CacheView``) and report tau, acceptance, DDTree."""

@@ -3,7 +3,7 @@
 Named steps: find checkpoints and their training steps (``find_checkpoints``) -> hash each
 checkpoint's content -> skip those whose report is already stored under the same key -> score
 the rest (in this process, or all submitted at once to a dask cluster) -> write the table and
-the plot (sweep_report.py).
+the plot (scorer/report/sweep.py).
 
 Stored reports live in ``OUT/results/<key>.json``; the key hashes the checkpoint's content,
 the cache's identity and the eval settings, so a renamed checkpoint is still skipped and a

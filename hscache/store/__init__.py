@@ -1,1 +1,1 @@
-"""The on-disk store: layout, durable writes, and the reader behind ``hscache.open_cache``."""
+"""Every byte of a cache, written and read: layout, durable writes, index, target files, provenance, and the readers (``open_cache`` -> a ``CacheView``)."""
