@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import hscache
+from hscache.store.view import CacheView
 from scorer.checkpoint import save_hf_checkpoint
 from scorer.features import attach_cache_head, feature_index, sequence_features
 from scorer.init import drafter_config_for_cache
@@ -25,7 +26,7 @@ from scorer.model import DFlashDrafter
 __all__ = ["train_drafter"]
 
 
-def _batch(cache, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
+def _batch(cache: CacheView, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
     """One random sequence, ``anchors_per_step`` random anchors, blocks and targets."""
     row = rows[int(torch.randint(len(rows), (1,), generator=gen))]
     ids = cache.token_ids(row)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hscache.store.dtypes import tensor_from_stored
 from hscache.store.view import CacheView
 
 __all__ = ["BlockView", "RowBlock", "plan_row_ranges", "read_rows", "token_span"]
@@ -64,11 +65,6 @@ def token_span(cache: CacheView, rows: range) -> tuple[int, int]:
     return int(offsets[rows.start]), int(offsets[rows.stop - 1] + lengths[rows.stop - 1])
 
 
-def _to_tensor(raw: np.ndarray, logical_dtype: str) -> torch.Tensor:
-    tensor = torch.from_numpy(np.ascontiguousarray(raw))
-    return tensor.view(torch.bfloat16) if logical_dtype == "bfloat16" else tensor  # raw 16 bits on disk
-
-
 def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowBlock:
     if rows and not (0 <= rows.start and rows.stop <= len(cache)):
         raise IndexError(
@@ -79,7 +75,7 @@ def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowB
     spans = {r: (int(offsets[r]) - first, int(offsets[r] + lengths[r]) - first) for r in rows}
     # read_tokens reads a local cache's chunk files directly, several at once (store/chunks.py).
     data = {
-        name: _to_tensor(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
+        name: tensor_from_stored(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
         for name in arrays
     }
     return RowBlock(rows, spans, data)

@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["DTYPES", "LOGICAL_DTYPES", "SCORER_DTYPES", "torch_dtype_of_logical"]
+__all__ = ["DTYPES", "LOGICAL_DTYPES", "SCORER_DTYPES", "tensor_from_stored", "torch_dtype_of_logical"]
 
 # --dtype flag name -> torch dtype: what a target can run and a cache can hold.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -26,3 +27,12 @@ _BY_LOGICAL = {
 def torch_dtype_of_logical(logical: str) -> torch.dtype:
     """The torch dtype of a logical dtype name (``"bfloat16"``, ``"float32"``, ``"int32"``...)."""
     return _BY_LOGICAL[logical]
+
+
+def tensor_from_stored(raw: np.ndarray, logical: str) -> torch.Tensor:
+    """Rows as read from disk -> a tensor of the logical dtype, without copying when contiguous.
+
+    bfloat16 is stored as its raw 16 bits (uint16, see layout.LOGICAL_TO_STORED): viewed back bit-exactly.
+    """
+    tensor = torch.from_numpy(np.ascontiguousarray(raw))
+    return tensor.view(torch.bfloat16) if logical == "bfloat16" else tensor

@@ -1,11 +1,20 @@
 """What a cache directory holds and how each array is chunked and compressed.
 
-    cache/
-      manifest.json          the commit record: which tokens and index parts exist (truth)
-      provenance.json        how the cache was made (schemas/provenance.schema.json)
-      zarr.json, arrays/...  zarr v3 group; token-major ragged arrays, one row per token
+    cache/                       (written by hscache/store/..., read by ...)
+      manifest.json              the commit record: which tokens and index parts exist (truth)
+                                 writer.py; reader.py
+      provenance.json            how the cache was made (schemas/provenance.schema.json)
+                                 cache_dir.py; cache_dir.py
+      zarr.json, arrays/...      zarr v3 group; token-major ragged arrays, one row per token
+                                 writer.py; chunks.py, reader.py
       index/part-NNNNNN.parquet  per-sequence rows (offset, length, prompt_len, hashes, metadata)
-      target/                config.json, head.safetensors, tokenizer files
+                                 writer.py; index.py
+      target/                    config.json, head.safetensors, tokenizer files
+                                 target_files.py; target_files.py
+      .hscache-creating          a fresh run's mark until its first manifest
+                                 cache_dir.py; writer.py removes it
+
+Remote copies (remote.py) and merged shards (shards.py) copy these files as they are.
 
 All arrays are flat along the token axis (sequence i = rows offset..offset+length), so one
 sequence is one contiguous slice (random access) and a full scan reads chunks in order

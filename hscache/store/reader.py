@@ -22,7 +22,7 @@ import zarr
 from hscache.errors import CacheFormatError, CacheNotFoundError
 from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
-from hscache.store.dtypes import torch_dtype_of_logical
+from hscache.store.dtypes import tensor_from_stored, torch_dtype_of_logical
 from hscache.store.index import empty_index, expand_metadata, read_part
 from hscache.store.layout import (
     ARRAYS_GROUP,
@@ -214,11 +214,7 @@ class Cache:
             a = b
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        tensor = torch.from_numpy(np.ascontiguousarray(self.read_tokens(name, start, stop)))
-        logical = self.specs[name].logical_dtype
-        if logical == "bfloat16":
-            return tensor.view(torch.bfloat16)  # stored as the raw 16 bits (see store/layout.py)
-        return tensor
+        return tensor_from_stored(self.read_tokens(name, start, stop), self.specs[name].logical_dtype)
 
     @property
     def offsets(self) -> np.ndarray:
