@@ -187,6 +187,11 @@ def main() -> None:
     help="I/N: extract every N-th prompt from I into OUT/shard-IIIII-of-NNNNN "
     "(run N of these; open_cache(OUT) reads them as one).",
 )
+@click.option(
+    "--suffix-duplicate-ids",
+    is_flag=True,
+    help="Rename a repeated record id to ID#2, ID#3, ... (default: refuse the prompts file).",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @friendly_errors

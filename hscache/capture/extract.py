@@ -87,6 +87,8 @@ class ExtractConfig:
     limit: int | None = None
     # (I, N): extract records n % N == I (after --limit) into OUT/shard-IIIII-of-NNNNN; see store/shards.py
     shard: tuple[int, int] | None = None
+    # Records sharing an id are refused; True renames the later ones "<id>#2", "<id>#3", ...
+    suffix_duplicate_ids: bool = False
 
 
 @dataclass
@@ -116,11 +118,11 @@ class _PromptSummary:
 
 
 def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
-    """Stream the prompts once: every line parses, tokenizes, and fits --max-length."""
+    """Stream the prompts once: every line parses, tokenizes, and fits --max-length; ids are unique."""
     path = resolve_prompts(config.prompts)
     records = prompt_tokens = 0
     for record in _selected(config, path):
-        length = len(prompt_token_ids(record, target.tokenizer))
+        length = len(prompt_token_ids(record, target.tokenizer, target.vocab_size))
         if length > config.max_length:
             raise PromptFileError(
                 f"record {record.record_id!r} (line {record.line_no}) has {length} prompt tokens, more than "
@@ -144,9 +146,27 @@ def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[Pro
         yield record
 
 
+def _unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[PromptRecord]:
+    """Refuse a record id seen before (scores and diffs pair sequences by id), or suffix it."""
+    seen: dict[str, int] = {}
+    for record in records:
+        if record.record_id in seen:
+            if not suffix:
+                raise PromptFileError(
+                    f"record id {record.record_id!r} (line {record.line_no}) is used before, on line "
+                    f"{seen[record.record_id]}; give every record its own id, or pass --suffix-duplicate-ids"
+                )
+            n = 2
+            while f"{record.record_id}#{n}" in seen:
+                n += 1
+            record = replace(record, record_id=f"{record.record_id}#{n}")
+        seen[record.record_id] = record.line_no
+        yield record
+
+
 def _selected(config: ExtractConfig, path: Path) -> Iterator[PromptRecord]:
     """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
-    records = _limited(iter_records(path), config.limit)
+    records = _limited(_unique_ids(iter_records(path), config.suffix_duplicate_ids), config.limit)
     if config.shard is None:
         return records
     index, count = config.shard
@@ -332,7 +352,7 @@ def _batches(
     for n, record in enumerate(records):
         if n < skip:
             continue
-        prompt = prompt_token_ids(record, target.tokenizer)
+        prompt = prompt_token_ids(record, target.tokenizer, target.vocab_size)
         response = response_token_ids(record, target.tokenizer) if config.max_new_tokens == 0 else []
         if response:  # dataset text after the prompt, cached as is; scoring starts at the prompt's end
             ids, stop = prompt + response, "dataset"
@@ -364,8 +384,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     backend = resolve_backend(config.backend, config.device)
     target = load_target(config.model, config.dtype, config.device)
     layer_ids = parse_layer_spec(config.layers, target.num_layers)
-    if config.top_k < 1:
-        raise InputError(f"--top-k {config.top_k} must be at least 1")
+    _check_flags(config, target)
     prompts = _check_prompts(config, target)
     settings = _settings(config, target, layer_ids, backend, prompts)
     writer, done = _open_store(config, target, settings)
@@ -392,6 +411,14 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     return ExtractResult(
         out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
     )
+
+
+def _check_flags(config: ExtractConfig, target: Target) -> None:
+    """Every flag against the model, before anything is written: a cache is never left unresumable."""
+    if not 1 <= config.top_k <= target.vocab_size:
+        raise InputError(
+            f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
+        )
 
 
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
