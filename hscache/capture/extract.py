@@ -25,7 +25,10 @@ from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import CapturedSequence, capture_batch, greedy_continuation, to_host_async
 from hscache.capture.layers import parse_layer_spec
 from hscache.capture.prompts import (
+    DEFAULT_PROMPTS,
     PromptRecord,
+    cache_records,
+    cache_records_sha256,
     file_sha256,
     iter_records,
     prompt_token_ids,
@@ -89,6 +92,9 @@ class ExtractConfig:
     shard: tuple[int, int] | None = None
     # Records sharing an id are refused; True renames the later ones "<id>#2", "<id>#3", ...
     suffix_duplicate_ids: bool = False
+    # Another cache whose token ids (split at its prompt_len), record ids and metadata are the
+    # prompts, replayed as they are (max_new_tokens 0): two caches on identical tokens.
+    tokens_from: str | None = None
 
 
 @dataclass
@@ -119,9 +125,9 @@ class _PromptSummary:
 
 def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
     """Stream the prompts once: every line parses, tokenizes, and fits --max-length; ids are unique."""
-    path = resolve_prompts(config.prompts)
+    path = Path(config.tokens_from) if config.tokens_from else resolve_prompts(config.prompts)
     records = prompt_tokens = 0
-    for record in _selected(config, path):
+    for record in _selected(config):
         length = len(prompt_token_ids(record, target.tokenizer, target.vocab_size))
         if length > config.max_length:
             raise PromptFileError(
@@ -136,7 +142,8 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
             )
         records += 1
         prompt_tokens += length
-    return _PromptSummary(path, file_sha256(path), records, prompt_tokens)
+    sha256 = cache_records_sha256(path) if config.tokens_from else file_sha256(path)
+    return _PromptSummary(path, sha256, records, prompt_tokens)
 
 
 def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[PromptRecord]:
@@ -164,9 +171,14 @@ def _unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[Promp
         yield record
 
 
-def _selected(config: ExtractConfig, path: Path) -> Iterator[PromptRecord]:
+def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
     """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
-    records = _limited(_unique_ids(iter_records(path), config.suffix_duplicate_ids), config.limit)
+    source = (
+        cache_records(config.tokens_from)
+        if config.tokens_from
+        else iter_records(resolve_prompts(config.prompts))
+    )
+    records = _limited(_unique_ids(source, config.suffix_duplicate_ids), config.limit)
     if config.shard is None:
         return records
     index, count = config.shard
@@ -348,8 +360,7 @@ def _batches(
     boundary) forms the same batches as an uninterrupted run.
     """
     batch: list[tuple[PromptRecord, list[int], int, str]] = []
-    records = _selected(config, resolve_prompts(config.prompts))
-    for n, record in enumerate(records):
+    for n, record in enumerate(_selected(config)):
         if n < skip:
             continue
         prompt = prompt_token_ids(record, target.tokenizer, target.vocab_size)
@@ -415,6 +426,12 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
 
 def _check_flags(config: ExtractConfig, target: Target) -> None:
     """Every flag against the model, before anything is written: a cache is never left unresumable."""
+    if config.tokens_from and config.max_new_tokens != 0:
+        raise InputError(
+            f"--tokens-from replays {config.tokens_from}'s tokens as they are; pass --max-new-tokens 0"
+        )
+    if config.tokens_from and config.prompts != DEFAULT_PROMPTS:
+        raise InputError("--tokens-from takes the prompts from the cache; drop --prompts")
     if not 1 <= config.top_k <= target.vocab_size:
         raise InputError(
             f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"

@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # transformers is imported only where a tokenizer is really u
 
 __all__ = [
     "DEFAULT_PROMPTS",
+    "cache_records",
+    "cache_records_sha256",
     "PromptRecord",
     "file_sha256",
     "iter_records",
@@ -272,3 +274,48 @@ def _checked_prefix(record: PromptRecord, full: list[int], prompt: list[int]) ->
             "pass 'input_ids' with 'prompt_len' instead"
         )
     return full, prompt
+
+
+def cache_records(cache_path: str | Path) -> Iterator[PromptRecord]:
+    """Another cache's sequences as records: its token ids split at its prompt_len, with its record
+    ids and metadata (``extract --tokens-from``: two caches on identical tokens, e.g. two kernels).
+
+    Raises:
+        CacheNotFoundError / CacheFormatError: ``cache_path`` is not a readable cache.
+        PromptFileError: it holds no sequences.
+    """
+    from hscache.store.reader import open_cache
+
+    cache = open_cache(cache_path)
+    if len(cache) == 0:
+        raise PromptFileError(f"--tokens-from {cache_path} holds no committed sequences")
+    index = cache.index
+    for row, (record_id, prompt_len, metadata) in enumerate(
+        zip(
+            index.column("record_id").to_pylist(),
+            index.column("prompt_len").to_pylist(),
+            index.column("metadata_json").to_pylist(),
+        )
+    ):
+        ids = cache.token_ids(row).tolist()
+        # A prompt of the whole sequence (prompt_len == length) is replayed as a prompt alone.
+        cut = max(1, int(prompt_len))
+        yield PromptRecord(
+            row + 1,
+            record_id,
+            "input_ids",
+            ids[:cut],
+            json.loads(metadata) if metadata else {},
+            ids[cut:] or None,
+        )
+
+
+def cache_records_sha256(cache_path: str | Path) -> str:
+    """What identifies ``cache_records``: every record id, prompt_len and token hash, in order."""
+    from hscache.store.reader import open_cache
+
+    index = open_cache(cache_path).index
+    digest = hashlib.sha256()
+    for values in zip(*(index.column(c).to_pylist() for c in ("record_id", "prompt_len", "token_sha256"))):
+        digest.update(json.dumps(values).encode())
+    return digest.hexdigest()

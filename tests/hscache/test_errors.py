@@ -40,7 +40,9 @@ def test_malformed_jsonl_line_names_its_line_number(tmp_path):
 def test_record_without_content_key(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "hi"}])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
-    _assert_one_line_error(code, text, "p.jsonl:1:", "exactly one of 'prompt', 'messages', 'conversations', 'input_ids'")
+    _assert_one_line_error(
+        code, text, "p.jsonl:1:", "exactly one of 'prompt', 'messages', 'conversations', 'input_ids'"
+    )
 
 
 def test_empty_prompts_file(tmp_path):

@@ -148,3 +148,32 @@ def test_metadata_survives_in_json(tmp_path):
         tmp_path, {"id": "m", "messages": [{"role": "user", "content": "hi"}], "tags": {"k": [1, 2]}}
     )
     assert json.loads(cache.index.column("metadata_json")[0].as_py()) == {"tags": {"k": [1, 2]}}
+
+
+def test_tokens_from_replays_another_cache_on_identical_tokens(tmp_path, bf16_cache):
+    """A cache re-extracted from bf16_cache's tokens in fp32 diffs without --intersect: same record
+    ids, metadata, token ids and prompt_len."""
+    out = tmp_path / "fp32-on-bf16-tokens"
+    code, text = _run(
+        "--tokens-from", str(bf16_cache), "--out", str(out), "--dtype", "fp32", "--layers", "1,3,7"
+    )
+    assert code == 0, text
+    a, b = hscache.open_cache(bf16_cache), hscache.open_cache(out)
+    for column in ("record_id", "prompt_len", "token_sha256", "metadata_json"):
+        assert b.index.column(column).to_pylist() == a.index.column(column).to_pylist(), column
+    from hscache.diff.compare import diff_caches
+
+    assert diff_caches(bf16_cache, out).sequences.compared == len(a)
+    code, text = _run("--tokens-from", str(bf16_cache), "--out", str(tmp_path / "x"), "--max-new-tokens", "3")
+    _one_line_error(code, text, "--tokens-from replays", "--max-new-tokens 0")
+
+
+def test_diff_mismatch_offers_tokens_from(fp32_cache, bf16_cache):
+    from hscache.diff.compare import diff_caches
+    from hscache.errors import CacheMismatchError
+
+    with pytest.raises(CacheMismatchError) as err:
+        diff_caches(fp32_cache, bf16_cache)
+    message = str(err.value)
+    assert "--intersect" in message and f"--tokens-from {fp32_cache}" in message
+    assert "intersect=True" not in message
