@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from hscache.store import fsio
 from scorer.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.model import DFlashDrafter
@@ -501,5 +502,6 @@ def _plan_shards(tensors: dict[str, torch.Tensor], max_bytes: int | None) -> lis
 def _atomic(path: Path, write: Any) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
+    fsio.match_umask(tmp)  # safetensors writes 0600: readable by others as the umask says
     os.replace(tmp, path)
     return path

@@ -16,7 +16,7 @@ import torch
 
 from hscache.capture.target import check_device
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
-from scorer.errors import ScorerError
+from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -72,6 +72,12 @@ def load_drafter(
     """
     if config.dtype not in _DTYPES:
         raise ScorerError(f"--dtype {config.dtype!r}; choose bf16 or fp32")
+    if len(cache) == 0:
+        # Every metric would be "-": say why instead of printing an empty report with exit 0.
+        raise IncompatibleCacheError(
+            f"cache {cache.path} has no committed sequences, so there is nothing to score; "
+            f"see `hscache info {cache.path}` (an extraction still starting, or one that wrote nothing)"
+        )
     check_device(config.device)
     loaded = load_checkpoint(
         checkpoint,

@@ -242,6 +242,7 @@ def _write_target_dir(out: Path, target: Target) -> None:
         save_file(tensors, str(staging / "head.safetensors"), metadata={"tied": str(tied).lower()})
     except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
         raise OSError(f"cannot write {staging / 'head.safetensors'}: {exc}") from exc
+    fsio.match_umask(staging / "head.safetensors")  # safetensors writes it 0600
     for path in staging.iterdir():
         fsio.fsync_file(path)
     shutil.rmtree(out / TARGET_DIR, ignore_errors=True)

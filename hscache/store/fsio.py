@@ -18,11 +18,34 @@ __all__ = [
     "drop_page_cache",
     "fsync_dir",
     "fsync_file",
+    "match_umask",
     "TEMP_MARK",
 ]
 
 # Every temp file hscache creates contains this mark, so a resume can find and delete leftovers.
 TEMP_MARK = ".hscache-tmp-"
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it (os.umask sets it: racy with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc: set and restore once, at import, before any thread runs
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def match_umask(path: Path) -> None:
+    """Give a file the mode the umask asks for: libraries that write through a private temp file
+    (safetensors) leave it 0600, which nobody else on a shared cluster can read."""
+    os.chmod(path, 0o666 & ~_UMASK)
 
 
 def fsync_file(path: Path) -> None:

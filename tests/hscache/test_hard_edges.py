@@ -4,6 +4,7 @@ token ids against the embedding rows, chat data that carries its answer, duplica
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,14 @@ def test_diff_mismatch_offers_tokens_from(fp32_cache, bf16_cache):
     message = str(err.value)
     assert "--intersect" in message and f"--tokens-from {fp32_cache}" in message
     assert "intersect=True" not in message
+
+
+def test_cache_files_are_readable_as_the_umask_says(bf16_cache):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    modes = {
+        str(p.relative_to(bf16_cache)): p.stat().st_mode & 0o777 for p in bf16_cache.rglob("*") if p.is_file()
+    }
+    assert modes["target/head.safetensors"] == want
+    assert all(mode == want for mode in modes.values()), modes
