@@ -32,7 +32,7 @@ from hscache.store.layout import (
     ArraySpec,
 )
 
-__all__ = ["Cache", "expand_metadata", "index_part_path", "open_cache", "read_manifest"]
+__all__ = ["Cache", "expand_metadata", "index_part_path", "open_cache", "read_manifest", "sequence_row"]
 
 _PART_NAME = re.compile(r"^index/part-\d{6}\.parquet$")
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
@@ -140,7 +140,8 @@ def expand_metadata(table: pa.Table) -> pa.Table:
 class Cache:
     """A read-only view of the committed part of a cache directory.
 
-    Per-sequence accessors take a row number ``i`` of ``index`` and return torch tensors.
+    Per-sequence accessors take a row number ``i`` of ``index`` (or a record id, e.g. ``"chat-1"``)
+    and return torch tensors.
     """
 
     def __init__(self, root: Path, manifest: dict[str, Any]):
@@ -271,35 +272,44 @@ class Cache:
             return tensor.view(torch.bfloat16)  # stored as the raw 16 bits (see store/layout.py)
         return tensor
 
-    def _span(self, i: int) -> tuple[int, int]:
+    def row_of(self, record_id: str) -> int:
+        """The row of the sequence whose record id is ``record_id``.
+
+        Raises:
+            KeyError: no sequence has that id, or several do (caches written before ids were unique).
+        """
+        return row_of(self, record_id)
+
+    def _span(self, i: int | str) -> tuple[int, int]:
+        i = sequence_row(self, i)
         if not 0 <= i < len(self):
             raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
         start = int(self._offsets[i])
         return start, start + int(self._lengths[i])
 
-    def hidden_states(self, i: int) -> torch.Tensor:
+    def hidden_states(self, i: int | str) -> torch.Tensor:
         """``[T, K, H]`` in the logical dtype; K follows ``layer_ids``."""
         return self._rows("hidden_states", *self._span(i))
 
-    def token_ids(self, i: int) -> torch.Tensor:
+    def token_ids(self, i: int | str) -> torch.Tensor:
         return self._rows("token_ids", *self._span(i)).long()
 
-    def target_argmax(self, i: int) -> torch.Tensor:
+    def target_argmax(self, i: int | str) -> torch.Tensor:
         """``[T]``: the target's greedy prediction for position t + 1, at each position t."""
         return self._rows("target_argmax", *self._span(i)).long()
 
-    def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_topk(self, i: int | str) -> tuple[torch.Tensor, torch.Tensor]:
         """(values ``[T, k]`` float32 logits, ids ``[T, k]`` int64), sorted descending."""
         start, stop = self._span(i)
         return self._rows("target_topk_values", start, stop), self._rows(
             "target_topk_ids", start, stop
         ).long()
 
-    def target_logsumexp(self, i: int) -> torch.Tensor:
+    def target_logsumexp(self, i: int | str) -> torch.Tensor:
         """``[T]`` float32 log-sum-exp of the full logits: top-k probs = exp(value - lse)."""
         return self._rows("target_logsumexp", *self._span(i))
 
-    def target_logits(self, i: int) -> torch.Tensor:
+    def target_logits(self, i: int | str) -> torch.Tensor:
         """``[T, V]`` float32 full logits (only in caches written with ``--full-logits``)."""
         return self._rows("target_logits", *self._span(i))
 
@@ -327,6 +337,39 @@ class Cache:
         return AutoTokenizer.from_pretrained(
             str(self.path / TARGET_DIR), local_files_only=True, trust_remote_code=False
         )
+
+
+def row_of(cache: Any, record_id: str) -> int:
+    """``cache.row_of``: the row holding ``record_id`` (a lookup table built once per cache)."""
+    rows = cache.__dict__.get("_rows_by_id")
+    if rows is None:
+        rows = {}
+        for row, rid in enumerate(cache.index.column("record_id").to_pylist()):
+            rows[rid] = -1 if rid in rows else row  # -1: several rows, ambiguous
+        cache.__dict__["_rows_by_id"] = rows
+    row = rows.get(record_id)
+    if row is None:
+        raise KeyError(f"no sequence has record id {record_id!r}; cache.index['record_id'] lists them")
+    if row < 0:
+        raise KeyError(f"several sequences have record id {record_id!r}; pass a row number instead")
+    return row
+
+
+def sequence_row(cache: Any, i: int | str) -> int:
+    """A sequence given as a row number or a record id, as a checked row number.
+
+    Raises:
+        TypeError: neither an int nor a str. KeyError: unknown record id. IndexError: row out of range.
+    """
+    if isinstance(i, str):
+        i = row_of(cache, i)
+    elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+        i = int(i)
+    else:
+        raise TypeError(f"a sequence is a row number (int) or a record id (str), not {type(i).__name__}")
+    if not 0 <= i < len(cache):
+        raise IndexError(f"sequence row {i} out of range for a cache of {len(cache)} sequences")
+    return i
 
 
 def _empty_index() -> pa.Table:

@@ -235,33 +235,39 @@ class ShardedCache:
             f"write one cache with `hscache merge {self.path} --into DEST`"
         )
 
-    def _locate(self, i: int) -> tuple[Any, int]:
-        if not 0 <= i < len(self):
-            raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
-        shard, local = self._order[i]
+    def row_of(self, record_id: str) -> int:
+        """The row of the sequence whose record id is ``record_id`` (as ``Cache.row_of``)."""
+        from hscache.store.reader import row_of
+
+        return row_of(self, record_id)
+
+    def _locate(self, i: int | str) -> tuple[Any, int]:
+        from hscache.store.reader import sequence_row
+
+        shard, local = self._order[sequence_row(self, i)]
         return self.shards[shard], local
 
-    def hidden_states(self, i: int) -> torch.Tensor:
+    def hidden_states(self, i: int | str) -> torch.Tensor:
         shard, local = self._locate(i)
         return shard.hidden_states(local)
 
-    def token_ids(self, i: int) -> torch.Tensor:
+    def token_ids(self, i: int | str) -> torch.Tensor:
         shard, local = self._locate(i)
         return shard.token_ids(local)
 
-    def target_argmax(self, i: int) -> torch.Tensor:
+    def target_argmax(self, i: int | str) -> torch.Tensor:
         shard, local = self._locate(i)
         return shard.target_argmax(local)
 
-    def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_topk(self, i: int | str) -> tuple[torch.Tensor, torch.Tensor]:
         shard, local = self._locate(i)
         return shard.target_topk(local)
 
-    def target_logsumexp(self, i: int) -> torch.Tensor:
+    def target_logsumexp(self, i: int | str) -> torch.Tensor:
         shard, local = self._locate(i)
         return shard.target_logsumexp(local)
 
-    def target_logits(self, i: int) -> torch.Tensor:
+    def target_logits(self, i: int | str) -> torch.Tensor:
         shard, local = self._locate(i)
         return shard.target_logits(local)
 

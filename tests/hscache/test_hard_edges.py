@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import hscache
@@ -189,3 +190,31 @@ def test_cache_files_are_readable_as_the_umask_says(bf16_cache):
     }
     assert modes["target/head.safetensors"] == want
     assert all(mode == want for mode in modes.values()), modes
+
+
+def test_sequences_by_record_id(bf16_cache):
+    cache = hscache.open_cache(bf16_cache)
+    rid = cache.index.column("record_id")[2].as_py()
+    assert torch.equal(cache.hidden_states(rid), cache.hidden_states(2))
+    assert torch.equal(cache.token_ids(rid), cache.token_ids(2))
+    with pytest.raises(KeyError, match="no sequence has record id 'nope'"):
+        cache.hidden_states("nope")
+    with pytest.raises(TypeError, match=r"row number \(int\) or a record id \(str\)"):
+        cache.hidden_states(1.5)
+
+
+def test_info_prints_kernels_as_text_and_an_empty_cache_without_a_ratio(bf16_cache, tmp_path):
+    from hscache.store.layout import ArraySpec
+    from hscache.store.reader import read_manifest
+    from hscache.store.writer import StoreWriter
+
+    result = CliRunner().invoke(main, ["info", str(bf16_cache)])
+    assert result.exit_code == 0, result.output
+    assert "{" not in result.output and "kernels torch: " in result.output
+    manifest = read_manifest(bf16_cache)
+    empty = tmp_path / "empty"
+    specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
+    StoreWriter.create(empty, specs, manifest["compression"], manifest["settings"])
+    result = CliRunner().invoke(main, ["info", str(empty)])
+    assert result.exit_code == 0, result.output
+    assert "x0.0" not in result.output and "no tokens yet" in result.output
