@@ -403,7 +403,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     out = Path(config.out)
     with use_backend(target.model, backend) as kernels:
         with _disk_errors(out, done):
-            provenance = _start_provenance(out, target, settings, kernels, prompts, resumed=done > 0)
+            provenance = _start_provenance(writer, target, settings, kernels, prompts, resumed=done > 0)
         progress.start(prompts.records, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings["batch_tokens"], skip=done):
@@ -415,10 +415,11 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
                 captured, copied = to_host_async(captured)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
+        # provenance.json first: the manifest that marks the cache complete also vouches for it.
+        provenance["timestamps"]["finished_at"] = utc_now()
+        with _disk_errors(out, writer.committed_sequences):
+            _write_provenance(writer, provenance)
         writer.finish()
-    provenance["timestamps"]["finished_at"] = utc_now()
-    with _disk_errors(out, writer.committed_sequences):
-        _write_provenance(out, provenance)
     progress.finish()
     return ExtractResult(
         out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
@@ -455,9 +456,14 @@ def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> Extract
 
 
 def _start_provenance(
-    out: Path, target: Target, settings: dict[str, Any], kernels: dict, prompts: _PromptSummary, resumed: bool
+    writer: StoreWriter,
+    target: Target,
+    settings: dict[str, Any],
+    kernels: dict,
+    prompts: _PromptSummary,
+    resumed: bool,
 ) -> dict[str, Any]:
-    existing = out / PROVENANCE
+    existing = writer.root / PROVENANCE
     if resumed and existing.is_file():
         provenance = json.loads(existing.read_text())
         provenance["timestamps"]["resumed_at"].append(utc_now())
@@ -470,10 +476,11 @@ def _start_provenance(
             num_records=prompts.records,
             started_at=utc_now(),
         )
-    _write_provenance(out, provenance)
+    _write_provenance(writer, provenance)
     return provenance
 
 
-def _write_provenance(out: Path, provenance: dict[str, Any]) -> None:
+def _write_provenance(writer: StoreWriter, provenance: dict[str, Any]) -> None:
+    """Through the writer: the manifest records provenance.json's checksum (store/integrity.py)."""
     schemas.validate(provenance, "provenance")
-    fsio.atomic_write_json(out / PROVENANCE, provenance)
+    writer.write_file(PROVENANCE, (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -32,12 +33,20 @@ from hscache.store.layout import (
     ArraySpec,
 )
 
-__all__ = ["Cache", "expand_metadata", "index_part_path", "open_cache", "read_manifest", "sequence_row"]
+__all__ = [
+    "Cache",
+    "expand_metadata",
+    "index_part_path",
+    "open_cache",
+    "read_manifest",
+    "sequence_row",
+    "check_integrity",
+]
 
 _PART_NAME = re.compile(r"^index/part-\d{6}\.parquet$")
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 _ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_OPEN_ATTEMPTS = 3
+_OPEN_ATTEMPTS = 5
 _TORCH_DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -317,7 +326,16 @@ class Cache:
         """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
         from safetensors.torch import load_file
 
-        tensors = load_file(str(self.path / TARGET_DIR / "head.safetensors"))
+        from hscache.store.integrity import SMALL_FILE_BYTES, digest_file
+
+        path = self.path / TARGET_DIR / "head.safetensors"
+        recorded = self.manifest.get("checksums", {}).get(f"{TARGET_DIR}/head.safetensors")
+        # open_cache hashed it if small; a big head is hashed here, once, as it is read anyway.
+        if recorded and recorded["bytes"] > SMALL_FILE_BYTES and digest_file(path) != recorded:
+            raise CacheFormatError(
+                f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
+            )
+        tensors = load_file(str(path))
         if "lm_head" not in tensors:
             tensors["lm_head"] = tensors["embed_tokens"]
         return tensors
@@ -336,6 +354,24 @@ class Cache:
         # The cache is data, never code: no remote code from tokenizer_config.json's auto_map.
         return AutoTokenizer.from_pretrained(
             str(self.path / TARGET_DIR), local_files_only=True, trust_remote_code=False
+        )
+
+
+def check_integrity(root: Path, manifest: dict[str, Any], digests: str = "small") -> None:
+    """Refuse a cache whose files disagree with the checksums recorded at commit (store/integrity.py):
+    its scores could silently change (an edited prompt_len, layer id, config, head).
+
+    Raises:
+        CacheFormatError: naming the first file that disagrees.
+    """
+    from hscache.store.integrity import check_cache
+
+    bad = [m for m in check_cache(Path(root), manifest, digests) if not m.warning]  # type: ignore[arg-type]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CacheFormatError(
+            f"{root}: {bad[0].message}{more}; the cache was changed after it was written and its scores "
+            f"cannot be trusted: run `hscache verify {root}`, then re-extract"
         )
 
 
@@ -386,7 +422,8 @@ def open_cache(path: str | Path) -> Cache:
 
     Raises:
         CacheNotFoundError: ``path`` holds no cache.
-        CacheFormatError: the manifest or index is damaged or of an unknown version.
+        CacheFormatError: the manifest or index is damaged or of an unknown version, or a file
+            disagrees with the checksum its commit recorded (sizes, and the digests of small files).
     """
     if "://" in str(path):
         from hscache.store.remote import open_remote_cache  # lazy: fsspec backends are optional
@@ -401,10 +438,17 @@ def open_cache(path: str | Path) -> Cache:
     for attempt in range(_OPEN_ATTEMPTS):
         manifest = read_manifest(root)
         try:
-            return Cache(root, manifest)
+            cache = Cache(root, manifest)
+            check_integrity(root, manifest)
+            return cache
         except CacheFormatError:
             # A running extraction may have compacted the index (and deleted the parts this
-            # manifest lists) between our two reads: retry on the newer manifest.
-            if attempt + 1 == _OPEN_ATTEMPTS or read_manifest(root) == manifest:
+            # manifest lists) between our two reads, or be between publishing a file and the
+            # manifest recording its checksum: retry on the newer manifest.
+            if attempt + 1 == _OPEN_ATTEMPTS:
                 raise
+            if read_manifest(root) == manifest:
+                if manifest.get("complete"):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
     raise AssertionError("unreachable")

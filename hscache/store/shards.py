@@ -352,4 +352,5 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
     writer.finish()
     shutil.copytree(first.path / TARGET_DIR, dest / TARGET_DIR)
     shutil.copy2(first.path / PROVENANCE, dest / PROVENANCE)
+    writer.record_files([TARGET_DIR, PROVENANCE])
     fsio.atomic_write_json(dest / SHARDS_FILE, document)

@@ -36,3 +36,22 @@ def test_drafter_files_are_readable_as_the_umask_says(trained_drafter: Path):
     want = 0o666 & ~_umask()
     modes = {p.name: p.stat().st_mode & 0o777 for p in trained_drafter.rglob("*") if p.is_file()}
     assert modes and all(mode == want for mode in modes.values()), modes
+
+
+def test_eval_refuses_a_cache_whose_index_was_edited(scorer_cache, trained_drafter, tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "edited"
+    shutil.copytree(scorer_cache, copy)
+    part = copy / json.loads((copy / "manifest.json").read_text())["index_parts"][0]
+    table = pq.read_table(part)
+    i = table.column_names.index("prompt_len")
+    table = table.set_column(i, "prompt_len", pa.array([1] * table.num_rows, pa.int32()))
+    pq.write_table(table, part)  # scores would silently change: every token after 1 is scored
+    result = CliRunner().invoke(main, ["eval", str(trained_drafter), "--cache", str(copy), "--ddtree", ""])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "index/part-" in line and "hscache verify" in line, result.output
