@@ -205,6 +205,10 @@ def main() -> None:
 @friendly_errors
 def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
     """Run the target once and write hidden states, token ids and target logits to a cache."""
+    from hscache.capture.prompts import resolve_prompts
+
+    if not options["tokens_from"]:
+        resolve_prompts(options["prompts"])  # a missing file is said before torch is imported (seconds)
     from hscache.capture.extract import ExtractConfig
 
     if (

@@ -13,12 +13,11 @@ import time
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError
@@ -47,12 +46,9 @@ _PART_NAME = re.compile(r"^index/part-\d{6}\.parquet$")
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 _ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _OPEN_ATTEMPTS = 5
-_TORCH_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "int32": torch.int32,
-}
+
+if TYPE_CHECKING:  # torch is imported when a tensor is first returned: `hscache info` never needs it
+    import torch
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -202,7 +198,9 @@ class Cache:
 
     @property
     def dtype(self) -> torch.dtype:
-        return _TORCH_DTYPES[self.specs["hidden_states"].logical_dtype]
+        import torch
+
+        return getattr(torch, self.specs["hidden_states"].logical_dtype)
 
     @cached_property
     def provenance(self) -> dict[str, Any]:
@@ -275,6 +273,8 @@ class Cache:
             a = b
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        import torch
+
         tensor = torch.from_numpy(np.ascontiguousarray(self.read_tokens(name, start, stop)))
         logical = self.specs[name].logical_dtype
         if logical == "bfloat16":

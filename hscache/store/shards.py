@@ -21,15 +21,17 @@ import re
 import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio
 from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "SHARDS_FILE",

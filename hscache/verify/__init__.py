@@ -19,7 +19,6 @@ from pathlib import Path
 
 from hscache.errors import InputError
 from hscache.store.layout import MANIFEST
-from hscache.verify.recompute import recompute_sequences
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
 from hscache.verify.scan import deep_decode, scan_sequences
 from hscache.verify.structure import check_structure
@@ -92,6 +91,8 @@ def verify_cache(path: str | os.PathLike, config: VerifyConfig | None = None) ->
         if config.deep:
             deep_decode(layout, report, tried)
         if config.recompute:
+            from hscache.verify.recompute import recompute_sequences  # loads the target: torch
+
             recompute_sequences(
                 layout,
                 report,
