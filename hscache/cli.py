@@ -190,12 +190,35 @@ def main() -> None:
     help="I/N: extract every N-th prompt from I into OUT/shard-IIIII-of-NNNNN "
     "(run N of these; open_cache(OUT) reads them as one).",
 )
+@click.option(
+    "--tokens-from",
+    default=None,
+    metavar="CACHE",
+    help="Take the prompts from another cache's token ids, record ids and metadata, replayed as they "
+    "are (--max-new-tokens 0): two caches on identical tokens, e.g. to compare kernels.",
+)
+@click.option(
+    "--suffix-duplicate-ids",
+    is_flag=True,
+    help="Rename a repeated record id to ID#2, ID#3, ... (default: refuse the prompts file).",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.pass_context
 @friendly_errors
-def extract(quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
+def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
     """Run the target once and write hidden states, token ids and target logits to a cache."""
+    from hscache.capture.prompts import resolve_prompts
+
+    if not options["tokens_from"]:
+        resolve_prompts(options["prompts"])  # a missing file is said before torch is imported (seconds)
     from hscache.capture.extract import ExtractConfig
+
+    if (
+        options["tokens_from"]
+        and ctx.get_parameter_source("max_new_tokens") is click.core.ParameterSource.DEFAULT
+    ):
+        options["max_new_tokens"] = 0  # a replay of the cache's tokens generates nothing
     from hscache.capture.extract import extract as run_extract
     from hscache.store.shards import parse_shard
 

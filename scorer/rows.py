@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from hscache.capture.target import check_device
-from hscache.store.dtypes import DTYPES, SCORER_DTYPES
+from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
-from scorer.errors import ScorerError
+from scorer.errors import IncompatibleCacheError
 from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -68,8 +68,12 @@ def load_drafter(
     Raises:
         CheckpointError / UntrustedCheckpointError / IncompatibleCacheError with one-line messages.
     """
-    if config.dtype not in SCORER_DTYPES:
-        raise ScorerError(f"--dtype {config.dtype!r}; choose one of {', '.join(SCORER_DTYPES)}")
+    if len(cache) == 0:
+        # Every metric would be "-": say why instead of printing an empty report with exit 0.
+        raise IncompatibleCacheError(
+            f"cache {cache.path} has no committed sequences, so there is nothing to score; "
+            f"see `hscache info {cache.path}` (an extraction still starting, or one that wrote nothing)"
+        )
     check_device(config.device)
     loaded = load_checkpoint(
         checkpoint,

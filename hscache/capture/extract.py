@@ -23,7 +23,10 @@ from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import CapturedSequence, capture_batch, greedy_continuation, to_host_async
 from hscache.capture.layers import parse_layer_spec
 from hscache.capture.prompts import (
+    DEFAULT_PROMPTS,
     PromptRecord,
+    cache_records,
+    cache_records_sha256,
     iter_records,
     prompt_token_ids,
     resolve_prompts,
@@ -88,6 +91,11 @@ class ExtractConfig:
     limit: int | None = None
     # (I, N): extract records n % N == I (after --limit) into OUT/shard-IIIII-of-NNNNN; see store/shards.py
     shard: tuple[int, int] | None = None
+    # Records sharing an id are refused; True renames the later ones "<id>#2", "<id>#3", ...
+    suffix_duplicate_ids: bool = False
+    # Another cache whose token ids (split at its prompt_len), record ids and metadata are the
+    # prompts, replayed as they are (max_new_tokens 0): two caches on identical tokens.
+    tokens_from: str | None = None
 
 
 @dataclass
@@ -117,11 +125,11 @@ class _PromptSummary:
 
 
 def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
-    """Stream the prompts once: every line parses, tokenizes, and fits --max-length."""
-    path = resolve_prompts(config.prompts)
+    """Stream the prompts once: every line parses, tokenizes, and fits --max-length; ids are unique."""
+    path = Path(config.tokens_from) if config.tokens_from else resolve_prompts(config.prompts)
     records = prompt_tokens = 0
-    for record in _selected(config, path):
-        length = len(prompt_token_ids(record, target.tokenizer))
+    for record in _selected(config):
+        length = len(prompt_token_ids(record, target.tokenizer, target.vocab_size))
         if length > config.max_length:
             raise PromptFileError(
                 f"record {record.record_id!r} (line {record.line_no}) has {length} prompt tokens, more than "
@@ -135,7 +143,8 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
             )
         records += 1
         prompt_tokens += length
-    return _PromptSummary(path, file_sha256(path), records, prompt_tokens)
+    sha256 = cache_records_sha256(path) if config.tokens_from else file_sha256(path)
+    return _PromptSummary(path, sha256, records, prompt_tokens)
 
 
 def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[PromptRecord]:
@@ -145,9 +154,32 @@ def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[Pro
         yield record
 
 
-def _selected(config: ExtractConfig, path: Path) -> Iterator[PromptRecord]:
+def _unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[PromptRecord]:
+    """Refuse a record id seen before (scores and diffs pair sequences by id), or suffix it."""
+    seen: dict[str, int] = {}
+    for record in records:
+        if record.record_id in seen:
+            if not suffix:
+                raise PromptFileError(
+                    f"record id {record.record_id!r} (line {record.line_no}) is used before, on line "
+                    f"{seen[record.record_id]}; give every record its own id, or pass --suffix-duplicate-ids"
+                )
+            n = 2
+            while f"{record.record_id}#{n}" in seen:
+                n += 1
+            record = replace(record, record_id=f"{record.record_id}#{n}")
+        seen[record.record_id] = record.line_no
+        yield record
+
+
+def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
     """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
-    records = _limited(iter_records(path), config.limit)
+    source = (
+        cache_records(config.tokens_from)
+        if config.tokens_from
+        else iter_records(resolve_prompts(config.prompts))
+    )
+    records = _limited(_unique_ids(source, config.suffix_duplicate_ids), config.limit)
     if config.shard is None:
         return records
     index, count = config.shard
@@ -285,11 +317,10 @@ def _batches(
     boundary) forms the same batches as an uninterrupted run.
     """
     batch: list[tuple[PromptRecord, list[int], int, str]] = []
-    records = _selected(config, resolve_prompts(config.prompts))
-    for n, record in enumerate(records):
+    for n, record in enumerate(_selected(config)):
         if n < skip:
             continue
-        prompt = prompt_token_ids(record, target.tokenizer)
+        prompt = prompt_token_ids(record, target.tokenizer, target.vocab_size)
         response = response_token_ids(record, target.tokenizer) if config.max_new_tokens == 0 else []
         if response:  # dataset text after the prompt, cached as is; scoring starts at the prompt's end
             ids, stop = prompt + response, "dataset"
@@ -321,15 +352,14 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     backend = resolve_backend(config.backend, config.device)
     target = load_target(config.model, config.dtype, config.device)
     layer_ids = parse_layer_spec(config.layers, target.num_layers)
-    if config.top_k < 1:
-        raise InputError(f"--top-k {config.top_k} must be at least 1")
+    _check_flags(config, target)
     prompts = _check_prompts(config, target)
     settings = _settings(config, target, layer_ids, backend, prompts)
     writer, done = _open_store(config, target, settings)
     out = Path(config.out)
     with use_backend(target.model, backend) as kernels:
         with _disk_errors(out, done):
-            provenance = _start_provenance(out, target, settings, kernels, prompts, resumed=done > 0)
+            provenance = _start_provenance(writer, target, settings, kernels, prompts, resumed=done > 0)
         progress.start(prompts.records, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings["batch_tokens"], skip=done):
@@ -341,14 +371,29 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
                 captured, copied = to_host_async(captured)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
+        # provenance.json first: the manifest that marks the cache complete also vouches for it.
+        provenance["timestamps"]["finished_at"] = utc_now()
+        with _disk_errors(out, writer.committed_sequences):
+            write_provenance(writer, provenance)
         writer.finish()
-    provenance["timestamps"]["finished_at"] = utc_now()
-    with _disk_errors(out, writer.committed_sequences):
-        write_provenance(out, provenance)
     progress.finish()
     return ExtractResult(
         out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
     )
+
+
+def _check_flags(config: ExtractConfig, target: Target) -> None:
+    """Every flag against the model, before anything is written: a cache is never left unresumable."""
+    if config.tokens_from and config.max_new_tokens != 0:
+        raise InputError(
+            f"--tokens-from replays {config.tokens_from}'s tokens as they are; pass --max-new-tokens 0"
+        )
+    if config.tokens_from and config.prompts != DEFAULT_PROMPTS:
+        raise InputError("--tokens-from takes the prompts from the cache; drop --prompts")
+    if not 1 <= config.top_k <= target.vocab_size:
+        raise InputError(
+            f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
+        )
 
 
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
@@ -367,9 +412,14 @@ def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> Extract
 
 
 def _start_provenance(
-    out: Path, target: Target, settings: dict[str, Any], kernels: dict, prompts: _PromptSummary, resumed: bool
+    writer: StoreWriter,
+    target: Target,
+    settings: dict[str, Any],
+    kernels: dict,
+    prompts: _PromptSummary,
+    resumed: bool,
 ) -> dict[str, Any]:
-    provenance = read_provenance(out) if resumed else {}
+    provenance = read_provenance(writer.root) if resumed else {}
     if provenance:
         provenance["timestamps"]["resumed_at"].append(utc_now())
     else:
@@ -381,5 +431,5 @@ def _start_provenance(
             num_records=prompts.records,
             started_at=utc_now(),
         )
-    write_provenance(out, provenance)
+    write_provenance(writer, provenance)
     return provenance

@@ -1,25 +1,31 @@
 """Read prompt records from JSONL, one at a time, and turn each into prompt token ids.
 
 A record is ``{"id", "prompt"}``, ``{"id", "messages"}`` (chat template applied when the
-tokenizer has one) or ``{"id", "input_ids"}``; any other key is kept as metadata.
+tokenizer has one; ShareGPT ``conversations`` of ``{"from", "value"}`` are read as messages) or
+``{"id", "input_ids"}``; any other key is kept as metadata. Chat data whose last turn is the
+assistant's carries its answer: that turn is the response (see ``response_token_ids``).
 The file is streamed: memory does not grow with its size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from hscache.errors import PromptFileError
 
+if TYPE_CHECKING:  # transformers is imported only where a tokenizer is really used (CLI start-up)
+    from transformers import PreTrainedTokenizerBase
+
 __all__ = [
     "DEFAULT_PROMPTS",
+    "cache_records",
+    "cache_records_sha256",
     "PromptRecord",
     "iter_records",
     "prompt_token_ids",
@@ -28,7 +34,18 @@ __all__ = [
 ]
 
 DEFAULT_PROMPTS = "builtin:default"
-_CONTENT_KEYS = ("prompt", "messages", "input_ids")
+_CONTENT_KEYS = ("prompt", "messages", "conversations", "input_ids")
+# ShareGPT speaker names (SpecForge / speculators data) -> chat roles.
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function_call": "assistant",
+    "observation": "tool",
+}
 _RESPONSE_KEYS = ("response", "prompt_len")
 
 
@@ -69,9 +86,12 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
     keys = [k for k in _CONTENT_KEYS if k in obj]
     if len(keys) != 1:
         raise PromptFileError(
-            f"{where}: a record needs exactly one of 'prompt', 'messages', 'input_ids' (found {keys or 'none'})"
+            f"{where}: a record needs exactly one of 'prompt', 'messages', 'conversations', 'input_ids' "
+            f"(found {keys or 'none'})"
         )
     content = obj[keys[0]]
+    if keys[0] == "conversations":
+        content, keys = _sharegpt_messages(where, content), ["messages"]
     if keys[0] == "prompt" and not (isinstance(content, str) and content):
         raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
     if keys[0] == "messages" and not (
@@ -90,9 +110,35 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
     ):
         raise PromptFileError(f"{where}: 'input_ids' must be a non-empty list of non-negative integers")
     content, response = _split_response(where, keys[0], content, obj)
+    if keys[0] == "messages" and len(content) > 1 and content[-1]["role"] == "assistant":
+        if "response" in obj or "prompt_len" in obj:
+            raise PromptFileError(
+                f"{where}: 'messages' ending in an assistant turn already carries its response; "
+                "drop 'response'/'prompt_len'"
+            )
+        # The last assistant turn is the dataset's answer: cached as is with --max-new-tokens 0.
+        content, response = content[:-1], content[-1]
     record_id = str(obj.get("id", line_no))
     metadata = {k: v for k, v in obj.items() if k not in (*_CONTENT_KEYS, *_RESPONSE_KEYS, "id")}
     return PromptRecord(line_no, record_id, keys[0], content, metadata, response)
+
+
+def _sharegpt_messages(where: str, turns: Any) -> list[dict[str, str]]:
+    """ShareGPT ``[{"from": "human"|"gpt"|..., "value": str}]`` as chat ``messages``."""
+    ok = (
+        isinstance(turns, list)
+        and turns
+        and all(
+            isinstance(t, dict) and t.get("from") in _SHAREGPT_ROLES and isinstance(t.get("value"), str)
+            for t in turns
+        )
+    )
+    if not ok:
+        raise PromptFileError(
+            f"{where}: 'conversations' must be a non-empty list of {{\"from\": human|gpt|system|tool, "
+            '"value": str} objects (ShareGPT)'
+        )
+    return [{"role": _SHAREGPT_ROLES[t["from"]], "content": t["value"]} for t in turns]
 
 
 def _split_response(where: str, key: str, content: Any, obj: dict[str, Any]) -> tuple[Any, Any]:
@@ -131,31 +177,136 @@ def iter_records(path: Path) -> Iterator[PromptRecord]:
         raise PromptFileError(f"prompts file {str(path)!r} has no records; add one JSON object per line")
 
 
-def prompt_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Token ids of the record's prompt (chat template applied to ``messages`` when present)."""
+def prompt_token_ids(
+    record: PromptRecord, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None
+) -> list[int]:
+    """Token ids of the record's prompt (chat template applied to ``messages`` when present).
+
+    ``vocab_size``: the target's embedding rows, which ``input_ids`` must stay below (a model may
+    have more rows than its tokenizer has entries, and generate those ids; default: the tokenizer's).
+    """
     if record.content_key == "input_ids":
         ids = list(record.content)
-        too_big = [t for t in ids if t >= len(tokenizer)]
-        if too_big:
-            raise PromptFileError(
-                f"record {record.record_id!r} (line {record.line_no}): token id {too_big[0]} is outside "
-                f"the tokenizer's vocabulary of {len(tokenizer)}"
-            )
+        _check_ids(record, ids + list(record.response or []), tokenizer, vocab_size)
         return ids
     if record.content_key == "messages":
-        if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(record.content, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            return list(ids)
-        text = "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in record.content)
-        return tokenizer(text, add_special_tokens=True)["input_ids"]
+        if isinstance(record.response, dict):
+            full, prompt = _chat_ids(record, tokenizer)
+            return full[: len(prompt)]
+        return _chat_prompt_ids(record.content, tokenizer)
     return tokenizer(record.content, add_special_tokens=True)["input_ids"]
 
 
 def response_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Token ids of the record's dataset continuation (empty when it has none)."""
+    """Token ids of the record's dataset continuation (empty when it has none).
+
+    For chat data it is the last assistant turn as the chat template renders it (with its end of
+    turn), while the prompt ends with the template's own assistant header.
+    """
     if record.response is None:
         return []
     if record.content_key == "input_ids":
         return list(record.response)
+    if isinstance(record.response, dict):
+        full, prompt = _chat_ids(record, tokenizer)
+        return full[len(prompt) :]
     return tokenizer(record.response, add_special_tokens=False)["input_ids"]
+
+
+def _check_ids(
+    record: PromptRecord, ids: list[int], tokenizer: PreTrainedTokenizerBase, vocab_size: int | None
+) -> None:
+    limit = vocab_size if vocab_size is not None else len(tokenizer)
+    too_big = [t for t in ids if t >= limit]
+    if too_big:
+        what = "the model's" if vocab_size is not None else "the tokenizer's"
+        raise PromptFileError(
+            f"record {record.record_id!r} (line {record.line_no}): token id {too_big[0]} is outside "
+            f"{what} vocabulary of {limit}"
+        )
+
+
+def _ids(encoded: Any) -> list[int]:
+    return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+
+
+def _chat_prompt_ids(messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        return _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return tokenizer(_plain_chat(messages), add_special_tokens=True)["input_ids"]
+
+
+def _plain_chat(messages: list[dict[str, str]]) -> str:
+    """Chat as text for a tokenizer without a chat template."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def _chat_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """(whole conversation, prompt up to and with the assistant header), tokenized as the model
+    would see the conversation; the prompt must be a prefix of the whole."""
+    messages = [*record.content, record.response]
+    if getattr(tokenizer, "chat_template", None):
+        full = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=True))
+    else:
+        # No template: the prompt ends with the assistant's name, as a template's header would.
+        text = _plain_chat([*record.content, {"role": "assistant", "content": ""}])
+        prompt = tokenizer(text, add_special_tokens=True)["input_ids"]
+        full = tokenizer(text + record.response["content"], add_special_tokens=True)["input_ids"]
+        return _checked_prefix(record, full, prompt)
+    prompt = _chat_prompt_ids(record.content, tokenizer)
+    return _checked_prefix(record, full, prompt)
+
+
+def _checked_prefix(record: PromptRecord, full: list[int], prompt: list[int]) -> tuple[list[int], list[int]]:
+    if full[: len(prompt)] != prompt:
+        raise PromptFileError(
+            f"record {record.record_id!r} (line {record.line_no}): the chat template does not render the "
+            "conversation as its prompt (with the assistant header) followed by the last assistant turn; "
+            "pass 'input_ids' with 'prompt_len' instead"
+        )
+    return full, prompt
+
+
+def cache_records(cache_path: str | Path) -> Iterator[PromptRecord]:
+    """Another cache's sequences as records: its token ids split at its prompt_len, with its record
+    ids and metadata (``extract --tokens-from``: two caches on identical tokens, e.g. two kernels).
+
+    Raises:
+        CacheNotFoundError / CacheFormatError: ``cache_path`` is not a readable cache.
+        PromptFileError: it holds no sequences.
+    """
+    from hscache.store.open import open_cache
+
+    cache = open_cache(cache_path)
+    if len(cache) == 0:
+        raise PromptFileError(f"--tokens-from {cache_path} holds no committed sequences")
+    index = cache.index
+    for row, (record_id, prompt_len, metadata) in enumerate(
+        zip(
+            index.column("record_id").to_pylist(),
+            index.column("prompt_len").to_pylist(),
+            index.column("metadata_json").to_pylist(),
+        )
+    ):
+        ids = cache.token_ids(row).tolist()
+        # A prompt of the whole sequence (prompt_len == length) is replayed as a prompt alone.
+        cut = max(1, int(prompt_len))
+        yield PromptRecord(
+            row + 1,
+            record_id,
+            "input_ids",
+            ids[:cut],
+            json.loads(metadata) if metadata else {},
+            ids[cut:] or None,
+        )
+
+
+def cache_records_sha256(cache_path: str | Path) -> str:
+    """What identifies ``cache_records``: every record id, prompt_len and token hash, in order."""
+    from hscache.store.open import open_cache
+
+    index = open_cache(cache_path).index
+    digest = hashlib.sha256()
+    for values in zip(*(index.column(c).to_pylist() for c in ("record_id", "prompt_len", "token_sha256"))):
+        digest.update(json.dumps(values).encode())
+    return digest.hexdigest()

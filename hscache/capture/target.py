@@ -67,6 +67,11 @@ class Target:
         return list(types) if types else ["full_attention"] * self.num_layers
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: every valid token id (may exceed the tokenizer's entries)."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    @property
     def mask_token_id(self) -> int | None:
         return getattr(self.tokenizer, "mask_token_id", None)
 
@@ -119,6 +124,11 @@ def _load_hf_directory(
         from transformers import AutoModelForImageTextToText as auto_cls
     else:
         auto_cls = AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    # transformers' own "Loading weights" bar would precede (and break) hscache's one-line errors.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         model = auto_cls.from_pretrained(directory, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
@@ -127,6 +137,9 @@ def _load_hf_directory(
             f"cannot load a model from {directory}: {exc}; the directory needs config.json, "
             "*.safetensors weights and tokenizer files"
         ) from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 

@@ -48,7 +48,14 @@ __all__ = [
 DEFAULT_POSITION_BUCKETS: tuple[int, ...] = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Provenance keys (and their sub-keys) that differ between any two runs; shown, not flagged.
 EXPECTED_DIFFERENCES: tuple[str, ...] = ("timestamps", "command_line", "hardware.hostname")
-_FIX = "compare only the sequences both caches hold with --intersect (intersect=True)"
+
+
+def _fix(cache_a: CacheView) -> str:
+    """How to get comparable caches: a subset now, or B re-extracted on A's very tokens."""
+    return (
+        "compare only the sequences both caches hold with --intersect, or compare on identical tokens: "
+        f"re-extract B from A's tokens with `hscache extract --tokens-from {cache_a.path} --out B2 ...`"
+    )
 
 
 def _keys(cache: CacheView) -> list[tuple[str, int]]:
@@ -95,13 +102,15 @@ def match_sequences(
             if not intersect:
                 raise CacheMismatchError(
                     f"caches are not comparable: sequence {key[0]!r} is in A "
-                    f"({cache_a.path}) but not in B ({cache_b.path}); {_FIX}"
+                    f"({cache_a.path}) but not in B ({cache_b.path}); {_fix(cache_a)}"
                 )
         elif sha_a[row_a] != sha_b[row_b]:
             mismatch.append(key[0])
             if not intersect:
                 what = _token_difference(cache_a, row_a, cache_b, row_b)
-                raise CacheMismatchError(f"caches are not comparable: sequence {key[0]!r} has {what}; {_FIX}")
+                raise CacheMismatchError(
+                    f"caches are not comparable: sequence {key[0]!r} has {what}; {_fix(cache_a)}"
+                )
         else:
             pairs.append((row_a, row_b))
     set_a = set(keys_a)  # built once: a set per key made this quadratic in the sequence count
@@ -109,7 +118,7 @@ def match_sequences(
     if only_b and not intersect:
         raise CacheMismatchError(
             f"caches are not comparable: sequence {only_b[0]!r} is in B "
-            f"({cache_b.path}) but not in A ({cache_a.path}); {_FIX}"
+            f"({cache_b.path}) but not in A ({cache_a.path}); {_fix(cache_a)}"
         )
     if not pairs:
         raise CacheMismatchError(

@@ -16,6 +16,7 @@ import schemas
 from hscache.errors import InputError
 from hscache.store import fsio
 from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE
+from hscache.store.writer import StoreWriter
 
 __all__ = ["clear_for_overwrite", "prepare_fresh_dir", "read_provenance", "write_provenance"]
 
@@ -65,7 +66,8 @@ def read_provenance(root: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def write_provenance(root: Path, provenance: dict[str, Any]) -> None:
-    """Validate ``provenance`` against schemas/provenance.schema.json and publish it atomically."""
+def write_provenance(writer: StoreWriter, provenance: dict[str, Any]) -> None:
+    """Validate ``provenance`` (schemas/provenance.schema.json) and publish it through ``writer``,
+    so that the next manifest records its checksum (store/integrity.py)."""
     schemas.validate(provenance, "provenance")
-    fsio.atomic_write_json(Path(root) / PROVENANCE, provenance)
+    writer.write_file(PROVENANCE, (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode())

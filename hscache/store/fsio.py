@@ -22,11 +22,34 @@ __all__ = [
     "file_sha256",
     "fsync_dir",
     "fsync_file",
+    "match_umask",
     "TEMP_MARK",
 ]
 
 # Every temp file hscache creates contains this mark, so a resume can find and delete leftovers.
 TEMP_MARK = ".hscache-tmp-"
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it (os.umask sets it: racy with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc: set and restore once, at import, before any thread runs
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def match_umask(path: Path) -> None:
+    """Give a file the mode the umask asks for: libraries that write through a private temp file
+    (safetensors) leave it 0600, which nobody else on a shared cluster can read."""
+    os.chmod(path, 0o666 & ~_UMASK)
 
 
 def fsync_file(path: Path) -> None:
@@ -58,6 +81,7 @@ def atomic_write_with(path: Path, write: Callable[[Path], object]) -> Path:
     tmp = path.with_name(f"{path.name}{TEMP_MARK}{uuid.uuid4().hex}")
     try:
         write(tmp)
+        match_umask(tmp)  # e.g. safetensors writes 0600: make it readable as the umask says
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:

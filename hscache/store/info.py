@@ -45,7 +45,9 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
             name: {
                 **spec.to_dict(),
                 "stored_bytes": stored[name],
-                "compression_ratio": round(raw[name] / stored[name], 3) if stored[name] else None,
+                "compression_ratio": round(raw[name] / stored[name], 3)
+                if stored[name] and raw[name]
+                else None,
             }
             for name, spec in cache.specs.items()
         },
@@ -53,16 +55,33 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
     }
 
 
+def _kernels(kernels: dict[str, str]) -> str:
+    """``kernel=backend`` pairs, grouped by backend: ``kernels torch (4: causal_conv1d_fn, ...)``."""
+    if not kernels:
+        return ""
+    by_backend: dict[str, list[str]] = {}
+    for name, backend in sorted(kernels.items()):
+        by_backend.setdefault(backend, []).append(name)
+    return "; kernels " + "; ".join(f"{b}: {', '.join(names)}" for b, names in sorted(by_backend.items()))
+
+
 def format_summary(s: dict[str, Any]) -> str:
+    """The summary as aligned text lines (``hscache info``)."""
     hidden = s["arrays"]["hidden_states"]
+    ratio = hidden["compression_ratio"]
+    compression = (
+        f"hidden states x{ratio} ({s['compression']})"
+        if s["tokens"] and ratio
+        else f"{s['compression']} compression, no tokens yet"
+    )
     lines = [
         f"cache      {s['path']} ({'complete' if s['complete'] else 'INCOMPLETE: resume with the same extract command'})",
         f"model      {s['model']}",
         f"sequences  {s['sequences']}  tokens {s['tokens']} ({s['generated_tokens']} generated)",
         f"layers     {s['layer_ids']}  types {s['layer_types']}",
-        f"dtype      {s['dtype']} on {s['device']}, backend {s['backend']} {s['kernels']}",
+        f"dtype      {s['dtype']} on {s['device']}, backend {s['backend']}{_kernels(s['kernels'])}",
         f"storage    {s['bytes_on_disk'] / 2**20:.2f} MiB, {s['bytes_per_token']} B/token, "
-        f"hidden states x{hidden['compression_ratio']} ({s['compression']}), chunk {hidden['chunk_tokens']} tokens",
+        f"{compression}, chunk {hidden['chunk_tokens']} tokens",
         f"mask id    {s['mask_token_id']}",
     ]
     return "\n".join(lines)

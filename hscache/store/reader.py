@@ -9,35 +9,38 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError
 from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
-from hscache.store.dtypes import tensor_from_stored, torch_dtype_of_logical
 from hscache.store.index import empty_index, expand_metadata, read_part
 from hscache.store.layout import (
     ARRAYS_GROUP,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
+    TARGET_DIR,
     ArraySpec,
 )
 from hscache.store.target_files import load_tokenizer, read_target_config, read_target_head, read_vocab_size
 
-__all__ = ["Cache", "open_local", "read_manifest"]
+__all__ = ["Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
 
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 _ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_OPEN_ATTEMPTS = 3
+_OPEN_ATTEMPTS = 5
+
+if TYPE_CHECKING:  # torch is imported when a tensor is first returned: `hscache info` never needs it
+    import torch
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -90,7 +93,8 @@ def _check_shape(path: Path, manifest: dict[str, Any]) -> None:
 class Cache:
     """A read-only view of the committed part of a cache directory.
 
-    Per-sequence accessors take a row number ``i`` of ``index`` and return torch tensors.
+    Per-sequence accessors take a row number ``i`` of ``index`` (or a record id, e.g. ``"chat-1"``)
+    and return torch tensors.
     """
 
     def __init__(self, root: Path, manifest: dict[str, Any]):
@@ -142,6 +146,8 @@ class Cache:
 
     @property
     def dtype(self) -> torch.dtype:
+        from hscache.store.dtypes import torch_dtype_of_logical
+
         return torch_dtype_of_logical(self.specs["hidden_states"].logical_dtype)
 
     @cached_property
@@ -214,6 +220,8 @@ class Cache:
             a = b
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        from hscache.store.dtypes import tensor_from_stored  # imports torch: not at `hscache info`
+
         return tensor_from_stored(self.read_tokens(name, start, stop), self.specs[name].logical_dtype)
 
     @property
@@ -226,45 +234,63 @@ class Cache:
         """int64 ``[len(self)]``: the tokens of each sequence (the index's ``length`` column)."""
         return self._lengths
 
-    def sequence_span(self, i: int) -> tuple[int, int]:
+    def row_of(self, record_id: str) -> int:
+        """The row of the sequence whose record id is ``record_id``.
+
+        Raises:
+            KeyError: no sequence has that id, or several do (caches written before ids were unique).
+        """
+        return row_of(self, record_id)
+
+    def sequence_span(self, i: int | str) -> tuple[int, int]:
         """``(first token, end token)`` of sequence row ``i`` in the token-major arrays.
 
         Raises:
             IndexError: ``i`` is not a committed row.
         """
+        i = sequence_row(self, i)
         if not 0 <= i < len(self):
             raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
         start = int(self._offsets[i])
         return start, start + int(self._lengths[i])
 
-    def hidden_states(self, i: int) -> torch.Tensor:
+    def hidden_states(self, i: int | str) -> torch.Tensor:
         """``[T, K, H]`` in the logical dtype; K follows ``layer_ids``."""
         return self._rows("hidden_states", *self.sequence_span(i))
 
-    def token_ids(self, i: int) -> torch.Tensor:
+    def token_ids(self, i: int | str) -> torch.Tensor:
         return self._rows("token_ids", *self.sequence_span(i)).long()
 
-    def target_argmax(self, i: int) -> torch.Tensor:
+    def target_argmax(self, i: int | str) -> torch.Tensor:
         """``[T]``: the target's greedy prediction for position t + 1, at each position t."""
         return self._rows("target_argmax", *self.sequence_span(i)).long()
 
-    def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_topk(self, i: int | str) -> tuple[torch.Tensor, torch.Tensor]:
         """(values ``[T, k]`` float32 logits, ids ``[T, k]`` int64), sorted descending."""
         start, stop = self.sequence_span(i)
         return self._rows("target_topk_values", start, stop), self._rows(
             "target_topk_ids", start, stop
         ).long()
 
-    def target_logsumexp(self, i: int) -> torch.Tensor:
+    def target_logsumexp(self, i: int | str) -> torch.Tensor:
         """``[T]`` float32 log-sum-exp of the full logits: top-k probs = exp(value - lse)."""
         return self._rows("target_logsumexp", *self.sequence_span(i))
 
-    def target_logits(self, i: int) -> torch.Tensor:
+    def target_logits(self, i: int | str) -> torch.Tensor:
         """``[T, V]`` float32 full logits (only in caches written with ``--full-logits``)."""
         return self._rows("target_logits", *self.sequence_span(i))
 
     def target_head(self) -> dict[str, torch.Tensor]:
         """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
+        from hscache.store.integrity import SMALL_FILE_BYTES, digest_file
+
+        path = self.path / TARGET_DIR / "head.safetensors"
+        recorded = self.manifest.get("checksums", {}).get(f"{TARGET_DIR}/head.safetensors")
+        # open_cache hashed it if small; a big head is hashed here, once, as it is read anyway.
+        if recorded and recorded["bytes"] > SMALL_FILE_BYTES and digest_file(path) != recorded:
+            raise CacheFormatError(
+                f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
+            )
         return read_target_head(self.path)
 
     @cached_property
@@ -277,21 +303,80 @@ class Cache:
         return load_tokenizer(self.path)
 
 
+def check_integrity(root: Path, manifest: dict[str, Any], digests: str = "small") -> None:
+    """Refuse a cache whose files disagree with the checksums recorded at commit (store/integrity.py):
+    its scores could silently change (an edited prompt_len, layer id, config, head).
+
+    Raises:
+        CacheFormatError: naming the first file that disagrees.
+    """
+    from hscache.store.integrity import check_cache
+
+    bad = [m for m in check_cache(Path(root), manifest, digests) if not m.warning]  # type: ignore[arg-type]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CacheFormatError(
+            f"{root}: {bad[0].message}{more}; the cache was changed after it was written and its scores "
+            f"cannot be trusted: run `hscache verify {root}`, then re-extract"
+        )
+
+
+def row_of(cache: Any, record_id: str) -> int:
+    """``cache.row_of``: the row holding ``record_id`` (a lookup table built once per cache)."""
+    rows = cache.__dict__.get("_rows_by_id")
+    if rows is None:
+        rows = {}
+        for row, rid in enumerate(cache.index.column("record_id").to_pylist()):
+            rows[rid] = -1 if rid in rows else row  # -1: several rows, ambiguous
+        cache.__dict__["_rows_by_id"] = rows
+    row = rows.get(record_id)
+    if row is None:
+        raise KeyError(f"no sequence has record id {record_id!r}; cache.index['record_id'] lists them")
+    if row < 0:
+        raise KeyError(f"several sequences have record id {record_id!r}; pass a row number instead")
+    return row
+
+
+def sequence_row(cache: Any, i: int | str) -> int:
+    """A sequence given as a row number or a record id, as a checked row number.
+
+    Raises:
+        TypeError: neither an int nor a str. KeyError: unknown record id. IndexError: row out of range.
+    """
+    if isinstance(i, str):
+        i = row_of(cache, i)
+    elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+        i = int(i)
+    else:
+        raise TypeError(f"a sequence is a row number (int) or a record id (str), not {type(i).__name__}")
+    if not 0 <= i < len(cache):
+        raise IndexError(f"sequence row {i} out of range for a cache of {len(cache)} sequences")
+    return i
+
+
 def open_local(path: str | Path) -> Cache:
     """Open the (unsharded, local) cache directory ``path`` read-only; see ``store.open.open_cache``.
 
     Raises:
         CacheNotFoundError: ``path`` holds no cache.
-        CacheFormatError: the manifest or index is damaged or of an unknown version.
+        CacheFormatError: the manifest or index is damaged or of an unknown version, or a file
+            disagrees with the checksum its commit recorded (sizes, and the digests of small files).
     """
     root = Path(path)
     for attempt in range(_OPEN_ATTEMPTS):
         manifest = read_manifest(root)
         try:
-            return Cache(root, manifest)
+            cache = Cache(root, manifest)
+            check_integrity(root, manifest)
+            return cache
         except CacheFormatError:
             # A running extraction may have compacted the index (and deleted the parts this
-            # manifest lists) between our two reads: retry on the newer manifest.
-            if attempt + 1 == _OPEN_ATTEMPTS or read_manifest(root) == manifest:
+            # manifest lists) between our two reads, or be between publishing a file and the
+            # manifest recording its checksum: retry on the newer manifest.
+            if attempt + 1 == _OPEN_ATTEMPTS:
                 raise
+            if read_manifest(root) == manifest:
+                if manifest.get("complete"):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
     raise AssertionError("unreachable")

@@ -21,18 +21,20 @@ import re
 import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio
 from hscache.store.index import INDEX_SCHEMA, expand_metadata
 from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
-from hscache.store.reader import Cache, open_local
+from hscache.store.reader import Cache, open_local, row_of, sequence_row
 from hscache.store.writer import SequenceRows, StoreWriter
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "SHARDS_FILE",
@@ -245,38 +247,43 @@ class ShardedCache:
             f"write one cache with `hscache merge {self.path} --into DEST`"
         )
 
-    def locate(self, i: int) -> tuple[Cache, int]:
+    def row_of(self, record_id: str) -> int:
+        """The row of the sequence whose record id is ``record_id`` (as ``Cache.row_of``)."""
+        return row_of(self, record_id)
+
+    def locate(self, i: int | str) -> tuple[Cache, int]:
         """``(shard, local row)`` holding global row ``i`` (round-robin: shard ``i % N``, row ``i // N``).
 
         Raises:
             IndexError: ``i`` is not a row of the view.
         """
+        i = sequence_row(self, i)
         if not 0 <= i < len(self):
             raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
         shard, local = self._order[i]
         return self.shards[shard], local
 
-    def hidden_states(self, i: int) -> torch.Tensor:
+    def hidden_states(self, i: int | str) -> torch.Tensor:
         shard, local = self.locate(i)
         return shard.hidden_states(local)
 
-    def token_ids(self, i: int) -> torch.Tensor:
+    def token_ids(self, i: int | str) -> torch.Tensor:
         shard, local = self.locate(i)
         return shard.token_ids(local)
 
-    def target_argmax(self, i: int) -> torch.Tensor:
+    def target_argmax(self, i: int | str) -> torch.Tensor:
         shard, local = self.locate(i)
         return shard.target_argmax(local)
 
-    def target_topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_topk(self, i: int | str) -> tuple[torch.Tensor, torch.Tensor]:
         shard, local = self.locate(i)
         return shard.target_topk(local)
 
-    def target_logsumexp(self, i: int) -> torch.Tensor:
+    def target_logsumexp(self, i: int | str) -> torch.Tensor:
         shard, local = self.locate(i)
         return shard.target_logsumexp(local)
 
-    def target_logits(self, i: int) -> torch.Tensor:
+    def target_logits(self, i: int | str) -> torch.Tensor:
         shard, local = self.locate(i)
         return shard.target_logits(local)
 
@@ -357,4 +364,5 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
     writer.finish()
     shutil.copytree(first.path / TARGET_DIR, dest / TARGET_DIR)
     shutil.copy2(first.path / PROVENANCE, dest / PROVENANCE)
+    writer.record_files([TARGET_DIR, PROVENANCE])
     fsio.atomic_write_json(dest / SHARDS_FILE, document)

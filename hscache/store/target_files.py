@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hscache.store import fsio
 from hscache.store.layout import TARGET_DIR
+
+if TYPE_CHECKING:  # torch only for hints: `hscache info` reads target/config.json without it
+    import torch
 
 __all__ = [
     "HEAD_FILE",
@@ -55,6 +56,7 @@ def write_target_dir(
         save_file(tensors, str(staging / HEAD_FILE), metadata={"tied": str(tied).lower()})
     except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
         raise OSError(f"cannot write {staging / HEAD_FILE}: {exc}") from exc
+    fsio.match_umask(staging / HEAD_FILE)  # safetensors writes it 0600
     for path in staging.iterdir():
         fsio.fsync_file(path)
     shutil.rmtree(out / TARGET_DIR, ignore_errors=True)

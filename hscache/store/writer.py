@@ -26,7 +26,7 @@ import zarr
 
 import schemas
 from hscache.errors import StoreWriteError
-from hscache.store import fsio
+from hscache.store import fsio, integrity
 from hscache.store.index import INDEX_SCHEMA, parquet_bytes
 from hscache.store.layout import (
     ARRAYS_GROUP,
@@ -35,6 +35,8 @@ from hscache.store.layout import (
     FORMAT_VERSION,
     INDEX_DIR,
     MANIFEST,
+    PROVENANCE,
+    TARGET_DIR,
     ArraySpec,
     chunk_key,
     codecs_for,
@@ -174,6 +176,12 @@ class StoreWriter:
             "index_parts": [],
             "complete": False,
             "updated_at": time.time(),
+            # Every non-chunk file, as written (store/integrity.py); target/ and provenance.json
+            # when they exist already (hscache extract writes target/ first).
+            "checksums": {
+                rel: integrity.digest_file(Path(root) / rel)
+                for rel in integrity.files_under(Path(root), [TARGET_DIR, PROVENANCE])
+            },
         }
         try:
             Path(root).mkdir(parents=True, exist_ok=True)
@@ -271,8 +279,10 @@ class StoreWriter:
             if resized:
                 fsio.fsync_file(self.root / ARRAYS_GROUP / name / "zarr.json")
         part_name = self._next_part_name()
-        fsio.atomic_write_bytes(self.root / part_name, parquet_bytes(self._index_rows(self.pending)))
+        part = parquet_bytes(self._index_rows(self.pending))
+        fsio.atomic_write_bytes(self.root / part_name, part)
         self.manifest["index_parts"] = [*self.manifest["index_parts"], part_name]
+        self._record(part_name, part)
         self._publish_manifest(
             self.committed_sequences + len(self.pending), self.committed_tokens + self.pending_tokens
         )
@@ -329,8 +339,38 @@ class StoreWriter:
         tokens = self.committed_tokens if tokens is None else tokens
         self.manifest["committed"] = {"sequences": sequences, "tokens": tokens}
         self.manifest["updated_at"] = time.time()
+        integrity.seal(self.manifest)
         schemas.validate(self.manifest, "manifest")
         fsio.atomic_write_json(self.root / MANIFEST, self.manifest)
+
+    def _record(self, rel: str, data: bytes, replaces: Iterable[str] = ()) -> None:
+        """Note ``rel``'s checksum for the next manifest (caches from before checksums: nothing)."""
+        checksums = self.manifest.get("checksums")
+        if checksums is None:
+            return
+        for old in replaces:
+            checksums.pop(old, None)
+        checksums[rel] = integrity.digest_bytes(data)
+
+    def write_file(self, rel: str, data: bytes) -> None:
+        """Publish a side file (e.g. provenance.json) atomically and record its checksum in a new
+        manifest, so that the cache never holds a file its manifest does not vouch for.
+
+        Raises:
+            StoreWriteError: a write failed.
+        """
+        with self._store_errors():
+            fsio.atomic_write_bytes(self.root / rel, data)
+            self._record(rel, data)
+            self._publish_manifest()
+
+    def record_files(self, rels: Iterable[str]) -> None:
+        """Record the checksums of files written by others (directories: every file below)."""
+        with self._store_errors():
+            if "checksums" in self.manifest:
+                for rel in integrity.files_under(self.root, rels):
+                    self.manifest["checksums"][rel] = integrity.digest_file(self.root / rel)
+            self._publish_manifest()
 
     def finish(self) -> None:
         """Commit, compact the index into one part, trim arrays to their length, mark complete.
@@ -348,8 +388,10 @@ class StoreWriter:
             if len(parts) > 1:
                 table = pa.concat_tables([pq.read_table(self.root / p) for p in parts])
                 compacted = self._next_part_name()
-                fsio.atomic_write_bytes(self.root / compacted, parquet_bytes(table))
+                data = parquet_bytes(table)
+                fsio.atomic_write_bytes(self.root / compacted, data)
                 self.manifest["index_parts"] = [compacted]
+                self._record(compacted, data, replaces=parts)
                 self._publish_manifest()
                 for old in parts:
                     (self.root / old).unlink(missing_ok=True)

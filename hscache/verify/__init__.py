@@ -19,7 +19,6 @@ from pathlib import Path
 
 from hscache.errors import InputError
 from hscache.store.layout import MANIFEST
-from hscache.verify.recompute import recompute_sequences
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
 from hscache.verify.scan import deep_decode, scan_sequences
 from hscache.verify.structure import check_structure
@@ -49,7 +48,7 @@ class VerifyConfig:
     seed: int = 0  # which sequences recompute samples
 
 
-_ATTEMPTS = 3
+_ATTEMPTS = 5
 
 
 def _manifest_bytes(root: Path) -> bytes | None:
@@ -79,14 +78,21 @@ def verify_cache(path: str | os.PathLike, config: VerifyConfig | None = None) ->
         manifest_before = _manifest_bytes(Path(path))
         report = VerifyReport(path=str(path), deep=config.deep)
         layout = check_structure(Path(path), report)
-        # A running extraction may compact the index (deleting listed parts) while we read it.
-        if report.checks["index"] != "failed" or _manifest_bytes(Path(path)) == manifest_before:
+        # A running extraction may compact the index (deleting listed parts) while we read it, or
+        # be between publishing a file (provenance.json) and the manifest recording its checksum.
+        if not any(report.checks[c] == "failed" for c in ("manifest", "index", "files")):
             break
+        if _manifest_bytes(Path(path)) == manifest_before:
+            if layout is None or layout.manifest.get("complete"):
+                break
+            time.sleep(0.05 * (_attempt + 1))
     if layout is not None:
         tried = scan_sequences(layout, report)
         if config.deep:
             deep_decode(layout, report, tried)
         if config.recompute:
+            from hscache.verify.recompute import recompute_sequences  # loads the target: torch
+
             recompute_sequences(
                 layout,
                 report,

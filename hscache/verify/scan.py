@@ -22,7 +22,11 @@ __all__ = ["as_float32", "deep_decode", "scan_sequences"]
 
 # A sequence's mean token norm is an outlier when its robust z-score (median/MAD) exceeds this.
 OUTLIER_Z = 6.0
-_MIN_SEQUENCES_FOR_OUTLIERS = 5
+# ... and only with enough sequences for a median/MAD to mean anything (7 is too few: the MAD of
+# near-identical prompts is tiny), and only when the deviation is large in itself: real damage
+# (zeroed layers, a wrong layer, overflow) moves the norm by far more than this fraction.
+_MIN_SEQUENCES_FOR_OUTLIERS = 10
+OUTLIER_MIN_RELATIVE = 0.25
 
 
 def as_float32(raw: np.ndarray, logical_dtype: str) -> np.ndarray:
@@ -193,7 +197,8 @@ def _layer_stats(
                 "norms",
                 f"layer {layer_id}: mean token norm "
                 f"{acc.norm_sum[seq, k] / max(1, acc.finite_rows[seq, k]):.4g} is an outlier "
-                f"(layer mean {mean:.4g}; robust z > {OUTLIER_Z})",
+                f"(layer mean {mean:.4g}; robust z > {OUTLIER_Z} and over {OUTLIER_MIN_RELATIVE:.0%} "
+                "from the median)",
                 seq,
                 array="hidden_states",
                 layer_id=layer_id,
@@ -213,7 +218,8 @@ def _layer_stats(
 
 
 def _robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray) -> list[int]:
-    """Sequences whose mean norm is > OUTLIER_Z robust standard deviations (1.4826 * MAD) away."""
+    """Sequences whose mean norm is > OUTLIER_Z robust standard deviations (1.4826 * MAD) and more
+    than OUTLIER_MIN_RELATIVE of the median away from the median."""
     usable = trusted & (rows > 0)
     if usable.sum() < _MIN_SEQUENCES_FOR_OUTLIERS:
         return []
@@ -222,7 +228,9 @@ def _robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray
     mad = np.nanmedian(np.abs(means - median)) * 1.4826
     if not mad > 0:
         return []
-    return [int(s) for s in np.flatnonzero(usable & (np.abs(means - median) > OUTLIER_Z * mad))]
+    deviation = np.abs(means - median)
+    far = (deviation > OUTLIER_Z * mad) & (deviation > OUTLIER_MIN_RELATIVE * abs(median))
+    return [int(s) for s in np.flatnonzero(usable & far)]
 
 
 def deep_decode(layout: CacheLayout, report: VerifyReport, tried: dict[tuple[str, int], bool]) -> None:

@@ -21,6 +21,7 @@ import zarr
 import schemas
 from hscache.errors import CacheFormatError
 from hscache.store.index import INDEX_SCHEMA, index_part_path
+from hscache.store.integrity import check_cache
 from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, TARGET_DIR, ArraySpec, chunk_key
 from hscache.store.reader import read_manifest
 from hscache.verify.report import Problem, VerifyReport
@@ -102,6 +103,7 @@ def check_structure(root: Path, report: VerifyReport) -> CacheLayout | None:
     layout.arrays = _check_arrays(layout, report)
     _check_chunk_files(layout, report)
     _check_side_files(root, manifest, report)
+    _check_checksums(root, manifest, report)
     report.passed("files")
     return layout
 
@@ -253,6 +255,16 @@ def _check_chunk_files(layout: CacheLayout, report: VerifyReport) -> None:
                 report.add(layout.problem("files", message, seq, array=name, chunk=chunk))
 
 
+def _check_checksums(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+    """Every non-chunk file (and the manifest itself) against the checksums recorded at commit."""
+    for mismatch in check_cache(root, manifest, digests="all"):
+        check = "manifest" if mismatch.path == "manifest.json" else "files"
+        message = mismatch.message
+        if not mismatch.warning:
+            message += ": edited or damaged after it was written, so scores from this cache cannot be trusted"
+        report.add(Problem(check, message), warning=mismatch.warning)
+
+
 def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
     """target/ complete, provenance.json valid, and no symlink that leads out of the cache."""
     for name in _TARGET_FILES:
@@ -264,7 +276,7 @@ def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport
             schemas.validate(json.loads(provenance.read_text()), "provenance")
         except (ValueError, schemas.SchemaError) as exc:
             report.add(Problem("files", f"{PROVENANCE} is invalid: {exc}"))
-    elif manifest["complete"]:
+    elif manifest["complete"] and PROVENANCE not in manifest.get("checksums", {}):
         report.add(Problem("files", f"{PROVENANCE} is missing from a complete cache"), warning=True)
     resolved_root = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):

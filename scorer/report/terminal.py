@@ -91,13 +91,21 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         "tau pooled",
         "delta per request [95%]",
         "delta pooled [95%]",
+        "deltas over",
         "rounds changed",
     ):
         table.add_column(col)
     base = result["reports"][0]
     table.add_row(
-        base["cache"]["path"], _f(base["tau"]["per_request"]), _f(base["tau"]["pooled"]), "(base)", "", ""
+        base["cache"]["path"],
+        _f(base["tau"]["per_request"]),
+        _f(base["tau"]["pooled"]),
+        "(base)",
+        "",
+        f"{base['requests']} requests",
+        "",
     )
+    notes = []
     for report, comp in zip(result["reports"][1:], result["comparisons"]):
         d = comp["delta"]
         cell = lambda x: "-" if x is None else f"{x['delta']:+.3f} [{x['lo']:+.2f}, {x['hi']:+.2f}]"
@@ -107,6 +115,17 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
             _f(report["tau"]["pooled"]),
             cell(d["per_request"]),
             cell(d["pooled"]),
+            f"{comp['requests_compared']} of {max(base['requests'], report['requests'])} requests",
             f"{comp['rounds_with_changed_acceptance']} of {comp.get('rounds_compared', '?')}",
         )
+        unpaired = sum(len(ids) for ids in comp.get("requests_left_out", {}).values())
+        if unpaired:
+            notes.append(
+                f"{report['cache']['path']}: the deltas pair only {comp['requests_compared']} requests "
+                f"(same record id and token ids); {unpaired} are left out, while the tau columns are over "
+                f"each cache's own requests. To compare on identical tokens, re-extract it from the base's "
+                f"tokens: hscache extract --tokens-from {base['cache']['path']} --out NEW ..."
+            )
     console.print(table)
+    for note in notes:
+        console.print(f"[bold yellow]note:[/] {note}")

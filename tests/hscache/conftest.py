@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def bucket(tmp_path_factory: pytest.TempPathFactory):
     port = _free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    # moto's backends are process-global: a bucket made by another module's server is still there.
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST"))
     with pytest.MonkeyPatch.context() as env:
         for key, value in {
             "AWS_ACCESS_KEY_ID": "testing",

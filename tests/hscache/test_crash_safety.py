@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import hscache
 from hscache.cli import main
 from hscache.errors import ResumeMismatchError, StoreWriteError
-from hscache.store import fsio
+from hscache.store import fsio, integrity
 from hscache.store.layout import array_specs
 from hscache.store.writer import SequenceRows, StoreWriter
 from hscache.verify import VerifyConfig, verify_cache
@@ -237,7 +237,9 @@ def test_compaction_crash_windows_never_show_duplicates(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- disk full
 
 
-@pytest.mark.parametrize("where,fail_at", [("index_or_manifest", 5), ("chunk", 40)])
+# index_or_manifest: writes 1-3 are the first manifest, provenance.json and the manifest recording it;
+# the 6th is the second commit's index part.
+@pytest.mark.parametrize("where,fail_at", [("index_or_manifest", 6), ("chunk", 40)])
 def test_disk_full_keeps_the_committed_part_and_resumes_identically(
     tmp_path, small_cache, monkeypatch, where, fail_at
 ):
@@ -351,6 +353,7 @@ def test_resume_removes_leftovers_of_a_killed_run(tmp_path, small_cache):
     out = small_cache.copy(tmp_path / "c")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["complete"] = False
+    integrity.seal(manifest)  # as a killed run's manifest would be
     (out / "manifest.json").write_text(json.dumps(manifest))
     junk = [
         out / "arrays" / "hidden_states" / "c" / "0" / "0" / "0.abc.partial",

@@ -40,7 +40,9 @@ def test_malformed_jsonl_line_names_its_line_number(tmp_path):
 def test_record_without_content_key(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "hi"}])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
-    _assert_one_line_error(code, text, "p.jsonl:1:", "exactly one of 'prompt', 'messages', 'input_ids'")
+    _assert_one_line_error(
+        code, text, "p.jsonl:1:", "exactly one of 'prompt', 'messages', 'conversations', 'input_ids'"
+    )
 
 
 def test_empty_prompts_file(tmp_path):
@@ -84,7 +86,7 @@ def test_prompt_longer_than_max_length(tmp_path):
 def test_out_of_vocabulary_input_ids(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "input_ids": [1, 2, 99999]}])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
-    _assert_one_line_error(code, text, "token id 99999 is outside the tokenizer's vocabulary of 512")
+    _assert_one_line_error(code, text, "token id 99999 is outside the model's vocabulary of 512")
 
 
 def test_fla_backend_on_a_cpu_machine(tmp_path):

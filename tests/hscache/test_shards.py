@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import hscache
 from hscache.cli import main
 from hscache.store.blocks import read_rows
+from hscache.store.integrity import content_sha256
 from hscache.store.shards import ShardedCache, merge_shards, parse_shard
 from pipelines.sharded_extract import sharded_extract
 
@@ -95,6 +96,7 @@ def test_shards_with_different_settings_are_refused(sharded, tmp_path):
     manifest_path = copy / "shard-00001-of-00002" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["settings"]["max_new_tokens"] = 7
+    manifest["content_sha256"] = content_sha256(manifest)  # as if extracted so, not edited
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(
         hscache.CacheFormatError,

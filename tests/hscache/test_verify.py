@@ -233,3 +233,20 @@ def test_bad_input_is_one_error_line_and_exit_2(small_cache, tmp_path, args, fra
     assert result.exit_code == 2, result.output
     text = result.output.strip()
     assert text.startswith("error: ") and "\n" not in text and fragment in text, text
+
+
+@pytest.mark.parametrize(
+    "means, expected",
+    [
+        ([10.0, 10.001, 9.999, 10.0, 10.002, 9.998, 10.2], []),  # 7 sequences: too few to judge
+        ([10.0, 10.001, 9.999, 10.0, 10.002, 9.998, 10.001, 9.999, 10.0, 10.0, 10.0, 10.2], []),  # 2%
+        ([10.0, 10.001, 9.999, 10.0, 10.002, 9.998, 10.001, 9.999, 10.0, 10.0, 10.0, 0.0], [11]),  # zeroed
+        ([10.0, 10.001, 9.999, 10.0, 10.002, 9.998, 10.001, 9.999, 10.0, 10.0, 10.0, 30.0], [11]),
+    ],
+)
+def test_norm_outliers_need_enough_sequences_and_a_large_deviation(means, expected):
+    """Issue #14: a 2% norm difference on a 7-sequence cache was a "robust z > 6" warning."""
+    from hscache.verify.scan import _robust_outliers
+
+    rows = np.full(len(means), 4)
+    assert _robust_outliers(np.array(means) * rows, rows, np.ones(len(means), bool)) == expected

@@ -64,3 +64,23 @@ def test_no_common_request_gives_no_delta() -> None:
     )
     assert comp["requests_compared"] == 0 and comp["delta"] == {"per_request": None, "pooled": None}
     assert comp["requests_left_out"]["different_tokens"] == ["x"]
+
+
+def test_comparison_table_says_how_many_requests_each_delta_is_over() -> None:
+    """Issue #14: "tau 7.750 vs 2.166" beside "delta +0.000" with 1 of 7 requests paired read as a
+    contradiction; the table must name the paired count and say how to compare on identical tokens."""
+    from rich.console import Console
+
+    from scorer.report.terminal import render_comparison
+
+    base = _report("A", [_row(i, f"r{i}", f"s{i}", [4, 8], [3, 3]) for i in range(7)])
+    other = _report("B", [_row(0, "r0", "s0", [4, 8], [3, 3])] + [
+        _row(i, f"r{i}", f"other{i}", [4], [0]) for i in range(1, 7)
+    ])  # fmt: skip
+    base["requests"], other["requests"] = 7, 7
+    result = {"reports": [base, other], "comparisons": [compare_reports(base, other, _CONFIG)]}
+    console = Console(record=True, width=300)
+    render_comparison(result, console)
+    text = console.export_text()
+    assert "1 of 7 requests" in text
+    assert "6 are left out" in text and "hscache extract --tokens-from A" in text
