@@ -67,7 +67,9 @@ def writer_overhead(tmp: Path, sequences: int, seq_len: int, dtype: str, repeats
         dtype=dtype,
         max_length=seq_len + 1,
     )
-    hscache.extract(hscache.ExtractConfig(**{**config.__dict__, "out": str(tmp / "warm"), "limit": 1}))
+    hscache.extract(
+        hscache.ExtractConfig(**{**config.__dict__, "out": str(tmp / "warm"), "limit": 1})
+    )
     bare, ours = float("inf"), float("inf")
     for _ in range(repeats):  # interleaved: a load spike hits one run, not all runs of one side
         bare = min(bare, _bare_forward_s(prompts, layers, dtype))
