@@ -114,6 +114,10 @@ class Runner:
         self.report = report
         self.deadline = time.perf_counter() + budget_s
 
+    def remaining(self) -> float:
+        """Seconds left before no further step starts."""
+        return self.deadline - time.perf_counter()
+
     def step(self, name: str, fn: Callable[[], dict[str, Any]], needs: tuple[str, ...] = ()) -> Any:
         """Run ``fn`` as step ``name`` unless done already, out of time, or a needed step failed.
 
@@ -212,10 +216,6 @@ def run_all(runner: Runner, plan: Any, work: Path, wheels: Path, run_pytest: boo
     work.mkdir(parents=True, exist_ok=True)
     runner.step("install", partial(steps.install, plan, wheels))
     env = runner.step("environment", partial(steps.environment, plan)) or {}
-    runner.step(
-        "pytest_gpu",
-        partial(steps.pytest_gpu, plan) if run_pytest else partial(steps.skipped, "--skip-pytest"),
-    )
     models = {"builtin": "builtin:tiny-qwen3.5", "real": str(work / "real-target")}
     layers = {"builtin": plan.builtin_layers, "real": plan.real_layers}
     sizes = {
@@ -240,6 +240,10 @@ def run_all(runner: Runner, plan: Any, work: Path, wheels: Path, run_pytest: boo
             supported,
         )
         runner.step(f"throughput.extract.b{batch or 'default'}", run)
+    # Last: the figures above matter most, and pytest gets whatever time is left (at least 60 s).
+    timeout = max(60.0, min(plan.pytest_timeout_s, runner.remaining() + 60.0))
+    run = partial(steps.pytest_gpu, plan, timeout) if run_pytest else partial(steps.skipped, "--skip-pytest")
+    runner.step("pytest_gpu", run)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -102,7 +102,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for _, r in _ok(steps, "throughput.extract.")
     ]
     rows += [
-        ["eval", "-", name.split(".")[-1], r["attention_backend"], r["tokens_per_s"], None]
+        [
+            f"eval {name.split('.')[0]} {name.split('.')[2]}",
+            "-",
+            r["device"],
+            r["attention_backend"],
+            r["tokens_per_s"],
+            None,
+        ]
         for name, r in _ok(steps, "")
         if ".eval." in name
     ]

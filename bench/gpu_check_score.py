@@ -42,6 +42,7 @@ def eval_cache(plan: Plan, target: str, drafter: Path, cache: Path, device: str,
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return {
         "json": str(out),
+        "device": device,
         "tau_per_request": report["tau"]["per_request"],
         "tau_pooled": report["tau"]["pooled"],
         "ddtree": report["ddtree"],
@@ -85,7 +86,7 @@ def tau_summary(evals: dict[tuple[str, str], dict[str, Any] | None], reference: 
     return {"reference": reference, "caches": rows}
 
 
-def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path, rows: int = 4) -> dict[str, Any]:
+def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path) -> dict[str, Any]:
     """The drafter's block states on the same blocks with flex_attention and with SDPA, per dtype."""
     import torch
 
@@ -101,7 +102,7 @@ def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path, rows: int = 4) -> 
         B = model.config.block_size
         num = den = 0.0
         max_abs, agree, total = 0.0, 0, 0
-        for row in range(min(rows, len(cache))):
+        for row in range(min(plan.flex_rows, len(cache))):
             tokens = cache.token_ids(row)
             features = sequence_features(cache.hidden_states(row), index, dtype, plan.gpu)
             anchors = torch.arange(1, len(tokens) - 1, device=plan.gpu)

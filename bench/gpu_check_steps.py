@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # Installed from the carried wheels; setuptools builds the editable install without network.
 TOP_LEVEL = (
-    "setuptools",
+    "setuptools>=77",
     "zarr",
     "numcodecs",
     "dask",
@@ -60,6 +60,7 @@ class Plan:
     throughput_min_prompts: int
     pytest_args: list[str] = field(default_factory=list)
     pytest_timeout_s: int = 180
+    flex_rows: int = 4  # sequences of the reference cache drafted with flex and with SDPA
 
     @classmethod
     def for_gpu(cls) -> Plan:
@@ -69,8 +70,8 @@ class Plan:
             gpu="cuda",
             fla_backend="fla",
             budget_s=420.0,
-            builtin_limit=20,
-            builtin_new_tokens=64,
+            builtin_limit=16,
+            builtin_new_tokens=48,
             builtin_layers="1,3,5,7",
             train_steps=150,
             block_size=6,
@@ -84,6 +85,8 @@ class Plan:
             throughput_new_tokens=32,
             throughput_min_prompts=8,
             pytest_args=["tests"],
+            pytest_timeout_s=180,
+            flex_rows=4,
         )
 
     @classmethod
@@ -112,6 +115,7 @@ class Plan:
             throughput_min_prompts=2,
             pytest_args=["tests/hscache/test_backend.py"],
             pytest_timeout_s=120,
+            flex_rows=1,
         )
 
     def device(self, kind: str) -> str:
@@ -241,12 +245,10 @@ def environment(plan: Plan) -> dict[str, Any]:
     }
 
 
-def pytest_gpu(plan: Plan) -> dict[str, Any]:
+def pytest_gpu(plan: Plan, timeout_s: float) -> dict[str, Any]:
     """``pytest -m gpu`` in a child process; counts per outcome and the failing tests' names."""
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *plan.pytest_args]
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=plan.pytest_timeout_s, cwd=ROOT, check=False
-    )
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, check=False)
     out = done.stdout + done.stderr
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", out)}
     result = {

@@ -20,7 +20,7 @@ if [[ -z "$PY312" ]] || ! "$PY312" -c 'import sys; assert sys.version_info[:2] =
     PY312=${py:?"no CPython 3.12 found: set PY312=/path/to/python3.12 (the device runs 3.12)"}
 fi
 # The project's runtime dependencies the device lacks, the gpu extra, and the test runner.
-NEEDED=("zarr>=3.1,<4" "numcodecs>=0.15" "dask[array]>=2024.1" "distributed>=2024.1" "jsonschema>=4.20"
+NEEDED=("setuptools>=77" "zarr>=3.1,<4" "numcodecs>=0.15" "dask[array]>=2024.1" "distributed>=2024.1" "jsonschema>=4.20"
         "flash-linear-attention>=0.3" "pytest>=8")
 # Present on the device: never downloaded (torch alone is GBs). Versions of the first three are
 # the device's; the others only need to satisfy our lower bounds.

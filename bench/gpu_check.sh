@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU check in one command (docs/gpu.md). On the device machine, from the repository root:
+#
+#   bash bench/gpu_check.sh             # offline install of .gpu-wheels, then every step;
+#                                       # $OUT/gpu_report.json, $OUT/gpu_report.md, $OUT/gpu_check.log
+#   bash bench/gpu_check.sh --dry-run   # tiny sizes on the CPU, no installs (tests/bench runs it)
+#
+# Needs no network: the wheels come from the carried folder (bench/prepare_gpu_wheels.sh makes it;
+# WHEELS=... to use another), pip is told never to reach an index.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-$PWD/out/gpu_check}
+BUDGET_S=${BUDGET_S:-420}  # no step starts after this; the device command limit is 600 s
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+args=(--out "$OUT" --wheels "${WHEELS:-.gpu-wheels}" "$@")
+[[ " $* " == *" --dry-run "* ]] || args+=(--budget-s "$BUDGET_S")
+# A crash (segfault, CUDA abort) kills the process inside a step: run again with --resume, which
+# marks that step crashed and carries on with the steps after it, within what is left of the budget.
+for attempt in 1 2 3; do
+    "$PY" bench/gpu_check.py "${args[@]}" 2>&1 | tee -a "$OUT/gpu_check.log"
+    rc=${PIPESTATUS[0]}
+    if ((rc <= 1)); then
+        exit "$rc"  # 0: every step ok; 1: some failed or were skipped (the report says which)
+    fi
+    echo "gpu_check: exit $rc (attempt $attempt); resuming after the step that died" | tee -a "$OUT/gpu_check.log"
+    left=$((BUDGET_S - SECONDS))
+    args=(--out "$OUT" --wheels "${WHEELS:-.gpu-wheels}" "$@" --resume --budget-s "$((left > 0 ? left : 0))")
+done
+exit "$rc"
