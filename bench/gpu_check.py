@@ -181,7 +181,7 @@ def run_target(
     labels = list(caches)
     for i, a in enumerate(labels):
         for b in labels[i + 1 :]:
-            diff = partial(steps.diff_pair, caches[a], caches[b], work / f"diff-{a}-vs-{b}.json")
+            diff = partial(score.diff_pair, caches[a], caches[b], work / f"diff-{a}-vs-{b}.json")
             runner.step(f"{target}.diff.{a}_vs_{b}", diff)
     if not labels:
         return

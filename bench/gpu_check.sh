@@ -13,7 +13,8 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/out/gpu_check}
 BUDGET_S=${BUDGET_S:-420}  # no step starts after this; the device command limit is 600 s
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# PEP 668: a system python refuses pip installs without the last one (ignored by older pips).
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PIP_BREAK_SYSTEM_PACKAGES=1
 mkdir -p "$OUT"
 args=(--out "$OUT" --wheels "${WHEELS:-.gpu-wheels}" "$@")
 [[ " $* " == *" --dry-run "* ]] || args+=(--budget-s "$BUDGET_S")

@@ -1,12 +1,46 @@
-"""Scoring steps of bench/gpu_check.py: drafter, eval per cache and device, flex vs SDPA, throughput."""
+"""Drift and scoring steps of bench/gpu_check.py: diff, drafter, eval per cache and device, flex vs
+SDPA, throughput."""
 
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpu_check_steps import Plan, extract_cache, prompts_file, skipped
+from gpu_check_steps import Plan, extract_cache, skipped
+
+
+def diff_pair(a: Path, b: Path, out: Path) -> dict[str, Any]:
+    """``hscache diff A B``: per-layer relative drift and next-token argmax agreement."""
+    from hscache.diff.compare import diff_caches
+    from hscache.diff.report import save_json
+
+    report = diff_caches(a, b)
+    save_json(report, out)
+    nt = report.next_token
+    worst = report.worst_layer()
+    return {
+        "json": str(out),
+        "sequences": report.sequences.compared,
+        "tokens": report.sequences.tokens,
+        "layers": [
+            {
+                "layer_id": x.layer_id,
+                "layer_type": x.layer_type,
+                "rel_l2": x.rel_l2,
+                "cosine_min": x.cosine_min,
+                "max_abs": x.max_abs,
+            }
+            for x in report.hidden_states
+        ],
+        "worst_layer": worst.layer_id if worst else None,
+        "worst_rel_l2": worst.rel_l2 if worst else None,
+        "argmax_agreement": nt.argmax_agreement,
+        "argmax_flips": nt.argmax_flips,
+        "topk_overlap": nt.topk_overlap,
+        "kl_mean": nt.kl_mean,
+    }
 
 
 def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, Any]:
@@ -126,6 +160,18 @@ def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path) -> dict[str, Any]:
             "drafted_positions": total,
         }
     return result
+
+
+def prompts_file(path: Path, count: int) -> Path:
+    """``count`` prompts: the built-in ones, cycled, with unique ids."""
+    lines = resources.files("hscache.data").joinpath("default_prompts.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines if x.strip()]
+    with path.open("w") as f:
+        for i in range(count):
+            record = dict(records[i % len(records)])
+            record["id"] = f"{record['id']}-{i}"
+            f.write(json.dumps(record) + "\n")
+    return path
 
 
 def extract_throughput(

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +168,9 @@ def install(plan: Plan, wheels: Path) -> dict[str, Any]:
         )
     pip = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels)]
     runs = {"wheels": _run([*pip, *TOP_LEVEL])}
+    if runs["wheels"]["rc"] != 0 and "ermission denied" in runs["wheels"]["tail"]:  # read-only site-packages
+        pip.append("--user")
+        runs["wheels_user"] = runs["wheels"] = _run([*pip, *TOP_LEVEL])
     if runs["wheels"]["rc"] != 0:  # resolution failed: install each carried wheel the device lacks
         missing = [w for w in sorted(wheels.glob("*.whl")) if not _installed(w.name.split("-")[0])]
         runs["wheels_fallback"] = _run([*pip, "--no-deps", *map(str, missing)]) if missing else {"rc": 0}
@@ -293,18 +295,6 @@ def build_real_target(plan: Plan, out: Path) -> dict[str, Any]:
     return {"path": str(out), "params": params, "layer_types": list(config.layer_types), **plan.real}
 
 
-def prompts_file(path: Path, count: int) -> Path:
-    """``count`` prompts: the built-in ones, cycled, with unique ids."""
-    lines = resources.files("hscache.data").joinpath("default_prompts.jsonl").read_text().splitlines()
-    records = [json.loads(x) for x in lines if x.strip()]
-    with path.open("w") as f:
-        for i in range(count):
-            record = dict(records[i % len(records)])
-            record["id"] = f"{record['id']}-{i}"
-            f.write(json.dumps(record) + "\n")
-    return path
-
-
 class _Timer:
     """extract()'s progress hooks: the time from the first batch to the last, without model load."""
 
@@ -403,35 +393,3 @@ def replay_prompts(reference: Path, path: Path) -> Path:
                 + "\n"
             )
     return path
-
-
-def diff_pair(a: Path, b: Path, out: Path) -> dict[str, Any]:
-    """``hscache diff A B``: per-layer relative drift and next-token argmax agreement."""
-    from hscache.diff.compare import diff_caches
-    from hscache.diff.report import save_json
-
-    report = diff_caches(a, b)
-    save_json(report, out)
-    nt = report.next_token
-    worst = report.worst_layer()
-    return {
-        "json": str(out),
-        "sequences": report.sequences.compared,
-        "tokens": report.sequences.tokens,
-        "layers": [
-            {
-                "layer_id": x.layer_id,
-                "layer_type": x.layer_type,
-                "rel_l2": x.rel_l2,
-                "cosine_min": x.cosine_min,
-                "max_abs": x.max_abs,
-            }
-            for x in report.hidden_states
-        ],
-        "worst_layer": worst.layer_id if worst else None,
-        "worst_rel_l2": worst.rel_l2 if worst else None,
-        "argmax_agreement": nt.argmax_agreement,
-        "argmax_flips": nt.argmax_flips,
-        "topk_overlap": nt.topk_overlap,
-        "kl_mean": nt.kl_mean,
-    }
