@@ -60,8 +60,9 @@ def _load(name: str) -> Any:
 class Report:
     """The run's record: one entry per step, written as JSON and markdown after every change."""
 
-    def __init__(self, out: Path, plan: dict[str, Any], resume: bool) -> None:
+    def __init__(self, out: Path, plan: dict[str, Any], resume: bool, mirror: Path | None = None) -> None:
         self.out = out
+        self.mirror = mirror if mirror and mirror.resolve() != out.resolve() else None
         self.json_path = out / "gpu_report.json"
         self.md_path = out / "gpu_report.md"
         self.t0 = time.perf_counter()
@@ -70,12 +71,10 @@ class Report:
             "plan": plan,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "steps": {},
-            "summary": {},
         }
         if resume and self.json_path.is_file():
             previous = json.loads(self.json_path.read_text())
             self.doc["steps"] = previous.get("steps", {})
-            self.doc["summary"] = previous.get("summary", {})
             for step in self.doc["steps"].values():
                 if step["status"] == "running":  # the process died inside it
                     step["status"] = "crashed"
@@ -97,14 +96,18 @@ class Report:
 
     def write(self) -> None:
         self.doc["elapsed_s"] = round(time.perf_counter() - self.t0, 3)
-        self.out.mkdir(parents=True, exist_ok=True)
-        for path, text in (
-            (self.json_path, json.dumps(self.doc, indent=2, default=str) + "\n"),
-            (self.md_path, _load("gpu_check_markdown").render_markdown(self.doc)),
-        ):
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous complete file
+        texts = {
+            self.json_path.name: json.dumps(self.doc, indent=2, default=str) + "\n",
+            self.md_path.name: _load("gpu_check_markdown").render_markdown(self.doc),
+        }
+        for folder in (self.out, self.mirror):
+            if folder is None:
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, text in texts.items():
+                tmp = folder / f"{name}.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, folder / name)  # atomic: a kill mid-write leaves the previous complete file
 
 
 class Runner:
@@ -250,7 +253,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", default=os.environ.get("OUT") or "out/gpu_check", help="Report folder.")
+    parser.add_argument(
+        "--out", default="out/gpu_check", help="Work folder and report (kept, so --resume can continue)."
+    )
+    parser.add_argument(
+        "--report-dir", default=os.environ.get("OUT"), help="Also keep the report here (default: $OUT)."
+    )
     parser.add_argument("--wheels", default=".gpu-wheels", help="Carried wheel folder (offline install).")
     parser.add_argument("--dry-run", action="store_true", help="Tiny sizes, CPU only, no installs.")
     parser.add_argument("--resume", action="store_true", help="Skip steps a previous run finished.")
@@ -269,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     if not args.resume:  # a fresh run: no cache or replay file of an earlier run may leak in
         shutil.rmtree(out / "work", ignore_errors=True)
-    report = Report(out, plan.to_dict(), resume=args.resume)
+    mirror = Path(args.report_dir).resolve() if args.report_dir else None
+    report = Report(out, plan.to_dict(), resume=args.resume, mirror=mirror)
     runner = Runner(report, plan.budget_s)
     run_all(runner, plan, out / "work", wheels=Path(args.wheels).resolve(), run_pytest=not args.skip_pytest)
     report.doc["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
