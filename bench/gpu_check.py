@@ -231,7 +231,7 @@ def run_all(runner: Runner, plan: Any, work: Path, wheels: Path, run_pytest: boo
         run_target(runner, plan, target, models[target], layers[target], sizes[target], work / target)
     # Throughput on the shape-real target (the built-in one is launch-bound), fla on the GPU.
     target = "real" if runner.report.result("real.build") else "builtin"
-    supported = bool(env.get("generate_batch_flag"))
+    batch_param = env.get("generate_batch_param")
     for batch in (None, *plan.throughput_batches):
         run = partial(
             score.extract_throughput,
@@ -240,7 +240,7 @@ def run_all(runner: Runner, plan: Any, work: Path, wheels: Path, run_pytest: boo
             layers[target],
             batch,
             work / "throughput",
-            supported,
+            batch_param,
         )
         runner.step(f"throughput.extract.b{batch or 'default'}", run)
     # Last: the figures above matter most, and pytest gets whatever time is left (at least 60 s).

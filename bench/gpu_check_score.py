@@ -175,17 +175,17 @@ def prompts_file(path: Path, count: int) -> Path:
 
 
 def extract_throughput(
-    plan: Plan, model: str, layers: str, batch: int | None, work: Path, supported: bool
+    plan: Plan, model: str, layers: str, batch: int | None, work: Path, batch_param: str | None
 ) -> dict[str, Any]:
     """Extract tokens/s with fla on the GPU at generate batch ``batch`` (None: the default path)."""
-    if batch is not None and not supported:
+    if batch is not None and batch_param is None:
         return skipped("not available: hscache extract has no --generate-batch in this checkout")
     work.mkdir(parents=True, exist_ok=True)
     n = max(plan.throughput_min_prompts, 2 * (batch or 1))
     prompts = prompts_file(work / f"throughput-{n}.jsonl", n)
     sizes: dict[str, Any] = {"prompts": str(prompts), "max_new_tokens": plan.throughput_new_tokens}
     if batch is not None:
-        sizes["generate_batch"] = batch
+        sizes[batch_param] = batch
     name = f"throughput-b{batch or 'default'}"
     result = extract_cache(plan, model, work / name, plan.fla_backend, plan.gpu, layers, None, **sizes)
     return {"generate_batch": batch, "prompts": n, **result}

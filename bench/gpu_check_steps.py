@@ -214,6 +214,11 @@ def environment(plan: Plan) -> dict[str, Any]:
 
     from hscache.capture.backend import fla_status
     from hscache.capture.extract import ExtractConfig
+    from hscache.cli import extract as extract_command
+
+    # The CLI passes its options to ExtractConfig by name: the option's name is the field's.
+    batch_param = next((p.name for p in extract_command.params if "--generate-batch" in p.opts), None)
+    fields = {f.name for f in dataclasses.fields(ExtractConfig)}
 
     versions = {}
     for name in (
@@ -243,25 +248,31 @@ def environment(plan: Plan) -> dict[str, Any]:
         else None,
         "fla_usable": usable,
         "fla_status": why,
-        "generate_batch_flag": "generate_batch" in {f.name for f in dataclasses.fields(ExtractConfig)},
+        "generate_batch_param": batch_param if batch_param in fields else None,
     }
 
 
 def pytest_gpu(plan: Plan, timeout_s: float) -> dict[str, Any]:
     """``pytest -m gpu`` in a child process; counts per outcome and the failing tests' names."""
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *plan.pytest_args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, check=False)
-    out = done.stdout + done.stderr
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, check=False)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:  # keep what ran: the counts so far and the last lines
+        out = "".join(x.decode() if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
+        raise RuntimeError(
+            f"pytest -m gpu still running after {timeout_s:.0f} s; output so far: {out[-1500:]}"
+        ) from None
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", out)}
     result = {
-        "rc": done.returncode,
+        "rc": rc,
         "counts": counts,
         "failed": re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M),
         "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", out, flags=re.M)))[:10],
         "tail": out[-3000:],
     }
-    if done.returncode not in (0, 5):  # 5: nothing collected
-        raise RuntimeError(f"pytest -m gpu exit {done.returncode}: {counts}; failed: {result['failed']}")
+    if rc not in (0, 5):  # 5: nothing collected
+        raise RuntimeError(f"pytest -m gpu exit {rc}: {counts}; failed: {result['failed']}")
     return result
 
 

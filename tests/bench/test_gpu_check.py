@@ -45,7 +45,7 @@ def test_dry_run_records_every_step_with_figures(tmp_path: Path) -> None:
     assert rc == 1  # the dry run skips installs and pytest, so it never claims a full pass
     assert steps["install"]["reason"] == "dry run: no installs"
     env = steps["environment"]["result"]
-    batches_run = env["generate_batch_flag"]
+    batches_run = env["generate_batch_param"] is not None
     for name in ("throughput.extract.b1", "throughput.extract.b2"):
         assert steps[name]["status"] == ("ok" if batches_run else "skipped"), steps[name]
     # Torch stands in for fla on the CPU, and the report says so through the recorded backend.
