@@ -103,7 +103,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     ]
     rows += [
         [
-            f"eval {name.split('.')[0]} {name.split('.')[2]}",
+            "eval {0} {2} ({3} side)".format(*name.split(".")),
             "-",
             r["device"],
             r["attention_backend"],
