@@ -4,7 +4,7 @@
 # through the device tool's `carry` (64 MiB in all; see docs/gpu.md).
 #
 #   bash bench/prepare_gpu_wheels.sh [DIR]      # default DIR: .gpu-wheels (git-ignored)
-#   PY312=/path/to/python3.12 bash bench/prepare_gpu_wheels.sh
+#   PY312=/path/to/python3.12 DEV_PYTHON=/path/to/.venv/bin/python bash bench/prepare_gpu_wheels.sh
 #
 # How: a throw-away CPython 3.12 venv (the device's interpreter) gets stub metadata for what the
 # device already has (torch 2.11, transformers 5.17, triton 3.6, numpy, pyarrow, ...). pip resolves
@@ -59,6 +59,7 @@ for item in json.load(open(sys.argv[1]))["install"]:
 PYEOF
 echo "carrying $(wc -l <"$work/carry.txt") packages:" $(cat "$work/carry.txt")
 mkdir -p "$DIR"
+rm -f "$DIR"/*.whl  # a wheel left from an earlier resolution would be a second candidate
 "$vpy" -m pip download --quiet --no-deps "${PLATFORM[@]}" -d "$DIR" -r "$work/carry.txt"
 cp "$work/carry.txt" "$DIR/requirements.txt"
 # The proof: offline, from the folder alone, into the venv that has only the device's packages.
