@@ -119,7 +119,8 @@ def bucket(tmp_path_factory: pytest.TempPathFactory):
         }.items():
             env.setenv(key, value)
         s3fs.S3FileSystem.clear_instance_cache()
-        s3fs.S3FileSystem().mkdir("hscache-test")
+        # moto keeps its buckets per process, not per server: a later module finds the bucket made.
+        s3fs.S3FileSystem().makedirs("hscache-test", exist_ok=True)
         yield "s3://hscache-test"
         s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
