@@ -183,7 +183,9 @@ class DFlashDrafter(nn.Module):
         pos = torch.arange(p + B, device=h.device)
         cos, sin = self._cos_sin(pos, h.dtype)
         rep = self.config.num_attention_heads // self.config.num_key_value_heads
-        for layer in self.layers:
+        q_pos = torch.arange(p, p + B, device=h.device)[:, None]
+        for i, layer in enumerate(self.layers):
+            causal, window = self.config.layer_attention(i)
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             q = attn.q(x, cos[p:], sin[p:]).transpose(0, 1)  # [heads, B, D]
@@ -191,6 +193,8 @@ class DFlashDrafter(nn.Module):
             k = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, p+B, D]
             v = v.repeat_interleave(rep, dim=1).transpose(0, 1)
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.config.head_dim)
+            if causal or window is not None:  # z-lab builds a mask only then (dflash/model.py)
+                scores = scores.masked_fill(~visible(q_pos, pos[None], causal, window), float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             h = layer.finish(h, (probs @ v).transpose(0, 1))
         return self.head(self.norm(h)[1:])
@@ -310,8 +314,13 @@ class DFlashDrafter(nn.Module):
         pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).flatten()  # [n*B]
         cos, sin = self._cos_sin(pos, h.dtype)
         attend = _flex_attend if use_flex else _sdpa_attend
-        mask = _flex_mask(anchors, B, t_c) if use_flex else _block_sparse_mask(anchors, B, t_c)
-        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+        masks: dict[tuple[bool, int | None], Any] = {}  # one mask per (causal, window) kind
+        for i, (layer, (k_ctx, v_ctx)) in enumerate(zip(self.layers, ctx_kv)):
+            kind = self.config.layer_attention(i)
+            if kind not in masks:
+                build = _flex_mask if use_flex else _block_sparse_mask
+                masks[kind] = build(anchors, B, t_c, *kind)
+            mask = masks[kind]
             x = layer.input_layernorm(h)
             q = layer.self_attn.q(x, cos, sin)
             k_blk, v_blk = layer.self_attn.kv(x, cos, sin)
@@ -334,13 +343,35 @@ class DFlashDrafter(nn.Module):
         return self.head(self.block_hidden(context_features, anchors, block_token_ids, **kwargs))
 
 
-def _block_sparse_mask(anchors: torch.Tensor, B: int, t_c: int) -> torch.Tensor:
-    """Boolean [n*B, t_c + n*B]: block i sees context keys < anchor_i and its own block's keys."""
-    n = anchors.shape[0]
-    ctx_ok = torch.arange(t_c, device=anchors.device)[None] < anchors[:, None]  # [n, t_c]
-    own = torch.eye(n, dtype=torch.bool, device=anchors.device)  # [n, n] block-diagonal seed
-    mask = torch.cat([ctx_ok, own.repeat_interleave(B, dim=1)], dim=1)  # [n, t_c + n*B]
-    return mask.repeat_interleave(B, dim=0)
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
+    """z-lab ``_attention_mask`` over absolute positions (broadcasting): True = attend.
+
+    Causal: ``k <= q``. Window W: ``q - k < W`` (W keys including the query's own position),
+    and for non-causal layers also ``k - q < W``.
+    """
+    out = torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=q_pos.device)
+    if causal:
+        out &= k_pos <= q_pos
+    if window is not None:
+        out &= q_pos - k_pos < window
+        if not causal:
+            out &= k_pos - q_pos < window
+    return out
+
+
+def _block_sparse_mask(
+    anchors: torch.Tensor, B: int, t_c: int, causal: bool = False, window: int | None = None
+) -> torch.Tensor:
+    """Boolean [n*B, t_c + n*B]: block i sees context keys < anchor_i and its own block's keys,
+    restricted as z-lab's mask restricts one block's forward (causal / sliding window)."""
+    n, dev = anchors.shape[0], anchors.device
+    slot = torch.arange(B, device=dev)
+    q_pos = (anchors[:, None] + slot).reshape(-1, 1)  # [n*B, 1] absolute positions
+    k_ctx = torch.arange(t_c, device=dev)[None]  # [1, t_c]
+    ctx_ok = (k_ctx < anchors.repeat_interleave(B)[:, None]) & visible(q_pos, k_ctx, causal, window)
+    own = torch.eye(n, dtype=torch.bool, device=dev).repeat_interleave(B, 0).repeat_interleave(B, 1)
+    in_block = visible(slot.repeat(n)[:, None], slot.repeat(n)[None], causal, window)  # same block only
+    return torch.cat([ctx_ok, own & in_block], dim=1)
 
 
 def _sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -364,17 +395,36 @@ def _pick_flex(backend: AttentionBackend, device: torch.device) -> bool:
     return backend == "flex" or device.type == "cuda"
 
 
-def _flex_mask(anchors: torch.Tensor, B: int, t_c: int) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def _flex_mask_mod(anchors: torch.Tensor, B: int, t_c: int, causal: bool, window: int | None) -> Any:
+    """flex_attention ``mask_mod`` equal to `_block_sparse_mask` (tested densely on CPU)."""
     # t_c as a tensor: a compiled kernel would otherwise guard on (and recompile for) each value.
     t_ctx = torch.tensor(t_c, device=anchors.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        block = q_idx // B
-        in_ctx = (kv_idx < t_ctx) & (kv_idx < anchors[block])
-        return in_ctx | ((kv_idx >= t_ctx) & ((kv_idx - t_ctx) // B == block))
+        block, q_slot = q_idx // B, q_idx % B
+        q_pos = anchors[block] + q_slot
+        is_ctx = kv_idx < t_ctx
+        k_slot = kv_idx - t_ctx
+        # Context keys sit at their absolute position, block keys at anchor + slot.
+        k_pos = torch.where(is_ctx, kv_idx, anchors[block] + k_slot % B)
+        ok = torch.where(is_ctx, kv_idx < anchors[block], k_slot // B == block)
+        if causal:
+            ok = ok & (k_pos <= q_pos)
+        if window is not None:
+            ok = ok & (q_pos - k_pos < window)
+            if not causal:
+                ok = ok & (k_pos - q_pos < window)
+        return ok
 
+    return mask_mod
+
+
+def _flex_mask(
+    anchors: torch.Tensor, B: int, t_c: int, causal: bool = False, window: int | None = None
+) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask_mod = _flex_mask_mod(anchors, B, t_c, causal, window)
     n = anchors.shape[0]
     return create_block_mask(mask_mod, None, None, n * B, t_c + n * B, device=anchors.device)
 
