@@ -18,8 +18,11 @@ def cache_fallbacks(cache: Any) -> dict[str, Any]:
     """What a config-less checkpoint can take from the cache (reported as source "cache")."""
     target_config = cache.target_config
     rope = target_config.get("rope_parameters") or {}
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
     return {
         "target_layer_ids": tuple(cache.layer_ids),
+        "rope_scaling": target_config.get("rope_scaling")
+        or (scaling if scaling.get("rope_type", "default") != "default" else None),
         "mask_token_id": cache.mask_token_id,
         "vocab_size": cache.vocab_size,
         "rope_theta": target_config.get("rope_theta", rope.get("rope_theta")),
@@ -59,13 +62,20 @@ def feature_index(config: DrafterConfig, cache_layer_ids: list[int]) -> list[int
     return [cache_layer_ids.index(i) for i in config.target_layer_ids]
 
 
-def attach_cache_head(drafter: DFlashDrafter, cache: Any, dtype: torch.dtype, device: str) -> None:
-    head = cache.target_head()
+def attach_cache_head(
+    drafter: DFlashDrafter, cache: Any, dtype: torch.dtype, device: str, own: dict | None = None
+) -> None:
+    """Attach the target's embedding and head from the cache, or the drafter's ``own`` ones
+    (a speculators checkpoint's `embed_tokens`/`lm_head`/`d2t`) where its layout defines them."""
+    own = own or {}
+    head = cache.target_head() if {"embed_tokens", "lm_head"} - own.keys() else {}
+    head = {**head, **own}
     embed = head["embed_tokens"].to(device=device, dtype=dtype)
     lm_head = (
         embed if head["lm_head"] is head["embed_tokens"] else head["lm_head"].to(device=device, dtype=dtype)
     )
-    drafter.attach_target(embed, lm_head)
+    d2t = head.get("d2t")
+    drafter.attach_target(embed, lm_head, None if d2t is None else d2t.to(device))
 
 
 def sequence_features(

@@ -122,21 +122,40 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("inv_freq", base, persistent=False)
         self.register_buffer("embed_weight", None, persistent=False)
         self.register_buffer("lm_head_weight", None, persistent=False)
+        self.register_buffer("draft_to_target", None, persistent=False)  # [Vd] target ids (reduced vocab)
         self.backend_used: str | None = None  # attention kernel(s) of the last block_hidden call
 
-    def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Attach the target's frozen `embed_tokens.weight` [V, H] and `lm_head.weight` [V, H].
+    def attach_target(
+        self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None
+    ) -> None:
+        """Attach `embed_tokens.weight` [V, H] and `lm_head.weight` [V, H] (frozen).
+
+        With a reduced draft vocabulary (speculators), ``lm_head_weight`` is [Vd, H] and ``d2t``
+        [Vd] maps draft id d to target id d + d2t[d]; `head` then returns logits over the target
+        vocabulary with -inf at target ids the drafter cannot propose, so argmax and
+        log_softmax give exactly vLLM's `logits_new[:, targets] = logits`.
 
         Raises:
-            ValueError: a shape does not match [vocab_size, hidden_size].
+            ValueError: a shape does not match [vocab_size, hidden_size] (or [len(d2t), H]).
         """
-        want = (self.config.vocab_size, self.config.hidden_size)
-        for name, w in (("embed_weight", embed_weight), ("lm_head_weight", lm_head_weight)):
+        V, H = self.config.vocab_size, self.config.hidden_size
+        rows = V if d2t is None else len(d2t)
+        for name, w, want in (
+            ("embed_weight", embed_weight, (V, H)),
+            ("lm_head_weight", lm_head_weight, (rows, H)),
+        ):
             if tuple(w.shape) != want:
                 raise ValueError(
                     f"{name} has shape {list(w.shape)}, expected {list(want)} "
                     "(vocab_size, hidden_size) from the drafter config"
                 )
+        if d2t is not None:
+            ids = torch.arange(len(d2t), device=d2t.device) + d2t.long()
+            if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < V):
+                raise ValueError(f"d2t maps draft ids outside the target vocabulary 0..{V - 1}")
+            self.draft_to_target = ids.to(lm_head_weight.device)
+        else:
+            self.draft_to_target = None
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 
     def _target(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,8 +176,13 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target lm_head on already-normed hidden states: [..., H] -> logits [..., V]."""
-        return hidden @ self._target()[1].to(hidden.dtype).T
+        """lm_head on already-normed hidden states: [..., H] -> logits [..., V] over target ids."""
+        logits = hidden @ self._target()[1].to(hidden.dtype).T
+        if self.draft_to_target is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        full[..., self.draft_to_target] = logits
+        return full
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)

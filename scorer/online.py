@@ -45,6 +45,7 @@ def _target_fallbacks(target: Target) -> dict[str, Any]:
         "vocab_size": int(config.vocab_size),
         "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
         "num_target_layers": target.num_layers,
+        "rms_norm_eps": getattr(config, "rms_norm_eps", None),
     }
 
 
@@ -107,6 +108,7 @@ def run_online(
     limit: int | None = None,
     overrides: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
+    config_path: str | None = None,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau."""
     backend = resolve_backend(backend, device)
@@ -116,13 +118,21 @@ def run_online(
         overrides=overrides,
         fallbacks=_target_fallbacks(target),
         trust_checkpoint=trust_checkpoint,
+        config_path=config_path,
     )
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=device, dtype=target.model.dtype).eval()
+    own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
+    dtype = target.model.dtype
     drafter.attach_target(
-        target.model.get_input_embeddings().weight.detach(),
-        target.model.get_output_embeddings().weight.detach(),
+        own["embed_tokens"].to(device, dtype)
+        if "embed_tokens" in own
+        else target.model.get_input_embeddings().weight.detach(),
+        own["lm_head"].to(device, dtype)
+        if "lm_head" in own
+        else target.model.get_output_embeddings().weight.detach(),
+        own["d2t"].to(device) if "d2t" in own else None,
     )
     requests = []
     with use_backend(target.model, backend):

@@ -46,6 +46,7 @@ class EvalConfig:
     n_boot: int = 1000
     max_blocks_per_forward: int = 64
     trust_checkpoint: bool = False
+    config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,13 +79,14 @@ def load_drafter(
         overrides=_overrides(config),
         fallbacks=cache_fallbacks(cache),
         trust_checkpoint=config.trust_checkpoint,
+        config_path=config.config_path,
     )
     check_compatible(loaded.config, cache, str(cache.path))
     dtype = _DTYPES[config.dtype]
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
-    attach_cache_head(drafter, cache, dtype, config.device)
+    attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
     return drafter, loaded
 
 
