@@ -316,3 +316,26 @@ def test_cli_corrupt_safetensors_exits_2_with_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["online", str(tmp_path / "d.safetensors"), "--limit", "1"])
     assert result.exit_code == 2, result.output
     assert result.output.strip().startswith("error: ") and "\n" not in result.output.strip()
+
+
+def test_warnings_and_field_sources_reach_terminal_json_and_html(scorer_cache, trained_drafter, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from scorer.cli import main
+
+    ckpt = tmp_path / "drafter"
+    shutil.copytree(trained_drafter, ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["num_target_layers"] = 36  # sized for another target than the cache's 8 layers
+    (ckpt / "config.json").write_text(json.dumps(config))
+    args = ["eval", str(ckpt), "--cache", str(scorer_cache), "--limit", "1", "--ddtree", ""]
+    args += ["--json", str(tmp_path / "r.json"), "--report", str(tmp_path / "r.html")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    warning = "num_target_layers=36 (config) but the cache's target has 8 layers"
+    flat = " ".join(result.output.split())  # rich wraps long lines
+    assert warning in flat and "block_size=6 (config)" in flat and "hidden_size=" in flat
+    assert any(warning in w for w in json.loads((tmp_path / "r.json").read_text())["warnings"])
+    assert warning.replace("'", "&#x27;") in (tmp_path / "r.html").read_text()
