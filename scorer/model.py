@@ -124,6 +124,9 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("lm_head_weight", None, persistent=False)
         self.register_buffer("draft_to_target", None, persistent=False)  # [Vd] target ids (reduced vocab)
         self.backend_used: str | None = None  # attention kernel(s) of the last block_hidden call
+        # Set by the loaders (scorer.features.context_norm): the final norm that turns the cached
+        # last-layer output into hidden_states[L] for this drafter's features, or None.
+        self.context_norm: Any = None
 
     def attach_target(
         self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None

@@ -21,6 +21,7 @@ from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
     check_compatible,
+    context_norm,
     feature_index,
     sequence_features,
 )
@@ -87,6 +88,7 @@ def load_drafter(
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
     attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
+    drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
     return drafter, loaded
 
 
@@ -112,7 +114,9 @@ def score_rows(
     lengths = cache.index.column("length").to_pylist()
     results = []
     for row in rows:
-        features = sequence_features(cache.hidden_states(row), index, dtype, config.device)
+        features = sequence_features(
+            cache.hidden_states(row), index, dtype, config.device, getattr(drafter, "context_norm", None)
+        )
         results.append(
             score_sequence(
                 drafter,

@@ -195,6 +195,8 @@ def _write_target_dir(out: Path, target: Target) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    from hscache.capture.final_norm import describe_final_norm
+
     staging = out / f"{TARGET_DIR}{fsio.TEMP_MARK}staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -206,6 +208,9 @@ def _write_target_dir(out: Path, target: Target) -> None:
     tensors = {"embed_tokens": embed.contiguous()}
     if not tied:
         tensors["lm_head"] = head.contiguous()
+    # For readers that need transformers' hidden_states[L] of the last layer (final_norm.py).
+    base = target.model.model
+    tensors.update(describe_final_norm(getattr(getattr(base, "language_model", base), "norm", None)))
     try:
         save_file(tensors, str(staging / "head.safetensors"), metadata={"tied": str(tied).lower()})
     except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
