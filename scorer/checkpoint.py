@@ -13,40 +13,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import re
-import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from scorer.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
-from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
-from scorer.formats import specforge, speculators
+from scorer.errors import CheckpointError
+from scorer.formats import speculators
+from scorer.formats.files import (
+    FORMAT_PICKLE,
+    FORMAT_SPECFORGE,
+    few,
+    read_json,
+    read_weights,
+    resolve_files,
+)
 from scorer.model import DFlashDrafter
 
 __all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
 
 # Fixed strings: they are written into cache manifests and result files.
-FORMAT_HF_DIR, FORMAT_HF_SHARDED, FORMAT_SAFETENSORS, FORMAT_PICKLE, FORMAT_SPECFORGE = (
-    "hf_dir",
-    "hf_dir_sharded",
-    "safetensors",
-    "torch_pickle",
-    "specforge_training_state",
-)
-_ACCEPTED = (
-    "an HF directory (config.json + model.safetensors or shards + model.safetensors.index.json), "
-    "a .safetensors file, a .pt/.pth/.bin training checkpoint, or a SpecForge {run}-stepN directory"
-)
-_PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
-_NESTING_KEYS = ("model", "state_dict", "model_state_dict", "module", specforge.WEIGHTS_KEY)
-_CONFIG_KEYS = ("config", "args", "model_config")
-_CONFIG_HINTS = {*DrafterConfig.__dataclass_fields__, "dflash_config", "aux", "aux_layer_ids"}
 _LEADING_PREFIXES = ("module.", "draft_model.", "model.")
 _WRAPPER_SEGMENTS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")  # may sit mid-key
 _RENAMES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))
@@ -56,7 +46,7 @@ _ST_METADATA = {"format": "pt"}  # what transformers writes; lets it load our sh
 _DEFAULTS = {"block_size": 16, "rms_norm_eps": 1e-6, "rope_scaling": None, "attention_bias": False}
 # Fields that change the numbers and that nothing but a config or a flag can tell: without a
 # config they stop the run, naming the flag (issue: a block-8 drafter scored at block 16).
-_FLAG_FOR = {"block_size": "--block-size", "mask_token_id": "--mask-token-id", "rope_theta": "--rope-theta"}
+_FLAG_FOR = {"block_size": "--block-size", "mask_token_id": "--mask-token-id"}
 
 
 @dataclass(frozen=True)
@@ -135,8 +125,8 @@ def load_checkpoint(
         >>> drafter = DFlashDrafter(ckpt.config); drafter.load_state_dict(ckpt.state_dict)  # doctest: +SKIP
     """
     root = Path(path)
-    fmt, files, config_json = _resolve_files(root)
-    raw, embedded_config, recorded = _read_weights(fmt, files, root, trust_checkpoint)
+    fmt, files, config_json = resolve_files(root)
+    raw, embedded_config, recorded = read_weights(fmt, files, root, trust_checkpoint)
     if recorded is not None and fmt == FORMAT_PICKLE:
         fmt = FORMAT_SPECFORGE
     layers: list[tuple[str, dict]] = []  # (source label, raw config dict), weakest first
@@ -147,7 +137,7 @@ def load_checkpoint(
     if config_json is not None:
         layers.append(("config", config_json))
     if config_path is not None:
-        file_config = _read_json(Path(config_path))
+        file_config = read_json(Path(config_path))
         layers.append(("config_file", file_config))
         files = [*files, Path(config_path)]
     elif fmt == FORMAT_SPECFORGE and config_json is None:
@@ -195,172 +185,6 @@ def load_checkpoint(
     return LoadedCheckpoint(config=config, state_dict=state_dict, report=report, head=head)
 
 
-def _resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
-    """Format, weight/config files to read and hash, and the parsed config.json (if any)."""
-    if not root.exists():
-        raise CheckpointNotFoundError(f"checkpoint {root} does not exist; expected {_ACCEPTED}")
-    if root.is_file():
-        if root.suffix == ".safetensors":
-            return FORMAT_SAFETENSORS, [root], None
-        if root.suffix in _PICKLE_SUFFIXES:
-            return FORMAT_PICKLE, [root], None
-        raise CheckpointError(f"{root}: unknown checkpoint suffix {root.suffix!r}; expected {_ACCEPTED}")
-    cfg_path, index = root / "config.json", root / "model.safetensors.index.json"
-    config = _read_json(cfg_path) if cfg_path.is_file() else None
-    head = [cfg_path] if config is not None else []
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index} has no 'weight_map' object naming the shard of each tensor")
-        names = sorted(set(weight_map.values()))
-        if outside := [n for n in names if not _inside(root, n)]:
-            raise CheckpointError(
-                f"{index} names shard files outside the checkpoint directory ({_few(outside, noun='path')}); "
-                "refusing to open them: shard paths must be plain names within the directory"
-            )
-        shards = [root / s for s in names]
-        if absent := [p.name for p in shards if not p.is_file()]:
-            raise CheckpointNotFoundError(
-                f"{root}: shards named in {index.name} are missing: {_few(absent, noun='file')}"
-            )
-        return FORMAT_HF_SHARDED, head + [index] + shards, config
-    for name, fmt in (
-        ("model.safetensors", FORMAT_HF_DIR),
-        ("pytorch_model.bin", FORMAT_PICKLE),
-        (specforge.STATE_FILE, FORMAT_SPECFORGE),  # legacy epoch_E_step_S dirs have model.safetensors
-    ):
-        if (root / name).is_file():
-            return fmt, head + [root / name], config
-    raise CheckpointNotFoundError(
-        f"{root} holds no model.safetensors, model.safetensors.index.json, "
-        f"pytorch_model.bin or training_state.pt; expected {_ACCEPTED}"
-    )
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, expected an object")
-    return data
-
-
-def _inside(root: Path, name: str) -> bool:
-    """A shard name from an index that stays inside ``root`` (no absolute path, no ``..``)."""
-    path = Path(name)
-    if path.is_absolute() or ".." in path.parts:
-        return False
-    return (root / path).resolve().is_relative_to(root.resolve())
-
-
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """load_file with every malformed-file error as one CheckpointError line."""
-    from safetensors import SafetensorError
-
-    if path.stat().st_size < 8:
-        raise CheckpointError(f"{path} is not a safetensors file: {path.stat().st_size} bytes, no header")
-    try:
-        return load_file(path, device="cpu")
-    except (SafetensorError, ValueError, RuntimeError, OverflowError, MemoryError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(
-            f"{path} is not a valid safetensors file (corrupt or truncated): {reason}"
-        ) from e
-
-
-def _read_weights(
-    fmt: str, files: list[Path], root: Path, trust: bool
-) -> tuple[dict, dict | None, dict | None]:
-    """Raw (un-normalised) weights, a config dict found inside a pickle, and a SpecForge resume
-    contract's fields (None unless the file is a SpecForge training_state.pt)."""
-    weight_files = [f for f in files if f.suffix != ".json"]
-    if fmt not in (FORMAT_PICKLE, FORMAT_SPECFORGE):
-        raw: dict[str, torch.Tensor] = {}
-        for f in weight_files:
-            shard = _load_safetensors(f)
-            if clash := raw.keys() & shard.keys():
-                raise CheckpointError(f"{root}: keys appear in more than one shard: {_few(clash)}")
-            raw.update(shard)
-        return raw, None, None
-    obj = _torch_load(weight_files[0], trust)
-    recorded = specforge.contract_fields(obj) if specforge.is_training_state(obj) else None
-    trail = _find_weights(obj)
-    if trail is None:
-        top = list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(
-            f"{root}: no weights dict found (top level: {top}); expected the drafter "
-            f"state_dict at top level or under {'/'.join(_NESTING_KEYS)}"
-        )
-    weights = trail[-1]
-    weights = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-    return dict(weights), _find_config(trail[:-1]), recorded
-
-
-def _torch_load(path: Path, trust: bool) -> Any:
-    # mmap keeps optimizer state (often most of a training file) out of RAM; needs the zip format.
-    mmap = zipfile.is_zipfile(path)
-    with open(path, "rb") as f:
-        first = f.read(2)
-    if not mmap and not first.startswith(b"\x80"):  # torch.save writes a zip, or a pickle (PROTO)
-        raise CheckpointError(
-            f"{path} is not a checkpoint: neither a torch zip archive nor a pickle; expected {_ACCEPTED}"
-        )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        if trust or not re.search(r"weights.only", str(e), re.IGNORECASE):  # corrupt, not refused
-            raise CheckpointError(f"{path} is not a readable torch checkpoint: {e}") from e
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if not found and re.search(r"Unsupported operand", str(e)):  # bytes no pickler writes
-            raise CheckpointError(
-                f"{path} is not a checkpoint: its bytes are not a valid pickle; expected {_ACCEPTED}"
-            ) from e
-        what = f" (it references {found.group(1)})" if found else ""
-        raise UntrustedCheckpointError(
-            f"{path} cannot be loaded with weights_only=True{what}: it needs full unpickling, which runs "
-            "arbitrary code from the file. Pass --trust-checkpoint (trust_checkpoint=True) only if you "
-            "trust its source."
-        ) from e
-    except MemoryError:
-        raise
-    except Exception as e:  # corrupt or not a torch file: unpicklers raise many types (IndexError...)
-        raise CheckpointError(f"{path} is not a readable torch checkpoint: {type(e).__name__}: {e}") from e
-
-
-def _is_weights(obj: Any) -> bool:
-    if isinstance(obj, torch.nn.Module):
-        return True
-    return (
-        isinstance(obj, Mapping)
-        and len(obj) > 0
-        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
-    )
-
-
-def _find_weights(obj: Any) -> list[Any] | None:
-    """Containers from `obj` down to the weights dict (last element), via the nesting keys."""
-    if _is_weights(obj):
-        return [obj]
-    if isinstance(obj, Mapping):
-        for key in _NESTING_KEYS:
-            if key in obj and (below := _find_weights(obj[key])) is not None:
-                return [obj, *below]
-    return None
-
-
-def _find_config(containers: list[Any]) -> dict | None:
-    """A trainer config saved beside the weights (`config`/`args`/`model_config`), if any."""
-    for container in containers:
-        for key in _CONFIG_KEYS:
-            cfg = container.get(key)
-            cfg = vars(cfg) if hasattr(cfg, "__dict__") and not isinstance(cfg, Mapping) else cfg
-            if isinstance(cfg, Mapping) and cfg.keys() & _CONFIG_HINTS:
-                return dict(cfg)
-    return None
-
-
 def _normalize_keys(raw: dict[str, torch.Tensor], root: Path) -> tuple[dict, tuple, tuple]:
     """Strip wrapper prefixes, apply vLLM renames, drop target copies. -> (sd, stripped, dropped)."""
     out: dict[str, torch.Tensor] = {}
@@ -401,7 +225,7 @@ def _infer_from_shapes(sd: dict[str, torch.Tensor], root: Path) -> dict[str, Any
     ]
     if missing := [k for k in need if k not in sd]:
         raise CheckpointError(
-            f"{root} is not a DFlash drafter checkpoint: missing {_few(missing)}; present: {_few(sorted(sd))}"
+            f"{root} is not a DFlash drafter checkpoint: missing {few(missing)}; present: {few(sorted(sd))}"
         )
     hidden, fc_in = sd["fc.weight"].shape
     head_dim = sd["layers.0.self_attn.q_norm.weight"].shape[0]
@@ -466,7 +290,7 @@ def _resolve_config(
             fields["num_target_layers"], fields["num_hidden_layers"]
         )
         sources["target_layer_ids"] = "derived"
-    if not have_config and (lacking := [f for f in _FLAG_FOR if f not in fields and f != "rope_theta"]):
+    if not have_config and (lacking := [f for f in _FLAG_FOR if f not in fields]):
         # block_size cannot be derived from weights or cache; mask_token_id only guessed.
         if "mask_token_id" in lacking and (fallbacks or {}).get("mask_token_id") is not None:
             lacking.remove("mask_token_id")
@@ -494,6 +318,17 @@ def _resolve_config(
             "features"
         )
     warnings = _warnings(layers, sources, fields, fallbacks or {})
+    if not have_config:
+        guessed = [
+            f"{n}={fields[n]!r}"
+            for n in ("target_layer_ids", "rope_theta", "rms_norm_eps")
+            if sources.get(n) == "cache"
+        ]
+        if guessed:
+            warnings.append(
+                f"the checkpoint has no config: {', '.join(guessed)} taken from the cache's target; "
+                "pass --target-layer-ids / --rope-theta or --config if the drafter was trained otherwise"
+            )
     try:
         return DrafterConfig(**fields), dict(sorted(sources.items())), notes, warnings
     except (TypeError, ValueError) as e:
@@ -550,7 +385,7 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
     ]
     wrong += [f"{k} dtype {v.dtype}" for k, v in sorted(sd.items()) if not v.is_floating_point()]
     problems = [
-        f"{label} {_few(keys)}"
+        f"{label} {few(keys)}"
         for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape/dtype", wrong))
         if keys
     ]
@@ -558,15 +393,6 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
         raise CheckpointError(
             f"{root} is not a DFlash drafter checkpoint matching its config: {'; '.join(problems)}"
         )
-
-
-def _few(keys: Any, limit: int = 5, noun: str = "key") -> str:
-    """'2 keys: a, b' -- the first few offending names and the count, for one-line errors."""
-    keys = list(keys)
-    shown = ", ".join(keys[:limit])
-    return f"{len(keys)} {noun}{'s' if len(keys) != 1 else ''}: {shown}" + (
-        f", ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
-    )
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 23) -> str:

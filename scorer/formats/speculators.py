@@ -48,6 +48,9 @@ def to_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     for key in _PASSED:
         if key in config:
             hf[key] = config[key]
+    if "block_size" not in config:  # DFlashSpeculatorConfig's own default, not z-lab's 16
+        hf["block_size"] = 8
+        notes.append("block_size absent: speculators' default 8")
     aux = config.get("aux_hidden_state_layer_ids")
     if not aux:
         raise ValueError(

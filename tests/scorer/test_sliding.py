@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmbedding, rotate_half
 
+from scorer.attention import _block_sparse_mask, _flex_mask_mod
 from scorer.config import DrafterConfig
-from scorer.model import DFlashDrafter, _block_sparse_mask, _flex_mask_mod
+from scorer.model import DFlashDrafter
 
 V, MASK, W = 100, 99, 8
 SPECFORGE_TYPES = ["sliding_attention"] * 2 + ["full_attention"]  # qwen3.6-27b-dflash.json, 3 layers
