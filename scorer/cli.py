@@ -196,6 +196,12 @@ def eval_command(
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Block size for checkpoints without a config (overrides a config's value too).",
+)
+@click.option(
     "--tokens-per-task",
     type=click.IntRange(min=1),
     default=None,

@@ -297,9 +297,14 @@ def _reject_unsupported(config: dict[str, Any]) -> None:
         if not any(value is v or (v is not None and value == v) for v in inert):
             problems.append(f"{key}={value!r}")
     types = config.get("layer_types") or []
-    if "sliding_attention" in types and config.get("use_sliding_window") is False:
-        # transformers then drops the window (z-lab torch: causal, no window), vLLM keeps it.
-        problems.append("use_sliding_window=false with sliding_attention layers (implementations disagree)")
+    use_sw = config.get("use_sliding_window")
+    if "sliding_attention" in types and use_sw is not True and config.get("model_type", "qwen3") == "qwen3":
+        # transformers' Qwen3Config then drops the window (z-lab torch: causal, no window), vLLM
+        # keeps it; SpecForge refuses. Non-qwen3 configs (the z-lab assistant) keep the window.
+        problems.append(
+            f"use_sliding_window={use_sw} with sliding_attention layers (transformers drops the window, "
+            "vLLM keeps it; set use_sliding_window: true)"
+        )
     hidden, target_hidden = config.get("hidden_size"), config.get("target_hidden_size")
     if target_hidden is not None and target_hidden != hidden:
         problems.append(f"target_hidden_size={target_hidden} (!= hidden_size {hidden})")

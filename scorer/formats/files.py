@@ -150,7 +150,7 @@ def _torch_load(path: Path, trust: bool) -> Any:
         first = f.read(2)
     if not mmap and not first.startswith(b"\x80"):  # torch.save writes a zip, or a pickle (PROTO)
         raise CheckpointError(
-            f"{path} is not a checkpoint: neither a torch zip archive nor a pickle; expected {_ACCEPTED}"
+            f"{path} is not a checkpoint: neither a torch zip archive nor a pickle as torch.save writes them; expected {_ACCEPTED}"
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)

@@ -246,7 +246,7 @@ def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
         ({"sample_from_anchor": True}, "sample_from_anchor=True"),
         (
             {"layer_types": ["full_attention", "sliding_attention"], "use_sliding_window": False},
-            "use_sliding_window=false with sliding_attention layers",
+            "use_sliding_window=False with sliding_attention layers",
         ),
     ],
 )

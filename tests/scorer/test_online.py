@@ -37,3 +37,28 @@ def test_offline_tau_equals_online_tau(model, tmp_path):
     assert online["tau"]["per_request"] == pytest.approx(offline["tau"]["per_request"], abs=0)
     assert online["tau"]["pooled"] == pytest.approx(offline["tau"]["pooled"], abs=0)
     assert offline["tau"]["pooled"] > 1.0
+
+
+@pytest.mark.slow
+def test_sliding_window_drafter_online_equals_offline(scorer_cache, trained_drafter, tmp_path):
+    """A window of 4 (smaller than the contexts) in both paths: same rounds, round by round."""
+    import json
+    import shutil
+
+    drafter = tmp_path / "sliding"
+    shutil.copytree(trained_drafter, drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    n = config["num_hidden_layers"]
+    config.update(layer_types=["sliding_attention"] * n, sliding_window=4, use_sliding_window=True)
+    (drafter / "config.json").write_text(json.dumps(config))
+    offline = evaluate(drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=3))
+    assert offline["drafter"]["layer_types"] == ["sliding_attention"] * n
+    online = run_online(drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=24, limit=3)
+    for off, on in zip(offline["per_request"], online["per_request"]):
+        tokens = [
+            min(a + 1, on["generated"] + off["anchors"][0] - 1 - p)
+            for a, p in zip(off["accepted"], off["anchors"])
+        ]
+        assert on["tokens_per_round"] == tokens, off["record_id"]
+    full = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=3))
+    assert [r["accepted"] for r in full["per_request"]] != [r["accepted"] for r in offline["per_request"]]
