@@ -1,9 +1,11 @@
 """Load any DFlash drafter checkpoint into (DrafterConfig, state_dict) and say what was inferred.
 
-Accepted (spec/dflash.md section 2): an HF directory (config.json + model.safetensors, or
-shards with `model.safetensors.index.json`, or pytorch_model.bin), a bare `.safetensors` file,
-or a training pickle (`.pt`, `.pth`, `.bin`). Pickles load with `weights_only=True` unless the
-caller trusts the file, since full unpickling runs arbitrary code.
+Accepted (spec/dflash.md section 2, README "Drafter formats"): an HF directory (config.json +
+model.safetensors, or shards with `model.safetensors.index.json`, or pytorch_model.bin) in the
+z-lab, SpecForge-export or speculators layout, a bare `.safetensors` file, a training pickle
+(`.pt`, `.pth`, `.bin`), or SpecForge's `{run}-stepN/training_state.pt` (`draft_state_dict`).
+A separate draft config can be given (`config_path`, the CLI's `--config`). Pickles load with
+`weights_only=True` unless the caller trusts the file, since full unpickling runs arbitrary code.
 """
 
 from __future__ import annotations
@@ -11,53 +13,52 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import re
-import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from hscache.store.fsio import atomic_write_with, file_sha256
 from scorer.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
-from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
+from scorer.errors import CheckpointError
+from scorer.formats import speculators
+from scorer.formats.files import (
+    FORMAT_PICKLE,
+    FORMAT_SPECFORGE,
+    few,
+    read_json,
+    read_weights,
+    resolve_files,
+)
 from scorer.model import DFlashDrafter
 
 __all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
 
 # Fixed strings: they are written into cache manifests and result files.
-FORMAT_HF_DIR, FORMAT_HF_SHARDED, FORMAT_SAFETENSORS, FORMAT_PICKLE = (
-    "hf_dir",
-    "hf_dir_sharded",
-    "safetensors",
-    "torch_pickle",
-)
-_ACCEPTED = (
-    "an HF directory (config.json + model.safetensors or shards + model.safetensors.index.json), "
-    "a .safetensors file, or a .pt/.pth/.bin training checkpoint"
-)
-_PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
-_NESTING_KEYS = ("model", "state_dict", "model_state_dict", "module")
-_CONFIG_KEYS = ("config", "args", "model_config")
-_CONFIG_HINTS = {*DrafterConfig.__dataclass_fields__, "dflash_config", "aux", "aux_layer_ids"}
 _LEADING_PREFIXES = ("module.", "draft_model.", "model.")
 _WRAPPER_SEGMENTS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")  # may sit mid-key
 _RENAMES = (("midlayer.", "layers.0."), ("encoder.fc.", "fc."), ("encoder.output_norm_enc.", "hidden_norm."))
 _TARGET_COPIES = ("embed_tokens.weight", "lm_head.weight")
 _ST_METADATA = {"format": "pt"}  # what transformers writes; lets it load our shards
+# Used only when a config file exists and omits the key: the published code's own default then.
 _DEFAULTS = {"block_size": 16, "rms_norm_eps": 1e-6, "rope_scaling": None, "attention_bias": False}
+# Fields that change the numbers and that nothing but a config or a flag can tell: without a
+# config they stop the run, naming the flag (issue: a block-8 drafter scored at block 16).
+_FLAG_FOR = {"block_size": "--block-size", "mask_token_id": "--mask-token-id"}
 
 
 @dataclass(frozen=True)
 class LoadReport:
     """What `load_checkpoint` read, inferred and changed.
 
-    `field_sources` maps each DrafterConfig field to "config", "shapes", "override", "derived"
-    (target_layer_ids from num_target_layers) or "default". `sha256` is the file's digest, or for
+    `field_sources` maps each DrafterConfig field to "config" (config.json, or a trainer config
+    saved in the pickle), "config_file" (--config), "checkpoint" (SpecForge's resume contract
+    in training_state.pt), "shapes", "override",
+    "derived" (target_layer_ids from num_target_layers), "cache" or "default". `warnings` are
+    shown in the terminal, the JSON and the HTML report. `sha256` is the file's digest, or for
     several files the sha256 of their sorted "name digest" lines; `weights_sha256` hashes the
     final state_dict (names, dtypes, shapes, bytes), so it is the same across formats.
     `stripped_prefixes` also lists vLLM renames as "old -> new"; `dropped_keys` are original names.
@@ -72,6 +73,8 @@ class LoadReport:
     stripped_prefixes: tuple[str, ...]
     dropped_keys: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    layout: str = "zlab"
+    warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (tuples become lists)."""
@@ -85,6 +88,9 @@ class LoadedCheckpoint:
     config: DrafterConfig
     state_dict: dict[str, torch.Tensor]
     report: LoadReport
+    # The drafter's own output side, when its layout defines one (speculators): "embed_tokens"
+    # [V, H], "lm_head" [Vd, H], "d2t" [Vd]; empty means the target's embedding and head.
+    head: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def load_checkpoint(
@@ -93,6 +99,7 @@ def load_checkpoint(
     overrides: dict[str, Any] | None = None,
     fallbacks: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
+    config_path: str | os.PathLike | None = None,
 ) -> LoadedCheckpoint:
     """Load a DFlash drafter checkpoint of any supported format.
 
@@ -103,6 +110,8 @@ def load_checkpoint(
         fallbacks: values used only for fields that neither the config, the weights nor the
             overrides supply (the scorer passes what the hidden-state cache knows); source "cache".
         trust_checkpoint: allow full unpickling of a pickle that `weights_only` refuses.
+        config_path: a separate draft config JSON (SpecForge's `model.draft_model_config`); it
+            replaces a config.json beside the weights.
 
     Returns:
         LoadedCheckpoint with exactly the drafter's keys (no embed_tokens / lm_head).
@@ -117,15 +126,50 @@ def load_checkpoint(
         >>> drafter = DFlashDrafter(ckpt.config); drafter.load_state_dict(ckpt.state_dict)  # doctest: +SKIP
     """
     root = Path(path)
-    fmt, files, config_json = _resolve_files(root)
-    raw, embedded_config = _read_weights(fmt, files, root, trust_checkpoint)
+    fmt, files, config_json = resolve_files(root)
+    raw, embedded_config, recorded = read_weights(fmt, files, root, trust_checkpoint)
+    if recorded is not None and fmt == FORMAT_PICKLE:
+        fmt = FORMAT_SPECFORGE
+    layers: list[tuple[str, dict]] = []  # (source label, raw config dict), weakest first
+    if recorded:
+        layers.append(("checkpoint", recorded))
+    if embedded_config:  # a trainer's config saved with the weights counts as a config
+        layers.append(("config", embedded_config))
+    if config_json is not None:
+        layers.append(("config", config_json))
+    if config_path is not None:
+        file_config = read_json(Path(config_path))
+        layers.append(("config_file", file_config))
+        files = [*files, Path(config_path)]
+    elif fmt == FORMAT_SPECFORGE and config_json is None:
+        raise CheckpointError(
+            f"{root} is a SpecForge training_state.pt: it holds the weights but no draft config "
+            "(layer_types, sliding_window, rope); pass --config DRAFT_CONFIG.json, the run's "
+            "model.draft_model_config"
+        )
+    notes: list[str] = []
+    head: dict[str, torch.Tensor] = {}
+    layout = "specforge" if fmt == FORMAT_SPECFORGE else "zlab"
+    for n, (label, cfg) in enumerate(layers):
+        if speculators.is_speculators(cfg):
+            try:
+                layers[n] = (label, speculators.to_hf_config(cfg)[0])
+                notes += speculators.to_hf_config(cfg)[1]
+                head = speculators.split_head(raw, cfg)
+            except ValueError as e:
+                raise CheckpointError(f"{root}: {e}") from e
+            layout = "speculators"
     state_dict, stripped, dropped = _normalize_keys(raw, root)
     del raw  # drop the last reference to anything else the file held
-    config, sources, notes = _resolve_config(
-        state_dict, config_json or embedded_config, overrides or {}, root, fallbacks or {}
+    config, sources, more_notes, warnings = _resolve_config(
+        state_dict, layers, overrides or {}, root, fallbacks or {}
     )
+    notes += more_notes
     _validate(state_dict, config, root)
-    file_sha = {str(f.relative_to(root) if root.is_dir() else f.name): file_sha256(f) for f in files}
+    file_sha = {
+        str(f.relative_to(root) if root.is_dir() and f.is_relative_to(root) else f.name): file_sha256(f)
+        for f in files
+    }
     report = LoadReport(
         path=str(root),
         format=fmt,
@@ -136,127 +180,10 @@ def load_checkpoint(
         stripped_prefixes=stripped,
         dropped_keys=dropped,
         notes=tuple(notes),
+        layout=layout,
+        warnings=tuple(warnings),
     )
-    return LoadedCheckpoint(config=config, state_dict=state_dict, report=report)
-
-
-def _resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
-    """Format, weight/config files to read and hash, and the parsed config.json (if any)."""
-    if not root.exists():
-        raise CheckpointNotFoundError(f"checkpoint {root} does not exist; expected {_ACCEPTED}")
-    if root.is_file():
-        if root.suffix == ".safetensors":
-            return FORMAT_SAFETENSORS, [root], None
-        if root.suffix in _PICKLE_SUFFIXES:
-            return FORMAT_PICKLE, [root], None
-        raise CheckpointError(f"{root}: unknown checkpoint suffix {root.suffix!r}; expected {_ACCEPTED}")
-    cfg_path, index = root / "config.json", root / "model.safetensors.index.json"
-    config = _read_json(cfg_path) if cfg_path.is_file() else None
-    head = [cfg_path] if config is not None else []
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index} has no 'weight_map' object naming the shard of each tensor")
-        shards = [root / s for s in sorted(set(weight_map.values()))]
-        if absent := [p.name for p in shards if not p.is_file()]:
-            raise CheckpointNotFoundError(
-                f"{root}: shards named in {index.name} are missing: {_few(absent, noun='file')}"
-            )
-        return FORMAT_HF_SHARDED, head + [index] + shards, config
-    for name, fmt in (("model.safetensors", FORMAT_HF_DIR), ("pytorch_model.bin", FORMAT_PICKLE)):
-        if (root / name).is_file():
-            return fmt, head + [root / name], config
-    raise CheckpointNotFoundError(
-        f"{root} holds no model.safetensors, model.safetensors.index.json or "
-        f"pytorch_model.bin; expected {_ACCEPTED}"
-    )
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, expected an object")
-    return data
-
-
-def _read_weights(fmt: str, files: list[Path], root: Path, trust: bool) -> tuple[dict, dict | None]:
-    """Raw (un-normalised) weights and a config dict found inside a pickle, if any."""
-    weight_files = [f for f in files if f.suffix != ".json"]
-    if fmt != FORMAT_PICKLE:
-        raw: dict[str, torch.Tensor] = {}
-        for f in weight_files:
-            shard = load_file(f, device="cpu")
-            if clash := raw.keys() & shard.keys():
-                raise CheckpointError(f"{root}: keys appear in more than one shard: {_few(clash)}")
-            raw.update(shard)
-        return raw, None
-    obj = _torch_load(weight_files[0], trust)
-    trail = _find_weights(obj)
-    if trail is None:
-        top = list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(
-            f"{root}: no weights dict found (top level: {top}); expected the drafter "
-            f"state_dict at top level or under {'/'.join(_NESTING_KEYS)}"
-        )
-    weights = trail[-1]
-    weights = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-    return dict(weights), _find_config(trail[:-1])
-
-
-def _torch_load(path: Path, trust: bool) -> Any:
-    # mmap keeps optimizer state (often most of a training file) out of RAM; needs the zip format.
-    mmap = zipfile.is_zipfile(path)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        if trust or not re.search(r"weights.only", str(e), re.IGNORECASE):  # corrupt, not refused
-            raise CheckpointError(f"{path} is not a readable torch checkpoint: {e}") from e
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        what = f" (it references {found.group(1)})" if found else ""
-        raise UntrustedCheckpointError(
-            f"{path} cannot be loaded with weights_only=True{what}: it needs full unpickling, which runs "
-            "arbitrary code from the file. Pass --trust-checkpoint (trust_checkpoint=True) only if you "
-            "trust its source."
-        ) from e
-    except MemoryError:
-        raise
-    except Exception as e:  # corrupt or not a torch file: unpicklers raise many types (IndexError...)
-        raise CheckpointError(f"{path} is not a readable torch checkpoint: {type(e).__name__}: {e}") from e
-
-
-def _is_weights(obj: Any) -> bool:
-    if isinstance(obj, torch.nn.Module):
-        return True
-    return (
-        isinstance(obj, Mapping)
-        and len(obj) > 0
-        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
-    )
-
-
-def _find_weights(obj: Any) -> list[Any] | None:
-    """Containers from `obj` down to the weights dict (last element), via the nesting keys."""
-    if _is_weights(obj):
-        return [obj]
-    if isinstance(obj, Mapping):
-        for key in _NESTING_KEYS:
-            if key in obj and (below := _find_weights(obj[key])) is not None:
-                return [obj, *below]
-    return None
-
-
-def _find_config(containers: list[Any]) -> dict | None:
-    """A trainer config saved beside the weights (`config`/`args`/`model_config`), if any."""
-    for container in containers:
-        for key in _CONFIG_KEYS:
-            cfg = container.get(key)
-            cfg = vars(cfg) if hasattr(cfg, "__dict__") and not isinstance(cfg, Mapping) else cfg
-            if isinstance(cfg, Mapping) and cfg.keys() & _CONFIG_HINTS:
-                return dict(cfg)
-    return None
+    return LoadedCheckpoint(config=config, state_dict=state_dict, report=report, head=head)
 
 
 def _normalize_keys(raw: dict[str, torch.Tensor], root: Path) -> tuple[dict, tuple, tuple]:
@@ -299,7 +226,7 @@ def _infer_from_shapes(sd: dict[str, torch.Tensor], root: Path) -> dict[str, Any
     ]
     if missing := [k for k in need if k not in sd]:
         raise CheckpointError(
-            f"{root} is not a DFlash drafter checkpoint: missing {_few(missing)}; present: {_few(sorted(sd))}"
+            f"{root} is not a DFlash drafter checkpoint: missing {few(missing)}; present: {few(sorted(sd))}"
         )
     hidden, fc_in = sd["fc.weight"].shape
     head_dim = sd["layers.0.self_attn.q_norm.weight"].shape[0]
@@ -319,45 +246,68 @@ def _infer_from_shapes(sd: dict[str, torch.Tensor], root: Path) -> dict[str, Any
 
 def _resolve_config(
     sd: dict,
-    config_dict: dict | None,
+    layers: list[tuple[str, dict]],
     overrides: dict[str, Any],
     root: Path,
     fallbacks: dict[str, Any] | None = None,
-) -> tuple[DrafterConfig, dict[str, str], list[str]]:
-    """Merge config file, weight shapes, overrides and defaults; record where each field came from."""
+) -> tuple[DrafterConfig, dict[str, str], list[str], list[str]]:
+    """Merge config layers, weight shapes, overrides, cache and defaults.
+
+    Returns the config, where each field came from, notes, and warnings for the report.
+    """
     names = set(DrafterConfig.__dataclass_fields__)
     if unknown := sorted(set(overrides) - names):
         raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(names)}")
-    try:
-        fields = hf_config_fields(config_dict) if config_dict else {}
-    except ValueError as e:
-        raise CheckpointError(f"{root}: {e}") from e
-    sources, notes = {k: "config" for k in fields}, []
+    fields: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+    for label, raw_config in layers:  # weakest first: a later layer wins, a clash is noted
+        try:
+            parsed = hf_config_fields(raw_config) if raw_config.keys() - names else dict(raw_config)
+        except ValueError as e:
+            raise CheckpointError(f"{root}: {e}") from e
+        for name, value in parsed.items():
+            if name in fields and fields[name] != value:
+                notes.append(f"{label} {name}={value!r} replaced {sources[name]} value {fields[name]!r}")
+            fields[name], sources[name] = value, label
+    have_config = any(label in ("config", "config_file") for label, _ in layers)
     shapes = _infer_from_shapes(sd, root)
     k_features = shapes.pop("num_features")
     for name, value in shapes.items():
         if name in fields and fields[name] != value:
-            raise CheckpointError(f"{root}: config says {name}={fields[name]} but the weights say {value}")
+            raise CheckpointError(
+                f"{root}: {sources[name]} says {name}={fields[name]} but the weights say {value}"
+            )
         fields.setdefault(name, value)
         sources.setdefault(name, "shapes")
     for name, value in overrides.items():
         if sources.get(name) == "shapes" and fields[name] != value:
             raise CheckpointError(f"{root}: override {name}={value} contradicts the weights ({fields[name]})")
-        if sources.get(name) == "config" and fields[name] != value:
-            notes.append(f"override {name}={value!r} replaced config value {fields[name]!r}")
+        if name in fields and sources[name] != "shapes" and fields[name] != value:
+            notes.append(f"override {name}={value!r} replaced {sources[name]} value {fields[name]!r}")
         fields[name], sources[name] = value, "override"
     if "target_layer_ids" not in fields and fields.get("num_target_layers") is not None:
         fields["target_layer_ids"] = derive_target_layer_ids(
             fields["num_target_layers"], fields["num_hidden_layers"]
         )
         sources["target_layer_ids"] = "derived"
+    if not have_config and (lacking := [f for f in _FLAG_FOR if f not in fields]):
+        # block_size cannot be derived from weights or cache; mask_token_id only guessed.
+        if "mask_token_id" in lacking and (fallbacks or {}).get("mask_token_id") is not None:
+            lacking.remove("mask_token_id")
+        if lacking:
+            raise CheckpointError(
+                f"{root} has no config that sets {', '.join(lacking)}, and a default would change "
+                f"the numbers silently; pass {', '.join(_FLAG_FOR[f] + ' N' for f in lacking)} "
+                "(or --config DRAFT_CONFIG.json)"
+            )
     for name, value in (fallbacks or {}).items():
         if name not in fields and value is not None:
             fields[name], sources[name] = value, "cache"
     for name, value in _DEFAULTS.items():
         if name not in fields:
             fields[name], sources[name] = value, "default"
-    if missing := sorted(names - set(fields) - {"num_target_layers"}):
+    if missing := sorted(names - set(fields) - _OPTIONAL):
         raise CheckpointError(
             f"{root}: cannot tell {', '.join(missing)} from the checkpoint; pass them "
             "as overrides (CLI flags, or from the hidden-state cache)"
@@ -368,10 +318,59 @@ def _resolve_config(
             f"{len(fields['target_layer_ids'])} entries but fc.weight takes {k_features} "
             "features"
         )
+    warnings = _warnings(layers, sources, fields, fallbacks or {})
+    if not have_config:
+        guessed = [
+            f"{n}={fields[n]!r}"
+            for n in ("target_layer_ids", "rope_theta", "rms_norm_eps")
+            if sources.get(n) == "cache"
+        ]
+        if guessed:
+            warnings.append(
+                f"the checkpoint has no config: {', '.join(guessed)} taken from the cache's target; "
+                "pass --target-layer-ids / --rope-theta or --config if the drafter was trained otherwise"
+            )
     try:
-        return DrafterConfig(**fields), dict(sorted(sources.items())), notes
+        return DrafterConfig(**fields), dict(sorted(sources.items())), notes, warnings
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{root}: invalid drafter config: {e}") from e
+
+
+_OPTIONAL = {"num_target_layers", "layer_types", "sliding_window", "is_causal"}
+
+
+def _find_key(obj: Any, key: str, trail: str = "") -> str | None:
+    """Dotted path of the first ``key`` anywhere in a nested config dict, or None."""
+    if isinstance(obj, Mapping):
+        if key in obj and obj[key] is not None:
+            return f"{trail}{key}"
+        for k, v in obj.items():
+            if (found := _find_key(v, key, f"{trail}{k}.")) is not None:
+                return found
+    return None
+
+
+def _warnings(
+    layers: list[tuple[str, dict]], sources: dict[str, str], fields: dict[str, Any], fallbacks: dict[str, Any]
+) -> list[str]:
+    """A field the config states but that was taken from the cache; a config sized for another target."""
+    out = []
+    for name, source in sorted(sources.items()):
+        if source != "cache":
+            continue
+        for label, raw_config in layers:
+            if (where := _find_key(raw_config, name)) is not None:
+                out.append(
+                    f"drafter {name}: the {label} sets {where} but it was not read; "
+                    f"the value {fields[name]!r} came from the cache's target"
+                )
+    stated, target = fields.get("num_target_layers"), fallbacks.get("num_target_layers")
+    if stated is not None and target is not None and int(stated) != int(target):
+        out.append(
+            f"drafter num_target_layers={stated} ({sources.get('num_target_layers')}) but the cache's "
+            f"target has {target} layers: the drafter was built for another target"
+        )
+    return out
 
 
 def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | str) -> None:
@@ -387,7 +386,7 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
     ]
     wrong += [f"{k} dtype {v.dtype}" for k, v in sorted(sd.items()) if not v.is_floating_point()]
     problems = [
-        f"{label} {_few(keys)}"
+        f"{label} {few(keys)}"
         for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape/dtype", wrong))
         if keys
     ]
@@ -395,15 +394,6 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
         raise CheckpointError(
             f"{root} is not a DFlash drafter checkpoint matching its config: {'; '.join(problems)}"
         )
-
-
-def _few(keys: Any, limit: int = 5, noun: str = "key") -> str:
-    """'2 keys: a, b' -- the first few offending names and the count, for one-line errors."""
-    keys = list(keys)
-    shown = ", ".join(keys[:limit])
-    return f"{len(keys)} {noun}{'s' if len(keys) != 1 else ''}: {shown}" + (
-        f", ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
-    )
 
 
 def _combine(file_sha: dict[str, str]) -> str:

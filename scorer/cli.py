@@ -64,6 +64,14 @@ _checkpoint_flags = [
     click.option("--mask-token-id", type=int, default=None, help="Override the mask token id."),
     click.option("--rope-theta", type=float, default=None, help="Override the drafter's rope theta."),
     click.option(
+        "--config",
+        "config_path",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="A separate draft config JSON (e.g. SpecForge's model.draft_model_config for a "
+        "{run}-stepN/training_state.pt); replaces a config.json beside the weights.",
+    ),
+    click.option(
         "--trust-checkpoint",
         is_flag=True,
         help="Allow full unpickling of a .pt that weights_only refuses (runs its code!).",
@@ -191,6 +199,12 @@ def eval_command(
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Block size for checkpoints without a config (overrides a config's value too).",
+)
+@click.option(
     "--tokens-per-task",
     type=click.IntRange(min=1),
     default=None,
@@ -248,6 +262,9 @@ def sweep(
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None)
 @click.option("--json", "json_out", default=None)
+@click.option(
+    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
 @checkpoint_flags
 @friendly_errors
 def online(
@@ -256,14 +273,18 @@ def online(
     target_layer_ids: str | None,
     mask_token_id: int | None,
     rope_theta: float | None,
+    block_size: int | None,
     **options: Any,
 ) -> None:
     """Real greedy speculative decoding with the target verifying: the online tau per request."""
     from scorer.online import run_online
 
-    result = run_online(
-        checkpoint, overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options
-    )
+    overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
+    if block_size is not None:
+        overrides["block_size"] = block_size
+    result = run_online(checkpoint, overrides=overrides, **options)
+    for warning in result["checkpoint"].get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     for row in result["per_request"]:
         tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
         click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from hscache.capture.layers import dflash_layer_ids
 
-__all__ = ["DrafterConfig", "derive_target_layer_ids", "hf_config_fields"]
+__all__ = ["DrafterConfig", "derive_target_layer_ids", "draft_value", "hf_config_fields"]
 
 
 def derive_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -27,6 +27,7 @@ def derive_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
 
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def _rope_type(rope_scaling: dict | None) -> str:
@@ -54,9 +55,22 @@ class DrafterConfig:
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int | None = None
+    # Per-layer attention, exactly as z-lab dflash/model.py reads them (spec section 1): a
+    # "sliding_attention" layer sees keys with q_pos - k_pos < sliding_window (absolute positions)
+    # and is causal inside the block unless `is_causal` (one flag for every layer) says otherwise.
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    is_causal: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(str(t) for t in self.layer_types))
+            if all(t == "full_attention" for t in self.layer_types) and self.is_causal is None:
+                object.__setattr__(self, "layer_types", None)  # the classic drafter: one canonical form
+        if not (self.layer_types and "sliding_attention" in self.layer_types):
+            object.__setattr__(self, "sliding_window", None)  # read only by sliding layers
+        self._check_layer_types()
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty; a drafter reads at least one target layer")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -78,6 +92,31 @@ class DrafterConfig:
             )
         if rope_type == "linear" and not float(self.rope_scaling.get("factor", 0)) > 0:
             raise ValueError(f"linear rope_scaling needs a positive 'factor', got {self.rope_scaling}")
+
+    def _check_layer_types(self) -> None:
+        types = self.layer_types
+        if types is None:
+            return
+        if len(types) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_types has {len(types)} entries but num_hidden_layers is {self.num_hidden_layers}"
+            )
+        if bad := sorted(set(types) - set(LAYER_TYPES)):
+            raise ValueError(
+                f"layer_types {bad} not supported; each entry must be one of {list(LAYER_TYPES)}"
+            )
+        if "sliding_attention" in types and not (
+            isinstance(self.sliding_window, int) and self.sliding_window > 0
+        ):
+            raise ValueError(
+                f"sliding_attention layers need a positive integer sliding_window, got {self.sliding_window!r}"
+            )
+
+    def layer_attention(self, layer: int) -> tuple[bool, int | None]:
+        """(causal inside the block, window or None) of draft layer ``layer`` (z-lab rule)."""
+        kind = self.layer_types[layer] if self.layer_types else "full_attention"
+        causal = kind == "sliding_attention" if self.is_causal is None else bool(self.is_causal)
+        return causal, (self.sliding_window if kind == "sliding_attention" else None)
 
     @property
     def rope_type(self) -> str:
@@ -111,7 +150,8 @@ class DrafterConfig:
         fields.setdefault("block_size", 16)
         fields.setdefault("rope_scaling", None)
         fields.setdefault("attention_bias", False)
-        missing = [f for f in cls.__dataclass_fields__ if f not in fields and f != "num_target_layers"]
+        optional = ("num_target_layers", "layer_types", "sliding_window", "is_causal")
+        missing = [f for f in cls.__dataclass_fields__ if f not in fields and f not in optional]
         if missing:
             raise ValueError(
                 f"config.json lacks {', '.join(missing)}; a DFlash drafter config needs "
@@ -135,12 +175,24 @@ class DrafterConfig:
         )
         if self.num_target_layers is not None:
             out["num_target_layers"] = self.num_target_layers
+        for key in ("layer_types", "sliding_window", "is_causal"):
+            out.pop(key)
+            if getattr(self, key) is not None:
+                out[key] = list(self.layer_types) if key == "layer_types" else getattr(self, key)
+        if self.layer_types and "sliding_attention" in self.layer_types:
+            out["use_sliding_window"] = True  # transformers' Qwen3Config drops the window otherwise
         out["dflash_config"] = {
             "block_size": self.block_size,
             "mask_token_id": self.mask_token_id,
             "target_layer_ids": list(self.target_layer_ids),
         }
         return out
+
+
+def draft_value(config: dict[str, Any], name: str, default: Any = None) -> Any:
+    """z-lab's ``_draft_value``: ``dflash_config[name]``, else the top-level key, else ``default``."""
+    dflash = config.get("dflash_config") or {}
+    return dflash[name] if name in dflash else config.get(name, default)
 
 
 def hf_config_fields(config: dict[str, Any]) -> dict[str, Any]:
@@ -154,8 +206,8 @@ def hf_config_fields(config: dict[str, Any]) -> dict[str, Any]:
         Field name -> value for the fields the dict sets.
 
     Raises:
-        ValueError: the config describes a later DFlash variant (DFlash2, sliding/causal layers,
-            embedding or logit scaling) that this drafter does not implement.
+        ValueError: the config sets a key that changes the math in a way this drafter does not
+            implement (each one named), e.g. DFlash2 convolutions or partial RoPE.
     """
     _reject_unsupported(config)
     dflash = config.get("dflash_config") or {}
@@ -174,25 +226,88 @@ def hf_config_fields(config: dict[str, Any]) -> dict[str, Any]:
             fields[key] = dflash[key]
     if fields.get("target_layer_ids") is not None:
         fields["target_layer_ids"] = tuple(fields["target_layer_ids"])
+    fields.update(_attention_fields(config))
     return {k: v for k, v in fields.items() if v is not None or k == "rope_scaling"}
 
 
+def _attention_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """layer_types / sliding_window / is_causal as z-lab's model reads them through Qwen3Config."""
+    n_layers = config.get("num_hidden_layers")
+    types = config.get("layer_types")
+    window = config.get("sliding_window")
+    use_sw = config.get("use_sliding_window")
+    if types is None and use_sw and window is not None and isinstance(n_layers, int):
+        # transformers' Qwen3Config: layers at index >= max_window_layers slide.
+        first = int(config.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    sliding = bool(types) and "sliding_attention" in types
+    is_causal = config.get("is_causal")
+    if is_causal is None:
+        is_causal = (config.get("dflash_config") or {}).get("causal")  # vLLM's spelling
+    if is_causal is None and "MuseGlimmerAssistantModel" in (config.get("architectures") or []):
+        is_causal = False  # z-lab MLX and vLLM: this head's in-block attention is bidirectional
+    if config.get("sliding_window_non_causal"):  # speculators: sliding layers see the whole block
+        is_causal = False
+    return {
+        "layer_types": tuple(types) if types is not None else None,
+        "sliding_window": window if sliding else None,
+        "is_causal": None if is_causal is None else bool(is_causal),
+    }
+
+
+# Keys that change the math, with the value (or values) that leaves it unchanged; any other
+# value is refused by name. Looked up like z-lab's _draft_value (dflash_config, then top level).
+_INERT: dict[str, tuple[Any, ...]] = {
+    "input_embedding_scale": (1, None),
+    "output_multiplier": (1, None),
+    "final_logit_softcapping": (0, None),
+    "logit_scale": (1, None),
+    "partial_rotary_factor": (1, None),
+    "attention_value_scale": (1, None),
+    "is_neox_style": (True, None),
+    "use_swa": (False, None),
+    "swa_window_size": (None,),
+    "attention_sink_bias": (False, None),
+    "add_swa_attention_sink_bias": (False, None),
+    "sample_from_anchor": (False, None),
+    "use_aux_hidden_state": (True, None),
+    "projector_type": (None,),
+    "pure_draft_prefix_len": (0, None),
+    "shift_label": (False, None),
+    "conv_kernel_size": (None,),
+    "conv_group_size": (None,),
+    "selector_rank": (None,),
+    "selector_top_k": (None,),
+}
+_ACCEPTED_ARCHITECTURES = ("DFlashDraftModel", "DFlashSpeculator", "MuseGlimmerAssistantModel")
+
+
 def _reject_unsupported(config: dict[str, Any]) -> None:
-    """Fail on features of later DFlash variants that this model does not implement."""
-    dflash = config.get("dflash_config") or {}
+    """Refuse, by name, every key whose value changes the math in a way this model does not do."""
     # Later variants (DFlash2DraftModel: convolutions + candidate selector) share the key layout.
-    problems = (
-        [f"architectures={config['architectures']}"]
-        if any(a.startswith("DFlash") and a != "DFlashDraftModel" for a in config.get("architectures") or [])
-        else []
-    )
-    neutral = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0}
-    for key, inert in neutral.items():
-        value = dflash.get(key, config.get(key))
-        if value is not None and float(value) != inert:
-            problems.append(f"{key}={value}")
-    if any(t != "full_attention" for t in config.get("layer_types") or []) or config.get("is_causal"):
-        problems.append("sliding-window or causal draft layers")
+    archs = config.get("architectures") or []
+    problems = [
+        f"architectures={archs}"
+        for a in archs[:1]
+        if a.startswith("DFlash") and a not in _ACCEPTED_ARCHITECTURES
+    ]
+    rope_params = config.get("rope_parameters") or {}
+    for key, inert in _INERT.items():
+        value = draft_value(config, key, rope_params.get(key))
+        if not any(value is v or (v is not None and value == v) for v in inert):
+            problems.append(f"{key}={value!r}")
+    types = config.get("layer_types") or []
+    use_sw = config.get("use_sliding_window")
+    if "sliding_attention" in types and use_sw is not True and config.get("model_type", "qwen3") == "qwen3":
+        # transformers' Qwen3Config then drops the window (z-lab torch: causal, no window), vLLM
+        # keeps it; SpecForge refuses. Non-qwen3 configs (the z-lab assistant) keep the window.
+        problems.append(
+            f"use_sliding_window={use_sw} with sliding_attention layers (transformers drops the window, "
+            "vLLM keeps it; set use_sliding_window: true)"
+        )
+    hidden, target_hidden = config.get("hidden_size"), config.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != hidden:
+        problems.append(f"target_hidden_size={target_hidden} (!= hidden_size {hidden})")
     if problems:
         raise ValueError(
             f"unsupported DFlash drafter variant ({'; '.join(problems)}); this scorer "

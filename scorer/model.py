@@ -14,17 +14,24 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scorer.attention import (
+    AttentionBackend,
+    _block_sparse_mask,
+    _flex_attend,
+    _flex_mask,
+    _pick_flex,
+    _sdpa_attend,
+    visible,
+)
 from scorer.config import DrafterConfig
 
 __all__ = ["AttentionBackend", "DFlashDrafter"]
-
-AttentionBackend = Literal["auto", "sdpa", "flex"]
 
 
 class _RMSNorm(nn.Module):
@@ -122,21 +129,43 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("inv_freq", base, persistent=False)
         self.register_buffer("embed_weight", None, persistent=False)
         self.register_buffer("lm_head_weight", None, persistent=False)
+        self.register_buffer("draft_to_target", None, persistent=False)  # [Vd] target ids (reduced vocab)
         self.backend_used: str | None = None  # attention kernel(s) of the last block_hidden call
+        # Set by the loaders (scorer.features.context_norm): the final norm that turns the cached
+        # last-layer output into hidden_states[L] for this drafter's features, or None.
+        self.context_norm: Any = None
 
-    def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Attach the target's frozen `embed_tokens.weight` [V, H] and `lm_head.weight` [V, H].
+    def attach_target(
+        self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None
+    ) -> None:
+        """Attach `embed_tokens.weight` [V, H] and `lm_head.weight` [V, H] (frozen).
+
+        With a reduced draft vocabulary (speculators), ``lm_head_weight`` is [Vd, H] and ``d2t``
+        [Vd] maps draft id d to target id d + d2t[d]; `head` then returns logits over the target
+        vocabulary with -inf at target ids the drafter cannot propose, so argmax and
+        log_softmax give exactly vLLM's `logits_new[:, targets] = logits`.
 
         Raises:
-            ValueError: a shape does not match [vocab_size, hidden_size].
+            ValueError: a shape does not match [vocab_size, hidden_size] (or [len(d2t), H]).
         """
-        want = (self.config.vocab_size, self.config.hidden_size)
-        for name, w in (("embed_weight", embed_weight), ("lm_head_weight", lm_head_weight)):
+        V, H = self.config.vocab_size, self.config.hidden_size
+        rows = V if d2t is None else len(d2t)
+        for name, w, want in (
+            ("embed_weight", embed_weight, (V, H)),
+            ("lm_head_weight", lm_head_weight, (rows, H)),
+        ):
             if tuple(w.shape) != want:
                 raise ValueError(
                     f"{name} has shape {list(w.shape)}, expected {list(want)} "
                     "(vocab_size, hidden_size) from the drafter config"
                 )
+        if d2t is not None:
+            ids = torch.arange(len(d2t), device=d2t.device) + d2t.long()
+            if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < V):
+                raise ValueError(f"d2t maps draft ids outside the target vocabulary 0..{V - 1}")
+            self.draft_to_target = ids.to(lm_head_weight.device)
+        else:
+            self.draft_to_target = None
         self.embed_weight, self.lm_head_weight = embed_weight, lm_head_weight
 
     def _target(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,8 +186,13 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target lm_head on already-normed hidden states: [..., H] -> logits [..., V]."""
-        return hidden @ self._target()[1].to(hidden.dtype).T
+        """lm_head on already-normed hidden states: [..., H] -> logits [..., V] over target ids."""
+        logits = hidden @ self._target()[1].to(hidden.dtype).T
+        if self.draft_to_target is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        full[..., self.draft_to_target] = logits
+        return full
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)
@@ -183,7 +217,9 @@ class DFlashDrafter(nn.Module):
         pos = torch.arange(p + B, device=h.device)
         cos, sin = self._cos_sin(pos, h.dtype)
         rep = self.config.num_attention_heads // self.config.num_key_value_heads
-        for layer in self.layers:
+        q_pos = torch.arange(p, p + B, device=h.device)[:, None]
+        for i, layer in enumerate(self.layers):
+            causal, window = self.config.layer_attention(i)
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             q = attn.q(x, cos[p:], sin[p:]).transpose(0, 1)  # [heads, B, D]
@@ -191,6 +227,8 @@ class DFlashDrafter(nn.Module):
             k = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, p+B, D]
             v = v.repeat_interleave(rep, dim=1).transpose(0, 1)
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.config.head_dim)
+            if causal or window is not None:  # z-lab builds a mask only then (dflash/model.py)
+                scores = scores.masked_fill(~visible(q_pos, pos[None], causal, window), float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             h = layer.finish(h, (probs @ v).transpose(0, 1))
         return self.head(self.norm(h)[1:])
@@ -310,8 +348,13 @@ class DFlashDrafter(nn.Module):
         pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).flatten()  # [n*B]
         cos, sin = self._cos_sin(pos, h.dtype)
         attend = _flex_attend if use_flex else _sdpa_attend
-        mask = _flex_mask(anchors, B, t_c) if use_flex else _block_sparse_mask(anchors, B, t_c)
-        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+        masks: dict[tuple[bool, int | None], Any] = {}  # one mask per (causal, window) kind
+        for i, (layer, (k_ctx, v_ctx)) in enumerate(zip(self.layers, ctx_kv)):
+            kind = self.config.layer_attention(i)
+            if kind not in masks:
+                build = _flex_mask if use_flex else _block_sparse_mask
+                masks[kind] = build(anchors, B, t_c, *kind)
+            mask = masks[kind]
             x = layer.input_layernorm(h)
             q = layer.self_attn.q(x, cos, sin)
             k_blk, v_blk = layer.self_attn.kv(x, cos, sin)
@@ -332,69 +375,3 @@ class DFlashDrafter(nn.Module):
         Full logits cost N*(B-1)*V floats; for large N use `block_hidden` and `head` on pieces.
         """
         return self.head(self.block_hidden(context_features, anchors, block_token_ids, **kwargs))
-
-
-def _block_sparse_mask(anchors: torch.Tensor, B: int, t_c: int) -> torch.Tensor:
-    """Boolean [n*B, t_c + n*B]: block i sees context keys < anchor_i and its own block's keys."""
-    n = anchors.shape[0]
-    ctx_ok = torch.arange(t_c, device=anchors.device)[None] < anchors[:, None]  # [n, t_c]
-    own = torch.eye(n, dtype=torch.bool, device=anchors.device)  # [n, n] block-diagonal seed
-    mask = torch.cat([ctx_ok, own.repeat_interleave(B, dim=1)], dim=1)  # [n, t_c + n*B]
-    return mask.repeat_interleave(B, dim=0)
-
-
-def _sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    # q [M, heads, D], k/v [S, kv, D] -> [M, heads, D]; GQA by repeating kv heads.
-    rep = q.shape[1] // k.shape[1]
-    k, v = (t.repeat_interleave(rep, dim=1).transpose(0, 1)[None] for t in (k, v))
-    return F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask)[0].transpose(0, 1)
-
-
-def _pick_flex(backend: AttentionBackend, device: torch.device) -> bool:
-    if backend not in ("auto", "sdpa", "flex"):
-        raise ValueError(f"backend must be 'auto', 'sdpa' or 'flex', got {backend!r}")
-    if backend == "sdpa":
-        return False
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError as e:
-        if backend == "flex":
-            raise ValueError("backend 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from e
-        return False
-    return backend == "flex" or device.type == "cuda"
-
-
-def _flex_mask(anchors: torch.Tensor, B: int, t_c: int) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    # t_c as a tensor: a compiled kernel would otherwise guard on (and recompile for) each value.
-    t_ctx = torch.tensor(t_c, device=anchors.device)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        block = q_idx // B
-        in_ctx = (kv_idx < t_ctx) & (kv_idx < anchors[block])
-        return in_ctx | ((kv_idx >= t_ctx) & ((kv_idx - t_ctx) // B == block))
-
-    n = anchors.shape[0]
-    return create_block_mask(mask_mod, None, None, n * B, t_c + n * B, device=anchors.device)
-
-
-_compiled_flex: Any = None
-
-
-def _flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
-    if q.is_cuda:  # uncompiled flex materialises all scores; compile once per process on GPU
-        _compiled_flex = _compiled_flex or torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    out = fn(
-        q.transpose(0, 1)[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        block_mask=mask,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return out[0].transpose(0, 1)

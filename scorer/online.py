@@ -52,6 +52,7 @@ def _target_fallbacks(target: Target) -> dict[str, Any]:
         "vocab_size": int(config.vocab_size),
         "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
         "num_target_layers": target.num_layers,
+        "rms_norm_eps": getattr(config, "rms_norm_eps", None),
     }
 
 
@@ -62,7 +63,12 @@ def _eos_ids(target: Target) -> set[int]:
 
 
 def online_decode(
-    target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, max_length: int
+    target: Target,
+    drafter: DFlashDrafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    max_length: int,
+    layout: str = "zlab",
 ) -> tuple[list[int], list[int]]:
     """Greedy speculative decoding of one prompt; returns (all token ids, tokens per round).
 
@@ -75,11 +81,20 @@ def online_decode(
     limit = min(len(prompt) + max_new_tokens, max_length)  # final length T
     eos = _eos_ids(target)
     prefill = capture_batch(target, [prompt], layer_ids, top_k=1, full_logits=False)[0]
+    last = target.num_layers - 1
+    last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
+    base = target.model.model
+    final_norm = getattr(getattr(base, "language_model", base), "norm", None)
     ids = list(prompt) + [int(prefill.argmax[-1])]  # x_P, the first bonus token
     rounds: list[int] = []
     while len(ids) < limit and ids[-1] not in eos:
         p = len(ids) - 1
-        features = prefill.hidden_states[:p].reshape(p, -1).to(drafter.fc.weight.dtype)
+        features = prefill.hidden_states[:p]  # [p, K, H] pre-norm layer outputs
+        if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
+            features = features.clone()
+            with torch.no_grad():
+                features[:, last_slot] = final_norm(features[:, last_slot])
+        features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
         block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
         block[0, 0] = ids[p]
         hidden = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
@@ -114,6 +129,7 @@ def run_online(
     limit: int | None = None,
     overrides: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
+    config_path: str | None = None,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
 
@@ -129,13 +145,21 @@ def run_online(
         overrides=overrides,
         fallbacks=_target_fallbacks(target),
         trust_checkpoint=trust_checkpoint,
+        config_path=config_path,
     )
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=device, dtype=target.model.dtype).eval()
+    own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
+    dtype = target.model.dtype
     drafter.attach_target(
-        target.model.get_input_embeddings().weight.detach(),
-        target.model.get_output_embeddings().weight.detach(),
+        own["embed_tokens"].to(device, dtype)
+        if "embed_tokens" in own
+        else target.model.get_input_embeddings().weight.detach(),
+        own["lm_head"].to(device, dtype)
+        if "lm_head" in own
+        else target.model.get_output_embeddings().weight.detach(),
+        own["d2t"].to(device) if "d2t" in own else None,
     )
     requests = []
     with use_backend(target.model, backend):
@@ -143,7 +167,9 @@ def run_online(
             if limit is not None and n >= limit:
                 break
             prompt = prompt_token_ids(record, target.tokenizer)
-            ids, rounds = online_decode(target, drafter, prompt, max_new_tokens, max_length)
+            ids, rounds = online_decode(
+                target, drafter, prompt, max_new_tokens, max_length, loaded.report.layout
+            )
             requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
     with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
     result = {

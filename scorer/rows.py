@@ -21,6 +21,7 @@ from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
     check_compatible,
+    context_norm,
     feature_index,
     sequence_features,
 )
@@ -44,6 +45,7 @@ class EvalConfig:
     n_boot: int = 1000
     max_blocks_per_forward: int = 64
     trust_checkpoint: bool = False
+    config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,13 +82,15 @@ def load_drafter(
         overrides=_overrides(config),
         fallbacks=cache_fallbacks(cache),
         trust_checkpoint=config.trust_checkpoint,
+        config_path=config.config_path,
     )
     check_compatible(loaded.config, cache, str(cache.path))
     dtype = DTYPES[config.dtype]
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
-    attach_cache_head(drafter, cache, dtype, config.device)
+    attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
+    drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
     return drafter, loaded
 
 
@@ -112,7 +116,9 @@ def score_rows(
     lengths = cache.index.column("length").to_pylist()
     results = []
     for row in rows:
-        features = sequence_features(cache.hidden_states(row), index, dtype, config.device)
+        features = sequence_features(
+            cache.hidden_states(row), index, dtype, config.device, getattr(drafter, "context_norm", None)
+        )
         results.append(
             score_sequence(
                 drafter,

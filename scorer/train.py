@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import hscache
 from hscache.store.view import CacheView
 from scorer.checkpoint import save_hf_checkpoint
-from scorer.features import attach_cache_head, feature_index, sequence_features
+from scorer.features import attach_cache_head, context_norm, feature_index, sequence_features
 from scorer.init import drafter_config_for_cache
 from scorer.model import DFlashDrafter
 
@@ -40,7 +40,8 @@ def _batch(cache: CacheView, rows, index, drafter, anchors_per_step: int, gen: t
     offsets = anchors[:, None] + torch.arange(1, B)  # [N, B-1] positions p+j
     valid = offsets < T
     targets = torch.where(valid, ids[offsets.clamp(max=T - 1)], torch.full_like(offsets, -100))
-    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu")
+    norm = drafter.context_norm  # the drafter reads hidden_states[L] for the last layer (features.py)
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", norm)
     return features, anchors, blocks, targets
 
 
@@ -69,6 +70,7 @@ def train_drafter(
         if param.ndim == 2:
             torch.nn.init.normal_(param, std=0.02)
     attach_cache_head(drafter, cache, torch.float32, "cpu")
+    drafter.context_norm = context_norm(config, cache)
     index = feature_index(config, cache.layer_ids)
     rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)

@@ -225,12 +225,18 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
 
 def _write_target_dir(out: Path, target: Target) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
+    from hscache.capture.final_norm import describe_final_norm
+
+    # For readers that need transformers hidden_states[L] of the last layer (final_norm.py).
+    base = target.model.model
+    final_norm = describe_final_norm(getattr(getattr(base, "language_model", base), "norm", None))
     write_target_dir(
         out,
         target.text_config.to_dict(),
         target.tokenizer,
         target.model.get_input_embeddings().weight.detach().cpu(),
         target.model.get_output_embeddings().weight.detach().cpu(),
+        extra=final_norm,
     )
 
 

@@ -31,11 +31,17 @@ HEAD_FILE = "head.safetensors"
 
 
 def write_target_dir(
-    out: Path, config: dict[str, Any], tokenizer: Any, embed: torch.Tensor, head: torch.Tensor
+    out: Path,
+    config: dict[str, Any],
+    tokenizer: Any,
+    embed: torch.Tensor,
+    head: torch.Tensor,
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Publish ``out/target/`` whole: staged under a temp name, fsynced, then renamed into place.
 
-    ``head`` sharing ``embed``'s storage (tied weights) is written once.
+    ``head`` sharing ``embed``'s storage (tied weights) is written once. ``extra`` tensors (the
+    target's final norm, see capture/final_norm.py) go into ``head.safetensors`` beside them.
 
     Raises:
         OSError: a write failed (safetensors' own I/O errors included).
@@ -52,6 +58,7 @@ def write_target_dir(
     tensors = {"embed_tokens": embed.contiguous()}
     if not tied:
         tensors["lm_head"] = head.contiguous()
+    tensors.update(extra or {})
     try:
         save_file(tensors, str(staging / HEAD_FILE), metadata={"tied": str(tied).lower()})
     except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type

@@ -111,6 +111,7 @@ def build_report(
         target_layer_ids=drafter.config.target_layer_ids,
         cache_layer_ids=cache.layer_ids,
     )
+    warnings += list(getattr(loaded.report, "warnings", ()))  # drafter config vs this cache
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
         warnings.append(

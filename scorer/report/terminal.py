@@ -43,6 +43,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     )
     head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
     console.print(head)
+    _render_config_sources(report, console)
     acc = Table(title="per-position acceptance (slot 1 first)")
     acc.add_column("slot", justify="right")
     acc.add_column("conditional", justify="right")
@@ -65,6 +66,21 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         _render_sample(sample, console)
     for warning in report["warnings"]:
         console.print(f"[bold yellow]warning:[/] {warning}")
+
+
+def _render_config_sources(report: dict[str, Any], console: Console) -> None:
+    """Each drafter config field with where it came from (config, shapes, cache, flag...)."""
+    sources = report["checkpoint"].get("field_sources") or {}
+    drafter = report.get("drafter") or {}
+    values = {**drafter, **(drafter.get("dflash_config") or {})}
+    if not sources:
+        return
+    layout = report["checkpoint"].get("layout")
+    parts = [
+        f"{name}={values[name]!r} [dim]({source})[/]" if name in values else f"{name} [dim]({source})[/]"
+        for name, source in sources.items()
+    ]
+    console.print(f"drafter config{f' ({layout} layout)' if layout else ''}: " + ", ".join(parts))
 
 
 def _render_sample(sample: dict[str, Any], console: Console) -> None:

@@ -238,12 +238,21 @@ def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
     [
         ({"architectures": ["DFlash2DraftModel"]}, "architectures=['DFlash2DraftModel']"),
         ({"output_multiplier": 2.0}, "output_multiplier=2.0"),
-        ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window or causal draft layers"),
+        ({"dflash_config": {"conv_kernel_size": 2}}, "conv_kernel_size=2"),
+        ({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial_rotary_factor=0.5"),
+        ({"use_swa": True}, "use_swa=True"),
+        ({"attention_value_scale": 0.707}, "attention_value_scale=0.707"),
+        ({"is_neox_style": False}, "is_neox_style=False"),
+        ({"sample_from_anchor": True}, "sample_from_anchor=True"),
+        (
+            {"layer_types": ["full_attention", "sliding_attention"], "use_sliding_window": False},
+            "use_sliding_window=False with sliding_attention layers",
+        ),
     ],
 )
 def test_config_rejects_later_dflash_variants(change: dict, named: str) -> None:
     hf = {**_config().to_hf_config(), **change}
-    with pytest.raises(ValueError, match=f"unsupported DFlash drafter variant \\({re.escape(named)}\\)"):
+    with pytest.raises(ValueError, match=f"unsupported DFlash drafter variant \\({re.escape(named)}"):
         DrafterConfig.from_hf_config(hf)
     neutral = {**_config().to_hf_config(), "layer_types": ["full_attention"] * 2, "output_multiplier": 1.0}
     assert DrafterConfig.from_hf_config(neutral) == _config()

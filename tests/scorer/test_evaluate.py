@@ -11,6 +11,7 @@ import torch
 
 import hscache
 import schemas
+from hscache.capture.target import load_target
 from scorer.checkpoint import load_checkpoint, save_hf_checkpoint
 from scorer.errors import IncompatibleCacheError
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
@@ -61,10 +62,17 @@ def test_oracle_gets_the_maximum_tau_and_an_always_wrong_drafter_gets_one(scorer
         assert wrong.chain.tau == 1.0 and wrong.chain.n_rounds == generated
 
 
-def _reference_tau(drafter: DFlashDrafter, cache, i: int, features_index: list[int]) -> list[int]:
+def _reference_tau(
+    drafter: DFlashDrafter, cache, i: int, features_index: list[int], final_norm=None
+) -> list[int]:
     """Obviously correct: one reference forward per round, compare, advance."""
     ids, argmax, P = _sequence(cache, i)
-    feats = cache.hidden_states(i)[:, features_index].reshape(len(ids), -1).float()
+    hidden = cache.hidden_states(i)[:, features_index].clone()
+    if final_norm is not None:  # layer L-1 is read as transformers' hidden_states[L]: after the norm
+        slot, norm = final_norm
+        with torch.no_grad():
+            hidden[:, slot] = norm(hidden[:, slot])
+    feats = hidden.reshape(len(ids), -1).float()
     B, T, p, tokens = drafter.config.block_size, len(ids), P, []
     while p < T - 1:
         block = torch.tensor([int(ids[p])] + [drafter.config.mask_token_id] * (B - 1))
@@ -88,8 +96,13 @@ def test_replay_equals_a_slow_reference_loop(scorer_cache, trained_drafter):
     report = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=50))
     drafter, _ = load_drafter(trained_drafter, cache, EvalConfig())
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    target = load_target("builtin:tiny-qwen3.5", "fp32")  # its own final norm module, not scorer's
+    last = target.num_layers - 1
+    final_norm = None
+    if last in drafter.config.target_layer_ids:
+        final_norm = (drafter.config.target_layer_ids.index(last), target.model.model.norm)
     for i, row in enumerate(report["per_request"]):
-        expected = _reference_tau(drafter, cache, i, index)
+        expected = _reference_tau(drafter, cache, i, index, final_norm)
         tokens = [
             min(a + 1, len(cache.token_ids(i)) - 1 - p) for a, p in zip(row["accepted"], row["anchors"])
         ]

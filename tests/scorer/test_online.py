@@ -62,3 +62,28 @@ def test_online_result_carries_schema_versions_and_hashes(trained_drafter, score
     assert not list(tmp_path.glob("*.hscache-tmp-*"))  # written through the atomic helper
     with pytest.raises(schemas.SchemaError, match="model_weights_sha256"):
         schemas.validate({k: v for k, v in document.items() if k != "model_weights_sha256"}, "online_report")
+
+
+@pytest.mark.slow
+def test_sliding_window_drafter_online_equals_offline(scorer_cache, trained_drafter, tmp_path):
+    """A window of 4 (smaller than the contexts) in both paths: same rounds, round by round."""
+    import json
+    import shutil
+
+    drafter = tmp_path / "sliding"
+    shutil.copytree(trained_drafter, drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    n = config["num_hidden_layers"]
+    config.update(layer_types=["sliding_attention"] * n, sliding_window=4, use_sliding_window=True)
+    (drafter / "config.json").write_text(json.dumps(config))
+    offline = evaluate(drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=3))
+    assert offline["drafter"]["layer_types"] == ["sliding_attention"] * n
+    online = run_online(drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=24, limit=3)
+    for off, on in zip(offline["per_request"], online["per_request"]):
+        tokens = [
+            min(a + 1, on["generated"] + off["anchors"][0] - 1 - p)
+            for a, p in zip(off["accepted"], off["anchors"])
+        ]
+        assert on["tokens_per_round"] == tokens, off["record_id"]
+    full = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=3))
+    assert [r["accepted"] for r in full["per_request"]] != [r["accepted"] for r in offline["per_request"]]

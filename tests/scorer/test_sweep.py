@@ -17,7 +17,8 @@ from scorer.evaluate import EvalConfig
 from scorer.init import init_drafter
 from scorer.sweep import find_checkpoints, parse_step, sweep
 
-CONFIG = EvalConfig(ddtree=(8,), n_boot=20)
+# init_drafter's block size: step_1k/ holds bare weights, and a block size is never defaulted.
+CONFIG = EvalConfig(ddtree=(8,), n_boot=20, block_size=8)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +105,7 @@ def test_sweep_writes_table_and_plot_then_skips_on_rerun(run_dir, scale_cache, t
     assert all(r["reused"] for r in again["rows"])
     assert [r["tau_per_request"] for r in again["rows"]] == [r["tau_per_request"] for r in first["rows"]]
     with pytest.raises(AssertionError, match="scored again"):  # other settings: a new key
-        sweep(run_dir, scale_cache, out, EvalConfig(ddtree=(8,), n_boot=21))
+        sweep(run_dir, scale_cache, out, EvalConfig(ddtree=(8,), n_boot=21, block_size=8))
 
 
 def test_sweep_on_a_cluster_matches_and_cli(run_dir, scale_cache, tmp_path, dask_client):
@@ -119,6 +120,8 @@ def test_sweep_on_a_cluster_matches_and_cli(run_dir, scale_cache, tmp_path, dask
             "--out",
             str(tmp_path / "dist"),
             "--ddtree",
+            "8",
+            "--block-size",
             "8",
             "--scheduler",
             dask_client.scheduler.address,

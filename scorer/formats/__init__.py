@@ -1,0 +1,1 @@
+"""Published DFlash checkpoint layouts other than the plain HF directory, one module each."""
