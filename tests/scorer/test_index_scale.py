@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,8 +12,18 @@ import hscache
 import hscache.store.reader as reader_module
 from scorer.evaluate import EvalConfig, evaluate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from synthetic_index import synthetic_index
+
+def _load_synthetic_index():
+    # Loaded by file path: bench/ on sys.path would shadow the scorer package with
+    # bench/scorer.py, in this process and in every dask worker started from it.
+    path = Path(__file__).resolve().parents[2] / "bench" / "synthetic_index.py"
+    spec = importlib.util.spec_from_file_location("synthetic_index", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.synthetic_index
+
+
+synthetic_index = _load_synthetic_index()
 
 _N = 100_000
 
