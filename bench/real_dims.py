@@ -40,7 +40,7 @@ import hscache
 from hscache.capture.forward import greedy_continuation, greedy_continuations, head_rows, row_chunks
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.features import feature_index, sequence_features
-from scorer.score import score_sequence
+from scorer.score import score_sequence, score_sequences_chain
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
@@ -192,6 +192,11 @@ def main() -> None:
     parser.add_argument("--index-rows", type=int, default=1_000_000)
     parser.add_argument("--memory-gb", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--parts",
+        default="extract,generate,scorer,index",
+        help="which measurements (the cache is always built)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
     args = parser.parse_args()
     if args.quick:
@@ -205,110 +210,136 @@ def main() -> None:
         prompts = _prompts(tmp / "p.jsonl", args.sequences, args.seq_len, args.vocab)
         cache_dir = tmp / "cache"
         tokens = args.sequences * args.seq_len
-        # 1. extract vs a bare forward (the first extract also builds the cache used below)
+        parts = set(args.parts.split(","))
+        # The first extract also builds the cache every later part uses.
         ours = _best(
             lambda: hscache.extract(_extract_config(model, prompts, cache_dir, args.memory_gb)), args.repeats
         )
-        bare = _best(lambda: _bare_forward_s(model, prompts, args.memory_gb), args.repeats)
-        print(
-            f"extract: {tokens / ours:,.1f} tokens/s; bare forward {tokens / bare:,.1f} tokens/s; "
-            f"extract / bare time = {ours / bare:.3f} (V={args.vocab}, hidden {args.hidden}, bf16, {tokens} tokens; "
-            "the bare side excludes loading the model)"
-        )
-        # 5a. extract peak RSS beyond the weights
-        cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb)
-        rss = _child_peak(f"out = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))")
-        print(
-            f"extract peak RSS - weights - interpreter: {(rss['peak'] - rss['base'] - weights) / 1e9:.2f} GB "
-            f"(budget --memory-gb {args.memory_gb}; weights {weights / 1e9:.2f} GB)"
-        )
-        # 2. batched generation on the built-in target
-        from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
-        from hscache.capture.target import load_target
-
-        tiny = load_target("builtin:tiny-qwen3.5", "fp32")
-        records = list(iter_records(resolve_prompts("builtin:default")))[: args.gen_prompts]
-        gen_prompts = [prompt_token_ids(r, tiny.tokenizer) for r in records]
-        one = _best(lambda: [greedy_continuation(tiny, p, args.gen_tokens, 4096) for p in gen_prompts], 1)
-        batch = _best(lambda: greedy_continuations(tiny, gen_prompts, args.gen_tokens, 4096), 1)
-        print(
-            f"generate batch {len(gen_prompts)} vs batch 1: {one / batch:.2f}x faster "
-            f"({len(gen_prompts)} prompts x {args.gen_tokens} tokens, builtin:tiny-qwen3.5 fp32 CPU; target >= 4)"
-        )
-        # 3 + 4. scorer
-        from scorer.init import init_drafter
-
-        ckpt = tmp / "drafter"
-        init_drafter(cache_dir, ckpt, num_layers=5, block_size=16)
-        cache = hscache.open_cache(cache_dir)
-        config = EvalConfig(ddtree=(), dtype="bf16", n_boot=20, memory_gb=args.memory_gb)
-        drafter, _ = load_drafter(ckpt, cache, config)
-        index = feature_index(drafter.config, cache.layer_ids)
-        seqs = []
-        for i in range(len(cache)):
-            feats = sequence_features(cache.hidden_states(i), index, torch.bfloat16, "cpu")
-            P = cache.index.column("prompt_len")[i].as_py()
-            x, a = _planted(drafter, feats, cache.token_ids(i), P, accept=2)
-            seqs.append((feats, x, a, P))
-        for budgets in ((), (8,)):
-
-            def run(mode: str, budgets=budgets) -> list:
-                return [
-                    score_sequence(
-                        drafter, f, x, a, P, ddtree_budgets=budgets, anchors=mode, memory_gb=args.memory_gb
-                    )
-                    for f, x, a, P in seqs
-                ]
-
-            t_all = _best(lambda: run("all"), args.repeats)
-            t_chain = _best(lambda: run("chain"), args.repeats)
-            res = run("chain")
-            tau = sum(r.chain.n_tokens for r in res) / sum(r.chain.n_rounds for r in res)
-            print(
-                f"scorer --anchors chain vs all, DDTree {list(budgets) or 'off'}: {t_all / t_chain:.2f}x faster "
-                f"(pooled tau {tau:.2f}; drafted {sum(r.drafted_anchors for r in res)} of "
-                f"{sum(len(x) - 1 - P for _, x, _, P in seqs)} anchors; target >= 2 where tau >= 2.5)"
-            )
-        ours = _best(lambda: evaluate(ckpt, cache_dir, config), args.repeats)
-
-        def bare_drafter() -> None:
-            rows = head_rows(drafter.config.vocab_size, args.memory_gb)
-            for f, x, _, P in seqs:
-                anchors = torch.arange(P, len(x) - 1)
-                blocks = torch.full((len(anchors), 16), drafter.config.mask_token_id)
-                blocks[:, 0] = x[anchors]
-                flat = drafter.block_hidden(f, anchors, blocks).reshape(-1, drafter.config.hidden_size)
-                for lo, hi, _new in row_chunks(flat.shape[0], rows):
-                    drafter.head(flat[lo:hi]).argmax(-1)
-
-        bare = _best(bare_drafter, args.repeats)
-        print(
-            f"scorer eval / bare drafter forward (every anchor, head argmax) = {ours / bare:.3f} (bf16, DDTree off)"
-        )
-        drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
-        head_bytes = sum(f.stat().st_size for f in (cache_dir / "target").glob("head.safetensors"))
-        rss = _child_peak(
-            f"from scorer.evaluate import EvalConfig, evaluate\n"
-            f"evaluate({str(ckpt)!r}, {str(cache_dir)!r}, EvalConfig(ddtree=(8,), dtype='bf16', n_boot=20, "
-            f"memory_gb={args.memory_gb}))\nout = {{}}"
-        )
-        print(
-            f"eval peak RSS - weights - interpreter: {(rss['peak'] - rss['base'] - drafter_bytes - head_bytes) / 1e9:.2f} GB "
-            f"(budget --memory-gb {args.memory_gb}; drafter {drafter_bytes / 1e9:.2f} GB + target head "
-            f"{head_bytes / 1e9:.2f} GB)"
-        )
-        # 6. a million-sequence index
-        big = _synthetic_index(cache_dir, tmp / "big", args.index_rows)
-        rss = _child_peak(
-            f"import time\nhscache.open_cache({str(cache_dir)!r})\nbase = rss()\n"  # imports warm
-            f"t0 = time.perf_counter()\nc = hscache.open_cache({str(big)!r})\n"
-            "out = {'s': time.perf_counter() - t0, 'n': len(c)}"
-        )
-        print(
-            f"open a {rss['n']:,}-sequence index: {rss['s']:.2f} s, RSS +{(rss['peak'] - rss['base']) / 1e6:.0f} MB"
-        )
+        if "extract" in parts:
+            _extract_part(args, model, prompts, tmp, tokens, ours, weights)
+        if "generate" in parts:
+            _generate_part(args)
+        if "scorer" in parts:
+            _scorer_part(args, cache_dir, tmp)
+        if "index" in parts:
+            _index_part(args, cache_dir, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _extract_part(
+    args, model: Path, prompts: Path, tmp: Path, tokens: int, ours: float, weights: int
+) -> None:
+    """1. extract vs a bare forward; 5a. extract's peak RSS beyond the weights."""
+    bare = _best(lambda: _bare_forward_s(model, prompts, args.memory_gb), args.repeats)
+    print(
+        f"extract: {tokens / ours:,.1f} tokens/s; bare forward {tokens / bare:,.1f} tokens/s; "
+        f"extract / bare time = {ours / bare:.3f} (V={args.vocab}, hidden {args.hidden}, bf16, {tokens} tokens; "
+        "the bare side excludes loading the model)"
+    )
+    cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb)
+    rss = _child_peak(f"out = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))")
+    print(
+        f"extract peak RSS - weights - interpreter: {(rss['peak'] - rss['base'] - weights) / 1e9:.2f} GB "
+        f"(budget --memory-gb {args.memory_gb}; weights {weights / 1e9:.2f} GB)"
+    )
+
+
+def _generate_part(args) -> None:
+    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+    from hscache.capture.target import load_target
+
+    tiny = load_target("builtin:tiny-qwen3.5", "fp32")
+    records = list(iter_records(resolve_prompts("builtin:default")))[: args.gen_prompts]
+    gen_prompts = [prompt_token_ids(r, tiny.tokenizer) for r in records]
+    one = _best(lambda: [greedy_continuation(tiny, p, args.gen_tokens, 4096) for p in gen_prompts], 1)
+    batch = _best(lambda: greedy_continuations(tiny, gen_prompts, args.gen_tokens, 4096), 1)
+    print(
+        f"generate batch {len(gen_prompts)} vs batch 1: {one / batch:.2f}x faster "
+        f"({len(gen_prompts)} prompts x {args.gen_tokens} tokens, builtin:tiny-qwen3.5 fp32 CPU; target >= 4)"
+    )
+
+
+def _scorer_part(args, cache_dir, tmp) -> None:
+    from scorer.init import init_drafter
+
+    ckpt = tmp / "drafter"
+    init_drafter(cache_dir, ckpt, num_layers=5, block_size=16)
+    cache = hscache.open_cache(cache_dir)
+    config = EvalConfig(ddtree=(), dtype="bf16", n_boot=20, memory_gb=args.memory_gb)
+    drafter, _ = load_drafter(ckpt, cache, config)
+    index = feature_index(drafter.config, cache.layer_ids)
+    seqs = []
+    for i in range(len(cache)):
+        feats = sequence_features(cache.hidden_states(i), index, torch.bfloat16, "cpu")
+        P = cache.index.column("prompt_len")[i].as_py()
+        x, a = _planted(drafter, feats, cache.token_ids(i), P, accept=2)
+        seqs.append((feats, x, a, P))
+    for budgets in ((), (8,)):
+
+        def run(mode: str, budgets=budgets) -> list:
+            if mode == "chain":  # what score_rows does: every sequence of a block in lockstep
+                items = [
+                    {"features": f, "token_ids": x, "target_argmax": a, "prompt_len": P}
+                    for f, x, a, P in seqs
+                ]
+                return score_sequences_chain(drafter, items, ddtree_budgets=budgets, memory_gb=args.memory_gb)
+            return [
+                score_sequence(
+                    drafter, f, x, a, P, ddtree_budgets=budgets, anchors=mode, memory_gb=args.memory_gb
+                )
+                for f, x, a, P in seqs
+            ]
+
+        t_all = _best(lambda: run("all"), args.repeats)
+        t_chain = _best(lambda: run("chain"), args.repeats)
+        res = run("chain")
+        tau = sum(r.chain.n_tokens for r in res) / sum(r.chain.n_rounds for r in res)
+        print(
+            f"scorer --anchors chain vs all, DDTree {list(budgets) or 'off'}: {t_all / t_chain:.2f}x faster "
+            f"(pooled tau {tau:.2f}; drafted {sum(r.drafted_anchors for r in res)} of "
+            f"{sum(len(x) - 1 - P for _, x, _, P in seqs)} anchors; target >= 2 where tau >= 2.5)"
+        )
+    ours = _best(lambda: evaluate(ckpt, cache_dir, config), args.repeats)
+
+    def bare_drafter() -> None:
+        rows = head_rows(drafter.config.vocab_size, args.memory_gb)
+        for f, x, _, P in seqs:
+            anchors = torch.arange(P, len(x) - 1)
+            blocks = torch.full((len(anchors), 16), drafter.config.mask_token_id)
+            blocks[:, 0] = x[anchors]
+            flat = drafter.block_hidden(f, anchors, blocks).reshape(-1, drafter.config.hidden_size)
+            for lo, hi, _new in row_chunks(flat.shape[0], rows):
+                drafter.head(flat[lo:hi]).argmax(-1)
+
+    bare = _best(bare_drafter, args.repeats)
+    print(
+        f"scorer eval / bare drafter forward (every anchor, head argmax) = {ours / bare:.3f} (bf16, DDTree off)"
+    )
+    drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
+    head_bytes = sum(f.stat().st_size for f in (cache_dir / "target").glob("head.safetensors"))
+    rss = _child_peak(
+        f"from scorer.evaluate import EvalConfig, evaluate\n"
+        f"evaluate({str(ckpt)!r}, {str(cache_dir)!r}, EvalConfig(ddtree=(8,), dtype='bf16', n_boot=20, "
+        f"memory_gb={args.memory_gb}))\nout = {{}}"
+    )
+    print(
+        f"eval peak RSS - weights - interpreter: {(rss['peak'] - rss['base'] - drafter_bytes - head_bytes) / 1e9:.2f} GB "
+        f"(budget --memory-gb {args.memory_gb}; drafter {drafter_bytes / 1e9:.2f} GB + target head "
+        f"{head_bytes / 1e9:.2f} GB)"
+    )
+
+
+def _index_part(args, cache_dir, tmp) -> None:
+    big = _synthetic_index(cache_dir, tmp / "big", args.index_rows)
+    rss = _child_peak(
+        f"import time\nhscache.open_cache({str(cache_dir)!r})\nbase = rss()\n"  # imports warm
+        f"t0 = time.perf_counter()\nc = hscache.open_cache({str(big)!r})\n"
+        "out = {'s': time.perf_counter() - t0, 'n': len(c)}"
+    )
+    print(
+        f"open a {rss['n']:,}-sequence index: {rss['s']:.2f} s, RSS +{(rss['peak'] - rss['base']) / 1e6:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

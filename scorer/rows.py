@@ -26,7 +26,7 @@ from scorer.features import (
     sequence_features,
 )
 from scorer.model import DFlashDrafter
-from scorer.score import ANCHOR_MODES, SequenceResult, score_sequence
+from scorer.score import ANCHOR_MODES, SequenceResult, score_sequence, score_sequences_chain
 
 __all__ = ["EvalConfig", "load_drafter", "score_rows"]
 
@@ -114,6 +114,30 @@ def score_rows(
     dtype = _DTYPES[config.dtype]
     # Per row, never the whole index as Python lists (a cache may index millions of sequences).
     record_ids, prompt_lens, lengths = (cache.index.column(c) for c in ("record_id", "prompt_len", "length"))
+    if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
+        sequences = [
+            {
+                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device),
+                "token_ids": cache.token_ids(row),
+                "target_argmax": cache.target_argmax(row),
+                "prompt_len": prompt_lens[row].as_py(),
+                "row": row,
+                "record_id": record_ids[row].as_py(),
+                "category": _category(cache, row),
+            }
+            for row in rows
+        ]
+        results = score_sequences_chain(
+            drafter,
+            sequences,
+            ddtree_budgets=tuple(config.ddtree),
+            max_blocks_per_forward=config.max_blocks_per_forward,
+            memory_gb=config.memory_gb,
+        )
+        if on_sequence:
+            for row in rows:
+                on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+        return results
     results = []
     for row in rows:
         features = sequence_features(cache.hidden_states(row), index, dtype, config.device)

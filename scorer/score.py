@@ -27,7 +27,7 @@ from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train
 from scorer.model import DFlashDrafter
 from scorer.replay import RoundLog, chain_depth, replay_chain, replay_ddtree, round_loop, tree_depth
 
-__all__ = ["ANCHOR_MODES", "SequenceResult", "draft_all_anchors", "score_sequence"]
+__all__ = ["ANCHOR_MODES", "SequenceResult", "draft_all_anchors", "score_sequence", "score_sequences_chain"]
 
 ANCHOR_MODES = ("all", "chain")
 
@@ -67,8 +67,8 @@ class _Drafts:
         # Anchors reach T-2, so context rows 0..T-3 are all any block sees; projected once.
         self.context = drafter.context_kv(features[: max(len(token_ids) - 2, 1)])
 
-    def __call__(self, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """Anchors ``[n]`` (sorted) -> argmax ``[n, B-1]`` and top-K log-probs ``[n, B-1, K]`` or None."""
+    def hidden(self, anchors: np.ndarray) -> torch.Tensor:
+        """Anchors ``[n]`` (sorted) -> final normed block rows ``[n*(B-1), H]``."""
         drafter, device = self.drafter, self.features.device
         B = drafter.config.block_size
         at = torch.as_tensor(anchors, dtype=torch.long, device=device)
@@ -77,26 +77,34 @@ class _Drafts:
         hidden = drafter.block_hidden(
             self.features, at, blocks, max_blocks_per_forward=self.max_blocks, context=self.context
         )
-        flat = hidden.reshape(-1, hidden.shape[-1])  # [n*(B-1), H]
-        drafts, vals, ids = [], [], []
-        for lo, hi, new in row_chunks(flat.shape[0], self.rows):
-            logits = drafter.head(flat[lo:hi])[new - lo :].float()
-            drafts.append(logits.argmax(-1))
-            if self.tree_k:
-                top = torch.topk(
-                    torch.log_softmax(logits, dim=-1), k=min(self.tree_k, logits.shape[-1]), dim=-1
-                )
-                vals.append(top.values)
-                ids.append(top.indices)
-        shape = (len(at), B - 1)
-        draft = torch.cat(drafts).reshape(shape).cpu().numpy()
-        if not self.tree_k:
-            return draft, None, None
-        return (
-            draft,
-            torch.cat(vals).reshape(*shape, -1).cpu().numpy(),
-            torch.cat(ids).reshape(*shape, -1).cpu().numpy(),
-        )
+        return hidden.reshape(-1, hidden.shape[-1])
+
+    def __call__(self, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Anchors ``[n]`` (sorted) -> argmax ``[n, B-1]`` and top-K log-probs ``[n, B-1, K]`` or None."""
+        return _project(self.drafter, self.hidden(anchors), self.rows, self.tree_k)
+
+
+def _project(
+    drafter: DFlashDrafter, flat: torch.Tensor, rows: int, tree_k: int
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Head rows ``[n*(B-1), H]`` -> argmax ``[n, B-1]`` (+ top-K log-probs), in row chunks of ``rows``."""
+    drafts, vals, ids = [], [], []
+    for lo, hi, new in row_chunks(flat.shape[0], rows):
+        logits = drafter.head(flat[lo:hi])[new - lo :].float()
+        drafts.append(logits.argmax(-1))
+        if tree_k:
+            top = torch.topk(torch.log_softmax(logits, dim=-1), k=min(tree_k, logits.shape[-1]), dim=-1)
+            vals.append(top.values)
+            ids.append(top.indices)
+    shape = (flat.shape[0] // (drafter.config.block_size - 1), drafter.config.block_size - 1)
+    draft = torch.cat(drafts).reshape(shape).cpu().numpy()
+    if not tree_k:
+        return draft, None, None
+    return (
+        draft,
+        torch.cat(vals).reshape(*shape, -1).cpu().numpy(),
+        torch.cat(ids).reshape(*shape, -1).cpu().numpy(),
+    )
 
 
 def draft_all_anchors(
@@ -158,42 +166,75 @@ def _score_all(
     return chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, len(draft)
 
 
+class _ChainState:
+    """One sequence's lockstep replays (chain + each DDTree budget) and the drafts they used."""
+
+    def __init__(
+        self, drafts: _Drafts, x: np.ndarray, a: np.ndarray, prompt_len: int, budgets: tuple
+    ) -> None:
+        self.drafts, self.a = drafts, a
+        self.loops = {0: round_loop(x, a, prompt_len), **{b: round_loop(x, a, prompt_len) for b in budgets}}
+        self.surrogate = {b: [0.0, 0] for b in budgets}
+        self.have: dict[int, tuple[Any, Any, Any]] = {}
+        self.chain_drafts: list[np.ndarray] = []
+
+    def need(self) -> list[int]:
+        return sorted({loop.p for loop in self.loops.values() if not loop.done} - self.have.keys())
+
+    def advance(self) -> None:
+        for k, loop in self.loops.items():
+            if loop.done:
+                continue
+            row, vals, ids = self.have[loop.p]
+            if k == 0:
+                self.chain_drafts.append(row)
+                loop.step(chain_depth(row, self.a, loop.p))
+            else:
+                tree = build_tree(vals, ids, k)
+                self.surrogate[k][0] += surrogate_tau(tree)
+                self.surrogate[k][1] += 1
+                loop.step(tree_depth(tree, self.a, loop.p, loop.avail))
+
+    def parts(self, B: int) -> tuple:
+        stacked = np.stack(self.chain_drafts) if self.chain_drafts else np.zeros((0, B - 1), dtype=np.int64)
+        ddtree = {b: loop.log() for b, loop in self.loops.items() if b}
+        surrogate = {b: (v[0], v[1]) for b, v in self.surrogate.items()}
+        return self.loops[0].log(), ddtree, surrogate, stacked, None, None, len(self.have)
+
+
+def _run_chains(states: list[_ChainState]) -> None:
+    """Advance every sequence's replays in lockstep. Each step drafts the anchors they newly need,
+    all sequences' block rows through ONE head projection: a head call per anchor would read the
+    [V, H] head for 15 rows, which is weight-bandwidth bound on CPU and GPU alike."""
+    while True:
+        needs = [(state, state.need()) for state in states]
+        needs = [(state, need) for state, need in needs if need]
+        if not needs:
+            if all(loop.done for state in states for loop in state.loops.values()):
+                return
+        else:
+            hidden = torch.cat([state.drafts.hidden(np.asarray(need)) for state, need in needs])
+            first = needs[0][0].drafts
+            draft, vals, ids = _project(first.drafter, hidden, first.rows, first.tree_k)
+            row = 0
+            for state, need in needs:
+                for p in need:
+                    state.have[p] = (
+                        draft[row],
+                        None if vals is None else vals[row],
+                        None if ids is None else ids[row],
+                    )
+                    row += 1
+        for state in states:
+            state.advance()
+
+
 def _score_chain(
     drafts: _Drafts, x: np.ndarray, a: np.ndarray, prompt_len: int, B: int, budgets: tuple[int, ...]
 ) -> tuple:
-    """Chain and DDTree loops in lockstep; each step drafts the anchors they newly need, in one call."""
-    loops = {0: round_loop(x, a, prompt_len), **{b: round_loop(x, a, prompt_len) for b in budgets}}
-    surrogate = {b: [0.0, 0] for b in budgets}
-    have: dict[int, tuple[np.ndarray, Any, Any]] = {}
-    chain_drafts = []
-    while live := [k for k, loop in loops.items() if not loop.done]:
-        need = sorted({loops[k].p for k in live} - have.keys())
-        if need:
-            draft, vals, ids = drafts(np.asarray(need))
-            for i, p in enumerate(need):
-                have[p] = (draft[i], None if vals is None else vals[i], None if ids is None else ids[i])
-        for k in live:
-            loop = loops[k]
-            row, vals, ids = have[loop.p]
-            if k == 0:
-                chain_drafts.append(row)
-                loop.step(chain_depth(row, a, loop.p))
-            else:
-                tree = build_tree(vals, ids, k)
-                surrogate[k][0] += surrogate_tau(tree)
-                surrogate[k][1] += 1
-                loop.step(tree_depth(tree, a, loop.p, loop.avail))
-    stacked = np.stack(chain_drafts) if chain_drafts else np.zeros((0, B - 1), dtype=np.int64)
-    ddtree = {b: loops[b].log() for b in budgets}
-    return (
-        loops[0].log(),
-        ddtree,
-        {b: (v[0], v[1]) for b, v in surrogate.items()},
-        stacked,
-        None,
-        None,
-        len(have),
-    )
+    state = _ChainState(drafts, x, a, prompt_len, budgets)
+    _run_chains([state])
+    return state.parts(B)
 
 
 def score_sequence(
@@ -247,6 +288,75 @@ def score_sequence(
         chain_drafts=chain_drafts,
         drafted_anchors=drafted,
     )
+
+
+def score_sequences_chain(
+    drafter: DFlashDrafter,
+    sequences: list[dict[str, Any]],
+    *,
+    ddtree_budgets: tuple[int, ...] = (),
+    max_blocks_per_forward: int = 64,
+    memory_gb: float = DEFAULT_MEMORY_GB,
+) -> list[SequenceResult]:
+    """``anchors="chain"`` over several sequences at once: their replays advance in lockstep so
+    each step's head projection covers every sequence's new blocks (same numbers as one by one).
+
+    Args:
+        sequences: dicts with ``features``, ``token_ids``, ``target_argmax``, ``prompt_len`` and
+            optionally ``row``, ``record_id``, ``category`` (as ``score_sequence`` takes them).
+    """
+    budgets = tuple(ddtree_budgets)
+    B = drafter.config.block_size
+    states: list[_ChainState | None] = []
+    for seq in sequences:
+        x, a = seq["token_ids"].cpu().numpy(), seq["target_argmax"].cpu().numpy()
+        if len(x) - 1 - seq["prompt_len"] <= 0:
+            states.append(None)
+            continue
+        drafts = _Drafts(
+            drafter,
+            seq["features"],
+            seq["token_ids"],
+            max(budgets, default=0),
+            max_blocks_per_forward,
+            memory_gb,
+        )
+        states.append(_ChainState(drafts, x, a, seq["prompt_len"], budgets))
+    _run_chains([s for s in states if s is not None])
+    results = []
+    for seq, state in zip(sequences, states):
+        if state is None:  # nothing to draft: the one-sequence path handles the empty replay
+            results.append(
+                score_sequence(
+                    drafter,
+                    seq["features"],
+                    seq["token_ids"],
+                    seq["target_argmax"],
+                    seq["prompt_len"],
+                    row=seq.get("row", 0),
+                    record_id=seq.get("record_id", ""),
+                    category=seq.get("category"),
+                    ddtree_budgets=budgets,
+                    anchors="chain",
+                )
+            )
+            continue
+        chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = state.parts(B)
+        results.append(
+            SequenceResult(
+                row=seq.get("row", 0),
+                record_id=seq.get("record_id", ""),
+                category=seq.get("category"),
+                chain=chain,
+                ddtree=ddtree,
+                ddtree_surrogate=surrogate,
+                acceptance=acceptance,
+                accept_len=accept_len,
+                chain_drafts=chain_drafts,
+                drafted_anchors=drafted,
+            )
+        )
+    return results
 
 
 def result_summary(result: SequenceResult) -> dict[str, Any]:
