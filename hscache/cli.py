@@ -166,6 +166,20 @@ def main() -> None:
     type=click.IntRange(min=0),
     help="Padded tokens per forward (0: one sequence on CPU, 16384 on CUDA).",
 )
+@click.option(
+    "--generate-batch",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Prompts per batched greedy generate, left-padded (0: 8 on CPU, 64 on CUDA).",
+)
+@click.option(
+    "--memory-gb",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
+)
 @click.option("--full-logits", is_flag=True, help="Also store full [T, V] logits (small vocabularies).")
 @click.option(
     "--compression",

@@ -135,6 +135,21 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     default=None,
     help="Write a self-contained HTML page here: tau per cache, deltas, per-position acceptance.",
 )
+@click.option(
+    "--anchors",
+    type=click.Choice(["all", "chain"]),
+    default="all",
+    show_default=True,
+    help="all: draft every anchor (per-slot acceptance, train_accept_len); chain: only the anchors the "
+    "chain and DDTree replays visit (same tau, ~tau x less work).",
+)
+@click.option(
+    "--memory-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
+)
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cluster_flags

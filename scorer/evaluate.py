@@ -24,9 +24,9 @@ __all__ = ["EvalConfig", "evaluate", "evaluate_many"]
 _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
 
 
-def _rows(cache: CacheView, limit: int | None) -> list[int]:
+def _rows(cache: CacheView, limit: int | None) -> range:
     n = len(cache)
-    return list(range(n if limit is None else min(limit, n)))
+    return range(n if limit is None else min(limit, n))
 
 
 def evaluate(
@@ -46,7 +46,7 @@ def evaluate(
     drafter, loaded = load_drafter(checkpoint, cache, config)
     results = []
     # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
-    lengths = cache.index.column("length").to_pylist()[: len(_rows(cache, config.limit))]
+    lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
     for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
         results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
     return build_report(

@@ -185,6 +185,17 @@ class DFlashDrafter(nn.Module):
         """hidden_norm(fc(features)): [T, K*H] target features -> [T, H] context rows."""
         return self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))
 
+    @torch.no_grad()
+    def context_kv(self, context_features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the roped keys and values of the context rows ``[T, K*H]``: ``[T, kv, D]`` x 2.
+
+        ``block_hidden(..., context=...)`` reuses them, so a caller drafting a sequence in many
+        small forwards projects its context once (and identically for every forward).
+        """
+        ctx = self.project_context(context_features)
+        cos, sin = self._cos_sin(torch.arange(ctx.shape[0], device=ctx.device), ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """lm_head on already-normed hidden states: [..., H] -> logits [..., V] over target ids."""
         logits = hidden @ self._target()[1].to(hidden.dtype).T
@@ -258,6 +269,7 @@ class DFlashDrafter(nn.Module):
         *,
         max_blocks_per_forward: int = 64,
         backend: AttentionBackend = "auto",
+        context: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states of many blocks, scored with the block-sparse mask.
 
@@ -273,6 +285,8 @@ class DFlashDrafter(nn.Module):
             backend: "sdpa" (boolean mask), "flex" (flex_attention block mask; compiled on CUDA),
                 or "auto" (flex on CUDA where importable, else sdpa; a flex failure falls back to
                 sdpa with a RuntimeWarning). `self.backend_used` records what ran.
+            context: `context_kv(context_features[:t])` with t >= max(anchors), computed once by
+                a caller that drafts one sequence in several calls; None computes it here.
 
         Returns:
             [N, B-1, H], `norm(h)[:, 1:]` in input order; `head()` turns it into logits, so
@@ -287,6 +301,7 @@ class DFlashDrafter(nn.Module):
             block_token_ids,
             max_blocks_per_forward=max_blocks_per_forward,
             backend=backend,
+            context=context,
         )
 
     def _block_hidden(
@@ -297,6 +312,7 @@ class DFlashDrafter(nn.Module):
         *,
         max_blocks_per_forward: int,
         backend: AttentionBackend,
+        context: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         N, B = block_token_ids.shape
         if anchors.shape != (N,) or B < 2:
@@ -314,9 +330,13 @@ class DFlashDrafter(nn.Module):
             N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype, device=self.fc.weight.device
         )
         t_max = int(anchors.max()) if N else 0
-        ctx = self.project_context(context_features[:t_max])  # [t_max, H]
-        cos, sin = self._cos_sin(torch.arange(t_max, device=ctx.device), ctx.dtype)
-        ctx_kv = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]  # per layer [t_max, kv, D] x2
+        if context is not None and N and context[0][0].shape[0] < t_max:
+            raise ValueError(f"context covers {context[0][0].shape[0]} rows but anchors reach {t_max}")
+        if context is None:  # per layer [t_max, kv, D] x2
+            ctx = self.project_context(context_features[:t_max])  # [t_max, H]
+            cos, sin = self._cos_sin(torch.arange(t_max, device=ctx.device), ctx.dtype)
+            context = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+        ctx_kv = context
         order = torch.argsort(anchors.cpu(), stable=True).to(anchors.device)  # similar anchors share a chunk
         used: set[str] = set()
         for start in range(0, N, max_blocks_per_forward):

@@ -33,7 +33,17 @@ import numpy as np
 
 from scorer.ddtree import Tree, build_tree, walk_tree
 
-__all__ = ["RoundLog", "slot_matches", "replay_chain", "replay_trees", "replay_ddtree"]
+__all__ = [
+    "RoundLog",
+    "RoundLoop",
+    "chain_depth",
+    "replay_chain",
+    "replay_ddtree",
+    "replay_trees",
+    "round_loop",
+    "slot_matches",
+    "tree_depth",
+]
 
 
 @dataclass(frozen=True)
@@ -165,27 +175,70 @@ def _next_off_greedy(x: np.ndarray, a: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(idx[::-1])[::-1]
 
 
+class RoundLoop:
+    """The round loop of the module docstring, one round at a time, so that a caller can
+    draft lazily: ``p`` is the anchor of the next round, ``step(matched)`` commits it.
+
+    Several loops over one sequence (the chain and each DDTree budget) can advance in
+    lockstep, drafting only the anchors some loop visits (``scorer eval --anchors chain``).
+    """
+
+    def __init__(self, x: np.ndarray, a: np.ndarray, prompt_len: int) -> None:
+        self._x, self._a, self._n, self._prompt_len = x, a, len(x), prompt_len
+        self._nxt = _next_off_greedy(x, a)
+        self.p = prompt_len
+        self._rounds: tuple[list, ...] = ([], [], [], [], [])
+
+    @property
+    def done(self) -> bool:
+        return self.p >= self._n - 1
+
+    @property
+    def avail(self) -> int:
+        """Positions left after the current anchor."""
+        return self._n - 1 - self.p
+
+    def step(self, walked: int) -> None:
+        """Commit the round at ``p`` given the match depth the draft reached, ignoring data."""
+        p, avail = self.p, self.avail
+        matched = min(walked, avail)
+        first_off = int(self._nxt[p + 1]) - p  # depth j of the first off-greedy position (> avail if none)
+        acc = min(matched, first_off - 1)
+        tokens = min(acc + 1, avail)
+        for column, value in zip(self._rounds, (p, acc, tokens, first_off <= matched, acc == avail)):
+            column.append(value)
+        self.p += tokens
+
+    def log(self) -> RoundLog:
+        x, a, n, prompt_len = self._x, self._a, self._n, self._prompt_len
+        off_count = int(np.count_nonzero(x[prompt_len + 1 :] != a[prompt_len : n - 1]))
+        return RoundLog(prompt_len, n, *(tuple(c) for c in self._rounds), off_count)
+
+
+def round_loop(token_ids: Any, target_argmax: Any, prompt_len: int) -> RoundLoop:
+    """A checked ``RoundLoop`` over one cached sequence."""
+    return RoundLoop(*_check_sequence(token_ids, target_argmax, prompt_len), prompt_len)
+
+
 def _replay(walk: Callable[[int, int], int], x: np.ndarray, a: np.ndarray, prompt_len: int) -> RoundLog:
     """Run the round loop; ``walk(p, avail)`` gives the match depth at anchor p, ignoring data."""
-    n = len(x)
-    nxt = _next_off_greedy(x, a)
-    anchors, accepted, tokens, cut, end = [], [], [], [], []
-    p = prompt_len
-    while p < n - 1:
-        avail = n - 1 - p
-        matched = min(walk(p, avail), avail)
-        first_off = int(nxt[p + 1]) - p  # depth j of the first off-greedy position (> avail if none)
-        acc = min(matched, first_off - 1)
-        anchors.append(p)
-        accepted.append(acc)
-        tokens.append(min(acc + 1, avail))
-        cut.append(first_off <= matched)
-        end.append(acc == avail)
-        p += tokens[-1]
-    off_count = int(np.count_nonzero(x[prompt_len + 1 :] != a[prompt_len : n - 1]))
-    return RoundLog(
-        prompt_len, n, tuple(anchors), tuple(accepted), tuple(tokens), tuple(cut), tuple(end), off_count
-    )
+    loop = RoundLoop(x, a, prompt_len)
+    while not loop.done:
+        loop.step(walk(loop.p, loop.avail))
+    return loop.log()
+
+
+def chain_depth(draft_row: Any, target_argmax: np.ndarray, p: int) -> int:
+    """Leading drafted slots of the block at anchor ``p`` equal to g_{p+j} = a[p+j-1]."""
+    row = np.asarray(draft_row)
+    g = target_argmax[p : p + len(row)]
+    miss = np.flatnonzero(row[: len(g)] != g)
+    return int(miss[0]) if len(miss) else len(g)
+
+
+def tree_depth(tree: Tree, target_argmax: np.ndarray, p: int, avail: int) -> int:
+    """Nodes the greedy walk matches in the tree drafted at anchor ``p``."""
+    return _tree_walk(tree, target_argmax, p, avail)
 
 
 def replay_chain(

@@ -12,11 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hscache.capture.forward import DEFAULT_MEMORY_GB
 from hscache.capture.target import check_device
-from hscache.store.dtypes import DTYPES
+from hscache.store.dtypes import DTYPES, SCORER_DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
-from scorer.errors import IncompatibleCacheError
+from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -26,7 +27,7 @@ from scorer.features import (
     sequence_features,
 )
 from scorer.model import DFlashDrafter
-from scorer.score import SequenceResult, score_sequence
+from scorer.score import ANCHOR_MODES, SequenceResult, score_sequence, score_sequences_chain
 
 __all__ = ["EvalConfig", "load_drafter", "score_rows"]
 
@@ -44,6 +45,8 @@ class EvalConfig:
     seed: int = 0
     n_boot: int = 1000
     max_blocks_per_forward: int = 64
+    anchors: str = "all"  # "chain": draft only where the chain / DDTree replays go (score.py)
+    memory_gb: float = DEFAULT_MEMORY_GB  # [rows, V] logits working set beyond the weights
     trust_checkpoint: bool = False
     config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
@@ -70,6 +73,12 @@ def load_drafter(
     Raises:
         CheckpointError / UntrustedCheckpointError / IncompatibleCacheError with one-line messages.
     """
+    if config.dtype not in SCORER_DTYPES:
+        raise ScorerError(f"--dtype {config.dtype!r}; choose one of {', '.join(SCORER_DTYPES)}")
+    if config.anchors not in ANCHOR_MODES:
+        raise ScorerError(f"--anchors {config.anchors!r}; choose {' or '.join(ANCHOR_MODES)}")
+    if not config.memory_gb > 0:
+        raise ScorerError(f"--memory-gb {config.memory_gb}; pass a positive budget in GB, e.g. 2")
     if len(cache) == 0:
         # Every metric would be "-": say why instead of printing an empty report with exit 0.
         raise IncompatibleCacheError(
@@ -111,9 +120,32 @@ def score_rows(
     """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = DTYPES[config.dtype]
-    record_ids = cache.index.column("record_id").to_pylist()
-    prompt_lens = cache.index.column("prompt_len").to_pylist()
-    lengths = cache.index.column("length").to_pylist()
+    # Per row, never the whole index as Python lists (a cache may index millions of sequences).
+    record_ids, prompt_lens, lengths = (cache.index.column(c) for c in ("record_id", "prompt_len", "length"))
+    if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
+        sequences = [
+            {
+                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device),
+                "token_ids": cache.token_ids(row),
+                "target_argmax": cache.target_argmax(row),
+                "prompt_len": prompt_lens[row].as_py(),
+                "row": row,
+                "record_id": record_ids[row].as_py(),
+                "category": _category(cache, row),
+            }
+            for row in rows
+        ]
+        results = score_sequences_chain(
+            drafter,
+            sequences,
+            ddtree_budgets=tuple(config.ddtree),
+            max_blocks_per_forward=config.max_blocks_per_forward,
+            memory_gb=config.memory_gb,
+        )
+        if on_sequence:
+            for row in rows:
+                on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+        return results
     results = []
     for row in rows:
         features = sequence_features(
@@ -125,14 +157,16 @@ def score_rows(
                 features,
                 cache.token_ids(row),
                 cache.target_argmax(row),
-                prompt_lens[row],
+                prompt_lens[row].as_py(),
                 row=row,
-                record_id=record_ids[row],
+                record_id=record_ids[row].as_py(),
                 category=_category(cache, row),
                 ddtree_budgets=tuple(config.ddtree),
                 max_blocks_per_forward=config.max_blocks_per_forward,
+                anchors=config.anchors,
+                memory_gb=config.memory_gb,
             )
         )
         if on_sequence:
-            on_sequence(lengths[row] - prompt_lens[row])
+            on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
     return results

@@ -20,7 +20,13 @@ import numpy as np
 import torch
 
 from hscache.capture.backend import resolve_backend, use_backend
-from hscache.capture.forward import CapturedSequence, capture_batch, greedy_continuation, to_host_async
+from hscache.capture.forward import (
+    DEFAULT_MEMORY_GB,
+    CapturedSequence,
+    capture_batch,
+    greedy_continuations,
+    to_host_async,
+)
 from hscache.capture.layers import parse_layer_spec
 from hscache.capture.prompts import (
     DEFAULT_PROMPTS,
@@ -64,8 +70,11 @@ _RESUME_KEYS = (
     "top_k",
     "full_logits",
     "batch_tokens",
+    "generate_batch",
     "shard",
 )
+# Caches written before a setting existed were made as its value here says.
+_LEGACY = {"generate_batch": 1}
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,8 @@ class ExtractConfig:
     top_k: int = 64
     batch_tokens: int = 0  # 0: one sequence per forward on CPU, 16384 tokens on CUDA
     full_logits: bool = False
+    generate_batch: int = 0  # prompts per batched generate; 0: 8 on CPU, 64 on CUDA
+    memory_gb: float = DEFAULT_MEMORY_GB  # [rows, V] logits working set (layout of work, not content)
     compression: str = "fast"  # layout.COMPRESSIONS; measured choice in docs/storage.md
     chunk_bytes: int = 8 << 20
     commit_every_s: float = 30.0
@@ -190,6 +201,7 @@ def _settings(
     config: ExtractConfig, target: Target, layer_ids: list[int], backend: str, prompts: _PromptSummary
 ) -> dict[str, Any]:
     batch_tokens = config.batch_tokens or (16384 if config.device.startswith("cuda") else 0)
+    generate_batch = config.generate_batch or (64 if config.device.startswith("cuda") else 8)
     return {
         "model": config.model,
         "weights_sha256": target.weights_sha256,
@@ -205,6 +217,7 @@ def _settings(
         "top_k": config.top_k,
         "full_logits": config.full_logits,
         "batch_tokens": batch_tokens,
+        "generate_batch": generate_batch,
         "mask_token_id": target.mask_token_id,
         "limit": config.limit,
         **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
@@ -212,7 +225,7 @@ def _settings(
 
 
 def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path) -> None:
-    diffs = [k for k in _RESUME_KEYS if existing.get(k) != settings.get(k)]
+    diffs = [k for k in _RESUME_KEYS if existing.get(k, _LEGACY.get(k)) != settings.get(k)]
     if diffs:
         key = diffs[0]
         more = f" (and {len(diffs) - 1} more: {', '.join(diffs[1:])})" if len(diffs) > 1 else ""
@@ -314,29 +327,60 @@ def _rows_when_copied(captured: list[CapturedSequence], batch: list, copied: Any
     return [_to_rows(cap, rec, plen, stop) for cap, (rec, _ids, plen, stop) in zip(captured, batch)]
 
 
+_Sequence = tuple[PromptRecord, list[int], int, str]  # record, prompt + continuation, prompt_len, stop
+
+
+def _sequences(config: ExtractConfig, target: Target, generate_batch: int, skip: int) -> Iterator[_Sequence]:
+    """Every selected record with its continuation, from record ``skip`` on, in prompt order.
+
+    Continuations are generated ``generate_batch`` prompts at a time, grouped by record number
+    (records kN .. kN+N-1), never by where a run started: a resume regenerates the group it
+    restarts inside and drops the records already committed, so every sequence sees exactly the
+    batch companions it had in an uninterrupted run (in bf16 they can move a near-tie).
+    """
+    group: list[tuple[int, PromptRecord]] = []
+    for n, record in enumerate(_selected(config)):
+        group.append((n, record))
+        if len(group) == generate_batch:
+            yield from _continued(config, target, group, skip)
+            group = []
+    if group:
+        yield from _continued(config, target, group, skip)
+
+
+def _continued(
+    config: ExtractConfig, target: Target, group: list[tuple[int, PromptRecord]], skip: int
+) -> Iterator[_Sequence]:
+    if group[-1][0] < skip:  # committed already: no model work
+        return
+    prompts = [prompt_token_ids(record, target.tokenizer, target.vocab_size) for _, record in group]
+    if config.max_new_tokens == 0:  # dataset text after the prompt, cached as is; scoring starts at its end
+        done = []
+        for (_, record), prompt in zip(group, prompts):
+            response = response_token_ids(record, target.tokenizer)
+            done.append((prompt + response, "dataset") if response else (prompt, "none"))
+    else:
+        done = greedy_continuations(target, prompts, config.max_new_tokens, config.max_length)
+    for (n, record), prompt, (ids, stop) in zip(group, prompts, done):
+        if n >= skip:
+            yield record, ids, len(prompt), stop
+
+
 def _batches(
-    config: ExtractConfig, target: Target, batch_tokens: int, skip: int
-) -> Iterator[list[tuple[PromptRecord, list[int], int, str]]]:
-    """Generate continuations and group sequences greedily up to ``batch_tokens`` padded tokens.
+    config: ExtractConfig, target: Target, settings: dict[str, Any], skip: int
+) -> Iterator[list[_Sequence]]:
+    """Group sequences greedily up to ``batch_tokens`` padded tokens per capture forward.
 
     Grouping depends only on the sequence order, so a resume (which starts at a committed batch
     boundary) forms the same batches as an uninterrupted run.
     """
-    batch: list[tuple[PromptRecord, list[int], int, str]] = []
-    for n, record in enumerate(_selected(config)):
-        if n < skip:
-            continue
-        prompt = prompt_token_ids(record, target.tokenizer, target.vocab_size)
-        response = response_token_ids(record, target.tokenizer) if config.max_new_tokens == 0 else []
-        if response:  # dataset text after the prompt, cached as is; scoring starts at the prompt's end
-            ids, stop = prompt + response, "dataset"
-        else:
-            ids, stop = greedy_continuation(target, prompt, config.max_new_tokens, config.max_length)
-        width = max([len(ids)] + [len(b[1]) for b in batch])
-        if batch and width * (len(batch) + 1) > batch_tokens:
+    batch: list[_Sequence] = []
+    for item in _sequences(config, target, settings["generate_batch"], skip):
+        width = max([len(item[1])] + [len(b[1]) for b in batch])
+        if batch and width * (len(batch) + 1) > settings["batch_tokens"]:
             yield batch
             batch = []
-        batch.append((record, ids, len(prompt), stop))
+        batch.append(item)
     if batch:
         yield batch
 
@@ -368,9 +412,14 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
             provenance = _start_provenance(writer, target, settings, kernels, prompts, resumed=done > 0)
         progress.start(prompts.records, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
-            for batch in _batches(config, target, settings["batch_tokens"], skip=done):
+            for batch in _batches(config, target, settings, skip=done):
                 captured = capture_batch(
-                    target, [b[1] for b in batch], layer_ids, config.top_k, config.full_logits
+                    target,
+                    [b[1] for b in batch],
+                    layer_ids,
+                    config.top_k,
+                    config.full_logits,
+                    memory_gb=config.memory_gb,
                 )
                 # On CUDA the copies to pinned host memory are queued now, before the next forward, and
                 # the writer thread waits for them alone: the GPU never waits for the disk.
@@ -399,6 +448,11 @@ def _check_flags(config: ExtractConfig, target: Target) -> None:
     if not 1 <= config.top_k <= target.vocab_size:
         raise InputError(
             f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
+        )
+    if config.generate_batch < 0 or config.memory_gb <= 0:
+        raise InputError(
+            f"--generate-batch {config.generate_batch} / --memory-gb {config.memory_gb}: "
+            "pass a batch >= 1 (0: by device) and a positive budget in GB"
         )
 
 

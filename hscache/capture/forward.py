@@ -18,9 +18,53 @@ from transformers import GenerationConfig
 
 from hscache.capture.target import Target
 
-__all__ = ["CapturedSequence", "capture_batch", "greedy_continuation", "next_token_stats", "to_host_async"]
+__all__ = [
+    "DEFAULT_MEMORY_GB",
+    "CapturedSequence",
+    "capture_batch",
+    "greedy_continuation",
+    "greedy_continuations",
+    "head_rows",
+    "next_token_stats",
+    "row_chunks",
+    "to_host_async",
+]
 
-_LOGIT_ROWS_PER_STEP = 2048  # bounds the [rows, V] float32 logits held at once
+DEFAULT_MEMORY_GB = 2.0  # --memory-gb: the [rows, V] logits working set of extract and scorer
+# Bytes held per logit while a row chunk is live: the logits in the run dtype (<= 4), their
+# float32 copy (4) and the float32 temporary of logsumexp / log_softmax (4).
+_BYTES_PER_LOGIT = 12
+
+
+# Row chunks are whole multiples of this: CPU GEMM kernels compute a row the same way in any
+# chunk of >= 48 rows, but not in chunks of 1-3 rows (measured, see row_chunks).
+_ROW_QUANTUM = 48
+
+
+def head_rows(vocab_size: int, memory_gb: float, bytes_per_logit: int = _BYTES_PER_LOGIT) -> int:
+    """Rows projected onto the vocabulary at once so that ``[rows, V]`` temporaries fit ``memory_gb``.
+
+    A whole multiple of 48, at least 48: 624 rows at V = 248,320 and 2 GB.
+    """
+    if memory_gb <= 0:
+        raise ValueError(f"memory budget {memory_gb} GB must be positive")
+    rows = int(memory_gb * 1e9) // (int(vocab_size) * bytes_per_logit)
+    return max(_ROW_QUANTUM, rows // _ROW_QUANTUM * _ROW_QUANTUM)
+
+
+def row_chunks(n: int, rows: int) -> Iterator[tuple[int, int, int]]:
+    """``(start, stop, first_new)`` chunks covering ``n`` rows, each exactly ``rows`` long when n > rows.
+
+    The last chunk is shifted back to overlap its predecessor (only rows from ``first_new`` on
+    are new) instead of being a ragged tail: CPU GEMM computes a row of a 1-3 row product with
+    other kernels than inside a large one, so a ragged tail would change low bits with the
+    budget. This way every row's logits are bit-identical for any budget (tested).
+    """
+    start = 0
+    while start < n:
+        stop = min(start + rows, n)
+        yield max(0, stop - rows), stop, start
+        start = stop
 
 
 @dataclass
@@ -44,43 +88,84 @@ def greedy_continuation(
     Returns the full token list and why generation stopped: "eos", "max_new_tokens",
     "max_length", or "none" when no tokens were requested.
     """
-    budget = min(max_new_tokens, max_length - len(prompt_ids))
-    if max_new_tokens <= 0:
-        return list(prompt_ids), "none"
-    if budget <= 0:
-        return list(prompt_ids), "max_length"
+    return greedy_continuations(target, [prompt_ids], max_new_tokens, max_length)[0]
+
+
+def _eos_ids(target: Target) -> tuple[Any, set[int]]:
+    eos = target.model.generation_config.eos_token_id
+    eos = eos if eos is not None else target.tokenizer.eos_token_id
+    return eos, set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+
+def greedy_continuations(
+    target: Target, prompts: Sequence[Sequence[int]], max_new_tokens: int, max_length: int
+) -> list[tuple[list[int], str]]:
+    """Greedy continuations of several prompts in ONE batched ``generate`` (left padding).
+
+    Each sequence stops on its own: at its first EOS, at ``max_new_tokens``, or where it
+    reaches ``max_length`` (shorter prompts simply generate further; a greedy prefix does not
+    depend on how long decoding went on, so cutting afterwards equals stopping there). One
+    prompt runs unpadded, exactly as before. With padding, full-attention layers mask the pads
+    and the Gated DeltaNet layers zero them (their state stays exactly zero through them), so in
+    fp32 the tokens equal one-at-a-time generation (tested); in bf16 a near-tie may flip, and
+    the teacher-forced capture then counts it as ``off_greedy``.
+
+    Returns:
+        Per prompt, in order: (prompt + continuation, stop reason) as in ``greedy_continuation``.
+    """
+    budgets = [min(max_new_tokens, max_length - len(p)) for p in prompts]
+    results: list[tuple[list[int], str] | None] = [None] * len(prompts)
+    todo = []
+    for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        if max_new_tokens <= 0:
+            results[i] = (list(prompt), "none")
+        elif budget <= 0:
+            results[i] = (list(prompt), "max_length")
+        else:
+            todo.append(i)
+    if todo:
+        eos, eos_set = _eos_ids(target)
+        new = _generate(target, [prompts[i] for i in todo], max(budgets[i] for i in todo), eos)
+        for i, tokens in zip(todo, new):
+            tokens = tokens[: budgets[i]]
+            stop = next((k for k, t in enumerate(tokens) if t in eos_set), None)
+            if stop is not None:
+                results[i] = (list(prompts[i]) + tokens[: stop + 1], "eos")
+            else:
+                reason = "max_length" if budgets[i] < max_new_tokens else "max_new_tokens"
+                results[i] = (list(prompts[i]) + tokens, reason)
+    return [r for r in results if r is not None]
+
+
+def _generate(target: Target, prompts: Sequence[Sequence[int]], budget: int, eos: Any) -> list[list[int]]:
+    """New tokens per prompt (finished rows padded past their EOS by ``generate``)."""
     model, tokenizer = target.model, target.tokenizer
-    eos = model.generation_config.eos_token_id
-    eos = eos if eos is not None else tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(_eos_ids(target)[1]))
     config = GenerationConfig(
-        max_new_tokens=budget,
-        do_sample=False,
-        num_beams=1,
-        eos_token_id=eos,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
+        max_new_tokens=budget, do_sample=False, num_beams=1, eos_token_id=eos, pad_token_id=pad
     )
     device = next(model.parameters()).device
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):  # left padding: every row's last prompt token is aligned
+        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        attention_mask[row, width - len(prompt) :] = 1
     # generate() fills every unset field from model.generation_config, so a target shipping e.g.
     # repetition_penalty=1.05 would bend "greedy" text off the argmax path that replay assumes.
     # A neutral model-level config for the call keeps the continuation the plain argmax chain.
     saved = model.generation_config
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     try:
         with torch.no_grad():
             out = model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=config,
             )
     finally:
         model.generation_config = saved
-    ids = out[0].tolist()
-    new = ids[len(prompt_ids) :]
-    eos_set = set(eos) if isinstance(eos, (list, tuple)) else {eos}
-    if new and new[-1] in eos_set:
-        return ids, "eos"
-    return ids, ("max_length" if budget < max_new_tokens else "max_new_tokens")
+    return [row[width:].tolist() for row in out.cpu()]
 
 
 @contextlib.contextmanager
@@ -102,16 +187,22 @@ def _hooked(layers: torch.nn.ModuleList, layer_ids: Sequence[int]) -> Iterator[d
 
 
 def next_token_stats(
-    lm_head: torch.nn.Module, final_hidden: torch.Tensor, top_k: int, keep_logits: bool
+    lm_head: torch.nn.Module,
+    final_hidden: torch.Tensor,
+    top_k: int,
+    keep_logits: bool,
+    rows_per_step: int = 2048,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """argmax / top-k / logsumexp of ``lm_head(final_hidden)`` for ``[T, H]`` rows, in row blocks.
 
     The argmax is taken on the logits in the model's dtype (what greedy decoding does);
-    top-k values and the log-sum-exp in float32 (bf16 logits are exact in float32).
+    top-k values and the log-sum-exp in float32 (bf16 logits are exact in float32). Only
+    ``rows_per_step`` rows of logits exist at once (see ``head_rows``); each row's numbers do not
+    depend on the blocking (tested), and ``keep_logits`` is the one opt-in ``[T, V]`` result.
     """
     argmax, values, ids, lse, full = [], [], [], [], []
-    for start in range(0, final_hidden.shape[0], _LOGIT_ROWS_PER_STEP):
-        logits = lm_head(final_hidden[start : start + _LOGIT_ROWS_PER_STEP])
+    for lo, hi, new in row_chunks(final_hidden.shape[0], rows_per_step):
+        logits = lm_head(final_hidden[lo:hi])[new - lo :]
         argmax.append(logits.argmax(dim=-1))
         logits32 = logits.float()
         top = torch.topk(logits32, k=min(top_k, logits32.shape[-1]), dim=-1)
@@ -137,11 +228,13 @@ def capture_batch(
     layer_ids: Sequence[int],
     top_k: int,
     full_logits: bool,
+    memory_gb: float = DEFAULT_MEMORY_GB,
 ) -> list[CapturedSequence]:
     """One teacher-forced forward over ``sequences`` (right-padded when more than one).
 
     Padding never reaches the result: every output is sliced to the sequence's own length,
-    and causal attention keeps real positions from seeing the pads that follow them.
+    and causal attention keeps real positions from seeing the pads that follow them. The
+    vocabulary projection runs in row chunks sized by ``memory_gb`` (never ``[T, V]`` at once).
     """
     device = next(target.model.parameters()).device
     lengths = [len(s) for s in sequences]
@@ -156,6 +249,7 @@ def capture_batch(
     if len(sequences) > 1:
         attention_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long().to(device)
     lm_head = target.model.get_output_embeddings()
+    rows_per_step = head_rows(lm_head.weight.shape[0], memory_gb)
     with torch.no_grad(), _hooked(target.layers, layer_ids) as captured:
         final = _base_model(target)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         final_hidden = final.last_hidden_state
@@ -163,7 +257,7 @@ def capture_batch(
         for row, length in enumerate(lengths):
             hidden = torch.stack([captured[i][row, :length] for i in layer_ids], dim=1)
             argmax, values, ids, lse, logits = next_token_stats(
-                lm_head, final_hidden[row, :length], top_k, full_logits
+                lm_head, final_hidden[row, :length], top_k, full_logits, rows_per_step
             )
             out.append(CapturedSequence(input_ids[row, :length], hidden, argmax, values, ids, lse, logits))
     return out

@@ -136,6 +136,7 @@ def build_provenance(
             "top_k": settings["top_k"],
             "full_logits": settings["full_logits"],
             "batch_tokens": settings["batch_tokens"],
+            "generate_batch": settings["generate_batch"],
         },
         "prompts": {"path": str(prompts_path), "sha256": settings["prompts_sha256"], "records": num_records},
         "versions": package_versions(),

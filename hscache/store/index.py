@@ -72,8 +72,15 @@ def read_part(root: Path, name: str) -> pa.Table:
 
 
 def expand_metadata(table: pa.Table) -> pa.Table:
-    """Turn the ``metadata_json`` column into one column per key (e.g. ``category``)."""
-    records = [json.loads(s) if s else {} for s in table.column("metadata_json").to_pylist()]
+    """Turn the ``metadata_json`` column into one column per key (e.g. ``category``).
+
+    Only the distinct metadata strings are parsed (a million sequences usually carry a handful
+    of distinct ``{"category": ...}`` objects); the columns are then gathered in Arrow.
+    """
+    if table.num_rows == 0:
+        return table
+    encoded = table.column("metadata_json").combine_chunks().dictionary_encode()
+    records = [json.loads(s) if s else {} for s in encoded.dictionary.to_pylist()]
     keys = sorted({k for r in records for k in r} - set(table.column_names))
     for key in keys:
         values = [r.get(key) for r in records]
@@ -81,7 +88,7 @@ def expand_metadata(table: pa.Table) -> pa.Table:
             column = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             column = pa.array([None if v is None else json.dumps(v) for v in values])
-        table = table.append_column(key, column)
+        table = table.append_column(key, column.take(encoded.indices))
     return table
 
 

@@ -167,7 +167,7 @@ def _check_rows(table: pa.Table, report: VerifyReport) -> pa.Table | None:
     offsets = table.column("offset").to_numpy().astype(np.int64)
     lengths = table.column("length").to_numpy().astype(np.int64)
     prompt_lens = table.column("prompt_len").to_numpy().astype(np.int64)
-    record_ids = table.column("record_id").to_pylist()
+    record_ids = table.column("record_id")  # read per bad row: never the whole index as Python objects
     expected_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
     for i in np.flatnonzero(
         (seq_ids != np.arange(len(seq_ids)))
@@ -179,11 +179,11 @@ def _check_rows(table: pa.Table, report: VerifyReport) -> pa.Table | None:
         report.add(
             Problem(
                 "index",
-                f"sequence {i} (record {record_ids[i]!r}): index row is inconsistent "
+                f"sequence {i} (record {record_ids[i].as_py()!r}): index row is inconsistent "
                 f"(seq_id {seq_ids[i]}, offset {offsets[i]} expected {expected_offsets[i]}, "
                 f"length {lengths[i]}, prompt_len {prompt_lens[i]})",
                 seq_id=int(i),
-                record_id=record_ids[i],
+                record_id=record_ids[i].as_py(),
             )
         )
     if int(lengths.sum()) != report.tokens:

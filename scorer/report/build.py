@@ -100,8 +100,12 @@ def build_report(
     results = merge_results(results)
     B = drafter.config.block_size
     chains = [r.chain for r in results]
-    counts = functools.reduce(operator.add, (r.acceptance for r in results)) if results else None
-    accept_len = sum((r.accept_len for r in results), AcceptLen(0, 0))
+    # anchors="chain" drafts only where the replays go: no per-slot acceptance, no train_accept_len.
+    every_anchor = all(r.acceptance is not None for r in results)
+    counts = (
+        functools.reduce(operator.add, (r.acceptance for r in results)) if results and every_anchor else None
+    )
+    accept_len = sum((r.accept_len for r in results), AcceptLen(0, 0)) if every_anchor else AcceptLen(0, 0)
     acceptance = acceptance_rates(counts) if counts is not None else None
     tau = _tau_block(chains, config.n_boot, config.seed)
     warnings = diagnose(
@@ -112,6 +116,11 @@ def build_report(
         cache_layer_ids=cache.layer_ids,
     )
     warnings += list(getattr(loaded.report, "warnings", ()))  # drafter config vs this cache
+    if not every_anchor:
+        warnings.append(
+            "--anchors chain drafted only the anchors the replays visit: per-position acceptance and "
+            "train_accept_len need every anchor and are not reported (use --anchors all)"
+        )
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
         warnings.append(
@@ -140,6 +149,10 @@ def build_report(
         "ddtree": {b: block["per_request"] for b, block in ddtree.items()},
         "ddtree_detail": ddtree,
         "ddtree_surrogate": surrogate,
+        "anchors": {
+            "mode": "all" if every_anchor else "chain",
+            "drafted": sum(r.drafted_anchors for r in results),
+        },
         "off_greedy": {"positions": sum(c.off_greedy_positions for c in chains), "rounds_cut_short": cut},
         "per_category": (
             {k: v.to_dict() for k, v in per_category_tau(chains, categories).items()}

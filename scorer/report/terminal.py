@@ -52,7 +52,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         zip(report["acceptance"]["conditional"], report["acceptance"]["unconditional"]), 1
     ):
         acc.add_row(str(j), _f(c), _f(u))
-    console.print(acc)
+    if report.get("anchors", {}).get("mode") != "chain":  # chain mode has none: it says so in warnings
+        console.print(acc)
     hist = report["tokens_per_round_histogram"]
     console.print("tokens per round: " + "  ".join(f"{n}:{c}" for n, c in enumerate(hist, 1) if c))
     if report["per_category"]:

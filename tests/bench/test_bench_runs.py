@@ -40,3 +40,27 @@ def test_scale_bench_quick(scale_cache: Path, dask_client):
         "reader/memmap ratio",
     ):
         assert line in out, out
+
+
+@pytest.mark.slow
+def test_real_dims_bench_quick():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "real_dims.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for line in (
+        "extract / bare time =",
+        "extract peak RSS - weights",
+        "generate batch 4 vs batch 1:",
+        "scorer --anchors chain vs all, DDTree off:",
+        "scorer eval / bare drafter forward",
+        "eval peak RSS - weights",
+        "open a 20,000-sequence index:",
+    ):
+        assert line in out, out

@@ -27,8 +27,11 @@ class _StandIn:
     """
 
     def __init__(self, block_size: int, vocab: int, choose):
-        self.config = SimpleNamespace(block_size=block_size, mask_token_id=0)
+        self.config = SimpleNamespace(block_size=block_size, mask_token_id=0, vocab_size=vocab)
         self.vocab, self.choose = vocab, choose
+
+    def context_kv(self, features):
+        return None
 
     def block_hidden(self, features, anchors, blocks, **_):
         out = torch.zeros(len(anchors), self.config.block_size - 1, self.vocab)

@@ -1,0 +1,83 @@
+"""A large index opens without per-row Python work, and scoring reads it per row."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+import hscache
+import hscache.store.reader as reader_module
+from scorer.evaluate import EvalConfig, evaluate
+
+
+def _load_synthetic_index():
+    # Loaded by file path: bench/ on sys.path would shadow the scorer package with
+    # bench/scorer.py, in this process and in every dask worker started from it.
+    path = Path(__file__).resolve().parents[2] / "bench" / "synthetic_index.py"
+    spec = importlib.util.spec_from_file_location("synthetic_index", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.synthetic_index
+
+
+synthetic_index = _load_synthetic_index()
+
+_N = 100_000
+
+
+class _NoListColumn:
+    """An index column that refuses to become a Python list of every row."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        self._column = column
+
+    def __getattr__(self, name: str):
+        return getattr(self._column, name)
+
+    def __getitem__(self, row):
+        return self._column[row]
+
+    def __len__(self) -> int:
+        return len(self._column)
+
+    def to_pylist(self):
+        raise AssertionError(f"to_pylist() over all {len(self._column)} index rows")
+
+
+class _GuardedIndex:
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+
+    def __getattr__(self, name: str):
+        return getattr(self._table, name)
+
+    def column(self, name):
+        return _NoListColumn(self._table.column(name))
+
+
+def test_large_index_opens_parsing_only_distinct_metadata(scorer_cache, tmp_path, monkeypatch):
+    path = synthetic_index(scorer_cache, tmp_path / "big", _N)
+    calls = []
+    real = json.loads
+    monkeypatch.setattr(reader_module, "json", type("J", (), {"loads": lambda s: calls.append(s) or real(s)}))
+    cache = hscache.open_cache(path)
+    assert len(cache) == _N
+    assert len(calls) <= 4  # the manifest aside, 3 distinct metadata strings
+    assert cache.index.column("category")[_N - 1].as_py() == ["code", "math", "chat"][(_N - 1) % 3]
+
+
+def test_scoring_a_large_index_reads_it_per_row(scorer_cache, trained_drafter, tmp_path, monkeypatch):
+    path = synthetic_index(scorer_cache, tmp_path / "big", _N)
+    real_open = hscache.open_cache
+
+    def guarded(p):
+        cache = real_open(p)
+        cache.index = _GuardedIndex(cache.index)
+        return cache
+
+    monkeypatch.setattr(hscache, "open_cache", guarded)
+    report = evaluate(trained_drafter, path, EvalConfig(ddtree=(), n_boot=10, limit=2, anchors="chain"))
+    assert report["requests"] == 2 and report["cache"]["sequences"] == _N
