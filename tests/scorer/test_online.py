@@ -76,14 +76,14 @@ def test_sliding_window_drafter_online_equals_offline(scorer_cache, trained_draf
     n = config["num_hidden_layers"]
     config.update(layer_types=["sliding_attention"] * n, sliding_window=4, use_sliding_window=True)
     (drafter / "config.json").write_text(json.dumps(config))
-    offline = evaluate(drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=3))
+    offline = evaluate(drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=2))
     assert offline["drafter"]["layer_types"] == ["sliding_attention"] * n
-    online = run_online(drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=24, limit=3)
+    online = run_online(drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=24, limit=2)
     for off, on in zip(offline["per_request"], online["per_request"]):
         tokens = [
             min(a + 1, on["generated"] + off["anchors"][0] - 1 - p)
             for a, p in zip(off["accepted"], off["anchors"])
         ]
         assert on["tokens_per_round"] == tokens, off["record_id"]
-    full = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=3))
+    full = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=2))
     assert [r["accepted"] for r in full["per_request"]] != [r["accepted"] for r in offline["per_request"]]
