@@ -168,7 +168,7 @@ def main() -> None:
     "--prompts",
     default="builtin:default",
     show_default=True,
-    help="JSONL file ({id, prompt|messages|input_ids, ...metadata}) or builtin:default.",
+    help="JSONL file ({id, prompt|messages|conversations|input_ids, ...metadata}) or builtin:default.",
 )
 @click.option(
     "--layers",
@@ -189,7 +189,7 @@ def main() -> None:
     type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
     default="auto",
     show_default=True,
-    help="auto: bf16 on CUDA, fp32 on CPU (bf16 is ~3x slower there).",
+    help="auto: bf16 on CUDA, fp32 on CPU (bf16 is 2-3x slower there).",
 )
 @click.option(
     "--backend",

@@ -76,7 +76,7 @@ class ExtractConfig:
     prompts: str = "builtin:default"
     layers: str = "dflash:3"
     max_new_tokens: int = 64
-    dtype: str = "bf16"  # or "auto": bf16 on CUDA, fp32 on CPU (where bf16 is ~3x slower); the CLI default
+    dtype: str = "bf16"  # or "auto": bf16 on CUDA, fp32 on CPU (where bf16 is 2-3x slower); the CLI default
     backend: str = "auto"
     device: str = "cpu"
     max_length: int = 4096
@@ -429,7 +429,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
 
 
 def auto_dtype(device: str) -> str:
-    """``--dtype auto``: bf16 on CUDA; fp32 on CPU, where bf16 matmuls run ~3x slower (measured on
+    """``--dtype auto``: bf16 on CUDA; fp32 on CPU, where bf16 runs 2-3x slower (measured on
     the quickstart) and fp32 is also the exact reference."""
     return "bf16" if device.startswith("cuda") else "fp32"
 
