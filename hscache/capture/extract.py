@@ -214,12 +214,39 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
     diffs = [k for k in _RESUME_KEYS if existing.get(k) != settings.get(k)]
     if diffs:
         key = diffs[0]
-        more = f" (and {len(diffs) - 1} more: {', '.join(diffs[1:])})" if len(diffs) > 1 else ""
+        more = (
+            f" (and {len(diffs) - 1} more: {', '.join(_flag(k) for k in diffs[1:])})"
+            if len(diffs) > 1
+            else ""
+        )
         raise ResumeMismatchError(
-            f"{out} was built with {key}={existing.get(key)!r} but this run has {key}={settings.get(key)!r}"
-            f"{more}; "
+            f"{out} was built with {_flag(key)} {_shown(existing.get(key))} but this run has "
+            f"{_flag(key)} {_shown(settings.get(key))}{more}; "
             "re-run with the original settings to resume, or pass --overwrite to start over"
         )
+
+
+# Settings named as the user set them: flags, not Python field names.
+_FLAGS = {
+    "layer_ids": "--layers",
+    "weights_sha256": "model weights sha256",
+    "tokenizer_sha256": "tokenizer sha256",
+    "prompts_sha256": "--prompts content sha256",
+}
+
+
+def _flag(key: str) -> str:
+    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):  # --shard
+        return f"{value.get('index')}/{value.get('count')}"
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12] + "..."
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _write_target_dir(out: Path, target: Target) -> None:
