@@ -115,6 +115,45 @@ class _RichProgress:
         self.progress.stop()
 
 
+class _LineProgress:
+    """One plain line on stderr every ``every_s`` seconds (and at the end) for logs and batch jobs."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self.total = self.done = self.resumed = self.tokens = 0
+        self.t0 = self.last = 0.0
+
+    def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
+        import time
+
+        self.total, self.done, self.resumed = total_sequences, done_sequences, done_sequences
+        self.t0 = self.last = time.perf_counter()
+        resumed = f" ({done_sequences} already committed)" if done_sequences else ""
+        click.echo(f"extract: {total_sequences} sequences{resumed}", err=True)
+
+    def advance(self, sequences: int, tokens: int) -> None:
+        import time
+
+        self.done += sequences
+        self.tokens += tokens
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        elapsed = max(1e-9, now - self.t0)
+        rate = self.tokens / elapsed
+        left, ran = self.total - self.done, self.done - self.resumed
+        eta = f", ETA {elapsed / ran * left:.0f} s" if ran and left else ""
+        click.echo(f"extract: {self.done}/{self.total} sequences, {rate:,.0f} tok/s{eta}", err=True)
+
+    def finish(self) -> None:
+        import time
+
+        self._line(time.perf_counter())
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscache")
 def main() -> None:
@@ -132,7 +171,7 @@ def main() -> None:
     "--prompts",
     default="builtin:default",
     show_default=True,
-    help="JSONL file ({id, prompt|messages|input_ids, ...metadata}) or builtin:default.",
+    help="JSONL file ({id, prompt|messages|conversations|input_ids, ...metadata}) or builtin:default.",
 )
 @click.option(
     "--layers",
@@ -148,7 +187,13 @@ def main() -> None:
     type=click.IntRange(min=0),
     help="Greedy continuation length per prompt (0: cache the prompt text as is).",
 )
-@click.option("--dtype", type=click.Choice(list(DTYPES)), default="bf16", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", *DTYPES]),
+    default="auto",
+    show_default=True,
+    help="auto: bf16 on CUDA, fp32 on CPU (bf16 is 2-3x slower there).",
+)
 @click.option(
     "--backend",
     type=click.Choice(list(BACKENDS)),
@@ -239,7 +284,8 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
     config = ExtractConfig(
         chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None, **options
     )
-    progress = None if quiet else _RichProgress()
+    # rich draws nothing until the end when stderr is not a terminal (a log file, a batch job).
+    progress = None if quiet else _RichProgress() if sys.stderr.isatty() else _LineProgress()
     with _sigterm_as_interrupt():
         result = run_extract(config, progress)
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""

@@ -52,7 +52,7 @@ from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
 
-__all__ = ["ExtractConfig", "ExtractResult", "Progress", "extract"]
+__all__ = ["ExtractConfig", "ExtractResult", "Progress", "auto_dtype", "extract"]
 
 # Settings that change what the cache holds; a resume must match all of them.
 _RESUME_KEYS = (
@@ -86,7 +86,7 @@ class ExtractConfig:
     prompts: str = "builtin:default"
     layers: str = "dflash:3"
     max_new_tokens: int = 64
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # or "auto": bf16 on CUDA, fp32 on CPU (where bf16 is 2-3x slower); the CLI default
     backend: str = "auto"
     device: str = "cpu"
     max_length: int = 4096
@@ -228,12 +228,39 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
     diffs = [k for k in _RESUME_KEYS if existing.get(k, _LEGACY.get(k)) != settings.get(k)]
     if diffs:
         key = diffs[0]
-        more = f" (and {len(diffs) - 1} more: {', '.join(diffs[1:])})" if len(diffs) > 1 else ""
+        more = (
+            f" (and {len(diffs) - 1} more: {', '.join(_flag(k) for k in diffs[1:])})"
+            if len(diffs) > 1
+            else ""
+        )
         raise ResumeMismatchError(
-            f"{out} was built with {key}={existing.get(key)!r} but this run has {key}={settings.get(key)!r}"
-            f"{more}; "
+            f"{out} was built with {_flag(key)} {_shown(existing.get(key))} but this run has "
+            f"{_flag(key)} {_shown(settings.get(key))}{more}; "
             "re-run with the original settings to resume, or pass --overwrite to start over"
         )
+
+
+# Settings named as the user set them: flags, not Python field names.
+_FLAGS = {
+    "layer_ids": "--layers",
+    "weights_sha256": "model weights sha256",
+    "tokenizer_sha256": "tokenizer sha256",
+    "prompts_sha256": "--prompts content sha256",
+}
+
+
+def _flag(key: str) -> str:
+    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):  # --shard
+        return f"{value.get('index')}/{value.get('count')}"
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12] + "..."
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _write_target_dir(out: Path, target: Target) -> None:
@@ -399,6 +426,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     if config.shard is not None:
         config = replace(config, out=str(shard_path(config.out, *config.shard)))
     check_device(config.device)
+    if config.dtype == "auto":  # resolved before anything is recorded: settings hold bf16/fp32
+        config = replace(config, dtype=auto_dtype(config.device))
     backend = resolve_backend(config.backend, config.device)
     target = load_target(config.model, config.dtype, config.device)
     layer_ids = parse_layer_spec(config.layers, target.num_layers)
@@ -435,6 +464,12 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     return ExtractResult(
         out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
     )
+
+
+def auto_dtype(device: str) -> str:
+    """``--dtype auto``: bf16 on CUDA; fp32 on CPU, where bf16 runs 2-3x slower (measured on
+    the quickstart) and fp32 is also the exact reference."""
+    return "bf16" if device.startswith("cuda") else "fp32"
 
 
 def _check_flags(config: ExtractConfig, target: Target) -> None:

@@ -54,7 +54,8 @@ def _fix(cache_a: CacheView) -> str:
     """How to get comparable caches: a subset now, or B re-extracted on A's very tokens."""
     return (
         "compare only the sequences both caches hold with --intersect, or compare on identical tokens: "
-        f"re-extract B from A's tokens with `hscache extract --tokens-from {cache_a.path} --out B2 ...`"
+        f"re-extract B from A's tokens with `hscache extract --tokens-from {cache_a.path} --out B2` "
+        "and B's --model/--dtype/--backend/--device/--layers"
     )
 
 

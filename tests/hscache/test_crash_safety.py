@@ -378,11 +378,11 @@ def test_resume_removes_leftovers_of_a_killed_run(tmp_path, small_cache):
 @pytest.mark.parametrize(
     "change,named",
     [
-        ({"layers": "1,3"}, "layer_ids=[1, 3, 5] but this run has layer_ids=[1, 3]"),
-        ({"dtype": "bf16"}, "dtype='fp32' but this run has dtype='bf16'"),
-        ({"prompts": "OTHER"}, "built with prompts_sha256="),
-        ({"limit": 6}, "limit=12 but this run has limit=6"),
-        ({"max_new_tokens": 4}, "max_new_tokens=8 but this run has max_new_tokens=4"),
+        ({"layers": "1,3"}, "built with --layers 1,3,5 but this run has --layers 1,3"),
+        ({"dtype": "bf16"}, "--dtype fp32 but this run has --dtype bf16"),
+        ({"prompts": "OTHER"}, "built with --prompts content sha256 "),
+        ({"limit": 6}, "--limit 12 but this run has --limit 6"),
+        ({"max_new_tokens": 4}, "--max-new-tokens 8 but this run has --max-new-tokens 4"),
     ],
 )
 def test_mismatched_resume_is_refused_naming_the_difference(tmp_path, small_cache, change, named):

@@ -112,7 +112,7 @@ def test_mismatched_resume_keeps_the_existing_cache(tmp_path, bf16_cache):
     code, text = _run(
         "--out", str(out), "--layers", "1,3,7", "--max-new-tokens", "12", "--limit", "4", "--dtype", "fp32"
     )
-    _assert_one_line_error(code, text, "built with dtype='bf16' but this run has dtype='fp32'", "--overwrite")
+    _assert_one_line_error(code, text, "built with --dtype bf16 but this run has --dtype fp32", "--overwrite")
     assert json.loads((out / "manifest.json").read_text()) == before
     assert len(hscache.open_cache(out)) == 4
 

@@ -218,3 +218,16 @@ def test_info_prints_kernels_as_text_and_an_empty_cache_without_a_ratio(bf16_cac
     result = CliRunner().invoke(main, ["info", str(empty)])
     assert result.exit_code == 0, result.output
     assert "x0.0" not in result.output and "no tokens yet" in result.output
+
+
+def test_dtype_auto_is_fp32_on_cpu_and_progress_prints_lines_without_a_terminal(tmp_path):
+    from hscache.capture.extract import auto_dtype
+
+    assert (auto_dtype("cpu"), auto_dtype("cuda"), auto_dtype("cuda:1")) == ("fp32", "bf16", "bf16")
+    out = tmp_path / "c"
+    result = CliRunner().invoke(main, ["extract", "--out", str(out), "--limit", "2", "--max-new-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    cache = hscache.open_cache(out)
+    assert cache.settings["dtype"] == "fp32" and cache.dtype == torch.float32
+    # CliRunner's stderr is no terminal: plain progress lines, the first and the last at least
+    assert "extract: 2 sequences" in result.output and "extract: 2/2 sequences" in result.output
