@@ -24,6 +24,7 @@ from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
     check_compatible,
+    check_scorable,
     feature_index,
     sequence_features,
 )
@@ -78,6 +79,7 @@ def load_drafter(
     if config.dtype not in _DTYPES:
         raise ScorerError(f"--dtype {config.dtype!r}; choose bf16 or fp32")
     check_device(config.device)
+    check_scorable(cache, str(getattr(cache, "url", cache.path)))
     loaded = load_checkpoint(
         checkpoint,
         overrides=_overrides(config),
