@@ -34,8 +34,12 @@ def test_plain_qwen3_directory_extracts_like_the_builtin(tmp_path):
     model.save_pretrained(tmp_path / "qwen3")
     tokenizer.save_pretrained(tmp_path / "qwen3")
     common = dict(layers="1,4,6", max_new_tokens=6, dtype="fp32", limit=2)
-    hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "a"), model=str(tmp_path / "qwen3"), **common))
-    hscache.extract(hscache.ExtractConfig(out=str(tmp_path / "b"), model="builtin:tiny-qwen3", **common))
+    hscache.extract(
+        hscache.ExtractConfig(out=str(tmp_path / "a"), model=str(tmp_path / "qwen3"), **common)
+    )
+    hscache.extract(
+        hscache.ExtractConfig(out=str(tmp_path / "b"), model="builtin:tiny-qwen3", **common)
+    )
     a, b = hscache.open_cache(tmp_path / "a"), hscache.open_cache(tmp_path / "b")
     assert a.provenance["model"]["architecture"] == "Qwen3ForCausalLM"
     assert a.provenance["model"]["layer_types"] == ["full_attention"] * 8
