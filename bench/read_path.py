@@ -36,7 +36,9 @@ from hscache.store.layout import array_specs
 from hscache.store.writer import SequenceRows, StoreWriter
 
 
-def synthetic_cache(out: Path, sequences: int, length: int, layers: int, hidden: int, compression: str) -> Path:
+def synthetic_cache(
+    out: Path, sequences: int, length: int, layers: int, hidden: int, compression: str
+) -> Path:
     """A cache of random bf16 hidden states (the other arrays small and random), no target dir.
 
     Values are drawn like real activations (normal, bf16): random mantissas compress about as
@@ -177,7 +179,9 @@ def sequence_reads(cache_path: Path, repeats: int) -> float:
 
     sequences()
     dataset()
-    t_seq, t_chunks, t_data, t_fresh = (_best(fn, repeats) for fn in (sequences, chunks, dataset, dataset_fresh))
+    t_seq, t_chunks, t_data, t_fresh = (
+        _best(fn, repeats) for fn in (sequences, chunks, dataset, dataset_fresh)
+    )
     per = len(order)
     ratio = t_seq / t_chunks
     print(
@@ -190,7 +194,9 @@ def sequence_reads(cache_path: Path, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sequences", type=int, default=48)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
