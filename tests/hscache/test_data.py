@@ -131,3 +131,25 @@ def test_xarray_view_matches_the_reader(bf16_cache):
     hidden = ds["hidden_states"].isel(token=slice(start, start + length)).astype("float32").values
     assert np.array_equal(hidden, cache.hidden_states(i).float().numpy())  # bf16 -> fp32 is exact
     assert np.array_equal(ds["token_ids"][start : start + length].values, cache.token_ids(i).numpy())
+
+
+def test_sequence_reads_decode_each_small_chunk_once(cache_path, monkeypatch):
+    """token_ids' one chunk holds every sequence: reading them one by one decodes it once, not 12 times."""
+    from hscache.store.chunks import ChunkReader
+
+    calls: list[tuple[str, int]] = []
+    decode = ChunkReader._decode
+
+    def counting(self, index, a, b, out):
+        calls.append((self.name, index))
+        return decode(self, index, a, b, out)
+
+    monkeypatch.setattr(ChunkReader, "_decode", counting)
+    cache = hscache.open_cache(cache_path)
+    reads = [cache.token_ids(i) for i in range(len(cache))]
+    assert calls.count(("token_ids", 0)) == 1
+    assert torch.equal(torch.cat(reads), cache.rows("token_ids", 0, cache.num_tokens).long())
+    chunks = -(-cache.num_tokens // cache.specs["hidden_states"].chunk_tokens)
+    hidden = [cache.hidden_states(i) for i in range(len(cache))]  # sequences straddle the 3 chunks
+    assert sorted(index for name, index in calls if name == "hidden_states") == list(range(chunks))
+    assert torch.equal(torch.cat(hidden), cache.rows("hidden_states", 0, cache.num_tokens))

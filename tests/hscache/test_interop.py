@@ -109,6 +109,9 @@ def test_import_of_export_equals_the_cache_on_every_shared_array(
         and "target_argmax" in prov["absent"]
     )
     assert prov["exported_from"] == str(bf16_cache)
+    from hscache.verify import verify_cache
+
+    assert verify_cache(tmp_path / "c").to_dict()["problems"] == []  # no target/ is expected here
 
 
 def test_scorer_refuses_an_imported_cache_by_name(speculators_dir, bf16_cache, tmp_path):
