@@ -371,8 +371,16 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
 @click.option(
     "--compression", type=click.Choice(["balanced", "fast", "none"]), default="fast", show_default=True
 )
+@click.option(
+    "--target",
+    default=None,
+    help="The model that produced the files (builtin:... or a local HF dir): adds target/ and, for "
+    "speculators (whose last slot is the last layer), computes target_argmax/top-k/logsumexp.",
+)
 @friendly_errors
-def import_cmd(source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str) -> None:
+def import_cmd(
+    source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
+) -> None:
     """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out."""
     from hscache.interop.common import parse_layer_ids
 
@@ -380,10 +388,17 @@ def import_cmd(source_dir: str, fmt: str, out: str, layer_ids: str | None, compr
         from hscache.interop.speculators import import_speculators as load
     else:
         from hscache.interop.specforge import import_specforge as load
-    count, tokens = load(source_dir, out, parse_layer_ids(layer_ids), compression)
+    count, tokens = load(source_dir, out, parse_layer_ids(layer_ids), compression, target)
+    from hscache.store.reader import open_cache
+
+    scorable = "target_argmax" in open_cache(out).specs
     click.echo(
         f"imported {count} sequences ({tokens} tokens) from {source_dir} ({fmt}) into {out}; "
-        "it holds no target logits (target_argmax, top-k, logsumexp)"
+        + (
+            "target arrays computed from the last layer with --target"
+            if scorable
+            else "it holds no target logits (target_argmax, top-k, logsumexp): scorer eval cannot score it"
+        )
     )
 
 

@@ -30,7 +30,8 @@ def check_scorable(cache: Any, cache_name: str = "the cache") -> None:
         raise IncompatibleCacheError(
             f"{cache_name}{origin} holds no target_argmax, and tau and acceptance compare the drafter's "
             "tokens with the target's greedy tokens: that format stores no target logits, so nothing can "
-            "be scored; score on a cache made by `hscache extract` (same prompts, same layers)"
+            "be scored; import speculators files with --target MODEL (computes them from their last layer) "
+            "or score on a cache made by `hscache extract`"
         )
     try:
         _ = cache.vocab_size  # reads target/head.safetensors's header (sharded: the first shard's)

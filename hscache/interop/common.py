@@ -145,6 +145,44 @@ def read_sidecar(directory: Path, fmt: str) -> dict[str, Any] | None:
     return document
 
 
+_COMPUTED = (
+    "target_argmax, target_topk_values/ids, target_logsumexp = the --target's final norm and output head "
+    "applied to the files' last-layer states (the forward's own next-token logits)"
+)
+
+
+def _attach_target(
+    out: Path,
+    name: str,
+    hidden: torch.Tensor,
+    layer_ids: list[int],
+    last_slot: int | None,
+    top_k: int,
+    specs: dict[str, ArraySpec],
+    settings: dict[str, Any],
+) -> Any:
+    """Write ``target/`` for ``name``; return a TargetHead (and add its arrays to ``specs``) when
+    slot ``last_slot`` holds the target's last layer, else None."""
+    from hscache.capture.extract import _write_target_dir  # the same target/ as hscache extract
+    from hscache.interop.target import TargetHead, load_import_target
+
+    target = load_import_target(name, hidden.dtype, int(hidden.shape[2]), layer_ids)
+    _write_target_dir(out, target)
+    settings.update({"model": name, "mask_token_id": target.mask_token_id})
+    if last_slot is None or layer_ids[last_slot] != target.num_layers - 1:
+        return None
+    settings["top_k"] = top_k
+    specs.update(
+        {
+            "target_argmax": _spec_for("target_argmax", (), "int32"),
+            "target_topk_values": _spec_for("target_topk_values", (top_k,), "float32"),
+            "target_topk_ids": _spec_for("target_topk_ids", (top_k,), "int32"),
+            "target_logsumexp": _spec_for("target_logsumexp", (), "float32"),
+        }
+    )
+    return TargetHead(target, top_k)
+
+
 def _spec_for(name: str, row_shape: tuple[int, ...], logical: str) -> ArraySpec:
     probe = ArraySpec(name, row_shape, logical, 1)
     return ArraySpec(name, row_shape, logical, chunk_tokens_for(probe.bytes_per_token, _CHUNK_BYTES))
@@ -164,10 +202,15 @@ def write_imported_cache(
     layer_ids: list[int],
     imported: dict[str, Any],
     compression: str = "fast",
+    target: str | None = None,
+    last_layer_slot: int | None = None,
+    top_k: int = 64,
 ) -> tuple[int, int]:
     """Write ``sequences`` as a cache at ``out`` (new or empty); return (sequences, tokens).
 
     ``imported`` goes to provenance.json under ``imported`` (format, source, layer convention...).
+    ``target`` (a model for ``load_target``) adds ``target/``; when slot ``last_layer_slot`` of the
+    files holds the target's last layer, the target arrays are computed from it (interop/target.py).
 
     Raises:
         InputError: no sequences, or shapes/dtypes that differ between sequences or from ``layer_ids``.
@@ -178,6 +221,7 @@ def write_imported_cache(
     out = check_fresh_dir(out)
     writer: StoreWriter | None = None
     first: tuple[torch.dtype, int] | None = None  # the first file's dtype and width
+    head: Any = None  # interop.target.TargetHead when the target arrays are computed
     count = tokens = 0
     for seq in sequences:
         hidden = seq.hidden_states
@@ -199,7 +243,9 @@ def write_imported_cache(
                 "token_ids": _spec_for("token_ids", (), "int32"),
                 "loss_mask": _spec_for("loss_mask", (), "int32"),
             }
-            settings = {"layer_ids": list(layer_ids), "dtype": _DTYPE_NAME[logical]}
+            settings: dict[str, Any] = {"layer_ids": list(layer_ids), "dtype": _DTYPE_NAME[logical]}
+            if target is not None:
+                head = _attach_target(out, target, hidden, layer_ids, last_layer_slot, top_k, specs, settings)
             writer = StoreWriter.create(out, specs, compression, settings)
             first = (hidden.dtype, int(hidden.shape[2]))
         elif (hidden.dtype, int(hidden.shape[2])) != first:
@@ -210,9 +256,12 @@ def write_imported_cache(
         ids = seq.token_ids.to(torch.int32).numpy()
         mask = (seq.loss_mask != 0).to(torch.int32).numpy()
         supervised = np.flatnonzero(mask)
+        arrays = {"hidden_states": _stored(hidden), "token_ids": ids, "loss_mask": mask}
+        if head is not None:
+            arrays.update(head.rows(hidden[:, last_layer_slot]))
         writer.append(
             SequenceRows(
-                {"hidden_states": _stored(hidden), "token_ids": ids, "loss_mask": mask},
+                arrays,
                 seq.record_id,
                 int(supervised[0]) if len(supervised) else T,
                 "imported",
@@ -229,7 +278,14 @@ def write_imported_cache(
     provenance = {
         "schema_version": 1,
         "hscache_git_commit": git_commit(),
-        "imported": {**imported, "absent": list(ABSENT_TARGET_ARRAYS), "sequences": count, "tokens": tokens},
+        "imported": {
+            **imported,
+            "target": target,
+            "absent": [] if head is not None else list(ABSENT_TARGET_ARRAYS),
+            "computed": None if head is None else _COMPUTED,
+            "sequences": count,
+            "tokens": tokens,
+        },
         "versions": package_versions(),
         "command_line": list(sys.argv),
         "timestamps": {"started_at": started, "finished_at": utc_now(), "resumed_at": []},

@@ -166,7 +166,11 @@ def _sequences(
 
 
 def import_specforge(
-    directory: str | Path, out: str | Path, layer_ids: list[int] | None = None, compression: str = "fast"
+    directory: str | Path,
+    out: str | Path,
+    layer_ids: list[int] | None = None,
+    compression: str = "fast",
+    target: str | None = None,
 ) -> tuple[int, int]:
     """Turn SpecForge DFlash feature files under ``directory`` into a cache at ``out``.
 
@@ -195,7 +199,6 @@ def import_specforge(
         "source_layer_ids": list(ids),
         "source_layer_convention": LAYER_CONVENTION,
         "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
-        "target": None,
         "exported_from": (sidecar or {}).get("exported_from"),
     }
     record_ids = (sidecar or {}).get("record_ids")
@@ -205,4 +208,5 @@ def import_specforge(
         layer_ids=list(ids),
         imported=imported,
         compression=compression,
+        target=target,  # adds target/ only: SpecForge's files never hold the last layer
     )

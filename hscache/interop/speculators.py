@@ -203,12 +203,18 @@ def _sequences(
 
 
 def import_speculators(
-    directory: str | Path, out: str | Path, layer_ids: list[int] | None = None, compression: str = "fast"
+    directory: str | Path,
+    out: str | Path,
+    layer_ids: list[int] | None = None,
+    compression: str = "fast",
+    target: str | None = None,
 ) -> tuple[int, int]:
     """Turn speculators offline data at ``directory`` into a cache at ``out``.
 
     ``layer_ids``: the vLLM aux ids of the file's slots, last layer included (e.g. ``2,14,25,28``
-    for a 28-layer target); needed unless the folder is an hscache export. Returns (sequences, tokens).
+    for a 28-layer target); needed unless the folder is an hscache export. ``target``: the model
+    that produced the files: adds ``target/`` and computes the target arrays from the last slot
+    (interop/target.py). Returns (sequences, tokens).
 
     Raises:
         InputError: no dataset, a missing or inconsistent hidden-state file, no layer ids.
@@ -233,7 +239,6 @@ def import_speculators(
         "source_layer_ids": list(aux),
         "source_layer_convention": LAYER_CONVENTION,
         "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
-        "target": None,
         "exported_from": (sidecar or {}).get("exported_from"),
     }
     record_ids = (sidecar or {}).get("record_ids")
@@ -243,4 +248,6 @@ def import_speculators(
         layer_ids=[a - 1 for a in aux],
         imported=imported,
         compression=compression,
+        target=target,
+        last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
     )

@@ -178,3 +178,38 @@ def test_cli_export_import_and_one_line_errors(bf16_cache, tmp_path):
         hscache_main, ["import", "--format", "speculators", str(tmp_path / "e"), "--out", str(tmp_path / "g")]
     )
     assert bad.exit_code == 2 and "no state.json" in bad.output
+
+
+def test_import_with_target_computes_the_target_arrays_from_the_last_layer(
+    speculators_dir, bf16_cache, tmp_path
+):
+    """speculators' last slot is the target's last layer before the final norm: the target's own norm
+    and head give back exactly the arrays hscache extract stored (same dtype and device)."""
+    from scorer.evaluate import EvalConfig, evaluate
+    from scorer.init import init_drafter
+
+    result = CliRunner().invoke(
+        hscache_main,
+        [
+            "import",
+            "--format",
+            "speculators",
+            str(speculators_dir),
+            "--out",
+            str(tmp_path / "c"),
+            "--target",
+            "builtin:tiny-qwen3.5",
+        ],
+    )
+    assert result.exit_code == 0 and "target arrays computed" in result.output, result.output
+    original, imported = hscache.open_cache(bf16_cache), hscache.open_cache(tmp_path / "c")
+    assert imported.provenance["imported"]["absent"] == [] and imported.provenance["imported"]["computed"]
+    for i in range(len(original)):
+        assert torch.equal(imported.target_argmax(i), original.target_argmax(i))
+        for a, b in zip(imported.target_topk(i), original.target_topk(i)):
+            assert torch.equal(a, b)
+        assert torch.equal(imported.target_logsumexp(i), original.target_logsumexp(i))
+    init_drafter(bf16_cache, tmp_path / "d")
+    config = EvalConfig(ddtree=(4,), n_boot=5)
+    a, b = evaluate(tmp_path / "d", bf16_cache, config), evaluate(tmp_path / "d", tmp_path / "c", config)
+    assert a["tau"] == b["tau"] and a["acceptance"] == b["acceptance"] and a["tokens"] == b["tokens"]
