@@ -126,8 +126,10 @@ class SequenceDataset(_CacheHandle, Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.rows[i]  # IndexError past the end, as a Dataset should
-        cache = self.cache
-        start, stop = cache.span(row)
+        # A sharded cache reads each sequence from its shard (there is no global token axis).
+        locate = getattr(self.cache, "locate", None)
+        cache, local = locate(row) if locate else (self.cache, row)
+        start, stop = cache.span(local)
         meta = self._index.slice(row, 1).to_pylist()[0]
         item: dict[str, Any] = {
             "hidden_states": _select(cache.rows("hidden_states", start, stop), self._positions)
@@ -172,6 +174,11 @@ class PackedWindows(_CacheHandle, IterableDataset):
         if window < 1:
             raise InputError(f"window {window}: need a window of at least 1 token")
         cache = self._open_handle(path_or_url)
+        if hasattr(cache, "shards"):
+            raise InputError(
+                f"{cache.path} is sharded: PackedWindows cuts one cache's token axis; use SequenceDataset, "
+                f"or write one cache with `hscache merge {cache.path} --into DEST`"
+            )
         self.window, self.seed, self.shuffle, self.epoch = int(window), int(seed), shuffle, 0
         self.rank, self.world_size = rank, world_size
         self.layer_ids = list(cache.layer_ids if layer_ids is None else layer_ids)

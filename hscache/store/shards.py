@@ -235,6 +235,10 @@ class ShardedCache:
             f"write one cache with `hscache merge {self.path} --into DEST`"
         )
 
+    def locate(self, i: int) -> tuple[Any, int]:
+        """(the shard's ``Cache``, its row) of global sequence row ``i``."""
+        return self._locate(i)
+
     def _locate(self, i: int) -> tuple[Any, int]:
         if not 0 <= i < len(self):
             raise IndexError(f"sequence row {i} out of range for a cache of {len(self)} sequences")
