@@ -423,5 +423,70 @@ def merge(out: str, into: str | None) -> None:
     )
 
 
+_INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
+
+
+@main.command("export")
+@click.argument("cache_dir")
+@click.option("--format", "fmt", type=_INTEROP_FORMATS, required=True, help="The peer tool's offline format.")
+@click.option("--out", required=True, help="New or empty directory for the exported files.")
+@click.option("--layers", default=None, help="Export only these cached layers, in this order (default: all).")
+@friendly_errors
+def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
+    """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/)."""
+    if fmt == "speculators":
+        from hscache.interop.speculators import export_speculators as export
+    else:
+        from hscache.interop.specforge import export_specforge as export
+    from hscache.interop.common import parse_layer_ids
+
+    count = export(cache_dir, out, parse_layer_ids(layers, "--layers"))
+    click.echo(f"exported {count} sequences from {cache_dir} to {out} ({fmt} format)")
+
+
+@main.command("import")
+@click.argument("source_dir")
+@click.option("--format", "fmt", type=_INTEROP_FORMATS, required=True, help="The peer tool's offline format.")
+@click.option("--out", required=True, help="New or empty directory for the cache.")
+@click.option(
+    "--layer-ids",
+    default=None,
+    help="Layers in the source's own convention (speculators: vLLM aux ids incl. the last; SpecForge: "
+    "dflash_config.target_layer_ids). Not needed for a folder written by hscache export.",
+)
+@click.option(
+    "--compression", type=click.Choice(["balanced", "fast", "none"]), default="fast", show_default=True
+)
+@click.option(
+    "--target",
+    default=None,
+    help="The model that produced the files (builtin:... or a local HF dir): adds target/ and, for "
+    "speculators (whose last slot is the last layer), computes target_argmax/top-k/logsumexp.",
+)
+@friendly_errors
+def import_cmd(
+    source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
+) -> None:
+    """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out."""
+    from hscache.interop.common import parse_layer_ids
+
+    if fmt == "speculators":
+        from hscache.interop.speculators import import_speculators as load
+    else:
+        from hscache.interop.specforge import import_specforge as load
+    count, tokens = load(source_dir, out, parse_layer_ids(layer_ids), compression, target)
+    from hscache.store.reader import open_cache
+
+    scorable = "target_argmax" in open_cache(out).specs
+    click.echo(
+        f"imported {count} sequences ({tokens} tokens) from {source_dir} ({fmt}) into {out}; "
+        + (
+            "target arrays computed from the last layer with --target"
+            if scorable
+            else "it holds no target logits (target_argmax, top-k, logsumexp): scorer eval cannot score it"
+        )
+    )
+
+
 if __name__ == "__main__":
     main()

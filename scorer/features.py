@@ -20,6 +20,7 @@ __all__ = [
     "attach_cache_head",
     "cache_fallbacks",
     "check_compatible",
+    "check_scorable",
     "context_norm",
     "feature_index",
     "sequence_features",
@@ -28,6 +29,28 @@ __all__ = [
 # (slot in the drafter's K order, the target's final norm): turns the cached pre-norm output of
 # the last target layer into transformers' hidden_states[L], what z-lab/SpecForge drafters read.
 ContextNorm = tuple[int, Callable[[torch.Tensor], torch.Tensor]]
+
+
+def check_scorable(cache: Any, cache_name: str = "the cache") -> None:
+    """Raise one IncompatibleCacheError when ``cache`` lacks what scoring needs: the target's greedy
+    tokens (``target_argmax``) and its head (``target/``). Caches imported from the peers' formats
+    (``hscache import``) have neither: those files store no target logits or head."""
+    imported = (cache.provenance or {}).get("imported") or {}
+    origin = f" (imported from {imported['format']} files at {imported['source']})" if imported else ""
+    if "target_argmax" not in cache.specs:
+        raise IncompatibleCacheError(
+            f"{cache_name}{origin} holds no target_argmax, and tau and acceptance compare the drafter's "
+            "tokens with the target's greedy tokens: that format stores no target logits, so nothing can "
+            "be scored; import speculators files with --target MODEL (computes them from their last layer) "
+            "or score on a cache made by `hscache extract`"
+        )
+    try:
+        _ = cache.vocab_size  # reads target/head.safetensors's header (sharded: the first shard's)
+    except OSError as exc:
+        raise IncompatibleCacheError(
+            f"{cache_name}{origin} has no target/head.safetensors (the target's embedding and output "
+            "head the drafter uses); score on a cache made by `hscache extract`"
+        ) from exc
 
 
 def cache_fallbacks(cache: CacheView) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
     check_compatible,
+    check_scorable,
     context_norm,
     feature_index,
     sequence_features,
@@ -86,6 +87,7 @@ def load_drafter(
             f"see `hscache info {cache.path}` (an extraction still starting, or one that wrote nothing)"
         )
     check_device(config.device)
+    check_scorable(cache, str(getattr(cache, "url", cache.path)))
     loaded = load_checkpoint(
         checkpoint,
         overrides=_overrides(config),

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import hscache
-from hscache.store.view import CacheView
+from hscache.data import SequenceDataset
 from scorer.checkpoint import save_hf_checkpoint
 from scorer.features import attach_cache_head, context_norm, feature_index, sequence_features
 from scorer.init import drafter_config_for_cache
@@ -26,13 +26,14 @@ from scorer.model import DFlashDrafter
 __all__ = ["train_drafter"]
 
 
-def _batch(cache: CacheView, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
+def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
     """One random sequence, ``anchors_per_step`` random anchors, blocks and targets."""
-    row = rows[int(torch.randint(len(rows), (1,), generator=gen))]
-    ids = cache.token_ids(row)
+    item = data[rows[int(torch.randint(len(rows), (1,), generator=gen))]]
+    ids = item["token_ids"]
     T, B = len(ids), drafter.config.block_size
-    # Anchors where scoring happens: the generated region (falls back to the whole sequence).
-    first = cache.index.column("prompt_len")[row].as_py()
+    # Anchors where scoring happens: the generated region, loss_mask (falls back to the whole sequence).
+    generated = torch.nonzero(item["loss_mask"]).flatten()
+    first = int(generated[0]) if len(generated) else T
     first = first if first < T - 1 else 1
     anchors = torch.randint(first, T - 1, (anchors_per_step,), generator=gen).unique()
     blocks = torch.full((len(anchors), B), drafter.config.mask_token_id, dtype=torch.long)
@@ -41,7 +42,7 @@ def _batch(cache: CacheView, rows, index, drafter, anchors_per_step: int, gen: t
     valid = offsets < T
     targets = torch.where(valid, ids[offsets.clamp(max=T - 1)], torch.full_like(offsets, -100))
     norm = drafter.context_norm  # the drafter reads hidden_states[L] for the last layer (features.py)
-    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", norm)
+    features = sequence_features(item["hidden_states"], index, torch.float32, "cpu", norm)
     return features, anchors, blocks, targets
 
 
@@ -72,13 +73,15 @@ def train_drafter(
     attach_cache_head(drafter, cache, torch.float32, "cpu")
     drafter.context_norm = context_norm(config, cache)
     index = feature_index(config, cache.layer_ids)
+    # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
+    data = SequenceDataset(cache_path)
     rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
     slot_weight = torch.exp(-torch.arange(block_size - 1) / block_size)
     gen = torch.Generator().manual_seed(seed)
     t0, loss = time.perf_counter(), torch.tensor(0.0)
     for step in range(1, steps + 1):
-        features, anchors, blocks, targets = _batch(cache, rows, index, drafter, anchors_per_step, gen)
+        features, anchors, blocks, targets = _batch(data, rows, index, drafter, anchors_per_step, gen)
         logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
         per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
         weights = slot_weight[None] * (targets != -100)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -40,9 +40,16 @@ __all__ = ["ChunkReader", "chunk_reader"]
 
 _BLOSC_HEADER = 16  # blosc1 frame header: version, versionlz, flags, typesize, nbytes, blocksize, cbytes
 _MAX_REUSED_BUFFER = 64 << 20  # larger chunks (e.g. full logits) get a fresh buffer per read
-_READ_AHEAD = 2  # chunks decoded ahead of the consumer in ``iter_blocks``
+# Reader threads and chunks decoded ahead of the consumer in ``iter_blocks``: decoding ("fast":
+# lz4 + bitshuffle, ~2.5 GB/s a core) is what bounds a compressed scan, so both grow with the cores.
+_THREADS = max(2, min(8, os.cpu_count() or 1))
+_READ_AHEAD = _THREADS
 _CRC_PIECE = 1 << 20  # bytes read and checksummed at a time (fits in L2)
 _PREFETCH_FILES = 4  # chunk files whose reading the kernel is asked to start ahead of decoding
+# Decoded chunks kept per reader for partial reads (one sequence at a time: small arrays such as
+# token_ids hold ~1M tokens per chunk, so without this every sequence re-decodes a whole chunk).
+# Committed rows never change and a Cache never reads past its own manifest, so entries never go stale.
+_DECODED_CACHE_BYTES = 32 << 20
 
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
@@ -55,8 +62,7 @@ def _executor() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
-            workers = max(2, min(4, os.cpu_count() or 1))
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hscache-read")
+            _pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="hscache-read")
             _pool_pid = os.getpid()
         return _pool
 
@@ -109,6 +115,9 @@ class ChunkReader:
         self.compressed, self.fill_value = compressed, fill_value
         self.chunk_bytes = chunk_tokens * int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
         self._key_tail = "/".join(["0"] * len(row_shape))
+        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()  # LRU of whole decoded chunks
+        self._decoded_lock = threading.Lock()
+        self._keep_decoded = 2 * self.chunk_bytes <= _DECODED_CACHE_BYTES
 
     def chunk_path(self, index: int) -> Path:
         return self.directory / "c" / (f"{index}/{self._key_tail}" if self._key_tail else str(index))
@@ -188,6 +197,26 @@ class ChunkReader:
 
     def _read_chunk(self, index: int, a: int, b: int, out: np.ndarray) -> None:
         """Rows ``[a, b)`` of chunk ``index`` into ``out`` (``b - a`` rows, C-contiguous)."""
+        base = index * self.chunk_tokens
+        whole = a == base and b - a == self.chunk_tokens
+        if whole or not self._keep_decoded:
+            self._decode(index, a, b, out)
+            return
+        with self._decoded_lock:
+            rows = self._decoded.get(index)
+            if rows is not None:
+                self._decoded.move_to_end(index)
+        if rows is None:
+            rows = np.empty((self.chunk_tokens, *self.row_shape), self.dtype)
+            self._decode(index, base, base + self.chunk_tokens, rows)
+            with self._decoded_lock:
+                self._decoded[index] = rows
+                while len(self._decoded) * self.chunk_bytes > _DECODED_CACHE_BYTES:
+                    self._decoded.popitem(last=False)
+        out[...] = rows[a - base : b - base]
+
+    def _decode(self, index: int, a: int, b: int, out: np.ndarray) -> None:
+        """Read, check and decode chunk ``index``; rows ``[a, b)`` of it into ``out``."""
         path = self.chunk_path(index)
         base = index * self.chunk_tokens
         whole = a == base and b - a == self.chunk_tokens

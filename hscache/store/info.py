@@ -16,6 +16,11 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def _imported_from(prov: dict[str, Any]) -> str | None:
+    imported = prov.get("imported")
+    return f"imported from {imported['format']} files at {imported['source']}" if imported else None
+
+
 def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready summary of the cache at ``path``."""
     cache = open_cache(path)
@@ -33,11 +38,11 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
         "generated_tokens": sum(lengths) - sum(prompt_lens),
         "layer_ids": cache.layer_ids,
         "layer_types": [prov.get("model", {}).get("layer_types", [None] * 10**4)[i] for i in cache.layer_ids],
-        "dtype": cache.settings["dtype"],
-        "backend": cache.settings["backend"],
+        "dtype": cache.settings.get("dtype"),
+        "backend": cache.settings.get("backend"),
         "kernels": {k: v["backend"] for k, v in prov.get("capture", {}).get("kernels", {}).items()},
-        "device": cache.settings["device"],
-        "model": cache.settings["model"],
+        "device": cache.settings.get("device"),
+        "model": cache.settings.get("model") or _imported_from(prov),
         "mask_token_id": cache.mask_token_id,
         "compression": cache.manifest["compression"],
         "bytes_on_disk": _dir_bytes(cache.path),

@@ -219,6 +219,18 @@ class Cache:
             yield a, np.asarray(self.array(name)[a:b])
             a = b
 
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Token rows ``[start, stop)`` of array ``name`` as a tensor in its logical dtype.
+
+        Raises:
+            as ``read_tokens``.
+        """
+        return self._rows(name, start, stop)
+
+    def span(self, i: int) -> tuple[int, int]:
+        """The token range ``[start, stop)`` of sequence row ``i``."""
+        return self._span(i)
+
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         from hscache.store.dtypes import tensor_from_stored  # imports torch: not at `hscache info`
 

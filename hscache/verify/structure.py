@@ -267,10 +267,16 @@ def _check_checksums(root: Path, manifest: dict[str, Any], report: VerifyReport)
 
 def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
     """target/ complete, provenance.json valid, and no symlink that leads out of the cache."""
-    for name in _TARGET_FILES:
-        if not (root / TARGET_DIR / name).is_file():
-            report.add(Problem("files", f"{TARGET_DIR}/{name} is missing: the scorer needs it"))
     provenance = root / PROVENANCE
+    # A cache imported from a peer's files (hscache import) has no target/ by design: those files
+    # hold no target head, and the scorer refuses such a cache by name.
+    try:
+        imported = provenance.is_file() and "imported" in json.loads(provenance.read_text())
+    except (ValueError, UnicodeDecodeError):
+        imported = False  # reported below as an invalid provenance
+    for name in _TARGET_FILES:
+        if not (root / TARGET_DIR / name).is_file() and not (imported and not (root / TARGET_DIR).exists()):
+            report.add(Problem("files", f"{TARGET_DIR}/{name} is missing: the scorer needs it"))
     if provenance.is_file():
         try:
             schemas.validate(json.loads(provenance.read_text()), "provenance")

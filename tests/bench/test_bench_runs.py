@@ -64,3 +64,23 @@ def test_real_dims_bench_quick():
         "open a 20,000-sequence index:",
     ):
         assert line in out, out
+
+
+def test_read_path_bench_quick(capsys):
+    """bench/read_path.py --quick prints every ratio line (in this process: no second torch import)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("read_path_bench", ROOT / "bench" / "read_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--quick"])
+    out = capsys.readouterr().out
+    for codec in ("none", "fast"):
+        for line in (
+            f"scan warm, codec {codec}:",
+            f"scan cold, codec {codec}:",
+            f"sequence read, codec {codec}:",
+            f"one thread, warm, codec {codec}:",
+        ):
+            assert line in out, out
+    assert out.count("reader/memmap ratio") == 4 and out.count("read/decode ratio") == 2

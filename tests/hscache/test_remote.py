@@ -85,3 +85,24 @@ def test_reopen_after_republish_with_same_sizes_sees_the_new_files(bucket, scale
     assert second.path == first.path  # the same mirror, refreshed
     assert all(torch.equal(second.target_head()[k], -before[k]) for k in before)
     assert not (second.path / "target" / "stale.txt").exists()
+
+
+def test_datasets_read_a_remote_cache_like_the_local_one(bucket, scale_cache):
+    from hscache.data import PackedWindows, SequenceDataset
+
+    url = f"{bucket}/for-training"
+    upload_cache(scale_cache, url)
+    remote, local = (
+        SequenceDataset(url, rank=1, world_size=2),
+        SequenceDataset(scale_cache, rank=1, world_size=2),
+    )
+    assert len(remote) == len(local) == 2
+    for a, b in zip(remote, local):
+        assert a["record_id"] == b["record_id"]
+        for key in ("hidden_states", "token_ids", "target_argmax", "loss_mask"):
+            assert torch.equal(a[key], b[key]), key
+    windows = [w["hidden_states"] for w in PackedWindows(url, 16, shuffle=False)]
+    assert torch.equal(
+        torch.cat(windows),
+        torch.cat([w["hidden_states"] for w in PackedWindows(scale_cache, 16, shuffle=False)]),
+    )

@@ -169,3 +169,16 @@ def test_info_and_verify_take_a_directory_of_shards(sharded, tmp_path):
     chunk.write_bytes(bytes(data))
     bad = CliRunner().invoke(main, ["verify", str(damaged)])
     assert bad.exit_code == 1, bad.output
+
+
+def test_sequence_dataset_reads_a_sharded_cache_in_record_order(sharded, reference):
+    from hscache.data import PackedWindows, SequenceDataset
+
+    a, b = SequenceDataset(sharded), SequenceDataset(reference)
+    assert len(a) == len(b) == 5
+    for x, y in zip(a, b):
+        assert x["record_id"] == y["record_id"]
+        for key in ("hidden_states", "token_ids", "target_argmax", "loss_mask"):
+            assert torch.equal(x[key], y[key]), key
+    with pytest.raises(hscache.InputError, match="is sharded: PackedWindows cuts one cache's token axis"):
+        PackedWindows(sharded, 16)

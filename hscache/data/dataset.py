@@ -1,0 +1,240 @@
+"""Torch datasets over a cache: what a training loop reads, from the same bytes the scorer reads.
+
+``SequenceDataset`` is map-style, one item per sequence (variable length: use ``batch_size=None``
+or your own collate). ``PackedWindows`` is iterable and yields fixed-length token windows cut from
+the cache's flat token axis, so every batch has the same shape; windows are visited storage chunk
+by storage chunk (each chunk is read once), the chunk order shuffled with a seed.
+
+Both pickle without their open cache: each ``DataLoader`` worker (and each process after a fork)
+opens its own handle on first use, so nothing unpicklable crosses a process boundary, and both
+take local paths, shard directories and fsspec URLs (``s3://...``) alike.
+
+Ranks split the work disjointly and completely: ``SequenceDataset`` gives rank r the contiguous
+block ``[n*r//world, n*(r+1)//world)`` of sequences, ``PackedWindows`` every ``world``-th chunk of
+the shuffled chunk order (then every ``num_workers``-th of those per worker).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from hscache.errors import InputError
+from hscache.store.reader import Cache, open_cache
+
+__all__ = ["PackedWindows", "SequenceDataset"]
+
+# Per-token arrays an item carries when the cache has them (imported caches may lack the target's).
+_ITEM_ARRAYS = (
+    "token_ids",
+    "target_argmax",
+    "target_topk_values",
+    "target_topk_ids",
+    "target_logsumexp",
+)
+_AS_LONG = {"token_ids", "target_argmax", "target_topk_ids"}
+
+
+class _CacheHandle:
+    """Opens the cache lazily, once per process; pickles as its path only."""
+
+    path: str
+    _cache: Cache | None
+    _pid: int
+
+    def _open_handle(self, path_or_url: Any) -> Cache:
+        self.path = str(path_or_url)
+        self._cache, self._pid = open_cache(self.path), os.getpid()
+        return self._cache
+
+    @property
+    def cache(self) -> Cache:
+        """This process's handle on the cache (opened again after a fork or an unpickle)."""
+        if self._cache is None or self._pid != os.getpid():
+            self._cache, self._pid = open_cache(self.path), os.getpid()
+        return self._cache
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_cache"] = None
+        return state
+
+
+def _layer_positions(cache: Cache, layer_ids: list[int] | None) -> list[int] | None:
+    """Positions in the K axis of ``layer_ids`` (None: every cached layer, no copy)."""
+    if layer_ids is None:
+        return None
+    cached = cache.layer_ids
+    missing = [i for i in layer_ids if i not in cached]
+    if missing or not layer_ids:
+        raise InputError(
+            f"layer_ids {list(layer_ids)} are not all in the cache {cache.path} "
+            f"(it holds layers {cached}); pass a non-empty subset of those"
+        )
+    positions = [cached.index(i) for i in layer_ids]
+    return None if positions == list(range(len(cached))) else positions
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InputError(
+            f"rank {rank} / world_size {world_size}: need world_size >= 1 and 0 <= rank < world_size"
+        )
+
+
+def _select(hidden: torch.Tensor, positions: list[int] | None) -> torch.Tensor:
+    return hidden if positions is None else hidden[:, positions]
+
+
+def _tensor(cache: Cache, name: str, start: int, stop: int) -> torch.Tensor:
+    t = cache.rows(name, start, stop)
+    return t.long() if name in _AS_LONG else t
+
+
+class SequenceDataset(_CacheHandle, Dataset):
+    """One item per committed sequence of the cache at ``path_or_url``.
+
+    An item is a dict of tensors: ``hidden_states [T, K, H]`` (logical dtype, K = ``layer_ids``
+    or all cached layers, in that order), ``token_ids [T]``, ``target_argmax [T]`` (the target's
+    greedy token for position t + 1), ``target_topk_values/ids [T, k]``, ``target_logsumexp [T]``
+    (each only when the cache has it: imported caches lack the target's arrays), ``loss_mask [T]``
+    bool (the generated positions, t >= prompt_len; an imported cache's own mask), plus
+    ``record_id`` (str), ``row`` (int) and ``metadata`` (the index row: prompt_len, stop_reason,
+    ... and the prompt record's metadata keys).
+    """
+
+    def __init__(
+        self, path_or_url: Any, layer_ids: list[int] | None = None, rank: int = 0, world_size: int = 1
+    ):
+        _check_rank(rank, world_size)
+        cache = self._open_handle(path_or_url)
+        self.layer_ids = list(cache.layer_ids if layer_ids is None else layer_ids)
+        self._positions = _layer_positions(cache, layer_ids)
+        n = len(cache)
+        self.rows = range(n * rank // world_size, n * (rank + 1) // world_size)
+        self._index: pa.Table = cache.index.drop_columns(["metadata_json"])
+        self._names = [name for name in _ITEM_ARRAYS if name in cache.specs]
+        self._has_mask = "loss_mask" in cache.specs
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self.rows[i]  # IndexError past the end, as a Dataset should
+        # A sharded cache reads each sequence from its shard (there is no global token axis).
+        locate = getattr(self.cache, "locate", None)
+        cache, local = locate(row) if locate else (self.cache, row)
+        start, stop = cache.span(local)
+        meta = self._index.slice(row, 1).to_pylist()[0]
+        item: dict[str, Any] = {
+            "hidden_states": _select(cache.rows("hidden_states", start, stop), self._positions)
+        }
+        for name in self._names:
+            item[name] = _tensor(cache, name, start, stop)
+        if self._has_mask:
+            item["loss_mask"] = cache.rows("loss_mask", start, stop) != 0
+        else:
+            item["loss_mask"] = torch.arange(stop - start) >= int(meta["prompt_len"])
+        item["record_id"] = meta["record_id"]
+        item["row"] = row
+        item["metadata"] = meta
+        return item
+
+
+class PackedWindows(_CacheHandle, IterableDataset):
+    """Fixed-length windows of ``window`` tokens over the cache's flat token axis.
+
+    Window w covers tokens ``[w*window, (w+1)*window)``; the tail shorter than a window is
+    dropped. Windows cross sequence boundaries: each carries ``sequence_ids [W]`` (row of the
+    sequence each token belongs to) and ``position_ids [W]`` (position inside that sequence), so
+    attention and loss can stay within one sequence. Items: ``hidden_states [W, K, H]``,
+    ``token_ids``, ``target_argmax`` (when cached), ``loss_mask`` (bool, generated positions),
+    ``position_ids``, ``sequence_ids``, ``start`` (first token).
+
+    Order: the storage chunks holding window starts are shuffled with ``seed + epoch``
+    (``set_epoch``), and the windows inside a chunk too; ``shuffle=False`` keeps token order.
+    """
+
+    def __init__(
+        self,
+        path_or_url: Any,
+        window: int,
+        layer_ids: list[int] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
+        _check_rank(rank, world_size)
+        if window < 1:
+            raise InputError(f"window {window}: need a window of at least 1 token")
+        cache = self._open_handle(path_or_url)
+        if hasattr(cache, "shards"):
+            raise InputError(
+                f"{cache.path} is sharded: PackedWindows cuts one cache's token axis; use SequenceDataset, "
+                f"or write one cache with `hscache merge {cache.path} --into DEST`"
+            )
+        self.window, self.seed, self.shuffle, self.epoch = int(window), int(seed), shuffle, 0
+        self.rank, self.world_size = rank, world_size
+        self.layer_ids = list(cache.layer_ids if layer_ids is None else layer_ids)
+        self._positions = _layer_positions(cache, layer_ids)
+        self._offsets = np.asarray(cache.index.column("offset").to_numpy(), dtype=np.int64)
+        self._prompt = np.asarray(cache.index.column("prompt_len").to_numpy(), dtype=np.int64)
+        self._chunk = cache.specs["hidden_states"].chunk_tokens
+        self._windows = cache.num_tokens // self.window
+        self._names = [n for n in ("token_ids", "target_argmax") if n in cache.specs]
+        self._has_mask = "loss_mask" in cache.specs
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (call on every rank with the same value before iterating)."""
+        self.epoch = int(epoch)
+
+    def _plan(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """(windows grouped by the storage chunk of their first token, this rank's group order)."""
+        starts = np.arange(self._windows, dtype=np.int64) * self.window
+        bounds = np.flatnonzero(np.diff(starts // self._chunk)) + 1
+        groups = np.split(np.arange(self._windows), bounds) if self._windows else []
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(groups)) if self.shuffle else np.arange(len(groups))
+        return groups, order[self.rank :: self.world_size]
+
+    def _groups(self) -> list[np.ndarray]:
+        """This rank's and this worker's windows, one array per storage chunk, in visiting order."""
+        groups, mine = self._plan()
+        info = get_worker_info()
+        if info is not None:
+            mine = mine[info.id :: info.num_workers]
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0 if info is None else info.id + 1])
+        return [rng.permutation(groups[int(g)]) if self.shuffle else groups[int(g)] for g in mine]
+
+    def __len__(self) -> int:
+        """Windows this rank yields per epoch (all its workers together)."""
+        groups, mine = self._plan()
+        return int(sum(len(groups[int(g)]) for g in mine))
+
+    def __iter__(self):
+        cache, w = self.cache, self.window
+        for windows in self._groups():
+            first, last = int(windows.min()) * w, (int(windows.max()) + 1) * w
+            block = {"hidden_states": _select(cache.rows("hidden_states", first, last), self._positions)}
+            for name in self._names:
+                block[name] = _tensor(cache, name, first, last)
+            if self._has_mask:
+                block["loss_mask"] = cache.rows("loss_mask", first, last) != 0
+            tokens = np.arange(first, last, dtype=np.int64)
+            seq = np.searchsorted(self._offsets, tokens, side="right") - 1
+            position = tokens - self._offsets[seq]
+            if not self._has_mask:
+                block["loss_mask"] = torch.from_numpy(position >= self._prompt[seq])
+            block["position_ids"] = torch.from_numpy(position)
+            block["sequence_ids"] = torch.from_numpy(seq)
+            for k in windows:
+                a = int(k) * w - first
+                item = {name: t[a : a + w] for name, t in block.items()}
+                item["start"] = int(k) * w
+                yield item

@@ -1,0 +1,1 @@
+"""Export a cache to the peers' offline training formats (speculators, SpecForge) and import theirs."""

@@ -1,0 +1,295 @@
+"""What export and import share: the sidecar, output folders, and writing an imported cache.
+
+An export writes the peer's files exactly as its sources define them and, beside them, one file
+of ours, ``hscache_export.json`` (the peers' readers never look at it: SpecForge lists ``*.ckpt``,
+speculators opens ``hs_{i}.safetensors`` by index). It records what their files do not: our
+layer ids, record ids and the source cache, so ``import`` of an export gives the cache back.
+Importing files another tool wrote needs ``--layer-ids`` instead, in that tool's convention.
+
+An imported cache holds ``hidden_states``, ``token_ids`` and ``loss_mask`` (the peer's own
+per-token mask; ``prompt_len`` is its first supervised position). The peers' files hold no
+target logits, so ``target_argmax``, ``target_topk_*`` and ``target_logsumexp`` are absent
+(provenance ``imported.absent`` says so, and ``scorer eval`` refuses such a cache by name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import schemas
+from hscache.errors import InputError
+from hscache.store import fsio
+from hscache.store.layout import PROVENANCE, ArraySpec, chunk_tokens_for
+from hscache.store.writer import SequenceRows, StoreWriter
+
+__all__ = [
+    "ABSENT_TARGET_ARRAYS",
+    "SIDECAR",
+    "ImportedSequence",
+    "check_fresh_dir",
+    "num_target_layers",
+    "parse_layer_ids",
+    "read_sidecar",
+    "select_layers",
+    "write_imported_cache",
+    "write_sidecar",
+]
+
+SIDECAR = "hscache_export.json"
+ABSENT_TARGET_ARRAYS = ("target_argmax", "target_topk_values", "target_topk_ids", "target_logsumexp")
+_CHUNK_BYTES = 8 << 20  # as hscache extract's default --chunk-mb 8
+_COMMIT_EVERY = 256  # sequences per commit: a killed import keeps what it committed
+_LOGICAL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+_DTYPE_NAME = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+@dataclass
+class ImportedSequence:
+    """One sequence read from a peer's files."""
+
+    record_id: str
+    hidden_states: torch.Tensor  # [T, K, H], the file's dtype
+    token_ids: torch.Tensor  # [T]
+    loss_mask: torch.Tensor  # [T], nonzero = supervised
+
+
+def parse_layer_ids(text: str | None, flag: str = "--layer-ids") -> list[int] | None:
+    """``"2,14,25"`` -> ``[2, 14, 25]`` (None when not given).
+
+    Raises:
+        InputError: not a comma-separated list of non-negative integers.
+    """
+    if text is None:
+        return None
+    try:
+        ids = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids):
+        raise InputError(f"{flag} {text!r}: need comma-separated non-negative integers, e.g. 2,14,25")
+    return ids
+
+
+def check_fresh_dir(out: Path, flag: str = "--out") -> Path:
+    """``out`` as a new or empty directory (created).
+
+    Raises:
+        InputError: ``out`` exists and is not an empty directory.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def num_target_layers(cache: Any) -> int | None:
+    """The target's decoder layer count, from ``target/config.json`` or the provenance."""
+    try:
+        layers = cache.target_config.get("num_hidden_layers")
+    except (OSError, ValueError):
+        layers = None
+    if layers is None:
+        layers = (cache.provenance.get("model") or {}).get("num_layers")
+    return None if layers is None else int(layers)
+
+
+def select_layers(cache: Any, layer_ids: list[int] | None) -> list[int]:
+    """``layer_ids`` (default: every cached layer), each checked to be in the cache.
+
+    Raises:
+        InputError: a layer the cache does not hold.
+    """
+    if layer_ids is None:
+        return list(cache.layer_ids)
+    missing = [i for i in layer_ids if i not in cache.layer_ids]
+    if missing or len(set(layer_ids)) != len(layer_ids):
+        raise InputError(
+            f"--layers {','.join(map(str, layer_ids))}: the cache holds layers {cache.layer_ids}; "
+            "pass distinct layers among those"
+        )
+    return list(layer_ids)
+
+
+def write_sidecar(out: Path, document: dict[str, Any]) -> None:
+    fsio.atomic_write_json(Path(out) / SIDECAR, document)
+
+
+def read_sidecar(directory: Path, fmt: str) -> dict[str, Any] | None:
+    """Our sidecar in ``directory`` when it is there and names ``fmt`` (else None).
+
+    Raises:
+        InputError: it is there but names another format or is not JSON.
+    """
+    path = Path(directory) / SIDECAR
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path} is not valid JSON ({exc}); delete it and pass --layer-ids") from exc
+    if document.get("format") != fmt:
+        raise InputError(
+            f"{path} says the folder holds {document.get('format')!r} files, not {fmt!r}; "
+            f"pass --format {document.get('format')}"
+        )
+    return document
+
+
+_COMPUTED = (
+    "target_argmax, target_topk_values/ids, target_logsumexp = the --target's final norm and output head "
+    "applied to the files' last-layer states (the forward's own next-token logits)"
+)
+
+
+def _attach_target(
+    out: Path,
+    name: str,
+    hidden: torch.Tensor,
+    layer_ids: list[int],
+    last_slot: int | None,
+    top_k: int,
+    specs: dict[str, ArraySpec],
+    settings: dict[str, Any],
+) -> Any:
+    """Write ``target/`` for ``name``; return a TargetHead (and add its arrays to ``specs``) when
+    slot ``last_slot`` holds the target's last layer, else None."""
+    from hscache.capture.extract import _write_target_dir  # the same target/ as hscache extract
+    from hscache.interop.target import TargetHead, load_import_target
+
+    target = load_import_target(name, hidden.dtype, int(hidden.shape[2]), layer_ids)
+    _write_target_dir(out, target)
+    settings.update({"model": name, "mask_token_id": target.mask_token_id})
+    if last_slot is None or layer_ids[last_slot] != target.num_layers - 1:
+        return None
+    settings["top_k"] = top_k
+    specs.update(
+        {
+            "target_argmax": _spec_for("target_argmax", (), "int32"),
+            "target_topk_values": _spec_for("target_topk_values", (top_k,), "float32"),
+            "target_topk_ids": _spec_for("target_topk_ids", (top_k,), "int32"),
+            "target_logsumexp": _spec_for("target_logsumexp", (), "float32"),
+        }
+    )
+    return TargetHead(target, top_k)
+
+
+def _spec_for(name: str, row_shape: tuple[int, ...], logical: str) -> ArraySpec:
+    probe = ArraySpec(name, row_shape, logical, 1)
+    return ArraySpec(name, row_shape, logical, chunk_tokens_for(probe.bytes_per_token, _CHUNK_BYTES))
+
+
+def _stored(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)  # raw bits, as hscache extract stores them
+    return t.numpy()
+
+
+def write_imported_cache(
+    out: Path,
+    sequences: Iterable[ImportedSequence],
+    *,
+    layer_ids: list[int],
+    imported: dict[str, Any],
+    compression: str = "fast",
+    target: str | None = None,
+    last_layer_slot: int | None = None,
+    top_k: int = 64,
+) -> tuple[int, int]:
+    """Write ``sequences`` as a cache at ``out`` (new or empty); return (sequences, tokens).
+
+    ``imported`` goes to provenance.json under ``imported`` (format, source, layer convention...).
+    ``target`` (a model for ``load_target``) adds ``target/``; when slot ``last_layer_slot`` of the
+    files holds the target's last layer, the target arrays are computed from it (interop/target.py).
+
+    Raises:
+        InputError: no sequences, or shapes/dtypes that differ between sequences or from ``layer_ids``.
+    """
+    from hscache.capture.provenance import git_commit, package_versions, utc_now
+
+    started = utc_now()
+    out = check_fresh_dir(out)
+    writer: StoreWriter | None = None
+    first: tuple[torch.dtype, int] | None = None  # the first file's dtype and width
+    head: Any = None  # interop.target.TargetHead when the target arrays are computed
+    count = tokens = 0
+    for seq in sequences:
+        hidden = seq.hidden_states
+        if hidden.ndim != 3 or hidden.shape[1] != len(layer_ids) or hidden.dtype not in _LOGICAL:
+            raise InputError(
+                f"{seq.record_id}: hidden_states {tuple(hidden.shape)} {hidden.dtype} do not match "
+                f"{len(layer_ids)} layers {layer_ids} in bfloat16/float16/float32; check --layer-ids"
+            )
+        T = hidden.shape[0]
+        if len(seq.token_ids) != T or len(seq.loss_mask) != T:
+            raise InputError(
+                f"{seq.record_id}: {T} hidden-state rows but {len(seq.token_ids)} token ids and "
+                f"{len(seq.loss_mask)} loss-mask entries; the files are damaged"
+            )
+        if writer is None:
+            logical = _LOGICAL[hidden.dtype]
+            specs = {
+                "hidden_states": _spec_for("hidden_states", tuple(hidden.shape[1:]), logical),
+                "token_ids": _spec_for("token_ids", (), "int32"),
+                "loss_mask": _spec_for("loss_mask", (), "int32"),
+            }
+            settings: dict[str, Any] = {"layer_ids": list(layer_ids), "dtype": _DTYPE_NAME[logical]}
+            if target is not None:
+                head = _attach_target(out, target, hidden, layer_ids, last_layer_slot, top_k, specs, settings)
+            writer = StoreWriter.create(out, specs, compression, settings)
+            first = (hidden.dtype, int(hidden.shape[2]))
+        elif (hidden.dtype, int(hidden.shape[2])) != first:
+            raise InputError(
+                f"{seq.record_id}: hidden_states {hidden.dtype} width {hidden.shape[2]} differ from the "
+                f"first file's {first[0]} width {first[1]}; one import holds one capture"
+            )
+        ids = seq.token_ids.to(torch.int32).numpy()
+        mask = (seq.loss_mask != 0).to(torch.int32).numpy()
+        supervised = np.flatnonzero(mask)
+        arrays = {"hidden_states": _stored(hidden), "token_ids": ids, "loss_mask": mask}
+        if head is not None:
+            arrays.update(head.rows(hidden[:, last_layer_slot]))
+        writer.append(
+            SequenceRows(
+                arrays,
+                seq.record_id,
+                int(supervised[0]) if len(supervised) else T,
+                "imported",
+                hashlib.sha256(ids.astype("<i4").tobytes()).hexdigest(),
+                "{}",
+            )
+        )
+        count, tokens = count + 1, tokens + T
+        if count % _COMMIT_EVERY == 0:
+            writer.commit()
+    if writer is None:
+        raise InputError(f"found no sequences to import for {out}; check the source folder")
+    writer.finish()
+    provenance = {
+        "schema_version": 1,
+        "hscache_git_commit": git_commit(),
+        "imported": {
+            **imported,
+            "target": target,
+            "absent": [] if head is not None else list(ABSENT_TARGET_ARRAYS),
+            "computed": None if head is None else _COMPUTED,
+            "sequences": count,
+            "tokens": tokens,
+        },
+        "versions": package_versions(),
+        "command_line": list(sys.argv),
+        "timestamps": {"started_at": started, "finished_at": utc_now(), "resumed_at": []},
+    }
+    schemas.validate(provenance, "provenance")
+    fsio.atomic_write_json(out / PROVENANCE, provenance)
+    return count, tokens

@@ -1,0 +1,212 @@
+"""SpecForge's offline DFlash features: ``rows_{g}-{g+2000}/data_{i}.ckpt``.
+
+As SpecForge defines them (sgl-project/SpecForge a6b6b02: ``scripts/prepare_hidden_states.py``
+``_get_file_path`` and the dflash capture layout; ``specforge/runtime/data_plane/feature_store.py``
+``load_feature_file``; ``specforge/algorithms/common/dflash_family_data.py``
+``normalize_offline_sample``):
+
+- one ``torch.save`` dict per sample: ``input_ids`` [T] int64, ``loss_mask`` [T] int64 (1 on
+  supervised tokens), ``hidden_states`` [1, T, K*H] in the target dtype: the K captured layers
+  concatenated on the last dim in ascending layer order;
+- file ``{out}/rows_{g}-{g + 2000}/data_{i}.ckpt`` with g = 2000 * (i // 2000), i the global sample
+  index (``.ckpt.gz`` when captured with ``--compress``);
+- layers = the draft config's ``dflash_config.target_layer_ids`` with NO shift: SGLang captures
+  "before layer k + 1" = the output of decoder layer k, before the final norm, which is hscache's
+  layer k. The last layer (L - 1) cannot be captured that way (there is no layer L).
+
+Refused by name: EAGLE3 captures (``aux_hidden_state``/``hidden_state`` keys), a cache holding
+the last layer, layers not in ascending order. Export writes the loss mask as hscache's
+generated positions (t >= prompt_len); SpecForge trains position t iff loss_mask[t].
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hscache.data import SequenceDataset
+from hscache.errors import InputError
+from hscache.interop.common import (
+    ImportedSequence,
+    check_fresh_dir,
+    num_target_layers,
+    read_sidecar,
+    select_layers,
+    write_imported_cache,
+    write_sidecar,
+)
+from hscache.store.reader import open_cache
+
+__all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
+
+FILE_GROUP_SIZE = 2000  # prepare_hidden_states.py's file_group_size
+_FILE = re.compile(r"^data_(\d+)\.ckpt(\.gz)?$")
+LAYER_CONVENTION = (
+    "dflash_config.target_layer_ids, no shift: SGLang captures before layer k + 1 = output of "
+    "decoder layer k, before the final norm; concatenated on the last dim in ascending order"
+)
+
+
+def feature_path(out: Path, index: int, extension: str = ".ckpt") -> Path:
+    """SpecForge's ``_get_file_path``: ``out/rows_{g}-{g+2000}/data_{index}{extension}``."""
+    group = index // FILE_GROUP_SIZE * FILE_GROUP_SIZE
+    return Path(out) / f"rows_{group}-{group + FILE_GROUP_SIZE}" / f"data_{index}{extension}"
+
+
+def _check_layers(cache: Any, layer_ids: list[int] | None) -> list[int]:
+    ids = select_layers(cache, layer_ids)
+    if ids != sorted(ids):
+        raise InputError(
+            f"cache layers {ids} are not in ascending order; SpecForge concatenates captured layers in "
+            "ascending order, so exporting another order is not implemented: re-extract with ascending --layers"
+        )
+    total = num_target_layers(cache)
+    if total is not None and total - 1 in ids:
+        raise InputError(
+            f"cache layers {ids} include the target's last layer {total - 1}; SpecForge's SGLang capture "
+            f"cannot take it (it captures before layer k + 1), so exporting it is not implemented: "
+            f"export without it (--layers) or re-extract without layer {total - 1}"
+        )
+    return ids
+
+
+def export_specforge(cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None) -> int:
+    """Write the cache at ``cache_path`` as SpecForge offline DFlash files under ``out``; return the count.
+
+    Raises:
+        InputError: ``out`` is not new/empty, or the cache is a variant SpecForge cannot hold.
+    """
+    cache = open_cache(cache_path)
+    ids = _check_layers(cache, layer_ids)
+    out = check_fresh_dir(Path(out))
+    data = SequenceDataset(cache_path, layer_ids=ids)
+    record_ids = []
+    for i in range(len(data)):
+        item = data[i]
+        hidden = item["hidden_states"]
+        T = hidden.shape[0]
+        record = {
+            "input_ids": item["token_ids"].clone(),
+            "loss_mask": item["loss_mask"].to(torch.int64),
+            "hidden_states": hidden.reshape(T, -1).unsqueeze(0).clone(),
+        }
+        path = feature_path(out, i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(record, path)
+        record_ids.append(item["record_id"])
+    write_sidecar(
+        out,
+        {
+            "format": "specforge",
+            "layer_ids": ids,
+            "target_layer_ids": ids,
+            "num_target_layers": num_target_layers(cache),
+            "hidden_size": int(cache.specs["hidden_states"].row_shape[1]),
+            "record_ids": record_ids,
+            "exported_from": str(getattr(cache, "url", cache.path)),
+            "note": "draft config: dflash_config.target_layer_ids = target_layer_ids (no shift)",
+        },
+    )
+    return len(record_ids)
+
+
+def _feature_files(directory: Path) -> list[tuple[int, Path]]:
+    """(global index, path) of every ``data_{i}.ckpt[.gz]`` under ``directory``, by index."""
+    found = []
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            match = _FILE.match(name)
+            if match:
+                found.append((int(match.group(1)), Path(root) / name))
+    return sorted(found)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """A feature file, with tensors only (weights_only: the files are data, never code)."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for damaged or non-tensor pickles
+        raise InputError(f"{path} is not a SpecForge feature file of tensors ({exc})") from exc
+
+
+def _sequences(
+    files: list[tuple[int, Path]], layers: int, record_ids: list[str] | None
+) -> Iterator[ImportedSequence]:
+    for index, path in files:
+        raw = _load(path)
+        if "aux_hidden_state" in raw or "hidden_state" in raw:
+            raise InputError(
+                f"{path} is a SpecForge EAGLE3 capture (aux_hidden_state/hidden_state); only DFlash "
+                "captures (prepare_hidden_states.py --strategy dflash) are implemented"
+            )
+        missing = {"input_ids", "loss_mask", "hidden_states"} - set(raw)
+        if missing:
+            raise InputError(f"{path} lacks {sorted(missing)}; not a SpecForge DFlash feature file")
+        hidden = raw["hidden_states"]
+        if hidden.dim() == 3 and hidden.shape[0] == 1:
+            hidden = hidden[0]
+        if hidden.dim() != 2 or hidden.shape[1] % layers:
+            raise InputError(
+                f"{path}: hidden_states {tuple(raw['hidden_states'].shape)} is not [1, T, K*H] with K = "
+                f"{layers} layers; check --layer-ids"
+            )
+        T = hidden.shape[0]
+        name = record_ids[index] if record_ids and index < len(record_ids) else f"data_{index}"
+        yield ImportedSequence(name, hidden.reshape(T, layers, -1), raw["input_ids"], raw["loss_mask"])
+
+
+def import_specforge(
+    directory: str | Path,
+    out: str | Path,
+    layer_ids: list[int] | None = None,
+    compression: str = "fast",
+    target: str | None = None,
+) -> tuple[int, int]:
+    """Turn SpecForge DFlash feature files under ``directory`` into a cache at ``out``.
+
+    ``layer_ids``: the draft config's ``dflash_config.target_layer_ids`` (needed unless the folder
+    is an hscache export). Returns (sequences, tokens).
+
+    Raises:
+        InputError: no feature files, no layer ids, or files that are not DFlash captures.
+    """
+    directory = Path(directory)
+    files = _feature_files(directory)
+    if not files:
+        raise InputError(f"{directory} holds no SpecForge feature files (rows_*/data_<i>.ckpt)")
+    sidecar = read_sidecar(directory, "specforge")
+    ids = layer_ids or (sidecar or {}).get("target_layer_ids")
+    if not ids:
+        raise InputError(
+            f"{directory} does not say which layers its files hold; pass --layer-ids with the draft "
+            "config's dflash_config.target_layer_ids"
+        )
+    imported = {
+        "format": "specforge",
+        "source": str(directory.resolve()),
+        "files": len(files),
+        "layer_ids": list(ids),
+        "source_layer_ids": list(ids),
+        "source_layer_convention": LAYER_CONVENTION,
+        "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
+        "exported_from": (sidecar or {}).get("exported_from"),
+    }
+    record_ids = (sidecar or {}).get("record_ids")
+    return write_imported_cache(
+        Path(out),
+        _sequences(files, len(ids), record_ids),
+        layer_ids=list(ids),
+        imported=imported,
+        compression=compression,
+        target=target,  # adds target/ only: SpecForge's files never hold the last layer
+    )

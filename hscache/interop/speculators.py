@@ -1,0 +1,253 @@
+"""speculators' offline training data: a preprocessed dataset and ``hidden_states/hs_{i}.safetensors``.
+
+As speculators defines it (vllm-project/speculators c05b95b: ``src/speculators/train/data.py``
+``ArrowDataset``, ``hs_connectors/.../transfer.py`` ``FileTransfer``,
+``scripts/data_generation_offline.py``, ``src/speculators/data_generation/preprocessing.py``):
+
+- ``DIR`` is a Hugging Face dataset (``save_to_disk``: ``data-00000-of-00001.arrow``,
+  ``dataset_info.json``, ``state.json``, torch format) with columns ``input_ids`` (int64 list),
+  ``loss_mask`` (int64 list, 1 = supervised) and ``seq_len`` (int64), row i = sample i;
+- ``DIR/hidden_states/hs_{i}.safetensors`` holds ``hidden_states`` [T, num_layers, H] and
+  ``token_ids`` [T] (must equal row i's ``input_ids``);
+- the layers are vLLM aux ids (``launch_vllm.py --target-layer-ids``, + the last layer L appended
+  by ``--include-last-layer``), aux id a = "after decoder layer a - 1", before the final norm:
+  hscache layer i is aux id i + 1 (the +1 shift). Training reads slots ``[:, :-1]`` as the
+  drafter's context features and the last slot as ``verifier_last_hidden_states``, so the last
+  slot must be layer L - 1 (aux L); the speculator config's ``aux_hidden_state_layer_ids`` are
+  the other slots' aux ids.
+
+Refused by name: a cache without the target's last layer (or with it elsewhere than last),
+``.safetensors.zst`` files (vLLM's compressed connector output).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from hscache.data import SequenceDataset
+from hscache.errors import InputError
+from hscache.interop.common import (
+    ImportedSequence,
+    check_fresh_dir,
+    num_target_layers,
+    read_sidecar,
+    select_layers,
+    write_imported_cache,
+    write_sidecar,
+)
+from hscache.store.reader import open_cache
+
+__all__ = ["export_speculators", "import_speculators"]
+
+HIDDEN_DIR = "hidden_states"
+ARROW_FILE = "data-00000-of-00001.arrow"
+LAYER_CONVENTION = (
+    "vLLM aux ids: aux id a = output of decoder layer a - 1 before the final norm (hscache layer a - 1); "
+    "the last slot is aux id L = the target's last layer"
+)
+_HS_FILE = re.compile(r"^hs_(\d+)\.safetensors$")
+_FEATURES = {
+    "input_ids": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
+    "loss_mask": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
+    "seq_len": {"dtype": "int64", "_type": "Value"},
+}
+
+
+def _check_layers(cache: Any, layer_ids: list[int] | None) -> tuple[list[int], int]:
+    total = num_target_layers(cache)
+    ids = select_layers(cache, layer_ids)
+    if total is None:
+        raise InputError(
+            f"{cache.path} does not record its target's layer count (no target/config.json); speculators "
+            "needs it to place the last layer"
+        )
+    if ids[-1] != total - 1:
+        raise InputError(
+            f"cache layers {ids} do not end with the target's last layer {total - 1}; speculators' training "
+            f"reads the last slot as verifier_last_hidden_states (vLLM aux id {total}), so exporting without "
+            f"it is not implemented: re-extract with --layers {','.join(map(str, [*ids, total - 1]))}"
+        )
+    return ids, total
+
+
+def _write_dataset(out: Path, rows: dict[str, list]) -> None:
+    """``rows`` as a Hugging Face ``save_to_disk`` folder (one arrow shard, torch format)."""
+    schema = pa.schema(
+        [("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int64())), ("seq_len", pa.int64())],
+        metadata={"huggingface": json.dumps({"info": {"features": _FEATURES}})},
+    )
+    table = pa.table(rows, schema=schema)
+    with pa.OSFile(str(out / ARROW_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    info = {"citation": "", "description": "", "features": _FEATURES, "homepage": "", "license": ""}
+    (out / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    state = {
+        "_data_files": [{"filename": ARROW_FILE}],
+        "_fingerprint": uuid.uuid4().hex[:16],
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": "torch",
+        "_output_all_columns": False,
+        "_split": None,
+    }
+    (out / "state.json").write_text(json.dumps(state, indent=2))
+
+
+def export_speculators(cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None) -> int:
+    """Write the cache at ``cache_path`` as speculators offline data under ``out``; return the count.
+
+    Raises:
+        InputError: ``out`` is not new/empty, or the cache lacks the target's last layer.
+    """
+    from safetensors.torch import save_file
+
+    cache = open_cache(cache_path)
+    ids, total = _check_layers(cache, layer_ids)
+    out = check_fresh_dir(Path(out))
+    (out / HIDDEN_DIR).mkdir()
+    data = SequenceDataset(cache_path, layer_ids=ids)
+    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    record_ids = []
+    for i in range(len(data)):
+        item = data[i]
+        ids_i = item["token_ids"]
+        save_file(
+            {"hidden_states": item["hidden_states"].contiguous(), "token_ids": ids_i.contiguous()},
+            str(out / HIDDEN_DIR / f"hs_{i}.safetensors"),
+        )
+        rows["input_ids"].append(ids_i.tolist())
+        rows["loss_mask"].append(item["loss_mask"].to(torch.int64).tolist())
+        rows["seq_len"].append(len(ids_i))
+        record_ids.append(item["record_id"])
+    _write_dataset(out, rows)
+    aux = [i + 1 for i in ids]
+    write_sidecar(
+        out,
+        {
+            "format": "speculators",
+            "layer_ids": ids,
+            "vllm_layer_ids": aux,
+            "aux_hidden_state_layer_ids": aux[:-1],
+            "num_target_layers": total,
+            "hidden_size": int(cache.specs["hidden_states"].row_shape[1]),
+            "record_ids": record_ids,
+            "exported_from": str(getattr(cache, "url", cache.path)),
+            "note": (
+                "launch_vllm.py --target-layer-ids aux_hidden_state_layer_ids (--include-last-layer adds "
+                "the last); speculator config aux_hidden_state_layer_ids = aux_hidden_state_layer_ids"
+            ),
+        },
+    )
+    return len(record_ids)
+
+
+def _read_dataset(directory: Path) -> pa.Table:
+    """The preprocessed dataset's rows (every shard listed in ``state.json``)."""
+    state_path = directory / "state.json"
+    if not state_path.is_file():
+        raise InputError(
+            f"{directory} has no state.json: not a speculators preprocessed dataset (prepare_data.py output, "
+            "which holds the loss_mask); pass the dataset folder whose hidden_states/ holds hs_<i>.safetensors"
+        )
+    state = json.loads(state_path.read_text())
+    tables = []
+    for entry in state.get("_data_files") or []:
+        name = Path(str(entry.get("filename", ""))).name  # never outside the folder
+        with pa.memory_map(str(directory / name)) as source:
+            tables.append(pa.ipc.open_stream(source).read_all())
+    if not tables:
+        raise InputError(f"{state_path} lists no data files")
+    table = pa.concat_tables(tables)
+    missing = {"input_ids", "loss_mask"} - set(table.column_names)
+    if missing:
+        raise InputError(f"{directory} has no column {sorted(missing)}; rerun speculators' prepare_data.py")
+    return table
+
+
+def _sequences(
+    directory: Path, table: pa.Table, layers: int, record_ids: list[str] | None
+) -> Iterator[ImportedSequence]:
+    from safetensors.torch import load_file
+
+    input_ids, loss_mask = table.column("input_ids"), table.column("loss_mask")
+    for i in range(table.num_rows):
+        path = directory / HIDDEN_DIR / f"hs_{i}.safetensors"
+        if not path.is_file():
+            zst = path.with_name(path.name + ".zst")
+            what = "is zstd-compressed (.zst), which is not implemented" if zst.is_file() else "is missing"
+            raise InputError(f"{path} {what}; every dataset row needs its hidden-state file")
+        loaded = load_file(str(path))
+        hidden, tokens = loaded.get("hidden_states"), loaded.get("token_ids")
+        if hidden is None or tokens is None:
+            raise InputError(f"{path} lacks hidden_states/token_ids; not a speculators hidden-state file")
+        expected = torch.tensor(input_ids[i].as_py(), dtype=torch.int64)
+        if not torch.equal(tokens.to(torch.int64), expected):
+            raise InputError(
+                f"{path}: token_ids differ from row {i}'s input_ids; the data set is inconsistent"
+            )
+        if hidden.dim() != 3 or hidden.shape[1] != layers:
+            raise InputError(
+                f"{path}: hidden_states {tuple(hidden.shape)} is not [T, {layers}, H] for the {layers} layer ids; "
+                "check --layer-ids"
+            )
+        name = record_ids[i] if record_ids and i < len(record_ids) else f"hs_{i}"
+        yield ImportedSequence(name, hidden, tokens, torch.tensor(loss_mask[i].as_py()))
+
+
+def import_speculators(
+    directory: str | Path,
+    out: str | Path,
+    layer_ids: list[int] | None = None,
+    compression: str = "fast",
+    target: str | None = None,
+) -> tuple[int, int]:
+    """Turn speculators offline data at ``directory`` into a cache at ``out``.
+
+    ``layer_ids``: the vLLM aux ids of the file's slots, last layer included (e.g. ``2,14,25,28``
+    for a 28-layer target); needed unless the folder is an hscache export. ``target``: the model
+    that produced the files: adds ``target/`` and computes the target arrays from the last slot
+    (interop/target.py). Returns (sequences, tokens).
+
+    Raises:
+        InputError: no dataset, a missing or inconsistent hidden-state file, no layer ids.
+    """
+    directory = Path(directory)
+    table = _read_dataset(directory)
+    sidecar = read_sidecar(directory, "speculators")
+    aux = layer_ids or (sidecar or {}).get("vllm_layer_ids")
+    if not aux:
+        raise InputError(
+            f"{directory} does not say which layers its files hold; pass --layer-ids with the vLLM aux ids "
+            "(launch_vllm.py --target-layer-ids plus the last layer), e.g. 2,14,25,28"
+        )
+    if 0 in aux:
+        raise InputError(f"--layer-ids {aux}: vLLM aux id 0 (the embeddings) has no hscache layer")
+    files = sum(1 for p in (directory / HIDDEN_DIR).glob("hs_*.safetensors") if _HS_FILE.match(p.name))
+    imported = {
+        "format": "speculators",
+        "source": str(directory.resolve()),
+        "files": max(1, files),
+        "layer_ids": [a - 1 for a in aux],
+        "source_layer_ids": list(aux),
+        "source_layer_convention": LAYER_CONVENTION,
+        "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
+        "exported_from": (sidecar or {}).get("exported_from"),
+    }
+    record_ids = (sidecar or {}).get("record_ids")
+    return write_imported_cache(
+        Path(out),
+        _sequences(directory, table, len(aux), record_ids),
+        layer_ids=[a - 1 for a in aux],
+        imported=imported,
+        compression=compression,
+        target=target,
+        last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
+    )
