@@ -163,7 +163,7 @@ def sequence_reads(cache_path: Path, repeats: int) -> float:
 
     def chunks() -> None:
         for i in order:
-            start, stop = cache.span(int(i))
+            start, stop = cache.sequence_span(int(i))
             for index in range(start // spec.chunk_tokens, (stop - 1) // spec.chunk_tokens + 1):
                 base = index * spec.chunk_tokens
                 reader._read_chunk(index, base, base + spec.chunk_tokens, buffer)

@@ -475,7 +475,7 @@ def import_cmd(
     else:
         from hscache.interop.specforge import import_specforge as load
     count, tokens = load(source_dir, out, parse_layer_ids(layer_ids), compression, target)
-    from hscache.store.reader import open_cache
+    from hscache.store.open import open_cache
 
     scorable = "target_argmax" in open_cache(out).specs
     click.echo(

@@ -124,10 +124,11 @@ def score_rows(
     dtype = DTYPES[config.dtype]
     # Per row, never the whole index as Python lists (a cache may index millions of sequences).
     record_ids, prompt_lens, lengths = (cache.index.column(c) for c in ("record_id", "prompt_len", "length"))
+    norm = getattr(drafter, "context_norm", None)  # the last layer as hidden_states[L] (features.py)
     if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
         sequences = [
             {
-                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device),
+                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device, norm),
                 "token_ids": cache.token_ids(row),
                 "target_argmax": cache.target_argmax(row),
                 "prompt_len": prompt_lens[row].as_py(),
@@ -150,9 +151,7 @@ def score_rows(
         return results
     results = []
     for row in rows:
-        features = sequence_features(
-            cache.hidden_states(row), index, dtype, config.device, getattr(drafter, "context_norm", None)
-        )
+        features = sequence_features(cache.hidden_states(row), index, dtype, config.device, norm)
         results.append(
             score_sequence(
                 drafter,

@@ -25,7 +25,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hscache.errors import InputError
-from hscache.store.reader import Cache, open_cache
+from hscache.store.open import open_cache
+from hscache.store.reader import Cache
 
 __all__ = ["PackedWindows", "SequenceDataset"]
 
@@ -129,7 +130,7 @@ class SequenceDataset(_CacheHandle, Dataset):
         # A sharded cache reads each sequence from its shard (there is no global token axis).
         locate = getattr(self.cache, "locate", None)
         cache, local = locate(row) if locate else (self.cache, row)
-        start, stop = cache.span(local)
+        start, stop = cache.sequence_span(local)
         meta = self._index.slice(row, 1).to_pylist()[0]
         item: dict[str, Any] = {
             "hidden_states": _select(cache.rows("hidden_states", start, stop), self._positions)

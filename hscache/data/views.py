@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from hscache.errors import InputError
-from hscache.store.reader import Cache, open_cache
+from hscache.store.open import open_cache
+from hscache.store.reader import Cache
 
 __all__ = ["open_xarray"]
 

@@ -42,7 +42,7 @@ from hscache.interop.common import (
     write_imported_cache,
     write_sidecar,
 )
-from hscache.store.reader import open_cache
+from hscache.store.open import open_cache
 
 __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
 

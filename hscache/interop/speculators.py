@@ -43,7 +43,7 @@ from hscache.interop.common import (
     write_imported_cache,
     write_sidecar,
 )
-from hscache.store.reader import open_cache
+from hscache.store.open import open_cache
 
 __all__ = ["export_speculators", "import_speculators"]
 

@@ -227,10 +227,6 @@ class Cache:
         """
         return self._rows(name, start, stop)
 
-    def span(self, i: int) -> tuple[int, int]:
-        """The token range ``[start, stop)`` of sequence row ``i``."""
-        return self._span(i)
-
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         from hscache.store.dtypes import tensor_from_stored  # imports torch: not at `hscache info`
 

@@ -165,7 +165,7 @@ def _torch_load(path: Path, trust: bool) -> Any:
         what = f" (it references {found.group(1)})" if found else ""
         raise UntrustedCheckpointError(
             f"{path} cannot be loaded with weights_only=True{what}: it needs full unpickling, which runs "
-            "arbitrary code from the file. Pass --trust-checkpoint (trust_checkpoint=True) only if you "
+            "arbitrary code from the file. Pass --trust-checkpoint only if you "
             "trust its source."
         ) from e
     except MemoryError:

@@ -36,7 +36,7 @@ def specforge_dir(bf16_cache, tmp_path_factory) -> Path:
 
 
 def _generated(cache, i: int) -> torch.Tensor:
-    mask = torch.zeros(cache.span(i)[1] - cache.span(i)[0], dtype=torch.int64)
+    mask = torch.zeros(cache.sequence_span(i)[1] - cache.sequence_span(i)[0], dtype=torch.int64)
     mask[cache.index.column("prompt_len")[i].as_py() :] = 1
     return mask
 

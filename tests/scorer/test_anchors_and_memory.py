@@ -73,3 +73,26 @@ def test_bad_anchor_mode_and_budget_are_one_line_errors(scorer_cache, trained_dr
         result = CliRunner().invoke(main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), *flag])
         assert result.exit_code == 2, result.output
         assert flag[0] in result.output
+
+
+def test_chain_anchors_equal_all_for_a_sliding_window_drafter(scorer_cache, trained_drafter, tmp_path):
+    """The chain path reuses precomputed context keys: the window must still mask them by position."""
+    import json
+    import shutil
+
+    drafter = tmp_path / "sliding"
+    shutil.copytree(trained_drafter, drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    config.update(
+        layer_types=["sliding_attention"] * config["num_hidden_layers"],
+        sliding_window=4,
+        use_sliding_window=True,
+    )
+    (drafter / "config.json").write_text(json.dumps(config))
+    base = EvalConfig(ddtree=(4,), n_boot=20, limit=3)
+    full = evaluate(drafter, scorer_cache, base)
+    chain = evaluate(drafter, scorer_cache, EvalConfig(**{**base.__dict__, "anchors": "chain"}))
+    assert [r["accepted"] for r in chain["per_request"]] == [r["accepted"] for r in full["per_request"]]
+    assert chain["ddtree"] == full["ddtree"]
+    unwindowed = evaluate(trained_drafter, scorer_cache, base)  # the window mattered on this data
+    assert [r["accepted"] for r in unwindowed["per_request"]] != [r["accepted"] for r in full["per_request"]]

@@ -223,7 +223,7 @@ def test_malicious_pickle_is_refused_unless_trusted(tmp_path: Path) -> None:
     assert str(info.value) == (
         f"{tmp_path / 'evil.pt'} cannot be loaded with weights_only=True (it references exec): it needs full "
         "unpickling, which runs arbitrary code from the file. Pass --trust-checkpoint "
-        "(trust_checkpoint=True) only if you trust its source."
+        "only if you trust its source."
     )
     assert not marker.exists()
     loaded = load_checkpoint(tmp_path / "evil.pt", overrides=_overrides(config), trust_checkpoint=True)
