@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hscache.store import integrity
+
 
 def synthetic_index(src: Path, out: Path, n: int) -> Path:
     """Copy ``src`` to ``out`` and give it one index part of ``n`` rows, every row = row 0
@@ -35,6 +37,13 @@ def synthetic_index(src: Path, out: Path, n: int) -> Path:
     pq.write_table(table, out / "index" / "part-000000.parquet")
     manifest["index_parts"] = ["index/part-000000.parquet"]
     manifest["committed"]["sequences"] = n
+    # The synthetic index is a new commit: record its checksum and re-seal the manifest.
+    checksums = manifest.get("checksums", {})
+    for part in list(checksums):
+        if part.startswith("index/"):
+            del checksums[part]
+    checksums["index/part-000000.parquet"] = integrity.digest_file(out / "index" / "part-000000.parquet")
+    integrity.seal(manifest)
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 

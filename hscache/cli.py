@@ -17,9 +17,9 @@ from typing import Any
 
 import click
 
-from hscache.capture.backend import BACKENDS
+from hscache.capture import BACKENDS
 from hscache.errors import HscacheError
-from hscache.store.dtypes import DTYPES
+from hscache.store.dtypes import DTYPE_NAMES
 from hscache.store.layout import COMPRESSIONS
 
 __all__ = ["error_boundary", "main"]
@@ -189,7 +189,7 @@ def main() -> None:
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["auto", *DTYPES]),
+    type=click.Choice(["auto", *DTYPE_NAMES]),
     default="auto",
     show_default=True,
     help="auto: bf16 on CUDA, fp32 on CPU (bf16 is 2-3x slower there).",

@@ -32,7 +32,7 @@ from typing import Any
 import click
 
 import hscache
-from hscache.capture.backend import BACKENDS
+from hscache.capture import BACKENDS
 from hscache.diff.compare import DEFAULT_POSITION_BUCKETS, diff_caches
 from hscache.diff.report import DiffReport, save_json
 from hscache.store.dtypes import DTYPES, SCORER_DTYPES

@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from hscache.capture.backend import BACKENDS
+from hscache.capture import BACKENDS
 from hscache.cli import error_boundary
 from hscache.errors import HscacheError
-from hscache.store.dtypes import DTYPES, SCORER_DTYPES
+from hscache.store.dtypes import DTYPE_NAMES, SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
 
@@ -272,7 +272,7 @@ def sweep(
 @click.option("--prompts", default="builtin:default", show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
-@click.option("--dtype", type=click.Choice(list(DTYPES)), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(list(DTYPE_NAMES)), default="fp32", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None)

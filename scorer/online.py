@@ -151,12 +151,12 @@ def run_online(
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=device, dtype=target.model.dtype).eval()
     own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
-    dtype = target.model.dtype
+    model_dtype = target.model.dtype
     drafter.attach_target(
-        own["embed_tokens"].to(device, dtype)
+        own["embed_tokens"].to(device, model_dtype)
         if "embed_tokens" in own
         else target.model.get_input_embeddings().weight.detach(),
-        own["lm_head"].to(device, dtype)
+        own["lm_head"].to(device, model_dtype)
         if "lm_head" in own
         else target.model.get_output_embeddings().weight.detach(),
         own["d2t"].to(device) if "d2t" in own else None,

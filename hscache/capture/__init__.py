@@ -1,1 +1,4 @@
 """Stage one, capture: load the target, pick backend and layers, run it, hand rows to the store (target -> capture -> extract)."""
+
+# --backend names (capture/backend.py resolves them); here so the CLI can list them without torch.
+BACKENDS = ("auto", "fla", "torch")

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
+from hscache.capture import BACKENDS
 from hscache.errors import BackendUnavailableError, InputError
 
 __all__ = ["BACKENDS", "KernelBinding", "fla_status", "inspect_kernels", "resolve_backend", "use_backend"]
 
-BACKENDS = ("auto", "fla", "torch")
 
 # Module global in transformers' modeling file -> the function's path inside fla.
 # Names are those of transformers 5.x (qwen3_5, qwen3_next); other models simply have none.

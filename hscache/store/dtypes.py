@@ -6,27 +6,43 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import torch
 
-__all__ = ["DTYPES", "LOGICAL_DTYPES", "SCORER_DTYPES", "tensor_from_stored", "torch_dtype_of_logical"]
+if TYPE_CHECKING:  # torch is imported on first use: `hscache --help` and `info` never need it
+    import torch
 
-# --dtype flag name -> torch dtype: what a target can run and a cache can hold.
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+__all__ = [
+    "DTYPE_NAMES",
+    "LOGICAL_DTYPES",
+    "SCORER_DTYPES",
+    "tensor_from_stored",
+    "torch_dtype_of_logical",
+]
+
+# --dtype flag names: what a target can run and a cache can hold (DTYPES maps them to torch dtypes).
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
 # --dtype flag name -> the logical dtype name recorded for the hidden-state array.
 LOGICAL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # The dtypes the scorer computes in (``scorer eval --dtype``): fp16 drafter replays are not supported.
 SCORER_DTYPES = ("bf16", "fp32")
 
-_BY_LOGICAL = {
-    **{LOGICAL_DTYPES[name]: dtype for name, dtype in DTYPES.items()},
-    "int32": torch.int32,
-}
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` (flag name -> torch dtype), built on first use so that importing this is torch-free."""
+    if name == "DTYPES":
+        import torch
+
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def torch_dtype_of_logical(logical: str) -> torch.dtype:
     """The torch dtype of a logical dtype name (``"bfloat16"``, ``"float32"``, ``"int32"``...)."""
-    return _BY_LOGICAL[logical]
+    import torch
+
+    return getattr(torch, logical)
 
 
 def tensor_from_stored(raw: np.ndarray, logical: str) -> torch.Tensor:
@@ -34,5 +50,7 @@ def tensor_from_stored(raw: np.ndarray, logical: str) -> torch.Tensor:
 
     bfloat16 is stored as its raw 16 bits (uint16, see layout.LOGICAL_TO_STORED): viewed back bit-exactly.
     """
+    import torch
+
     tensor = torch.from_numpy(np.ascontiguousarray(raw))
     return tensor.view(torch.bfloat16) if logical == "bfloat16" else tensor

@@ -9,10 +9,12 @@ Per-sequence accessors take a row number ``i`` of ``index`` and return torch ten
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
-import torch
+
+if TYPE_CHECKING:  # hints only: opening a cache (`hscache info`) must not import torch
+    import torch
 
 from hscache.store.layout import ArraySpec
 
