@@ -69,5 +69,8 @@ def test_generate_batch_is_a_resume_setting(tmp_path):
     out = tmp_path / "c"
     base = hscache.ExtractConfig(out=str(out), max_new_tokens=2, limit=2, dtype="fp32", generate_batch=2)
     hscache.extract(base)
-    with pytest.raises(hscache.errors.ResumeMismatchError, match="built with --generate-batch 2 but this run has --generate-batch 1"):
+    with pytest.raises(
+        hscache.errors.ResumeMismatchError,
+        match="built with --generate-batch 2 but this run has --generate-batch 1",
+    ):
         hscache.extract(hscache.ExtractConfig(**{**base.__dict__, "generate_batch": 1}))
