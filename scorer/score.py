@@ -275,6 +275,11 @@ def score_sequence(
             drafter, features, token_ids, max(budgets, default=0), max_blocks_per_forward, memory_gb
         )
         parts = (_score_all if anchors == "all" else _score_chain)(drafts, x, a, prompt_len, B, budgets)
+    return _result(row, record_id, category, parts)
+
+
+def _result(row: int, record_id: str, category: str | None, parts: tuple) -> SequenceResult:
+    """A SequenceResult from the 7 parts both scoring paths produce (chain ... drafted anchors)."""
     chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = parts
     return SequenceResult(
         row=row,
@@ -341,20 +346,8 @@ def score_sequences_chain(
                 )
             )
             continue
-        chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = state.parts(B)
         results.append(
-            SequenceResult(
-                row=seq.get("row", 0),
-                record_id=seq.get("record_id", ""),
-                category=seq.get("category"),
-                chain=chain,
-                ddtree=ddtree,
-                ddtree_surrogate=surrogate,
-                acceptance=acceptance,
-                accept_len=accept_len,
-                chain_drafts=chain_drafts,
-                drafted_anchors=drafted,
-            )
+            _result(seq.get("row", 0), seq.get("record_id", ""), seq.get("category"), state.parts(B))
         )
     return results
 
