@@ -9,10 +9,11 @@ from __future__ import annotations
 from scorer.errors import CheckpointError
 from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint
 from scorer.families.dflash import DFLASH
+from scorer.families.eagle3 import EAGLE3
 
 __all__ = ["FAMILIES", "CheckpointProbe", "Family", "family_for", "family_named", "probe_checkpoint"]
 
-FAMILIES: tuple[Family, ...] = (DFLASH,)
+FAMILIES: tuple[Family, ...] = (EAGLE3, DFLASH)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them.
 TARGET_HEADS = {"mtp": "mtp"}
 
