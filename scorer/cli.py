@@ -79,6 +79,40 @@ _checkpoint_flags = [
 ]
 
 
+def _tree(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    values = _int_list(text, minimum=1)
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected STEPS,TOPK,TOKENS (SGLang's EAGLE tree), e.g. 5,4,8")
+    return values  # type: ignore[return-value]
+
+
+_drafting_flags = [
+    click.option(
+        "--num-speculative-tokens",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
+        "num_speculative_tokens). Default: the checkpoint's config, else the engines' default.",
+    ),
+    click.option(
+        "--tree",
+        "tree_text",
+        default=None,
+        metavar="STEPS,TOPK,TOKENS",
+        help="Autoregressive families: SGLang's EAGLE tree (--speculative-num-steps, "
+        "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain.",
+    ),
+]
+
+
+def drafting_flags(fn: Callable) -> Callable:
+    for flag in reversed(_drafting_flags):
+        fn = flag(fn)
+    return fn
+
+
 def checkpoint_flags(fn: Callable) -> Callable:
     for flag in reversed(_checkpoint_flags):
         fn = flag(fn)
@@ -153,12 +187,14 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cluster_flags
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def eval_command(
     checkpoint: str,
     caches: tuple[str, ...],
     ddtree: str,
+    tree_text: str | None,
     json_out: str | None,
     report_out: str | None,
     target_layer_ids: str | None,
@@ -178,6 +214,7 @@ def eval_command(
     config = EvalConfig(
         ddtree=_int_list(ddtree, minimum=1),
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+        tree=_tree(tree_text),
         **options,
     )
     console = Console(stderr=False)
@@ -280,11 +317,13 @@ def sweep(
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def online(
     checkpoint: str,
     json_out: str | None,
+    tree_text: str | None,
     target_layer_ids: str | None,
     mask_token_id: int | None,
     rope_theta: float | None,
@@ -297,6 +336,8 @@ def online(
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size
+    if tree_text:
+        raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
     result = run_online(checkpoint, overrides=overrides, **options)
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)

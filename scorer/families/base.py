@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointProbe", "Family", "TARGET_PREFIX"]
+__all__ = ["CheckpointProbe", "Family", "OnlineOptions", "Proposer", "TARGET_PREFIX"]
 
 # A CKPT naming a head that ships inside the cache's target (e.g. "target:mtp").
 TARGET_PREFIX = "target:"
@@ -40,6 +40,22 @@ class CheckpointProbe:
     weight_keys: frozenset[str] | None
 
 
+# propose(hidden [p, K, H] raw target layer outputs in the drafter's layer order for positions
+# 0..p-1, token ids 0..p, anchor p) -> the drafted token ids d_1..d_k (``scorer online``).
+Proposer = Callable[[Any, list[int], int], list[int]]
+
+
+@dataclass(frozen=True)
+class OnlineOptions:
+    """What ``scorer online`` passes a family's online loader besides the checkpoint and target."""
+
+    overrides: dict[str, Any]
+    trust_checkpoint: bool = False
+    config_path: str | None = None
+    num_speculative_tokens: int | None = None
+    device: str = "cpu"
+
+
 @dataclass(frozen=True)
 class Family:
     """One drafter family.
@@ -53,6 +69,8 @@ class Family:
         effective_config: eval config -> the config this family actually scores with (e.g. an
             autoregressive family drops DDTree budgets, which are a block-family mode).
         autoregressive: drafts one token per forward (chain K / tree modes apply).
+        online: (checkpoint, target, OnlineOptions) -> (target layer ids, Proposer, LoadReport) for
+            ``scorer online`` (the target verifying); None when the family has no online path yet.
     """
 
     name: str
@@ -62,6 +80,7 @@ class Family:
     score_rows: Callable[..., list[Any]]
     effective_config: Callable[[Any], Any] = lambda config: config
     autoregressive: bool = False
+    online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
 
 
 def probe_checkpoint(path: str | Path, config_path: str | None = None) -> CheckpointProbe:

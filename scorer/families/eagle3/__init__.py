@@ -17,6 +17,7 @@ from scorer.families.eagle3.config import is_eagle3_config
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.families.eagle3.online import online
 from scorer.features import sequence_features
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain
@@ -125,4 +126,5 @@ EAGLE3 = Family(
     score_rows=score_rows,
     effective_config=_effective,
     autoregressive=True,
+    online=online,
 )

@@ -35,8 +35,10 @@ def eagle3_config_for_cache(
     num_speculative_tokens: int = 3,
     qk_norm: bool = True,
     layout: str = "speculators",
+    **options: Any,
 ) -> Eagle3Config:
-    """An EAGLE-3 config sized for the cache's target (default layers: the engines' default)."""
+    """An EAGLE-3 config sized for the cache's target (default layers: the engines' default);
+    ``options`` set any other Eagle3Config field (fc_norm, norm_before_residual, ...)."""
     target = cache.target_config
     hidden = int(target["hidden_size"])
     heads = int(target.get("num_attention_heads", max(1, hidden // 64)))
@@ -58,6 +60,7 @@ def eagle3_config_for_cache(
         num_speculative_tokens=num_speculative_tokens,
         qk_norm=qk_norm if layout == "speculators" else False,
         layout=layout,
+        **options,
     )
 
 

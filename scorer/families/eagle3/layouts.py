@@ -223,7 +223,27 @@ def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: 
 
 
 def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[Eagle3Drafter, Any]:
-    """The family's loader: read, check against ``cache``, build and ready the drafter."""
+    """The family's loader: read, check against ``cache``, build and ready the drafter.
+
+    Raises:
+        CheckpointError: a DFlash-only flag was given (named), or the checkpoint is unreadable.
+        IncompatibleCacheError: layers, hidden size or vocabulary do not fit the cache (all named).
+    """
+    refused = [
+        flag
+        for flag, given in (
+            ("--block-size", config.block_size is not None),
+            ("--target-layer-ids", "target_layer_ids" in config.overrides),
+            ("--mask-token-id", "mask_token_id" in config.overrides),
+            ("--rope-theta", "rope_theta" in config.overrides),
+        )
+        if given
+    ]
+    if refused:
+        raise CheckpointError(
+            f"{checkpoint}: {', '.join(refused)} set DFlash settings; an EAGLE-3 drafter takes its layers and "
+            "rope from its config (drafting: --num-speculative-tokens K, --tree STEPS,TOPK,TOKENS)"
+        )
     eagle, weights, head, report = read_eagle3(
         checkpoint,
         num_target_layers=cache.target_config.get("num_hidden_layers"),
