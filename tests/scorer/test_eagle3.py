@@ -78,7 +78,6 @@ def test_reduced_vocabulary_maps_draft_ids_like_vllm_compute_logits(scorer_cache
 def test_three_layouts_read_their_own_layer_conventions_and_score_the_same(scorer_cache, tmp_path):
     """speculators (vLLM aux ids, +1), SpecForge (SGLang ids under eagle_config), the original
     release (pytorch_model.bin, default layers): one set of weights, the same drafts."""
-    cache = hscache.open_cache(scorer_cache)
     config, drafter = init_eagle3(scorer_cache, tmp_path / "speculators", layer_ids=[1, 3, 7], qk_norm=False)
     spec = json.loads((tmp_path / "speculators" / "config.json").read_text())
     assert spec["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]
