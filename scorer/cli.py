@@ -56,7 +56,7 @@ def _write_json(path: str | None, document: dict) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscache")
 def main() -> None:
-    """Score DFlash drafter checkpoints against hidden-state caches, without the target model."""
+    """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
 _checkpoint_flags = [
@@ -235,6 +235,59 @@ def eval_command(
         from scorer.report.html import write_eval_html
 
         click.echo(f"wrote {write_eval_html(result, report_out)}", err=True)
+
+
+@main.command()
+@click.argument("checkpoints", nargs=-1, required=True)
+@click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option(
+    "--ddtree", default="", show_default=True, help="DDTree budgets for block (DFlash) drafters; '' for none."
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
+@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@click.option(
+    "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@drafting_flags
+@friendly_errors
+def compare(
+    checkpoints: tuple[str, ...],
+    cache: str,
+    ddtree: str,
+    json_out: str | None,
+    report_out: str | None,
+    tree_text: str | None,
+    **options: Any,
+) -> None:
+    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from scorer.compare import compare_drafters
+    from scorer.evaluate import EvalConfig
+    from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+
+    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), tree=_tree(tree_text), **options)
+    document = compare_drafters(checkpoints, cache, config)
+    console = Console()
+    names = drafter_names(document)
+    for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
+        table = Table(*header)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    for name, row in zip(names, document["drafters"]):
+        for warning in row["warnings"]:
+            click.echo(f"warning: {name}: {warning}", err=True)
+    _write_json(json_out, document)
+    if report_out:
+        from scorer.report.compare_html import write_compare_html
+
+        click.echo(f"wrote {write_compare_html(document, report_out)}", err=True)
 
 
 @main.command()

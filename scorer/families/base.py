@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointProbe", "Family", "OnlineOptions", "Proposer", "TARGET_PREFIX"]
+__all__ = [
+    "CheckpointProbe",
+    "Family",
+    "OnlineOptions",
+    "Proposer",
+    "TARGET_PREFIX",
+    "attention_flops",
+    "linear_params",
+]
 
 # A CKPT naming a head that ships inside the cache's target (e.g. "target:mtp").
 TARGET_PREFIX = "target:"
@@ -71,6 +79,8 @@ class Family:
         autoregressive: drafts one token per forward (chain K / tree modes apply).
         online: (checkpoint, target, OnlineOptions) -> (target layer ids, Proposer, LoadReport) for
             ``scorer online`` (the target verifying); None when the family has no online path yet.
+        cost: (drafter, tau, mean context length) -> {"draft_forwards_per_round",
+            "flops_per_round"}: the serving work of one round, estimated from the shapes.
     """
 
     name: str
@@ -81,6 +91,19 @@ class Family:
     effective_config: Callable[[Any], Any] = lambda config: config
     autoregressive: bool = False
     online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
+    cost: Callable[..., dict[str, Any]] | None = None
+
+
+def linear_params(module: Any) -> int:
+    """Weights of the nn.Linear layers under ``module`` (the matmul parameters a token passes through)."""
+    from torch import nn
+
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def attention_flops(config: Any, tokens: float, context: float) -> float:
+    """QK^T and PV of ``tokens`` queries over ``context`` keys, every layer: 4 * heads * D * ctx each."""
+    return 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context * tokens
 
 
 def probe_checkpoint(path: str | Path, config_path: str | None = None) -> CheckpointProbe:

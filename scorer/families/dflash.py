@@ -16,7 +16,14 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
 from scorer.errors import CheckpointError
-from scorer.families.base import CheckpointProbe, Family, OnlineOptions, Proposer
+from scorer.families.base import (
+    CheckpointProbe,
+    Family,
+    OnlineOptions,
+    Proposer,
+    attention_flops,
+    linear_params,
+)
 from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -209,6 +216,27 @@ def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple
     return list(loaded.config.target_layer_ids), propose, loaded.report
 
 
+def cost(drafter: DFlashDrafter, tau: float, context: float) -> dict[str, Any]:
+    """One round served: ONE forward of the B-slot block (every layer), the newly verified ~tau
+    context rows through fc and each layer's k/v projections, the head on the B-1 drafted slots."""
+    c = drafter.config
+    block = c.block_size
+    kv = sum(
+        linear_params(layer.self_attn.k_proj) + linear_params(layer.self_attn.v_proj)
+        for layer in drafter.layers
+    )
+    flops = 2.0 * linear_params(drafter.layers) * block
+    flops += 2.0 * (drafter.fc.weight.numel() + kv) * tau
+    flops += (
+        2.0
+        * c.hidden_size
+        * (len(drafter.draft_to_target) if drafter.draft_to_target is not None else c.vocab_size)
+        * (block - 1)
+    )
+    flops += attention_flops(c, block, context + block)
+    return {"draft_forwards_per_round": 1, "flops_per_round": flops}
+
+
 DFLASH = Family(
     name="dflash",
     layouts=(
@@ -221,4 +249,5 @@ DFLASH = Family(
     load=load,
     score_rows=score_rows,
     online=online,
+    cost=cost,
 )

@@ -11,7 +11,7 @@ import numpy as np
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.families.base import CheckpointProbe, Family
+from scorer.families.base import CheckpointProbe, Family, attention_flops, linear_params
 from scorer.families.dflash import category_of
 from scorer.families.eagle3.config import is_eagle3_config
 from scorer.families.eagle3.drafting import draft_every_anchor
@@ -114,6 +114,18 @@ def _effective(config: Any) -> Any:
     return dataclasses.replace(config, ddtree=(), anchors="all")
 
 
+def cost(drafter: Eagle3Drafter, tau: float, context: float) -> dict[str, Any]:
+    """One chain round served (vLLM propose): step 0 over the ~tau newly verified rows (fc and every
+    layer; the head on the last row only), then K-1 one-row steps; K forwards in all."""
+    c = drafter.config
+    k = c.num_speculative_tokens
+    rows = tau + k - 1
+    flops = 2.0 * drafter.fc.weight.numel() * tau + 2.0 * linear_params(drafter.layers) * rows
+    flops += 2.0 * drafter.lm_head.weight.numel() * k
+    flops += attention_flops(c, rows, context)
+    return {"draft_forwards_per_round": k, "flops_per_round": flops}
+
+
 EAGLE3 = Family(
     name="eagle3",
     layouts=(
@@ -127,4 +139,5 @@ EAGLE3 = Family(
     effective_config=_effective,
     autoregressive=True,
     online=online,
+    cost=cost,
 )
