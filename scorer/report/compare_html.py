@@ -30,6 +30,14 @@ def _delta(d: Mapping[str, Any] | None) -> str:
     return "-" if d is None else f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
 
 
+def _tree(tree: Mapping[str, Any] | None) -> str:
+    if not tree:
+        return "-"
+    tau = tree["tau"]
+    shape = f"{tree['steps']},{tree['topk']},{tree['draft_tokens']}"
+    return f"{_num(tau['pooled'])}{_ci(tau['pooled_ci95'])} ({shape})"
+
+
 def drafter_names(document: Mapping[str, Any]) -> list[str]:
     """A label per drafter: its directory name (the whole path where names repeat), and the family."""
     paths = [row["checkpoint"] for row in document["drafters"]]
@@ -52,6 +60,7 @@ def tau_rows(document: Mapping[str, Any], names: Sequence[str]) -> list[list[str
                 _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
                 _delta(delta["per_request"]) if delta else "(reference)",
                 _delta(delta["pooled"]) if delta else "(reference)",
+                _tree(row.get("tree")),
                 _num(row["train_accept_len"], 2),
                 _num((row.get("teacher_forced") or {}).get("accept_len"), 2),
             ]
@@ -67,6 +76,7 @@ TAU_HEADER = [
     "tau pooled [95%]",
     "delta per request vs first",
     "delta pooled vs first",
+    "tree tau pooled [95%]",
     "accept len (served)",
     "accept len (teacher-forced)",
 ]

@@ -351,3 +351,16 @@ def test_tree_with_topk_1_is_the_chain_and_wider_trees_accept_more(scorer_cache,
         main, ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--tree", "2,2,9"]
     )
     assert result.exit_code == 2 and "TOKENS must be 2..7" in result.output
+
+
+def test_cli_init_writes_each_layout_the_loader_reads(scorer_cache, tmp_path):
+    for layout, weights in (("specforge", "model.safetensors"), ("eagle_release", "pytorch_model.bin")):
+        out = tmp_path / layout
+        args = ["init", str(out), "--cache", str(scorer_cache), "--family", "eagle3", "--layout", layout]
+        result = CliRunner().invoke(main, [*args, "--num-speculative-tokens", "2"])
+        assert result.exit_code == 0, result.output
+        assert (out / weights).is_file() and "target layers [1, 3, 4]" in result.output
+        config, weights_read, _, report = read_eagle3(out, num_target_layers=8, num_speculative_tokens=2)
+        assert (
+            report.layout == layout and not config.qk_norm and "layers.0.hidden_norm.weight" in weights_read
+        )
