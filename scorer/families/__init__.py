@@ -16,6 +16,8 @@ __all__ = ["FAMILIES", "CheckpointProbe", "Family", "family_for", "family_named"
 FAMILIES: tuple[Family, ...] = (EAGLE3, DFLASH)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them.
 TARGET_HEADS = {"mtp": "mtp"}
+# speculators_model_type values some family reads; any other is refused by name, not guessed.
+SPECULATORS_TYPES = ("dflash", "eagle3")
 
 
 def family_named(name: str) -> Family:
@@ -47,6 +49,12 @@ def family_for(probe: CheckpointProbe) -> Family:
                 f"{', '.join(TARGET_PREFIX + h for h in TARGET_HEADS)}"
             )
         return family_named(TARGET_HEADS[head])
+    kind = (probe.config or {}).get("speculators_model_type")
+    if kind is not None and kind not in SPECULATORS_TYPES:
+        raise CheckpointError(
+            f"{probe.path}: speculators_model_type {kind!r} is not a drafter layout this scorer reads "
+            f"(known: {', '.join(SPECULATORS_TYPES)})"
+        )
     for family in FAMILIES:
         if family.claims(probe):
             return family

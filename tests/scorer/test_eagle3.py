@@ -55,6 +55,9 @@ def test_batched_drafts_equal_vllm_loop_one_anchor_at_a_time(scorer_cache, reduc
         reference = draft_every_anchor_one_by_one(drafter, features, tokens, prompt_len, 4)
         assert batched.shape == (len(tokens) - 1 - prompt_len, 4)
         np.testing.assert_array_equal(batched, reference)
+        # A memory budget that allows one row per chunk changes nothing.
+        tight = draft_every_anchor(drafter, features, tokens, prompt_len, 4, memory_gb=1e-5)
+        np.testing.assert_array_equal(tight, reference)
 
 
 def test_reduced_vocabulary_maps_draft_ids_like_vllm_compute_logits(scorer_cache, reduced):
@@ -197,6 +200,21 @@ def test_flags_that_do_not_fit_the_family_are_refused(scorer_cache, eagle3_draft
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and "mtp" in result.output
     result = runner.invoke(main, ["eval", "target:medusa", "--cache", str(scorer_cache)])
     assert result.exit_code == 2 and "unknown target head 'medusa'" in result.output
+    result = runner.invoke(
+        main, ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--anchors", "chain"]
+    )
+    assert result.exit_code == 2 and "--anchors chain" in result.output
+
+
+def test_unknown_layout_is_one_line_naming_it(scorer_cache, eagle3_drafter, tmp_path):
+    other = tmp_path / "peagle"
+    shutil.copytree(eagle3_drafter, other)
+    config = json.loads((other / "config.json").read_text())
+    config["speculators_model_type"] = "peagle"
+    (other / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["eval", str(other), "--cache", str(scorer_cache)])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "speculators_model_type 'peagle'" in result.output and "known: dflash, eagle3" in result.output
 
 
 def test_online_rounds_equal_offline_replay_hybrid_target(scorer_cache, eagle3_drafter):

@@ -240,13 +240,15 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
             ("--target-layer-ids", "target_layer_ids" in config.overrides),
             ("--mask-token-id", "mask_token_id" in config.overrides),
             ("--rope-theta", "rope_theta" in config.overrides),
+            ("--anchors chain", config.anchors == "chain"),
         )
         if given
     ]
     if refused:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(refused)} set DFlash settings; an EAGLE-3 drafter takes its layers and "
-            "rope from its config (drafting: --num-speculative-tokens K, --tree STEPS,TOPK,TOKENS)"
+            "rope from its config and drafts every anchor in batched forwards (drafting: "
+            "--num-speculative-tokens K, --tree STEPS,TOPK,TOKENS)"
         )
     eagle, weights, head, report = read_eagle3(
         checkpoint,
