@@ -369,6 +369,33 @@ def test_tree_with_topk_1_is_the_chain_and_wider_trees_accept_more(scorer_cache,
         main, ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--tree", "2,2,9"]
     )
     assert result.exit_code == 2 and "TOKENS must be 2..7" in result.output
+    args = ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--tree", "3,2,5", "--limit", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    for line in ("EAGLE-3 replay", "SGLang tree 3,2,5 tau", "teacher-forced steps > 0"):
+        assert line in result.output
+
+
+def test_cli_online_takes_the_chain_length(eagle3_drafter, tmp_path):
+    out = tmp_path / "online.json"
+    args = [
+        "online",
+        str(eagle3_drafter),
+        "--max-new-tokens",
+        "6",
+        "--limit",
+        "1",
+        "--num-speculative-tokens",
+        "2",
+    ]
+    result = CliRunner().invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    schemas.validate(document, "online_report")
+    assert document["family"] == "eagle3" and max(document["per_request"][0]["tokens_per_round"]) <= 3
+    assert document["checkpoint"]["field_sources"]["num_speculative_tokens"] == "override"
+    result = CliRunner().invoke(main, [*args, "--block-size", "4"])
+    assert result.exit_code == 2 and "--block-size" in result.output
 
 
 def test_cli_init_writes_each_layout_the_loader_reads(scorer_cache, tmp_path):
