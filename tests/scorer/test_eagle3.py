@@ -409,3 +409,41 @@ def test_cli_init_writes_each_layout_the_loader_reads(scorer_cache, tmp_path):
         assert (
             report.layout == layout and not config.qk_norm and "layers.0.hidden_norm.weight" in weights_read
         )
+
+
+def test_specforge_training_state_reads_with_its_draft_config(scorer_cache, tmp_path):
+    """SpecForge's {run}-stepN/training_state.pt: draft_state_dict (midlayer.* keys), no config.json."""
+    config, drafter = init_eagle3(
+        scorer_cache, tmp_path / "export", layer_ids=[1, 3, 7], qk_norm=False, layout="specforge"
+    )
+    step = tmp_path / "run-step120"
+    step.mkdir()
+    weights = {
+        ("midlayer." + k[9:] if k.startswith("layers.0.") else k): v for k, v in drafter.state_dict().items()
+    }
+    torch.save(
+        {"draft_state_dict": weights, "step": 120, "optimizer": {"lr": 1e-4}}, step / "training_state.pt"
+    )
+    draft_config = tmp_path / "draft.json"
+    shutil.copy(tmp_path / "export" / "config.json", draft_config)
+    args = [
+        "eval",
+        str(step),
+        "--cache",
+        str(scorer_cache),
+        "--limit",
+        "2",
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
+    result = CliRunner().invoke(main, [*args, "--config", str(draft_config)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    export = evaluate(tmp_path / "export", scorer_cache, EvalConfig(limit=2, n_boot=10))
+    assert report["checkpoint"]["format"] == "specforge_training_state"
+    assert report["checkpoint"]["weights_sha256"] == export["checkpoint"]["weights_sha256"]
+    assert [r["accepted"] for r in report["per_request"]] == [r["accepted"] for r in export["per_request"]]
+    result = CliRunner().invoke(main, args)
+    assert (
+        result.exit_code == 2 and "--config" in result.output and len(result.output.strip().splitlines()) == 1
+    )
