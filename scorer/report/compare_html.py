@@ -86,7 +86,8 @@ COST_HEADER = [
     "draft forwards / round",
     "est. GFLOPs / round",
     "tau / GFLOP",
-    "scoring ms / round (this device)",
+    "draft ms / round (measured)",
+    "scoring ms / round (offline replay)",
 ]
 
 
@@ -103,6 +104,9 @@ def cost_rows(document: Mapping[str, Any], names: Sequence[str]) -> list[list[st
                 "-" if cost["draft_forwards_per_round"] is None else str(cost["draft_forwards_per_round"]),
                 "-" if flops is None else f"{flops / 1e9:.4f}",
                 _num(cost.get("tau_per_gflop"), 1),
+                "-"
+                if cost.get("draft_seconds_per_round") is None
+                else f"{cost['draft_seconds_per_round'] * 1e3:.3f}",
                 "-" if per_round is None else f"{per_round * 1e3:.3f}",
             ]
         )
@@ -136,7 +140,8 @@ def render_compare_html(document: Mapping[str, Any], *, title: str | None = None
         f"Deltas: {escape(defs['delta_vs_first'])}.</p>",
         "<h2>Cost per round</h2>",
         html_table(COST_HEADER, cost_rows(document, names)),
-        f"<p>FLOPs: {escape(defs['flops_per_round'])}. Time: {escape(defs['scoring_seconds_per_round'])}.</p>",
+        f"<p>FLOPs: {escape(defs['flops_per_round'])}. Draft time: {escape(defs['draft_seconds_per_round'])}. "
+        f"Scoring time: {escape(defs['scoring_seconds_per_round'])}.</p>",
         "<h2>Per-slot acceptance</h2>",
         '<div class="charts">' + "".join(charts) + "</div>",
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",
