@@ -116,6 +116,7 @@ def test_report_serves_k_and_puts_teacher_forced_beside(scorer_cache, eagle3_dra
     schemas.validate(report, "eval_report")
     assert report["drafter"]["family"] == "eagle3" and report["drafter"]["num_speculative_tokens"] == 3
     assert report["checkpoint"]["field_sources"]["num_speculative_tokens"] == "config"
+    assert any(n.startswith("embedding: the target's") for n in report["checkpoint"]["notes"])
     assert len(report["acceptance"]["unconditional"]) == 3 and report["ddtree"] == {}
     served = report["acceptance"]["unconditional"]
     forced = report["teacher_forced"]["acceptance"]["unconditional"]
