@@ -56,7 +56,7 @@ def _write_json(path: str | None, document: dict) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscache")
 def main() -> None:
-    """Score DFlash drafter checkpoints against hidden-state caches, without the target model."""
+    """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
 _checkpoint_flags = [
@@ -77,6 +77,43 @@ _checkpoint_flags = [
         help="Allow full unpickling of a .pt that weights_only refuses (runs its code!).",
     ),
 ]
+
+
+def _tree(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    if text == "sglang":  # SGLang's auto_choose_speculative_params for non-DeepSeek targets
+        return (5, 4, 8)
+    values = _int_list(text, minimum=1)
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected STEPS,TOPK,TOKENS (SGLang's EAGLE tree), e.g. 5,4,8")
+    return values  # type: ignore[return-value]
+
+
+_drafting_flags = [
+    click.option(
+        "--num-speculative-tokens",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
+        "num_speculative_tokens). Default: the checkpoint's config, else the engines' default.",
+    ),
+    click.option(
+        "--tree",
+        "tree_text",
+        default=None,
+        metavar="STEPS,TOPK,TOKENS",
+        help="Autoregressive families: SGLang's EAGLE tree (--speculative-num-steps, "
+        "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
+        "'sglang' = SGLang's default 5,4,8.",
+    ),
+]
+
+
+def drafting_flags(fn: Callable) -> Callable:
+    for flag in reversed(_drafting_flags):
+        fn = flag(fn)
+    return fn
 
 
 def checkpoint_flags(fn: Callable) -> Callable:
@@ -153,12 +190,14 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cluster_flags
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def eval_command(
     checkpoint: str,
     caches: tuple[str, ...],
     ddtree: str,
+    tree_text: str | None,
     json_out: str | None,
     report_out: str | None,
     target_layer_ids: str | None,
@@ -178,6 +217,7 @@ def eval_command(
     config = EvalConfig(
         ddtree=_int_list(ddtree, minimum=1),
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+        tree=_tree(tree_text),
         **options,
     )
     console = Console(stderr=False)
@@ -198,6 +238,59 @@ def eval_command(
         from scorer.report.html import write_eval_html
 
         click.echo(f"wrote {write_eval_html(result, report_out)}", err=True)
+
+
+@main.command()
+@click.argument("checkpoints", nargs=-1, required=True)
+@click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option(
+    "--ddtree", default="", show_default=True, help="DDTree budgets for block (DFlash) drafters; '' for none."
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
+@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@click.option(
+    "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@drafting_flags
+@friendly_errors
+def compare(
+    checkpoints: tuple[str, ...],
+    cache: str,
+    ddtree: str,
+    json_out: str | None,
+    report_out: str | None,
+    tree_text: str | None,
+    **options: Any,
+) -> None:
+    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from scorer.compare import compare_drafters
+    from scorer.evaluate import EvalConfig
+    from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+
+    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), tree=_tree(tree_text), **options)
+    document = compare_drafters(checkpoints, cache, config)
+    console = Console()
+    names = drafter_names(document)
+    for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
+        table = Table(*header)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    for name, row in zip(names, document["drafters"]):
+        for warning in row["warnings"]:
+            click.echo(f"warning: {name}: {warning}", err=True)
+    _write_json(json_out, document)
+    if report_out:
+        from scorer.report.compare_html import write_compare_html
+
+        click.echo(f"wrote {write_compare_html(document, report_out)}", err=True)
 
 
 @main.command()
@@ -280,11 +373,13 @@ def sweep(
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def online(
     checkpoint: str,
     json_out: str | None,
+    tree_text: str | None,
     target_layer_ids: str | None,
     mask_token_id: int | None,
     rope_theta: float | None,
@@ -297,6 +392,8 @@ def online(
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size
+    if tree_text:
+        raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
     result = run_online(checkpoint, overrides=overrides, **options)
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
@@ -319,8 +416,29 @@ def online(
 @main.command()
 @click.argument("out")
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
+@click.option(
+    "--family",
+    type=click.Choice(["dflash", "eagle3"]),
+    default="dflash",
+    show_default=True,
+    help="dflash: an HF DFlash directory; eagle3: an EAGLE-3 drafter in --layout.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["speculators", "specforge", "eagle_release"]),
+    default="speculators",
+    show_default=True,
+    help="EAGLE-3 only: speculators Eagle3Speculator, SpecForge LlamaForCausalLMEagle3, or the original release.",
+)
 @click.option("--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="EAGLE-3 only: the K written into its config.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--train-steps",
@@ -330,8 +448,21 @@ def online(
     help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
 )
 @friendly_errors
-def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int) -> None:
-    """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
+def init(
+    out: str,
+    cache: str,
+    family: str,
+    layout: str,
+    num_layers: int,
+    block_size: int,
+    num_speculative_tokens: int,
+    seed: int,
+    train_steps: int,
+) -> None:
+    """Write a drafter for CACHE's target to OUT (DFlash: an HF directory; EAGLE-3: --layout)."""
+    if family == "eagle3":
+        _init_eagle3(out, cache, layout, num_layers, num_speculative_tokens, seed, train_steps)
+        return
     if train_steps:
         from scorer.train import train_drafter
 
@@ -352,6 +483,30 @@ def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, trai
     click.echo(
         f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
         f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}"
+    )
+
+
+def _init_eagle3(
+    out: str, cache: str, layout: str, num_layers: int, k: int, seed: int, train_steps: int
+) -> None:
+    options = dict(layout=layout, seed=seed, num_layers=num_layers, num_speculative_tokens=k)
+    if layout != "speculators":
+        options["qk_norm"] = False  # the Llama layer those layouts hold
+    if train_steps:
+        from scorer.families.eagle3.train import train_eagle3
+
+        result = train_eagle3(cache, out, steps=train_steps, **options)
+        config = result["config"]
+        what = f"trained {train_steps} steps (final loss {result['final_loss']:.3f})"
+    else:
+        from scorer.families.eagle3.init import init_eagle3
+
+        config, _ = init_eagle3(cache, out, **options)
+        what = "random"
+    click.echo(
+        f"saved a {what} EAGLE-3 drafter ({layout} layout, hidden {config.hidden_size}, "
+        f"{config.num_hidden_layers} layer(s), K {config.num_speculative_tokens}, target layers "
+        f"{list(config.target_layer_ids)}) to {out}"
     )
 
 
