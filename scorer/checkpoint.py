@@ -36,7 +36,7 @@ from scorer.formats.files import (
 )
 from scorer.model import DFlashDrafter
 
-__all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
+__all__ = ["LoadReport", "LoadedCheckpoint", "in_memory_checkpoint", "load_checkpoint", "save_hf_checkpoint"]
 
 # Fixed strings: they are written into cache manifests and result files.
 _LEADING_PREFIXES = ("module.", "draft_model.", "model.")
@@ -190,6 +190,27 @@ def load_checkpoint(
         warnings=tuple(warnings),
     )
     return LoadedCheckpoint(config=config, state_dict=state_dict, report=report, head=head)
+
+
+def in_memory_checkpoint(config: DrafterConfig, state_dict: dict[str, torch.Tensor]) -> LoadedCheckpoint:
+    """A LoadedCheckpoint for weights that never were a file (``scorer.evaluate_module``).
+
+    Raises:
+        CheckpointError: the weights do not match the config.
+    """
+    state_dict, stripped, dropped = _normalize_keys(state_dict, Path("<in-memory>"))
+    _validate(state_dict, config, "<in-memory drafter>")
+    report = LoadReport(
+        path="<in-memory>",
+        format="module",
+        file_sha256={},
+        sha256="",
+        weights_sha256=_weights_sha256(state_dict),
+        field_sources=dict.fromkeys(sorted(DrafterConfig.__dataclass_fields__), "config"),
+        stripped_prefixes=stripped,
+        dropped_keys=dropped,
+    )
+    return LoadedCheckpoint(config=config, state_dict=state_dict, report=report)
 
 
 def _normalize_keys(raw: dict[str, torch.Tensor], root: Path) -> tuple[dict, tuple, tuple]:
