@@ -24,3 +24,55 @@ def trained_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("scorer") / "drafter"
     train_drafter(scorer_cache, out, steps=150, block_size=6, log_every=0)
     return out
+
+
+# ---- scorer diagnose: tiny drafters trained under a planted convention ---------------------------
+# The smallest cache found to give clear gaps (see docs/diagnose.md): all 8 layers of the built-in
+# target (so layer ids can shift by 1), 16 prompts x 32 greedy tokens; block 8, 300 steps, seed 0.
+PLANTS: dict[str, tuple[dict, dict]] = {
+    # name: (train_drafter settings, config.json dflash_config fields rewritten afterwards)
+    "clean": ({}, {}),
+    "positions+1": ({"block_position_offset": 1}, {}),
+    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}),  # the cache's mask id is 3
+    "layers": ({"layer_ids": [1, 3, 6]}, {"target_layer_ids": [2, 4, 7]}),  # config one layer off
+    "prenorm": ({"last_layer_normed": False}, {}),
+}
+
+
+@pytest.fixture(scope="session")
+def diagnose_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("diagnose") / "cache"
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out), layers="0,1,2,3,4,5,6,7", max_new_tokens=32, dtype="fp32", limit=16
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """name -> a drafter trained on ``diagnose_cache`` under ``PLANTS[name]`` (trained once, on use)."""
+    import json
+
+    root, made = tmp_path_factory.mktemp("planted"), {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            settings, rewrite = PLANTS[name]
+            out = root / name
+            train_drafter(
+                diagnose_cache,
+                out,
+                steps=300,
+                block_size=8,
+                log_every=0,
+                **{"layer_ids": [1, 3, 7], **settings},
+            )
+            config = json.loads((out / "config.json").read_text())
+            config["dflash_config"].update(rewrite)
+            (out / "config.json").write_text(json.dumps(config))
+            made[name] = out
+        return made[name]
+
+    return get
