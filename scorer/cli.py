@@ -265,10 +265,6 @@ def diagnose(
     from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint
     from scorer.report.diagnose import render_diagnose
 
-    if len(caches) > 2:
-        raise click.BadParameter(
-            f"got {len(caches)}; give one cache, or two to test drift", param_hint="--cache"
-        )
     config = DiagnoseConfig(overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options)
     report = diagnose_checkpoint(
         checkpoint, caches, config, on_hypothesis=lambda what: click.echo(f"replaying: {what}", err=True)

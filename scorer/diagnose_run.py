@@ -169,7 +169,9 @@ def diagnose_checkpoint(
     """
     t0 = time.perf_counter()
     if not 1 <= len(cache_paths) <= 2:
-        raise ScorerError(f"diagnose takes one --cache (and optionally a second); got {len(cache_paths)}")
+        raise ScorerError(
+            f"diagnose takes one --cache, or two to test the drift between them; got {len(cache_paths)}"
+        )
     cache = hscache.open_cache(cache_paths[0])
     drafter, loaded = load_drafter(checkpoint, cache, config.eval_config())
     family = "dflash"
