@@ -34,7 +34,7 @@ PLANTS: dict[str, tuple[dict, dict]] = {
     "clean": ({}, {}),
     "positions+1": ({"block_position_offset": 1}, {}),
     "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}),  # the cache's mask id is 3
-    "layers": ({"layer_ids": [1, 3, 6]}, {"target_layer_ids": [2, 4, 7]}),  # config one layer off
+    "layers": ({}, {"target_layer_ids": [0, 2, 6]}),  # trained on [1, 3, 7]: the config is one off
     "prenorm": ({"last_layer_normed": False}, {}),
 }
 
@@ -52,23 +52,25 @@ def diagnose_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFactory):
-    """name -> a drafter trained on ``diagnose_cache`` under ``PLANTS[name]`` (trained once, on use)."""
+    """name -> a drafter trained on ``diagnose_cache`` under ``PLANTS[name]`` (trained on first use;
+    plants that differ only in their rewritten config share one training)."""
     import json
+    import shutil
 
-    root, made = tmp_path_factory.mktemp("planted"), {}
+    root, trained, made = tmp_path_factory.mktemp("planted"), {}, {}
 
     def get(name: str) -> Path:
         if name not in made:
             settings, rewrite = PLANTS[name]
+            key = json.dumps(settings, sort_keys=True)
+            if key not in trained:
+                trained[key] = root / f"trained{len(trained)}"
+                train_drafter(
+                    diagnose_cache, trained[key], steps=300, block_size=8, log_every=0,
+                    **{"layer_ids": [1, 3, 7], **settings},
+                )  # fmt: skip
             out = root / name
-            train_drafter(
-                diagnose_cache,
-                out,
-                steps=300,
-                block_size=8,
-                log_every=0,
-                **{"layer_ids": [1, 3, 7], **settings},
-            )
+            shutil.copytree(trained[key], out)
             config = json.loads((out / "config.json").read_text())
             config["dflash_config"].update(rewrite)
             (out / "config.json").write_text(json.dumps(config))

@@ -121,7 +121,7 @@ def test_measure_drift_is_the_relative_l2_per_layer() -> None:
 # zero for every plant; we assert the name and value, and a margin of 0.05 on the lower end.
 PLANTED = [
     ("positions+1", "position_offset", 1),
-    ("layers", "layer_ids", -1),
+    ("layers", "layer_ids", 1),
     ("prenorm", "final_norm", "pre"),
 ]
 
@@ -150,6 +150,7 @@ def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
     assert any(
         u["kind"] == "layer_ids" and "outside the target's 0..7" in u["reason"] for u in report["untested"]
     )
+    assert any(n.startswith("the drafter leans on target layer 7") for n in report["notes"])  # the shortcut
 
 
 def test_cli_names_the_mask_id_and_writes_json_and_html(planted_drafter, diagnose_cache, tmp_path):
@@ -193,3 +194,32 @@ def test_cli_bad_input_is_one_line(planted_drafter, diagnose_cache, tmp_path):
     result = runner.invoke(main, ["diagnose", str(tmp_path / "nope"), "--cache", str(diagnose_cache)])
     assert result.exit_code == 2
     assert result.output.strip().startswith("error:") and len(result.output.strip().splitlines()) == 1
+
+
+def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter):
+    import hscache
+    from scorer.checkpoint import load_checkpoint
+    from scorer.diagnose_dflash import DFlashReplayer, Setting
+
+    cache = hscache.open_cache(scorer_cache)
+    loaded = load_checkpoint(trained_drafter, fallbacks={"mask_token_id": cache.mask_token_id})
+    replayer = DFlashReplayer(loaded, [cache], [[0, 1]])
+    base = Setting(config=loaded.config, dtype="fp32", last_layer_normed=True)
+    noisy = Setting(config=loaded.config, dtype="fp32", last_layer_normed=True, noise=((3, 0.05),))
+    for row in (0, 1):
+        a, b = replayer.features(base, row), replayer.features(noisy, row)
+        H = loaded.config.hidden_size
+        slot = loaded.config.target_layer_ids.index(3)
+        x, y = a[:, slot * H : (slot + 1) * H], b[:, slot * H : (slot + 1) * H]
+        assert float((y - x).norm() / x.norm()) == pytest.approx(0.05, rel=0.15)  # Gaussian, T*H draws
+        others = [i for i in range(a.shape[1] // H) if i != slot]
+        for i in others:  # the other layers are untouched
+            assert torch.equal(a[:, i * H : (i + 1) * H], b[:, i * H : (i + 1) * H])
+
+
+def test_block_sizes_recorded_besides_the_configured_one_are_candidates(tmp_path):
+    from scorer.diagnose_run import recorded_block_sizes
+
+    (tmp_path / "config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"block_size": 8}}))
+    torch.save({"dflash_block_size": 10}, tmp_path / "training_state.pt")
+    assert sorted(recorded_block_sizes(tmp_path)) == [8, 10, 16]
