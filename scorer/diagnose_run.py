@@ -115,11 +115,15 @@ def measure_drift(
     return {layer: (num[layer] / den[layer]) ** 0.5 if den[layer] else 0.0 for layer in layer_ids}
 
 
-def recorded_block_sizes(checkpoint: str | Path) -> list[int]:
-    """Block sizes a checkpoint records besides the configured one: config.json's top-level and
-    ``dflash_config`` values and a SpecForge training_state.pt contract."""
+def _checkpoint_dir(checkpoint: str | Path) -> Path:
     root = Path(checkpoint)
-    root = root if root.is_dir() else root.parent
+    return root if root.is_dir() else root.parent
+
+
+def recorded_block_sizes(checkpoint: str | Path, contract: dict | None = None) -> list[int]:
+    """Block sizes a checkpoint records besides the configured one: config.json's top-level and
+    ``dflash_config`` values and a SpecForge training_state.pt contract (read here unless given)."""
+    root = _checkpoint_dir(checkpoint)
     sizes = []
     config_file = root / "config.json"
     if config_file.is_file():
@@ -130,7 +134,8 @@ def recorded_block_sizes(checkpoint: str | Path) -> list[int]:
         for value in (config.get("block_size"), (config.get("dflash_config") or {}).get("block_size")):
             if isinstance(value, int) and value >= 2:
                 sizes.append(value)
-    contract, _ = read_training_state_contract(root, trust=False)
+    if contract is None:
+        contract, _ = read_training_state_contract(root, trust=False)
     if contract and contract.get("block_size"):
         sizes.append(int(contract["block_size"]))
     return sizes
@@ -212,13 +217,11 @@ def diagnose_checkpoint(
         seed=config.seed,
         anchors=config.anchors,
     )
-    contract, _ = read_training_state_contract(
-        Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent, False
-    )
+    contract = read_training_state_contract(_checkpoint_dir(checkpoint), config.trust_checkpoint)[0] or {}
     mask_ids = special_token_ids(cache.tokenizer(), loaded.config.vocab_size)
     for extra, why in (
         (cache.mask_token_id, "the cache's mask"),
-        ((contract or {}).get("mask_token_id"), "training_state.pt"),
+        (contract.get("mask_token_id"), "training_state.pt"),
     ):
         if extra is not None and 0 <= int(extra) < loaded.config.vocab_size:
             mask_ids.setdefault(int(extra), why)
@@ -231,7 +234,7 @@ def diagnose_checkpoint(
         cache,
         kinds,
         mask_ids=mask_ids,
-        block_sizes=recorded_block_sizes(checkpoint),
+        block_sizes=recorded_block_sizes(checkpoint, contract),
         second_cache=second,
         drift=tuple(sorted(drift.items())) if drift else (),
     ):

@@ -108,7 +108,11 @@ def render_diagnose(report: Mapping[str, Any], console: Console) -> None:
 def render_diagnose_html(report: Mapping[str, Any]) -> str:
     """The whole page for one diagnose report."""
     title = f"scorer diagnose: {Path(str(report['checkpoint']['path'])).name}"
-    classes = ["hl" if h["significant"] and h["fix"] else "" for h in report["hypotheses"]]
+    # "differs" (the shared CSS's highlighted row) marks the significant fixes; non-fixes are greyed
+    classes = [
+        "differs" if h["significant"] and h["fix"] else ("expected" if not h["fix"] else "")
+        for h in report["hypotheses"]
+    ]
     body = [
         f"<h1>{escape(title)}</h1>",
         f"<p><b>Verdict:</b> {escape(report['verdict'])}</p>",
