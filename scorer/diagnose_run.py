@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
 import hscache
 import schemas
@@ -90,24 +91,34 @@ def sample_rows(cache: CacheView, n: int, seed: int) -> list[int]:
 
 
 def _align(cache: CacheView, other: CacheView, rows: list[int]) -> tuple[list[int], list[int]]:
-    """The sampled rows whose record id ``other`` also holds, and their rows in ``other``."""
+    """The sampled rows whose record id ``other`` also holds with a generated region, and their
+    rows in ``other`` (a request without rounds cannot enter a paired bootstrap)."""
     ids = [cache.index.column("record_id")[r].as_py() for r in rows]
     hits = np.flatnonzero(pc.is_in(other.index.column("record_id"), value_set=pa.array(ids)).to_numpy())
     where = {other.index.column("record_id")[int(r)].as_py(): int(r) for r in hits}
-    kept = [(r, where[i]) for r, i in zip(rows, ids) if i in where]
+    lengths, prompts = other.index.column("length"), other.index.column("prompt_len")
+    kept = [
+        (r, where[i])
+        for r, i in zip(rows, ids)
+        if i in where and lengths[where[i]].as_py() - 1 - prompts[where[i]].as_py() > 0  # has a round
+    ]
     return [a for a, _ in kept], [b for _, b in kept]
 
 
 def measure_drift(
     cache: CacheView, other: CacheView, rows: Sequence[int], rows2: Sequence[int], layer_ids: Sequence[int]
 ) -> dict[int, float]:
-    """Relative L2 ``||h2 - h1|| / ||h1||`` per target layer over the paired rows (fp32)."""
+    """Relative L2 ``||h2 - h1|| / ||h1||`` per target layer over the paired rows (fp32), over each
+    pair's common token prefix: where two greedy continuations part, their states are not the same
+    positions' any more, and that is divergence, not numerical drift."""
     num = dict.fromkeys(layer_ids, 0.0)
     den = dict.fromkeys(layer_ids, 0.0)
     for r1, r2 in zip(rows, rows2):
-        a, b = cache.hidden_states(r1).float(), other.hidden_states(r2).float()
-        if a.shape[0] != b.shape[0]:
-            continue
+        x1, x2 = cache.token_ids(r1), other.token_ids(r2)
+        n = min(len(x1), len(x2))
+        differ = torch.nonzero(x1[:n] != x2[:n])
+        n = int(differ[0]) if len(differ) else n
+        a, b = cache.hidden_states(r1)[:n].float(), other.hidden_states(r2)[:n].float()
         for layer in layer_ids:
             x, y = a[:, cache.layer_ids.index(layer)], b[:, other.layer_ids.index(layer)]
             num[layer] += float((y - x).pow(2).sum())
@@ -151,7 +162,7 @@ def _ablation_notes(rows: list[dict], base_tau: float, last_layer: int | None) -
     if top > 0.5 * (base_tau - 1) and top > 2 * max(second, 0.0):
         notes.append(
             f"the drafter leans on target layer {layer}: replacing it by its mean costs {top:.2f} of "
-            f"tau {base_tau:.2f} (the next layer {second:.2f})"
+            f"tau {base_tau:.2f} (the next largest cost: {second:.2f})"
         )
         if layer == last_layer:
             notes.append(

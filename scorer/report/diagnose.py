@@ -77,8 +77,10 @@ def _extra_lines(report: Mapping[str, Any]) -> list[str]:
         def num(x: float | None) -> str:
             return "-" if x is None else f"{x:.3f}"
 
+        tau_minus_one = report["baseline"]["tau_pooled"] - 1
         lines.append(
-            f"training metric {tm['value']:.3f} ({tm['definition']}); the same metric on this cache: "
+            f"training metric {tm['value']:.3f} ({tm['definition']}; tau - 1 here is {tau_minus_one:.3f}); "
+            "the same metric on this cache: "
             f"{num(tm['train_accept_len'])} as configured (gap {num(tm['gap'])}), {num(tm['train_accept_len_best'])} "
             f"with the best alternative {tm['best_kind']}={_value(tm['best_value'], tm['best_kind'] or '')} (gap left {num(tm['gap_after_best'])})"
         )

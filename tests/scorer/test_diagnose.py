@@ -94,13 +94,16 @@ def test_every_family_declares_known_kinds_and_an_unknown_family_is_named() -> N
 
 
 class _FakeCache:
-    """hidden_states(row) and layer_ids: what measure_drift reads."""
+    """hidden_states(row), token_ids(row) and layer_ids: what measure_drift reads."""
 
     def __init__(self, states: list[torch.Tensor], layer_ids: list[int]) -> None:
         self.states, self.layer_ids = states, layer_ids
 
     def hidden_states(self, row: int) -> torch.Tensor:
         return self.states[row]
+
+    def token_ids(self, row: int) -> torch.Tensor:
+        return torch.arange(len(self.states[row]))
 
 
 def test_measure_drift_is_the_relative_l2_per_layer() -> None:
@@ -223,3 +226,24 @@ def test_block_sizes_recorded_besides_the_configured_one_are_candidates(tmp_path
     (tmp_path / "config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"block_size": 8}}))
     torch.save({"dflash_block_size": 10}, tmp_path / "training_state.pt")
     assert sorted(recorded_block_sizes(tmp_path)) == [8, 10, 16]
+
+
+def test_a_second_cache_in_bf16_reports_its_drift_and_how_much_noise_explains(
+    trained_drafter, fp32_cache, bf16_cache
+):
+    report = diagnose_checkpoint(
+        trained_drafter, [fp32_cache, bf16_cache], DiagnoseConfig(anchors="all", n_boot=200)
+    )
+    drift = report["drift"]
+    assert drift["cache"] == str(bf16_cache)
+    # a bf16 forward of this target drifts by 1-3 % relative L2 over the common token prefix
+    # (8 significant bits, compounded over layers): never 0, never the 25 % of diverged text
+    assert set(drift["per_layer_rel_l2"]) == {"1", "3", "7"}
+    assert all(1e-3 < v < 0.1 for v in drift["per_layer_rel_l2"].values()), drift
+    rows = {h["value"]: h for h in report["hypotheses"] if h["kind"] == "dtype"}
+    assert not rows[f"cache:{bf16_cache}"]["fix"] and not rows["drift-noise"]["fix"]
+    assert drift["tau_delta"]["delta"] == rows[f"cache:{bf16_cache}"]["gain"]
+    if drift["tau_delta"]["delta"]:
+        assert drift["explained_fraction"] == pytest.approx(
+            rows["drift-noise"]["gain"] / rows[f"cache:{bf16_cache}"]["gain"]
+        )
