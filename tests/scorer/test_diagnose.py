@@ -162,7 +162,7 @@ def test_cli_names_the_mask_id_and_writes_json_and_html(planted_drafter, diagnos
         main,
         [
             "diagnose", str(planted_drafter("mask2")), "--cache", str(diagnose_cache),
-            "--cache", str(diagnose_cache), "--anchors", "all", "--limit", "12", "--train-metric", "5.0",
+            "--anchors", "all", "--limit", "12", "--train-metric", "5.0",
             "--json", str(json_out), "--report", str(html_out),
         ],
     )  # fmt: skip
@@ -173,11 +173,7 @@ def test_cli_names_the_mask_id_and_writes_json_and_html(planted_drafter, diagnos
     assert report["sample"]["sequences"] == 12
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert any(line.startswith("verdict: mask token id 2") for line in lines[-3:])
-    # the second cache is the same cache: zero drift, zero tau delta, reported but not a finding
-    assert report["drift"]["per_layer_rel_l2"] == {"2": 0.0, "4": 0.0, "7": 0.0} or all(
-        v == 0.0 for v in report["drift"]["per_layer_rel_l2"].values()
-    )
-    assert report["drift"]["tau_delta"]["delta"] == 0.0
+    assert report["drift"] is None  # one cache (the drift test below gives two)
     tm = report["train_metric"]
     assert tm["value"] == 5.0 and tm["best_kind"] == "mask_token_id"
     assert tm["train_accept_len_best"] > tm["train_accept_len"]  # the fix closes part of the gap
