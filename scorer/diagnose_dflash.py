@@ -246,7 +246,7 @@ class DFlashReplayer:
         cache = self.caches[setting.cache]
         states = cache.hidden_states(row)
         if setting.noise:
-            states = states.float().clone()
+            stored_dtype, states = states.dtype, states.float().clone()
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + row)
             for layer, rel in setting.noise:
                 if layer in cache.layer_ids:
@@ -254,7 +254,7 @@ class DFlashReplayer:
                     x = states[:, slot]
                     scale = rel * x.norm(dim=-1, keepdim=True) / x.shape[-1] ** 0.5
                     states[:, slot] = x + scale * torch.randn(x.shape, generator=gen)
-            states = states.to(cache.hidden_states(row).dtype)
+            states = states.to(stored_dtype)
         index = feature_index(setting.config, cache.layer_ids)
         norm = context_norm(setting.config, cache) if setting.last_layer_normed else None
         feats = sequence_features(states, index, DTYPES[setting.dtype], self.device, norm)
