@@ -7,19 +7,24 @@ The target model is never loaded: its embedding and output head come from the ca
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
+from scorer.config import DrafterConfig
 from scorer.distributed import evaluate_distributed
+from scorer.families.dflash import module_drafter
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
 
-__all__ = ["EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_cache"]
+__all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
 _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
 
@@ -60,6 +65,53 @@ def evaluate(
     results = score_cache(drafter, cache, config, on_sequence)
     return build_report(
         results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=time.perf_counter() - t0
+    )
+
+
+def evaluate_module(
+    module_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+    cache: str | Path | CacheView,
+    config: DrafterConfig | Mapping[str, Any] | None = None,
+    eval_config: EvalConfig | None = None,
+    *,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Score an in-memory drafter (a training loop's module, or its state_dict) without writing a file.
+
+    Args:
+        module_or_state_dict: a ``scorer.model.DFlashDrafter`` (its config is used when ``config``
+            is None; a target head it already has attached is reused, no cache read), or a
+            state_dict with the checkpoint's keys.
+        cache: a cache path/URL or an open ``CacheView`` (open it once outside the loop).
+        config: the drafter's ``DrafterConfig`` or HF config dict; required with a state_dict.
+        eval_config: defaults to chain anchors and no DDTree (tau only, the cheapest replay).
+        limit: only the first N sequences (wins over ``eval_config.limit``).
+
+    Returns:
+        The ``scorer eval`` report (``report["tau"]["pooled"]``...), checkpoint format "module".
+        The module itself is not modified (a copy of its weights is scored, in eval mode).
+
+    Raises:
+        ScorerError subclasses: a config is missing or does not fit the weights or the cache.
+
+    Example:
+        >>> report = evaluate_module(drafter, cache)          # doctest: +SKIP
+        >>> report["tau"]["pooled"]                           # doctest: +SKIP
+    """
+    t0 = time.perf_counter()
+    eval_config = eval_config or EvalConfig(ddtree=(), anchors="chain")
+    if limit is not None:
+        eval_config = dataclasses.replace(eval_config, limit=limit)
+    view = cache if isinstance(cache, CacheView) else hscache.open_cache(cache)
+    drafter, loaded = module_drafter(module_or_state_dict, view, config, eval_config)
+    results = score_cache(drafter, view, eval_config)
+    return build_report(
+        results,
+        cache=view,
+        drafter=drafter,
+        loaded=loaded,
+        config=eval_config,
+        seconds=time.perf_counter() - t0,
     )
 
 

@@ -10,6 +10,7 @@ weighted by exp(-(j-1)/B) like DFlash training (early slots matter most for acce
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -57,21 +58,37 @@ def train_drafter(
     anchors_per_step: int = 64,
     seed: int = 0,
     log_every: int = 50,
+    layer_ids: list[int] | None = None,
+    mask_token_id: int | None = None,
+    block_position_offset: int = 0,
+    last_layer_normed: bool = True,
 ) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
+
+    The last four arguments train under another convention than the spec's (what other trainers
+    do by mistake), for `scorer diagnose`'s tests: ``layer_ids`` (default: every cached layer),
+    ``mask_token_id`` (default: the cache's), ``block_position_offset`` (added to the block's RoPE
+    positions), ``last_layer_normed=False`` (feed the last target layer before the final norm).
+    The saved config.json records layer_ids and mask_token_id as trained; the other two have
+    no config field, as in the trainers that get them wrong.
 
     Returns:
         {"steps", "final_loss", "seconds"}.
     """
     cache = hscache.open_cache(cache_path)
-    config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
+    config = drafter_config_for_cache(
+        cache, num_layers=num_layers, block_size=block_size, layer_ids=layer_ids
+    )
+    if mask_token_id is not None:
+        config = dataclasses.replace(config, mask_token_id=mask_token_id)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(config)
     for param in drafter.parameters():
         if param.ndim == 2:
             torch.nn.init.normal_(param, std=0.02)
     attach_cache_head(drafter, cache, torch.float32, "cpu")
-    drafter.context_norm = context_norm(config, cache)
+    drafter.context_norm = context_norm(config, cache) if last_layer_normed else None
+    drafter.block_position_offset = block_position_offset
     index = feature_index(config, cache.layer_ids)
     # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
     data = SequenceDataset(cache_path)

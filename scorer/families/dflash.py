@@ -8,13 +8,16 @@ scored on the shared replay loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hscache.capture.target import check_device
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
+from scorer.checkpoint import LoadedCheckpoint, in_memory_checkpoint, load_checkpoint
+from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError
 from scorer.families.base import (
     CheckpointProbe,
@@ -28,6 +31,7 @@ from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
     check_compatible,
+    check_scorable,
     context_norm,
     feature_index,
     sequence_features,
@@ -35,7 +39,7 @@ from scorer.features import (
 from scorer.model import DFlashDrafter
 from scorer.score import SequenceResult, score_sequence, score_sequences_chain
 
-__all__ = ["DFLASH", "category_of", "dflash_proposer", "target_fallbacks"]
+__all__ = ["DFLASH", "category_of", "dflash_proposer", "module_drafter", "target_fallbacks"]
 
 
 def _claims(probe: CheckpointProbe) -> bool:
@@ -76,6 +80,62 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[DFlashD
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
     attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
     drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
+    return drafter, loaded
+
+
+def module_drafter(
+    module_or_state_dict: Any, cache: CacheView, config: Any, eval_config: Any
+) -> tuple[DFlashDrafter, LoadedCheckpoint]:
+    """An in-memory drafter readied for ``cache`` like ``load_drafter`` readies a file: a copy of
+    the weights in eval mode on ``eval_config``'s device and dtype, the target head attached.
+
+    Raises:
+        CheckpointError: no config for a state_dict, or weights that do not fit the config.
+        IncompatibleCacheError: the drafter does not fit the cache.
+    """
+    import torch
+
+    if isinstance(module_or_state_dict, DFlashDrafter):
+        state_dict = module_or_state_dict.state_dict()
+        config = config if config is not None else module_or_state_dict.config
+        attached = (
+            module_or_state_dict.embed_weight is not None and module_or_state_dict.lm_head_weight is not None
+        )
+    elif isinstance(module_or_state_dict, torch.nn.Module):
+        state_dict, attached = module_or_state_dict.state_dict(), False
+    else:
+        state_dict, attached = dict(module_or_state_dict), False
+    if config is None:
+        raise CheckpointError(
+            "evaluate_module needs the drafter's config (a DrafterConfig or HF dict) with a state_dict"
+        )
+    if not isinstance(config, DrafterConfig):
+        try:
+            config = DrafterConfig.from_hf_config(dict(config))
+        except ValueError as e:
+            raise CheckpointError(f"evaluate_module config: {e}") from e
+    if eval_config.block_size is not None:
+        config = dataclasses.replace(config, block_size=eval_config.block_size)
+    check_device(eval_config.device)
+    check_scorable(cache, str(getattr(cache, "url", cache.path)))
+    check_compatible(config, cache, str(cache.path))
+    loaded = in_memory_checkpoint(config, {k: v.detach() for k, v in state_dict.items()})
+    dtype = DTYPES[eval_config.dtype]
+    drafter = DFlashDrafter(config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=eval_config.device, dtype=dtype).eval()
+    if attached:  # the training loop's module already holds the target head: no cache read
+        source = module_or_state_dict
+        drafter.attach_target(
+            source.embed_weight.to(device=eval_config.device, dtype=dtype),
+            source.lm_head_weight.to(device=eval_config.device, dtype=dtype),
+            source.draft_to_target,
+        )
+        if source.draft_to_target is not None:
+            drafter.draft_to_target = source.draft_to_target.to(eval_config.device)
+    else:
+        attach_cache_head(drafter, cache, dtype, eval_config.device)
+    drafter.context_norm = context_norm(config, cache)
     return drafter, loaded
 
 
