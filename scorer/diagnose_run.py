@@ -25,9 +25,18 @@ import hscache
 import schemas
 from hscache.capture.provenance import utc_now
 from hscache.store.view import CacheView
-from scorer.diagnose import DEFAULT_ALPHA, DEFAULT_SAMPLE, Outcome, hypothesis_kinds, rank_outcomes, verdict
+from scorer.diagnose import (
+    DEFAULT_ALPHA,
+    DEFAULT_SAMPLE,
+    FAMILY_HYPOTHESES,
+    Outcome,
+    hypothesis_kinds,
+    rank_outcomes,
+    verdict,
+)
 from scorer.diagnose_dflash import DFlashReplayer, Setting, candidates, special_token_ids
 from scorer.errors import IncompatibleCacheError, ScorerError
+from scorer.families import family_for, probe_checkpoint
 from scorer.features import check_compatible, check_scorable
 from scorer.formats.files import read_training_state_contract
 from scorer.rows import EvalConfig, load_drafter
@@ -189,8 +198,14 @@ def diagnose_checkpoint(
             f"diagnose takes one --cache, or two to test the drift between them; got {len(cache_paths)}"
         )
     cache = hscache.open_cache(cache_paths[0])
-    drafter, loaded = load_drafter(checkpoint, cache, config.eval_config())
-    family = "dflash"
+    eval_config = config.eval_config()
+    family = family_for(probe_checkpoint(checkpoint, eval_config.config_path)).name
+    if family not in FAMILY_HYPOTHESES:
+        raise ScorerError(
+            f"{checkpoint} is a {family} drafter; scorer diagnose tests the hypotheses of "
+            f"{', '.join(sorted(FAMILY_HYPOTHESES))} drafters so far: score it with scorer eval / scorer compare"
+        )
+    drafter, loaded = load_drafter(checkpoint, cache, eval_config)
     kinds = hypothesis_kinds(family)
     n_layers = cache.target_config.get("num_hidden_layers")
     last_layer = None if n_layers is None else n_layers - 1

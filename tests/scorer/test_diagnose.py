@@ -195,6 +195,13 @@ def test_cli_bad_input_is_one_line(planted_drafter, diagnose_cache, tmp_path):
     assert result.output.strip().startswith("error:") and len(result.output.strip().splitlines()) == 1
 
 
+def test_a_family_without_declared_hypotheses_is_refused_by_name(eagle3_drafter, scorer_cache):
+    result = CliRunner().invoke(main, ["diagnose", str(eagle3_drafter), "--cache", str(scorer_cache)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "is a eagle3 drafter" in lines[0] and "scorer compare" in lines[0]
+
+
 def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter):
     import hscache
     from scorer.checkpoint import load_checkpoint
