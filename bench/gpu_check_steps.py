@@ -14,9 +14,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent

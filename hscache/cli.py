@@ -261,6 +261,11 @@ def main() -> None:
     is_flag=True,
     help="Rename a repeated record id to ID#2, ID#3, ... (default: refuse the prompts file).",
 )
+@click.option(
+    "--id-from-line",
+    is_flag=True,
+    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context

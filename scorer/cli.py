@@ -36,6 +36,11 @@ def _int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
     return values
 
 
+def _budgets(_ctx: click.Context, _param: click.Parameter, text: str | None) -> tuple[int, ...]:
+    """A click callback: a bad value is then reported with the option's name (--ddtree)."""
+    return _int_list(text, minimum=1)
+
+
 def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None) -> dict:
     overrides: dict[str, Any] = {}
     if target_layer_ids:
@@ -125,7 +130,11 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
 @click.option(
-    "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
+    "--ddtree",
+    default="8,32,128",
+    show_default=True,
+    callback=_budgets,
+    help="DDTree budgets (node counts); '' for none.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
@@ -158,7 +167,7 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 def eval_command(
     checkpoint: str,
     caches: tuple[str, ...],
-    ddtree: str,
+    ddtree: tuple[int, ...],
     json_out: str | None,
     report_out: str | None,
     target_layer_ids: str | None,
@@ -176,7 +185,7 @@ def eval_command(
     from scorer.report.terminal import render_comparison, render_report
 
     config = EvalConfig(
-        ddtree=_int_list(ddtree, minimum=1),
+        ddtree=ddtree,
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
         **options,
     )
@@ -209,7 +218,11 @@ def eval_command(
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
 @click.option(
-    "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
+    "--ddtree",
+    default="8,32,128",
+    show_default=True,
+    callback=_budgets,
+    help="DDTree budgets (node counts); '' for none.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -231,7 +244,7 @@ def sweep(
     run_dir: str,
     cache: str,
     out: str | None,
-    ddtree: str,
+    ddtree: tuple[int, ...],
     scheduler: str | None,
     workers: int | None,
     tokens_per_task: int | None,
@@ -241,7 +254,7 @@ def sweep(
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
-    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), **options)
+    config = EvalConfig(ddtree=ddtree, **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
         click.echo(
@@ -279,6 +292,11 @@ def sweep(
 @click.option("--json", "json_out", default=None)
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@click.option(
+    "--id-from-line",
+    is_flag=True,
+    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
 )
 @checkpoint_flags
 @friendly_errors

@@ -130,6 +130,7 @@ def run_online(
     overrides: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
     config_path: str | None = None,
+    id_from_line: bool = False,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
 
@@ -163,7 +164,7 @@ def run_online(
     )
     requests = []
     with use_backend(target.model, backend):
-        for n, record in enumerate(iter_records(resolve_prompts(prompts))):
+        for n, record in enumerate(iter_records(resolve_prompts(prompts), id_from_line=id_from_line)):
             if limit is not None and n >= limit:
                 break
             prompt = prompt_token_ids(record, target.tokenizer)

@@ -159,3 +159,33 @@ def test_messages_that_are_not_role_content_objects(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "messages": ["hi"]}])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
     _assert_one_line_error(code, text, "p.jsonl:1:", "'messages' must be a non-empty list of")
+
+
+def test_a_prompts_file_that_is_not_utf8_names_its_line(tmp_path):
+    """Issue 20.5: one line with the line number, not a UnicodeDecodeError traceback."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"id": "a", "prompt": "ok"}\n{"id": "b", "prompt": "caf\xe9"}\n')
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:2:", "not UTF-8", "0xe9")
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_utf8_bom_is_read_not_refused(tmp_path):
+    from hscache.capture.prompts import iter_records
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "caf\xc3\xa9"}\n{"id": "b", "prompt": "x"}\n')
+    records = list(iter_records(path))
+    assert [(r.record_id, r.content) for r in records] == [("a", "café"), ("b", "x")]
+
+
+def test_a_record_without_an_id_is_refused_or_numbered_by_line(tmp_path):
+    """Issue 20.7: never silently renamed to its line number."""
+    from hscache.capture.prompts import iter_records
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"prompt": "no id here"}])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:2:", "no 'id'", "--id-from-line")
+    assert not (tmp_path / "c").exists()
+    numbered = list(iter_records(path, id_from_line=True))
+    assert [r.record_id for r in numbered] == ["a", "2"]
