@@ -70,88 +70,23 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _RichProgress:
-    """Sequences done/total, tokens/s and ETA on stderr."""
+class _ExtractProgress:
+    """extract's Progress callbacks (hscache.capture.extract.Progress) on the shared reporter."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from hscache.progress import StepProgress
 
-        self.progress = Progress(
-            TextColumn("[bold]extract"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("seqs"),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self.task = None
-        self.tokens = 0
-        self.t0 = 0.0
+        self.reporter = StepProgress("extract", "sequences", secondary_unit="tok")
 
     def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
-        import time
-
-        self.t0 = time.perf_counter()
-        self.progress.start()
-        self.task = self.progress.add_task(
-            "extract", total=total_sequences, completed=done_sequences, rate=""
-        )
-        if done_sequences:
-            self.progress.console.print(
-                f"resuming: {done_sequences}/{total_sequences} sequences already committed"
-            )
+        note = f"resuming: {done_sequences} already committed" if done_sequences else None
+        self.reporter.start(total_sequences, done_sequences, note)
 
     def advance(self, sequences: int, tokens: int) -> None:
-        import time
-
-        self.tokens += tokens
-        rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
-        self.progress.update(self.task, advance=sequences, rate=f"{rate:,.0f} tok/s")
+        self.reporter.advance(sequences, tokens)
 
     def finish(self) -> None:
-        self.progress.stop()
-
-
-class _LineProgress:
-    """One plain line on stderr every ``every_s`` seconds (and at the end) for logs and batch jobs."""
-
-    def __init__(self, every_s: float = 5.0) -> None:
-        self.every_s = every_s
-        self.total = self.done = self.resumed = self.tokens = 0
-        self.t0 = self.last = 0.0
-
-    def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
-        import time
-
-        self.total, self.done, self.resumed = total_sequences, done_sequences, done_sequences
-        self.t0 = self.last = time.perf_counter()
-        resumed = f" ({done_sequences} already committed)" if done_sequences else ""
-        click.echo(f"extract: {total_sequences} sequences{resumed}", err=True)
-
-    def advance(self, sequences: int, tokens: int) -> None:
-        import time
-
-        self.done += sequences
-        self.tokens += tokens
-        now = time.perf_counter()
-        if now - self.last >= self.every_s:
-            self.last = now
-            self._line(now)
-
-    def _line(self, now: float) -> None:
-        elapsed = max(1e-9, now - self.t0)
-        rate = self.tokens / elapsed
-        left, ran = self.total - self.done, self.done - self.resumed
-        eta = f", ETA {elapsed / ran * left:.0f} s" if ran and left else ""
-        click.echo(f"extract: {self.done}/{self.total} sequences, {rate:,.0f} tok/s{eta}", err=True)
-
-    def finish(self) -> None:
-        import time
-
-        self._line(time.perf_counter())
+        self.reporter.finish()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -290,7 +225,7 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
         chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None, **options
     )
     # rich draws nothing until the end when stderr is not a terminal (a log file, a batch job).
-    progress = None if quiet else _RichProgress() if sys.stderr.isatty() else _LineProgress()
+    progress = None if quiet else _ExtractProgress()
     with _sigterm_as_interrupt():
         result = run_extract(config, progress)
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""

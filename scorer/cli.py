@@ -161,6 +161,11 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 )
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Score a drafter whose config records another target than the cache's (the report warns).",
+)
 @cluster_flags
 @checkpoint_flags
 @friendly_errors
@@ -179,8 +184,8 @@ def eval_command(
 ) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
     from rich.console import Console
-    from rich.progress import Progress
 
+    from hscache.progress import StepProgress
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
@@ -190,13 +195,25 @@ def eval_command(
         **options,
     )
     console = Console(stderr=False)
+    rounds = tokens = 0
+
+    def scored(result: Any) -> None:
+        nonlocal rounds, tokens
+        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
+        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
+
+    def started(path: str, sequences: int) -> None:
+        nonlocal rounds, tokens
+        rounds = tokens = 0
+        label = f"cache {caches.index(path) + 1} of {len(caches)}: {path}" if len(caches) > 1 else None
+        progress.start(sequences, note=label)
+
     with (
         _maybe_cluster(scheduler, workers) as client,
-        Progress(console=Console(stderr=True), transient=True) as progress,
+        StepProgress("eval", "sequences") as progress,
     ):
-        task = progress.add_task("scoring", total=None)
         result = evaluate_many(
-            checkpoint, caches, config, on_sequence=lambda n: progress.advance(task), client=client
+            checkpoint, caches, config, on_sequence=scored, client=client, on_start=started
         )
     for report in result["reports"]:
         render_report(report, console)
@@ -347,26 +364,38 @@ def online(
     show_default=True,
     help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
 )
+@click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
-def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int) -> None:
+def init(
+    out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int, overwrite: bool
+) -> None:
     """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
     if train_steps:
+        from hscache.progress import StepProgress
+        from scorer.drafter_dir import check_drafter_dir
         from scorer.train import train_drafter
 
-        result = train_drafter(
-            cache,
-            out,
-            steps=train_steps,
-            num_layers=num_layers,
-            block_size=block_size,
-            seed=seed,
-            log_every=0,
-        )
+        check_drafter_dir(out, overwrite)  # said before the progress line and the training
+        with StepProgress("train", "steps") as progress:
+            progress.start(train_steps)
+            result = train_drafter(
+                cache,
+                out,
+                steps=train_steps,
+                num_layers=num_layers,
+                block_size=block_size,
+                seed=seed,
+                log_every=0,
+                overwrite=overwrite,
+                on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
+            )
         click.echo(f"trained {train_steps} steps (final loss {result['final_loss']:.3f}); saved to {out}")
         return
     from scorer.init import init_drafter
 
-    config, _ = init_drafter(cache, out, num_layers=num_layers, block_size=block_size, seed=seed)
+    config, _ = init_drafter(
+        cache, out, num_layers=num_layers, block_size=block_size, seed=seed, overwrite=overwrite
+    )
     click.echo(
         f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
         f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}"

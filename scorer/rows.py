@@ -29,6 +29,7 @@ from scorer.features import (
 )
 from scorer.model import DFlashDrafter
 from scorer.score import ANCHOR_MODES, SequenceResult, score_sequence, score_sequences_chain
+from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = ["EvalConfig", "load_drafter", "score_rows"]
 
@@ -49,6 +50,8 @@ class EvalConfig:
     anchors: str = "all"  # "chain": draft only where the chain / DDTree replays go (score.py)
     memory_gb: float = DEFAULT_MEMORY_GB  # [rows, V] logits working set beyond the weights
     trust_checkpoint: bool = False
+    # Score a drafter whose recorded target differs from the cache's (scorer/target_identity.py).
+    allow_target_mismatch: bool = False
     config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
 
@@ -96,12 +99,19 @@ def load_drafter(
         config_path=config.config_path,
     )
     check_compatible(loaded.config, cache, str(cache.path))
+    target_check = check_target(
+        recorded_target_identity(checkpoint, config.config_path),
+        cache_target_identity(cache),
+        allow_mismatch=config.allow_target_mismatch,
+        where=str(getattr(cache, "url", cache.path)),
+    )
     dtype = DTYPES[config.dtype]
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
     attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
     drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
+    drafter.target_check = target_check  # for the report (build.py)
     return drafter, loaded
 
 
@@ -117,9 +127,10 @@ def score_rows(
     cache: CacheView,
     rows: Sequence[int],
     config: EvalConfig,
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
-    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
+    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships);
+    ``on_sequence`` gets each result as it is done (progress)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = DTYPES[config.dtype]
     # Per row, never the whole index as Python lists (a cache may index millions of sequences).
@@ -146,8 +157,8 @@ def score_rows(
             memory_gb=config.memory_gb,
         )
         if on_sequence:
-            for row in rows:
-                on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+            for result in results:
+                on_sequence(result)
         return results
     results = []
     for row in rows:
@@ -169,5 +180,5 @@ def score_rows(
             )
         )
         if on_sequence:
-            on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+            on_sequence(results[-1])
     return results
