@@ -13,6 +13,7 @@ import numpy as np
 
 import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.store.info import cache_completeness
 from hscache.store.view import CacheView
 from scorer.metrics import (
     AcceptLen,
@@ -121,6 +122,10 @@ def build_report(
             "--anchors chain drafted only the anchors the replays visit: per-position acceptance and "
             "train_accept_len need every anchor and are not reported (use --anchors all)"
         )
+    notes, target_check = _target_notes(drafter, warnings)
+    completeness = cache_completeness(cache)
+    if not completeness["complete"]:
+        warnings.append(_incomplete_warning(completeness))
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
         warnings.append(
@@ -160,6 +165,8 @@ def build_report(
             else {}
         ),
         "warnings": warnings,
+        "notes": notes,
+        "target_check": target_check,
         "samples": _samples(results, cache, config.samples, config.seed, B),
         "per_request": [
             dict(
@@ -180,6 +187,9 @@ def build_report(
             "layer_ids": cache.layer_ids,
             "settings": cache.settings,
             "provenance": cache.provenance,
+            "complete": completeness["complete"],
+            "committed_sequences": completeness["committed_sequences"],
+            "expected_sequences": completeness["expected_sequences"],
         },
         "versions": package_versions(),
         "hscache_git_commit": git_commit(),
@@ -188,6 +198,33 @@ def build_report(
     }
     schemas.validate(report, "eval_report")
     return report
+
+
+def _target_notes(drafter: Any, warnings: list[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """The target-identity check (scorer/target_identity.py): a mismatch scored anyway is a warning,
+    an unchecked target a note; returns (notes, the check as a dict)."""
+    check = getattr(drafter, "target_check", None)
+    if check is None:
+        return [], None
+    message = check.message()
+    if check.status == "mismatch":
+        warnings.append(message)
+        return [], check.to_dict()
+    return ([message] if message else []), check.to_dict()
+
+
+def _incomplete_warning(completeness: dict[str, Any]) -> str:
+    expected = completeness["expected_sequences"]
+    of = f" of {expected}" if expected else ""
+    why = (
+        "a writer is still running"
+        if completeness["writer"] is not None
+        else "its extraction stopped before the end (resume it with the same extract command)"
+    )
+    return (
+        f"the cache is INCOMPLETE: {completeness['committed_sequences']}{of} sequences committed, {why}; "
+        "these numbers cover only the committed sequences"
+    )
 
 
 def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:

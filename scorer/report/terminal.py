@@ -23,6 +23,11 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     head = Table(
         title=f"DFlash replay: {report['checkpoint']['path']} on {report['cache']['path']}", show_header=True
     )
+    # tau is the headline number: say what it is where it is first printed.
+    console.print(
+        "tau = tokens each target forward yields: the accepted draft tokens + 1 bonus token "
+        "(1.0: the drafter never helps; at most the block size)"
+    )
     head.add_column("metric")
     head.add_column("value", justify="right")
     head.add_column("95% CI", justify="right")
@@ -42,6 +47,10 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         "requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", ""
     )
     head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
+    cache = report["cache"]
+    if cache.get("complete") is False:
+        of = f" of {cache['expected_sequences']}" if cache.get("expected_sequences") else ""
+        head.add_row("[bold red]cache INCOMPLETE[/]", f"{cache.get('committed_sequences')}{of} sequences", "")
     console.print(head)
     _render_config_sources(report, console)
     acc = Table(title="per-position acceptance (slot 1 first)")
@@ -67,6 +76,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         _render_sample(sample, console)
     for warning in report["warnings"]:
         console.print(f"[bold yellow]warning:[/] {warning}")
+    for note in report.get("notes", []):
+        console.print(f"[bold]note:[/] {note}")
 
 
 def _render_config_sources(report: dict[str, Any], console: Console) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -24,3 +28,88 @@ def test_a_bad_ddtree_budget_names_the_flag(budgets, tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     last = result.output.strip().splitlines()[-1]  # click's usage error: the last line says what
     assert "'--ddtree'" in last and "at least 1" in last, result.output
+
+
+def _eval(drafter: Path, cache: Path, tmp_path: Path, *extra: str):
+    out = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
+    args = ["eval", str(drafter), "--cache", str(cache), "--limit", "1", "--ddtree", "", "--json", str(out)]
+    result = CliRunner().invoke(main, [*args, *extra])
+    report = json.loads(out.read_text()) if out.exists() else None
+    return result, report
+
+
+def test_init_refuses_a_file_and_a_non_empty_directory_and_replaces_whole(scorer_cache, tmp_path):
+    """Issue 20.6 / 18.7: OUT a file is one line; a non-empty OUT needs --overwrite, which replaces
+    it whole (no file of the old drafter survives); the drafter records the cache's target."""
+    import hscache
+    from scorer.target_identity import IDENTITY_KEY, cache_target_identity
+
+    a_file = tmp_path / "drafter.txt"
+    a_file.write_text("notes")
+    _one_line_error(
+        CliRunner().invoke(main, ["init", str(a_file), "--cache", str(scorer_cache)]), "not a directory"
+    )
+    assert a_file.read_text() == "notes"
+    out = tmp_path / "drafter"
+    out.mkdir()
+    (out / "stale.safetensors").write_bytes(b"old weights")
+    result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache)])
+    _one_line_error(result, "is not empty", "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["stale.safetensors"]
+    result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert not list(tmp_path.glob(".drafter.*"))  # no staging or retired directory left behind
+    recorded = json.loads((out / "config.json").read_text())[IDENTITY_KEY]
+    assert recorded == cache_target_identity(hscache.open_cache(scorer_cache))
+    assert set(recorded) == {"weights_sha256", "model_type", "tokenizer_sha256"}
+
+
+def test_a_crash_while_writing_leaves_the_old_drafter_whole(scorer_cache, tmp_path, monkeypatch):
+    """Issue 18.7: the config of a new drafter never sits next to the weights of the old one."""
+    import scorer.init
+    from scorer.init import init_drafter
+
+    out = tmp_path / "drafter"
+    init_drafter(scorer_cache, out, seed=0)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_save = scorer.init.save_hf_checkpoint
+
+    def crash_after_the_config(directory, config, state_dict, **kwargs):
+        real_save(directory, config, state_dict, **kwargs)
+        (Path(directory) / "model.safetensors").unlink()  # as if killed between the two files
+        raise OSError("disk full")
+
+    monkeypatch.setattr(scorer.init, "save_hf_checkpoint", crash_after_the_config)
+    with pytest.raises(OSError, match="disk full"):
+        init_drafter(scorer_cache, out, seed=1, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not list(tmp_path.glob(".drafter.*"))
+
+
+def test_eval_compares_the_recorded_target(scorer_cache, trained_drafter, tmp_path):
+    """Issue 20.2: a drafter recording another target is refused in one line (or scored with a
+    warning under --allow-target-mismatch); one recording nothing gets a note; its own target matches."""
+    result, report = _eval(trained_drafter, scorer_cache, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert report["target_check"]["status"] == "match" and report["notes"] == []
+    other = tmp_path / "other"
+    shutil.copytree(trained_drafter, other)
+    config = json.loads((other / "config.json").read_text())
+    config["hscache_target"]["weights_sha256"] = "0" * 64  # built for another target
+    (other / "config.json").write_text(json.dumps(config))
+    result, report = _eval(other, scorer_cache, tmp_path)
+    _one_line_error(result, "another target", "weights_sha256", "--allow-target-mismatch")
+    assert report is None
+    result, report = _eval(other, scorer_cache, tmp_path, "--allow-target-mismatch")
+    assert result.exit_code == 0, result.output
+    assert report["target_check"]["status"] == "mismatch"
+    assert any("another target" in w for w in report["warnings"]), report["warnings"]
+    assert "another target" in result.output
+    del config["hscache_target"]  # a published checkpoint records nothing
+    (other / "config.json").write_text(json.dumps(config))
+    result, report = _eval(other, scorer_cache, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert report["target_check"]["status"] == "unknown"
+    assert report["notes"] and "could not be checked" in report["notes"][0]
+    assert "note:" in result.output and "could not be checked" in result.output
