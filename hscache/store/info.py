@@ -6,12 +6,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import schemas
 from hscache.store.lock import current_writer
 from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs
 from hscache.store.view import CacheView
 
-__all__ = ["cache_completeness", "cache_summary", "format_summary"]
+__all__ = ["INFO_SCHEMA_VERSION", "cache_completeness", "cache_summary", "format_summary"]
+
+INFO_SCHEMA_VERSION = 1  # schemas/cache_info.schema.json
 
 
 def cache_completeness(cache: CacheView) -> dict[str, Any]:
@@ -57,7 +60,7 @@ def _imported_from(prov: dict[str, Any]) -> str | None:
 
 
 def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON-ready summary of the cache at ``path``."""
+    """A JSON-ready summary of the cache at ``path`` (schemas/cache_info.schema.json)."""
     cache = open_cache(path)
     prov = cache.provenance
     roots = shard_dirs(cache.path) if has_shards(cache.path) else [cache.path]
@@ -66,7 +69,8 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
     lengths = cache.index.column("length").to_pylist()
     prompt_lens = cache.index.column("prompt_len").to_pylist()
     completeness = cache_completeness(cache)
-    return {
+    summary = {
+        "schema_version": INFO_SCHEMA_VERSION,
         "path": str(cache.path),
         "complete": cache.complete,
         "expected_sequences": completeness["expected_sequences"],
@@ -96,6 +100,8 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
         },
         "bytes_per_token": round(sum(stored.values()) / max(1, cache.num_tokens), 1),
     }
+    schemas.validate(summary, "cache_info")
+    return summary
 
 
 def _kernels(kernels: dict[str, str]) -> str:

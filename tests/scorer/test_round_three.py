@@ -113,3 +113,73 @@ def test_eval_compares_the_recorded_target(scorer_cache, trained_drafter, tmp_pa
     assert report["target_check"]["status"] == "unknown"
     assert report["notes"] and "could not be checked" in report["notes"][0]
     assert "note:" in result.output and "could not be checked" in result.output
+
+
+@pytest.fixture(scope="module")
+def incomplete_cache(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first sequence of ``scorer_cache`` committed by a writer that has not finished (1 of 6)."""
+    import zarr
+
+    from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
+    from hscache.store.reader import read_manifest
+    from hscache.store.writer import SequenceRows, StoreWriter
+
+    manifest = read_manifest(scorer_cache)
+    out = tmp_path_factory.mktemp("incomplete") / "cache"
+    out.mkdir()
+    shutil.copytree(scorer_cache / TARGET_DIR, out / TARGET_DIR)
+    shutil.copy(scorer_cache / PROVENANCE, out / PROVENANCE)
+    specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
+    writer = StoreWriter.create(out, specs, manifest["compression"], manifest["settings"])
+    import hscache
+
+    index = hscache.open_cache(scorer_cache).index.slice(0, 1).to_pylist()[0]
+    rows = slice(index["offset"], index["offset"] + index["length"])
+    arrays = {name: zarr.open_array(scorer_cache / "arrays" / name, mode="r")[rows] for name in specs}
+    fields = ("record_id", "prompt_len", "stop_reason", "token_sha256", "metadata_json")
+    writer.append(SequenceRows(arrays, **{k: index[k] for k in fields}))
+    writer.commit()  # committed, never finished: what a reader sees while extract still runs
+    return out
+
+
+def test_eval_of_an_incomplete_cache_says_so_everywhere(incomplete_cache, trained_drafter, tmp_path):
+    """Issue 20.3: terminal, JSON (cache.complete false, committed/expected) and HTML."""
+    html = tmp_path / "r.html"
+    result, report = _eval(trained_drafter, incomplete_cache, tmp_path, "--report", str(html))
+    assert result.exit_code == 0, result.output
+    cache = report["cache"]
+    assert (cache["complete"], cache["committed_sequences"], cache["expected_sequences"]) == (False, 1, 6)
+    warning = next(w for w in report["warnings"] if "INCOMPLETE" in w)
+    assert "1 of 6 sequences committed" in warning
+    assert "cache INCOMPLETE" in result.output and "1 of 6 sequences" in result.output
+    assert "INCOMPLETE: 1 of 6 sequences committed" in html.read_text()
+
+
+def test_info_says_a_writer_is_running_instead_of_advising_a_resume(incomplete_cache):
+    from hscache.cli import main as hscache_main
+    from hscache.store.lock import writer_lock
+
+    idle = CliRunner().invoke(hscache_main, ["info", str(incomplete_cache)])
+    assert idle.exit_code == 0, idle.output
+    assert "INCOMPLETE: 1 of 6 sequences committed; no writer is running: resume" in idle.output
+    with writer_lock(incomplete_cache, "hscache extract"):
+        busy = CliRunner().invoke(hscache_main, ["info", str(incomplete_cache)])
+        as_json = CliRunner().invoke(hscache_main, ["info", str(incomplete_cache), "--json"])
+    assert "a writer is running: pid" in busy.output and "hscache extract" in busy.output, busy.output
+    assert "resume" not in busy.output
+    assert json.loads(as_json.output)["writer"]["command"] == "hscache extract"
+
+
+def test_info_json_has_a_schema_and_matches_it(scorer_cache, incomplete_cache):
+    """Issue 20.14: like every other document; a key the schema does not list is refused."""
+    import schemas
+    from hscache.cli import main as hscache_main
+
+    for cache in (scorer_cache, incomplete_cache):
+        result = CliRunner().invoke(hscache_main, ["info", str(cache), "--json"])
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.output)
+        schemas.validate(document, "cache_info")
+        assert document["schema_version"] == 1
+    with pytest.raises(schemas.SchemaError, match="Additional properties"):
+        schemas.validate({**document, "undocumented": 1}, "cache_info")
