@@ -29,8 +29,8 @@ def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ScorerError(f"{path} is a file, not a directory; pass a directory path for the drafter")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise ScorerError(f"{path.parent} is a file, not a directory; pass a directory path for the drafter")
+    if blocker := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+        raise ScorerError(f"{blocker} is a file, not a directory; pass a directory path for the drafter")
     if path.is_dir() and not overwrite and any(path.iterdir()):
         raise ScorerError(
             f"{path} is not empty; pass --overwrite to replace it (the old files are removed), "

@@ -189,3 +189,15 @@ def test_a_record_without_an_id_is_refused_or_numbered_by_line(tmp_path):
     assert not (tmp_path / "c").exists()
     numbered = list(iter_records(path, id_from_line=True))
     assert [r.record_id for r in numbered] == ["a", "2"]
+
+
+def test_out_that_is_a_file_says_not_a_directory(tmp_path):
+    """Issue 20.6: not disk-full advice; the file is left as it was."""
+    a_file = tmp_path / "cache.txt"
+    a_file.write_text("mine")
+    code, text = _run("--out", str(a_file), "--limit", "1")
+    _assert_one_line_error(code, text, "is a file, not a directory")
+    assert "disk" not in text and a_file.read_text() == "mine"
+    code, text = _run("--out", str(a_file / "sub"), "--limit", "1")
+    _assert_one_line_error(code, text, "not a directory")
+    assert "disk" not in text and a_file.read_text() == "mine"
