@@ -76,7 +76,7 @@ class _ExtractProgress:
     def __init__(self) -> None:
         from hscache.progress import StepProgress
 
-        self.reporter = StepProgress("extract", "sequences", secondary_unit="tok")
+        self.reporter = StepProgress("extract", "sequences", secondary_unit="tok", eager=True)
 
     def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
         note = f"resuming: {done_sequences} already committed" if done_sequences else None
@@ -286,9 +286,13 @@ def diff(
     """Measure drift between two caches of the same tokens (A is the reference), layer by layer."""
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import format_report, save_json
+    from hscache.progress import StepProgress
     from hscache.report.html import write_report
 
-    result = diff_caches(cache_a, cache_b, intersect=intersect, position_buckets=position_buckets)
+    with StepProgress("diff", "sequences", secondary_unit="tok") as progress:
+        result = diff_caches(
+            cache_a, cache_b, intersect=intersect, position_buckets=position_buckets, progress=progress
+        )
     click.echo(format_report(result))
     if json_path:
         click.echo(f"wrote {save_json(result, json_path)}")
@@ -330,7 +334,10 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
 
     # A sharded cache is verified shard by shard: each is an ordinary cache with its own commits.
     roots = shard_dirs(Path(cache_dir)) if has_shards(cache_dir) else [Path(cache_dir)]
-    reports = [verify_cache(root, VerifyConfig(**options)) for root in roots]
+    from hscache.progress import StepProgress
+
+    with StepProgress("verify", "tokens") as progress:
+        reports = [verify_cache(root, VerifyConfig(**options), progress) for root in roots]
     if as_json:
         docs = [r.to_dict() for r in reports]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else {"shards": docs}, indent=2))
@@ -379,8 +386,10 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     else:
         from hscache.interop.specforge import export_specforge as export
     from hscache.interop.common import parse_layer_ids
+    from hscache.progress import StepProgress
 
-    count = export(cache_dir, out, parse_layer_ids(layers, "--layers"))
+    with StepProgress("export", "sequences") as progress:
+        count = export(cache_dir, out, parse_layer_ids(layers, "--layers"), progress=progress)
     click.echo(f"exported {count} sequences from {cache_dir} to {out} ({fmt} format)")
 
 
@@ -414,7 +423,12 @@ def import_cmd(
         from hscache.interop.speculators import import_speculators as load
     else:
         from hscache.interop.specforge import import_specforge as load
-    count, tokens = load(source_dir, out, parse_layer_ids(layer_ids), compression, target)
+    from hscache.progress import StepProgress
+
+    with StepProgress("import", "sequences", secondary_unit="tok") as progress:
+        count, tokens = load(
+            source_dir, out, parse_layer_ids(layer_ids), compression, target, progress=progress
+        )
     from hscache.store.open import open_cache
 
     scorable = "target_argmax" in open_cache(out).specs

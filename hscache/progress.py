@@ -3,7 +3,8 @@
 One reporter for every long step (extract, eval, train, verify, diff, export, import): the work
 done out of the total, the rate, the time left, and a free-text status (e.g. rounds replayed).
 Rich draws nothing until the end when stderr is not a terminal (a log file, a batch job, CI), so
-there the reporter prints a line every ``every_s`` seconds and one at the end instead.
+there the reporter prints a line every ``every_s`` seconds instead, and one at the end of a step
+that printed any (a step shorter than ``every_s`` stays silent unless ``eager``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = ["ProgressLine", "StepProgress", "format_eta"]
+DEFAULT_EVERY_S = 5.0  # seconds between plain lines when stderr is not a terminal
+
+__all__ = ["DEFAULT_EVERY_S", "NO_PROGRESS", "NullProgress", "ProgressLine", "StepProgress", "format_eta"]
 
 
 def format_eta(seconds: float) -> str:
@@ -62,11 +65,28 @@ class ProgressLine:
         return ", ".join(parts)
 
 
+class NullProgress:
+    """The API default: a long step called without a reporter reports nothing."""
+
+    def start(self, total: int | None, done: int = 0, note: str | None = None, **_names: str) -> None:
+        pass
+
+    def advance(self, n: int = 1, secondary: int = 0, status: str = "") -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+NO_PROGRESS = NullProgress()
+
+
 class StepProgress:
     """Report one long step on ``stream`` (stderr): ``start`` once, ``advance`` per unit, ``finish``.
 
     On a terminal a rich bar (done/total, rate, ETA, status); otherwise a line every ``every_s``
-    seconds and one at the end. ``quiet`` reports nothing. Usable as a context manager.
+    seconds (default ``DEFAULT_EVERY_S``) and one at the end; ``eager`` also prints a line at the
+    start and ends with one however short the step. ``quiet`` reports nothing. A context manager.
     """
 
     def __init__(
@@ -75,13 +95,16 @@ class StepProgress:
         unit: str,
         *,
         secondary_unit: str | None = None,
-        every_s: float = 5.0,
+        every_s: float | None = None,
+        eager: bool = False,
         quiet: bool = False,
         stream: TextIO | None = None,
         terminal: bool | None = None,
     ) -> None:
         self.line = ProgressLine(label, unit, secondary_unit=secondary_unit)
-        self.every_s, self.quiet = every_s, quiet
+        self.every_s = DEFAULT_EVERY_S if every_s is None else every_s
+        self.eager, self.quiet = eager, quiet
+        self._printed = False
         self.stream = stream if stream is not None else sys.stderr
         self.terminal = self.stream.isatty() if terminal is None else terminal
         self._bar: Any = None
@@ -95,18 +118,31 @@ class StepProgress:
     def __exit__(self, *exc: object) -> None:
         self.finish()
 
-    def start(self, total: int | None, done: int = 0, note: str | None = None) -> None:
-        """Begin (or begin again, e.g. per cache): ``done`` units were finished by an earlier run."""
+    def start(
+        self,
+        total: int | None,
+        done: int = 0,
+        note: str | None = None,
+        *,
+        label: str | None = None,
+        unit: str | None = None,
+    ) -> None:
+        """Begin (or begin again, e.g. per cache or per stage): ``done`` units were finished by an
+        earlier run; ``label`` / ``unit`` rename the step from here on (e.g. "verify --deep", "chunks")."""
         if self.quiet:
             return
         if self._started:
             self.finish()
+        self.line.label = label or self.line.label
+        self.line.unit = unit or self.line.unit
+        self.line.secondary = 0
+        self.line.status = ""
         now = time.perf_counter()
         self.line.start(now, total, done)
-        self._last, self._started = now, True
+        self._last, self._started, self._printed = now, True, False
         if self.terminal:
             self._start_bar(total, done, note)
-        else:
+        elif self.eager or note:
             extra = f" ({note})" if note else ""
             of = f"{total} {self.line.unit}" if total is not None else self.line.unit
             self._echo(f"{self.line.label}: {of}{extra}")
@@ -129,7 +165,7 @@ class StepProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        else:
+        elif self._printed or self.eager:
             self._echo(self.line.text(time.perf_counter()))
 
     def _bar_status(self, now: float) -> str:
@@ -170,4 +206,5 @@ class StepProgress:
             console.print(note)
 
     def _echo(self, text: str) -> None:
+        self._printed = True
         print(text, file=self.stream, flush=True)

@@ -183,3 +183,41 @@ def test_info_json_has_a_schema_and_matches_it(scorer_cache, incomplete_cache):
         assert document["schema_version"] == 1
     with pytest.raises(schemas.SchemaError, match="Additional properties"):
         schemas.validate({**document, "undocumented": 1}, "cache_info")
+
+
+def test_step_progress_lines_when_stderr_is_not_a_terminal():
+    """Issue 20.10: done/total, rate, ETA and a status, a line every few seconds, one at the end."""
+    import io
+
+    from hscache.progress import StepProgress, format_eta
+
+    stream = io.StringIO()
+    with StepProgress("eval", "sequences", every_s=0, stream=stream, terminal=False) as progress:
+        progress.start(3)
+        for n in range(1, 3):
+            progress.advance(1, status=f"{10 * n} rounds")
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("eval: 1/3 sequences, ") and "sequences/s" in lines[0], lines
+    assert "ETA " in lines[0] and lines[0].endswith("10 rounds"), lines
+    assert lines[-1].startswith("eval: 2/3 sequences") and lines[-1].endswith("20 rounds"), lines
+    quiet, short = io.StringIO(), io.StringIO()
+    for stream, kwargs in ((quiet, {"quiet": True, "every_s": 0}), (short, {"every_s": 3600})):
+        with StepProgress("eval", "sequences", stream=stream, terminal=False, **kwargs) as progress:
+            progress.start(3)
+            progress.advance(3)
+    assert quiet.getvalue() == "" and short.getvalue() == ""  # a step shorter than every_s is silent
+    assert (format_eta(42), format_eta(185), format_eta(3720)) == ("42 s", "3 min 05 s", "1 h 02 min")
+
+
+def test_train_and_eval_report_progress(scorer_cache, trained_drafter, tmp_path, monkeypatch):
+    """Issue 20.10: scorer init --train-steps and scorer eval print progress lines in logs."""
+    import hscache.progress
+
+    monkeypatch.setattr(hscache.progress, "DEFAULT_EVERY_S", 0.0)
+    out = tmp_path / "drafter"
+    result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache), "--train-steps", "3"])
+    assert result.exit_code == 0, result.output
+    assert "train: 3/3 steps" in result.output and "loss " in result.output, result.output
+    result, _ = _eval(trained_drafter, scorer_cache, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "eval: 1/1 sequences" in result.output and " rounds, tau so far " in result.output, result.output
