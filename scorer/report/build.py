@@ -27,6 +27,7 @@ from scorer.metrics import (
     tau_pooled_from_totals,
     tokens_per_round_histogram,
 )
+from scorer.report.text import token_pieces
 from scorer.score import SequenceResult, result_summary
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
@@ -80,8 +81,13 @@ def _samples(
                 "accepted": acc,
                 "tokens": result.chain.tokens[k],
                 "context_tail": tokenizer.decode(x[max(0, p - 15) : p + 1]),
-                "drafted": [tokenizer.decode([t]) for t in drafted],
-                "target": [tokenizer.decode([t]) for t in target],
+                # Per slot, the text each token adds (never a lone U+FFFD), and each run whole.
+                "drafted": token_pieces(tokenizer, drafted, context=x[max(0, p - 15) : p + 1]),
+                "target": token_pieces(tokenizer, target, context=x[max(0, p - 15) : p + 1]),
+                "drafted_ids": drafted,
+                "target_ids": target,
+                "drafted_text": tokenizer.decode(drafted),
+                "target_text": tokenizer.decode(target),
                 "diverged_at_slot": acc + 1 if acc < avail else None,
             }
         )

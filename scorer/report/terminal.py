@@ -72,6 +72,11 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         for name, row in report["per_category"].items():
             cats.add_row(name, str(row["n_requests"]), _f(row["tau_per_request"]), _f(row["tau_pooled"]))
         console.print(cats)
+    if report["samples"]:
+        console.print(
+            "sample rounds: after the context, each slot's drafted token and the target's greedy token "
+            "(x: they differ; a round accepts the slots before the first x, plus 1 bonus token)"
+        )
     for sample in report["samples"]:
         _render_sample(sample, console)
     for warning in report["warnings"]:
@@ -97,17 +102,20 @@ def _render_config_sources(report: dict[str, Any], console: Console) -> None:
 
 def _render_sample(sample: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"{sample['record_id']} @ {sample['anchor']}: {sample['tokens']} tokens "
-        f"(...{sample['context_tail']!r})"
+        title=f"{sample['record_id']} at position {sample['anchor']}: {sample['tokens']} tokens this round",
+        caption=f"context ...{sample['context_tail']!r}",
     )
     table.add_column("slot", justify="right")
     table.add_column("drafted")
-    table.add_column("target")
+    table.add_column("target (greedy)")
+    ids = list(zip(sample.get("drafted_ids", sample["drafted"]), sample.get("target_ids", sample["target"])))
     for j, (d, t) in enumerate(zip(sample["drafted"], sample["target"]), 1):
-        mark = "" if d == t else " [red]x[/]"
+        mark = "" if ids[j - 1][0] == ids[j - 1][1] else " [red]x[/]"
         table.add_row(
             str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t)
         )
+    if "drafted_text" in sample:
+        table.add_row("all", repr(sample["drafted_text"]), repr(sample["target_text"]))
     console.print(table)
 
 

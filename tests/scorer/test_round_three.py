@@ -221,3 +221,34 @@ def test_train_and_eval_report_progress(scorer_cache, trained_drafter, tmp_path,
     result, _ = _eval(trained_drafter, scorer_cache, tmp_path)
     assert result.exit_code == 0, result.output
     assert "eval: 1/1 sequences" in result.output and " rounds, tau so far " in result.output, result.output
+
+
+def test_token_pieces_never_print_a_replacement_character(scorer_cache):
+    """Issue 20.11: byte-level tokens decoded one by one print U+FFFD; pieces of a run do not."""
+    import hscache
+    from scorer.report.text import token_pieces
+
+    tokenizer = hscache.open_cache(scorer_cache).tokenizer()
+    text = " café über naïve 日本"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the old per-token decoding
+    context = tokenizer("def f(x):", add_special_tokens=False)["input_ids"]
+    pieces = token_pieces(tokenizer, ids, context=context)
+    assert len(pieces) == len(ids) and "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_samples_show_whole_runs_under_a_heading(scorer_cache, trained_drafter, tmp_path):
+    """Issue 20.11 / 20.12: readable text with a heading that names the columns; tau defined once."""
+    result, report = _eval(trained_drafter, scorer_cache, tmp_path, "--samples", "2")
+    assert result.exit_code == 0, result.output
+    samples = report["samples"]
+    assert len(samples) == 2
+    tokenizer = __import__("hscache").open_cache(scorer_cache).tokenizer()
+    for sample in samples:
+        assert sample["drafted_text"] == tokenizer.decode(sample["drafted_ids"])
+        assert sample["target_text"] == tokenizer.decode(sample["target_ids"])
+        assert len(sample["drafted"]) == len(sample["drafted_ids"]) == len(sample["target"])
+    assert "sample rounds: after the context, each slot's drafted token and the target's" in result.output
+    assert "target (greedy)" in result.output
+    assert result.output.count("tau = tokens each target forward yields") == 1
