@@ -137,8 +137,20 @@ def main() -> None:
     help="Linear-attention kernels: fla (CUDA), torch fallback, or auto.",
 )
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
-@click.option("--max-length", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--top-k", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--max-length",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Longest sequence, prompt + generated tokens (longer prompts are refused by name).",
+)
+@click.option(
+    "--top-k",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary.",
+)
 @click.option(
     "--batch-tokens",
     default=0,
@@ -169,7 +181,13 @@ def main() -> None:
     help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
     "5x slower to decode (docs/storage.md).",
 )
-@click.option("--chunk-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001))
+@click.option(
+    "--chunk-mb",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(min=0.001),
+    help="Target size of a stored chunk; lower it for random access to short sequences.",
+)
 @click.option(
     "--commit-every-s",
     default=30.0,
@@ -206,7 +224,12 @@ def main() -> None:
 @click.pass_context
 @friendly_errors
 def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
-    """Run the target once and write hidden states, token ids and target logits to a cache."""
+    """Run the target once and write hidden states, token ids and target logits to a cache.
+
+    \b
+    Example:
+      hscache extract --model builtin:tiny-qwen3.5 --prompts builtin:default --layers 1,3,5 --out cache/
+    """
     from hscache.capture.prompts import resolve_prompts
 
     if not options["tokens_from"]:
@@ -240,7 +263,12 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
 def info(cache_dir: str, as_json: bool) -> None:
-    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes."""
+    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes.
+
+    \b
+    Example:
+      hscache info cache/ --json
+    """
     from hscache.store.info import cache_summary, format_summary
 
     summary = cache_summary(cache_dir)
@@ -283,7 +311,12 @@ def diff(
     intersect: bool,
     position_buckets: tuple[int, ...],
 ) -> None:
-    """Measure drift between two caches of the same tokens (A is the reference), layer by layer."""
+    """Measure drift between two caches of the same tokens (A is the reference), layer by layer.
+
+    \b
+    Example:
+      hscache diff cache_fp32/ cache_bf16/ --report drift.html --json drift.json
+    """
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import format_report, save_json
     from hscache.progress import StepProgress
@@ -328,7 +361,12 @@ def diff(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
 @friendly_errors
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
-    """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong."""
+    """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong.
+
+    \b
+    Example:
+      hscache verify cache/ --deep --recompute 4
+    """
     from hscache.store.shards import has_shards, shard_dirs
     from hscache.verify import VerifyConfig, format_report, verify_cache
 
@@ -359,7 +397,12 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
 )
 @friendly_errors
 def merge(out: str, into: str | None) -> None:
-    """Check the shards under OUT (same settings, none missing) and write OUT/shards.json."""
+    """Check the shards under OUT (same settings, none missing) and write OUT/shards.json.
+
+    \b
+    Example:
+      hscache merge out/ --into merged/
+    """
     from hscache.store.shards import merge_shards
 
     document = merge_shards(out, into)
@@ -380,7 +423,12 @@ _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
 @click.option("--layers", default=None, help="Export only these cached layers, in this order (default: all).")
 @friendly_errors
 def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
-    """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/)."""
+    """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/).
+
+    \b
+    Example:
+      hscache export cache/ --format speculators --out spec/
+    """
     if fmt == "speculators":
         from hscache.interop.speculators import export_speculators as export
     else:
@@ -404,7 +452,11 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     "dflash_config.target_layer_ids). Not needed for a folder written by hscache export.",
 )
 @click.option(
-    "--compression", type=click.Choice(["balanced", "fast", "none"]), default="fast", show_default=True
+    "--compression",
+    type=click.Choice(["balanced", "fast", "none"]),
+    default="fast",
+    show_default=True,
+    help="Hidden-state codec, as for extract (docs/storage.md).",
 )
 @click.option(
     "--target",
@@ -416,7 +468,12 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
 def import_cmd(
     source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
 ) -> None:
-    """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out."""
+    """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out.
+
+    \b
+    Example:
+      hscache import --format speculators spec/ --out from-spec/
+    """
     from hscache.interop.common import parse_layer_ids
 
     if fmt == "speculators":

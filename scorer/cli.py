@@ -124,8 +124,16 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 @click.option(
     "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
 )
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
@@ -160,7 +168,13 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
 )
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the bootstrap intervals and the --samples draw.",
+)
 @click.option(
     "--allow-target-mismatch",
     is_flag=True,
@@ -182,7 +196,12 @@ def eval_command(
     workers: int | None,
     **options: Any,
 ) -> None:
-    """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
+    """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree.
+
+    \b
+    Example:
+      scorer eval drafter/ --cache cache/ --samples 2 --json report.json
+    """
     from rich.console import Console
 
     from hscache.progress import StepProgress
@@ -232,8 +251,16 @@ def eval_command(
 @click.option(
     "--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results."
 )
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
 @click.option(
     "--ddtree",
     default="8,32,128",
@@ -242,7 +269,13 @@ def eval_command(
     help="DDTree budgets (node counts); '' for none.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the bootstrap intervals and the --samples draw.",
+)
 @click.option(
     "--block-size",
     type=click.IntRange(min=2),
@@ -267,7 +300,12 @@ def sweep(
     tokens_per_task: int | None,
     **options: Any,
 ) -> None:
-    """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot."""
+    """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot.
+
+    \b
+    Example:
+      scorer sweep runs/my-run/ --cache cache/ --workers 2
+    """
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
@@ -298,15 +336,44 @@ def sweep(
 
 @main.command()
 @click.argument("checkpoint")
-@click.option("--model", default="builtin:tiny-qwen3.5", show_default=True)
-@click.option("--prompts", default="builtin:default", show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
-@click.option("--dtype", type=click.Choice(list(DTYPE_NAMES)), default="fp32", show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True)
-@click.option("--limit", type=click.IntRange(min=1), default=None)
-@click.option("--json", "json_out", default=None)
+@click.option(
+    "--model",
+    default="builtin:tiny-qwen3.5",
+    show_default=True,
+    help="The target: a local HF directory or builtin:...",
+)
+@click.option(
+    "--prompts", default="builtin:default", show_default=True, help="JSONL prompts file or builtin:default."
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Tokens to decode per prompt.",
+)
+@click.option(
+    "--max-length", type=click.IntRange(min=2), default=4096, show_default=True, help="Longest sequence."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(DTYPE_NAMES)),
+    default="fp32",
+    show_default=True,
+    help="Target and drafter dtype.",
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where both models run: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(list(BACKENDS)),
+    default="auto",
+    show_default=True,
+    help="The target's linear-attention kernels: fla (CUDA), torch, or auto.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@click.option("--json", "json_out", default=None, help="Write the result as JSON here.")
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
@@ -326,7 +393,12 @@ def online(
     block_size: int | None,
     **options: Any,
 ) -> None:
-    """Real greedy speculative decoding with the target verifying: the online tau per request."""
+    """Real greedy speculative decoding with the target verifying: the online tau per request.
+
+    \b
+    Example:
+      scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
+    """
     from scorer.online import run_online
 
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
@@ -354,9 +426,17 @@ def online(
 @main.command()
 @click.argument("out")
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
-@click.option("--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True, help="Drafter layers."
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="Tokens per draft block (the anchor + block size - 1 drafted).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the training.")
 @click.option(
     "--train-steps",
     type=click.IntRange(min=0),
@@ -369,7 +449,12 @@ def online(
 def init(
     out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int, overwrite: bool
 ) -> None:
-    """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
+    """Write a DFlash drafter for CACHE's target to OUT (an HF directory).
+
+    \b
+    Example:
+      scorer init drafter/ --cache cache/ --train-steps 300
+    """
     if train_steps:
         from hscache.progress import StepProgress
         from scorer.drafter_dir import check_drafter_dir
