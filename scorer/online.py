@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-import schemas
+from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import schemas
+from hscache import schemas
 from hscache.errors import InputError
 from hscache.progress import NO_PROGRESS
 from hscache.store import fsio

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import schemas
+from hscache import schemas
 from hscache.store.lock import current_writer
 from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs

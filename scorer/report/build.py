@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-import schemas
+from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.info import cache_completeness
 from hscache.store.view import CacheView

@@ -172,7 +172,7 @@ def test_info_says_a_writer_is_running_instead_of_advising_a_resume(incomplete_c
 
 def test_info_json_has_a_schema_and_matches_it(scorer_cache, incomplete_cache):
     """Issue 20.14: like every other document; a key the schema does not list is refused."""
-    import schemas
+    from hscache import schemas
     from hscache.cli import main as hscache_main
 
     for cache in (scorer_cache, incomplete_cache):
