@@ -23,9 +23,13 @@ def _bench(name: str):
 @pytest.mark.slow
 def test_scale_bench_quick(scale_cache: Path, dask_client, capsys):
     # Reuse the session's 2-worker cluster and cache: a new cluster costs ~10 s on 2 cores.
-    _bench("scale").main(
-        ["--quick", "--template", str(scale_cache), "--scheduler", dask_client.scheduler.address]
-    )
+    threads = torch.get_num_threads()  # the bench pins one thread for its single-process side
+    try:
+        _bench("scale").main(
+            ["--quick", "--template", str(scale_cache), "--scheduler", dask_client.scheduler.address]
+        )
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     for line in (
         "throughput ratio 2 workers / 1 worker:",
