@@ -292,6 +292,7 @@ def ensure_checkpoints(config: DriftStudyConfig, reference: Path) -> list[dict[s
             block_size=config.block_size,
             seed=config.seed,
             log_every=0,
+            overwrite=True,  # the study owns OUT/drafter: another recipe replaces it whole
         )
         atomic_write_json(marker, recipe)
     return [{"path": str(out), "label": "drafter", "trained_here": True}]
