@@ -382,6 +382,11 @@ def sweep(
     is_flag=True,
     help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
 )
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Run a drafter whose config records another target than --model (the output says so).",
+)
 @checkpoint_flags
 @friendly_errors
 def online(
@@ -407,6 +412,13 @@ def online(
     result = run_online(checkpoint, overrides=overrides, **options)
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
+    from scorer.target_identity import TargetCheck
+
+    message = TargetCheck(**result["target_check"]).message()
+    if message:
+        click.echo(
+            f"{'warning' if result['target_check']['status'] == 'mismatch' else 'note'}: {message}", err=True
+        )
     for row in result["per_request"]:
         tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
         click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")

@@ -25,6 +25,7 @@ from hscache.store.fsio import file_sha256
 from scorer.checkpoint import load_checkpoint
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.model import DFlashDrafter
+from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
 __all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online"]
 
@@ -131,6 +132,7 @@ def run_online(
     trust_checkpoint: bool = False,
     config_path: str | None = None,
     id_from_line: bool = False,
+    allow_target_mismatch: bool = False,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
 
@@ -147,6 +149,13 @@ def run_online(
         fallbacks=_target_fallbacks(target),
         trust_checkpoint=trust_checkpoint,
         config_path=config_path,
+    )
+    target_check = check_target(
+        recorded_target_identity(checkpoint, config_path),
+        loaded_target_identity(target),
+        allow_mismatch=allow_target_mismatch,
+        where=model,
+        against="model",
     )
     drafter = DFlashDrafter(loaded.config)
     drafter.load_state_dict(loaded.state_dict)
@@ -191,6 +200,7 @@ def run_online(
             for r in requests
         ],
         "checkpoint": loaded.report.to_dict(),
+        "target_check": target_check.to_dict(),
         "model": model,
         "model_weights_sha256": target.weights_sha256,
         "prompts": prompts,

@@ -26,6 +26,7 @@ __all__ = [
     "TargetCheck",
     "cache_target_identity",
     "check_target",
+    "loaded_target_identity",
     "recorded_target_identity",
 ]
 
@@ -38,6 +39,20 @@ def cache_target_identity(cache: CacheView) -> dict[str, str]:
     """The identity fields the cache's provenance records (an import may record none)."""
     model = (cache.provenance or {}).get("model") or {}
     return {k: str(model[k]) for k in IDENTITY_FIELDS if model.get(k) not in (None, "", "unknown")}
+
+
+def loaded_target_identity(target: Any) -> dict[str, str]:
+    """The same fields for a loaded ``hscache.capture.target.Target`` (``scorer online``), computed as
+    the provenance of an extraction computes them."""
+    from hscache.capture.provenance import tokenizer_sha256
+
+    model_type = getattr(target.model.config, "model_type", None)
+    identity = {
+        "weights_sha256": target.weights_sha256,
+        "model_type": model_type,
+        "tokenizer_sha256": tokenizer_sha256(target.tokenizer),
+    }
+    return {k: str(v) for k, v in identity.items() if v not in (None, "", "unknown")}
 
 
 def recorded_target_identity(checkpoint: str | os.PathLike, config_path: str | None = None) -> dict | None:
@@ -100,9 +115,15 @@ def _short(value: str) -> str:
 
 
 def check_target(
-    recorded: dict[str, str] | None, cache: dict[str, str], *, allow_mismatch: bool, where: str
+    recorded: dict[str, str] | None,
+    cache: dict[str, str],
+    *,
+    allow_mismatch: bool,
+    where: str,
+    against: str = "cache",
 ) -> TargetCheck:
-    """Compare ``recorded`` (the drafter's) with ``cache`` (the cache's) on the fields both know.
+    """Compare ``recorded`` (the drafter's) with ``cache`` (the cache's, or with ``against="model"``
+    the loaded target's) on the fields both know; ``where`` names it in the message.
 
     Raises:
         IncompatibleCacheError: a field differs and ``allow_mismatch`` is False.
@@ -111,7 +132,7 @@ def check_target(
     if not common:
         return TargetCheck("unknown", recorded, cache)
     differences = [
-        f"{k}: drafter {_short(recorded[k])}, cache {_short(cache[k])}"
+        f"{k}: drafter {_short(recorded[k])}, {against} {_short(cache[k])}"
         for k in common
         if recorded[k] != cache[k]
     ]
@@ -119,7 +140,7 @@ def check_target(
         return TargetCheck("match", recorded, cache)
     if not allow_mismatch:
         raise IncompatibleCacheError(
-            f"the drafter was built for another target than the cache {where} ({'; '.join(differences)}); "
-            "score it on a cache of its own target, or pass --allow-target-mismatch to score it anyway"
+            f"the drafter was built for another target than the {against} {where} ({'; '.join(differences)}); "
+            f"use a {against} of its own target, or pass --allow-target-mismatch to run it anyway"
         )
     return TargetCheck("mismatch", recorded, cache, differences)

@@ -252,3 +252,19 @@ def test_samples_show_whole_runs_under_a_heading(scorer_cache, trained_drafter, 
     assert "sample rounds: after the context, each slot's drafted token and the target's" in result.output
     assert "target (greedy)" in result.output
     assert result.output.count("tau = tokens each target forward yields") == 1
+
+
+def test_online_compares_the_recorded_target_with_the_model(trained_drafter, tmp_path):
+    """Issue 20.2 for `scorer online`: the drafter's recorded target against --model."""
+    from scorer.errors import IncompatibleCacheError
+    from scorer.online import run_online
+
+    other = tmp_path / "other"
+    shutil.copytree(trained_drafter, other)
+    config = json.loads((other / "config.json").read_text())
+    config["hscache_target"]["model_type"] = "llama"
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(IncompatibleCacheError, match="model_type: drafter llama, model qwen3_5_text"):
+        run_online(other, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=2, limit=1)
+    result = run_online(trained_drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=2, limit=1)
+    assert result["target_check"]["status"] == "match"
