@@ -321,7 +321,11 @@ def diff(
     from hscache.diff.report import format_report, save_json
     from hscache.progress import StepProgress
     from hscache.report.html import write_report
+    from hscache.store.fsio import check_output_path
 
+    for flag, path in (("--json", json_path), ("--report", report_path)):
+        if path:
+            check_output_path(path, flag)  # before the diff, not after it
     with StepProgress("diff", "sequences", secondary_unit="tok") as progress:
         result = diff_caches(
             cache_a, cache_b, intersect=intersect, position_buckets=position_buckets, progress=progress

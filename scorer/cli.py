@@ -205,6 +205,7 @@ def eval_command(
     from rich.console import Console
 
     from hscache.progress import StepProgress
+    from hscache.store.fsio import check_output_path
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
@@ -213,6 +214,9 @@ def eval_command(
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
         **options,
     )
+    for flag, path in (("--json", json_out), ("--report", report_out)):
+        if path:
+            check_output_path(path, flag)  # before scoring, not after it
     console = Console(stderr=False)
     rounds = tokens = 0
 
@@ -404,8 +408,11 @@ def online(
     Example:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
     """
+    from hscache.store.fsio import check_output_path
     from scorer.online import run_online
 
+    if json_out:
+        check_output_path(json_out, "--json")  # before decoding, not after it
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size

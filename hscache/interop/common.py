@@ -88,6 +88,7 @@ def check_fresh_dir(out: Path, flag: str = "--out") -> Path:
         InputError: ``out`` exists and is not an empty directory.
     """
     out = Path(out)
+    fsio.check_output_path(out, flag, directory=True)
     if out.exists() and (not out.is_dir() or any(p.name != WRITER_LOCK for p in out.iterdir())):
         raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)

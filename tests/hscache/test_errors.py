@@ -201,3 +201,30 @@ def test_out_that_is_a_file_says_not_a_directory(tmp_path):
     code, text = _run("--out", str(a_file / "sub"), "--limit", "1")
     _assert_one_line_error(code, text, "not a directory")
     assert "disk" not in text and a_file.read_text() == "mine"
+
+
+def test_output_paths_under_a_file_are_refused_before_any_work(tmp_path, bf16_cache):
+    """Issue 20.6: --json / --report / --out under a file: one line naming the flag, no traceback."""
+    from scorer.cli import main as scorer_main
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    runs = [
+        (main, ["diff", str(bf16_cache), str(bf16_cache), "--json", str(a_file / "d.json")], "--json"),
+        (main, ["diff", str(bf16_cache), str(bf16_cache), "--report", str(tmp_path)], "--report"),
+        (
+            main,
+            ["export", str(bf16_cache), "--format", "specforge", "--layers", "1,3", "--out", str(a_file)],
+            "--out",
+        ),
+        (
+            scorer_main,
+            ["eval", str(tmp_path), "--cache", str(bf16_cache), "--json", str(a_file / "r.json")],
+            "--json",
+        ),
+    ]
+    for command, args, flag in runs:
+        result = CliRunner().invoke(command, args)
+        _assert_one_line_error(result.exit_code, result.output.strip(), flag)
+        assert "is a file" in result.output or "is a directory" in result.output, result.output
+    assert a_file.read_text() == "mine"
