@@ -49,13 +49,13 @@ def _shared_step0(drafter, features, tokens, prompt_len: int, k: int) -> np.ndar
     return np.asarray(rows, dtype=np.int64).reshape(-1, k)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequences", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 sequences x 32 tokens (the test's form)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.sequences, args.new_tokens = 2, 32
     torch.set_num_threads(1)

@@ -480,6 +480,7 @@ def save_hf_checkpoint(
     state_dict: dict[str, torch.Tensor],
     *,
     max_shard_bytes: int | None = None,
+    extra_config: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Write config.json + model.safetensors (or shards + model.safetensors.index.json).
 
@@ -491,6 +492,7 @@ def save_hf_checkpoint(
         config: written as the HF config.json (`DrafterConfig.to_hf_config`).
         state_dict: exactly the drafter's keys.
         max_shard_bytes: shard when given; a tensor larger than this gets a shard of its own.
+        extra_config: keys added to config.json (e.g. ``hscache_target``, the target's identity).
 
     Returns:
         Paths written.
@@ -508,7 +510,7 @@ def save_hf_checkpoint(
         tensors[key] = t.clone() if ptr in seen else t
         seen.add(ptr)
     shards = _plan_shards(tensors, max_shard_bytes)
-    config_text = json.dumps(config.to_hf_config(), indent=2)
+    config_text = json.dumps({**config.to_hf_config(), **(extra_config or {})}, indent=2)
     written = [atomic_write_with(out / "config.json", lambda p: p.write_text(config_text))]
     names = (
         ["model.safetensors"]

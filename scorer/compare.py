@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
 from scorer.errors import ScorerError
 from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, drafter_family, effective_config, load_drafter
+from scorer.score import SequenceResult
 
 __all__ = ["COMPARE_SCHEMA_VERSION", "compare_drafters"]
 
@@ -88,7 +89,7 @@ def compare_drafters(
     checkpoints: Sequence[str | Path],
     cache_path: str | Path,
     config: EvalConfig = EvalConfig(ddtree=()),
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
     timed_rounds: int = 16,
 ) -> dict[str, Any]:
     """Score every checkpoint on ``cache_path``; one row per drafter, deltas against the first.

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import torch
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.capture.provenance import utc_now
 from hscache.store.view import CacheView
 from scorer.diagnose import (

@@ -23,6 +23,7 @@ from scorer.distributed import evaluate_distributed
 from scorer.families.dflash import module_drafter
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.score import SequenceResult
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
@@ -35,7 +36,10 @@ def _rows(cache: CacheView, limit: int | None) -> range:
 
 
 def score_cache(
-    drafter: Any, cache: CacheView, config: EvalConfig, on_sequence: Callable[[int], None] | None = None
+    drafter: Any,
+    cache: CacheView,
+    config: EvalConfig,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list:
     """Every sequence of ``cache`` (up to ``config.limit``) scored by a loaded drafter, in row order."""
     results = []
@@ -50,9 +54,12 @@ def evaluate(
     checkpoint: str | Path,
     cache_path: str | Path,
     config: EvalConfig = EvalConfig(),
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Score ``checkpoint`` against the cache at ``cache_path``; return the JSON-ready report.
+
+    Progress: ``on_start(sequences)`` once the drafter is loaded, ``on_sequence(result)`` per sequence.
 
     Example:
         >>> report = evaluate("drafter/", "cache/")          # doctest: +SKIP
@@ -62,6 +69,8 @@ def evaluate(
     cache = hscache.open_cache(cache_path)
     drafter, loaded = load_drafter(checkpoint, cache, config)
     config = effective_config(drafter, config)
+    if on_start is not None:
+        on_start(len(_rows(cache, config.limit)))
     results = score_cache(drafter, cache, config, on_sequence)
     return build_report(
         results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=time.perf_counter() - t0
@@ -119,21 +128,29 @@ def evaluate_many(
     checkpoint: str | Path,
     cache_paths: Sequence[str | Path],
     config: EvalConfig = EvalConfig(),
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
     client: Any = None,
+    on_start: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first.
 
     Args:
         client: a ``distributed.Client``: score on that cluster (scorer/distributed.py), same reports.
+        on_start: ``on_start(cache_path, sequences)`` when scoring of a cache begins (progress).
     """
+
+    def started(path: str | Path) -> Callable[[int], None] | None:
+        return None if on_start is None else lambda n: on_start(str(path), n)
+
     if client is not None:
         reports = [
-            evaluate_distributed(checkpoint, path, config, client, on_sequence=on_sequence)
+            evaluate_distributed(
+                checkpoint, path, config, client, on_sequence=on_sequence, on_start=started(path)
+            )
             for path in cache_paths
         ]
     else:
-        reports = [evaluate(checkpoint, path, config, on_sequence) for path in cache_paths]
+        reports = [evaluate(checkpoint, path, config, on_sequence, started(path)) for path in cache_paths]
     return {
         "reports": reports,
         "comparisons": [compare_reports(reports[0], other, config) for other in reports[1:]],

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import schemas
+from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
@@ -25,6 +25,7 @@ from scorer.families import family_for, probe_checkpoint
 from scorer.families.base import OnlineOptions, Proposer
 from scorer.families.dflash import dflash_proposer
 from scorer.metrics import tau_per_request, tau_pooled
+from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
 __all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online", "speculative_decode"]
 
@@ -125,6 +126,8 @@ def run_online(
     trust_checkpoint: bool = False,
     config_path: str | None = None,
     num_speculative_tokens: int | None = None,
+    id_from_line: bool = False,
+    allow_target_mismatch: bool = False,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
 
@@ -145,10 +148,20 @@ def run_online(
         num_speculative_tokens=num_speculative_tokens,
         device=device,
     )
+    # A target head (target:mtp) is the target's own: it matches by construction.
+    identity = loaded_target_identity(target)
+    is_head = str(checkpoint).startswith("target:")
+    target_check = check_target(
+        identity if is_head else recorded_target_identity(checkpoint, config_path),
+        identity,
+        allow_mismatch=allow_target_mismatch,
+        where=model,
+        against="model",
+    )
     layer_ids, propose, report = family.online(checkpoint, target, options)
     requests = []
     with use_backend(target.model, backend):
-        for n, record in enumerate(iter_records(resolve_prompts(prompts))):
+        for n, record in enumerate(iter_records(resolve_prompts(prompts), id_from_line=id_from_line)):
             if limit is not None and n >= limit:
                 break
             prompt = prompt_token_ids(record, target.tokenizer)
@@ -174,6 +187,7 @@ def run_online(
         ],
         "checkpoint": report.to_dict(),
         "family": family.name,
+        "target_check": target_check.to_dict(),
         "model": model,
         "model_weights_sha256": target.weights_sha256,
         "prompts": prompts,

@@ -20,6 +20,7 @@ from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import Family, family_for, family_named, probe_checkpoint
 from scorer.features import check_scorable
 from scorer.score import ANCHOR_MODES, SequenceResult
+from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows"]
 
@@ -40,6 +41,8 @@ class EvalConfig:
     anchors: str = "all"  # "chain": draft only where the chain / DDTree replays go (score.py)
     memory_gb: float = DEFAULT_MEMORY_GB  # [rows, V] logits working set beyond the weights
     trust_checkpoint: bool = False
+    # Score a drafter whose recorded target differs from the cache's (scorer/target_identity.py).
+    allow_target_mismatch: bool = False
     config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
     # Autoregressive families (EAGLE-3, MTP): chain of K drafted tokens (vLLM's
@@ -79,8 +82,19 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
         )
     check_device(config.device)
     check_scorable(cache, str(getattr(cache, "url", cache.path)))
-    family = family_for(probe_checkpoint(checkpoint, config.config_path))
-    return family.load(checkpoint, cache, config)
+    probe = probe_checkpoint(checkpoint, config.config_path)
+    drafter, loaded = family_for(probe).load(checkpoint, cache, config)
+    cache_identity = cache_target_identity(cache)
+    # A target head (target:mtp) is the cache's own target: it matches by construction.
+    is_head = probe.path.startswith("target:")
+    recorded = cache_identity if is_head else recorded_target_identity(checkpoint, config.config_path)
+    drafter.target_check = check_target(  # for the report (build.py)
+        recorded,
+        cache_identity,
+        allow_mismatch=config.allow_target_mismatch,
+        where=str(getattr(cache, "url", cache.path)),
+    )
+    return drafter, loaded
 
 
 def drafter_family(drafter: Any) -> Family:
@@ -98,7 +112,8 @@ def score_rows(
     cache: CacheView,
     rows: Sequence[int],
     config: EvalConfig,
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
-    """Score the cache's sequences ``rows`` with the drafter's family (the distributed unit of work)."""
+    """Score the cache's sequences ``rows`` with the drafter's family (the distributed unit of work);
+    ``on_sequence`` gets each result as it is done (progress)."""
     return drafter_family(drafter).score_rows(drafter, cache, rows, config, on_sequence)

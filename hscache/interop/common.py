@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-import schemas
+from hscache import schemas
 from hscache.errors import InputError
+from hscache.progress import NO_PROGRESS
 from hscache.store import fsio
 from hscache.store.layout import PROVENANCE, WRITER_LOCK, ArraySpec, chunk_tokens_for
 from hscache.store.lock import writer_lock
@@ -87,6 +88,7 @@ def check_fresh_dir(out: Path, flag: str = "--out") -> Path:
         InputError: ``out`` exists and is not an empty directory.
     """
     out = Path(out)
+    fsio.check_output_path(out, flag, directory=True)
     if out.exists() and (not out.is_dir() or any(p.name != WRITER_LOCK for p in out.iterdir())):
         raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
@@ -206,8 +208,12 @@ def write_imported_cache(
     target: str | None = None,
     last_layer_slot: int | None = None,
     top_k: int = 64,
+    progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:
     """Write ``sequences`` as a cache at ``out`` (new or empty); return (sequences, tokens).
+
+    ``progress`` (hscache.progress.StepProgress) hears of each sequence written, out of
+    ``imported["files"]`` when that counts them.
 
     ``imported`` goes to provenance.json under ``imported`` (format, source, layer convention...).
     ``target`` (a model for ``load_target``) adds ``target/``; when slot ``last_layer_slot`` of the
@@ -219,7 +225,7 @@ def write_imported_cache(
     with writer_lock(out, "hscache import"):  # one writer per cache, from before the emptiness check
         return _write_imported(
             check_fresh_dir(out),
-            sequences,
+            _counted(sequences, progress, imported.get("files")),
             layer_ids=layer_ids,
             imported=imported,
             compression=compression,
@@ -227,6 +233,14 @@ def write_imported_cache(
             last_layer_slot=last_layer_slot,
             top_k=top_k,
         )
+
+
+def _counted(sequences: Iterable[ImportedSequence], progress: Any, total: int | None) -> Iterator:
+    """``sequences``, telling ``progress`` of each one once the writer asks for the next."""
+    progress.start(total, label="import", unit="sequences")
+    for seq in sequences:
+        yield seq
+        progress.advance(1, secondary=len(seq.token_ids))
 
 
 def _write_imported(

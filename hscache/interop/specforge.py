@@ -42,6 +42,7 @@ from hscache.interop.common import (
     write_imported_cache,
     write_sidecar,
 )
+from hscache.progress import NO_PROGRESS
 from hscache.store.open import open_cache
 
 __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
@@ -77,7 +78,9 @@ def _check_layers(cache: Any, layer_ids: list[int] | None) -> list[int]:
     return ids
 
 
-def export_specforge(cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None) -> int:
+def export_specforge(
+    cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None, progress: Any = NO_PROGRESS
+) -> int:
     """Write the cache at ``cache_path`` as SpecForge offline DFlash files under ``out``; return the count.
 
     Raises:
@@ -88,6 +91,7 @@ def export_specforge(cache_path: str | Path, out: str | Path, layer_ids: list[in
     out = check_fresh_dir(Path(out))
     data = SequenceDataset(cache_path, layer_ids=ids)
     record_ids = []
+    progress.start(len(data), label="export", unit="sequences")
     for i in range(len(data)):
         item = data[i]
         hidden = item["hidden_states"]
@@ -101,6 +105,7 @@ def export_specforge(cache_path: str | Path, out: str | Path, layer_ids: list[in
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(record, path)
         record_ids.append(item["record_id"])
+        progress.advance(1)
     write_sidecar(
         out,
         {
@@ -171,6 +176,7 @@ def import_specforge(
     layer_ids: list[int] | None = None,
     compression: str = "fast",
     target: str | None = None,
+    progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:
     """Turn SpecForge DFlash feature files under ``directory`` into a cache at ``out``.
 
@@ -208,5 +214,6 @@ def import_specforge(
         layer_ids=list(ids),
         imported=imported,
         compression=compression,
+        progress=progress,
         target=target,  # adds target/ only: SpecForge's files never hold the last layer
     )

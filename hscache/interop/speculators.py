@@ -43,6 +43,7 @@ from hscache.interop.common import (
     write_imported_cache,
     write_sidecar,
 )
+from hscache.progress import NO_PROGRESS
 from hscache.store.open import open_cache
 
 __all__ = ["export_speculators", "import_speculators"]
@@ -101,7 +102,9 @@ def _write_dataset(out: Path, rows: dict[str, list]) -> None:
     (out / "state.json").write_text(json.dumps(state, indent=2))
 
 
-def export_speculators(cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None) -> int:
+def export_speculators(
+    cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None, progress: Any = NO_PROGRESS
+) -> int:
     """Write the cache at ``cache_path`` as speculators offline data under ``out``; return the count.
 
     Raises:
@@ -116,6 +119,7 @@ def export_speculators(cache_path: str | Path, out: str | Path, layer_ids: list[
     data = SequenceDataset(cache_path, layer_ids=ids)
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     record_ids = []
+    progress.start(len(data), label="export", unit="sequences")
     for i in range(len(data)):
         item = data[i]
         ids_i = item["token_ids"]
@@ -127,6 +131,7 @@ def export_speculators(cache_path: str | Path, out: str | Path, layer_ids: list[
         rows["loss_mask"].append(item["loss_mask"].to(torch.int64).tolist())
         rows["seq_len"].append(len(ids_i))
         record_ids.append(item["record_id"])
+        progress.advance(1)
     _write_dataset(out, rows)
     aux = [i + 1 for i in ids]
     write_sidecar(
@@ -208,6 +213,7 @@ def import_speculators(
     layer_ids: list[int] | None = None,
     compression: str = "fast",
     target: str | None = None,
+    progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:
     """Turn speculators offline data at ``directory`` into a cache at ``out``.
 
@@ -248,6 +254,7 @@ def import_speculators(
         layer_ids=[a - 1 for a in aux],
         imported=imported,
         compression=compression,
+        progress=progress,
         target=target,
         last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hscache.progress import NO_PROGRESS
 from hscache.store.layout import ARRAYS_GROUP, chunk_key
 from hscache.verify.report import LayerStats, Problem, VerifyReport
 from hscache.verify.structure import CacheLayout, sequences_in
@@ -81,7 +82,9 @@ class _Accumulators:
         self.elements += x.shape[0] * x.shape[2]
 
 
-def scan_sequences(layout: CacheLayout, report: VerifyReport) -> dict[tuple[str, int], bool]:
+def scan_sequences(
+    layout: CacheLayout, report: VerifyReport, progress: Any = NO_PROGRESS
+) -> dict[tuple[str, int], bool]:
     """Run the quick data checks over every committed sequence; return the chunks it decoded
     (``(array, chunk) -> True``) or failed to decode (``False``).
 
@@ -97,8 +100,10 @@ def scan_sequences(layout: CacheLayout, report: VerifyReport) -> dict[tuple[str,
     acc = _Accumulators(len(layout.offsets), len(report.layer_ids))
     hashers: dict[int, Any] = {}
     ends = layout.offsets + layout.lengths
+    progress.start(layout.committed_tokens, label="verify", unit="tokens")
     for start in range(0, layout.committed_tokens, spec.chunk_tokens):
         stop = min(start + spec.chunk_tokens, layout.committed_tokens)
+        progress.advance(stop - start)
         seq_of_row = np.searchsorted(ends, np.arange(start, stop), side="right")
         ids = _read(layout, report, "token_ids", start, stop, acc)
         block = _read(layout, report, "hidden_states", start, stop, acc)
@@ -233,16 +238,23 @@ def _robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray
     return [int(s) for s in np.flatnonzero(usable & far)]
 
 
-def deep_decode(layout: CacheLayout, report: VerifyReport, tried: dict[tuple[str, int], bool]) -> None:
+def deep_decode(
+    layout: CacheLayout, report: VerifyReport, tried: dict[tuple[str, int], bool], progress: Any = NO_PROGRESS
+) -> None:
     """Decode every stored chunk of every array (those the scan ``tried`` are not re-read).
 
     A bad chunk that holds committed tokens is a problem for each of its sequences; one past
     the committed tokens (padding, or rows a killed run wrote) is a warning: resume rewrites it.
     Float arrays other than hidden_states are also checked for NaN/Inf per sequence.
     """
+    chunks = {
+        name: -(-array.shape[0] // layout.specs[name].chunk_tokens) for name, array in layout.arrays.items()
+    }
+    progress.start(sum(chunks.values()), label="verify --deep", unit="chunks")
     for name, array in layout.arrays.items():
         spec = layout.specs[name]
-        for chunk in range(-(-array.shape[0] // spec.chunk_tokens)):
+        for chunk in range(chunks[name]):
+            progress.advance(1)
             path = layout.root / ARRAYS_GROUP / name / chunk_key(spec, chunk)
             if (name, chunk) in tried or not path.is_file():
                 continue  # missing committed chunks were reported by the files check

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
 
-import schemas
+from hscache import schemas
 from hscache.errors import CacheFormatError
 from hscache.store.index import INDEX_SCHEMA, index_part_path
 from hscache.store.integrity import check_cache

@@ -152,13 +152,14 @@ def score_rows(
     cache: CacheView,
     rows: Sequence[int],
     config: Any,
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
-    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
+    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships);
+    ``on_sequence`` gets each result as it is done (progress)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = DTYPES[config.dtype]
     # Per row, never the whole index as Python lists (a cache may index millions of sequences).
-    record_ids, prompt_lens, lengths = (cache.index.column(c) for c in ("record_id", "prompt_len", "length"))
+    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
     norm = getattr(drafter, "context_norm", None)  # the last layer as hidden_states[L] (features.py)
     if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
         sequences = [
@@ -181,8 +182,8 @@ def score_rows(
             memory_gb=config.memory_gb,
         )
         if on_sequence:
-            for row in rows:
-                on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+            for result in results:
+                on_sequence(result)
         return results
     results = []
     for row in rows:
@@ -204,7 +205,7 @@ def score_rows(
             )
         )
         if on_sequence:
-            on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+            on_sequence(results[-1])
     return results
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-import schemas
+from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.store.info import cache_completeness
 from hscache.store.view import CacheView
 from scorer.metrics import (
     AcceptLen,
@@ -26,6 +27,7 @@ from scorer.metrics import (
     tau_pooled_from_totals,
     tokens_per_round_histogram,
 )
+from scorer.report.text import token_pieces
 from scorer.score import SequenceResult, result_summary
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
@@ -86,8 +88,13 @@ def _samples(
                 "accepted": acc,
                 "tokens": result.chain.tokens[k],
                 "context_tail": tokenizer.decode(x[max(0, p - 15) : p + 1]),
-                "drafted": [tokenizer.decode([t]) for t in drafted],
-                "target": [tokenizer.decode([t]) for t in target],
+                # Per slot, the text each token adds (never a lone U+FFFD), and each run whole.
+                "drafted": token_pieces(tokenizer, drafted, context=x[max(0, p - 15) : p + 1]),
+                "target": token_pieces(tokenizer, target, context=x[max(0, p - 15) : p + 1]),
+                "drafted_ids": drafted,
+                "target_ids": target,
+                "drafted_text": tokenizer.decode(drafted),
+                "target_text": tokenizer.decode(target),
                 "diverged_at_slot": acc + 1 if acc < avail else None,
             }
         )
@@ -128,6 +135,10 @@ def build_report(
             "--anchors chain drafted only the anchors the replays visit: per-position acceptance and "
             "train_accept_len need every anchor and are not reported (use --anchors all)"
         )
+    notes, target_check = _target_notes(drafter, warnings)
+    completeness = cache_completeness(cache)
+    if not completeness["complete"]:
+        warnings.append(_incomplete_warning(completeness))
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
         warnings.append(
@@ -167,6 +178,8 @@ def build_report(
             else {}
         ),
         "warnings": warnings,
+        "notes": notes,
+        "target_check": target_check,
         "samples": _samples(results, cache, config.samples, config.seed, B),
         "per_request": [
             dict(
@@ -191,6 +204,9 @@ def build_report(
             "layer_ids": cache.layer_ids,
             "settings": cache.settings,
             "provenance": cache.provenance,
+            "complete": completeness["complete"],
+            "committed_sequences": completeness["committed_sequences"],
+            "expected_sequences": completeness["expected_sequences"],
         },
         "versions": package_versions(),
         "hscache_git_commit": git_commit(),
@@ -227,6 +243,33 @@ def _teacher_forced(results: Sequence[SequenceResult], B: int) -> dict[str, Any]
         "acceptance": _acceptance_dict(acceptance_rates(counts), B),
         "accept_len": length.mean,
     }
+
+
+def _target_notes(drafter: Any, warnings: list[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """The target-identity check (scorer/target_identity.py): a mismatch scored anyway is a warning,
+    an unchecked target a note; returns (notes, the check as a dict)."""
+    check = getattr(drafter, "target_check", None)
+    if check is None:
+        return [], None
+    message = check.message()
+    if check.status == "mismatch":
+        warnings.append(message)
+        return [], check.to_dict()
+    return ([message] if message else []), check.to_dict()
+
+
+def _incomplete_warning(completeness: dict[str, Any]) -> str:
+    expected = completeness["expected_sequences"]
+    of = f" of {expected}" if expected else ""
+    why = (
+        "a writer is still running"
+        if completeness["writer"] is not None
+        else "its extraction stopped before the end (resume it with the same extract command)"
+    )
+    return (
+        f"the cache is INCOMPLETE: {completeness['committed_sequences']}{of} sequences committed, {why}; "
+        "these numbers cover only the committed sequences"
+    )
 
 
 def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:

@@ -27,6 +27,11 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         title=f"{family} replay: {report['checkpoint']['path']} on {report['cache']['path']}",
         show_header=True,
     )
+    # tau is the headline number: say what it is where it is first printed.
+    console.print(
+        "tau = tokens each target forward yields: the accepted draft tokens + 1 bonus token "
+        "(1.0: the drafter never helps; at most the block size)"
+    )
     head.add_column("metric")
     head.add_column("value", justify="right")
     head.add_column("95% CI", justify="right")
@@ -58,6 +63,10 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         "requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", ""
     )
     head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
+    cache = report["cache"]
+    if cache.get("complete") is False:
+        of = f" of {cache['expected_sequences']}" if cache.get("expected_sequences") else ""
+        head.add_row("[bold red]cache INCOMPLETE[/]", f"{cache.get('committed_sequences')}{of} sequences", "")
     console.print(head)
     _render_config_sources(report, console)
     acc = Table(title="per-position acceptance (slot 1 first)")
@@ -79,10 +88,17 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         for name, row in report["per_category"].items():
             cats.add_row(name, str(row["n_requests"]), _f(row["tau_per_request"]), _f(row["tau_pooled"]))
         console.print(cats)
+    if report["samples"]:
+        console.print(
+            "sample rounds: after the context, each slot's drafted token and the target's greedy token "
+            "(x: they differ; a round accepts the slots before the first x, plus 1 bonus token)"
+        )
     for sample in report["samples"]:
         _render_sample(sample, console)
     for warning in report["warnings"]:
         console.print(f"[bold yellow]warning:[/] {warning}")
+    for note in report.get("notes", []):
+        console.print(f"[bold]note:[/] {note}")
 
 
 def _render_config_sources(report: dict[str, Any], console: Console) -> None:
@@ -102,17 +118,20 @@ def _render_config_sources(report: dict[str, Any], console: Console) -> None:
 
 def _render_sample(sample: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"{sample['record_id']} @ {sample['anchor']}: {sample['tokens']} tokens "
-        f"(...{sample['context_tail']!r})"
+        title=f"{sample['record_id']} at position {sample['anchor']}: {sample['tokens']} tokens this round",
+        caption=f"context ...{sample['context_tail']!r}",
     )
     table.add_column("slot", justify="right")
     table.add_column("drafted")
-    table.add_column("target")
+    table.add_column("target (greedy)")
+    ids = list(zip(sample.get("drafted_ids", sample["drafted"]), sample.get("target_ids", sample["target"])))
     for j, (d, t) in enumerate(zip(sample["drafted"], sample["target"]), 1):
-        mark = "" if d == t else " [red]x[/]"
+        mark = "" if ids[j - 1][0] == ids[j - 1][1] else " [red]x[/]"
         table.add_row(
             str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t)
         )
+    if "drafted_text" in sample:
+        table.add_row("all", repr(sample["drafted_text"]), repr(sample["target_text"]))
     console.print(table)
 
 

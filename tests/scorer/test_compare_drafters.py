@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import schemas
+from hscache import schemas
 from scorer.cli import main
 from scorer.compare import compare_drafters
 from scorer.evaluate import EvalConfig, evaluate

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import schemas
+from hscache import schemas
 from scorer.cli import main
 from scorer.diagnose import (
     FAMILY_HYPOTHESES,

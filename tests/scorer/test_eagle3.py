@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 import hscache
-import schemas
+from hscache import schemas
 from scorer.cli import main
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one

@@ -91,13 +91,13 @@ def score_rows(
     cache: CacheView,
     rows: Sequence[int],
     config: Any,
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
     """Score the cache's sequences ``rows``: features in the drafter's layer order, raw layer outputs
     (vLLM captures aux states as ``hidden_states + residual``, before any final norm)."""
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     dtype = DTYPES[config.dtype]
-    record_ids, prompt_lens, lengths = (cache.index.column(c) for c in ("record_id", "prompt_len", "length"))
+    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
     results = []
     for row in rows:
         features = sequence_features(cache.hidden_states(row), index, dtype, config.device, None)
@@ -116,7 +116,7 @@ def score_rows(
             )
         )
         if on_sequence:
-            on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
+            on_sequence(results[-1])
     return results
 
 

@@ -18,8 +18,10 @@ from safetensors.torch import save_file
 import hscache
 from hscache.store.fsio import atomic_write_with
 from hscache.store.view import CacheView
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["EAGLE3_LAYOUTS", "eagle3_config_for_cache", "init_eagle3", "save_eagle3"]
 
@@ -126,8 +128,10 @@ def save_eagle3(
     layout: str = "speculators",
     embed_tokens: torch.Tensor | None = None,
     d2t: torch.Tensor | None = None,
+    extra_config: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """Write ``layout`` to ``directory``: config.json and the weights file that layout uses.
+    """Write ``layout`` to ``directory``: config.json and the weights file that layout uses;
+    ``extra_config`` adds keys to config.json (e.g. the target identity, scorer/target_identity.py).
 
     Raises:
         ValueError: an unknown layout, or a config the layout cannot express.
@@ -149,7 +153,7 @@ def save_eagle3(
     t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
     t2d[torch.arange(config.draft_vocab_size) + offsets] = True
     tensors["t2d"] = t2d
-    text = json.dumps(_config_json(config, layout), indent=2)
+    text = json.dumps({**_config_json(config, layout), **(extra_config or {})}, indent=2)
     written = [atomic_write_with(out / "config.json", lambda p: p.write_text(text))]
     if layout == "eagle_release":
         written.append(atomic_write_with(out / "pytorch_model.bin", lambda p: torch.save(tensors, p)))
@@ -169,13 +173,16 @@ def init_eagle3(
     layout: str = "speculators",
     seed: int = 0,
     draft_vocab_size: int | None = None,
+    overwrite: bool = False,
     **config_options: Any,
 ) -> tuple[Eagle3Config, Eagle3Drafter]:
-    """A random EAGLE-3 drafter for the cache's target, written in ``layout`` at ``out``.
+    """A random EAGLE-3 drafter for the cache's target, written in ``layout`` at ``out`` (whole, as
+    scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``).
 
     With ``draft_vocab_size`` below the target's, the draft vocabulary is every other target id
     from 0 (a deterministic reduced vocabulary, d2t/t2d written as speculators writes them).
     """
+    check_drafter_dir(out, overwrite)
     cache = hscache.open_cache(cache_path)
     config = eagle3_config_for_cache(
         cache, draft_vocab_size=draft_vocab_size, layout=layout, **config_options
@@ -193,5 +200,14 @@ def init_eagle3(
         ids = torch.arange(config.draft_vocab_size) * (config.vocab_size // config.draft_vocab_size)
         d2t = ids - torch.arange(config.draft_vocab_size)
     embed = cache.target_head()["embed_tokens"]
-    save_eagle3(out, config, drafter.state_dict(), layout=layout, embed_tokens=embed, d2t=d2t)
+    with staged_drafter_dir(out, overwrite) as staging:
+        save_eagle3(
+            staging,
+            config,
+            drafter.state_dict(),
+            layout=layout,
+            embed_tokens=embed,
+            d2t=d2t,
+            extra_config={IDENTITY_KEY: cache_target_identity(cache)},
+        )
     return config, drafter

@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import hscache
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.eagle3.init import eagle3_config_for_cache, save_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["train_eagle3"]
 
@@ -29,9 +31,12 @@ def train_eagle3(
     lr: float = 3e-3,
     seed: int = 0,
     layout: str = "speculators",
+    overwrite: bool = False,
     **config_options: Any,
 ) -> dict[str, Any]:
-    """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``."""
+    """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
+    (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``)."""
+    check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
     config = eagle3_config_for_cache(cache, layout=layout, **config_options)
     index = [cache.layer_ids.index(i) for i in config.target_layer_ids]
@@ -69,5 +74,13 @@ def train_eagle3(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    save_eagle3(out, config, drafter.state_dict(), layout=layout, embed_tokens=head["embed_tokens"])
+    with staged_drafter_dir(out, overwrite) as staging:
+        save_eagle3(
+            staging,
+            config,
+            drafter.state_dict(),
+            layout=layout,
+            embed_tokens=head["embed_tokens"],
+            extra_config={IDENTITY_KEY: cache_target_identity(cache)},
+        )
     return {"final_loss": float(loss.detach()), "config": config}
