@@ -292,8 +292,14 @@ def eval_command(
 @main.command()
 @click.argument("checkpoints", nargs=-1, required=True)
 @click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="Torch device the drafters run on.")
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
 @click.option(
     "--ddtree",
     default="",
@@ -302,7 +308,9 @@ def eval_command(
     help="DDTree budgets for block (DFlash) drafters; '' for none.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
+)
 @click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
 @click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
 @click.option(
@@ -319,7 +327,12 @@ def compare(
     tree_text: str | None,
     **options: Any,
 ) -> None:
-    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds."""
+    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds.
+
+    \b
+    Example:
+      scorer compare drafter/ eagle3/ target:mtp --cache cache/ --json compare.json
+    """
     from rich.console import Console
     from rich.table import Table
 
