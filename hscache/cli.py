@@ -423,6 +423,23 @@ def merge(out: str, into: str | None) -> None:
     )
 
 
+@main.command()
+@click.argument("cache_dir")
+@click.option(
+    "--compression",
+    type=click.Choice(COMPRESSIONS),
+    required=True,
+    help="The codec to convert every array to: none (training: memory-speed reads), fast, balanced.",
+)
+@friendly_errors
+def recompress(cache_dir: str, compression: str) -> None:
+    """Convert CACHE_DIR's arrays to another codec in place (crash-safe; re-run to resume)."""
+    from hscache.store.recompress import recompress_cache
+
+    recompress_cache(cache_dir, compression, progress=click.echo)
+    click.echo(f"{cache_dir} now stores every array with compression {compression}")
+
+
 _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
 
 
