@@ -83,7 +83,14 @@ def _sequence(
 
 
 def write_cache(
-    out: Path, sequences: int, length: int, layers: int, hidden: int, codec: str, last_layer: bool = False
+    out: Path,
+    sequences: int,
+    length: int,
+    layers: int,
+    hidden: int,
+    codec: str,
+    last_layer: bool = False,
+    chunk_bytes: int = 8 << 20,
 ) -> float:
     """A cache through ``StoreWriter``; returns the seconds spent in the writer (data generation excluded).
 
@@ -97,7 +104,7 @@ def write_cache(
     if last_layer:
         (out / TARGET_DIR).mkdir(parents=True)
         (out / TARGET_DIR / "config.json").write_text(json.dumps({"num_hidden_layers": ids[-1] + 1}))
-    specs = array_specs(layers, hidden, "bfloat16", 8, None, 8 << 20)
+    specs = array_specs(layers, hidden, "bfloat16", 8, None, chunk_bytes)
     writing = 0.0
     t0 = time.perf_counter()
     writer = StoreWriter.create(out, specs, codec, {"layer_ids": ids})
@@ -269,11 +276,20 @@ def codec_table(tmp: Path, args, repeats: int) -> dict[str, dict[str, float]]:
         root = tmp / f"codec-{codec}"
         # speculators' export needs the cache to hold the target's last layer; SpecForge's refuses it.
         seconds = write_cache(
-            root, args.sequences, args.length, args.layers, args.hidden, codec, last_layer=codec == "none"
+            root,
+            args.sequences,
+            args.length,
+            args.layers,
+            args.hidden,
+            codec,
+            last_layer=codec == "none",
+            chunk_bytes=int(args.chunk_mb * (1 << 20)),
         )
         cache = hscache.open_cache(root)
         raw = cache.num_tokens * cache.specs["hidden_states"].bytes_per_token
-        stored = sum(p.stat().st_size for p in (root / "arrays" / "hidden_states").rglob("*") if p.is_file())
+        stored = sum(
+            p.stat().st_size for p in (root / "arrays" / "hidden_states" / "c").rglob("*") if p.is_file()
+        )
         data = SequenceDataset(root)
         _drain(data.prefetched())
         warm = cold = 0.0
@@ -309,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=5120)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--chunk-mb", type=float, default=8.0, help="As hscache extract --chunk-mb.")
     parser.add_argument("--workers", default="1,2", help="DataLoader worker counts (besides 0: in-process).")
     parser.add_argument("--dir", default=None, help="Where to write the caches (default: a temp dir).")
     parser.add_argument("--json", dest="json_path", default=None, help="Also write the figures here.")
@@ -316,6 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.sequences, args.length, args.layers, args.hidden, args.repeats = 3, 256, 2, 64, 1
+        args.chunk_mb = 1 / 16  # 256-token chunks, as at the real dimensions
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
     load = os.getloadavg()
     size = args.sequences * args.length * args.layers * args.hidden * 2

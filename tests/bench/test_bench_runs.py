@@ -84,3 +84,31 @@ def test_read_path_bench_quick(capsys):
         ):
             assert line in out, out
     assert out.count("reader/memmap ratio") == 4 and out.count("read/decode ratio") == 2
+
+
+def test_training_read_bench_quick(capsys, tmp_path):
+    """bench/training_read.py --quick runs every path and writes the ratios the issue names."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("training_read_bench", ROOT / "bench" / "training_read.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out_json = tmp_path / "read.json"
+    module.main(["--quick", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    document = json.loads(out_json.read_text())
+    for key in module.RATIO_KEYS:
+        assert document["ratios"][key] > 0 and f"ratio {key}:" in out
+    for label in ("warm", "cold"):
+        for path in ("memmap", "speculators", "specforge"):
+            assert document["gb_per_s"][label][path] > 0
+        for kind in ("dataset", "windows"):
+            for codec in ("none", "fast"):
+                for workers in (0, 1, 2):
+                    assert document["gb_per_s"][label][f"{kind}_{codec}_w{workers}"] > 0
+    assert set(document["codecs"]) == {"none", "fast", "balanced"}
+    assert document["codecs"]["none"]["stored_over_raw"] == pytest.approx(
+        1.0, abs=1e-3
+    )  # + 4 crc bytes a chunk
+    assert "checksum cost, codec none" in out
