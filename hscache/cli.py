@@ -20,7 +20,7 @@ import click
 from hscache.capture import BACKENDS
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
-from hscache.store.layout import COMPRESSIONS
+from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = ["error_boundary", "main"]
 
@@ -229,10 +229,10 @@ def main() -> None:
 @click.option(
     "--compression",
     type=click.Choice(list(COMPRESSIONS)),
-    default="fast",
+    default=DEFAULT_COMPRESSION,
     show_default=True,
-    help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
-    "5x slower to decode (docs/storage.md).",
+    help="none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
+    "zstd-1+shuffle, 20% smaller, slow to decode (docs/storage.md). `hscache recompress` converts later.",
 )
 @click.option("--chunk-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001))
 @click.option(
@@ -472,7 +472,7 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     "dflash_config.target_layer_ids). Not needed for a folder written by hscache export.",
 )
 @click.option(
-    "--compression", type=click.Choice(["balanced", "fast", "none"]), default="fast", show_default=True
+    "--compression", type=click.Choice(list(COMPRESSIONS)), default=DEFAULT_COMPRESSION, show_default=True
 )
 @click.option(
     "--target",

@@ -102,13 +102,16 @@ def _check_rank(rank: int, world_size: int) -> None:
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool) -> torch.Tensor:
     """An uninitialised tensor for an item's hidden states: pinned when asked; in a DataLoader worker,
-    in shared memory (what torch's own collate does), so passing it to the main process is no copy."""
+    in shared memory (what torch's own collate does), so passing it to the main process is no copy;
+    else numpy's memory, which asks the kernel for huge pages on big arrays: a fresh 100 MB item then
+    costs ~50 page faults instead of ~25,000 (half the time of filling a ``torch.empty`` buffer here)."""
+    nbytes = math.prod(shape) * dtype.itemsize
     if pin_memory:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
     if get_worker_info() is not None:
-        storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+        storage = torch.UntypedStorage._new_shared(nbytes)
         return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
-    return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(np.empty(nbytes, np.uint8)).view(dtype).view(shape)
 
 
 def _hidden(

@@ -42,6 +42,7 @@ from hscache.interop.common import (
     write_imported_cache,
     write_sidecar,
 )
+from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 
 __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
@@ -169,7 +170,7 @@ def import_specforge(
     directory: str | Path,
     out: str | Path,
     layer_ids: list[int] | None = None,
-    compression: str = "fast",
+    compression: str = DEFAULT_COMPRESSION,
     target: str | None = None,
 ) -> tuple[int, int]:
     """Turn SpecForge DFlash feature files under ``directory`` into a cache at ``out``.

@@ -43,6 +43,7 @@ from hscache.interop.common import (
     write_imported_cache,
     write_sidecar,
 )
+from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 
 __all__ = ["export_speculators", "import_speculators"]
@@ -206,7 +207,7 @@ def import_speculators(
     directory: str | Path,
     out: str | Path,
     layer_ids: list[int] | None = None,
-    compression: str = "fast",
+    compression: str = DEFAULT_COMPRESSION,
     target: str | None = None,
 ) -> tuple[int, int]:
     """Turn speculators offline data at ``directory`` into a cache at ``out``.

@@ -54,16 +54,24 @@ def copy(small_cache, tmp_path) -> Path:
     return small_cache.copy(tmp_path / "cache")
 
 
-def test_recompress_to_none_and_back_keeps_every_decoded_byte(copy):
+def _chunk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "arrays" / "hidden_states").rglob("c/*/*/*"))
+
+
+def test_recompress_to_fast_and_back_keeps_every_decoded_byte(copy):
     reference = _decoded(copy)
-    assert hscache.open_cache(copy).manifest["compression"] == "fast"
-    sizes = sum(p.stat().st_size for p in (copy / "arrays" / "hidden_states").rglob("c/*/*/*"))
+    assert hscache.open_cache(copy).manifest["compression"] == "none"  # the default
+    raw = _chunk_bytes(copy)
     lines: list[str] = []
-    recompress_cache(copy, "none", progress=lines.append)
+    recompress_cache(copy, "fast", progress=lines.append)
+    _assert_converted(copy, reference, "fast")
+    assert any(line.startswith("hidden_states: 3 chunks converted to fast") for line in lines), lines
+    assert _chunk_bytes(copy) < raw  # the chunks really are compressed now
+    result = CliRunner().invoke(main, ["recompress", str(copy), "--compression", "none"])
+    assert result.exit_code == 0, result.output
+    assert "now stores every array with compression none" in result.output
     _assert_converted(copy, reference, "none")
-    assert any(line.startswith("hidden_states: 3 chunks converted to none") for line in lines), lines
-    raw = sum(p.stat().st_size for p in (copy / "arrays" / "hidden_states").rglob("c/*/*/*"))
-    assert raw > sizes  # the chunks really are stored uncompressed now
+    assert _chunk_bytes(copy) == raw
     result = CliRunner().invoke(main, ["recompress", str(copy), "--compression", "balanced"])
     assert result.exit_code == 0, result.output
     assert "now stores every array with compression balanced" in result.output
@@ -83,7 +91,7 @@ def dying(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup, no flush
     return result
 setattr(r, where, dying)
-r.recompress_cache(sys.argv[1], "none")
+r.recompress_cache(sys.argv[1], "fast")
 """
 
 
@@ -103,28 +111,28 @@ def test_kill9_mid_recompress_leaves_a_readable_cache_and_a_rerun_finishes(copy)
         assert died.returncode == -9, died.stderr[-2000:]
         assert (copy / WORK_DIR).is_dir()
         assert _decoded(copy) == reference  # mixed codecs between arrays, every byte as before
-        assert hscache.open_cache(copy).manifest["compression"] == "fast"
-    converted = [n for n in reference if "blosc" not in _codecs(copy, n)]
+        assert hscache.open_cache(copy).manifest["compression"] == "none"
+    converted = [n for n in reference if "blosc" in _codecs(copy, n)]
     assert 0 < len(converted) < len(reference)  # the swapped arrays stay converted, the others wait
     result = subprocess.run(
-        [sys.executable, "-m", "hscache.cli", "recompress", str(copy), "--compression", "none"],
+        [sys.executable, "-m", "hscache.cli", "recompress", str(copy), "--compression", "fast"],
         capture_output=True,
         text=True,
         env={**ONE_THREAD_ENV, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path.cwd())},
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    _assert_converted(copy, reference, "none")
+    _assert_converted(copy, reference, "fast")
 
 
 def test_a_locked_cache_is_refused_and_left_alone(copy):
     before = _decoded(copy)
     with writer_lock(copy, "hscache extract"):
         with pytest.raises(CacheLockedError, match="being written by"):
-            recompress_cache(copy, "none")
-        result = CliRunner().invoke(main, ["recompress", str(copy), "--compression", "none"])
+            recompress_cache(copy, "fast")
+        result = CliRunner().invoke(main, ["recompress", str(copy), "--compression", "fast"])
     assert result.exit_code == 2 and result.output.startswith("error: ") and result.output.count("\n") == 1
-    assert _decoded(copy) == before and "blosc" in _codecs(copy, "hidden_states")
+    assert _decoded(copy) == before and "blosc" not in _codecs(copy, "hidden_states")
 
 
 def test_a_damaged_chunk_stops_the_conversion_naming_it_and_nothing_is_lost(copy):
@@ -134,9 +142,9 @@ def test_a_damaged_chunk_stops_the_conversion_naming_it_and_nothing_is_lost(copy
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(CacheFormatError, match=r"hidden_states chunk c/1/0/0 .*fails its crc32c check"):
-        recompress_cache(copy, "none")
+        recompress_cache(copy, "fast")
     assert path.read_bytes() == bytes(data)  # the damaged array is not replaced
-    assert "blosc" in _codecs(copy, "hidden_states")
+    assert "blosc" not in _codecs(copy, "hidden_states")
 
 
 @pytest.mark.parametrize(
@@ -176,10 +184,10 @@ def test_without_an_atomic_exchange_a_swap_cut_between_its_renames_is_finished_b
 
     monkeypatch.setattr(module.os, "replace", cut)
     with pytest.raises(hscache.StoreWriteError, match="re-run the same command to resume"):
-        recompress_cache(copy, "none")
+        recompress_cache(copy, "fast")
     assert (
         not (copy / "arrays" / "hidden_states").exists() and (copy / WORK_DIR / "hidden_states.old").is_dir()
     )
     monkeypatch.setattr(module.os, "replace", real_replace)
-    recompress_cache(copy, "none")
-    _assert_converted(copy, reference, "none")
+    recompress_cache(copy, "fast")
+    _assert_converted(copy, reference, "fast")
