@@ -22,12 +22,10 @@ from hscache.store.writer import SequenceRows, StoreWriter
 LENGTHS = [300, 5, 700, 200]  # 1205 tokens: 5 chunks of 256 tokens, a partial last chunk
 
 
-@pytest.fixture(scope="module")
-def plain_cache(tmp_path_factory) -> Path:
-    """bf16 hidden states [2, 16], codec none, 256-token chunks: the uncompressed training cache."""
-    root = tmp_path_factory.mktemp("training") / "none"
+def _write(root: Path, compression: str) -> Path:
+    """bf16 hidden states [2, 16], 256-token chunks."""
     specs = array_specs(2, 16, "bfloat16", 4, None, chunk_bytes=256 * 64)
-    writer = StoreWriter.create(root, specs, "none", {"layer_ids": [3, 7]})
+    writer = StoreWriter.create(root, specs, compression, {"layer_ids": [3, 7]})
     gen = torch.Generator().manual_seed(0)
     for n, t in enumerate(LENGTHS):
         hidden = torch.randn(t, 2, 16, generator=gen).to(torch.bfloat16)
@@ -46,20 +44,35 @@ def plain_cache(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def plain_cache(tmp_path_factory) -> Path:
+    """The uncompressed training cache."""
+    return _write(tmp_path_factory.mktemp("training") / "none", "none")
+
+
+@pytest.fixture(scope="module", params=["none", "fast"])
+def any_cache(request, plain_cache, tmp_path_factory) -> Path:
+    """The training cache, and the same rows compressed."""
+    if request.param == "none":
+        return plain_cache
+    return _write(tmp_path_factory.mktemp("training") / "fast", "fast")
+
+
 @pytest.fixture
-def damaged(plain_cache, tmp_path):
+def damaged(any_cache, tmp_path):
     """A copy of the cache, opened and fully read once (every chunk verified in this process),
     then chunk 1 of hidden_states flipped IN PLACE (same inode): the record must not vouch for it."""
     root = tmp_path / "c"
-    shutil.copytree(plain_cache, root)
+    shutil.copytree(any_cache, root)
     cache = hscache.open_cache(root)
     cache.read_tokens("hidden_states", 0, cache.num_tokens)
     path = root / "arrays" / "hidden_states" / chunk_key(cache.specs["hidden_states"], 1)
     before = os.stat(path)
     with open(path, "r+b") as f:  # in place: no rename, the inode stays
-        f.seek(1000)
+        middle = before.st_size // 2
+        f.seek(middle)
         byte = f.read(1)
-        f.seek(1000)
+        f.seek(middle)
         f.write(bytes([byte[0] ^ 0x04]))
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1))  # even within one clock tick
     assert os.stat(path).st_ino == before.st_ino
