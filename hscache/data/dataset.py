@@ -227,7 +227,9 @@ class PackedWindows(_CacheHandle, IterableDataset):
 
     Reading: the windows of one storage chunk are read as one block; ``prefetch`` blocks ahead are
     read in a background thread while the current block's windows are yielded (0: none).
-    ``pin_memory``: blocks land in pinned memory (needs CUDA); windows are views of their block.
+    ``pin_memory``: blocks land in pinned memory (needs CUDA; for a loop without worker processes:
+    with workers, pass ``pin_memory=True`` to the ``DataLoader`` instead); windows are views of
+    their block.
     """
 
     def __init__(

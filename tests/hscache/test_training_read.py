@@ -205,3 +205,10 @@ def test_worker_items_arrive_in_shared_memory_unchanged(plain_cache):
         assert torch.equal(
             item["hidden_states"].view(torch.int16), data[item["row"]]["hidden_states"].view(torch.int16)
         )
+
+
+def test_bad_read_ahead_values_are_refused_in_one_line(plain_cache):
+    with pytest.raises(hscache.InputError, match="ahead 0: need at least 1 item read ahead"):
+        next(SequenceDataset(plain_cache).prefetched(ahead=0))
+    with pytest.raises(hscache.InputError, match=r"prefetch -1: need 0 \(no read-ahead\) or more blocks"):
+        PackedWindows(plain_cache, window=8, prefetch=-1)
