@@ -24,10 +24,12 @@ the shuffled chunk order (then every ``num_workers``-th of those per worker).
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
@@ -257,6 +259,9 @@ class PackedWindows(_CacheHandle, IterableDataset):
                 f"or write one cache with `hscache merge {cache.path} --into DEST`"
             )
         self.window, self.seed, self.shuffle, self.epoch = int(window), int(seed), shuffle, 0
+        # The epoch as DataLoader workers see it: shared memory, so set_epoch reaches persistent
+        # workers too (each keeps the copy of the dataset it started with).
+        self._shared_epoch: Any = multiprocessing.RawValue("q", 0)
         self.rank, self.world_size = rank, world_size
         self.layer_ids = list(cache.layer_ids if layer_ids is None else layer_ids)
         self._positions = _layer_positions(cache, layer_ids)
@@ -270,13 +275,24 @@ class PackedWindows(_CacheHandle, IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call on every rank with the same value before iterating)."""
         self.epoch = int(epoch)
+        if self._shared_epoch is not None:
+            self._shared_epoch.value = self.epoch
+
+    def _epoch(self) -> int:
+        return self.epoch if self._shared_epoch is None else int(self._shared_epoch.value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if get_spawning_popen() is None:  # a plain pickle, not a worker being started: keep a number
+            state["_shared_epoch"] = None
+        return state
 
     def _plan(self) -> tuple[list[np.ndarray], np.ndarray]:
         """(windows grouped by the storage chunk of their first token, this rank's group order)."""
         starts = np.arange(self._windows, dtype=np.int64) * self.window
         bounds = np.flatnonzero(np.diff(starts // self._chunk)) + 1
         groups = np.split(np.arange(self._windows), bounds) if self._windows else []
-        rng = np.random.default_rng([self.seed, self.epoch])
+        rng = np.random.default_rng([self.seed, self._epoch()])
         order = rng.permutation(len(groups)) if self.shuffle else np.arange(len(groups))
         return groups, order[self.rank :: self.world_size]
 
@@ -286,7 +302,7 @@ class PackedWindows(_CacheHandle, IterableDataset):
         info = get_worker_info()
         if info is not None:
             mine = mine[info.id :: info.num_workers]
-        rng = np.random.default_rng([self.seed, self.epoch, self.rank, 0 if info is None else info.id + 1])
+        rng = np.random.default_rng([self.seed, self._epoch(), self.rank, 0 if info is None else info.id + 1])
         return [rng.permutation(groups[int(g)]) if self.shuffle else groups[int(g)] for g in mine]
 
     def __len__(self) -> int:

@@ -212,3 +212,16 @@ def test_bad_read_ahead_values_are_refused_in_one_line(plain_cache):
         next(SequenceDataset(plain_cache).prefetched(ahead=0))
     with pytest.raises(hscache.InputError, match=r"prefetch -1: need 0 \(no read-ahead\) or more blocks"):
         PackedWindows(plain_cache, window=8, prefetch=-1)
+
+
+def test_set_epoch_reaches_persistent_workers(plain_cache):
+    """A persistent worker keeps its own copy of the dataset: the epoch must still reach it."""
+    windows = PackedWindows(plain_cache, window=64, seed=1)
+    persistent = DataLoader(windows, batch_size=None, num_workers=1, persistent_workers=True)
+    orders = []
+    for epoch in (0, 1):
+        windows.set_epoch(epoch)
+        fresh = DataLoader(windows, batch_size=None, num_workers=1)  # a new worker per epoch
+        orders.append([int(w["start"]) for w in persistent])
+        assert orders[-1] == [int(w["start"]) for w in fresh]
+    assert orders[0] != orders[1]
