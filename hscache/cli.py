@@ -20,7 +20,7 @@ import click
 from hscache.capture import BACKENDS
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
-from hscache.store.layout import COMPRESSIONS
+from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = ["error_boundary", "main"]
 
@@ -176,10 +176,10 @@ def main() -> None:
 @click.option(
     "--compression",
     type=click.Choice(list(COMPRESSIONS)),
-    default="fast",
+    default=DEFAULT_COMPRESSION,
     show_default=True,
-    help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
-    "5x slower to decode (docs/storage.md).",
+    help="none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
+    "zstd-1+shuffle, 20% smaller, slow to decode (docs/storage.md). `hscache recompress` converts later.",
 )
 @click.option(
     "--chunk-mb",
@@ -417,6 +417,23 @@ def merge(out: str, into: str | None) -> None:
     )
 
 
+@main.command()
+@click.argument("cache_dir")
+@click.option(
+    "--compression",
+    type=click.Choice(COMPRESSIONS),
+    required=True,
+    help="The codec to convert every array to: none (training: memory-speed reads), fast, balanced.",
+)
+@friendly_errors
+def recompress(cache_dir: str, compression: str) -> None:
+    """Convert CACHE_DIR's arrays to another codec in place (crash-safe; re-run to resume)."""
+    from hscache.store.recompress import recompress_cache
+
+    recompress_cache(cache_dir, compression, progress=click.echo)
+    click.echo(f"{cache_dir} now stores every array with compression {compression}")
+
+
 _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
 
 
@@ -457,8 +474,8 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
 )
 @click.option(
     "--compression",
-    type=click.Choice(["balanced", "fast", "none"]),
-    default="fast",
+    type=click.Choice(list(COMPRESSIONS)),
+    default=DEFAULT_COMPRESSION,
     show_default=True,
     help="Hidden-state codec, as for extract (docs/storage.md).",
 )

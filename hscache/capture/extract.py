@@ -45,7 +45,7 @@ from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMism
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
 from hscache.store.fsio import file_sha256
-from hscache.store.layout import COMPRESSIONS, MANIFEST, array_specs
+from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION, MANIFEST, array_specs
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.shards import shard_path
@@ -96,7 +96,7 @@ class ExtractConfig:
     full_logits: bool = False
     generate_batch: int = 0  # prompts per batched generate; 0: 8 on CPU, 64 on CUDA
     memory_gb: float = DEFAULT_MEMORY_GB  # [rows, V] logits working set (layout of work, not content)
-    compression: str = "fast"  # layout.COMPRESSIONS; measured choice in docs/storage.md
+    compression: str = DEFAULT_COMPRESSION  # layout.COMPRESSIONS; measured choice in docs/storage.md
     chunk_bytes: int = 8 << 20
     commit_every_s: float = 30.0
     overwrite: bool = False

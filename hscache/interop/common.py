@@ -29,7 +29,7 @@ from hscache import schemas
 from hscache.errors import InputError
 from hscache.progress import NO_PROGRESS
 from hscache.store import fsio
-from hscache.store.layout import PROVENANCE, WRITER_LOCK, ArraySpec, chunk_tokens_for
+from hscache.store.layout import DEFAULT_COMPRESSION, PROVENANCE, WRITER_LOCK, ArraySpec, chunk_tokens_for
 from hscache.store.lock import writer_lock
 from hscache.store.writer import SequenceRows, StoreWriter
 
@@ -204,7 +204,7 @@ def write_imported_cache(
     *,
     layer_ids: list[int],
     imported: dict[str, Any],
-    compression: str = "fast",
+    compression: str = DEFAULT_COMPRESSION,
     target: str | None = None,
     last_layer_slot: int | None = None,
     top_k: int = 64,

@@ -43,6 +43,7 @@ from hscache.interop.common import (
     write_sidecar,
 )
 from hscache.progress import NO_PROGRESS
+from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 
 __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
@@ -174,7 +175,7 @@ def import_specforge(
     directory: str | Path,
     out: str | Path,
     layer_ids: list[int] | None = None,
-    compression: str = "fast",
+    compression: str = DEFAULT_COMPRESSION,
     target: str | None = None,
     progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:

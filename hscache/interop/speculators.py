@@ -44,6 +44,7 @@ from hscache.interop.common import (
     write_sidecar,
 )
 from hscache.progress import NO_PROGRESS
+from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 
 __all__ = ["export_speculators", "import_speculators"]
@@ -211,7 +212,7 @@ def import_speculators(
     directory: str | Path,
     out: str | Path,
     layer_ids: list[int] | None = None,
-    compression: str = "fast",
+    compression: str = DEFAULT_COMPRESSION,
     target: str | None = None,
     progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:

@@ -15,12 +15,21 @@ blosc and crc32c release the GIL), overlapping I/O and decoding. ``tests/hscache
 checks it bit for bit against zarr's own reads.
 
 ``chunk_reader(array)`` returns None for anything else (a remote store, another codec, another
-chunk key encoding, a big-endian host): the caller then reads through zarr. Like zarr, a missing
-chunk file reads as the fill value; ``hscache verify`` names missing chunks.
+chunk key encoding, a big-endian host): the caller then reads through zarr. A missing chunk file
+under committed tokens is refused (zarr would silently read the fill value).
+
+Integrity at memory speed: every chunk file's crc32c is checked the first time this process reads
+it (``VERIFIED``, keyed by the file's identity: device, inode, size, mtime and ctime). Later reads
+of the same unchanged file skip the checksum and are one copy (or, for ``view``, none). Any rewrite
+changes the identity (zarr and hscache replace files by rename: a new inode; an in-place edit moves
+mtime/ctime), so a rewritten chunk is checked again before it is served. docs/storage.md measures
+what this saves and says what it does not cover (a disk that changes bytes under an unchanged file
+while this process runs: ``hscache verify`` reads every chunk afresh).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -36,7 +45,7 @@ from numcodecs import blosc
 
 from hscache.errors import CacheFormatError
 
-__all__ = ["ChunkReader", "chunk_reader"]
+__all__ = ["VERIFIED", "ChunkReader", "VerifiedChunks", "chunk_reader"]
 
 _BLOSC_HEADER = 16  # blosc1 frame header: version, versionlz, flags, typesize, nbytes, blocksize, cbytes
 _MAX_REUSED_BUFFER = 64 << 20  # larger chunks (e.g. full logits) get a fresh buffer per read
@@ -50,6 +59,49 @@ _PREFETCH_FILES = 4  # chunk files whose reading the kernel is asked to start ah
 # token_ids hold ~1M tokens per chunk, so without this every sequence re-decodes a whole chunk).
 # Committed rows never change and a Cache never reads past its own manifest, so entries never go stale.
 _DECODED_CACHE_BYTES = 32 << 20
+
+_VERIFIED_LIMIT = 1 << 20  # file identities remembered (~100 B each); past it the record starts over
+
+
+class VerifiedChunks:
+    """The chunk files whose crc32c this process has checked, by identity (see the module docstring).
+
+    Safe across threads; inherited by a forked child (the files it vouches for are the same files).
+    """
+
+    def __init__(self, limit: int = _VERIFIED_LIMIT):
+        self._seen: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        return (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def holds(self, st: os.stat_result) -> bool:
+        """Whether the file ``st`` describes was checked in this process and has not changed since."""
+        key, state = self._identity(st)
+        return self._seen.get(key) == state
+
+    def add(self, st: os.stat_result) -> None:
+        key, state = self._identity(st)
+        with self._lock:
+            if len(self._seen) >= self._limit:
+                self._seen.clear()
+            self._seen[key] = state
+
+    def clear(self) -> None:
+        """Forget every check: the next read of each chunk computes its crc32c again."""
+        with self._lock:
+            self._seen.clear()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+# This process's record: one per process, because what it records (a file's bytes were checked)
+# holds for every reader of that file in the process.
+VERIFIED = VerifiedChunks()
 
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
@@ -122,14 +174,24 @@ class ChunkReader:
     def chunk_path(self, index: int) -> Path:
         return self.directory / "c" / (f"{index}/{self._key_tail}" if self._key_tail else str(index))
 
-    def read(self, start: int, stop: int) -> np.ndarray:
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` (clamped to the array, as a slice is); chunks in parallel.
+
+        ``out``: a C-contiguous array of the rows' shape and stored dtype to read into (e.g. a
+        view of a pinned or shared-memory tensor): each chunk's rows are copied there once.
 
         Raises:
             CacheFormatError: a chunk fails its crc32c check or does not decode (named in the message).
+            ValueError: ``out`` has the wrong shape, dtype or layout.
         """
         start, stop = max(0, start), min(stop, self.length)
-        out = np.empty((max(0, stop - start), *self.row_shape), self.dtype)
+        shape = (max(0, stop - start), *self.row_shape)
+        if out is None:
+            out = np.empty(shape, self.dtype)
+        elif out.shape != shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(
+                f"{self.name}: out is {out.shape} {out.dtype}, need C-contiguous {shape} {self.dtype}"
+            )
         pieces = list(self._pieces(start, stop))
         for index, _, _ in pieces[1:]:
             self._prefetch(index)
@@ -145,10 +207,19 @@ class ChunkReader:
             future.result()
         return out
 
-    def iter_blocks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    def iter_blocks(
+        self, start: int = 0, stop: int | None = None, copy: bool = True
+    ) -> Iterator[tuple[int, np.ndarray]]:
         """``(first row, rows)`` per chunk of ``[start, stop)`` in order, the next chunks decoding
-        in the background while the caller works on this one (memory: a few chunks)."""
+        in the background while the caller works on this one (memory: a few chunks).
+
+        ``copy=False`` on an uncompressed array: each block is a read-only view of the mapped chunk
+        file (no copy; checked on first touch like every read), valid for as long as it is referenced.
+        """
         stop = self.length if stop is None else min(stop, self.length)
+        if not copy and not self.compressed:
+            yield from self._iter_views(max(0, start), stop)
+            return
         pending: deque[tuple[int, Future]] = deque()
         pieces = list(self._pieces(max(0, start), stop))
         pool = _executor()
@@ -167,6 +238,54 @@ class ChunkReader:
         while pending:
             first, future = pending.popleft()
             yield first, future.result()
+
+    def _iter_views(self, start: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
+        pieces = list(self._pieces(start, stop))
+        for index, _, _ in pieces[:_PREFETCH_FILES]:
+            self._prefetch(index)
+        for k, (index, a, b) in enumerate(pieces):
+            if k + _PREFETCH_FILES < len(pieces):
+                self._prefetch(pieces[k + _PREFETCH_FILES][0])
+            base = index * self.chunk_tokens
+            yield a, self.view(index)[a - base : b - base]
+
+    def view(self, index: int) -> np.ndarray:
+        """Chunk ``index`` of an uncompressed array as a read-only view of its mapped file, all
+        ``chunk_tokens`` rows (an edge chunk's padding too); its crc32c is checked on first touch.
+
+        Raises:
+            CacheFormatError: as ``read``.
+            ValueError: the array is compressed (a compressed chunk must be decoded: use ``read``).
+        """
+        if self.compressed:
+            raise ValueError(f"{self.name} is compressed: its chunks cannot be viewed, only read")
+        path = self.chunk_path(index)
+        fd = self._open(path)
+        try:
+            st = os.fstat(fd)
+            self._check_size(path, st.st_size, self.chunk_bytes + 4)
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        payload = np.frombuffer(mapped, np.uint8, count=self.chunk_bytes)
+        if not VERIFIED.holds(st):
+            crc = 0
+            for k in range(0, self.chunk_bytes, _CRC_PIECE):
+                crc = google_crc32c.extend(crc, payload[k : k + _CRC_PIECE])
+            self._check_crc(path, crc, mapped[self.chunk_bytes :])
+            VERIFIED.add(st)
+        return payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
+
+    def _open(self, path: Path) -> int:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            # The writer writes every chunk (empty ones too) before a commit publishes its tokens,
+            # so a missing chunk under committed tokens is damage: zeros would be wrong data.
+            raise CacheFormatError(
+                f"{self._where(path)} is missing; the cache is damaged: run `hscache verify` "
+                "and re-extract the sequences it names"
+            ) from None
 
     def _prefetch(self, index: int) -> None:
         """Ask the kernel to read chunk ``index``'s file in the background (no-op when cached or missing).
@@ -199,6 +318,8 @@ class ChunkReader:
         """Rows ``[a, b)`` of chunk ``index`` into ``out`` (``b - a`` rows, C-contiguous)."""
         base = index * self.chunk_tokens
         whole = a == base and b - a == self.chunk_tokens
+        if not whole and not self.compressed and self._read_verified_rows(index, a, b, out):
+            return
         if whole or not self._keep_decoded:
             self._decode(index, a, b, out)
             return
@@ -215,22 +336,37 @@ class ChunkReader:
                     self._decoded.popitem(last=False)
         out[...] = rows[a - base : b - base]
 
+    def _read_verified_rows(self, index: int, a: int, b: int, out: np.ndarray) -> bool:
+        """Rows ``[a, b)`` of an uncompressed chunk read straight into ``out`` (only their bytes) when
+        this process has verified the file and it is unchanged; False (nothing read) otherwise: the
+        first read of a chunk reads all of it, because its crc32c covers all of it."""
+        path = self.chunk_path(index)
+        fd = self._open(path)
+        try:
+            st = os.fstat(fd)
+            if st.st_size != self.chunk_bytes + 4 or not VERIFIED.holds(st):
+                return False
+            row_bytes = self.chunk_bytes // self.chunk_tokens
+            target = memoryview(out.reshape(-1).view(np.uint8))
+            offset, done = (a - index * self.chunk_tokens) * row_bytes, 0
+            while done < target.nbytes:
+                n = os.preadv(fd, [target[done:]], offset + done)
+                if n == 0:
+                    raise CacheFormatError(f"{path} ended early; the chunk is truncated")
+                done += n
+            return True
+        finally:
+            os.close(fd)
+
     def _decode(self, index: int, a: int, b: int, out: np.ndarray) -> None:
         """Read, check and decode chunk ``index``; rows ``[a, b)`` of it into ``out``."""
         path = self.chunk_path(index)
         base = index * self.chunk_tokens
         whole = a == base and b - a == self.chunk_tokens
+        fd = self._open(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            # The writer writes every chunk (empty ones too) before a commit publishes its tokens,
-            # so a missing chunk under committed tokens is damage: zeros would be wrong data.
-            raise CacheFormatError(
-                f"{self._where(path)} is missing; the cache is damaged: run `hscache verify` "
-                "and re-extract the sequences it names"
-            ) from None
-        try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
             if size < 4:
                 self._check_size(
                     path, size, self.chunk_bytes + 4 if not self.compressed else _BLOSC_HEADER + 4
@@ -240,11 +376,14 @@ class ChunkReader:
                 self._check_size(path, size, self.chunk_bytes + 4)
             else:
                 payload = _scratch("file", size - 4)
-            stored = _pread_exact(fd, 4, size - 4, path)
-            computed = _readinto_crc(fd, payload, path)
+            if VERIFIED.holds(st):  # checked earlier in this process and unchanged since: one copy
+                _readinto_crc(fd, payload, path, crc=False)
+            else:
+                stored = _pread_exact(fd, 4, size - 4, path)
+                self._check_crc(path, _readinto_crc(fd, payload, path), stored)
+                VERIFIED.add(st)
         finally:
             os.close(fd)
-        self._check_crc(path, computed, stored)
         if not self.compressed:
             if not whole:
                 self._check_size(path, payload.nbytes, self.chunk_bytes)
@@ -290,22 +429,24 @@ class ChunkReader:
             )
 
 
-def _readinto_crc(fd: int, target: np.ndarray, path: Path) -> int:
-    """Fill ``target`` from the start of ``fd``; return the crc32c of what was read.
+def _readinto_crc(fd: int, target: np.ndarray, path: Path, crc: bool = True) -> int:
+    """Fill ``target`` from the start of ``fd``; return the crc32c of what was read (0 if not ``crc``).
 
     Pieces of 1 MiB are checksummed right after their read, while still in cache: one pass over
-    memory instead of two.
+    memory instead of two. Without a checksum, one read of the whole file.
     """
-    view, done, crc = memoryview(target), 0, 0
+    view, done, value = memoryview(target), 0, 0
+    piece = _CRC_PIECE if crc else target.nbytes
     while done < target.nbytes:
-        n = os.preadv(fd, [view[done : done + _CRC_PIECE]], done)
+        n = os.preadv(fd, [view[done : done + piece]], done)
         if n == 0:
             raise CacheFormatError(
                 f"{path} ended after {done} of {target.nbytes} bytes; the chunk is truncated"
             )
-        crc = google_crc32c.extend(crc, target[done : done + n])
+        if crc:
+            value = google_crc32c.extend(value, target[done : done + n])
         done += n
-    return crc
+    return value
 
 
 def _pread_exact(fd: int, n: int, offset: int, path: Path) -> bytes:

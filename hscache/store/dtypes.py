@@ -17,6 +17,7 @@ __all__ = [
     "DTYPE_NAMES",
     "LOGICAL_DTYPES",
     "SCORER_DTYPES",
+    "stored_view",
     "tensor_from_stored",
     "torch_dtype_of_logical",
 ]
@@ -54,3 +55,24 @@ def tensor_from_stored(raw: np.ndarray, logical: str) -> torch.Tensor:
 
     tensor = torch.from_numpy(np.ascontiguousarray(raw))
     return tensor.view(torch.bfloat16) if logical == "bfloat16" else tensor
+
+
+def stored_view(tensor: torch.Tensor, stored: str) -> np.ndarray:
+    """A contiguous CPU tensor's memory as a numpy array of the stored dtype (no copy): the ``out``
+    of a read. bfloat16 is viewed as its raw 16 bits, as it is stored.
+
+    Raises:
+        ValueError: not a contiguous CPU tensor, or its dtype is not stored as ``stored``.
+    """
+    import torch
+
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous CPU tensor, got {tensor.device} contiguous={tensor.is_contiguous()}"
+        )
+    raw = (
+        tensor.view(torch.int16).numpy().view(np.uint16) if tensor.dtype == torch.bfloat16 else tensor.numpy()
+    )
+    if raw.dtype != np.dtype(stored):
+        raise ValueError(f"out has dtype {tensor.dtype}; the array is stored as {stored}")
+    return raw

@@ -180,29 +180,41 @@ class Cache:
                 f"tokens {start}-{stop} out of range for a cache of {self.num_tokens} committed tokens"
             )
 
-    def read_tokens(self, name: str, start: int, stop: int) -> np.ndarray:
+    def read_tokens(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` of array ``name`` in its stored dtype (bfloat16 as raw uint16).
 
         A local cache's chunk files are read directly, several at once (store/chunks.py); anything
-        else (a remote cache, codecs hscache does not write) through zarr. Both check crc32c.
+        else (a remote cache, codecs hscache does not write) through zarr. Both check crc32c (the
+        direct path once per chunk file and process, store/chunks.py ``VERIFIED``).
+        ``out``: a C-contiguous array of that shape and stored dtype to fill (one copy, e.g. into a
+        pinned or shared-memory buffer); returned.
 
         Raises:
             KeyError: no array ``name``.
             IndexError: the range reaches past the committed tokens.
             ValueError: a chunk fails its checksum or does not decode (``CacheFormatError``
-                naming the chunk on the direct path).
+                naming the chunk on the direct path); ``out`` of the wrong shape or dtype.
         """
         self._check_tokens(start, stop)
         reader = self._chunk_reader(name)
-        if reader is None:
-            return np.asarray(self.array(name)[start:stop])
-        return reader.read(start, stop)
+        if reader is not None:
+            return reader.read(start, stop, out)
+        rows = np.asarray(self.array(name)[start:stop])
+        if out is None:
+            return rows
+        if out.shape != rows.shape or out.dtype != rows.dtype:
+            raise ValueError(f"{name}: out is {out.shape} {out.dtype}, need {rows.shape} {rows.dtype}")
+        out[...] = rows
+        return out
 
     def iter_tokens(
-        self, name: str, start: int = 0, stop: int | None = None
+        self, name: str, start: int = 0, stop: int | None = None, copy: bool = True
     ) -> Iterator[tuple[int, np.ndarray]]:
         """``(first token, rows)`` chunk by chunk over ``[start, stop)`` (default: every committed
         token), the next chunks read in the background: a full scan with memory of a few chunks.
+
+        ``copy=False``: an uncompressed local array's blocks are read-only views of its mapped
+        chunk files (no copy at all; checked on first touch); other arrays are read as with copy.
 
         Raises:
             as ``read_tokens``.
@@ -211,7 +223,7 @@ class Cache:
         self._check_tokens(start, stop)
         reader = self._chunk_reader(name)
         if reader is not None:
-            yield from reader.iter_blocks(start, stop)
+            yield from reader.iter_blocks(start, stop, copy=copy)
             return
         step, a = self.specs[name].chunk_tokens, start
         while a < stop:
@@ -219,13 +231,21 @@ class Cache:
             yield a, np.asarray(self.array(name)[a:b])
             a = b
 
-    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+    def rows(self, name: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Token rows ``[start, stop)`` of array ``name`` as a tensor in its logical dtype.
+
+        ``out``: a contiguous CPU tensor of that shape and logical dtype to read into (e.g. pinned,
+        ``torch.empty(..., pin_memory=True)``, or shared memory): one copy from the page cache; returned.
 
         Raises:
             as ``read_tokens``.
         """
-        return self._rows(name, start, stop)
+        if out is None:
+            return self._rows(name, start, stop)
+        from hscache.store.dtypes import stored_view
+
+        self.read_tokens(name, start, stop, stored_view(out, self.specs[name].stored_dtype))
+        return out
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         from hscache.store.dtypes import tensor_from_stored  # imports torch: not at `hscache info`

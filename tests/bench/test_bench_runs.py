@@ -87,3 +87,29 @@ def test_eagle3_bench_quick(capsys):
         "eagle3 chain batched vs step 0 shared, later steps per anchor:",
     ):
         assert line in out, out
+
+
+@pytest.mark.slow
+def test_training_read_bench_quick(capsys, tmp_path):
+    """bench/training_read.py --quick runs every path and writes the ratios the issue names."""
+    import json
+
+    module = _bench("training_read")
+    out_json = tmp_path / "read.json"
+    module.main(["--quick", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    document = json.loads(out_json.read_text())
+    for key in module.RATIO_KEYS:
+        assert document["ratios"][key] > 0 and f"ratio {key}:" in out
+    for label in ("warm", "cold"):
+        for path in ("memmap", "speculators", "specforge"):
+            assert document["gb_per_s"][label][path] > 0
+        for kind in ("dataset", "windows"):
+            for codec in ("none", "fast"):
+                for workers in (0, 1, 2):
+                    assert document["gb_per_s"][label][f"{kind}_{codec}_w{workers}"] > 0
+    assert set(document["codecs"]) == {"none", "fast", "balanced"}
+    assert document["codecs"]["none"]["stored_over_raw"] == pytest.approx(
+        1.0, abs=1e-3
+    )  # + 4 crc bytes a chunk
+    assert "checksum cost, codec none" in out
