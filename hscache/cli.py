@@ -261,6 +261,13 @@ def main() -> None:
     is_flag=True,
     help="Rename a repeated record id to ID#2, ID#3, ... (default: refuse the prompts file).",
 )
+@click.option(
+    "--mtp/--no-mtp",
+    default=True,
+    show_default=True,
+    help="Store the target's own MTP head (mtp.* weights) when its checkpoint has one, and the last "
+    "layer it reads, so `scorer eval target:mtp` can score it (a resume follows the cache's choice).",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
