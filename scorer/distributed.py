@@ -35,7 +35,7 @@ from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
-from scorer.rows import EvalConfig, load_drafter, score_rows
+from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.score import SequenceResult
 
 __all__ = [
@@ -164,7 +164,7 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     rows = range(spec.start, spec.stop)
     view = BlockView(cache, read_rows(cache, rows))
     with torch.inference_mode():
-        results = score_rows(drafter, view, rows, spec.config)
+        results = score_rows(drafter, view, rows, effective_config(drafter, spec.config))
     return TaskOutput(
         results,
         time.perf_counter() - t1,
@@ -215,7 +215,7 @@ class ScoringJob:
             cache=cache,
             drafter=drafter,
             loaded=loaded,
-            config=self.config,
+            config=effective_config(drafter, self.config),
             seconds=time.perf_counter() - self.started,
         )
 

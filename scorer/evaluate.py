@@ -17,7 +17,7 @@ from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
 from scorer.report.build import build_report, compare_reports
-from scorer.rows import EvalConfig, load_drafter, score_rows
+from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many"]
 
@@ -44,6 +44,7 @@ def evaluate(
     t0 = time.perf_counter()
     cache = hscache.open_cache(cache_path)
     drafter, loaded = load_drafter(checkpoint, cache, config)
+    config = effective_config(drafter, config)
     results = []
     # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
     lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]

@@ -14,23 +14,14 @@ from typing import Any
 
 from hscache.capture.forward import DEFAULT_MEMORY_GB
 from hscache.capture.target import check_device
-from hscache.store.dtypes import DTYPES, SCORER_DTYPES
+from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
 from scorer.errors import IncompatibleCacheError, ScorerError
-from scorer.features import (
-    attach_cache_head,
-    cache_fallbacks,
-    check_compatible,
-    check_scorable,
-    context_norm,
-    feature_index,
-    sequence_features,
-)
-from scorer.model import DFlashDrafter
-from scorer.score import ANCHOR_MODES, SequenceResult, score_sequence, score_sequences_chain
+from scorer.families import Family, family_for, family_named, probe_checkpoint
+from scorer.features import check_scorable
+from scorer.score import ANCHOR_MODES, SequenceResult
 
-__all__ = ["EvalConfig", "load_drafter", "score_rows"]
+__all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows"]
 
 
 @dataclass(frozen=True)
@@ -51,25 +42,25 @@ class EvalConfig:
     trust_checkpoint: bool = False
     config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
+    # Autoregressive families (EAGLE-3, MTP): chain of K drafted tokens (vLLM's
+    # num_speculative_tokens) and SGLang's EAGLE tree (steps, topk, draft tokens); None = the
+    # checkpoint's config or the engines' default, reported with its source.
+    num_speculative_tokens: int | None = None
+    tree: tuple[int, int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ddtree"] = list(self.ddtree)
+        d["tree"] = None if self.tree is None else list(self.tree)
         d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
         return d
 
 
-def _overrides(config: EvalConfig) -> dict[str, Any]:
-    overrides = dict(config.overrides)
-    if config.block_size is not None:
-        overrides["block_size"] = config.block_size
-    return overrides
+def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -> tuple[Any, Any]:
+    """The loader entry point of every family: check the flags and the cache, pick the checkpoint's
+    family (scorer.families), and let it load, check against ``cache`` and ready its drafter.
 
-
-def load_drafter(
-    checkpoint: str | Path, cache: CacheView, config: EvalConfig
-) -> tuple[DFlashDrafter, LoadedCheckpoint]:
-    """Load, check against ``cache`` and ready a drafter (target head attached, eval mode).
+    ``checkpoint`` is a path, or ``target:<head>`` for a head shipped inside the cache's target.
 
     Raises:
         CheckpointError / UntrustedCheckpointError / IncompatibleCacheError with one-line messages.
@@ -88,86 +79,26 @@ def load_drafter(
         )
     check_device(config.device)
     check_scorable(cache, str(getattr(cache, "url", cache.path)))
-    loaded = load_checkpoint(
-        checkpoint,
-        overrides=_overrides(config),
-        fallbacks=cache_fallbacks(cache),
-        trust_checkpoint=config.trust_checkpoint,
-        config_path=config.config_path,
-    )
-    check_compatible(loaded.config, cache, str(cache.path))
-    dtype = DTYPES[config.dtype]
-    drafter = DFlashDrafter(loaded.config)
-    drafter.load_state_dict(loaded.state_dict)
-    drafter = drafter.to(device=config.device, dtype=dtype).eval()
-    attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
-    drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
-    return drafter, loaded
+    family = family_for(probe_checkpoint(checkpoint, config.config_path))
+    return family.load(checkpoint, cache, config)
 
 
-def _category(cache: CacheView, row: int) -> str | None:
-    if "category" not in cache.index.column_names:
-        return None
-    value = cache.index.column("category")[row].as_py()
-    return None if value is None else str(value)
+def drafter_family(drafter: Any) -> Family:
+    """The family of a loaded drafter (DFlash for drafters built before the seam)."""
+    return family_named(getattr(drafter, "family", "dflash"))
+
+
+def effective_config(drafter: Any, config: EvalConfig) -> EvalConfig:
+    """The eval config the drafter's family actually scores with (reported as ``config``)."""
+    return drafter_family(drafter).effective_config(config)
 
 
 def score_rows(
-    drafter: DFlashDrafter,
+    drafter: Any,
     cache: CacheView,
     rows: Sequence[int],
     config: EvalConfig,
     on_sequence: Callable[[int], None] | None = None,
 ) -> list[SequenceResult]:
-    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships)."""
-    index = feature_index(drafter.config, cache.layer_ids)
-    dtype = DTYPES[config.dtype]
-    # Per row, never the whole index as Python lists (a cache may index millions of sequences).
-    record_ids, prompt_lens, lengths = (cache.index.column(c) for c in ("record_id", "prompt_len", "length"))
-    norm = getattr(drafter, "context_norm", None)  # the last layer as hidden_states[L] (features.py)
-    if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
-        sequences = [
-            {
-                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device, norm),
-                "token_ids": cache.token_ids(row),
-                "target_argmax": cache.target_argmax(row),
-                "prompt_len": prompt_lens[row].as_py(),
-                "row": row,
-                "record_id": record_ids[row].as_py(),
-                "category": _category(cache, row),
-            }
-            for row in rows
-        ]
-        results = score_sequences_chain(
-            drafter,
-            sequences,
-            ddtree_budgets=tuple(config.ddtree),
-            max_blocks_per_forward=config.max_blocks_per_forward,
-            memory_gb=config.memory_gb,
-        )
-        if on_sequence:
-            for row in rows:
-                on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
-        return results
-    results = []
-    for row in rows:
-        features = sequence_features(cache.hidden_states(row), index, dtype, config.device, norm)
-        results.append(
-            score_sequence(
-                drafter,
-                features,
-                cache.token_ids(row),
-                cache.target_argmax(row),
-                prompt_lens[row].as_py(),
-                row=row,
-                record_id=record_ids[row].as_py(),
-                category=_category(cache, row),
-                ddtree_budgets=tuple(config.ddtree),
-                max_blocks_per_forward=config.max_blocks_per_forward,
-                anchors=config.anchors,
-                memory_gb=config.memory_gb,
-            )
-        )
-        if on_sequence:
-            on_sequence(lengths[row].as_py() - prompt_lens[row].as_py())
-    return results
+    """Score the cache's sequences ``rows`` with the drafter's family (the distributed unit of work)."""
+    return drafter_family(drafter).score_rows(drafter, cache, rows, config, on_sequence)

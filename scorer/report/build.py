@@ -172,7 +172,11 @@ def build_report(
         ],
         "definitions": TAU_DEFINITIONS,
         "config": config.to_dict(),
-        "drafter": {**drafter.config.to_hf_config(), "attention_backend": drafter.backend_used},
+        "drafter": {
+            **drafter.config.to_hf_config(),
+            "family": getattr(drafter, "family", "dflash"),
+            "attention_backend": drafter.backend_used,
+        },
         "checkpoint": loaded.report.to_dict(),
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),

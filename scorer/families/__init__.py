@@ -1,0 +1,52 @@
+"""Drafter families on one seam (scorer.families.base): a registry and the dispatch.
+
+Order matters: the first family whose ``claims`` accepts a checkpoint reads it; DFlash, the
+default, comes last. A family added later (MTP, DFlash2) registers here.
+"""
+
+from __future__ import annotations
+
+from scorer.errors import CheckpointError
+from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint
+from scorer.families.dflash import DFLASH
+
+__all__ = ["FAMILIES", "CheckpointProbe", "Family", "family_for", "family_named", "probe_checkpoint"]
+
+FAMILIES: tuple[Family, ...] = (DFLASH,)
+# Heads that ship inside the target (CKPT "target:<name>") and the family that will read them.
+TARGET_HEADS = {"mtp": "mtp"}
+
+
+def family_named(name: str) -> Family:
+    """The registered family called ``name``.
+
+    Raises:
+        CheckpointError: no family of that name in this build (one line naming the known ones).
+    """
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise CheckpointError(
+        f"drafter family {name!r} is not in this build of the scorer; known families: "
+        f"{', '.join(f.name for f in FAMILIES)}"
+    )
+
+
+def family_for(probe: CheckpointProbe) -> Family:
+    """The family that reads the probed checkpoint.
+
+    Raises:
+        CheckpointError: ``target:<head>`` names an unknown head, or one whose family is not built.
+    """
+    if probe.path.startswith(TARGET_PREFIX):
+        head = probe.path[len(TARGET_PREFIX) :]
+        if head not in TARGET_HEADS:
+            raise CheckpointError(
+                f"{probe.path}: unknown target head {head!r}; the target heads a CKPT can name are "
+                f"{', '.join(TARGET_PREFIX + h for h in TARGET_HEADS)}"
+            )
+        return family_named(TARGET_HEADS[head])
+    for family in FAMILIES:
+        if family.claims(probe):
+            return family
+    raise CheckpointError(f"{probe.path}: no drafter family reads this checkpoint")  # pragma: no cover
