@@ -150,6 +150,13 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     show_default=True,
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
 )
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Autoregressive drafters (target:mtp): a chain of K drafted tokens per round, vLLM's meaning "
+    "(default: the checkpoint's config, else vLLM's default, reported with its source).",
+)
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cluster_flags
@@ -279,6 +286,13 @@ def sweep(
 @click.option("--json", "json_out", default=None)
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Autoregressive drafters (target:mtp): a chain of K drafted tokens per round, vLLM's meaning "
+    "(default: the checkpoint's config, else vLLM's default, reported with its source).",
 )
 @checkpoint_flags
 @friendly_errors

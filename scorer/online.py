@@ -9,6 +9,7 @@ round re-runs the target over the committed prefix plus the drafted block: slow,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,18 @@ from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
 from scorer.checkpoint import load_checkpoint
+from scorer.families.base import TARGET_PREFIX
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.model import DFlashDrafter
 
-__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online"]
+__all__ = [
+    "ONLINE_SCHEMA_VERSION",
+    "OnlineRequest",
+    "final_norm_module",
+    "online_decode",
+    "run_online",
+    "speculative_rounds",
+]
 
 # Version of the result document (schemas/online_report.schema.json); bump on a breaking change.
 ONLINE_SCHEMA_VERSION = 1
@@ -62,43 +71,30 @@ def _eos_ids(target: Target) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
 
 
-def online_decode(
+def speculative_rounds(
     target: Target,
-    drafter: DFlashDrafter,
     prompt: list[int],
+    layer_ids: list[int],
     max_new_tokens: int,
     max_length: int,
-    layout: str = "zlab",
+    propose: Callable[[list[int], torch.Tensor], list[int]],
 ) -> tuple[list[int], list[int]]:
-    """Greedy speculative decoding of one prompt; returns (all token ids, tokens per round).
+    """Greedy speculative decoding of one prompt with any drafter; returns (all token ids, tokens
+    per round). ``propose(ids, states)`` drafts the continuation of ``ids`` (tokens 0..p verified)
+    from ``states`` [p, K, H]: the target's pre-norm outputs of ``layer_ids`` at positions < p.
 
     Rounds follow spec section 3 exactly as the offline replay counts them: a round commits
     acc drafted tokens plus the target's bonus token, capped at the sequence end (EOS or the
     token budget), so ``sum(tokens) == generated - 1`` as in replay.
     """
-    config = drafter.config
-    layer_ids = list(config.target_layer_ids)
     limit = min(len(prompt) + max_new_tokens, max_length)  # final length T
     eos = _eos_ids(target)
     prefill = capture_batch(target, [prompt], layer_ids, top_k=1, full_logits=False)[0]
-    last = target.num_layers - 1
-    last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
-    base = target.model.model
-    final_norm = getattr(getattr(base, "language_model", base), "norm", None)
     ids = list(prompt) + [int(prefill.argmax[-1])]  # x_P, the first bonus token
     rounds: list[int] = []
     while len(ids) < limit and ids[-1] not in eos:
         p = len(ids) - 1
-        features = prefill.hidden_states[:p]  # [p, K, H] pre-norm layer outputs
-        if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
-            features = features.clone()
-            with torch.no_grad():
-                features[:, last_slot] = final_norm(features[:, last_slot])
-        features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
-        block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
-        block[0, 0] = ids[p]
-        hidden = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
-        draft = drafter.head(hidden[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+        draft = propose(ids, prefill.hidden_states[:p])  # d_1..d_k
         verify = capture_batch(target, [ids + draft], layer_ids, top_k=1, full_logits=False)[0]
         greedy = verify.argmax[p:].tolist()  # greedy[j-1] = g_{p+j}
         acc = 0
@@ -116,6 +112,43 @@ def online_decode(
     return ids, rounds
 
 
+def final_norm_module(target: Target) -> torch.nn.Module:
+    """The target's final norm (its output is transformers' ``hidden_states[L]``)."""
+    base = target.model.model
+    return getattr(getattr(base, "language_model", base), "norm", None)
+
+
+def online_decode(
+    target: Target,
+    drafter: DFlashDrafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    max_length: int,
+    layout: str = "zlab",
+) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding of one prompt with a DFlash drafter (`speculative_rounds`)."""
+    config = drafter.config
+    layer_ids = list(config.target_layer_ids)
+    last = target.num_layers - 1
+    last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
+    final_norm = final_norm_module(target)
+
+    def propose(ids: list[int], states: torch.Tensor) -> list[int]:
+        p = len(ids) - 1
+        features = states  # [p, K, H] pre-norm layer outputs
+        if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
+            features = features.clone()
+            with torch.no_grad():
+                features[:, last_slot] = final_norm(features[:, last_slot])
+        features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
+        block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
+        block[0, 0] = ids[p]
+        hidden = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        return drafter.head(hidden[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+
+    return speculative_rounds(target, prompt, layer_ids, max_new_tokens, max_length, propose)
+
+
 def run_online(
     checkpoint: str | Path,
     model: str,
@@ -130,8 +163,12 @@ def run_online(
     overrides: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
     config_path: str | None = None,
+    num_speculative_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
+
+    ``checkpoint`` ``target:mtp`` drafts with the target's own MTP head (a chain of
+    ``num_speculative_tokens``), read from the target checkpoint itself.
 
     Returns the result document (schemas/online_report.schema.json): the numbers, the settings, and
     what identifies the run like an eval report does: checkpoint and target weight hashes, the
@@ -140,6 +177,74 @@ def run_online(
     t0 = time.perf_counter()
     backend = resolve_backend(backend, device)
     target = load_target(model, dtype, device)
+    if str(checkpoint).startswith(TARGET_PREFIX):
+        from scorer.families.mtp import online_proposer
+
+        layer_ids, propose, report = online_proposer(target, str(checkpoint), num_speculative_tokens)
+
+        def decode(prompt: list[int]) -> tuple[list[int], list[int]]:
+            return speculative_rounds(target, prompt, layer_ids, max_new_tokens, max_length, propose)
+    else:
+        decode, report = _dflash_decoder(
+            checkpoint, target, max_new_tokens, max_length, overrides, trust_checkpoint, config_path
+        )
+    requests = []
+    with use_backend(target.model, backend):
+        for n, record in enumerate(iter_records(resolve_prompts(prompts))):
+            if limit is not None and n >= limit:
+                break
+            prompt = prompt_token_ids(record, target.tokenizer)
+            ids, rounds = decode(prompt)
+            requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
+    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
+    result = {
+        "schema_version": ONLINE_SCHEMA_VERSION,
+        "tau": {
+            "per_request": tau_per_request(with_rounds) if with_rounds else None,
+            "pooled": tau_pooled(with_rounds) if with_rounds else None,
+        },
+        "rounds": sum(len(r) for r in with_rounds),
+        "per_request": [
+            {
+                "record_id": r.record_id,
+                "prompt_len": r.prompt_len,
+                "tau": r.tau,
+                "tokens_per_round": list(r.tokens_per_round),
+                "generated": len(r.token_ids) - r.prompt_len,
+            }
+            for r in requests
+        ],
+        "checkpoint": report.to_dict(),
+        "model": model,
+        "model_weights_sha256": target.weights_sha256,
+        "prompts": prompts,
+        "prompts_sha256": file_sha256(resolve_prompts(prompts)),
+        "dtype": dtype,
+        "device": device,
+        "backend": backend,
+        "max_new_tokens": max_new_tokens,
+        "max_length": max_length,
+        "limit": limit,
+        "versions": package_versions(),
+        "hscache_git_commit": git_commit(),
+        "seconds": time.perf_counter() - t0,
+        "created_at": utc_now(),
+    }
+    schemas.validate(result, "online_report")
+    return result
+
+
+def _dflash_decoder(
+    checkpoint: str | Path,
+    target: Target,
+    max_new_tokens: int,
+    max_length: int,
+    overrides: dict[str, Any] | None,
+    trust_checkpoint: bool,
+    config_path: str | None,
+) -> tuple[Callable[[list[int]], tuple[list[int], list[int]]], Any]:
+    """A DFlash checkpoint readied on the live target: (decode one prompt, its load report)."""
+    device = str(target.model.device)
     loaded = load_checkpoint(
         checkpoint,
         overrides=overrides,
@@ -161,49 +266,8 @@ def run_online(
         else target.model.get_output_embeddings().weight.detach(),
         own["d2t"].to(device) if "d2t" in own else None,
     )
-    requests = []
-    with use_backend(target.model, backend):
-        for n, record in enumerate(iter_records(resolve_prompts(prompts))):
-            if limit is not None and n >= limit:
-                break
-            prompt = prompt_token_ids(record, target.tokenizer)
-            ids, rounds = online_decode(
-                target, drafter, prompt, max_new_tokens, max_length, loaded.report.layout
-            )
-            requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
-    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
-    result = {
-        "schema_version": ONLINE_SCHEMA_VERSION,
-        "tau": {
-            "per_request": tau_per_request(with_rounds) if with_rounds else None,
-            "pooled": tau_pooled(with_rounds) if with_rounds else None,
-        },
-        "rounds": sum(len(r) for r in with_rounds),
-        "per_request": [
-            {
-                "record_id": r.record_id,
-                "prompt_len": r.prompt_len,
-                "tau": r.tau,
-                "tokens_per_round": list(r.tokens_per_round),
-                "generated": len(r.token_ids) - r.prompt_len,
-            }
-            for r in requests
-        ],
-        "checkpoint": loaded.report.to_dict(),
-        "model": model,
-        "model_weights_sha256": target.weights_sha256,
-        "prompts": prompts,
-        "prompts_sha256": file_sha256(resolve_prompts(prompts)),
-        "dtype": dtype,
-        "device": device,
-        "backend": backend,
-        "max_new_tokens": max_new_tokens,
-        "max_length": max_length,
-        "limit": limit,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t0,
-        "created_at": utc_now(),
-    }
-    schemas.validate(result, "online_report")
-    return result
+
+    def decode(prompt: list[int]) -> tuple[list[int], list[int]]:
+        return online_decode(target, drafter, prompt, max_new_tokens, max_length, loaded.report.layout)
+
+    return decode, loaded.report
