@@ -18,6 +18,7 @@ import torch
 
 import schemas
 from hscache.capture.backend import resolve_backend, use_backend
+from hscache.capture.final_norm import final_norm_module
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
 from hscache.capture.provenance import git_commit, package_versions, utc_now
@@ -31,7 +32,6 @@ from scorer.model import DFlashDrafter
 __all__ = [
     "ONLINE_SCHEMA_VERSION",
     "OnlineRequest",
-    "final_norm_module",
     "online_decode",
     "run_online",
     "speculative_rounds",
@@ -112,12 +112,6 @@ def speculative_rounds(
     return ids, rounds
 
 
-def final_norm_module(target: Target) -> torch.nn.Module:
-    """The target's final norm (its output is transformers' ``hidden_states[L]``)."""
-    base = target.model.model
-    return getattr(getattr(base, "language_model", base), "norm", None)
-
-
 def online_decode(
     target: Target,
     drafter: DFlashDrafter,
@@ -131,7 +125,7 @@ def online_decode(
     layer_ids = list(config.target_layer_ids)
     last = target.num_layers - 1
     last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
-    final_norm = final_norm_module(target)
+    final_norm = final_norm_module(target.model)
 
     def propose(ids: list[int], states: torch.Tensor) -> list[int]:
         p = len(ids) - 1

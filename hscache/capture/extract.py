@@ -277,11 +277,10 @@ def _shown(value: Any) -> str:
 
 def _write_target_dir(out: Path, target: Target, mtp: dict[str, torch.Tensor]) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
-    from hscache.capture.final_norm import describe_final_norm
+    from hscache.capture.final_norm import describe_final_norm, final_norm_module
 
     # For readers that need transformers hidden_states[L] of the last layer (final_norm.py).
-    base = target.model.model
-    final_norm = describe_final_norm(getattr(getattr(base, "language_model", base), "norm", None))
+    final_norm = describe_final_norm(final_norm_module(target.model))
     write_target_dir(
         out,
         target.text_config.to_dict(),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.capture.final_norm import KINDS, apply_final_norm
+from hscache.capture.final_norm import KINDS, apply_final_norm, final_norm_module
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadReport
@@ -260,7 +260,6 @@ def online_proposer(
         CheckpointError: an unknown head name, or a target without an MTP head.
     """
     from hscache.capture.mtp import target_mtp_weights
-    from scorer.online import final_norm_module
 
     name = checkpoint[len(TARGET_PREFIX) :]
     if name not in HEADS:
@@ -278,7 +277,7 @@ def online_proposer(
     head, k_source = _ready(
         stored, target.text_config.to_dict(), target.vocab_size, name, num_speculative_tokens, embed, lm_head
     )
-    final_norm = final_norm_module(target) if head.config.hidden_source == "post_norm" else None
+    final_norm = final_norm_module(target.model) if head.config.hidden_source == "post_norm" else None
     K = head.config.num_speculative_tokens
 
     def propose(ids: list[int], states: torch.Tensor) -> list[int]:
