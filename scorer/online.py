@@ -174,7 +174,9 @@ def run_online(
     if str(checkpoint).startswith(TARGET_PREFIX):
         from scorer.families.mtp import online_proposer
 
-        layer_ids, propose, report = online_proposer(target, str(checkpoint), num_speculative_tokens)
+        layer_ids, propose, report = online_proposer(
+            target, str(checkpoint), num_speculative_tokens, overrides
+        )
 
         def decode(prompt: list[int]) -> tuple[list[int], list[int]]:
             return speculative_rounds(target, prompt, layer_ids, max_new_tokens, max_length, propose)

@@ -123,6 +123,14 @@ def test_extract_adds_the_last_layer_unasked_and_no_mtp_leaves_it(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
     result = CliRunner().invoke(main, ["eval", "target:eagle", "--cache", str(tmp_path / "mtp")])
     assert result.exit_code == 2 and "unknown target head 'eagle'" in result.output
+    result = CliRunner().invoke(
+        main, ["eval", "target:mtp", "--cache", str(tmp_path / "mtp"), "--block-size", "4"]
+    )
+    assert result.exit_code == 2 and "--block-size do(es) not apply to the target's MTP head" in result.output
+    result = CliRunner().invoke(
+        main, ["online", "target:mtp", "--model", "builtin:tiny-qwen3", "--limit", "1"]
+    )
+    assert result.exit_code == 2 and "--model builtin:tiny-qwen3 has no MTP head" in result.output
 
 
 @pytest.mark.parametrize("head_name", ["target:mtp", "target:mtp-prenorm"])

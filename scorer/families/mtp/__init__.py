@@ -137,6 +137,7 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
     """
     name = str(checkpoint)[len(TARGET_PREFIX) :]
     where = str(getattr(cache, "url", cache.path))
+    _refuse_block_flags(checkpoint, config.block_size, config.overrides)
     stored = cache.target_mtp()
     if not stored:
         model = cache.settings.get("model", "MODEL")
@@ -248,7 +249,7 @@ def _report(
 
 
 def online_proposer(
-    target: Any, checkpoint: str, num_speculative_tokens: int | None
+    target: Any, checkpoint: str, num_speculative_tokens: int | None, overrides: dict[str, Any] | None = None
 ) -> tuple[list[int], Callable[[list[int], torch.Tensor], list[int]], LoadReport]:
     """The live target's own MTP head for ``scorer online``: (layers it reads, propose, report).
 
@@ -262,6 +263,7 @@ def online_proposer(
     from hscache.capture.mtp import target_mtp_weights
 
     name = checkpoint[len(TARGET_PREFIX) :]
+    _refuse_block_flags(checkpoint, None, overrides)
     if name not in HEADS:
         raise CheckpointError(
             f"{checkpoint}: unknown target head; choose {', '.join(TARGET_PREFIX + h for h in HEADS)}"
@@ -287,6 +289,19 @@ def online_proposer(
             return draft_anchors(head, context, np.asarray([len(ids) - 1]), K)[0].tolist()
 
     return [target.num_layers - 1], propose, _report(checkpoint, stored, head.config, k_source, "")
+
+
+def _refuse_block_flags(checkpoint: str, block_size: int | None, overrides: dict[str, Any] | None) -> None:
+    """Flags of block drafters mean nothing to the MTP head: refused, never silently ignored."""
+    given = (["--block-size"] if block_size is not None else []) + [
+        "--" + k.replace("_", "-") for k in (overrides or {}) if k != "block_size"
+    ]
+    if given or (overrides or {}).get("block_size") is not None:
+        given = given or ["--block-size"]
+        raise CheckpointError(
+            f"{checkpoint}: {', '.join(given)} do(es) not apply to the target's MTP head (its config is the "
+            "target's); set its chain length with --num-speculative-tokens"
+        )
 
 
 def _effective(config: Any) -> Any:
