@@ -35,7 +35,14 @@ from scorer.formats.files import (
 )
 from scorer.model import DFlashDrafter
 
-__all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
+__all__ = [
+    "LoadReport",
+    "LoadedCheckpoint",
+    "combine_file_digests",
+    "load_checkpoint",
+    "save_hf_checkpoint",
+    "state_dict_sha256",
+]
 
 # Fixed strings: they are written into cache manifests and result files.
 _LEADING_PREFIXES = ("module.", "draft_model.", "model.")
@@ -174,8 +181,8 @@ def load_checkpoint(
         path=str(root),
         format=fmt,
         file_sha256=file_sha,
-        sha256=_combine(file_sha),
-        weights_sha256=_weights_sha256(state_dict),
+        sha256=combine_file_digests(file_sha),
+        weights_sha256=state_dict_sha256(state_dict),
         field_sources=sources,
         stripped_prefixes=stripped,
         dropped_keys=dropped,
@@ -396,14 +403,14 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
         )
 
 
-def _combine(file_sha: dict[str, str]) -> str:
+def combine_file_digests(file_sha: dict[str, str]) -> str:
     if len(file_sha) == 1:
         return next(iter(file_sha.values()))
     lines = "".join(f"{name} {digest}\n" for name, digest in sorted(file_sha.items()))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def _weights_sha256(sd: dict[str, torch.Tensor]) -> str:
+def state_dict_sha256(sd: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for key in sorted(sd):
         t = sd[key].detach().contiguous().cpu()

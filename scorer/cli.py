@@ -56,7 +56,7 @@ def _write_json(path: str | None, document: dict) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscache")
 def main() -> None:
-    """Score DFlash drafter checkpoints against hidden-state caches, without the target model."""
+    """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
 _checkpoint_flags = [
@@ -77,6 +77,40 @@ _checkpoint_flags = [
         help="Allow full unpickling of a .pt that weights_only refuses (runs its code!).",
     ),
 ]
+
+
+def _tree(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    values = _int_list(text, minimum=1)
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected STEPS,TOPK,TOKENS (SGLang's EAGLE tree), e.g. 5,4,8")
+    return values  # type: ignore[return-value]
+
+
+_drafting_flags = [
+    click.option(
+        "--num-speculative-tokens",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
+        "num_speculative_tokens). Default: the checkpoint's config, else the engines' default.",
+    ),
+    click.option(
+        "--tree",
+        "tree_text",
+        default=None,
+        metavar="STEPS,TOPK,TOKENS",
+        help="Autoregressive families: SGLang's EAGLE tree (--speculative-num-steps, "
+        "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain.",
+    ),
+]
+
+
+def drafting_flags(fn: Callable) -> Callable:
+    for flag in reversed(_drafting_flags):
+        fn = flag(fn)
+    return fn
 
 
 def checkpoint_flags(fn: Callable) -> Callable:
@@ -150,22 +184,17 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     show_default=True,
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
 )
-@click.option(
-    "--num-speculative-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Autoregressive drafters (target:mtp): a chain of K drafted tokens per round, vLLM's meaning "
-    "(default: the checkpoint's config, else vLLM's default, reported with its source).",
-)
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cluster_flags
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def eval_command(
     checkpoint: str,
     caches: tuple[str, ...],
     ddtree: str,
+    tree_text: str | None,
     json_out: str | None,
     report_out: str | None,
     target_layer_ids: str | None,
@@ -185,6 +214,7 @@ def eval_command(
     config = EvalConfig(
         ddtree=_int_list(ddtree, minimum=1),
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+        tree=_tree(tree_text),
         **options,
     )
     console = Console(stderr=False)
@@ -205,6 +235,59 @@ def eval_command(
         from scorer.report.html import write_eval_html
 
         click.echo(f"wrote {write_eval_html(result, report_out)}", err=True)
+
+
+@main.command()
+@click.argument("checkpoints", nargs=-1, required=True)
+@click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option(
+    "--ddtree", default="", show_default=True, help="DDTree budgets for block (DFlash) drafters; '' for none."
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
+@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@click.option(
+    "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@drafting_flags
+@friendly_errors
+def compare(
+    checkpoints: tuple[str, ...],
+    cache: str,
+    ddtree: str,
+    json_out: str | None,
+    report_out: str | None,
+    tree_text: str | None,
+    **options: Any,
+) -> None:
+    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from scorer.compare import compare_drafters
+    from scorer.evaluate import EvalConfig
+    from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+
+    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), tree=_tree(tree_text), **options)
+    document = compare_drafters(checkpoints, cache, config)
+    console = Console()
+    names = drafter_names(document)
+    for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
+        table = Table(*header)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    for name, row in zip(names, document["drafters"]):
+        for warning in row["warnings"]:
+            click.echo(f"warning: {name}: {warning}", err=True)
+    _write_json(json_out, document)
+    if report_out:
+        from scorer.report.compare_html import write_compare_html
+
+        click.echo(f"wrote {write_compare_html(document, report_out)}", err=True)
 
 
 @main.command()
@@ -287,18 +370,13 @@ def sweep(
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
-@click.option(
-    "--num-speculative-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Autoregressive drafters (target:mtp): a chain of K drafted tokens per round, vLLM's meaning "
-    "(default: the checkpoint's config, else vLLM's default, reported with its source).",
-)
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def online(
     checkpoint: str,
     json_out: str | None,
+    tree_text: str | None,
     target_layer_ids: str | None,
     mask_token_id: int | None,
     rope_theta: float | None,
@@ -311,6 +389,8 @@ def online(
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size
+    if tree_text:
+        raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
     result = run_online(checkpoint, overrides=overrides, **options)
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)

@@ -19,7 +19,7 @@ from scorer.distributed import evaluate_distributed
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
 
-__all__ = ["EvalConfig", "evaluate", "evaluate_many"]
+__all__ = ["EvalConfig", "evaluate", "evaluate_many", "load_drafter", "score_cache"]
 
 _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
 
@@ -27,6 +27,18 @@ _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunk
 def _rows(cache: CacheView, limit: int | None) -> range:
     n = len(cache)
     return range(n if limit is None else min(limit, n))
+
+
+def score_cache(
+    drafter: Any, cache: CacheView, config: EvalConfig, on_sequence: Callable[[int], None] | None = None
+) -> list:
+    """Every sequence of ``cache`` (up to ``config.limit``) scored by a loaded drafter, in row order."""
+    results = []
+    # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
+    lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
+    for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
+        results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
+    return results
 
 
 def evaluate(
@@ -45,11 +57,7 @@ def evaluate(
     cache = hscache.open_cache(cache_path)
     drafter, loaded = load_drafter(checkpoint, cache, config)
     config = effective_config(drafter, config)
-    results = []
-    # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
-    lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
-    for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
-        results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
+    results = score_cache(drafter, cache, config, on_sequence)
     return build_report(
         results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=time.perf_counter() - t0
     )

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointProbe", "Family", "TARGET_PREFIX"]
+__all__ = [
+    "CheckpointProbe",
+    "Family",
+    "OnlineOptions",
+    "Proposer",
+    "TARGET_PREFIX",
+    "attention_flops",
+    "linear_params",
+]
 
 # A CKPT naming a head that ships inside the cache's target (e.g. "target:mtp").
 TARGET_PREFIX = "target:"
@@ -40,6 +48,22 @@ class CheckpointProbe:
     weight_keys: frozenset[str] | None
 
 
+# propose(hidden [p, K, H] raw target layer outputs in the drafter's layer order for positions
+# 0..p-1, token ids 0..p, anchor p) -> the drafted token ids d_1..d_k (``scorer online``).
+Proposer = Callable[[Any, list[int], int], list[int]]
+
+
+@dataclass(frozen=True)
+class OnlineOptions:
+    """What ``scorer online`` passes a family's online loader besides the checkpoint and target."""
+
+    overrides: dict[str, Any]
+    trust_checkpoint: bool = False
+    config_path: str | None = None
+    num_speculative_tokens: int | None = None
+    device: str = "cpu"
+
+
 @dataclass(frozen=True)
 class Family:
     """One drafter family.
@@ -53,6 +77,10 @@ class Family:
         effective_config: eval config -> the config this family actually scores with (e.g. an
             autoregressive family drops DDTree budgets, which are a block-family mode).
         autoregressive: drafts one token per forward (chain K / tree modes apply).
+        online: (checkpoint, target, OnlineOptions) -> (target layer ids, Proposer, LoadReport) for
+            ``scorer online`` (the target verifying); None when the family has no online path yet.
+        cost: (drafter, tau, mean context length) -> {"draft_forwards_per_round",
+            "flops_per_round"}: the serving work of one round, estimated from the shapes.
     """
 
     name: str
@@ -62,6 +90,20 @@ class Family:
     score_rows: Callable[..., list[Any]]
     effective_config: Callable[[Any], Any] = lambda config: config
     autoregressive: bool = False
+    online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
+    cost: Callable[..., dict[str, Any]] | None = None
+
+
+def linear_params(module: Any) -> int:
+    """Weights of the nn.Linear layers under ``module`` (the matmul parameters a token passes through)."""
+    from torch import nn
+
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def attention_flops(config: Any, tokens: float, context: float) -> float:
+    """QK^T and PV of ``tokens`` queries over ``context`` keys, every layer: 4 * heads * D * ctx each."""
+    return 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context * tokens
 
 
 def probe_checkpoint(path: str | Path, config_path: str | None = None) -> CheckpointProbe:

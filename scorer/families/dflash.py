@@ -15,7 +15,15 @@ from typing import Any
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadedCheckpoint, load_checkpoint
-from scorer.families.base import CheckpointProbe, Family
+from scorer.errors import CheckpointError
+from scorer.families.base import (
+    CheckpointProbe,
+    Family,
+    OnlineOptions,
+    Proposer,
+    attention_flops,
+    linear_params,
+)
 from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -27,7 +35,7 @@ from scorer.features import (
 from scorer.model import DFlashDrafter
 from scorer.score import SequenceResult, score_sequence, score_sequences_chain
 
-__all__ = ["DFLASH", "category_of"]
+__all__ = ["DFLASH", "category_of", "dflash_proposer", "target_fallbacks"]
 
 
 def _claims(probe: CheckpointProbe) -> bool:
@@ -44,7 +52,16 @@ def _overrides(config: Any) -> dict[str, Any]:
 
 
 def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[DFlashDrafter, LoadedCheckpoint]:
-    """Load a DFlash checkpoint of any supported layout, check it against ``cache``, ready it."""
+    """Load a DFlash checkpoint of any supported layout, check it against ``cache``, ready it.
+
+    Raises:
+        CheckpointError: also when a chain/tree drafting setting is given (DFlash drafts a block).
+    """
+    if config.num_speculative_tokens is not None or config.tree is not None:
+        raise CheckpointError(
+            f"{checkpoint}: --num-speculative-tokens / --tree are for autoregressive drafters (EAGLE-3, "
+            "MTP); a DFlash drafter drafts a block: use --block-size and --ddtree"
+        )
     loaded = load_checkpoint(
         checkpoint,
         overrides=_overrides(config),
@@ -131,6 +148,95 @@ def score_rows(
     return results
 
 
+def target_fallbacks(target: Any) -> dict[str, Any]:
+    """What a config-less checkpoint takes from a loaded target (``scorer online``)."""
+    config = target.text_config
+    rope = getattr(config, "rope_parameters", None) or {}
+    return {
+        "mask_token_id": target.mask_token_id,
+        "vocab_size": int(config.vocab_size),
+        "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
+        "num_target_layers": target.num_layers,
+        "rms_norm_eps": getattr(config, "rms_norm_eps", None),
+    }
+
+
+def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -> Proposer:
+    """DFlash's round: one block forward at the anchor (the last layer read after the final norm
+    where the layout reads transformers' hidden_states[L])."""
+    import torch
+
+    config = drafter.config
+    layer_ids = list(config.target_layer_ids)
+    last = target.num_layers - 1
+    last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
+    base = target.model.model
+    final_norm = getattr(getattr(base, "language_model", base), "norm", None)
+
+    def propose(hidden: Any, ids: list[int], p: int) -> list[int]:
+        features = hidden  # [p, K, H] pre-norm layer outputs
+        if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
+            features = features.clone()
+            with torch.no_grad():
+                features[:, last_slot] = final_norm(features[:, last_slot])
+        features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
+        block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
+        block[0, 0] = ids[p]
+        rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        return drafter.head(rows[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+
+    return propose
+
+
+def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head)."""
+    loaded = load_checkpoint(
+        checkpoint,
+        overrides=options.overrides,
+        fallbacks=target_fallbacks(target),
+        trust_checkpoint=options.trust_checkpoint,
+        config_path=options.config_path,
+    )
+    model_dtype = target.model.dtype
+    device = options.device
+    drafter = DFlashDrafter(loaded.config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=device, dtype=model_dtype).eval()
+    own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
+    drafter.attach_target(
+        own["embed_tokens"].to(device, model_dtype)
+        if "embed_tokens" in own
+        else target.model.get_input_embeddings().weight.detach(),
+        own["lm_head"].to(device, model_dtype)
+        if "lm_head" in own
+        else target.model.get_output_embeddings().weight.detach(),
+        own["d2t"].to(device) if "d2t" in own else None,
+    )
+    propose = dflash_proposer(target, drafter, loaded.report.layout)
+    return list(loaded.config.target_layer_ids), propose, loaded.report
+
+
+def cost(drafter: DFlashDrafter, tau: float, context: float) -> dict[str, Any]:
+    """One round served: ONE forward of the B-slot block (every layer), the newly verified ~tau
+    context rows through fc and each layer's k/v projections, the head on the B-1 drafted slots."""
+    c = drafter.config
+    block = c.block_size
+    kv = sum(
+        linear_params(layer.self_attn.k_proj) + linear_params(layer.self_attn.v_proj)
+        for layer in drafter.layers
+    )
+    flops = 2.0 * linear_params(drafter.layers) * block
+    flops += 2.0 * (drafter.fc.weight.numel() + kv) * tau
+    flops += (
+        2.0
+        * c.hidden_size
+        * (len(drafter.draft_to_target) if drafter.draft_to_target is not None else c.vocab_size)
+        * (block - 1)
+    )
+    flops += attention_flops(c, block, context + block)
+    return {"draft_forwards_per_round": 1, "flops_per_round": flops}
+
+
 DFLASH = Family(
     name="dflash",
     layouts=(
@@ -142,4 +248,6 @@ DFLASH = Family(
     claims=_claims,
     load=load,
     score_rows=score_rows,
+    online=online,
+    cost=cost,
 )

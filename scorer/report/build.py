@@ -52,6 +52,13 @@ def _tau_block(logs: list, n_boot: int, seed: int) -> dict[str, Any]:
     }
 
 
+TEACHER_FORCED_DEFINITION = (
+    "training-style drafting (speculators' TTT loop): step j > 0 is fed the ground-truth token x[p+j] "
+    "instead of the drafter's own d_j; accept_len is the mean count of leading correct slots (no +1). "
+    "Served drafts (tau, acceptance) feed the drafter's own tokens, as vLLM does."
+)
+
+
 def merge_results(results: Sequence[SequenceResult]) -> list[SequenceResult]:
     """Results in cache row order, whatever order workers returned them in."""
     return sorted(results, key=lambda r: r.row)
@@ -190,8 +197,25 @@ def build_report(
         "seconds": seconds,
         "created_at": utc_now(),
     }
+    forced = _teacher_forced(results, B)
+    if forced is not None:
+        report["teacher_forced"] = forced
     schemas.validate(report, "eval_report")
     return report
+
+
+def _teacher_forced(results: Sequence[SequenceResult], B: int) -> dict[str, Any] | None:
+    """The training-style number beside the served one (EAGLE-3: ground-truth tokens into steps > 0)."""
+    extras = [r.extras for r in results if r.extras.get("teacher_forced_acceptance") is not None]
+    if not extras or len(extras) != len(results):
+        return None
+    counts = functools.reduce(operator.add, (e["teacher_forced_acceptance"] for e in extras))
+    length = sum((e["teacher_forced_accept_len"] for e in extras), AcceptLen(0, 0))
+    return {
+        "definition": TEACHER_FORCED_DEFINITION,
+        "acceptance": _acceptance_dict(acceptance_rates(counts), B),
+        "accept_len": length.mean,
+    }
 
 
 def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:

@@ -24,3 +24,13 @@ def trained_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("scorer") / "drafter"
     train_drafter(scorer_cache, out, steps=150, block_size=6, log_every=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def eagle3_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A briefly trained 1-layer EAGLE-3 (speculators layout, layers 1,3,7, K=3) for the cache."""
+    from scorer.families.eagle3.train import train_eagle3
+
+    out = tmp_path_factory.mktemp("scorer") / "eagle3"
+    train_eagle3(scorer_cache, out, steps=25, layer_ids=[1, 3, 7])
+    return out

@@ -211,7 +211,7 @@ def test_mtp_online_equals_offline_round_for_round(scorer_cache):
     from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
     from hscache.capture.target import load_target
     from scorer.families.mtp import online_proposer
-    from scorer.online import speculative_rounds
+    from scorer.online import speculative_decode
 
     cache = hscache.open_cache(scorer_cache)
     config = EvalConfig(num_speculative_tokens=K, ddtree=())
@@ -222,13 +222,13 @@ def test_mtp_online_equals_offline_round_for_round(scorer_cache):
     assert layer_ids == [7] and report.format == "target_head"
     drafts = []
 
-    def recording(ids, states):
-        drafts.append(propose(ids, states))
+    def recording(hidden, ids, p):
+        drafts.append(propose(ids[: p + 1], hidden))
         return drafts[-1]
 
     record = next(iter_records(resolve_prompts("builtin:default")))
     prompt = prompt_token_ids(record, target.tokenizer)
-    ids, rounds = speculative_rounds(target, prompt, layer_ids, 24, 4096, recording)
+    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, 24, 4096)
     assert ids == cache.token_ids(0).tolist()  # the same text
     assert np.array_equal(np.asarray(drafts), offline.chain_drafts)  # every round's K drafts
     assert [p - offline.chain.anchors[0] for p in offline.chain.anchors] == list(np.cumsum([0, *rounds[:-1]]))

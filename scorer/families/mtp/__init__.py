@@ -22,14 +22,22 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadReport
 from scorer.errors import CheckpointError, IncompatibleCacheError
-from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family
+from scorer.families.base import (
+    TARGET_PREFIX,
+    CheckpointProbe,
+    Family,
+    OnlineOptions,
+    Proposer,
+    attention_flops,
+    linear_params,
+)
 from scorer.families.mtp.draft import draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpConfig, MtpHead
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain
 from scorer.score import SequenceResult
 
-__all__ = ["HEADS", "MTP", "load_mtp", "mtp_config", "online_proposer"]
+__all__ = ["HEADS", "MTP", "load_mtp", "mtp_config", "mtp_hidden", "online_proposer", "score_sequence_mtp"]
 
 # CKPT names this family reads -> the target hidden state fed to the head.
 HEADS = {
@@ -395,6 +403,29 @@ def score_rows(
     return results
 
 
+def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, LoadReport]:
+    """``scorer online`` on the seam: the live target's own MTP head (see `online_proposer`)."""
+    layer_ids, propose, report = online_proposer(
+        target, str(checkpoint), options.num_speculative_tokens, options.overrides
+    )
+
+    def proposer(hidden: Any, ids: list[int], p: int) -> list[int]:
+        return propose(ids[: p + 1], hidden)
+
+    return layer_ids, proposer, report
+
+
+def cost(head: MtpHead, tau: float, context: float) -> dict[str, Any]:
+    """One chain round served (vLLM propose, method "mtp"): step 0 over the ~tau newly verified rows
+    (fc and the layer; the head on the last row only), then K-1 one-row steps; K forwards in all."""
+    c = head.config
+    k = c.num_speculative_tokens
+    rows = tau + k - 1
+    flops = 2.0 * linear_params(head) * rows + 2.0 * head.lm_head.numel() * k
+    flops += attention_flops(c, rows, context)
+    return {"draft_forwards_per_round": k, "flops_per_round": flops}
+
+
 MTP = Family(
     name="mtp",
     layouts=(
@@ -405,4 +436,6 @@ MTP = Family(
     score_rows=score_rows,
     effective_config=_effective,
     autoregressive=True,
+    online=online,
+    cost=cost,
 )

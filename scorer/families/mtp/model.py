@@ -64,6 +64,11 @@ class MtpConfig:
         return self.num_speculative_tokens + 1
 
     @property
+    def num_hidden_layers(self) -> int:
+        """Decoder layers of the head (cost estimates read drafters' configs by this name)."""
+        return self.num_mtp_layers
+
+    @property
     def target_layer_ids(self) -> tuple[int, ...]:
         return (self.num_target_layers - 1,)
 
