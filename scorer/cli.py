@@ -82,6 +82,8 @@ _checkpoint_flags = [
 def _tree(text: str | None) -> tuple[int, int, int] | None:
     if not text:
         return None
+    if text == "sglang":  # SGLang's auto_choose_speculative_params for non-DeepSeek targets
+        return (5, 4, 8)
     values = _int_list(text, minimum=1)
     if len(values) != 3:
         raise click.BadParameter(f"{text!r}: expected STEPS,TOPK,TOKENS (SGLang's EAGLE tree), e.g. 5,4,8")
@@ -102,7 +104,8 @@ _drafting_flags = [
         default=None,
         metavar="STEPS,TOPK,TOKENS",
         help="Autoregressive families: SGLang's EAGLE tree (--speculative-num-steps, "
-        "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain.",
+        "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
+        "'sglang' = SGLang's default 5,4,8.",
     ),
 ]
 

@@ -101,6 +101,7 @@ def compare_drafters(
                 "train_accept_len": report["train_accept_len"],
                 "teacher_forced": report.get("teacher_forced"),
                 "ddtree": report["ddtree"],
+                "tree": report.get("tree"),
                 "cost": {
                     "draft_params": params,
                     "draft_forwards_per_round": cost.get("draft_forwards_per_round"),

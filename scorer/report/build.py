@@ -200,6 +200,17 @@ def build_report(
     forced = _teacher_forced(results, B)
     if forced is not None:
         report["teacher_forced"] = forced
+    trees = [r.extras.get("tree") for r in results]
+    if config.tree is not None and all(t is not None for t in trees):
+        steps, topk, tokens = config.tree
+        report["tree"] = {
+            "steps": steps,
+            "topk": topk,
+            "draft_tokens": tokens,
+            "definition": "SGLang's EAGLE tree (speculative_num_steps, speculative_eagle_topk, "
+            "speculative_num_draft_tokens): tokens per round of its greedy verification",
+            "tau": _tau_block(trees, config.n_boot, config.seed),
+        }
     schemas.validate(report, "eval_report")
     return report
 

@@ -84,3 +84,22 @@ def test_read_path_bench_quick(capsys):
         ):
             assert line in out, out
     assert out.count("reader/memmap ratio") == 4 and out.count("read/decode ratio") == 2
+
+
+@pytest.mark.slow
+def test_eagle3_bench_quick():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "eagle3.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in (
+        "drafts equal on every path",
+        "eagle3 chain batched vs one anchor at a time (vLLM loop):",
+        "eagle3 chain batched vs step 0 shared, later steps per anchor:",
+    ):
+        assert line in result.stdout, result.stdout

@@ -243,3 +243,111 @@ def _assert_same_rounds(offline: dict, online: dict) -> None:
         assert on["tokens_per_round"] == tokens, off["record_id"]
     assert online["tau"]["pooled"] == offline["tau"]["pooled"]
     assert offline["tau"]["pooled"] > 1.0
+
+
+def _sglang_tree_depth(
+    drafter, features, tokens, greedy, p: int, steps: int, topk: int, n_tokens: int
+) -> int:
+    """SGLang's draft_forward for one request (batch 1), transcribed: select_top_k_tokens,
+    organize_draft_results, and a KV cache per topk slot (generate_draft_decode_kv_indices: the
+    prefix plus that slot's own entries), then greedy verification from the root."""
+    import math
+
+    c = drafter.config
+    rep, scale = c.num_attention_heads // c.num_key_value_heads, 1.0 / math.sqrt(c.head_dim)
+    with torch.no_grad():
+        normed0, fed0, prefix = drafter.step0(features, tokens, p)  # the draft extend over rows 0..p-1
+        topk_p, topk_index = torch.topk(torch.softmax(drafter.head_logits(normed0[-1:]).float(), -1), topk)
+        hidden = fed0[-1:]
+        score_list, token_list, parents_list = [], [], []
+        slot_kv = [[[] for _ in drafter.layers] for _ in range(topk)]
+        scores = None
+        for i in range(steps):
+            if i == 0:
+                input_ids = topk_index.flatten()
+                hidden = hidden.repeat_interleave(topk, dim=0)
+                scores = topk_p
+                score_list.append(topk_p.unsqueeze(1))
+                token_list.append(topk_index)
+                parents_list.append(torch.arange(-1, topk).unsqueeze(0))
+            else:
+                expand = scores.unsqueeze(2) * topk_p.reshape(-1, topk, topk)
+                cs_p, cs_index = torch.topk(expand.flatten(start_dim=1), topk, dim=-1)
+                scores = cs_p
+                flat_index = topk_index.reshape(-1, topk**2)
+                input_ids = torch.gather(flat_index, index=cs_index, dim=1).flatten()
+                hidden = hidden[cs_index.flatten() // topk]
+                score_list.append(expand)
+                token_list.append(flat_index)
+                parents_list.append(cs_index + (topk**2 * (i - 1) + topk))
+            if i == steps - 1:
+                break
+            outs, nexts = [], []
+            for t in range(topk):  # one decode row per slot: position p - 1 + (i + 1)
+                emb = drafter._embed(drafter.to_target(input_ids[t : t + 1]))
+                cos, sin = drafter._cos_sin(torch.tensor([p + i]), hidden.dtype)
+                h = hidden[t : t + 1]
+                for n, layer in enumerate(drafter.layers):
+                    x, residual = layer.enter(emb, h)
+                    q, k, v = layer.self_attn.qkv(x, cos, sin)
+                    slot_kv[t][n].append((k, v))
+                    keys = torch.cat([prefix[n][0]] + [kk for kk, _ in slot_kv[t][n]])
+                    values = torch.cat([prefix[n][1]] + [vv for _, vv in slot_kv[t][n]])
+                    s = torch.einsum("qhd,khd->hqk", q, keys.repeat_interleave(rep, 1)) * scale
+                    probs = torch.softmax(s, -1, dtype=torch.float32)
+                    h = layer.leave(
+                        residual, torch.einsum("hqk,khd->qhd", probs, values.repeat_interleave(rep, 1))
+                    )
+                normed, fed = drafter.finish(h)
+                outs.append(torch.softmax(drafter.head_logits(normed).float(), -1))
+                nexts.append(fed)
+            topk_p, topk_index = torch.topk(torch.cat(outs), topk, dim=-1)
+            hidden = torch.cat(nexts)
+        all_scores = torch.cat(score_list, dim=1).flatten(1)
+        all_tokens = drafter.to_target(torch.cat(token_list, dim=1))[0]
+        keep = torch.sort(torch.topk(all_scores, n_tokens - 1, dim=-1).indices).values[0].tolist()
+        parent_of = torch.cat(parents_list[:-1], dim=1)[0] if len(parents_list) > 1 else torch.tensor([-1])
+    # the parent of candidate j is parent_of[j // topk] (build_tree_kernel_efficient)
+    node, depth = -1, 0
+    while p + depth < len(tokens) - 1:
+        children = [
+            j for j in keep if int(parent_of[j // topk]) == node and int(all_tokens[j]) == greedy[p + depth]
+        ]
+        if not children:
+            break
+        node, depth = children[0], depth + 1
+    return depth
+
+
+@pytest.mark.parametrize("tree", [(3, 2, 5), (4, 3, 8)])
+def test_tree_depths_equal_sglang_draft_forward_per_anchor(scorer_cache, eagle3_drafter, reduced, tree):
+    from scorer.families.eagle3.drafting import tree_depths
+
+    cache = hscache.open_cache(scorer_cache)
+    for checkpoint in (eagle3_drafter, reduced):
+        drafter, _ = load_drafter(checkpoint, cache, EvalConfig())
+        features, tokens, prompt_len = _features(cache, drafter, 2)
+        greedy = cache.target_argmax(2).numpy()
+        batched = tree_depths(drafter, features, tokens, cache.target_argmax(2), prompt_len, tree, max_rows=4)
+        steps, topk, n = tree
+        reference = [
+            _sglang_tree_depth(drafter, features, tokens, greedy, p, steps, topk, n)
+            for p in range(prompt_len, len(tokens) - 1)
+        ]
+        assert batched.tolist() == reference
+
+
+def test_tree_with_topk_1_is_the_chain_and_wider_trees_accept_more(scorer_cache, eagle3_drafter):
+    chain = evaluate(eagle3_drafter, scorer_cache, EvalConfig(n_boot=10, num_speculative_tokens=4))
+    one = evaluate(
+        eagle3_drafter, scorer_cache, EvalConfig(n_boot=10, num_speculative_tokens=4, tree=(4, 1, 9))
+    )
+    assert one["config"]["tree"] == [4, 1, 5]  # SGLang: topk 1 sets draft tokens to steps + 1
+    assert one["tree"]["tau"] == chain["tau"]
+    wide = evaluate(eagle3_drafter, scorer_cache, EvalConfig(n_boot=10, tree=(5, 4, 8)))
+    schemas.validate(wide, "eval_report")
+    assert wide["tree"]["tau"]["pooled"] >= wide["tau"]["pooled"]
+    result = CliRunner().invoke(
+        main, ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--tree", "2,2,9"]
+    )
+    assert result.exit_code == 2 and "TOKENS must be 2..7" in result.output

@@ -11,19 +11,20 @@ import numpy as np
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
+from scorer.errors import ScorerError
 from scorer.families.base import CheckpointProbe, Family, attention_flops, linear_params
 from scorer.families.dflash import category_of
 from scorer.families.eagle3.config import is_eagle3_config
-from scorer.families.eagle3.drafting import draft_every_anchor
+from scorer.families.eagle3.drafting import draft_every_anchor, tree_depths
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.families.eagle3.online import online
 from scorer.features import sequence_features
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import replay_chain
+from scorer.replay import replay_chain, round_loop
 from scorer.score import SequenceResult
 
-__all__ = ["EAGLE3", "score_sequence_eagle3"]
+__all__ = ["EAGLE3", "check_tree", "score_sequence_eagle3"]
 
 
 def _claims(probe: CheckpointProbe) -> bool:
@@ -45,6 +46,7 @@ def score_sequence_eagle3(
     category: str | None = None,
     memory_gb: float = 2.0,
     teacher_forced: bool = True,
+    tree: tuple[int, int, int] | None = None,
 ) -> SequenceResult:
     """Served chain drafts at every anchor, the shared replay, and the teacher-forced counts beside."""
     K = drafter.config.num_speculative_tokens
@@ -61,6 +63,14 @@ def score_sequence_eagle3(
             "teacher_forced_acceptance": acceptance_counts(forced, x, a, prompt_len),
             "teacher_forced_accept_len": train_accept_len(forced, x, a, prompt_len),
         }
+    if tree is not None:
+        depths = tree_depths(
+            drafter, features, token_ids, target_argmax, prompt_len, tree, memory_gb=memory_gb
+        )
+        loop = round_loop(x, a, prompt_len)
+        while not loop.done:
+            loop.step(int(depths[loop.p - prompt_len]))
+        extras["tree"] = loop.log()
     return SequenceResult(
         row=row,
         record_id=record_id,
@@ -102,6 +112,7 @@ def score_rows(
                 record_id=record_ids[row].as_py(),
                 category=category_of(cache, row),
                 memory_gb=config.memory_gb,
+                tree=config.tree,
             )
         )
         if on_sequence:
@@ -109,9 +120,30 @@ def score_rows(
     return results
 
 
+def check_tree(tree: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """SGLang's tree settings as SGLang takes them: topk 1 means a chain of steps + 1 tokens
+    (server_args adjusts speculative_num_draft_tokens), and N - 1 candidates must exist.
+
+    Raises:
+        ScorerError: more draft tokens than the tree has candidates (named).
+    """
+    if tree is None:
+        return None
+    steps, topk, tokens = tree
+    if topk == 1:
+        return (steps, 1, steps + 1)
+    candidates = topk + (steps - 1) * topk * topk
+    if not 2 <= tokens <= candidates + 1:
+        raise ScorerError(
+            f"--tree {steps},{topk},{tokens}: TOKENS must be 2..{candidates + 1} (the root plus at most "
+            f"the {candidates} candidates of {steps} steps with topk {topk})"
+        )
+    return tree
+
+
 def _effective(config: Any) -> Any:
     # DDTree is a block-family mode; the batched EAGLE-3 path always drafts every anchor.
-    return dataclasses.replace(config, ddtree=(), anchors="all")
+    return dataclasses.replace(config, ddtree=(), anchors="all", tree=check_tree(config.tree))
 
 
 def cost(drafter: Eagle3Drafter, tau: float, context: float) -> dict[str, Any]:

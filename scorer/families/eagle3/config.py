@@ -22,6 +22,8 @@ from typing import Any
 
 __all__ = [
     "ENGINE_DEFAULT_K",
+    "ENGINE_DEFAULT_K_SOURCE",
+    "SGLANG_DEFAULT_TREE",
     "Eagle3Config",
     "default_layer_ids",
     "from_hf_eagle3",
@@ -29,9 +31,14 @@ __all__ = [
     "is_eagle3_config",
 ]
 
-# SGLang's EAGLE defaults when none are given (server_args: --speculative-num-steps 3,
-# --speculative-eagle-topk 1, --speculative-num-draft-tokens 4); vLLM has no default K.
+# vLLM has no default K (num_speculative_tokens is required unless a speculators config supplies
+# it); 3 is what speculators writes into speculators_config when it converts a checkpoint that has
+# none (convert/eagle/eagle3_converter.py: GreedyTokenProposalConfig(speculative_tokens=3)).
 ENGINE_DEFAULT_K = 3
+ENGINE_DEFAULT_K_SOURCE = "default (speculators' converter writes speculative_tokens=3; vLLM needs one)"
+# SGLang's auto_choose_speculative_params (server_args.py) for every non-DeepSeek target:
+# --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8.
+SGLANG_DEFAULT_TREE = (5, 4, 8)
 HF_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLMEagle3")
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
 

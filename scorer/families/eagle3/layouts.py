@@ -24,7 +24,13 @@ from hscache.store.fsio import file_sha256
 from hscache.store.view import CacheView
 from scorer.checkpoint import LoadReport, combine_file_digests, state_dict_sha256
 from scorer.errors import CheckpointError, IncompatibleCacheError
-from scorer.families.eagle3.config import ENGINE_DEFAULT_K, Eagle3Config, from_hf_eagle3, from_speculators
+from scorer.families.eagle3.config import (
+    ENGINE_DEFAULT_K,
+    ENGINE_DEFAULT_K_SOURCE,
+    Eagle3Config,
+    from_hf_eagle3,
+    from_speculators,
+)
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.formats.files import FORMAT_PICKLE, few, read_json, read_weights, resolve_files
 
@@ -147,9 +153,7 @@ def read_eagle3(
         sources["num_speculative_tokens"] = "override (--num-speculative-tokens)"
     elif "num_speculative_tokens" not in fields:
         fields["num_speculative_tokens"] = ENGINE_DEFAULT_K
-        sources["num_speculative_tokens"] = (
-            f"engine default ({ENGINE_DEFAULT_K}: SGLang --speculative-num-steps; vLLM has none)"
-        )
+        sources["num_speculative_tokens"] = ENGINE_DEFAULT_K_SOURCE
     try:
         eagle = Eagle3Config(**fields)
     except (TypeError, ValueError) as e:
