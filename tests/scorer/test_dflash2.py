@@ -31,30 +31,34 @@ BLOCK = 4
 def _nemo_dflash2():
     if importlib.util.find_spec("nemo_automodel") is None:
         pytest.skip("nemo-automodel 0.7.0 is not installed (pip install --no-deps nemo-automodel==0.7.0)")
-    if importlib.util.find_spec("datasets") is None and "datasets" not in sys.modules:
+    stubbed = []
+    if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
         stub = types.ModuleType("datasets")
         stub.Dataset = type("Dataset", (), {})
         stub.DatasetDict = type("DatasetDict", (), {})
         sys.modules["datasets"] = stub
+        stubbed.append("datasets")
     name = "nemo_automodel.components.datasets.llm"
     if name not in sys.modules:  # its __init__ imports dataset builders; the mask helper needs none
         package = types.ModuleType(name)
         spec = importlib.util.find_spec("nemo_automodel.components.datasets")
         package.__path__ = [spec.submodule_search_locations[0] + "/llm"]
         sys.modules[name] = package
-    from nemo_automodel.components.speculative.dflash import draft_qwen3_dflash2
-
+    try:
+        from nemo_automodel.components.speculative.dflash import draft_qwen3_dflash2
+    finally:
+        for stub_name in stubbed:  # nothing else may see a fake `datasets` (transformers probes it)
+            del sys.modules[stub_name]
     return draft_qwen3_dflash2
 
 
-@pytest.fixture(scope="module")
-def nemo_drafter(scorer_cache, tmp_path_factory):
-    """A NeMo DFlash2 drafter for the scorer cache's target, saved with NeMo's own save_pretrained;
-    its convolutions and selector moved off their identity start so they change the drafts."""
+def _save_nemo_drafter(cache_path, out, target_layer_ids=(1, 3, 7)):
+    """A NeMo DFlash2 drafter for the cache's target, saved with NeMo's own save_pretrained; its
+    convolutions and selector moved off their identity start so they change the drafts."""
     nemo = _nemo_dflash2()
     from transformers import Qwen3Config
 
-    cache = hscache.open_cache(scorer_cache)
+    cache = hscache.open_cache(cache_path)
     config = Qwen3Config(
         vocab_size=cache.vocab_size,
         hidden_size=128,
@@ -70,7 +74,7 @@ def nemo_drafter(scorer_cache, tmp_path_factory):
         dflash_config={
             "block_size": BLOCK,
             "mask_token_id": cache.mask_token_id,
-            "target_layer_ids": [1, 3, 7],
+            "target_layer_ids": list(target_layer_ids),
             "conv_kernel_size": 2,
             "conv_group_size": 16,
             "selector_rank": 8,
@@ -84,9 +88,13 @@ def nemo_drafter(scorer_cache, tmp_path_factory):
             for name, p in model.named_parameters():
                 if "conv" in name or "candidate_selector" in name:
                     p.add_(torch.randn_like(p) * (1.0 if "codebook" in name else 0.1))
-    out = tmp_path_factory.mktemp("dflash2") / "nemo"
     model.save_pretrained(out)
     return model, out
+
+
+@pytest.fixture(scope="module")
+def nemo_drafter(scorer_cache, tmp_path_factory):
+    return _save_nemo_drafter(scorer_cache, tmp_path_factory.mktemp("dflash2") / "nemo")
 
 
 def _oracle_drafts(model, embed, lm_head, features, token_ids, anchor):
@@ -153,21 +161,19 @@ def _blocks(drafter, token_ids, anchors):
     return blocks
 
 
-def test_dflash2_online_equals_offline_round_for_round(scorer_cache, nemo_drafter):
-    """fp32, the hybrid built-in target verifying the selector's paths."""
+def _online_equals_offline(cache_path, drafter_path, model):
     from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
     from hscache.capture.target import load_target
     from scorer.families.base import OnlineOptions
     from scorer.families.dflash2 import online
     from scorer.online import speculative_decode
 
-    _, path = nemo_drafter
-    cache = hscache.open_cache(scorer_cache)
+    cache = hscache.open_cache(cache_path)
     config = EvalConfig(ddtree=())
-    drafter, _ = load_drafter(path, cache, config)
+    drafter, _ = load_drafter(drafter_path, cache, config)
     offline = score_rows(drafter, cache, [0], config)[0]
-    target = load_target("builtin:tiny-qwen3.5", "fp32")
-    layer_ids, propose, _ = online(path, target, OnlineOptions(overrides={}))
+    target = load_target(model, "fp32")
+    layer_ids, propose, _ = online(drafter_path, target, OnlineOptions(overrides={}))
     drafts = []
 
     def recording(hidden, ids, p):
@@ -176,10 +182,34 @@ def test_dflash2_online_equals_offline_round_for_round(scorer_cache, nemo_drafte
 
     record = next(iter_records(resolve_prompts("builtin:default")))
     prompt = prompt_token_ids(record, target.tokenizer)
-    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, 24, 4096)
+    T = len(cache.token_ids(0))
+    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, T - len(prompt), 4096)
     assert ids == cache.token_ids(0).tolist()
-    assert np.array_equal(np.asarray(drafts), offline.chain_drafts)
+    assert np.array_equal(np.asarray(drafts), offline.chain_drafts)  # every round's selector path
     assert rounds == list(offline.chain.tokens)
+
+
+def test_dflash2_online_equals_offline_round_for_round(scorer_cache, nemo_drafter):
+    """fp32, the hybrid built-in target verifying the selector's paths."""
+    _online_equals_offline(scorer_cache, nemo_drafter[1], "builtin:tiny-qwen3.5")
+
+
+@pytest.mark.slow
+def test_dflash2_online_equals_offline_qwen3_target(tmp_path):
+    """The same on the plain Qwen3 built-in target (its last layer, 7, read after the final norm)."""
+    cache = tmp_path / "cache"
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(cache),
+            model="builtin:tiny-qwen3",
+            layers="1,3,7",
+            max_new_tokens=16,
+            dtype="fp32",
+            limit=1,
+        )
+    )
+    _, path = _save_nemo_drafter(cache, tmp_path / "nemo")
+    _online_equals_offline(cache, path, "builtin:tiny-qwen3")
 
 
 def test_dflash2_bad_checkpoints_are_refused_by_name(nemo_drafter, tmp_path):
