@@ -172,7 +172,7 @@ def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
             # fp32: the same math in another order (SDPA vs explicit softmax) agrees to ~1e-6
             torch.testing.assert_close(state, ref_states, rtol=1e-5, atol=1e-5)
     # the shared replay over those drafts is the family's scoring path
-    chain = score_sequence_mtp(head, hidden, token_ids, cache.target_argmax(row), P, 2.0)[0]
+    chain = score_sequence_mtp(head, hidden, token_ids, cache.target_argmax(row), P, 2.0)[0][0]
     assert sum(chain.tokens) == len(token_ids) - 1 - P
 
 
@@ -185,6 +185,19 @@ def test_mtp_eval_report_and_prenorm_differ(scorer_cache):
         served["checkpoint"]["sha256"]
         == hscache.open_cache(scorer_cache).manifest["checksums"]["target/mtp.safetensors"]["sha256"]
     )
+    # step 0 is the same whether later steps are fed drafted or true tokens; after it they differ
+    forced = served["teacher_forced"]["acceptance"]["counts"]
+    for key in ("uncond_num", "uncond_den", "cond_num", "cond_den"):
+        assert forced[key][0] == served["acceptance"]["counts"][key][0], key
+    # SGLang's tree with topk 1 is the chain of `steps` tokens
+    tree = evaluate(
+        "target:mtp", scorer_cache, EvalConfig(num_speculative_tokens=K, n_boot=20, limit=2, tree=(K, 1, 0))
+    )
+    assert tree["tree"]["tau"]["pooled"] == served["tau"]["pooled"] and tree["tree"]["draft_tokens"] == K + 1
+    wide = evaluate(
+        "target:mtp", scorer_cache, EvalConfig(num_speculative_tokens=K, n_boot=20, limit=2, tree=(K, 4, 8))
+    )
+    assert wide["tree"]["tau"]["pooled"] >= 1.0 and wide["tau"] == served["tau"]
     default = evaluate("target:mtp", scorer_cache, EvalConfig(n_boot=20, limit=1))
     assert default["drafter"]["num_speculative_tokens"] == 1  # vLLM: n_predict = mtp layers
     assert default["checkpoint"]["field_sources"]["num_speculative_tokens"] == "default"

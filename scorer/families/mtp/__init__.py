@@ -31,10 +31,10 @@ from scorer.families.base import (
     attention_flops,
     linear_params,
 )
-from scorer.families.mtp.draft import draft_anchors, mtp_context
+from scorer.families.mtp.draft import TreeSteps, draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpConfig, MtpHead
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import replay_chain
+from scorer.replay import replay_chain, round_loop
 from scorer.score import SequenceResult
 
 __all__ = ["HEADS", "MTP", "load_mtp", "mtp_config", "mtp_hidden", "online_proposer", "score_sequence_mtp"]
@@ -314,8 +314,10 @@ def _refuse_block_flags(checkpoint: str, block_size: int | None, overrides: dict
 
 def _effective(config: Any) -> Any:
     # Every anchor is drafted in one batched pass, so "chain" anchors would only drop metrics;
-    # DDTree budgets are a block-family mode.
-    return replace(config, ddtree=(), anchors="all")
+    # DDTree budgets are a block-family mode; --tree as SGLang takes it.
+    from scorer.families.eagle3 import check_tree
+
+    return replace(config, ddtree=(), anchors="all", tree=check_tree(config.tree))
 
 
 def mtp_hidden(
@@ -336,21 +338,39 @@ def score_sequence_mtp(
     target_argmax: torch.Tensor,
     prompt_len: int,
     memory_gb: float,
+    tree: tuple[int, int, int] | None = None,
 ) -> tuple:
-    """Drafts at every anchor P..T-2, then the shared replay: the 7 parts of a SequenceResult."""
+    """Served chain drafts at every anchor P..T-2 and the shared replay; beside them the
+    teacher-forced counts (true tokens into steps > 0, as MTP trainers score) and, with ``tree``,
+    SGLang's EAGLE tree over the same head. Returns (the 7 parts of a SequenceResult, extras)."""
+    from scorer.families.eagle3.drafting import tree_depths  # the shared SGLang tree replay
+
+    K = head.config.num_speculative_tokens
     B = head.config.block_size
     x, a = token_ids.cpu().numpy(), target_argmax.cpu().numpy()
     anchors = np.arange(prompt_len, len(x) - 1)
+    extras: dict[str, Any] = {}
     if len(anchors):
         with torch.no_grad():
             context = mtp_context(head, hidden, token_ids.to(hidden.device))
-            draft = draft_anchors(head, context, anchors, head.config.num_speculative_tokens, memory_gb)
+            draft = draft_anchors(head, context, anchors, K, memory_gb)
+            forced = draft_anchors(head, context, anchors, K, memory_gb, token_ids=token_ids)
+            if tree is not None:
+                depths = tree_depths(
+                    TreeSteps(head), hidden, token_ids, target_argmax, prompt_len, tree, memory_gb=memory_gb
+                )
+                loop = round_loop(x, a, prompt_len)
+                while not loop.done:
+                    loop.step(int(depths[loop.p - prompt_len]))
+                extras["tree"] = loop.log()
     else:
-        draft = np.zeros((0, B - 1), dtype=np.int64)
+        draft = forced = np.zeros((0, B - 1), dtype=np.int64)
+    extras["teacher_forced_acceptance"] = acceptance_counts(forced, x, a, prompt_len)
+    extras["teacher_forced_accept_len"] = train_accept_len(forced, x, a, prompt_len)
     chain = replay_chain(draft, x, a, prompt_len, B)
     visited = np.asarray([p - prompt_len for p in chain.anchors], dtype=np.int64)
     chain_drafts = draft[visited] if len(visited) else np.zeros((0, B - 1), dtype=np.int64)
-    return (
+    parts = (
         chain,
         {},
         {},
@@ -359,6 +379,7 @@ def score_sequence_mtp(
         train_accept_len(draft, x, a, prompt_len),
         len(draft),
     )
+    return parts, extras
 
 
 def score_rows(
@@ -376,14 +397,16 @@ def score_rows(
     results = []
     for row in rows:
         hidden = mtp_hidden(head, cache.hidden_states(row), cache.layer_ids, dtype, config.device)
-        chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = score_sequence_mtp(
+        parts, extras = score_sequence_mtp(
             head,
             hidden,
             cache.token_ids(row),
             cache.target_argmax(row),
             prompt_lens[row].as_py(),
             config.memory_gb,
+            config.tree,
         )
+        chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = parts
         results.append(
             SequenceResult(
                 row=row,
@@ -396,6 +419,7 @@ def score_rows(
                 accept_len=accept_len,
                 chain_drafts=chain_drafts,
                 drafted_anchors=drafted,
+                extras=extras,
             )
         )
         if on_sequence:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from hscache.capture.forward import head_rows, row_chunks
 from scorer.families.mtp.model import MtpHead
 
-__all__ = ["MtpContext", "chain_outputs", "draft_anchors", "mtp_context"]
+__all__ = ["MtpContext", "TreeSteps", "chain_outputs", "draft_anchors", "mtp_context"]
 
 _SCORE_BYTES = 4  # fp32 attention scores
 
@@ -113,15 +113,22 @@ def _step(
 
 
 def chain_outputs(
-    head: MtpHead, context: MtpContext, at: torch.Tensor, num_speculative_tokens: int, rows: int
+    head: MtpHead,
+    context: MtpContext,
+    at: torch.Tensor,
+    num_speculative_tokens: int,
+    rows: int,
+    forced: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One group of anchors ``at`` [A]: greedy drafts [A, K] and the normed MTP output of each
-    step [A, K, H] (the state that both gives the logits and is fed to the next step)."""
+    step [A, K, H] (the state that both gives the logits and is fed to the next step).
+    ``forced`` [A, K]: feed step j its column j - 1 instead of the drafted token (teacher forcing)."""
     out = context.out[at - 1]  # step 0 of anchor p: the context row at p - 1
     tokens = _argmax(head, out, rows)
     drafted, states, own = [tokens], [out], []
     for j in range(1, num_speculative_tokens):
-        out = _step(head, context, at, j, out, tokens, own)
+        fed = tokens if forced is None else forced[:, j - 1]
+        out = _step(head, context, at, j, out, fed, own)
         tokens = _argmax(head, out, rows)
         drafted.append(tokens)
         states.append(out)
@@ -134,10 +141,12 @@ def draft_anchors(
     anchors: np.ndarray,
     num_speculative_tokens: int,
     memory_gb: float = 2.0,
+    token_ids: torch.Tensor | None = None,
 ) -> np.ndarray:
     """Greedy drafts ``[A, K]`` for anchors p (tokens 0..p verified, 1 <= p <= n): slot j is the
     token proposed for position p + 1 + j, as vLLM's chain of K speculative tokens drafts it.
-    Anchors go in groups sized so their [A, heads, n] attention scores fit ``memory_gb``."""
+    Anchors go in groups sized so their [A, heads, n] attention scores fit ``memory_gb``.
+    ``token_ids`` given: teacher forcing, step j is fed the true token x_{p+j} (training style)."""
     K, device = num_speculative_tokens, context.out.device
     rows = head_rows(head.config.vocab_size, memory_gb)
     n = context.keys.shape[0]
@@ -146,5 +155,35 @@ def draft_anchors(
     parts = []
     for lo in range(0, len(anchors), group):
         at = torch.as_tensor(anchors[lo : lo + group], dtype=torch.long, device=device)
-        parts.append(chain_outputs(head, context, at, K, rows)[0].cpu().numpy())
+        forced = None
+        if token_ids is not None:  # x_{p+j} for j = 1..K-1, clamped at the end (those slots never count)
+            idx = (at[:, None] + torch.arange(1, K, device=device)[None]).clamp(max=len(token_ids) - 1)
+            forced = token_ids.to(device)[idx]
+        parts.append(chain_outputs(head, context, at, K, rows, forced)[0].cpu().numpy())
     return np.concatenate(parts) if parts else np.zeros((0, K), dtype=np.int64)
+
+
+class TreeSteps:
+    """The MTP head seen through the step interface of the shared SGLang EAGLE-tree replay
+    (scorer.families.eagle3.drafting.tree_depths): step 0 over rows i (hidden i, token i + 1,
+    position i), later steps per frontier slot at position row + j attending to the context up to
+    its row and to its own slot's earlier keys. SGLang serves Qwen3.5's MTP with this EAGLE tree
+    (``qwen3_5_mtp.py``: its draft forward returns the normed state, which the tree feeds back)."""
+
+    def __init__(self, head: MtpHead) -> None:
+        self.head, self.config, self.fc, self.layers = head, head.config, head.fc, head.layers
+
+    def step0(self, hidden: torch.Tensor, token_ids: torch.Tensor, rows: int):
+        context = mtp_context(self.head, hidden[:rows], token_ids[: rows + 1])
+        return context.out, context.out, [(context.keys, context.values, context)]
+
+    def step(self, rows, tokens, fed, j, kv0, own):
+        context = kv0[0][2]
+        normed = _step(self.head, context, rows + 1, j, fed, tokens, own[0])
+        return normed, normed
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.head.logits(normed)
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids

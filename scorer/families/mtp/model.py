@@ -64,6 +64,11 @@ class MtpConfig:
         return self.num_speculative_tokens + 1
 
     @property
+    def draft_vocab_size(self) -> int:
+        """The head is the target's: the draft vocabulary is the target's."""
+        return self.vocab_size
+
+    @property
     def num_hidden_layers(self) -> int:
         """Decoder layers of the head (cost estimates read drafters' configs by this name)."""
         return self.num_mtp_layers
