@@ -1,8 +1,8 @@
 """DFlash2: drafts equal NeMo Automodel 0.7's own ``Qwen3DFlash2DraftModel`` forward and selector
 walk on the same inputs; scorer online == offline round for round; bad DFlash2 checkpoints refused.
 
-The oracle is nemo-automodel 0.7.0 installed ``--no-deps`` (test-only; .ci/run installs it): its
-draft model runs on CPU in plain torch. Its package ``__init__`` files import the training data
+The oracle is nemo-automodel 0.7.0 installed ``--no-deps --target .peers`` (test-only; .ci/run
+installs it beside the EAGLE-3 peers): its draft model runs on CPU in plain torch. Its package ``__init__`` files import the training data
 stack (``datasets``), which the draft model never calls; the test stubs those two imports when
 ``datasets`` is absent, and skips when nemo-automodel is not installed.
 """
@@ -13,6 +13,7 @@ import importlib.util
 import json
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,10 +29,16 @@ from scorer.rows import load_drafter, score_rows
 BLOCK = 4
 
 
+PEERS = Path(__file__).resolve().parents[2] / ".peers"
+
+
 def _nemo_dflash2():
-    if importlib.util.find_spec("nemo_automodel") is None:
-        pytest.skip("nemo-automodel 0.7.0 is not installed (pip install --no-deps nemo-automodel==0.7.0)")
-    stubbed = []
+    """NeMo's DFlash2 module from ``.peers/`` (sys.path and sys.modules restored afterwards, except
+    the NeMo modules themselves); skip when it is not installed."""
+    if not (PEERS / "nemo_automodel").is_dir():
+        pytest.skip("peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0")
+    saved_path, stubbed = list(sys.path), []
+    sys.path.insert(0, str(PEERS))
     if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
         stub = types.ModuleType("datasets")
         stub.Dataset = type("Dataset", (), {})
@@ -39,14 +46,14 @@ def _nemo_dflash2():
         sys.modules["datasets"] = stub
         stubbed.append("datasets")
     name = "nemo_automodel.components.datasets.llm"
-    if name not in sys.modules:  # its __init__ imports dataset builders; the mask helper needs none
-        package = types.ModuleType(name)
-        spec = importlib.util.find_spec("nemo_automodel.components.datasets")
-        package.__path__ = [spec.submodule_search_locations[0] + "/llm"]
-        sys.modules[name] = package
     try:
+        if name not in sys.modules:  # its __init__ imports dataset builders; the mask helper needs none
+            package = types.ModuleType(name)
+            package.__path__ = [str(PEERS / "nemo_automodel" / "components" / "datasets" / "llm")]
+            sys.modules[name] = package
         from nemo_automodel.components.speculative.dflash import draft_qwen3_dflash2
     finally:
+        sys.path[:] = saved_path
         for stub_name in stubbed:  # nothing else may see a fake `datasets` (transformers probes it)
             del sys.modules[stub_name]
     return draft_qwen3_dflash2
