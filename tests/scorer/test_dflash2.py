@@ -241,3 +241,20 @@ def test_dflash2_bad_checkpoints_are_refused_by_name(nemo_drafter, tmp_path):
     shutil.copy(path / "model.safetensors", bad / "model.safetensors")
     with pytest.raises(CheckpointError, match="conv_group_size 48 does not divide hidden_size 128"):
         build_dflash2(load_checkpoint(bad, variant=VARIANT))
+
+
+def test_identity_dflash2_drafts_equal_its_dflash_parent(scorer_cache, trained_drafter, tmp_path):
+    """NeMo's identity start (unit self-tap, zero corrections, zero successor codebook) is DFlash."""
+    from scorer.families.dflash2.init import init_from_dflash
+
+    out = init_from_dflash(trained_drafter, tmp_path / "dflash2", selector_rank=8)
+    config = EvalConfig(ddtree=(), limit=2, n_boot=20)
+    cache = hscache.open_cache(scorer_cache)
+    parent, _ = load_drafter(trained_drafter, cache, config)
+    child, loaded = load_drafter(out, cache, config)
+    assert child.family == "dflash2" and loaded.variant_config["selector_rank"] == 8
+    for a, b in zip(score_rows(parent, cache, [0, 1], config), score_rows(child, cache, [0, 1], config)):
+        assert np.array_equal(a.chain_drafts, b.chain_drafts) and a.chain.tokens == b.chain.tokens
+    assert (
+        evaluate(out, scorer_cache, config)["tau"] == evaluate(trained_drafter, scorer_cache, config)["tau"]
+    )

@@ -113,6 +113,9 @@ def test_extract_adds_the_last_layer_unasked_and_no_mtp_leaves_it(tmp_path):
         hscache.ExtractConfig(out=str(tmp_path / "qwen3"), model="builtin:tiny-qwen3", **settings)
     )
     assert hscache.open_cache(tmp_path / "mtp").layer_ids == [1, 3, 7]
+    from hscache.store.info import cache_summary
+
+    assert cache_summary(tmp_path / "mtp")["mtp_head"] and not cache_summary(tmp_path / "none")["mtp_head"]
     for name in ("none", "qwen3"):  # --no-mtp, and a target without an MTP head
         cache = hscache.open_cache(tmp_path / name)
         assert cache.layer_ids == [1, 3] and cache.target_mtp() == {} and cache.settings["mtp"] is False
