@@ -275,7 +275,7 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _write_target_dir(out: Path, target: Target, mtp: dict[str, torch.Tensor]) -> None:
+def _write_target_dir(out: Path, target: Target, mtp: dict[str, torch.Tensor] | None = None) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
     from hscache.capture.final_norm import describe_final_norm, final_norm_module
 

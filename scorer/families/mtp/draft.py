@@ -95,20 +95,22 @@ def _step(
     cos, sin = head.cos_sin(at - 1 + j, x.dtype)
     q, gate, k, v = layer.self_attn.project(layer.input_layernorm(x), cos, sin)
     own.append((k, v))
-    heads, D = q.shape[1], q.shape[2]
+    heads, kv_heads, D = q.shape[1], k.shape[1], q.shape[2]
     scale = D**-0.5
-    k_ctx, v_ctx = _expand_kv(context.keys, heads), _expand_kv(context.values, heads)
-    s_ctx = torch.einsum("ahd,nhd->ahn", q.float(), k_ctx.float()) * scale
+    qg = q.float().unflatten(1, (kv_heads, heads // kv_heads))  # [A, kv, rep, D]: head h reads kv h // rep
+    k_ctx, v_ctx = context.keys.float(), context.values.float()  # [n, kv, D], never expanded per head
+    s_ctx = torch.einsum("akrd,nkd->akrn", qg, k_ctx) * scale
     visible = torch.arange(k_ctx.shape[0], device=at.device)[None] < at[:, None]  # [A, n]
-    s_ctx = s_ctx.masked_fill(~visible[:, None], float("-inf"))
-    k_own = torch.stack([_expand_kv(kk, heads) for kk, _ in own], dim=1)  # [A, j, heads, D]
-    v_own = torch.stack([_expand_kv(vv, heads) for _, vv in own], dim=1)
-    s_own = torch.einsum("ahd,ajhd->ahj", q.float(), k_own.float()) * scale
+    s_ctx = s_ctx.masked_fill(~visible[:, None, None], float("-inf"))
+    k_own = torch.stack([kk for kk, _ in own], dim=1).float()  # [A, j, kv, D]
+    v_own = torch.stack([vv for _, vv in own], dim=1).float()
+    s_own = torch.einsum("akrd,ajkd->akrj", qg, k_own) * scale
     p = torch.softmax(torch.cat([s_ctx, s_own], dim=-1), dim=-1)
     n = k_ctx.shape[0]
-    attn = torch.einsum("ahn,nhd->ahd", p[..., :n], v_ctx.float()) + torch.einsum(
-        "ahj,ajhd->ahd", p[..., n:], v_own.float()
+    attn = torch.einsum("akrn,nkd->akrd", p[..., :n], v_ctx) + torch.einsum(
+        "akrj,ajkd->akrd", p[..., n:], v_own
     )
+    attn = attn.flatten(1, 2)  # [A, heads, D]
     return head.norm(layer.finish(x, attn.to(x.dtype), gate))
 
 
