@@ -416,8 +416,29 @@ def online(
 @main.command()
 @click.argument("out")
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
+@click.option(
+    "--family",
+    type=click.Choice(["dflash", "eagle3"]),
+    default="dflash",
+    show_default=True,
+    help="dflash: an HF DFlash directory; eagle3: an EAGLE-3 drafter in --layout.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["speculators", "specforge", "eagle_release"]),
+    default="speculators",
+    show_default=True,
+    help="EAGLE-3 only: speculators Eagle3Speculator, SpecForge LlamaForCausalLMEagle3, or the original release.",
+)
 @click.option("--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="EAGLE-3 only: the K written into its config.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--train-steps",
@@ -427,8 +448,21 @@ def online(
     help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
 )
 @friendly_errors
-def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int) -> None:
-    """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
+def init(
+    out: str,
+    cache: str,
+    family: str,
+    layout: str,
+    num_layers: int,
+    block_size: int,
+    num_speculative_tokens: int,
+    seed: int,
+    train_steps: int,
+) -> None:
+    """Write a drafter for CACHE's target to OUT (DFlash: an HF directory; EAGLE-3: --layout)."""
+    if family == "eagle3":
+        _init_eagle3(out, cache, layout, num_layers, num_speculative_tokens, seed, train_steps)
+        return
     if train_steps:
         from scorer.train import train_drafter
 
@@ -449,6 +483,30 @@ def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, trai
     click.echo(
         f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
         f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}"
+    )
+
+
+def _init_eagle3(
+    out: str, cache: str, layout: str, num_layers: int, k: int, seed: int, train_steps: int
+) -> None:
+    options = dict(layout=layout, seed=seed, num_layers=num_layers, num_speculative_tokens=k)
+    if layout != "speculators":
+        options["qk_norm"] = False  # the Llama layer those layouts hold
+    if train_steps:
+        from scorer.families.eagle3.train import train_eagle3
+
+        result = train_eagle3(cache, out, steps=train_steps, **options)
+        config = result["config"]
+        what = f"trained {train_steps} steps (final loss {result['final_loss']:.3f})"
+    else:
+        from scorer.families.eagle3.init import init_eagle3
+
+        config, _ = init_eagle3(cache, out, **options)
+        what = "random"
+    click.echo(
+        f"saved a {what} EAGLE-3 drafter ({layout} layout, hidden {config.hidden_size}, "
+        f"{config.num_hidden_layers} layer(s), K {config.num_speculative_tokens}, target layers "
+        f"{list(config.target_layer_ids)}) to {out}"
     )
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import hscache
 import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
@@ -49,11 +51,45 @@ def _mean_context(report: dict[str, Any]) -> float:
     return sum(anchors) / len(anchors) if anchors else 0.0
 
 
+def _time_rounds(
+    family: Any, drafter: Any, cache: Any, report: dict[str, Any], tau: float, config: EvalConfig, rounds: int
+) -> tuple[float | None, int]:
+    """Median seconds of ``rounds`` served rounds (the first anchors the replay visited, spread over
+    the first sequences), after one untimed warm-up round."""
+    if family.time_round is None:
+        return None, 0
+    from hscache.store.dtypes import DTYPES
+    from scorer.features import sequence_features
+
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    norm = getattr(drafter, "context_norm", None)
+    picks = []
+    for request in report["per_request"]:
+        picks += [(request["row"], p) for p in request["anchors"][: max(1, rounds // 4)]]
+        if len(picks) >= rounds:
+            break
+    if not picks:
+        return None, 0
+    times, loaded = [], {}
+    for n, (row, anchor) in enumerate([picks[0], *picks[:rounds]]):
+        if row not in loaded:
+            features = sequence_features(
+                cache.hidden_states(row), index, DTYPES[config.dtype], config.device, norm
+            )
+            loaded = {row: (features, cache.token_ids(row))}
+        features, tokens = loaded[row]
+        seconds, _ = family.time_round(drafter, features, tokens, anchor, tau)
+        if n:  # the first call warms up
+            times.append(seconds)
+    return float(np.median(times)), len(times)
+
+
 def compare_drafters(
     checkpoints: Sequence[str | Path],
     cache_path: str | Path,
     config: EvalConfig = EvalConfig(ddtree=()),
     on_sequence: Callable[[int], None] | None = None,
+    timed_rounds: int = 16,
 ) -> dict[str, Any]:
     """Score every checkpoint on ``cache_path``; one row per drafter, deltas against the first.
 
@@ -86,6 +122,7 @@ def compare_drafters(
         cost = family.cost(drafter, tau, _mean_context(report)) if family.cost else {}
         params = sum(p.numel() for p in drafter.parameters())
         flops = cost.get("flops_per_round")
+        round_seconds, timed = _time_rounds(family, drafter, cache, report, tau, used, timed_rounds)
         rows.append(
             {
                 "checkpoint": str(checkpoint),
@@ -107,6 +144,8 @@ def compare_drafters(
                     "draft_forwards_per_round": cost.get("draft_forwards_per_round"),
                     "flops_per_round": flops,
                     "tau_per_gflop": (tau / (flops / 1e9)) if flops else None,
+                    "draft_seconds_per_round": round_seconds,
+                    "timed_rounds": timed,
                     "scoring_seconds": seconds,
                     "scoring_seconds_per_round": seconds / report["rounds"] if report["rounds"] else None,
                 },
@@ -144,6 +183,8 @@ def compare_drafters(
             "flops_per_round": "the family's serving estimate from the shapes: matmuls of the tokens a round "
             "pushes through the drafter, its head, and attention at the cache's mean anchor position",
             "scoring_seconds_per_round": "measured wall time of this offline replay on this device / rounds",
+            "draft_seconds_per_round": "measured on this device: the median over timed_rounds served rounds of "
+            "the drafter's work from the newly verified tokens to its last draft, its context already cached",
         },
         "drafters": rows,
         "reports": reports,

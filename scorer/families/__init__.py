@@ -19,6 +19,8 @@ FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
+# speculators_model_type values some family reads; any other is refused by name, not guessed.
+SPECULATORS_TYPES = ("dflash", "eagle3")
 
 
 def family_named(name: str) -> Family:
@@ -50,6 +52,12 @@ def family_for(probe: CheckpointProbe) -> Family:
                 f"{', '.join(TARGET_PREFIX + h for h in TARGET_HEADS)}"
             )
         return family_named(TARGET_HEADS[head])
+    kind = (probe.config or {}).get("speculators_model_type")
+    if kind is not None and kind not in SPECULATORS_TYPES:
+        raise CheckpointError(
+            f"{probe.path}: speculators_model_type {kind!r} is not a drafter layout this scorer reads "
+            f"(known: {', '.join(SPECULATORS_TYPES)})"
+        )
     for family in FAMILIES:
         if family.claims(probe):
             return family

@@ -81,6 +81,9 @@ class Family:
             ``scorer online`` (the target verifying); None when the family has no online path yet.
         cost: (drafter, tau, mean context length) -> {"draft_forwards_per_round",
             "flops_per_round"}: the serving work of one round, estimated from the shapes.
+        time_round: (drafter, features [T, K*H], token ids [T], anchor p, tau) -> (seconds, drafts):
+            one served round's drafter work at p, its context already cached (what a serving engine
+            keeps between rounds) and timed from the newly verified tokens to the last draft.
     """
 
     name: str
@@ -92,6 +95,7 @@ class Family:
     autoregressive: bool = False
     online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
     cost: Callable[..., dict[str, Any]] | None = None
+    time_round: Callable[..., tuple[float, list[int]]] | None = None
 
 
 def linear_params(module: Any) -> int:

@@ -254,6 +254,30 @@ def cost(drafter: DFlashDrafter, tau: float, context: float) -> dict[str, Any]:
     return {"draft_forwards_per_round": 1, "flops_per_round": flops}
 
 
+def time_round(
+    drafter: DFlashDrafter, features: Any, token_ids: Any, anchor: int, tau: float
+) -> tuple[float, list[int]]:
+    """One served round at ``anchor``: the block forward and the head over its B-1 slots, the
+    context's keys/values already projected (built untimed; a round adds ~tau context rows)."""
+    import time
+
+    import torch
+
+    c = drafter.config
+    device = drafter.fc.weight.device
+    features = features.to(device)
+    with torch.no_grad():
+        context = drafter.context_kv(features[:anchor])
+        block = torch.full((1, c.block_size), c.mask_token_id, dtype=torch.long, device=device)
+        block[0, 0] = int(token_ids[anchor])
+        t0 = time.perf_counter()
+        rows = drafter.block_hidden(
+            features, torch.tensor([anchor], device=device), block, max_blocks_per_forward=1, context=context
+        )
+        out = block_drafts(drafter, rows, block[:, 0])[0].tolist()  # argmax, or DFlash2's selector path
+        return time.perf_counter() - t0, out
+
+
 DFLASH = Family(
     name="dflash",
     layouts=(
@@ -267,4 +291,5 @@ DFLASH = Family(
     score_rows=score_rows,
     online=online,
     cost=cost,
+    time_round=time_round,
 )

@@ -30,6 +30,14 @@ def _delta(d: Mapping[str, Any] | None) -> str:
     return "-" if d is None else f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
 
 
+def _tree(tree: Mapping[str, Any] | None) -> str:
+    if not tree:
+        return "-"
+    tau = tree["tau"]
+    shape = f"{tree['steps']},{tree['topk']},{tree['draft_tokens']}"
+    return f"{_num(tau['pooled'])}{_ci(tau['pooled_ci95'])} ({shape})"
+
+
 def drafter_names(document: Mapping[str, Any]) -> list[str]:
     """A label per drafter: its directory name (the whole path where names repeat), and the family."""
     paths = [row["checkpoint"] for row in document["drafters"]]
@@ -52,6 +60,7 @@ def tau_rows(document: Mapping[str, Any], names: Sequence[str]) -> list[list[str
                 _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
                 _delta(delta["per_request"]) if delta else "(reference)",
                 _delta(delta["pooled"]) if delta else "(reference)",
+                _tree(row.get("tree")),
                 _num(row["train_accept_len"], 2),
                 _num((row.get("teacher_forced") or {}).get("accept_len"), 2),
             ]
@@ -67,6 +76,7 @@ TAU_HEADER = [
     "tau pooled [95%]",
     "delta per request vs first",
     "delta pooled vs first",
+    "tree tau pooled [95%]",
     "accept len (served)",
     "accept len (teacher-forced)",
 ]
@@ -76,7 +86,8 @@ COST_HEADER = [
     "draft forwards / round",
     "est. GFLOPs / round",
     "tau / GFLOP",
-    "scoring ms / round (this device)",
+    "draft ms / round (measured)",
+    "scoring ms / round (offline replay)",
 ]
 
 
@@ -93,6 +104,9 @@ def cost_rows(document: Mapping[str, Any], names: Sequence[str]) -> list[list[st
                 "-" if cost["draft_forwards_per_round"] is None else str(cost["draft_forwards_per_round"]),
                 "-" if flops is None else f"{flops / 1e9:.4f}",
                 _num(cost.get("tau_per_gflop"), 1),
+                "-"
+                if cost.get("draft_seconds_per_round") is None
+                else f"{cost['draft_seconds_per_round'] * 1e3:.3f}",
                 "-" if per_round is None else f"{per_round * 1e3:.3f}",
             ]
         )
@@ -126,7 +140,8 @@ def render_compare_html(document: Mapping[str, Any], *, title: str | None = None
         f"Deltas: {escape(defs['delta_vs_first'])}.</p>",
         "<h2>Cost per round</h2>",
         html_table(COST_HEADER, cost_rows(document, names)),
-        f"<p>FLOPs: {escape(defs['flops_per_round'])}. Time: {escape(defs['scoring_seconds_per_round'])}.</p>",
+        f"<p>FLOPs: {escape(defs['flops_per_round'])}. Draft time: {escape(defs['draft_seconds_per_round'])}. "
+        f"Scoring time: {escape(defs['scoring_seconds_per_round'])}.</p>",
         "<h2>Per-slot acceptance</h2>",
         '<div class="charts">' + "".join(charts) + "</div>",
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",

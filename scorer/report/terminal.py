@@ -20,8 +20,12 @@ def _ci(pair: Any) -> str:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     tau = report["tau"]
+    family = {"dflash": "DFlash", "eagle3": "EAGLE-3"}.get(
+        report["drafter"].get("family", "dflash"), "drafter"
+    )
     head = Table(
-        title=f"DFlash replay: {report['checkpoint']['path']} on {report['cache']['path']}", show_header=True
+        title=f"{family} replay: {report['checkpoint']['path']} on {report['cache']['path']}",
+        show_header=True,
     )
     head.add_column("metric")
     head.add_column("value", justify="right")
@@ -29,6 +33,18 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     head.add_row("tau, per request then mean (DFlash)", _f(tau["per_request"]), _ci(tau["per_request_ci95"]))
     head.add_row("tau, pooled over rounds (vLLM/SGLang)", _f(tau["pooled"]), _ci(tau["pooled_ci95"]))
     head.add_row("train-log accept length (all anchors, no +1)", _f(report["train_accept_len"]), "")
+    if report.get("teacher_forced"):
+        head.add_row(
+            "  same, teacher-forced steps > 0 (training-style)",
+            _f(report["teacher_forced"]["accept_len"]),
+            "",
+        )
+    if report.get("tree"):
+        tree, tree_tau = report["tree"], report["tree"]["tau"]
+        shape = f"{tree['steps']},{tree['topk']},{tree['draft_tokens']}"
+        head.add_row(
+            f"SGLang tree {shape} tau (pooled)", _f(tree_tau["pooled"]), _ci(tree_tau["pooled_ci95"])
+        )
     for budget, value in report["ddtree"].items():
         head.add_row(
             f"DDTree-{budget} tau (per request)",

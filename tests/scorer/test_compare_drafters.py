@@ -114,3 +114,36 @@ def test_cli_json_html_and_target_heads(trained_drafter, eagle3_drafter, scorer_
         main, ["compare", str(eagle3_drafter), "target:foo", "--cache", str(scorer_cache)]
     )
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and "'foo'" in result.output
+
+
+def test_timed_rounds_draft_what_the_replay_drafted(document, trained_drafter, eagle3_drafter, scorer_cache):
+    """The timed round (context cached, only the round's own work timed) drafts the same tokens as
+    the replay at that anchor, so the time is the time of the scored work."""
+    import torch
+
+    import hscache
+    from scorer.families import family_named
+    from scorer.families.eagle3.drafting import draft_every_anchor
+    from scorer.features import sequence_features
+    from scorer.score import draft_all_anchors
+
+    cache = hscache.open_cache(scorer_cache)
+    for checkpoint, name in ((trained_drafter, "dflash"), (eagle3_drafter, "eagle3")):
+        family = family_named(name)
+        drafter, _ = family.load(
+            checkpoint, cache, EvalConfig(num_speculative_tokens=4 if name == "eagle3" else None)
+        )
+        index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+        norm = getattr(drafter, "context_norm", None)
+        features = sequence_features(cache.hidden_states(0), index, torch.float32, "cpu", norm)
+        tokens, prompt_len = cache.token_ids(0), cache.index.column("prompt_len")[0].as_py()
+        if name == "eagle3":
+            replay = draft_every_anchor(drafter, features, tokens, prompt_len, 4)
+        else:
+            replay = draft_all_anchors(drafter, features, tokens, prompt_len, 0)[0]
+        for anchor in (prompt_len, prompt_len + 3, len(tokens) - 2):
+            for tau in (1.0, 2.6):
+                seconds, drafts = family.time_round(drafter, features, tokens, anchor, tau)
+                assert seconds > 0 and drafts == replay[anchor - prompt_len].tolist()
+    for row in document["drafters"]:
+        assert row["cost"]["timed_rounds"] > 0 and row["cost"]["draft_seconds_per_round"] > 0

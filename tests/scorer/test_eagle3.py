@@ -55,6 +55,9 @@ def test_batched_drafts_equal_vllm_loop_one_anchor_at_a_time(scorer_cache, reduc
         reference = draft_every_anchor_one_by_one(drafter, features, tokens, prompt_len, 4)
         assert batched.shape == (len(tokens) - 1 - prompt_len, 4)
         np.testing.assert_array_equal(batched, reference)
+        # A memory budget that allows one row per chunk changes nothing.
+        tight = draft_every_anchor(drafter, features, tokens, prompt_len, 4, memory_gb=1e-5)
+        np.testing.assert_array_equal(tight, reference)
 
 
 def test_reduced_vocabulary_maps_draft_ids_like_vllm_compute_logits(scorer_cache, reduced):
@@ -113,6 +116,7 @@ def test_report_serves_k_and_puts_teacher_forced_beside(scorer_cache, eagle3_dra
     schemas.validate(report, "eval_report")
     assert report["drafter"]["family"] == "eagle3" and report["drafter"]["num_speculative_tokens"] == 3
     assert report["checkpoint"]["field_sources"]["num_speculative_tokens"] == "config"
+    assert any(n.startswith("embedding: the target's") for n in report["checkpoint"]["notes"])
     assert len(report["acceptance"]["unconditional"]) == 3 and report["ddtree"] == {}
     served = report["acceptance"]["unconditional"]
     forced = report["teacher_forced"]["acceptance"]["unconditional"]
@@ -197,6 +201,21 @@ def test_flags_that_do_not_fit_the_family_are_refused(scorer_cache, eagle3_draft
     assert result.exit_code == 0, result.output  # the MTP family exists (tests/scorer/test_mtp.py)
     result = runner.invoke(main, ["eval", "target:medusa", "--cache", str(scorer_cache)])
     assert result.exit_code == 2 and "unknown target head 'medusa'" in result.output
+    result = runner.invoke(
+        main, ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--anchors", "chain"]
+    )
+    assert result.exit_code == 2 and "--anchors chain" in result.output
+
+
+def test_unknown_layout_is_one_line_naming_it(scorer_cache, eagle3_drafter, tmp_path):
+    other = tmp_path / "peagle"
+    shutil.copytree(eagle3_drafter, other)
+    config = json.loads((other / "config.json").read_text())
+    config["speculators_model_type"] = "peagle"
+    (other / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["eval", str(other), "--cache", str(scorer_cache)])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "speculators_model_type 'peagle'" in result.output and "known: dflash, eagle3" in result.output
 
 
 def test_online_rounds_equal_offline_replay_hybrid_target(scorer_cache, eagle3_drafter):
@@ -351,3 +370,81 @@ def test_tree_with_topk_1_is_the_chain_and_wider_trees_accept_more(scorer_cache,
         main, ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--tree", "2,2,9"]
     )
     assert result.exit_code == 2 and "TOKENS must be 2..7" in result.output
+    args = ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--tree", "3,2,5", "--limit", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    for line in ("EAGLE-3 replay", "SGLang tree 3,2,5 tau", "teacher-forced steps > 0"):
+        assert line in result.output
+
+
+def test_cli_online_takes_the_chain_length(eagle3_drafter, tmp_path):
+    out = tmp_path / "online.json"
+    args = [
+        "online",
+        str(eagle3_drafter),
+        "--max-new-tokens",
+        "6",
+        "--limit",
+        "1",
+        "--num-speculative-tokens",
+        "2",
+    ]
+    result = CliRunner().invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    schemas.validate(document, "online_report")
+    assert document["family"] == "eagle3" and max(document["per_request"][0]["tokens_per_round"]) <= 3
+    assert document["checkpoint"]["field_sources"]["num_speculative_tokens"] == "override"
+    result = CliRunner().invoke(main, [*args, "--block-size", "4"])
+    assert result.exit_code == 2 and "--block-size" in result.output
+
+
+def test_cli_init_writes_each_layout_the_loader_reads(scorer_cache, tmp_path):
+    for layout, weights in (("specforge", "model.safetensors"), ("eagle_release", "pytorch_model.bin")):
+        out = tmp_path / layout
+        args = ["init", str(out), "--cache", str(scorer_cache), "--family", "eagle3", "--layout", layout]
+        result = CliRunner().invoke(main, [*args, "--num-speculative-tokens", "2"])
+        assert result.exit_code == 0, result.output
+        assert (out / weights).is_file() and "target layers [1, 3, 4]" in result.output
+        config, weights_read, _, report = read_eagle3(out, num_target_layers=8, num_speculative_tokens=2)
+        assert (
+            report.layout == layout and not config.qk_norm and "layers.0.hidden_norm.weight" in weights_read
+        )
+
+
+def test_specforge_training_state_reads_with_its_draft_config(scorer_cache, tmp_path):
+    """SpecForge's {run}-stepN/training_state.pt: draft_state_dict (midlayer.* keys), no config.json."""
+    config, drafter = init_eagle3(
+        scorer_cache, tmp_path / "export", layer_ids=[1, 3, 7], qk_norm=False, layout="specforge"
+    )
+    step = tmp_path / "run-step120"
+    step.mkdir()
+    weights = {
+        ("midlayer." + k[9:] if k.startswith("layers.0.") else k): v for k, v in drafter.state_dict().items()
+    }
+    torch.save(
+        {"draft_state_dict": weights, "step": 120, "optimizer": {"lr": 1e-4}}, step / "training_state.pt"
+    )
+    draft_config = tmp_path / "draft.json"
+    shutil.copy(tmp_path / "export" / "config.json", draft_config)
+    args = [
+        "eval",
+        str(step),
+        "--cache",
+        str(scorer_cache),
+        "--limit",
+        "2",
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
+    result = CliRunner().invoke(main, [*args, "--config", str(draft_config)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    export = evaluate(tmp_path / "export", scorer_cache, EvalConfig(limit=2, n_boot=10))
+    assert report["checkpoint"]["format"] == "specforge_training_state"
+    assert report["checkpoint"]["weights_sha256"] == export["checkpoint"]["weights_sha256"]
+    assert [r["accepted"] for r in report["per_request"]] == [r["accepted"] for r in export["per_request"]]
+    result = CliRunner().invoke(main, args)
+    assert (
+        result.exit_code == 2 and "--config" in result.output and len(result.output.strip().splitlines()) == 1
+    )

@@ -9,7 +9,6 @@ the drafts of every anchor are the selector's paths (scorer.score), replayed by 
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +115,9 @@ DFLASH2 = Family(
     ),
     claims=_claims,
     load=load,
-    score_rows=partial(dflash.score_rows),
+    score_rows=dflash.score_rows,
     effective_config=_effective,
     online=online,
     cost=cost,
+    time_round=dflash.time_round,
 )

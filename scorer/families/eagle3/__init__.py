@@ -158,6 +158,39 @@ def cost(drafter: Eagle3Drafter, tau: float, context: float) -> dict[str, Any]:
     return {"draft_forwards_per_round": k, "flops_per_round": flops}
 
 
+def time_round(
+    drafter: Eagle3Drafter, features: Any, token_ids: Any, anchor: int, tau: float
+) -> tuple[float, list[int]]:
+    """One served chain round at ``anchor``: step 0 over the ~tau newly verified rows against the
+    cached prefix (``extend``), then K-1 one-row steps; the prefix's step-0 keys are built untimed."""
+    import time
+
+    import torch
+
+    k = drafter.config.num_speculative_tokens
+    new = max(1, min(anchor, round(tau)))
+    start = anchor - new
+    device = drafter.fc.weight.device
+    tokens, feats = token_ids.to(device), features.to(device)
+    c = drafter.config
+    with torch.no_grad():
+        if start:
+            _, _, cache = drafter.step0(feats, tokens, start)
+        else:
+            empty = feats.new_zeros(0, c.num_key_value_heads, c.head_dim)
+            cache = [(empty, empty) for _ in drafter.layers]
+        t0 = time.perf_counter()
+        normed, fed, kv = drafter.extend(feats[start:anchor], tokens[start + 1 : anchor + 1], start, cache)
+        row = torch.tensor([anchor - 1], device=device)
+        token = drafter.to_target(drafter.head_logits(normed[-1:]).float().argmax(-1))
+        drafted, fed, own = [token], fed[-1:], [[] for _ in drafter.layers]
+        for j in range(1, k):
+            normed, fed = drafter.step(row, drafted[-1], fed, j, kv, own)
+            drafted.append(drafter.to_target(drafter.head_logits(normed).float().argmax(-1)))
+        out = torch.cat(drafted).tolist()  # .tolist() waits for the device
+        return time.perf_counter() - t0, out
+
+
 EAGLE3 = Family(
     name="eagle3",
     layouts=(
@@ -172,4 +205,5 @@ EAGLE3 = Family(
     autoregressive=True,
     online=online,
     cost=cost,
+    time_round=time_round,
 )

@@ -18,6 +18,14 @@ from scorer.families.eagle3.model import Eagle3Drafter
 __all__ = ["draft_every_anchor", "draft_every_anchor_one_by_one"]
 
 
+def _rows_per_chunk(drafter: Eagle3Drafter, seq_len: int, memory_gb: float, max_rows: int) -> int:
+    """Rows of later steps per chunk: their [rows, Vd] logits and their [rows, heads, T] attention
+    scores (fp32, with the softmax's copy) both within ``memory_gb``."""
+    scores_per_row = 2 * 4 * drafter.config.num_attention_heads * seq_len
+    by_attention = int(memory_gb * 2**30) // max(1, scores_per_row)
+    return max(1, min(max_rows, head_rows(drafter.config.draft_vocab_size, memory_gb), by_attention))
+
+
 @torch.no_grad()
 def draft_every_anchor(
     drafter: Eagle3Drafter,
@@ -45,7 +53,7 @@ def draft_every_anchor(
     device = drafter.fc.weight.device
     token_ids = token_ids.to(device)
     normed0, fed0, kv0 = drafter.step0(features.to(device), token_ids, seq_len - 2)
-    chunk = max(1, min(max_rows, head_rows(drafter.config.draft_vocab_size, memory_gb)))
+    chunk = _rows_per_chunk(drafter, seq_len, memory_gb, max_rows)
     out = np.zeros((anchors, num_tokens), dtype=np.int64)
     for lo in range(0, anchors, chunk):
         rows = torch.arange(prompt_len - 1 + lo, prompt_len - 1 + min(anchors, lo + chunk), device=device)
@@ -111,7 +119,7 @@ def tree_depths(
     token_ids = token_ids.to(device)
     greedy = target_argmax.cpu().numpy()
     normed0, fed0, kv0 = drafter.step0(features.to(device), token_ids, seq_len - 2)
-    chunk = max(1, min(max_rows, head_rows(drafter.config.draft_vocab_size, memory_gb) // topk))
+    chunk = max(1, _rows_per_chunk(drafter, seq_len, memory_gb, max_rows) // topk)
     depths = np.zeros(anchors, dtype=np.int64)
     for lo in range(0, anchors, chunk):
         rows = torch.arange(prompt_len - 1 + lo, prompt_len - 1 + min(anchors, lo + chunk), device=device)

@@ -13,6 +13,7 @@ vLLM renames ``midlayer.`` to ``layers.0.`` (llama_eagle3.py ``load_weights``); 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -240,13 +241,15 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
             ("--target-layer-ids", "target_layer_ids" in config.overrides),
             ("--mask-token-id", "mask_token_id" in config.overrides),
             ("--rope-theta", "rope_theta" in config.overrides),
+            ("--anchors chain", config.anchors == "chain"),
         )
         if given
     ]
     if refused:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(refused)} set DFlash settings; an EAGLE-3 drafter takes its layers and "
-            "rope from its config (drafting: --num-speculative-tokens K, --tree STEPS,TOPK,TOKENS)"
+            "rope from its config and drafts every anchor in batched forwards (drafting: "
+            "--num-speculative-tokens K, --tree STEPS,TOPK,TOKENS)"
         )
     eagle, weights, head, report = read_eagle3(
         checkpoint,
@@ -264,10 +267,14 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
     own = head.get("embed_tokens.weight")
     # vLLM eagle.py load_model: the drafter shares the target's embedding when the shapes match,
     # else keeps its own.
+    note = "embedding: the target's (from the cache), as vLLM shares it when the shapes match"
     if own is not None and tuple(own.shape) != tuple(embed.shape):
-        embed = own
+        embed, note = (
+            own,
+            "embedding: the checkpoint's own embed_tokens (its shape differs from the target's)",
+        )
     drafter.attach_embedding(embed.to(device=config.device, dtype=dtype), head.get("d2t"))
-    return drafter, _Loaded(eagle, report)
+    return drafter, _Loaded(eagle, dataclasses.replace(report, notes=(*report.notes, note)))
 
 
 class _Loaded:

@@ -238,6 +238,39 @@ class Eagle3Drafter(nn.Module):
         normed, fed = self.finish(h)
         return normed, fed, kv
 
+    # ---- step 0 for new rows over a cached prefix (one served round) --------------------------
+    @torch.no_grad()
+    def extend(
+        self, features: torch.Tensor, token_ids: torch.Tensor, start: int, cache: KV
+    ) -> tuple[torch.Tensor, torch.Tensor, KV]:
+        """Step 0 for rows start..start+n-1 (features ``[n, K*Ht]``, tokens x[i+1] ``[n]``) attending to
+        the cached step-0 keys of rows < start and causally to each other: what a served round runs
+        for its newly verified tokens. Returns (normed [n, H], fed-back [n, H], the extended cache)."""
+        g = self.combine(features)
+        embeds = self._embed(token_ids)
+        n = g.shape[0]
+        cos, sin = self._cos_sin(torch.arange(start, start + n, device=g.device), g.dtype)
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        visible = (
+            torch.arange(start + n, device=g.device)[None, :]
+            <= torch.arange(start, start + n, device=g.device)[:, None]
+        )
+        h, out_cache = g, []
+        for layer, (k0, v0) in zip(self.layers, cache):
+            x, residual = layer.enter(embeds, h)
+            q, k, v = layer.self_attn.qkv(x, cos, sin)
+            keys, values = torch.cat([k0, k]), torch.cat([v0, v])
+            out_cache.append((keys, values))
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                keys.repeat_interleave(rep, dim=1).transpose(0, 1)[None],
+                values.repeat_interleave(rep, dim=1).transpose(0, 1)[None],
+                attn_mask=visible[None, None],
+            )[0].transpose(0, 1)
+            h = layer.leave(residual, out)
+        normed, fed = self.finish(h)
+        return normed, fed, out_cache
+
     # ---- later steps for many rows at once ----------------------------------------------------
     def step(
         self,

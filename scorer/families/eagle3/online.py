@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from scorer.errors import IncompatibleCacheError
+from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.base import OnlineOptions, Proposer
 from scorer.families.eagle3.layouts import read_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
@@ -26,7 +26,17 @@ def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
 
 
 def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
-    """Read the checkpoint, check it against the target, attach the target's embedding."""
+    """Read the checkpoint, check it against the target, attach the target's embedding.
+
+    Raises:
+        CheckpointError: a DFlash override was given (named); IncompatibleCacheError: a mismatch.
+    """
+    if options.overrides:
+        flags = ", ".join("--" + name.replace("_", "-") for name in sorted(options.overrides))
+        raise CheckpointError(
+            f"{checkpoint}: {flags} set DFlash settings; an EAGLE-3 drafter takes them from its config "
+            "(drafting: --num-speculative-tokens K)"
+        )
     config, weights, head, report = read_eagle3(
         checkpoint,
         num_target_layers=target.num_layers,

@@ -8,7 +8,6 @@ checked, drafts for every anchor handed to the shared replay.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -18,9 +17,10 @@ import numpy as np
 import torch
 
 from hscache.capture.final_norm import KINDS, apply_final_norm, final_norm_module
+from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadReport
+from scorer.checkpoint import LoadReport, state_dict_sha256
 from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.base import (
     TARGET_PREFIX,
@@ -31,7 +31,7 @@ from scorer.families.base import (
     attention_flops,
     linear_params,
 )
-from scorer.families.mtp.draft import TreeSteps, draft_anchors, mtp_context
+from scorer.families.mtp.draft import TreeSteps, chain_outputs, draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpConfig, MtpHead
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain, round_loop
@@ -127,15 +127,6 @@ def _check_keys(head: MtpHead, weights: dict[str, torch.Tensor]) -> None:
         )
 
 
-def _sha256(weights: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(weights):
-        t = weights[key].detach().contiguous().cpu()
-        h.update(f"{key} {t.dtype} {list(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
-
-
 def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, LoadedHead]:
     """Ready the cache's own MTP head (``checkpoint``: ``target:mtp`` or ``target:mtp-prenorm``).
 
@@ -188,6 +179,8 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
         if HEADS[name] == "post_norm"
         else None
     )
+    # what shared code (scorer compare's timing) applies to the features, as features.py's rule
+    head.context_norm = None if head.final_norm is None else (0, head.final_norm)
     recorded = cache.manifest.get("checksums", {}).get("target/mtp.safetensors", {}).get("sha256", "")
     report = _report(str(checkpoint), stored, head.config, k_source, recorded)
     return head, LoadedHead(head.config, report)
@@ -221,6 +214,7 @@ def _ready(
     head.family = "mtp"
     head.backend_used = "sdpa"
     head.final_norm = None
+    head.context_norm = None
     return head, "override" if num_speculative_tokens is not None else "default"
 
 
@@ -232,8 +226,8 @@ def _report(
         path=path,
         format="target_head",
         file_sha256={"target/mtp.safetensors": sha256} if sha256 else {},
-        sha256=sha256 or _sha256(stored),
-        weights_sha256=_sha256(stored),
+        sha256=sha256 or state_dict_sha256(stored),
+        weights_sha256=state_dict_sha256(stored),
         field_sources={
             "num_speculative_tokens": k_source,
             "hidden_size": "cache",
@@ -450,6 +444,25 @@ def cost(head: MtpHead, tau: float, context: float) -> dict[str, Any]:
     return {"draft_forwards_per_round": k, "flops_per_round": flops}
 
 
+def time_round(
+    head: MtpHead, features: Any, token_ids: Any, anchor: int, tau: float
+) -> tuple[float, list[int]]:
+    """One served round's drafting at ``anchor``: the step-0 head projection and the K-1 later
+    steps, the context (its keys/values and step-0 outputs) built untimed. The step-0 extend over
+    the ~tau newly verified rows (fc and one layer on those rows) is NOT in the time."""
+    import time
+
+    device = head.fc.weight.device
+    with torch.no_grad():
+        context = mtp_context(head, features.to(device)[:anchor], token_ids.to(device)[: anchor + 1])
+        rows = head_rows(head.config.vocab_size, 2.0)
+        t0 = time.perf_counter()
+        drafts, _ = chain_outputs(
+            head, context, torch.tensor([anchor], device=device), head.config.num_speculative_tokens, rows
+        )
+        return time.perf_counter() - t0, drafts[0].tolist()
+
+
 MTP = Family(
     name="mtp",
     layouts=(
@@ -462,4 +475,5 @@ MTP = Family(
     autoregressive=True,
     online=online,
     cost=cost,
+    time_round=time_round,
 )
