@@ -174,6 +174,14 @@ def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
             assert ours[n].tolist() == ref, (head_name, int(anchors[n]))
             # fp32: the same math in another order (SDPA vs explicit softmax) agrees to ~1e-6
             torch.testing.assert_close(state, ref_states, rtol=1e-5, atol=1e-5)
+    # scorer compare's timed round drafts what the replay drafted at that anchor
+    from scorer.families.mtp import MTP
+    from scorer.features import sequence_features
+
+    features = sequence_features(
+        cache.hidden_states(row), [cache.layer_ids.index(7)], torch.float32, "cpu", head.context_norm
+    )
+    assert MTP.time_round(head, features, token_ids, int(anchors[2]), 1.0)[1] == ours[2].tolist()
     # the shared replay over those drafts is the family's scoring path
     chain = score_sequence_mtp(head, hidden, token_ids, cache.target_argmax(row), P, 2.0)[0][0]
     assert sum(chain.tokens) == len(token_ids) - 1 - P
