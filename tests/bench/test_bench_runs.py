@@ -103,3 +103,22 @@ def test_eagle3_bench_quick():
         "eagle3 chain batched vs step 0 shared, later steps per anchor:",
     ):
         assert line in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_mtp_bench_quick():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "mtp.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in (
+        "drafts equal on every path",
+        "mtp chain batched vs one anchor at a time (vLLM loop):",
+        "mtp chain batched vs step 0 shared, later steps per anchor:",
+    ):
+        assert line in result.stdout, result.stdout
