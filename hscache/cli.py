@@ -300,6 +300,12 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
         f"wrote {result.sequences} sequences, {result.tokens} tokens to {result.path}{resumed} "
         f"in {result.seconds:.1f} s; backend={result.provenance['capture']['backend']}"
     )
+    if result.mtp:
+        layers = result.provenance["capture"]["layer_ids"]
+        click.echo(
+            f"stored the target's MTP head (layers {','.join(map(str, layers))} include the last one it reads; "
+            f"--no-mtp skips both); score it with `scorer eval target:mtp --cache {result.path}`"
+        )
 
 
 @main.command()

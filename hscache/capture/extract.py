@@ -122,6 +122,7 @@ class ExtractResult:
     resumed_from: int  # sequences already committed when this run started
     seconds: float
     provenance: dict[str, Any] = field(repr=False, default_factory=dict)
+    mtp: bool = False  # the target's MTP head stored in target/ (and its last layer among the layers)
 
 
 class Progress:
@@ -479,7 +480,13 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         writer.finish()
     progress.finish()
     return ExtractResult(
-        out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
+        out,
+        writer.committed_sequences,
+        writer.committed_tokens,
+        done,
+        time.perf_counter() - t0,
+        provenance,
+        mtp=bool(settings["mtp"]),
     )
 
 
