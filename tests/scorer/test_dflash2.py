@@ -160,6 +160,10 @@ def test_dflash2_drafts_equal_nemo(scorer_cache, nemo_drafter):
     report = evaluate(path, scorer_cache, EvalConfig(n_boot=20, limit=2))
     assert report["drafter"]["family"] == "dflash2" and report["config"]["ddtree"] == []
     assert report["drafter"]["dflash_config"]["selector_top_k"] == 16
+    # the lockstep chain path walks the selector from the same anchor tokens
+    lockstep = score_rows(drafter, cache, [0, 1], EvalConfig(ddtree=(), anchors="chain"))
+    for a, b in zip(score_rows(drafter, cache, [0, 1], config), lockstep, strict=True):
+        assert np.array_equal(a.chain_drafts, b.chain_drafts)
 
 
 def _blocks(drafter, token_ids, anchors):
