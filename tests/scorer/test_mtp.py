@@ -136,6 +136,32 @@ def test_extract_adds_the_last_layer_unasked_and_no_mtp_leaves_it(tmp_path):
     assert result.exit_code == 2 and "--model builtin:tiny-qwen3 has no MTP head" in result.output
 
 
+def test_extract_reads_mtp_weights_from_the_checkpoint_files(tmp_path):
+    """A Hugging Face directory whose safetensors carry mtp.* (transformers ignores them): extract
+    reads them from the files themselves, stores them bit for bit and adds the last layer."""
+    from safetensors.torch import load_file, save_file
+
+    model, tokenizer = build_builtin("builtin:tiny-qwen3.5")
+    directory = tmp_path / "qwen35"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    mtp = builtin_mtp_weights(model.config)
+    weights = load_file(str(directory / "model.safetensors"))
+    save_file({**weights, **mtp}, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "cache"
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out), model=str(directory), layers="1,3", max_new_tokens=4, dtype="fp32", limit=1
+        )
+    )
+    cache = hscache.open_cache(out)
+    assert cache.layer_ids == [1, 3, 7] and cache.settings["mtp"] is True
+    stored = cache.target_mtp()
+    assert stored.keys() == mtp.keys() and all(torch.equal(stored[k], mtp[k]) for k in mtp)
+    report = evaluate("target:mtp", out, EvalConfig(num_speculative_tokens=2, n_boot=5))
+    assert report["rounds"] > 0 and report["drafter"]["family"] == "mtp"
+
+
 @pytest.mark.parametrize("head_name", ["target:mtp", "target:mtp-prenorm"])
 def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
     cache = hscache.open_cache(scorer_cache)
