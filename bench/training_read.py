@@ -51,7 +51,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.data import PackedWindows, SequenceDataset
 from hscache.interop.specforge import export_specforge, feature_path
 from hscache.interop.speculators import HIDDEN_DIR, export_speculators

@@ -219,6 +219,13 @@ def main() -> None:
     is_flag=True,
     help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
 )
+@click.option(
+    "--mtp/--no-mtp",
+    default=True,
+    show_default=True,
+    help="Store the target's own MTP head (mtp.* weights) when its checkpoint has one, and the last "
+    "layer it reads, so `scorer eval target:mtp` can score it (a resume follows the cache's choice).",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
@@ -256,6 +263,12 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
         f"wrote {result.sequences} sequences, {result.tokens} tokens to {result.path}{resumed} "
         f"in {result.seconds:.1f} s; backend={result.provenance['capture']['backend']}"
     )
+    if result.mtp:
+        layers = result.provenance["capture"]["layer_ids"]
+        click.echo(
+            f"stored the target's MTP head (layers {','.join(map(str, layers))} include the last one it reads; "
+            f"--no-mtp skips both); score it with `scorer eval target:mtp --cache {result.path}`"
+        )
 
 
 @main.command()

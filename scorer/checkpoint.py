@@ -37,6 +37,7 @@ from scorer.formats.files import (
 from scorer.model import DFlashDrafter
 
 __all__ = [
+    "CheckpointVariant",
     "LoadReport",
     "LoadedCheckpoint",
     "combine_file_digests",
@@ -100,6 +101,39 @@ class LoadedCheckpoint:
     # The drafter's own output side, when its layout defines one (speculators): "embed_tokens"
     # [V, H], "lm_head" [Vd, H], "d2t" [Vd]; empty means the target's embedding and head.
     head: dict[str, torch.Tensor] = field(default_factory=dict)
+    # A CheckpointVariant's own settings (config key -> value as found) and tensors, split off.
+    variant_config: dict[str, Any] = field(default_factory=dict)
+    variant_state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointVariant:
+    """A later DFlash variant in DFlash's layout (DFlash2: in-block convolutions, path selector):
+    its config keys and architecture names are taken out of every config before DFlash's parse
+    (which refuses them by name) and its tensors out of the state dict before DFlash's checks;
+    the variant's family reads them from ``LoadedCheckpoint.variant_config`` / ``variant_state``."""
+
+    config_keys: tuple[str, ...]
+    architectures: tuple[str, ...]
+    tensor_markers: tuple[str, ...]  # a key containing one of these belongs to the variant
+
+    def split_config(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        config, found = dict(config), {}
+        dflash = dict(config.get("dflash_config") or {})
+        for key in self.config_keys:
+            for holder in (config, dflash):
+                if key in holder:
+                    found[key] = holder.pop(key)
+        if "dflash_config" in config:
+            config["dflash_config"] = dflash
+        archs = config.get("architectures") or []
+        if any(a in self.architectures for a in archs):
+            config["architectures"] = ["DFlashDraftModel"]
+        return config, found
+
+    def split_state(self, sd: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+        mine = {k: v for k, v in sd.items() if any(m in k for m in self.tensor_markers)}
+        return {k: v for k, v in sd.items() if k not in mine}, mine
 
 
 def load_checkpoint(
@@ -109,8 +143,10 @@ def load_checkpoint(
     fallbacks: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
     config_path: str | os.PathLike | None = None,
+    variant: CheckpointVariant | None = None,
 ) -> LoadedCheckpoint:
-    """Load a DFlash drafter checkpoint of any supported format.
+    """Load a DFlash drafter checkpoint of any supported format (``variant``: a later DFlash
+    variant's keys and tensors split off, see CheckpointVariant).
 
     Args:
         path: HF directory, `.safetensors` file, or `.pt`/`.pth`/`.bin` pickle.
@@ -173,8 +209,17 @@ def load_checkpoint(
             except ValueError as e:
                 raise CheckpointError(f"{root}: {e}") from e
             layout = "speculators"
+    variant_config: dict[str, Any] = {}
+    if variant is not None:
+        for n, (label, cfg) in enumerate(layers):
+            cfg, found = variant.split_config(cfg)
+            layers[n] = (label, cfg)
+            variant_config.update(found)  # later (stronger) configs win, as for DFlash's fields
     state_dict, stripped, dropped = _normalize_keys(raw, root)
     del raw  # drop the last reference to anything else the file held
+    variant_state: dict[str, torch.Tensor] = {}
+    if variant is not None:
+        state_dict, variant_state = variant.split_state(state_dict)
     config, sources, more_notes, warnings = _resolve_config(
         state_dict, layers, overrides or {}, root, fallbacks or {}
     )
@@ -189,7 +234,7 @@ def load_checkpoint(
         format=fmt,
         file_sha256=file_sha,
         sha256=combine_file_digests(file_sha),
-        weights_sha256=state_dict_sha256(state_dict),
+        weights_sha256=state_dict_sha256({**state_dict, **variant_state}),
         field_sources=sources,
         stripped_prefixes=stripped,
         dropped_keys=dropped,
@@ -197,7 +242,14 @@ def load_checkpoint(
         layout=layout,
         warnings=tuple(warnings),
     )
-    return LoadedCheckpoint(config=config, state_dict=state_dict, report=report, head=head)
+    return LoadedCheckpoint(
+        config=config,
+        state_dict=state_dict,
+        report=report,
+        head=head,
+        variant_config=variant_config,
+        variant_state=variant_state,
+    )
 
 
 def in_memory_checkpoint(config: DrafterConfig, state_dict: dict[str, torch.Tensor]) -> LoadedCheckpoint:

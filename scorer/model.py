@@ -95,15 +95,33 @@ class _MLP(nn.Module):
 class _Layer(nn.Module):
     def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
+        # DFlash2 (scorer/families/dflash2) sets these to its in-block convolutions: ``prepare(x, B)``
+        # -> (convolved x, coefficients), ``finish(y, coefficients, B)``, around each sublayer.
+        # Instance attributes, not class ones: a class attribute would shadow the registered module.
+        self.attention_conv: Any = None
+        self.mlp_conv: Any = None
         self.input_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c)
         self.post_attention_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = _MLP(c)
 
-    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def attention_input(self, h: torch.Tensor, B: int) -> tuple[torch.Tensor, Any]:
+        """The attention sublayer's input rows [M, H] (M = whole blocks of B) and what `finish`
+        needs back: input_layernorm(h), convolved within each block when the layer has a conv."""
+        x = self.input_layernorm(h)
+        return (x, None) if self.attention_conv is None else self.attention_conv.prepare(x, B)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor, conv: Any = None, B: int = 0) -> torch.Tensor:
         """Residual adds after attention: h [M, H], attn [M, n_heads, D] -> [M, H]."""
-        h = h + self.self_attn.o_proj(attn.flatten(-2))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        out = self.self_attn.o_proj(attn.flatten(-2))
+        if self.attention_conv is not None:
+            out = self.attention_conv.finish(out, conv, B)
+        h = h + out
+        x = self.post_attention_layernorm(h)
+        if self.mlp_conv is None:
+            return h + self.mlp(x)
+        x, conv = self.mlp_conv.prepare(x, B)
+        return h + self.mlp_conv.finish(self.mlp(x), conv, B)
 
 
 class DFlashDrafter(nn.Module):
@@ -236,7 +254,7 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             causal, window = self.config.layer_attention(i)
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
+            x, conv = layer.attention_input(h, B)
             q = attn.q(x, cos[p:], sin[p:]).transpose(0, 1)  # [heads, B, D]
             k, v = attn.kv(torch.cat([ctx, x]), cos, sin)  # [p+B, kv, D]; ctx is not input-normed
             k = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, p+B, D]
@@ -245,7 +263,7 @@ class DFlashDrafter(nn.Module):
             if causal or window is not None:  # z-lab builds a mask only then (dflash/model.py)
                 scores = scores.masked_fill(~visible(q_pos, pos[None], causal, window), float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            h = layer.finish(h, (probs @ v).transpose(0, 1))
+            h = layer.finish(h, (probs @ v).transpose(0, 1), conv, B)
         return self.head(self.norm(h)[1:])
 
     def forward(
@@ -379,12 +397,12 @@ class DFlashDrafter(nn.Module):
                 build = _flex_mask if use_flex else _block_sparse_mask
                 masks[kind] = build(anchors, B, t_c, *kind)
             mask = masks[kind]
-            x = layer.input_layernorm(h)
+            x, conv = layer.attention_input(h, B)
             q = layer.self_attn.q(x, cos, sin)
             k_blk, v_blk = layer.self_attn.kv(x, cos, sin)
             k = torch.cat([k_ctx[:t_c], k_blk])  # [t_c + n*B, kv, D]
             v = torch.cat([v_ctx[:t_c], v_blk])
-            h = layer.finish(h, attend(q, k, v, mask))
+            h = layer.finish(h, attend(q, k, v, mask), conv, B)
         return self.norm(h).unflatten(0, (n, B))[:, 1:]
 
     def forward_blocks(

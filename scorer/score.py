@@ -27,7 +27,14 @@ from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train
 from scorer.model import DFlashDrafter
 from scorer.replay import RoundLog, chain_depth, replay_chain, replay_ddtree, round_loop, tree_depth
 
-__all__ = ["ANCHOR_MODES", "SequenceResult", "draft_all_anchors", "score_sequence", "score_sequences_chain"]
+__all__ = [
+    "ANCHOR_MODES",
+    "SequenceResult",
+    "block_drafts",
+    "draft_all_anchors",
+    "score_sequence",
+    "score_sequences_chain",
+]
 
 ANCHOR_MODES = ("all", "chain")
 
@@ -83,22 +90,54 @@ class _Drafts:
 
     def __call__(self, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Anchors ``[n]`` (sorted) -> argmax ``[n, B-1]`` and top-K log-probs ``[n, B-1, K]`` or None."""
-        return _project(self.drafter, self.hidden(anchors), self.rows, self.tree_k)
+        anchor_tokens = self.token_ids[
+            torch.as_tensor(anchors, dtype=torch.long, device=self.token_ids.device)
+        ]
+        return _project(self.drafter, self.hidden(anchors), self.rows, self.tree_k, anchor_tokens)
+
+
+def block_drafts(drafter: DFlashDrafter, hidden: torch.Tensor, anchor_tokens: torch.Tensor) -> np.ndarray:
+    """The drafted tokens ``[n, B-1]`` of blocks whose final normed rows are ``hidden``
+    ``[n, B-1, H]``: the per-slot argmax, or a DFlash2 drafter's selector path from ``anchor_tokens``."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return _project(drafter, flat, max(1, flat.shape[0]), 0, anchor_tokens)[0]
 
 
 def _project(
-    drafter: DFlashDrafter, flat: torch.Tensor, rows: int, tree_k: int
+    drafter: DFlashDrafter,
+    flat: torch.Tensor,
+    rows: int,
+    tree_k: int,
+    anchor_tokens: torch.Tensor | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Head rows ``[n*(B-1), H]`` -> argmax ``[n, B-1]`` (+ top-K log-probs), in row chunks of ``rows``."""
-    drafts, vals, ids = [], [], []
+    """Head rows ``[n*(B-1), H]`` -> argmax ``[n, B-1]`` (+ top-K log-probs), in row chunks of ``rows``.
+
+    A drafter with a ``candidate_selector`` (DFlash2) drafts its selector's path instead of the
+    per-slot argmax: each slot's top candidates are kept from the same chunks, then the walk runs
+    from ``anchor_tokens`` [n] (the blocks' slot-0 tokens).
+    """
+    selector = getattr(drafter, "candidate_selector", None)
+    drafts, vals, ids, unary, candidates = [], [], [], [], []
     for lo, hi, new in row_chunks(flat.shape[0], rows):
         logits = drafter.head(flat[lo:hi])[new - lo :].float()
         drafts.append(logits.argmax(-1))
+        if selector is not None:  # NeMo walk: torch.topk of the draft logits, in the drafter's dtype
+            top = torch.topk(logits.to(flat.dtype), selector.top_k, dim=-1)
+            unary.append(top.values)
+            candidates.append(top.indices)
         if tree_k:
             top = torch.topk(torch.log_softmax(logits, dim=-1), k=min(tree_k, logits.shape[-1]), dim=-1)
             vals.append(top.values)
             ids.append(top.indices)
     shape = (flat.shape[0] // (drafter.config.block_size - 1), drafter.config.block_size - 1)
+    if selector is not None and flat.shape[0]:
+        path = selector.walk(
+            flat.reshape(*shape, -1),
+            torch.cat(unary).reshape(*shape, -1),
+            torch.cat(candidates).reshape(*shape, -1),
+            anchor_tokens.to(flat.device),
+        )
+        drafts = [path.reshape(-1)]
     draft = torch.cat(drafts).reshape(shape).cpu().numpy()
     if not tree_k:
         return draft, None, None
@@ -217,7 +256,13 @@ def _run_chains(states: list[_ChainState]) -> None:
         else:
             hidden = torch.cat([state.drafts.hidden(np.asarray(need)) for state, need in needs])
             first = needs[0][0].drafts
-            draft, vals, ids = _project(first.drafter, hidden, first.rows, first.tree_k)
+            anchor_tokens = torch.cat(
+                [
+                    state.drafts.token_ids[torch.as_tensor(need, device=state.drafts.token_ids.device)]
+                    for state, need in needs
+                ]
+            )
+            draft, vals, ids = _project(first.drafter, hidden, first.rows, first.tree_k, anchor_tokens)
             row = 0
             for state, need in needs:
                 for p in need:

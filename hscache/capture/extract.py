@@ -28,6 +28,7 @@ from hscache.capture.forward import (
     to_host_async,
 )
 from hscache.capture.layers import parse_layer_spec
+from hscache.capture.mtp import mtp_layer_id, target_mtp_weights
 from hscache.capture.prompts import (
     DEFAULT_PROMPTS,
     PromptRecord,
@@ -73,9 +74,10 @@ _RESUME_KEYS = (
     "batch_tokens",
     "generate_batch",
     "shard",
+    "mtp",
 )
 # Caches written before a setting existed were made as its value here says.
-_LEGACY = {"generate_batch": 1}
+_LEGACY = {"generate_batch": 1, "mtp": False}
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class ExtractConfig:
     # Another cache whose token ids (split at its prompt_len), record ids and metadata are the
     # prompts, replayed as they are (max_new_tokens 0): two caches on identical tokens.
     tokens_from: str | None = None
+    # Store the target's own MTP head (mtp.* weights) when its checkpoint has one, and add the last
+    # layer (what MTP reads) to the layers; False: neither (--no-mtp).
+    mtp: bool = True
 
 
 @dataclass
@@ -120,6 +125,7 @@ class ExtractResult:
     resumed_from: int  # sequences already committed when this run started
     seconds: float
     provenance: dict[str, Any] = field(repr=False, default_factory=dict)
+    mtp: bool = False  # the target's MTP head stored in target/ (and its last layer among the layers)
 
 
 class Progress:
@@ -201,7 +207,12 @@ def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
 
 
 def _settings(
-    config: ExtractConfig, target: Target, layer_ids: list[int], backend: str, prompts: _PromptSummary
+    config: ExtractConfig,
+    target: Target,
+    layer_ids: list[int],
+    backend: str,
+    prompts: _PromptSummary,
+    mtp: bool,
 ) -> dict[str, Any]:
     batch_tokens = config.batch_tokens or (16384 if config.device.startswith("cuda") else 0)
     generate_batch = config.generate_batch or (64 if config.device.startswith("cuda") else 8)
@@ -223,6 +234,7 @@ def _settings(
         "generate_batch": generate_batch,
         "mask_token_id": target.mask_token_id,
         "limit": config.limit,
+        "mtp": mtp,
         **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
     }
 
@@ -249,6 +261,7 @@ _FLAGS = {
     "weights_sha256": "model weights sha256",
     "tokenizer_sha256": "tokenizer sha256",
     "prompts_sha256": "--prompts content sha256",
+    "mtp": "--mtp/--no-mtp (the target's MTP head stored)",
 }
 
 
@@ -266,13 +279,12 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _write_target_dir(out: Path, target: Target) -> None:
+def _write_target_dir(out: Path, target: Target, mtp: dict[str, torch.Tensor] | None = None) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
-    from hscache.capture.final_norm import describe_final_norm
+    from hscache.capture.final_norm import describe_final_norm, final_norm_module
 
     # For readers that need transformers hidden_states[L] of the last layer (final_norm.py).
-    base = target.model.model
-    final_norm = describe_final_norm(getattr(getattr(base, "language_model", base), "norm", None))
+    final_norm = describe_final_norm(final_norm_module(target.model))
     write_target_dir(
         out,
         target.text_config.to_dict(),
@@ -280,6 +292,7 @@ def _write_target_dir(out: Path, target: Target) -> None:
         target.model.get_input_embeddings().weight.detach().cpu(),
         target.model.get_output_embeddings().weight.detach().cpu(),
         extra=final_norm,
+        mtp=mtp,
     )
 
 
@@ -294,7 +307,9 @@ def _disk_errors(out: Path, committed: int) -> Iterator[None]:
         raise write_error(out, committed, exc) from exc
 
 
-def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any]) -> tuple[StoreWriter, int]:
+def _open_store(
+    config: ExtractConfig, target: Target, settings: dict[str, Any], mtp: dict[str, torch.Tensor]
+) -> tuple[StoreWriter, int]:
     out = Path(config.out)
     if config.overwrite:
         clear_for_overwrite(out)
@@ -315,7 +330,7 @@ def _open_store(config: ExtractConfig, target: Target, settings: dict[str, Any])
     )
     with _disk_errors(out, 0):
         prepare_fresh_dir(out)
-        _write_target_dir(out, target)
+        _write_target_dir(out, target, mtp)
     return StoreWriter.create(out, specs, config.compression, settings), 0
 
 
@@ -436,24 +451,28 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     layer_ids = parse_layer_spec(config.layers, target.num_layers)
     _check_flags(config, target)
     prompts = _check_prompts(config, target)
-    settings = _settings(config, target, layer_ids, backend, prompts)
+    mtp = target_mtp_weights(target.name, target.model, target.text_config) if _wants_mtp(config) else {}
+    if mtp and mtp_layer_id(target.num_layers) not in layer_ids:  # what MTP reads, unasked
+        layer_ids = [*layer_ids, mtp_layer_id(target.num_layers)]
+    settings = _settings(config, target, layer_ids, backend, prompts, bool(mtp))
     out = Path(config.out)
     # From before --overwrite empties the directory until the last commit: one writer per cache.
     with writer_lock(out, "hscache extract"):
-        return _extract_locked(config, target, settings, backend, prompts, progress, t0)
+        return _extract_locked(config, target, settings, mtp, backend, prompts, progress, t0)
 
 
 def _extract_locked(
     config: ExtractConfig,
     target: Target,
     settings: dict[str, Any],
+    mtp: dict[str, Any],
     backend: str,
     prompts: _PromptSummary,
     progress: Progress,
     t0: float,
 ) -> ExtractResult:
     out = Path(config.out)
-    writer, done = _open_store(config, target, settings)
+    writer, done = _open_store(config, target, settings, mtp)
     with use_backend(target.model, backend) as kernels:
         with _disk_errors(out, done):
             provenance = _start_provenance(writer, target, settings, kernels, prompts, resumed=done > 0)
@@ -480,8 +499,26 @@ def _extract_locked(
         writer.finish()
     progress.finish()
     return ExtractResult(
-        out, writer.committed_sequences, writer.committed_tokens, done, time.perf_counter() - t0, provenance
+        out,
+        writer.committed_sequences,
+        writer.committed_tokens,
+        done,
+        time.perf_counter() - t0,
+        provenance,
+        mtp=bool(settings["mtp"]),
     )
+
+
+def _wants_mtp(config: ExtractConfig) -> bool:
+    """``--mtp``, except that a resume follows the cache it resumes: one started before MTP heads
+    were stored (or with --no-mtp) goes on without, so its layers stay what they were."""
+    out = Path(config.out)
+    if config.overwrite or not (out / MANIFEST).is_file():
+        return config.mtp
+    try:
+        return bool(read_manifest(out)["settings"].get("mtp", _LEGACY["mtp"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return config.mtp  # _open_store reports a damaged manifest in its own words
 
 
 def auto_dtype(device: str) -> str:

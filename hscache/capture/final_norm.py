@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["KINDS", "apply_final_norm", "describe_final_norm"]
+__all__ = ["KINDS", "apply_final_norm", "describe_final_norm", "final_norm_module"]
 
 # kind -> how the fp32-normalised rows n are scaled and cast back (x: the input, w: the weight).
 KINDS = (
@@ -53,3 +53,10 @@ def describe_final_norm(module: torch.nn.Module | None) -> dict[str, torch.Tenso
                 "final_norm.kind": torch.tensor([n], dtype=torch.uint8),
             }
     return {}
+
+
+def final_norm_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The final norm of a causal LM (or of a multimodal wrapper's language model), or None:
+    its output is transformers' ``hidden_states[L]`` and what vLLM's runner hands a drafter."""
+    base = getattr(model, "model", None)
+    return getattr(getattr(base, "language_model", base), "norm", None)

@@ -186,6 +186,9 @@ class BlockView:
     def target_head(self) -> dict[str, torch.Tensor]:
         return self._cache.target_head()
 
+    def target_mtp(self) -> dict[str, torch.Tensor]:
+        return self._cache.target_mtp()
+
     def tokenizer(self) -> Any:
         return self._cache.tokenizer()
 

@@ -86,6 +86,8 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
         "device": cache.settings.get("device"),
         "model": cache.settings.get("model") or _imported_from(prov),
         "mask_token_id": cache.mask_token_id,
+        # the target's own MTP head in target/mtp.safetensors (score it as CKPT target:mtp)
+        "mtp_head": bool(cache.settings.get("mtp")),
         "compression": cache.manifest["compression"],
         "bytes_on_disk": _dir_bytes(cache.path),
         "arrays": {
@@ -132,5 +134,6 @@ def format_summary(s: dict[str, Any]) -> str:
         f"storage    {s['bytes_on_disk'] / 2**20:.2f} MiB, {s['bytes_per_token']} B/token, "
         f"{compression}, chunk {hidden['chunk_tokens']} tokens",
         f"mask id    {s['mask_token_id']}",
+        f"mtp head   {'stored (scorer eval target:mtp)' if s.get('mtp_head') else 'none'}",
     ]
     return "\n".join(lines)

@@ -31,7 +31,14 @@ from hscache.store.layout import (
     TARGET_DIR,
     ArraySpec,
 )
-from hscache.store.target_files import load_tokenizer, read_target_config, read_target_head, read_vocab_size
+from hscache.store.target_files import (
+    MTP_FILE,
+    load_tokenizer,
+    read_target_config,
+    read_target_head,
+    read_target_mtp,
+    read_vocab_size,
+)
 
 __all__ = ["Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
 
@@ -320,6 +327,18 @@ class Cache:
                 f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
             )
         return read_target_head(self.path)
+
+    def target_mtp(self) -> dict[str, torch.Tensor]:
+        """The target's own MTP head (``mtp.*`` tensors, checkpoint names); {} when not stored."""
+        from hscache.store.integrity import digest_file
+
+        path = self.path / TARGET_DIR / MTP_FILE
+        recorded = self.manifest.get("checksums", {}).get(f"{TARGET_DIR}/{MTP_FILE}")
+        if recorded and path.is_file() and digest_file(path) != recorded:
+            raise CacheFormatError(
+                f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
+            )
+        return read_target_mtp(self.path)
 
     @cached_property
     def vocab_size(self) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-import schemas
+from hscache import schemas
 from hscache.errors import CacheFormatError, InputError, StoreWriteError
 from hscache.store import fsio, integrity
 from hscache.store.chunks import chunk_reader

@@ -235,6 +235,9 @@ class ShardedCache:
     def target_head(self) -> dict[str, torch.Tensor]:
         return self.shards[0].target_head()
 
+    def target_mtp(self) -> dict[str, torch.Tensor]:
+        return self.shards[0].target_mtp()
+
     @property
     def vocab_size(self) -> int:
         return self.shards[0].vocab_size

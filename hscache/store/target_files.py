@@ -2,7 +2,8 @@
 
 The scorer never needs the model itself: ``head.safetensors`` holds ``embed_tokens`` (and
 ``lm_head`` when the two are not tied, with metadata ``tied``), ``config.json`` the target's text
-config, and the tokenizer files are what ``save_pretrained`` writes.
+config, and the tokenizer files are what ``save_pretrained`` writes. ``mtp.safetensors`` holds the
+target's own MTP head (``mtp.*`` tensors, checkpoint names) when the target has one.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ if TYPE_CHECKING:  # torch only for hints: `hscache info` reads target/config.js
 
 __all__ = [
     "HEAD_FILE",
+    "MTP_FILE",
     "load_tokenizer",
     "read_target_config",
     "read_target_head",
+    "read_target_mtp",
     "read_vocab_size",
     "write_target_dir",
 ]
 
 HEAD_FILE = "head.safetensors"
+MTP_FILE = "mtp.safetensors"
 
 
 def write_target_dir(
@@ -37,11 +41,13 @@ def write_target_dir(
     embed: torch.Tensor,
     head: torch.Tensor,
     extra: dict[str, torch.Tensor] | None = None,
+    mtp: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Publish ``out/target/`` whole: staged under a temp name, fsynced, then renamed into place.
 
     ``head`` sharing ``embed``'s storage (tied weights) is written once. ``extra`` tensors (the
-    target's final norm, see capture/final_norm.py) go into ``head.safetensors`` beside them.
+    target's final norm, see capture/final_norm.py) go into ``head.safetensors`` beside them; ``mtp`` tensors (the target's MTP head, capture/mtp.py)
+    into ``mtp.safetensors``, a file of its own so that readers of the head never load them.
 
     Raises:
         OSError: a write failed (safetensors' own I/O errors included).
@@ -59,11 +65,15 @@ def write_target_dir(
     if not tied:
         tensors["lm_head"] = head.contiguous()
     tensors.update(extra or {})
-    try:
-        save_file(tensors, str(staging / HEAD_FILE), metadata={"tied": str(tied).lower()})
-    except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
-        raise OSError(f"cannot write {staging / HEAD_FILE}: {exc}") from exc
-    fsio.match_umask(staging / HEAD_FILE)  # safetensors writes it 0600
+    files = [(HEAD_FILE, tensors, {"tied": str(tied).lower()})]
+    if mtp:
+        files.append((MTP_FILE, {k: v.contiguous() for k, v in mtp.items()}, None))
+    for name, content, metadata in files:
+        try:
+            save_file(content, str(staging / name), metadata=metadata)
+        except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
+            raise OSError(f"cannot write {staging / name}: {exc}") from exc
+        fsio.match_umask(staging / name)  # safetensors writes it 0600
     for path in staging.iterdir():
         fsio.fsync_file(path)
     shutil.rmtree(out / TARGET_DIR, ignore_errors=True)
@@ -84,6 +94,14 @@ def read_target_head(root: Path) -> dict[str, torch.Tensor]:
     if "lm_head" not in tensors:
         tensors["lm_head"] = tensors["embed_tokens"]
     return tensors
+
+
+def read_target_mtp(root: Path) -> dict[str, torch.Tensor]:
+    """The target's ``mtp.*`` tensors saved at extraction; {} when the cache has none."""
+    from safetensors.torch import load_file
+
+    path = Path(root) / TARGET_DIR / MTP_FILE
+    return load_file(str(path)) if path.is_file() else {}
 
 
 def read_vocab_size(root: Path) -> int:

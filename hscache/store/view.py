@@ -80,6 +80,10 @@ class CacheView(Protocol):
         """``{"embed_tokens": [V, H], "lm_head": [V, H]}``."""
         ...
 
+    def target_mtp(self) -> dict[str, torch.Tensor]:
+        """The target's own MTP head (``mtp.*`` tensors); {} when the cache has none."""
+        ...
+
     def tokenizer(self) -> Any:
         """The target's tokenizer, loaded from ``target/``."""
         ...

@@ -9,13 +9,16 @@ from __future__ import annotations
 from scorer.errors import CheckpointError
 from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint
 from scorer.families.dflash import DFLASH
+from scorer.families.dflash2 import DFLASH2
 from scorer.families.eagle3 import EAGLE3
+from scorer.families.mtp import MTP
 
 __all__ = ["FAMILIES", "CheckpointProbe", "Family", "family_for", "family_named", "probe_checkpoint"]
 
-FAMILIES: tuple[Family, ...] = (EAGLE3, DFLASH)
-# Heads that ship inside the target (CKPT "target:<name>") and the family that will read them.
-TARGET_HEADS = {"mtp": "mtp"}
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH)
+# Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
+# "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
+TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
 # speculators_model_type values some family reads; any other is refused by name, not guessed.
 SPECULATORS_TYPES = ("dflash", "eagle3")
 

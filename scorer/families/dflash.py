@@ -16,7 +16,7 @@ from typing import Any
 from hscache.capture.target import check_device
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadedCheckpoint, in_memory_checkpoint, load_checkpoint
+from scorer.checkpoint import CheckpointVariant, LoadedCheckpoint, in_memory_checkpoint, load_checkpoint
 from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError
 from scorer.families.base import (
@@ -37,7 +37,7 @@ from scorer.features import (
     sequence_features,
 )
 from scorer.model import DFlashDrafter
-from scorer.score import SequenceResult, score_sequence, score_sequences_chain
+from scorer.score import SequenceResult, block_drafts, score_sequence, score_sequences_chain
 
 __all__ = ["DFLASH", "category_of", "dflash_proposer", "module_drafter", "target_fallbacks"]
 
@@ -55,8 +55,21 @@ def _overrides(config: Any) -> dict[str, Any]:
     return overrides
 
 
-def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[DFlashDrafter, LoadedCheckpoint]:
+def _plain(loaded: LoadedCheckpoint) -> DFlashDrafter:
+    drafter = DFlashDrafter(loaded.config)
+    drafter.load_state_dict(loaded.state_dict)
+    return drafter
+
+
+def load(
+    checkpoint: str | Path,
+    cache: CacheView,
+    config: Any,
+    variant: CheckpointVariant | None = None,
+    build: Callable[[LoadedCheckpoint], DFlashDrafter] = _plain,
+) -> tuple[DFlashDrafter, LoadedCheckpoint]:
     """Load a DFlash checkpoint of any supported layout, check it against ``cache``, ready it.
+    A later variant's family (DFlash2) passes its ``variant`` keys and how to ``build`` its drafter.
 
     Raises:
         CheckpointError: also when a chain/tree drafting setting is given (DFlash drafts a block).
@@ -72,12 +85,11 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[DFlashD
         fallbacks=cache_fallbacks(cache),
         trust_checkpoint=config.trust_checkpoint,
         config_path=config.config_path,
+        variant=variant,
     )
     check_compatible(loaded.config, cache, str(cache.path))
     dtype = DTYPES[config.dtype]
-    drafter = DFlashDrafter(loaded.config)
-    drafter.load_state_dict(loaded.state_dict)
-    drafter = drafter.to(device=config.device, dtype=dtype).eval()
+    drafter = build(loaded).to(device=config.device, dtype=dtype).eval()
     attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
     drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
     return drafter, loaded
@@ -244,12 +256,18 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
         block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
         block[0, 0] = ids[p]
         rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
-        return drafter.head(rows[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+        return block_drafts(drafter, rows, block[:, 0])[0].tolist()  # d_1..d_{B-1}
 
     return propose
 
 
-def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+def online(
+    checkpoint: str | Path,
+    target: Any,
+    options: OnlineOptions,
+    variant: CheckpointVariant | None = None,
+    build: Callable[[LoadedCheckpoint], DFlashDrafter] = _plain,
+) -> tuple[list[int], Proposer, Any]:
     """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head)."""
     loaded = load_checkpoint(
         checkpoint,
@@ -257,12 +275,11 @@ def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple
         fallbacks=target_fallbacks(target),
         trust_checkpoint=options.trust_checkpoint,
         config_path=options.config_path,
+        variant=variant,
     )
     model_dtype = target.model.dtype
     device = options.device
-    drafter = DFlashDrafter(loaded.config)
-    drafter.load_state_dict(loaded.state_dict)
-    drafter = drafter.to(device=device, dtype=model_dtype).eval()
+    drafter = build(loaded).to(device=device, dtype=model_dtype).eval()
     own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
     drafter.attach_target(
         own["embed_tokens"].to(device, model_dtype)
@@ -318,7 +335,7 @@ def time_round(
         rows = drafter.block_hidden(
             features, torch.tensor([anchor], device=device), block, max_blocks_per_forward=1, context=context
         )
-        out = drafter.head(rows[0]).float().argmax(-1).tolist()
+        out = block_drafts(drafter, rows, block[:, 0])[0].tolist()  # argmax, or DFlash2's selector path
         return time.perf_counter() - t0, out
 
 

@@ -113,3 +113,19 @@ def test_training_read_bench_quick(capsys, tmp_path):
         1.0, abs=1e-3
     )  # + 4 crc bytes a chunk
     assert "checksum cost, codec none" in out
+
+
+@pytest.mark.slow
+def test_mtp_bench_quick(capsys):
+    threads = torch.get_num_threads()  # the bench pins one thread
+    try:
+        _bench("mtp").main(["--quick"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for line in (
+        "drafts equal on every path",
+        "mtp chain batched vs one anchor at a time (vLLM loop):",
+        "mtp chain batched vs step 0 shared, later steps per anchor:",
+    ):
+        assert line in out, out

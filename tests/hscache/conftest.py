@@ -48,6 +48,7 @@ class SmallCache:
             str(c.chunk_bytes / (1 << 20)),
             "--commit-every-s",
             str(c.commit_every_s),
+            "--mtp" if c.mtp else "--no-mtp",
             "--quiet",
         ]
 
@@ -82,6 +83,7 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
         limit=12,
         chunk_bytes=10 * 1024,
         commit_every_s=0.0,
+        mtp=False,  # layers exactly 1,3,5 (the MTP head's last layer is tested in tests/scorer/test_mtp.py)
     )
     before = torch.get_num_threads()
     torch.set_num_threads(1)

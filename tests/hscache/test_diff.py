@@ -22,7 +22,15 @@ _ALL_LAYERS = "0,1,2,3,4,5,6,7"
 
 
 def _extract(out: Path, **options) -> Path:
-    settings = {"layers": _ALL_LAYERS, "max_new_tokens": 0, "dtype": "fp32", "limit": 4, **options}
+    # mtp=False: these tests choose their layer sets (an MTP head would add the last layer to each)
+    settings = {
+        "layers": _ALL_LAYERS,
+        "max_new_tokens": 0,
+        "dtype": "fp32",
+        "limit": 4,
+        "mtp": False,
+        **options,
+    }
     hscache.extract(hscache.ExtractConfig(out=str(out), **settings))
     return out
 

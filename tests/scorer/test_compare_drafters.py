@@ -93,10 +93,27 @@ def test_cli_json_html_and_target_heads(trained_drafter, eagle3_drafter, scorer_
     html = page.read_text()
     assert "Per-slot acceptance" in html and "(eagle3)" in html and "(dflash)" in html
     assert png_is_not_blank(screenshot(page, tmp_path).read_bytes())
+    both = tmp_path / "both.json"
     result = CliRunner().invoke(
-        main, ["compare", str(eagle3_drafter), "target:mtp", "--cache", str(scorer_cache)]
+        main,
+        [
+            "compare",
+            str(eagle3_drafter),
+            "target:mtp",
+            "--cache",
+            str(scorer_cache),
+            "--limit",
+            "1",
+            "--json",
+            str(both),
+        ],
     )
-    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and "'mtp'" in result.output
+    assert result.exit_code == 0, result.output
+    assert [r["family"] for r in json.loads(both.read_text())["drafters"]] == ["eagle3", "mtp"]
+    result = CliRunner().invoke(
+        main, ["compare", str(eagle3_drafter), "target:foo", "--cache", str(scorer_cache)]
+    )
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and "'foo'" in result.output
 
 
 def test_timed_rounds_draft_what_the_replay_drafted(document, trained_drafter, eagle3_drafter, scorer_cache):

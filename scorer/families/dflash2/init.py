@@ -1,0 +1,70 @@
+"""A DFlash2 drafter at DFlash2's identity start, made from a DFlash checkpoint.
+
+NeMo Automodel builds a fresh DFlash2 draft so that it "starts out numerically equal to plain
+DFlash" (``draft_qwen3_dflash2.py``: unit self-tap, zero dynamic correction, zero successor
+codebook; the predecessor codebook N(0, 0.02)): training moves it from there. `init_from_dflash`
+writes exactly that start around a DFlash drafter's weights, in NeMo's key layout, so a DFlash2
+run can be compared with its DFlash parent on one cache (the drafts are equal until trained).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from hscache.store.fsio import atomic_write_with
+from scorer.checkpoint import load_checkpoint
+from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
+
+__all__ = ["init_from_dflash"]
+
+
+def init_from_dflash(
+    dflash_checkpoint: str | Path,
+    out: str | Path,
+    *,
+    selector_rank: int = 256,
+    selector_top_k: int = 16,
+    conv_group_size: int = 16,
+    seed: int = 0,
+) -> Path:
+    """Write ``out/config.json`` + ``out/model.safetensors``: the DFlash drafter's weights plus the
+    identity convolutions and a no-op selector (NeMo's ``reset_parameters``).
+
+    Raises:
+        CheckpointError: the DFlash checkpoint cannot be read.
+    """
+    from safetensors.torch import save_file
+
+    loaded = load_checkpoint(dflash_checkpoint)
+    config = DFlash2Config(
+        loaded.config,
+        conv_group_size=conv_group_size,
+        selector_rank=selector_rank,
+        selector_top_k=min(selector_top_k, loaded.config.vocab_size),
+    )
+    drafter = DFlash2Drafter(config)
+    state = drafter.state_dict()
+    state.update(loaded.state_dict)
+    gen = torch.Generator().manual_seed(seed)
+    for key, value in state.items():
+        if key.endswith("base_kernel"):
+            value.zero_()
+            value[:, 0, :] = 1.0  # unit self-tap
+        elif key.endswith("kernel_projection.weight") or key.endswith("successor_codebook"):
+            value.zero_()
+        elif key.endswith("predecessor_codebook"):
+            value.copy_(torch.randn(value.shape, generator=gen) * 0.02)
+        elif key.endswith("hidden_projection.weight"):
+            value.copy_(torch.randn(value.shape, generator=gen) * 0.02)  # NeMo: the model init, std 0.02
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(config.to_hf_config(), indent=2)
+    atomic_write_with(out / "config.json", lambda p: p.write_text(text))
+    tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(state.items())}
+    atomic_write_with(
+        out / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"})
+    )
+    return out

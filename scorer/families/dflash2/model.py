@@ -1,0 +1,152 @@
+"""DFlash2 (z-lab 2026; NeMo Automodel 0.7 ``Qwen3DFlash2DraftModel``): DFlash's one-pass block
+draft plus two modules, transcribed from ``nemo_automodel/components/speculative/dflash/
+draft_qwen3_dflash2.py`` (nemo-automodel 0.7.0):
+
+- `GroupedDynamicCausalConv` (``GroupedDynamicCausalConv`` / ``_grouped_dynamic_convolve``): a
+  two-tap depthwise convolution before and after each attention and MLP sublayer,
+  ``Conv(x)_t = k_{t,0} * x_t + k_{t,1} * x_{t-1}`` within a draft block (slot 0 reads zeros),
+  each tap a learned base kernel plus a correction predicted from the sublayer's input and
+  shared by ``conv_group_size`` channels. Both convolutions' corrections come from the
+  sublayer's input (``prepare`` returns the second set for ``finish``).
+- `CandidateSelector` (``CandidateSelector.walk``, greedy): each drafted slot keeps its top
+  ``selector_top_k`` candidates by the draft logit ``U_t(b)``; adjacent pairs are scored
+  ``S_t(a, b) = U_t(b) + <A(a) * H(h_t), B(b)>`` (A, B rank-``selector_rank`` codebooks, H the
+  hidden projection) and the path walks from the anchor token, taking the best successor of the
+  token it just chose at each slot.
+
+The backbone is scorer.model.DFlashDrafter; its layers call the convolutions through
+``attention_input`` / ``finish``. Parameter names are NeMo's checkpoint keys
+(``layers.N.{attention,mlp}_conv.{base_kernel,kernel_projection.weight}``,
+``candidate_selector.{predecessor_codebook,successor_codebook,hidden_projection.weight}``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scorer.config import DrafterConfig
+from scorer.model import DFlashDrafter
+
+__all__ = ["CandidateSelector", "DFlash2Config", "DFlash2Drafter", "GroupedDynamicCausalConv"]
+
+
+@dataclass(frozen=True)
+class DFlash2Config:
+    """DFlash's config plus DFlash2's four settings (``dflash_config`` keys; NeMo's defaults)."""
+
+    base: DrafterConfig
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the DFlash backbone's
+        if name == "base" or name.startswith("__"):  # unpickling: no base yet
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def to_hf_config(self) -> dict[str, Any]:
+        hf = self.base.to_hf_config()
+        hf["architectures"] = ["DFlash2DraftModel"]
+        hf["dflash_config"] = {
+            **hf.get("dflash_config", {}),
+            "conv_kernel_size": self.conv_kernel_size,
+            "conv_group_size": self.conv_group_size,
+            "selector_rank": self.selector_rank,
+            "selector_top_k": self.selector_top_k,
+        }
+        return hf
+
+
+def _convolve(
+    hidden: torch.Tensor, dynamic: torch.Tensor, base_kernel: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """NeMo ``_grouped_dynamic_convolve`` on blocks laid out ``[n, B, H]``: tap ``offset`` reads
+    slot ``t - offset`` of the same block, zero before slot ``offset``."""
+    n, B, H = hidden.shape
+    groups, kernel_size = H // group_size, base_kernel.shape[0]
+    blocks = hidden.view(n, B, groups, group_size)
+    dynamic = dynamic.view(n, B, kernel_size, groups, 1)
+    output = torch.zeros_like(blocks)
+    for offset in range(kernel_size):
+        values = blocks if offset == 0 else F.pad(blocks[:, :-offset], (0, 0, 0, 0, offset, 0))
+        kernel = base_kernel[offset].view(1, 1, groups, group_size).to(hidden.dtype)
+        output = output + kernel * values
+        output = torch.addcmul(output, dynamic[:, :, offset], values)
+    return output.view(n, B, H)
+
+
+class GroupedDynamicCausalConv(nn.Module):
+    """The two convolutions around one sublayer (index 0 before it, 1 after it)."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int) -> None:
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        groups = hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * groups, bias=False)
+
+    def prepare(self, hidden: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [M, H] (whole blocks of B) -> (convolved rows, the post-sublayer coefficients)."""
+        M, H = hidden.shape
+        groups = H // self.group_size
+        dynamic = self.kernel_projection(hidden).view(M, 2, self.kernel_size, groups)
+        convolved = _convolve(hidden.view(-1, B, H), dynamic[:, 0], self.base_kernel[0], self.group_size)
+        return convolved.reshape(M, H), dynamic[:, 1]
+
+    def finish(self, hidden: torch.Tensor, dynamic: torch.Tensor, B: int) -> torch.Tensor:
+        M, H = hidden.shape
+        return _convolve(hidden.view(-1, B, H), dynamic, self.base_kernel[1], self.group_size).reshape(M, H)
+
+
+class CandidateSelector(nn.Module):
+    """The pairwise path selector; ``top_k`` candidates per slot, rank-``rank`` codebooks."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, top_k: int) -> None:
+        super().__init__()
+        self.rank, self.top_k = rank, top_k
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab_size, rank))
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+
+    def walk(
+        self, hidden: torch.Tensor, unary: torch.Tensor, candidate_ids: torch.Tensor, anchor_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Greedy path: hidden [n, D, H], top-k draft logits ``unary`` and their token ids
+        [n, D, k], the anchor tokens [n] -> the chosen tokens [n, D] (NeMo ``walk``, greedy)."""
+        gate_hidden = self.hidden_projection(hidden)
+        predecessor = anchor_ids
+        path = []
+        for position in range(hidden.shape[1]):
+            gate = F.embedding(predecessor, self.predecessor_codebook) * gate_hidden[:, position]
+            scores = unary[:, position] + torch.einsum(
+                "br,bkr->bk", gate, F.embedding(candidate_ids[:, position], self.successor_codebook)
+            )
+            choice = scores.argmax(dim=-1)
+            predecessor = candidate_ids[:, position].gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+            path.append(predecessor)
+        return torch.stack(path, dim=1)
+
+
+class DFlash2Drafter(DFlashDrafter):
+    """The DFlash backbone with DFlash2's convolutions in every layer and the path selector."""
+
+    family = "dflash2"
+
+    def __init__(self, config: DFlash2Config) -> None:
+        super().__init__(config.base)
+        self.config = config  # type: ignore[assignment]  # DFlash2Config reads through to the base
+        c = config
+        for layer in self.layers:
+            layer.attention_conv = GroupedDynamicCausalConv(
+                c.hidden_size, c.conv_kernel_size, c.conv_group_size
+            )
+            layer.mlp_conv = GroupedDynamicCausalConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
+        self.candidate_selector = CandidateSelector(
+            c.vocab_size, c.hidden_size, c.selector_rank, c.selector_top_k
+        )

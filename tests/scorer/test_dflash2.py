@@ -1,0 +1,264 @@
+"""DFlash2: drafts equal NeMo Automodel 0.7's own ``Qwen3DFlash2DraftModel`` forward and selector
+walk on the same inputs; scorer online == offline round for round; bad DFlash2 checkpoints refused.
+
+The oracle is nemo-automodel 0.7.0 installed ``--no-deps --target .peers`` (test-only; .ci/run
+installs it beside the EAGLE-3 peers): its draft model runs on CPU in plain torch. Its package ``__init__`` files import the training data
+stack (``datasets``), which the draft model never calls; the test stubs those two imports when
+``datasets`` is absent, and skips when nemo-automodel is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hscache
+from scorer.checkpoint import load_checkpoint
+from scorer.errors import CheckpointError
+from scorer.evaluate import EvalConfig, evaluate
+from scorer.families.dflash2 import VARIANT, build_dflash2
+from scorer.rows import load_drafter, score_rows
+
+BLOCK = 4
+
+
+PEERS = Path(__file__).resolve().parents[2] / ".peers"
+
+
+def _nemo_dflash2():
+    """NeMo's DFlash2 module from ``.peers/`` (sys.path and sys.modules restored afterwards, except
+    the NeMo modules themselves); skip when it is not installed."""
+    if not (PEERS / "nemo_automodel").is_dir():
+        pytest.skip("peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0")
+    saved_path, stubbed = list(sys.path), []
+    sys.path.insert(0, str(PEERS))
+    if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
+        stub = types.ModuleType("datasets")
+        stub.Dataset = type("Dataset", (), {})
+        stub.DatasetDict = type("DatasetDict", (), {})
+        sys.modules["datasets"] = stub
+        stubbed.append("datasets")
+    name = "nemo_automodel.components.datasets.llm"
+    try:
+        if name not in sys.modules:  # its __init__ imports dataset builders; the mask helper needs none
+            package = types.ModuleType(name)
+            package.__path__ = [str(PEERS / "nemo_automodel" / "components" / "datasets" / "llm")]
+            sys.modules[name] = package
+        from nemo_automodel.components.speculative.dflash import draft_qwen3_dflash2
+    finally:
+        sys.path[:] = saved_path
+        for stub_name in stubbed:  # nothing else may see a fake `datasets` (transformers probes it)
+            del sys.modules[stub_name]
+    return draft_qwen3_dflash2
+
+
+def _save_nemo_drafter(cache_path, out, target_layer_ids=(1, 3, 7)):
+    """A NeMo DFlash2 drafter for the cache's target, saved with NeMo's own save_pretrained; its
+    convolutions and selector moved off their identity start so they change the drafts."""
+    nemo = _nemo_dflash2()
+    from transformers import Qwen3Config
+
+    cache = hscache.open_cache(cache_path)
+    config = Qwen3Config(
+        vocab_size=cache.vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        initializer_range=0.25,  # large: a drafter at 0.02 drafts the mask token in every slot
+        num_target_layers=8,
+        dflash_config={
+            "block_size": BLOCK,
+            "mask_token_id": cache.mask_token_id,
+            "target_layer_ids": list(target_layer_ids),
+            "conv_kernel_size": 2,
+            "conv_group_size": 16,
+            "selector_rank": 8,
+            "selector_top_k": 16,
+        },
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = nemo.Qwen3DFlash2DraftModel(config).float().eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "conv" in name or "candidate_selector" in name:
+                    p.add_(torch.randn_like(p) * (1.0 if "codebook" in name else 0.1))
+    model.save_pretrained(out)
+    return model, out
+
+
+@pytest.fixture(scope="module")
+def nemo_drafter(scorer_cache, tmp_path_factory):
+    return _save_nemo_drafter(scorer_cache, tmp_path_factory.mktemp("dflash2") / "nemo")
+
+
+def _oracle_drafts(model, embed, lm_head, features, token_ids, anchor):
+    """NeMo's spec_generate round at ``anchor``, greedy: one forward of [context | block], the
+    logits of slots 1.., then ``candidate_selector.walk`` from the anchor token."""
+    block = torch.full((1, BLOCK), model.mask_token_id, dtype=torch.long)
+    block[0, 0] = token_ids[anchor]
+    head = torch.nn.Linear(embed.shape[1], embed.shape[0], bias=False)
+    head.weight.data = lm_head
+    with torch.no_grad():
+        hidden = model(
+            target_hidden=features[None, :anchor],
+            noise_embedding=torch.nn.functional.embedding(block, embed),
+            position_ids=torch.arange(anchor + BLOCK)[None],
+            conv_block_size=BLOCK,
+        )[:, 1:, :]
+        path, _, _ = model.candidate_selector.walk(
+            hidden, model.compute_logits(hidden, head), block[:, 0], 0.0
+        )
+    return path[0].tolist()
+
+
+def test_dflash2_drafts_equal_nemo(scorer_cache, nemo_drafter):
+    from hscache.capture.builtin import build_builtin
+    from scorer.score import draft_all_anchors
+
+    model, path = nemo_drafter
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["Qwen3DFlash2DraftModel"]
+    cache = hscache.open_cache(scorer_cache)
+    config = EvalConfig(ddtree=(), limit=1)
+    drafter, loaded = load_drafter(path, cache, config)
+    assert drafter.family == "dflash2" and loaded.variant_config["selector_rank"] == 8
+    target, _ = build_builtin("builtin:tiny-qwen3.5")
+    row, token_ids = 0, cache.token_ids(0)
+    with torch.no_grad():
+        hs = target(token_ids[None], output_hidden_states=True).hidden_states
+    features = torch.cat([hs[i + 1][0] for i in (1, 3, 7)], dim=-1)  # NeMo: hidden_states[i + 1]
+    P = cache.index.column("prompt_len")[row].as_py()
+    from scorer.features import feature_index, sequence_features
+
+    ours_features = sequence_features(
+        cache.hidden_states(row), feature_index(drafter.config, cache.layer_ids), torch.float32, "cpu",
+        drafter.context_norm,
+    )  # fmt: skip
+    draft, _, _ = draft_all_anchors(drafter, ours_features, token_ids, P, tree_k=0)
+    embed = target.get_input_embeddings().weight.detach()
+    anchors = list(range(P, len(token_ids) - 1))
+    for n in (0, len(anchors) // 3, len(anchors) - 1):
+        want = _oracle_drafts(model, embed, embed, features, token_ids, anchors[n])
+        assert draft[n].tolist() == want, anchors[n]
+    # the selector changes the drafts: they are not the per-slot argmax everywhere
+    plain = drafter.head(
+        drafter.block_hidden(ours_features, torch.tensor(anchors), _blocks(drafter, token_ids, anchors))
+    )
+    assert (plain.argmax(-1).numpy() != draft).any() and len(np.unique(draft)) > 3
+    report = evaluate(path, scorer_cache, EvalConfig(n_boot=20, limit=2))
+    assert report["drafter"]["family"] == "dflash2" and report["config"]["ddtree"] == []
+    assert report["drafter"]["dflash_config"]["selector_top_k"] == 16
+    # the lockstep chain path walks the selector from the same anchor tokens
+    lockstep = score_rows(drafter, cache, [0, 1], EvalConfig(ddtree=(), anchors="chain"))
+    for a, b in zip(score_rows(drafter, cache, [0, 1], config), lockstep, strict=True):
+        assert np.array_equal(a.chain_drafts, b.chain_drafts)
+
+
+def _blocks(drafter, token_ids, anchors):
+    blocks = torch.full((len(anchors), BLOCK), drafter.config.mask_token_id, dtype=torch.long)
+    blocks[:, 0] = token_ids[torch.tensor(anchors)]
+    return blocks
+
+
+def _online_equals_offline(cache_path, drafter_path, model):
+    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+    from hscache.capture.target import load_target
+    from scorer.families.base import OnlineOptions
+    from scorer.families.dflash2 import online
+    from scorer.online import speculative_decode
+
+    cache = hscache.open_cache(cache_path)
+    config = EvalConfig(ddtree=())
+    drafter, _ = load_drafter(drafter_path, cache, config)
+    offline = score_rows(drafter, cache, [0], config)[0]
+    target = load_target(model, "fp32")
+    layer_ids, propose, _ = online(drafter_path, target, OnlineOptions(overrides={}))
+    drafts = []
+
+    def recording(hidden, ids, p):
+        drafts.append(propose(hidden, ids, p))
+        return drafts[-1]
+
+    record = next(iter_records(resolve_prompts("builtin:default")))
+    prompt = prompt_token_ids(record, target.tokenizer)
+    T = len(cache.token_ids(0))
+    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, T - len(prompt), 4096)
+    assert ids == cache.token_ids(0).tolist()
+    assert np.array_equal(np.asarray(drafts), offline.chain_drafts)  # every round's selector path
+    assert rounds == list(offline.chain.tokens)
+
+
+def test_dflash2_online_equals_offline_round_for_round(scorer_cache, nemo_drafter):
+    """fp32, the hybrid built-in target verifying the selector's paths."""
+    _online_equals_offline(scorer_cache, nemo_drafter[1], "builtin:tiny-qwen3.5")
+
+
+@pytest.mark.slow
+def test_dflash2_online_equals_offline_qwen3_target(tmp_path):
+    """The same on the plain Qwen3 built-in target (its last layer, 7, read after the final norm)."""
+    cache = tmp_path / "cache"
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(cache),
+            model="builtin:tiny-qwen3",
+            layers="1,3,7",
+            max_new_tokens=16,
+            dtype="fp32",
+            limit=1,
+        )
+    )
+    _, path = _save_nemo_drafter(cache, tmp_path / "nemo")
+    _online_equals_offline(cache, path, "builtin:tiny-qwen3")
+
+
+def test_dflash2_bad_checkpoints_are_refused_by_name(nemo_drafter, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, path = nemo_drafter
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    weights = load_file(str(bad / "model.safetensors"))
+    weights["candidate_selector.extra_codebook"] = weights["candidate_selector.successor_codebook"].clone()
+    del weights["layers.1.mlp_conv.base_kernel"]
+    save_file(weights, str(bad / "model.safetensors"))
+    with pytest.raises(
+        CheckpointError, match="missing layers.1.mlp_conv.base_kernel; unknown candidate_selector"
+    ):
+        build_dflash2(load_checkpoint(bad, variant=VARIANT))
+    config = json.loads((path / "config.json").read_text())
+    config["dflash_config"]["conv_group_size"] = 48
+    (bad / "config.json").write_text(json.dumps(config))
+    shutil.copy(path / "model.safetensors", bad / "model.safetensors")
+    with pytest.raises(CheckpointError, match="conv_group_size 48 does not divide hidden_size 128"):
+        build_dflash2(load_checkpoint(bad, variant=VARIANT))
+
+
+def test_identity_dflash2_drafts_equal_its_dflash_parent(scorer_cache, trained_drafter, tmp_path):
+    """NeMo's identity start (unit self-tap, zero corrections, zero successor codebook) is DFlash."""
+    from scorer.families.dflash2.init import init_from_dflash
+
+    out = init_from_dflash(trained_drafter, tmp_path / "dflash2", selector_rank=8)
+    config = EvalConfig(ddtree=(), limit=2, n_boot=20)
+    cache = hscache.open_cache(scorer_cache)
+    parent, _ = load_drafter(trained_drafter, cache, config)
+    child, loaded = load_drafter(out, cache, config)
+    assert child.family == "dflash2" and loaded.variant_config["selector_rank"] == 8
+    for a, b in zip(score_rows(parent, cache, [0, 1], config), score_rows(child, cache, [0, 1], config)):
+        assert np.array_equal(a.chain_drafts, b.chain_drafts) and a.chain.tokens == b.chain.tokens
+    assert (
+        evaluate(out, scorer_cache, config)["tau"] == evaluate(trained_drafter, scorer_cache, config)["tau"]
+    )
