@@ -440,7 +440,12 @@ def merge(out: str, into: str | None) -> None:
 )
 @friendly_errors
 def recompress(cache_dir: str, compression: str) -> None:
-    """Convert CACHE_DIR's arrays to another codec in place (crash-safe; re-run to resume)."""
+    """Convert CACHE_DIR's arrays to another codec in place (crash-safe; re-run to resume).
+
+    \b
+    Example:
+      hscache recompress cache/ --compression none
+    """
     from hscache.store.recompress import recompress_cache
 
     recompress_cache(cache_dir, compression, progress=click.echo)
