@@ -381,6 +381,16 @@ def diff(
     help="Max relative error for --recompute (default: 0 when the re-run must be exact, else 0.02).",
 )
 @click.option("--seed", default=0, show_default=True, help="Which sequences --recompute samples.")
+@click.option(
+    "--expect-digest",
+    default=None,
+    help="The cache's digest as pinned (printed by `hscache info`): any other digest is a problem.",
+)
+@click.option(
+    "--allow-unsealed",
+    is_flag=True,
+    help="Check a cache without checksums (written before them) with a warning instead of failing.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
 @friendly_errors
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
@@ -389,7 +399,10 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
     from hscache.verify import VerifyConfig, format_report, verify_cache
 
     # A sharded cache is verified shard by shard: each is an ordinary cache with its own commits.
-    roots = shard_dirs(Path(cache_dir)) if has_shards(cache_dir) else [Path(cache_dir)]
+    if "://" in cache_dir:  # a remote cache: verified through its URL (store/remote.py)
+        roots: list[Any] = [cache_dir]
+    else:
+        roots = shard_dirs(Path(cache_dir)) if has_shards(cache_dir) else [Path(cache_dir)]
     reports = [verify_cache(root, VerifyConfig(**options)) for root in roots]
     if as_json:
         docs = [r.to_dict() for r in reports]

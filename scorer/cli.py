@@ -152,6 +152,16 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 )
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--expect-digest",
+    default=None,
+    help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs.",
+)
+@click.option(
+    "--allow-unsealed",
+    is_flag=True,
+    help="Score a cache without checksums (written before them); its files cannot be checked.",
+)
 @cluster_flags
 @checkpoint_flags
 @friendly_errors

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import hscache
+from hscache.store.integrity import check_expected_digest
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
@@ -42,7 +43,8 @@ def evaluate(
         >>> report["tau"]["per_request"], report["tau"]["pooled"]  # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    cache = hscache.open_cache(cache_path)
+    cache = hscache.open_cache(cache_path, allow_unsealed=config.allow_unsealed)
+    check_expected_digest(cache, config.expect_digest, str(cache_path))
     drafter, loaded = load_drafter(checkpoint, cache, config)
     results = []
     # One slice per array per block of rows: per-sequence reads would decode each chunk many times.

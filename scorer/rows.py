@@ -51,6 +51,8 @@ class EvalConfig:
     trust_checkpoint: bool = False
     config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
+    expect_digest: str | None = None  # refuse a cache whose root digest differs (hscache.cache_digest)
+    allow_unsealed: bool = False  # read a cache without checksums (written before them)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -32,6 +32,7 @@ from hscache.diff.report import (
 )
 from hscache.diff.sums import HiddenSums, NextTokenSums
 from hscache.errors import CacheMismatchError
+from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
 from hscache.store.view import CacheView
 
@@ -192,6 +193,7 @@ def _side(cache: CacheView) -> CacheSide:
         str(s["dtype"]),
         str(s["backend"]),
         str(s["device"]),
+        cache_digest(cache),
     )
 
 

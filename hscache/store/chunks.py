@@ -35,6 +35,7 @@ import numpy as np
 from numcodecs import blosc
 
 from hscache.errors import CacheFormatError
+from hscache.store.integrity import rows_sha256
 
 __all__ = ["ChunkReader", "chunk_reader"]
 
@@ -118,6 +119,30 @@ class ChunkReader:
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()  # LRU of whole decoded chunks
         self._decoded_lock = threading.Lock()
         self._keep_decoded = 2 * self.chunk_bytes <= _DECODED_CACHE_BYTES
+        self._expected_sha256: list[str] | None = None  # per chunk, of its committed rows
+        self._committed = length
+        self._verified: set[int] = set()  # chunks whose hash matched (committed rows never change)
+
+    def expect_sha256(self, chunk_sha256: list[str] | None, committed_tokens: int) -> None:
+        """Check each chunk's committed rows against ``chunk_sha256`` (store/integrity.py) the first
+        time it is decoded: a chunk rewritten with other content and a valid crc32c is refused."""
+        self._expected_sha256, self._committed = chunk_sha256, committed_tokens
+
+    def _verify(self, index: int, rows: np.ndarray) -> None:
+        """``rows``: the whole decoded chunk ``index``."""
+        if self._expected_sha256 is None or index in self._verified:
+            return
+        n = min(self.chunk_tokens, self._committed - index * self.chunk_tokens)
+        if n <= 0:
+            return
+        expected = self._expected_sha256[index] if index < len(self._expected_sha256) else None
+        if rows_sha256(rows[:n]) != expected:
+            raise CacheFormatError(
+                f"{self._where(self.chunk_path(index))} does not match its sha256 recorded at commit (its "
+                "crc32c is valid: the chunk was rewritten); the cache was changed after it was written: "
+                "run `hscache verify` on it, then re-extract"
+            )
+        self._verified.add(index)
 
     def chunk_path(self, index: int) -> Path:
         return self.directory / "c" / (f"{index}/{self._key_tail}" if self._key_tail else str(index))
@@ -249,15 +274,21 @@ class ChunkReader:
             if not whole:
                 self._check_size(path, payload.nbytes, self.chunk_bytes)
                 rows = payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
+                self._verify(index, rows)
                 out[...] = rows[a - base : b - base]
+            else:
+                self._verify(index, out)
             return
         self._check_frame(path, payload)
         if whole:
             blosc.decompress(payload, out.reshape(-1).view(np.uint8))
+            self._verify(index, out)
             return
         decoded = _scratch("chunk", self.chunk_bytes)
         blosc.decompress(payload, decoded)
-        out[...] = decoded.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)[a - base : b - base]
+        rows = decoded.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
+        self._verify(index, rows)
+        out[...] = rows[a - base : b - base]
 
     def _where(self, path: Path) -> str:
         return f"{self.name} chunk {path.relative_to(self.directory).as_posix()} ({path})"

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs
 
@@ -32,6 +33,7 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
     prompt_lens = cache.index.column("prompt_len").to_pylist()
     return {
         "path": str(cache.path),
+        "digest": cache_digest(cache),
         "complete": cache.complete,
         "sequences": len(cache),
         "tokens": cache.num_tokens,
@@ -88,5 +90,6 @@ def format_summary(s: dict[str, Any]) -> str:
         f"storage    {s['bytes_on_disk'] / 2**20:.2f} MiB, {s['bytes_per_token']} B/token, "
         f"{compression}, chunk {hidden['chunk_tokens']} tokens",
         f"mask id    {s['mask_token_id']}",
+        f"digest     {s['digest']}  (pin it: scorer eval/hscache verify --expect-digest)",
     ]
     return "\n".join(lines)

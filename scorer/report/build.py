@@ -13,6 +13,7 @@ import numpy as np
 
 import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
 from scorer.metrics import (
     AcceptLen,
@@ -176,6 +177,7 @@ def build_report(
         "checkpoint": loaded.report.to_dict(),
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),
+            "digest": cache_digest(cache),
             "sequences": len(cache),
             "layer_ids": cache.layer_ids,
             "settings": cache.settings,
