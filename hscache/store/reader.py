@@ -23,7 +23,7 @@ from hscache.errors import CacheFormatError, CacheNotFoundError
 from hscache.store import jsonio
 from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
-from hscache.store.index import empty_index, expand_metadata, read_part
+from hscache.store.index import empty_index, expand_metadata, index_part_path, read_part
 from hscache.store.integrity import UNSEALED_MESSAGE, chunk_sha256_of, rows_sha256
 from hscache.store.layout import (
     ARRAYS_GROUP,
@@ -418,6 +418,8 @@ def open_local(path: str | Path, allow_unsealed: bool = False) -> Cache:
     for attempt in range(_OPEN_ATTEMPTS):
         manifest = read_manifest(root)
         try:
+            for name in manifest["index_parts"]:
+                index_part_path(root, name)  # names that leave the cache: refused by name first
             # Checked before zarr parses any array's zarr.json: damage is one line, not a traceback.
             check_integrity(root, manifest, allow_unsealed=allow_unsealed)
             return Cache(root, manifest)

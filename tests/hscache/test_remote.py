@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import hscache
+from tests.hscache.tamper import reseal
 from hscache.store.remote import RemoteCache, upload_cache
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
@@ -70,6 +71,7 @@ def test_reopen_after_republish_with_same_sizes_sees_the_new_files(bucket, scale
     url = f"{bucket}/republished"
     old = shutil.copytree(scale_cache, tmp_path / "old")
     (old / "target" / "stale.txt").write_text("a tokenizer file of the old target")
+    reseal(old)  # a cache whose target/ held that file when it was written
     upload_cache(old, url)
     first = hscache.open_cache(url)
     assert (first.path / "target" / "stale.txt").is_file()
@@ -79,6 +81,7 @@ def test_reopen_after_republish_with_same_sizes_sees_the_new_files(bucket, scale
     with safe_open(str(head), "pt") as f:
         metadata = f.metadata()
     save_file({k: -v for k, v in load_file(str(head)).items()}, str(head), metadata=metadata)
+    reseal(new)  # as if extracted from that other target
     assert head.stat().st_size == (scale_cache / "target" / "head.safetensors").stat().st_size
     upload_cache(new, url)
     second = hscache.open_cache(url)
