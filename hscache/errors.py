@@ -17,6 +17,7 @@ __all__ = [
     "CacheFormatError",
     "ResumeMismatchError",
     "StoreWriteError",
+    "CacheLockedError",
     "CacheMismatchError",
 ]
 
@@ -63,3 +64,7 @@ class StoreWriteError(HscacheError, OSError):
 
 class CacheMismatchError(HscacheError, ValueError):
     """Two caches cannot be compared: different sequences, token ids, layers or hidden size."""
+
+
+class CacheLockedError(HscacheError, RuntimeError):
+    """Another live process is writing the cache (one writer per cache: hscache/store/lock.py)."""

@@ -46,6 +46,7 @@ from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read
 from hscache.store.dtypes import LOGICAL_DTYPES
 from hscache.store.fsio import file_sha256
 from hscache.store.layout import COMPRESSIONS, MANIFEST, array_specs
+from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.shards import shard_path
 from hscache.store.target_files import write_target_dir
@@ -434,8 +435,23 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     _check_flags(config, target)
     prompts = _check_prompts(config, target)
     settings = _settings(config, target, layer_ids, backend, prompts)
-    writer, done = _open_store(config, target, settings)
     out = Path(config.out)
+    # From before --overwrite empties the directory until the last commit: one writer per cache.
+    with writer_lock(out, "hscache extract"):
+        return _extract_locked(config, target, settings, backend, prompts, progress, t0)
+
+
+def _extract_locked(
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    backend: str,
+    prompts: _PromptSummary,
+    progress: Progress,
+    t0: float,
+) -> ExtractResult:
+    out = Path(config.out)
+    writer, done = _open_store(config, target, settings)
     with use_backend(target.model, backend) as kernels:
         with _disk_errors(out, done):
             provenance = _start_provenance(writer, target, settings, kernels, prompts, resumed=done > 0)
@@ -445,7 +461,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
                 captured = capture_batch(
                     target,
                     [b[1] for b in batch],
-                    layer_ids,
+                    settings["layer_ids"],
                     config.top_k,
                     config.full_logits,
                     memory_gb=config.memory_gb,

@@ -28,7 +28,8 @@ import torch
 import schemas
 from hscache.errors import InputError
 from hscache.store import fsio
-from hscache.store.layout import PROVENANCE, ArraySpec, chunk_tokens_for
+from hscache.store.layout import PROVENANCE, WRITER_LOCK, ArraySpec, chunk_tokens_for
+from hscache.store.lock import writer_lock
 from hscache.store.writer import SequenceRows, StoreWriter
 
 __all__ = [
@@ -86,7 +87,7 @@ def check_fresh_dir(out: Path, flag: str = "--out") -> Path:
         InputError: ``out`` exists and is not an empty directory.
     """
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(p.name != WRITER_LOCK for p in out.iterdir())):
         raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -215,10 +216,33 @@ def write_imported_cache(
     Raises:
         InputError: no sequences, or shapes/dtypes that differ between sequences or from ``layer_ids``.
     """
+    with writer_lock(out, "hscache import"):  # one writer per cache, from before the emptiness check
+        return _write_imported(
+            check_fresh_dir(out),
+            sequences,
+            layer_ids=layer_ids,
+            imported=imported,
+            compression=compression,
+            target=target,
+            last_layer_slot=last_layer_slot,
+            top_k=top_k,
+        )
+
+
+def _write_imported(
+    out: Path,
+    sequences: Iterable[ImportedSequence],
+    *,
+    layer_ids: list[int],
+    imported: dict[str, Any],
+    compression: str,
+    target: str | None,
+    last_layer_slot: int | None,
+    top_k: int,
+) -> tuple[int, int]:
     from hscache.capture.provenance import git_commit, package_versions, utc_now
 
     started = utc_now()
-    out = check_fresh_dir(out)
     writer: StoreWriter | None = None
     first: tuple[torch.dtype, int] | None = None  # the first file's dtype and width
     head: Any = None  # interop.target.TargetHead when the target arrays are computed

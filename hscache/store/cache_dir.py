@@ -15,26 +15,41 @@ from typing import Any
 import schemas
 from hscache.errors import InputError
 from hscache.store import fsio
-from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE
+from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE, WRITER_LOCK
 from hscache.store.writer import StoreWriter
 
 __all__ = ["clear_for_overwrite", "prepare_fresh_dir", "read_provenance", "write_provenance"]
 
 
 def clear_for_overwrite(out: Path) -> None:
-    """``--overwrite``: delete ``out`` if it is a cache, a killed fresh run, or empty.
+    """``--overwrite``: empty ``out`` if it is a cache, a killed fresh run, or empty (the caller holds
+    its writer lock, store/lock.py, which stays).
 
     Raises:
         InputError: ``out`` holds other files (only ever delete what hscache made).
     """
     if not out.exists():
         return
-    if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and any(out.iterdir()):
+    if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and _contents(out):
         raise InputError(
             f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
             "choose an empty or new directory"
         )
-    shutil.rmtree(out)
+    _empty(out)
+
+
+def _contents(out: Path) -> list[Path]:
+    """What ``out`` holds besides the writer lock, which the caller holds and must not delete: a
+    deleted lock file would let a second writer lock a new one while we still write."""
+    return [child for child in out.iterdir() if child.name != WRITER_LOCK]
+
+
+def _empty(out: Path) -> None:
+    for child in _contents(out):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def prepare_fresh_dir(out: Path) -> None:
@@ -43,18 +58,14 @@ def prepare_fresh_dir(out: Path) -> None:
     Raises:
         InputError: ``out`` holds files but no cache and no creation mark.
     """
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and _contents(out):
         if not (out / CREATING_MARK).is_file():
             raise InputError(
                 f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory"
             )
         # A fresh run was killed before its first manifest: it committed nothing, and the
         # directory was empty when the mark was written, so everything in it is ours.
-        for child in out.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+        _empty(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / CREATING_MARK).write_bytes(b"")
     fsio.fsync_dir(out)

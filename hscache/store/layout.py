@@ -40,6 +40,7 @@ __all__ = [
     "MANIFEST",
     "PROVENANCE",
     "TARGET_DIR",
+    "WRITER_LOCK",
     "array_specs",
     "chunk_key",
     "chunk_tokens_for",
@@ -56,6 +57,8 @@ TARGET_DIR = "target"
 # Written first into an empty --out and removed once the first manifest is durable: a directory
 # holding it but no manifest is a fresh run that was killed early, safe to wipe and restart.
 CREATING_MARK = ".hscache-creating"
+# Held (flock) by the one process writing the cache (store/lock.py); never part of the cache's content.
+WRITER_LOCK = ".hscache-writer.lock"
 
 # zarr 3.1 has no bfloat16: store the raw 16 bits as uint16 and name the logical dtype in the
 # array's attributes. Bit-exact, and readable by any zarr reader without a registration.

@@ -29,7 +29,8 @@ import pyarrow as pa
 from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio
 from hscache.store.index import INDEX_SCHEMA, expand_metadata
-from hscache.store.layout import PROVENANCE, TARGET_DIR, ArraySpec
+from hscache.store.layout import PROVENANCE, TARGET_DIR, WRITER_LOCK, ArraySpec
+from hscache.store.lock import writer_lock
 from hscache.store.reader import Cache, open_local, row_of, sequence_row
 from hscache.store.writer import SequenceRows, StoreWriter
 
@@ -343,8 +344,13 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
         raise CacheFormatError(
             f"{cache.path} has unfinished shards; finish every shard before merging into one cache"
         )
-    if dest.exists() and any(dest.iterdir()):
-        raise InputError(f"--into {dest} exists and is not empty; choose a new directory")
+    with writer_lock(dest, "hscache shards --into"):
+        if any(p.name != WRITER_LOCK for p in dest.iterdir()):
+            raise InputError(f"--into {dest} exists and is not empty; choose a new directory")
+        _copy_shards(cache, dest, document)
+
+
+def _copy_shards(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> None:
     first = cache.shards[0]
     writer = StoreWriter.create(dest, cache.specs, first.manifest["compression"], cache.settings)
     for g in range(len(cache)):

@@ -1,0 +1,129 @@
+"""One writer per cache: an exclusive ``flock`` on ``<cache>/.hscache-writer.lock`` (layout.WRITER_LOCK).
+
+zarr has no locking, and two processes appending to one store damage it (spec/storage.md). Every
+command that writes a cache (extract, import, merge, recompress, ...) holds this lock from before it
+touches the directory until its last commit.
+
+Why ``flock`` and not a pid file: the kernel drops the lock when its holder dies, kill -9 included,
+so a stale lock never blocks anyone and taking it over needs no guess about whether a pid is alive
+(pids are reused, and a pid says nothing across hosts). The file's content (pid, host, command,
+start time) only serves the refusal message and ``hscache info``. The lock file is removed on a
+clean release; a killed holder leaves it behind, unlocked, and the next writer simply takes it.
+On network filesystems ``flock`` is only as good as the filesystem's lock support (NFSv4 maps it to
+byte-range locks; some FUSE mounts ignore it): the lock is a guard against accidents, not a
+distributed lock service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hscache.errors import CacheLockedError, InputError
+from hscache.store.layout import WRITER_LOCK
+
+__all__ = ["current_writer", "writer_lock"]
+
+
+def _holder_text(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "another process (no details recorded yet)"
+    started = info.get("started_at")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "?"
+    return f"pid {info.get('pid')} on {info.get('host')} (`{info.get('command')}`, started {when})"
+
+
+def _read_info(fd: int) -> dict[str, Any] | None:
+    try:
+        raw = os.pread(fd, 4096, 0)
+        info = json.loads(raw.decode()) if raw else None
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+@contextlib.contextmanager
+def writer_lock(root: Path | str, command: str) -> Iterator[None]:
+    """Hold the cache's writer lock for the ``with`` block; create ``root`` if it does not exist.
+
+    Args:
+        root: the cache directory.
+        command: what this writer is, for the message another writer gets (e.g. "hscache extract").
+
+    Raises:
+        CacheLockedError: another live process holds the lock (one line naming it).
+        InputError: ``root`` is a file.
+    """
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"{root} is a file, not a directory; a cache is a directory: choose another path")
+    created = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / WRITER_LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            info = _read_info(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise CacheLockedError(
+                f"{root} is being written by {_holder_text(info)}; one writer per cache: wait for it to "
+                "finish (or stop it), then re-run this command"
+            ) from None
+        # A releasing holder unlinks the file after we opened it: our lock would then be on an
+        # orphaned inode that the next writer never sees. Retry on the file that is there now.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command,
+            "started_at": time.time(),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        yield
+    finally:
+        # Unlink while still holding the lock, so nobody can lock this inode after we let go.
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+        if created:  # a writer refused before it wrote anything leaves no empty directory behind
+            with contextlib.suppress(OSError):
+                root.rmdir()
+
+
+def current_writer(root: Path | str) -> dict[str, Any] | None:
+    """The recorded details (pid, host, command, started_at) of the live process writing the cache at
+    ``root``; ``None`` when nobody holds its lock (a file left by a killed writer does not count)."""
+    path = Path(root) / WRITER_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _read_info(fd) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
