@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from hscache.capture.extract import ExtractConfig, ExtractResult, Progress, extract
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import DiffReport
-    from hscache.store.open import open_cache
     from hscache.store.integrity import cache_digest
+    from hscache.store.open import open_cache
     from hscache.store.reader import Cache
     from hscache.store.view import CacheView
 

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 import hscache
-from hscache.store.integrity import check_expected_digest
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.integrity import check_expected_digest
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
@@ -149,7 +149,10 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     torch.set_num_threads(1)  # one torch thread per single-threaded dask worker (spec/storage.md)
     t0 = time.perf_counter()
     cache, _ = _lru_get(
-        _CACHES, (spec.cache, spec.cache_tokens), _MAX_CACHES, lambda: hscache.open_cache(spec.cache, allow_unsealed=spec.config.allow_unsealed)
+        _CACHES,
+        (spec.cache, spec.cache_tokens),
+        _MAX_CACHES,
+        lambda: hscache.open_cache(spec.cache, allow_unsealed=spec.config.allow_unsealed),
     )
     key = (
         spec.checkpoint,

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import hscache
-from hscache.store.integrity import check_expected_digest
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.integrity import check_expected_digest
 from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
 from scorer.report.build import build_report, compare_reports

@@ -311,7 +311,11 @@ def check_cache(
     checksums = manifest["checksums"]
     if not isinstance(checksums, dict):
         return [Mismatch("manifest.json", "manifest.json checksums is not an object")]
-    covered = [*(str(p) for p in manifest["index_parts"] if str(p).startswith(f"{INDEX_DIR}/")), TARGET_DIR, PROVENANCE]
+    covered = [
+        *(str(p) for p in manifest["index_parts"] if str(p).startswith(f"{INDEX_DIR}/")),
+        TARGET_DIR,
+        PROVENANCE,
+    ]
     if any(rel == ARRAY_GROUP_META for rel in checksums):  # caches from before it was recorded: not
         covered.append(ARRAY_GROUP_META)
     for rel in files_under(Path(root), covered):
@@ -320,7 +324,9 @@ def check_cache(
     for rel, entry in sorted(checksums.items()):
         path = Path(root) / rel
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
-            problems.append(Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed"))
+            problems.append(
+                Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed")
+            )
             continue
         if not _inside(root, path):
             problems.append(Mismatch(rel, f"{rel} leads outside the cache directory"))

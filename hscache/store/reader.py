@@ -193,7 +193,11 @@ class Cache:
         verified = self.__dict__.setdefault("_verified_chunks", set())
         todo = [c for c in range(start // step, -(-stop // step)) if (name, c) not in verified]
         a = min(start, todo[0] * step) if (expected is not None and todo) else start
-        b = max(stop, min(self.num_tokens, (todo[-1] + 1) * step)) if (expected is not None and todo) else stop
+        b = (
+            max(stop, min(self.num_tokens, (todo[-1] + 1) * step))
+            if (expected is not None and todo)
+            else stop
+        )
         try:
             rows = np.asarray(array[a:b])
         except (ValueError, OSError, RuntimeError) as exc:  # zarr: bad crc32c, codec errors, I/O

@@ -33,7 +33,15 @@ import zarr
 from hscache.errors import CacheFormatError, CacheNotFoundError, InputError
 from hscache.store import fsio, jsonio
 from hscache.store.index import index_part_path
-from hscache.store.layout import ARRAYS_GROUP, CREATING_MARK, INDEX_DIR, MANIFEST, PROVENANCE, TARGET_DIR
+from hscache.store.layout import (
+    ARRAYS_GROUP,
+    CREATING_MARK,
+    INDEX_DIR,
+    MANIFEST,
+    PROVENANCE,
+    TARGET_DIR,
+    WRITER_LOCK,
+)
 from hscache.store.reader import ARRAY_NAME, Cache, check_integrity, read_manifest
 
 __all__ = ["RemoteCache", "list_files", "mirror_remote", "open_remote_cache", "staging_dir", "upload_cache"]
@@ -191,7 +199,12 @@ def mirror_remote(url: str) -> Path:
     # Every array's zarr.json too: the same checks as a local open (store/integrity.py) run on the mirror.
     array_metas = [f"{ARRAYS_GROUP}/{name}/zarr.json" for name in arrays if ARRAY_NAME.match(str(name))]
     infos = {}
-    for name in [*(parts if isinstance(parts, list) else []), f"{ARRAYS_GROUP}/zarr.json", *array_metas, PROVENANCE]:
+    for name in [
+        *(parts if isinstance(parts, list) else []),
+        f"{ARRAYS_GROUP}/zarr.json",
+        *array_metas,
+        PROVENANCE,
+    ]:
         try:
             infos[name] = fs.info(f"{root}/{name}")
         except FileNotFoundError:
@@ -218,7 +231,7 @@ def _upload_order(local: Path) -> list[Path]:
         if p.is_file()
         and fsio.TEMP_MARK not in p.name
         and not p.name.endswith(".partial")
-        and p.name != CREATING_MARK
+        and p.name not in (CREATING_MARK, WRITER_LOCK)
     ]
     return [p for p in files if p.name != MANIFEST or p.parent != local] + [local / MANIFEST]
 

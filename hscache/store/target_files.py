@@ -75,8 +75,23 @@ def write_target_dir(
 
 # safetensors' own limit on the header (100 MB); a real head's header is a few hundred bytes.
 _MAX_HEADER_BYTES = 100 << 20
-_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_ITEM_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 
 def check_safetensors(path: Path) -> dict[str, Any]:
@@ -94,7 +109,9 @@ def check_safetensors(path: Path) -> dict[str, Any]:
         with path.open("rb") as f:
             n = int.from_bytes(f.read(8), "little")
             if size < 8 or n > min(_MAX_HEADER_BYTES, size - 8):
-                raise CacheFormatError(f"{where} claims a {n}-byte header in a {size}-byte file; it is damaged")
+                raise CacheFormatError(
+                    f"{where} claims a {n}-byte header in a {size}-byte file; it is damaged"
+                )
             header = jsonio.loads(f.read(n))
     except OSError as exc:
         raise CacheFormatError(f"{where} cannot be read ({exc})") from exc
@@ -109,14 +126,20 @@ def check_safetensors(path: Path) -> dict[str, Any]:
         ok = isinstance(info, dict) and info.get("dtype") in _ITEM_BYTES
         shape, offsets = (info.get("shape"), info.get("data_offsets")) if ok else (None, None)
         ok = ok and isinstance(shape, list) and all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape)
-        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+        ok = (
+            ok
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+        )
         if ok:
             count = 1
             for d in shape:
                 count *= d
-            ok = 0 <= offsets[0] <= offsets[1] <= data_bytes and offsets[1] - offsets[0] == count * _ITEM_BYTES[
-                info["dtype"]
-            ]
+            ok = (
+                0 <= offsets[0] <= offsets[1] <= data_bytes
+                and offsets[1] - offsets[0] == count * _ITEM_BYTES[info["dtype"]]
+            )
         if not ok:
             raise CacheFormatError(
                 f"{where}: tensor {name!r} has a header entry that does not fit the file ({str(info)[:200]}); "
@@ -163,7 +186,9 @@ def read_vocab_size(root: Path) -> int:
     header = check_safetensors(Path(root) / TARGET_DIR / HEAD_FILE)
     embed = header.get("embed_tokens")
     if not isinstance(embed, dict) or len(embed.get("shape", [])) != 2:
-        raise CacheFormatError(f"{TARGET_DIR}/{HEAD_FILE} holds no [vocab, hidden] embed_tokens; the cache is damaged")
+        raise CacheFormatError(
+            f"{TARGET_DIR}/{HEAD_FILE} holds no [vocab, hidden] embed_tokens; the cache is damaged"
+        )
     with safe_open(str(Path(root) / TARGET_DIR / HEAD_FILE), framework="pt") as f:
         return int(f.get_slice("embed_tokens").get_shape()[0])
 

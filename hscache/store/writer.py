@@ -140,7 +140,9 @@ class _Appender:
         if self.chunk_sha256 is not None:
             for k in range(-(-len(data) // self.chunk) if pad_tail else full // self.chunk):
                 # Only rows that hold data: the padding of a partial last chunk is never read.
-                self.chunk_sha256[first + k] = integrity.rows_sha256(data[k * self.chunk : (k + 1) * self.chunk])
+                self.chunk_sha256[first + k] = integrity.rows_sha256(
+                    data[k * self.chunk : (k + 1) * self.chunk]
+                )
         # Copy the remainder so the concatenated block can be freed.
         self.parts = [data[full:].copy()] if full < len(data) else []
         self.buffered = len(data) - full
@@ -379,7 +381,9 @@ class StoreWriter:
         for name, appender in self.appenders.items():
             if appender.chunk_sha256 is not None:
                 chunks = -(-tokens // appender.chunk)
-                self.manifest["arrays"][name]["chunk_sha256"] = [appender.chunk_sha256[i] for i in range(chunks)]
+                self.manifest["arrays"][name]["chunk_sha256"] = [
+                    appender.chunk_sha256[i] for i in range(chunks)
+                ]
         self.manifest["updated_at"] = time.time()
         integrity.seal(self.manifest)
         schemas.validate(self.manifest, "manifest")

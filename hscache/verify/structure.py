@@ -7,7 +7,6 @@ paths: index parts go through ``index_part_path`` and symlinks leaving the cache
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,17 @@ from hscache.errors import CacheFormatError
 from hscache.store import jsonio
 from hscache.store.index import INDEX_SCHEMA, index_part_path
 from hscache.store.integrity import ARRAY_GROUP_META, Mismatch, check_cache, manifest_digest
-from hscache.store.target_files import check_safetensors
-from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, MANIFEST, PROVENANCE, TARGET_DIR, ArraySpec, chunk_key
+from hscache.store.layout import (
+    ARRAYS_GROUP,
+    INDEX_DIR,
+    MANIFEST,
+    PROVENANCE,
+    TARGET_DIR,
+    ArraySpec,
+    chunk_key,
+)
 from hscache.store.reader import read_manifest
+from hscache.store.target_files import check_safetensors
 from hscache.verify.report import Problem, VerifyReport
 
 __all__ = ["CacheLayout", "check_structure", "sequences_in"]
@@ -75,10 +82,16 @@ def _list_chunks(layout: CacheLayout, name: str) -> set[int]:
         from hscache.store.remote import list_files  # lazy: fsspec backends are optional
 
         prefix = f"{ARRAYS_GROUP}/{name}/c/"
-        keys = [k[len(prefix) :] for k in list_files(layout.url, f"{ARRAYS_GROUP}/{name}/c") if k.startswith(prefix)]
+        keys = [
+            k[len(prefix) :]
+            for k in list_files(layout.url, f"{ARRAYS_GROUP}/{name}/c")
+            if k.startswith(prefix)
+        ]
     else:
         base = layout.root / ARRAYS_GROUP / name / "c"
-        keys = [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+        keys = (
+            [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+        )
     found = set()
     for key in keys:
         parts = key.split("/")

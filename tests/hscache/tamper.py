@@ -29,7 +29,8 @@ def reseal(root: Path) -> None:
         entry["zarr_json_sha256"] = integrity.zarr_json_sha256(meta)
         array, step = zarr.open_array(str(root / ARRAYS_GROUP / name), mode="r"), entry["chunk_tokens"]
         entry["chunk_sha256"] = [
-            integrity.rows_sha256(np.asarray(array[a : min(tokens, a + step)])) for a in range(0, tokens, step)
+            integrity.rows_sha256(np.asarray(array[a : min(tokens, a + step)]))
+            for a in range(0, tokens, step)
         ]
     assert all(p.startswith(f"{INDEX_DIR}/") for p in manifest["index_parts"])
     integrity.seal(manifest)

@@ -106,7 +106,7 @@ def test_a_fresh_cache_records_every_file_and_passes(small_cache):
     }
     assert on_disk | {"arrays/zarr.json"} == recorded
     # Every array's metadata and every committed chunk is recorded too (issue 18, items 2-3).
-    for name, entry in manifest["arrays"].items():
+    for entry in manifest["arrays"].values():
         assert len(entry["zarr_json_sha256"]) == 64
         assert len(entry["chunk_sha256"]) == -(-manifest["committed"]["tokens"] // entry["chunk_tokens"])
     result = CliRunner().invoke(main, ["verify", str(small_cache.path)])
@@ -135,7 +135,9 @@ def test_a_cache_without_its_seal_is_refused_unless_allowed(cache_copy):
         del m["checksums"], m["content_sha256"]
 
     _edit_manifest(cache_copy, drop)
-    with pytest.raises(CacheFormatError, match="written by hscache before checksums existed.*--allow-unsealed"):
+    with pytest.raises(
+        CacheFormatError, match="written by hscache before checksums existed.*--allow-unsealed"
+    ):
         hscache.open_cache(cache_copy)
     result = CliRunner().invoke(main, ["verify", "--json", str(cache_copy)])
     assert result.exit_code == 1, result.output

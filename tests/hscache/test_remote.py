@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import hscache
-from tests.hscache.tamper import reseal
 from hscache.store.remote import RemoteCache, upload_cache
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
+from tests.hscache.tamper import reseal
 
 pytest.importorskip("s3fs", reason="pip install s3fs 'moto[server]' to test s3:// caches")
 pytest.importorskip("moto.server", reason="pip install 'moto[server]' to test s3:// caches")
