@@ -377,13 +377,16 @@ class StoreWriter:
     def _publish_manifest(self, sequences: int | None = None, tokens: int | None = None) -> None:
         sequences = self.committed_sequences if sequences is None else sequences
         tokens = self.committed_tokens if tokens is None else tokens
+        if tokens != self.manifest["committed"]["tokens"]:
+            # Only at a commit: between commits the appenders also hash chunks of pending rows (and
+            # another thread may publish a side file meanwhile), so the committed list is a snapshot.
+            for name, appender in self.appenders.items():
+                if appender.chunk_sha256 is not None:
+                    chunks = -(-tokens // appender.chunk)
+                    self.manifest["arrays"][name]["chunk_sha256"] = [
+                        appender.chunk_sha256[i] for i in range(chunks)
+                    ]
         self.manifest["committed"] = {"sequences": sequences, "tokens": tokens}
-        for name, appender in self.appenders.items():
-            if appender.chunk_sha256 is not None:
-                chunks = -(-tokens // appender.chunk)
-                self.manifest["arrays"][name]["chunk_sha256"] = [
-                    appender.chunk_sha256[i] for i in range(chunks)
-                ]
         self.manifest["updated_at"] = time.time()
         integrity.seal(self.manifest)
         schemas.validate(self.manifest, "manifest")
