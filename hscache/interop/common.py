@@ -40,7 +40,7 @@ import torch
 from hscache.errors import InputError, StoreWriteError
 from hscache.store import fsio, jsonio
 from hscache.store.cache_dir import write_provenance
-from hscache.store.layout import WRITER_LOCK, ArraySpec, chunk_tokens_for
+from hscache.store.layout import IMPORTING_MARK, WRITER_LOCK, ArraySpec, chunk_tokens_for
 from hscache.store.lock import writer_lock
 from hscache.store.writer import SequenceRows, StoreWriter
 
@@ -66,7 +66,6 @@ __all__ = [
 
 SIDECAR = "hscache_export.json"
 EXPORT_MARK = ".hscache-export-incomplete"
-IMPORTING_MARK = ".hscache-importing"
 ABSENT_TARGET_ARRAYS = ("target_argmax", "target_topk_values", "target_topk_ids", "target_logsumexp")
 _CHUNK_BYTES = 8 << 20  # as hscache extract's default --chunk-mb 8
 _COMMIT_EVERY = 256  # sequences per commit: a killed import keeps what it committed

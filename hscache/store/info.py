@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hscache.store.integrity import cache_digest
+from hscache.store.layout import IMPORTING_MARK
 from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs
 
@@ -35,6 +36,7 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
         "path": str(cache.path),
         "digest": cache_digest(cache),
         "complete": cache.complete,
+        "interrupted_import": (Path(cache.path) / IMPORTING_MARK).is_file(),
         "sequences": len(cache),
         "tokens": cache.num_tokens,
         "generated_tokens": sum(lengths) - sum(prompt_lens),
@@ -81,8 +83,14 @@ def format_summary(s: dict[str, Any]) -> str:
         if s["tokens"] and ratio
         else f"{s['compression']} compression, no tokens yet"
     )
+    if s["complete"]:
+        state = "complete"
+    elif s.get("interrupted_import"):
+        state = "INCOMPLETE: an import was interrupted: re-run the same hscache import command"
+    else:
+        state = "INCOMPLETE: resume with the same extract command"
     lines = [
-        f"cache      {s['path']} ({'complete' if s['complete'] else 'INCOMPLETE: resume with the same extract command'})",
+        f"cache      {s['path']} ({state})",
         f"model      {s['model']}",
         f"sequences  {s['sequences']}  tokens {s['tokens']} ({s['generated_tokens']} generated)",
         f"layers     {s['layer_ids']}  types {s['layer_types']}",
