@@ -248,7 +248,7 @@ def read_sidecar(directory: Path, fmt: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        document = json.loads(path.read_text())
+        document = jsonio.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} is not valid JSON ({exc}); delete it and pass --layer-ids") from exc
     if document.get("format") != fmt:
