@@ -298,12 +298,15 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
 @main.command()
 @click.argument("cache_dir")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--allow-unsealed", is_flag=True, help="Summarise a cache without checksums (written before them)."
+)
 @friendly_errors
-def info(cache_dir: str, as_json: bool) -> None:
-    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes."""
+def info(cache_dir: str, as_json: bool, allow_unsealed: bool) -> None:
+    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes, and its digest."""
     from hscache.store.info import cache_summary, format_summary
 
-    summary = cache_summary(cache_dir)
+    summary = cache_summary(cache_dir, allow_unsealed=allow_unsealed)
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 
 

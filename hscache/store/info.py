@@ -23,9 +23,9 @@ def _imported_from(prov: dict[str, Any]) -> str | None:
     return f"imported from {imported['format']} files at {imported['source']}" if imported else None
 
 
-def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON-ready summary of the cache at ``path``."""
-    cache = open_cache(path)
+def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict[str, Any]:
+    """A JSON-ready summary of the cache at ``path`` (``digest``: ``cache_digest``, to pin)."""
+    cache = open_cache(path, allow_unsealed=allow_unsealed)
     prov = cache.provenance
     roots = shard_dirs(cache.path) if has_shards(cache.path) else [cache.path]
     stored = {name: sum(_dir_bytes(root / "arrays" / name) for root in roots) for name in cache.specs}
