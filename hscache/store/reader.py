@@ -114,8 +114,8 @@ class Cache:
         self._arrays: dict[str, zarr.Array] = {}
         self._chunk_readers: dict[str, ChunkReader | None] = {}
         # Each chunk's committed rows against its recorded sha256, the first time it is decoded
-        # (store/integrity.py); ``open_cache(..., check_chunks=False)`` trades that for scan speed.
-        self.check_chunks = True
+        # (store/integrity.py); setting it False before reading trades that for scan speed.
+        self.check_chunks = True  # a public switch: set False before reading
         parts = [read_part(self.path, p) for p in manifest["index_parts"]]
         table = pa.concat_tables(parts) if parts else empty_index()
         committed = int(manifest["committed"]["sequences"])
