@@ -399,14 +399,25 @@ def diff(
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
     """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong."""
     from hscache.store.shards import has_shards, shard_dirs
-    from hscache.verify import VerifyConfig, format_report, verify_cache
+    from hscache.verify import Problem, VerifyConfig, format_report, verify_cache
 
     # A sharded cache is verified shard by shard: each is an ordinary cache with its own commits.
+    sharded = "://" not in cache_dir and has_shards(cache_dir)
     if "://" in cache_dir:  # a remote cache: verified through its URL (store/remote.py)
         roots: list[Any] = [cache_dir]
     else:
-        roots = shard_dirs(Path(cache_dir)) if has_shards(cache_dir) else [Path(cache_dir)]
+        roots = shard_dirs(Path(cache_dir)) if sharded else [Path(cache_dir)]
+    # A directory of shards has one digest over its shards' (hscache info prints it): checked below.
+    expected = options.pop("expect_digest") if sharded else None
     reports = [verify_cache(root, VerifyConfig(**options)) for root in roots]
+    if expected is not None:
+        from hscache.store.integrity import combined_digest
+
+        digest = combined_digest([r.digest or "" for r in reports])
+        if digest != expected.strip().lower():
+            reports[0].add(
+                Problem("manifest", f"the shards' digest is {digest}, not the expected {expected}")
+            )
     if as_json:
         docs = [r.to_dict() for r in reports]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else {"shards": docs}, indent=2))

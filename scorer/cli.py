@@ -154,8 +154,10 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--expect-digest",
-    default=None,
-    help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs.",
+    "expect_digests",
+    multiple=True,
+    help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs; "
+    "one per --cache, in order.",
 )
 @click.option(
     "--allow-unsealed",
@@ -176,6 +178,7 @@ def eval_command(
     rope_theta: float | None,
     scheduler: str | None,
     workers: int | None,
+    expect_digests: tuple[str, ...],
     **options: Any,
 ) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
@@ -197,7 +200,12 @@ def eval_command(
     ):
         task = progress.add_task("scoring", total=None)
         result = evaluate_many(
-            checkpoint, caches, config, on_sequence=lambda n: progress.advance(task), client=client
+            checkpoint,
+            caches,
+            config,
+            on_sequence=lambda n: progress.advance(task),
+            client=client,
+            expect_digests=expect_digests,
         )
     for report in result["reports"]:
         render_report(report, console)

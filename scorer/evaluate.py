@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
 from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
+from scorer.errors import ScorerError
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, load_drafter, score_rows
 
@@ -62,19 +64,29 @@ def evaluate_many(
     config: EvalConfig = EvalConfig(),
     on_sequence: Callable[[int], None] | None = None,
     client: Any = None,
+    expect_digests: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first.
 
     Args:
         client: a ``distributed.Client``: score on that cluster (scorer/distributed.py), same reports.
+        expect_digests: one pinned digest per cache (``--expect-digest``, in ``--cache`` order), or none.
+
+    Raises:
+        ScorerError: as many digests as caches are needed.
     """
+    if expect_digests and len(expect_digests) != len(cache_paths):
+        raise ScorerError(
+            f"{len(expect_digests)} --expect-digest for {len(cache_paths)} --cache: give one per cache, in order"
+        )
+    configs = [replace(config, expect_digest=d) for d in expect_digests] or [config] * len(cache_paths)
     if client is not None:
         reports = [
-            evaluate_distributed(checkpoint, path, config, client, on_sequence=on_sequence)
-            for path in cache_paths
+            evaluate_distributed(checkpoint, path, c, client, on_sequence=on_sequence)
+            for path, c in zip(cache_paths, configs)
         ]
     else:
-        reports = [evaluate(checkpoint, path, config, on_sequence) for path in cache_paths]
+        reports = [evaluate(checkpoint, path, c, on_sequence) for path, c in zip(cache_paths, configs)]
     return {
         "reports": reports,
         "comparisons": [compare_reports(reports[0], other, config) for other in reports[1:]],

@@ -47,6 +47,7 @@ __all__ = [
     "check_array_metadata",
     "check_cache",
     "check_expected_digest",
+    "combined_digest",
     "chunk_sha256_of",
     "content_sha256",
     "digest_bytes",
@@ -130,9 +131,13 @@ def cache_digest(cache: Any) -> str:
     ``--expect-digest``. A directory of shards: the SHA-256 of its shards' digests, in order."""
     shards = getattr(cache, "shards", None)
     if shards:
-        joined = ",".join(manifest_digest(s.manifest) for s in shards)
-        return hashlib.sha256(joined.encode()).hexdigest()
+        return combined_digest([manifest_digest(s.manifest) for s in shards])
     return manifest_digest(cache.manifest)
+
+
+def combined_digest(shard_digests: list[str]) -> str:
+    """The digest of a directory of shards from its shards' digests, in shard order."""
+    return hashlib.sha256(",".join(shard_digests).encode()).hexdigest()
 
 
 def check_expected_digest(cache: Any, expected: str | None, where: str) -> None:

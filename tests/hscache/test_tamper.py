@@ -239,3 +239,64 @@ def test_every_edit_of_every_file_is_caught_without_a_traceback(small_cache, dra
     print(counts, *rows, sep="\n")  # the table in docs/faults.md
     assert not failures, "\n".join(failures)
     assert counts["verify_pinned"] == counts["edits"] >= 100
+
+
+def test_the_pinned_digest_is_checked_by_eval_and_verify(small_cache, drafter, tmp_path):
+    from tests.hscache.test_cache_contract import split_into_shards
+
+    cache = hscache.open_cache(small_cache.path)
+    pinned, other = hscache.cache_digest(cache), "0" * 64
+    ok = CliRunner().invoke(
+        scorer_main,
+        [
+            "eval",
+            str(drafter),
+            "--cache",
+            str(small_cache.path),
+            "--ddtree",
+            "",
+            "--limit",
+            "1",
+            "--expect-digest",
+            pinned,
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    refused = CliRunner().invoke(
+        scorer_main,
+        ["eval", str(drafter), "--cache", str(small_cache.path), "--ddtree", "", "--expect-digest", other],
+    )
+    lines = [line for line in refused.output.splitlines() if line.strip()]
+    assert (
+        refused.exit_code == 2
+        and len(lines) == 1
+        and f"has digest {pinned}, not the expected {other}" in lines[0]
+    )
+    two = CliRunner().invoke(
+        scorer_main,
+        [
+            "eval",
+            str(drafter),
+            "--cache",
+            str(small_cache.path),
+            "--cache",
+            str(small_cache.path),
+            "--ddtree",
+            "",
+            "--expect-digest",
+            pinned,
+        ],
+    )
+    assert two.exit_code == 2 and "1 --expect-digest for 2 --cache" in two.output
+    for digest, code in ((pinned, 0), (other, 1)):
+        result = CliRunner().invoke(
+            hscache_main, ["verify", "--expect-digest", digest, str(small_cache.path)]
+        )
+        assert result.exit_code == code, result.output
+    # A directory of shards: one digest over its shards', printed by info and checked by verify.
+    sharded = split_into_shards(cache, tmp_path / "sharded", 2)
+    digest = hscache.cache_digest(hscache.open_cache(sharded))
+    assert digest in CliRunner().invoke(hscache_main, ["info", str(sharded)]).output
+    for expected, code in ((digest, 0), (other, 1)):
+        result = CliRunner().invoke(hscache_main, ["verify", "--expect-digest", expected, str(sharded)])
+        assert result.exit_code == code, result.output
