@@ -271,7 +271,16 @@ def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]
             problems.append(Mismatch(f"{ARRAYS_GROUP}/{name}/zarr.json", message))
         hashes = chunk_sha256_of(manifest, name)
         chunks = -(-committed // spec.chunk_tokens)
-        if hashes is not None and len(hashes) != chunks:
+        if hashes is None:
+            problems.append(
+                Mismatch(
+                    "manifest.json",
+                    f"array {name} records no chunk hashes (written before them): a chunk rewritten with "
+                    "a valid crc32c cannot be detected; re-extract to get them",
+                    warning=True,
+                )
+            )
+        elif len(hashes) != chunks:
             problems.append(
                 Mismatch(
                     "manifest.json",

@@ -157,3 +157,21 @@ def test_a_resumed_extraction_keeps_checksums_current(tmp_path, small_cache):
     manifest = _manifest(out)
     assert manifest["content_sha256"] == content_sha256(manifest)
     assert len(hscache.open_cache(out)) == 3
+
+
+def test_a_sealed_cache_from_before_chunk_hashes_is_read_with_a_warning(cache_copy):
+    """Caches sealed by the hscache before chunk hashes stay readable; verify says what is not covered."""
+
+    def drop(m: dict) -> None:
+        for entry in m["arrays"].values():
+            del entry["chunk_sha256"], entry["zarr_json_sha256"]
+        del m["checksums"]["arrays/zarr.json"]
+        m["content_sha256"] = content_sha256(m)
+
+    _edit_manifest(cache_copy, drop)
+    cache = hscache.open_cache(cache_copy)
+    assert cache.hidden_states(0).shape[0] > 0
+    result = CliRunner().invoke(main, ["verify", "--deep", "--json", str(cache_copy)])
+    assert result.exit_code == 0, result.output
+    warnings = [w["message"] for w in json.loads(result.output)["warnings"]]
+    assert any("records no chunk hashes (written before them)" in w for w in warnings), warnings
