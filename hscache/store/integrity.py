@@ -188,9 +188,9 @@ def _inside(root: Path, path: Path) -> bool:
 
 
 def _expected_codecs(compression: str) -> list[str] | None:
-    return {"none": ["bytes", "crc32c"], "fast": ["bytes", "blosc", "crc32c"]}.get(
-        compression, ["bytes", "blosc", "crc32c"] if compression == "balanced" else None
-    )
+    """The codec names ``layout.codecs_for`` writes for ``compression`` (None: unknown)."""
+    blosc = ["bytes", "blosc", "crc32c"]
+    return {"none": ["bytes", "crc32c"], "fast": blosc, "balanced": blosc}.get(compression)
 
 
 def _array_problems(
@@ -215,13 +215,16 @@ def _array_problems(
         return f"{rel} is not a JSON object"
     committed = int(manifest["committed"]["tokens"])
     shape = meta.get("shape")
-    grid = meta.get("chunk_grid") if isinstance(meta.get("chunk_grid"), dict) else {}
-    chunk_shape = (grid.get("configuration") or {}).get("chunk_shape") if isinstance(grid, dict) else None
+    grid = _obj(meta.get("chunk_grid"))
+    chunk_shape = _obj(grid.get("configuration")).get("chunk_shape")
     codecs = meta.get("codecs") if isinstance(meta.get("codecs"), list) else []
-    names = [c.get("name") if isinstance(c, dict) else None for c in codecs]
-    first = codecs[0] if codecs and isinstance(codecs[0], dict) else {}
-    endian = (first.get("configuration") or {}).get("endian", "little") if isinstance(first, dict) else None
-    keys = meta.get("chunk_key_encoding") if isinstance(meta.get("chunk_key_encoding"), dict) else {}
+    names = [_obj(c).get("name") for c in codecs]
+    endian = _obj(_obj(codecs[0] if codecs else None).get("configuration")).get("endian", "little")
+    keys = _obj(meta.get("chunk_key_encoding"))
+    try:
+        itemsize = np.dtype(spec.stored_dtype).itemsize
+    except TypeError:
+        return f"{rel}: the manifest's stored_dtype {spec.stored_dtype!r} is not a data type"
     bad = []
     if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
         bad.append(f"zarr_format {meta.get('zarr_format')!r}/node_type {meta.get('node_type')!r}")
@@ -237,9 +240,9 @@ def _array_problems(
         bad.append(f"{shape[0]} rows in a complete cache of {committed} committed tokens")
     if grid.get("name") != "regular" or chunk_shape != [spec.chunk_tokens, *spec.row_shape]:
         bad.append(f"chunk grid {grid!r} (manifest: {[spec.chunk_tokens, *spec.row_shape]})")
-    if keys.get("name") != "default" or (keys.get("configuration") or {}).get("separator", "/") != "/":
+    if keys.get("name") != "default" or _obj(keys.get("configuration")).get("separator", "/") != "/":
         bad.append(f"chunk key encoding {keys!r}")
-    if endian != "little" and np.dtype(spec.stored_dtype).itemsize > 1:
+    if endian != "little" and itemsize > 1:
         bad.append(f"endian {endian!r} (hscache writes little)")
     expected_codecs = _expected_codecs(str(manifest.get("compression")))
     if names != expected_codecs:
@@ -249,7 +252,12 @@ def _array_problems(
     recorded = entry.get("zarr_json_sha256")
     if not bad and recorded is not None and zarr_json_sha256(meta) != recorded:
         bad.append("content differs from the zarr_json_sha256 recorded at commit")
-    return f"{rel}: {'; '.join(bad)}" if bad else None
+    return f"{rel}: {'; '.join(b if len(b) <= 200 else b[:200] + '...' for b in bad)}" if bad else None
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (damaged metadata reads as absent)."""
+    return value if isinstance(value, dict) else {}
 
 
 def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]:
@@ -263,6 +271,8 @@ def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]
     for name, entry in manifest["arrays"].items():
         try:
             spec = ArraySpec.from_dict(name, entry)
+            if spec.chunk_tokens < 1 or not all(isinstance(d, int) and d >= 1 for d in spec.row_shape):
+                raise ValueError(f"chunk_tokens {spec.chunk_tokens}, row_shape {list(spec.row_shape)}")
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(Mismatch("manifest.json", f"manifest.json array {name} is malformed ({exc})"))
             continue
