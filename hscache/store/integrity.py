@@ -273,6 +273,10 @@ def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]
             spec = ArraySpec.from_dict(name, entry)
             if spec.chunk_tokens < 1 or not all(isinstance(d, int) and d >= 1 for d in spec.row_shape):
                 raise ValueError(f"chunk_tokens {spec.chunk_tokens}, row_shape {list(spec.row_shape)}")
+            if not isinstance(spec.logical_dtype, str) or entry.get("stored_dtype") != spec.stored_dtype:
+                raise ValueError(
+                    f"logical_dtype {entry.get('logical_dtype')!r}, stored_dtype {entry.get('stored_dtype')!r}"
+                )
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(Mismatch("manifest.json", f"manifest.json array {name} is malformed ({exc})"))
             continue
