@@ -49,7 +49,9 @@ def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, A
     if target == "builtin":
         from scorer.train import train_drafter
 
-        result = train_drafter(cache, out, steps=plan.train_steps, block_size=plan.block_size, log_every=0)
+        result = train_drafter(
+            cache, out, steps=plan.train_steps, block_size=plan.block_size, log_every=0, overwrite=True
+        )
         return {
             "kind": f"trained {plan.train_steps} steps",
             "final_loss": result["final_loss"],
@@ -57,7 +59,7 @@ def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, A
         }
     from scorer.init import init_drafter
 
-    config, _ = init_drafter(cache, out, block_size=plan.block_size)
+    config, _ = init_drafter(cache, out, block_size=plan.block_size, overwrite=True)
     return {"kind": "random init", "hidden_size": config.hidden_size, "path": str(out)}
 
 

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,9 +253,12 @@ def environment(plan: Plan) -> dict[str, Any]:
     }
 
 
-def pytest_gpu(plan: Plan, timeout_s: float) -> dict[str, Any]:
-    """``pytest -m gpu`` in a child process; counts per outcome and the failing tests' names."""
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *plan.pytest_args]
+def pytest_gpu(plan: Plan, timeout_s: float, python: Sequence[str] = (sys.executable,)) -> dict[str, Any]:
+    """``pytest -m gpu`` in a child process; counts per outcome and the failing tests' names.
+
+    ``python`` is the interpreter command line (a test passes one that cannot import pytest).
+    """
+    cmd = [*python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *plan.pytest_args]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, check=False)
         out, rc = done.stdout + done.stderr, done.returncode
@@ -271,6 +275,12 @@ def pytest_gpu(plan: Plan, timeout_s: float) -> dict[str, Any]:
         "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", out, flags=re.M)))[:10],
         "tail": out[-3000:],
     }
+    if rc != 0 and re.search(r"No module named '?pytest'?$", out, flags=re.M):
+        # Not a test failure: say what is missing instead of "exit 1: {}; failed: []".
+        raise RuntimeError(
+            f"pytest is not installed for {' '.join(python)}: install it (pip install pytest, or the "
+            "package's [dev] extra) and re-run this step"
+        )
     if rc not in (0, 5):  # 5: nothing collected
         raise RuntimeError(f"pytest -m gpu exit {rc}: {counts}; failed: {result['failed']}")
     return result

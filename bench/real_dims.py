@@ -179,7 +179,7 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -198,7 +198,7 @@ def main() -> None:
         help="which measurements (the cache is always built)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 48
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000

@@ -70,88 +70,23 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _RichProgress:
-    """Sequences done/total, tokens/s and ETA on stderr."""
+class _ExtractProgress:
+    """extract's Progress callbacks (hscache.capture.extract.Progress) on the shared reporter."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from hscache.progress import StepProgress
 
-        self.progress = Progress(
-            TextColumn("[bold]extract"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("seqs"),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self.task = None
-        self.tokens = 0
-        self.t0 = 0.0
+        self.reporter = StepProgress("extract", "sequences", secondary_unit="tok", eager=True)
 
     def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
-        import time
-
-        self.t0 = time.perf_counter()
-        self.progress.start()
-        self.task = self.progress.add_task(
-            "extract", total=total_sequences, completed=done_sequences, rate=""
-        )
-        if done_sequences:
-            self.progress.console.print(
-                f"resuming: {done_sequences}/{total_sequences} sequences already committed"
-            )
+        note = f"resuming: {done_sequences} already committed" if done_sequences else None
+        self.reporter.start(total_sequences, done_sequences, note)
 
     def advance(self, sequences: int, tokens: int) -> None:
-        import time
-
-        self.tokens += tokens
-        rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
-        self.progress.update(self.task, advance=sequences, rate=f"{rate:,.0f} tok/s")
+        self.reporter.advance(sequences, tokens)
 
     def finish(self) -> None:
-        self.progress.stop()
-
-
-class _LineProgress:
-    """One plain line on stderr every ``every_s`` seconds (and at the end) for logs and batch jobs."""
-
-    def __init__(self, every_s: float = 5.0) -> None:
-        self.every_s = every_s
-        self.total = self.done = self.resumed = self.tokens = 0
-        self.t0 = self.last = 0.0
-
-    def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
-        import time
-
-        self.total, self.done, self.resumed = total_sequences, done_sequences, done_sequences
-        self.t0 = self.last = time.perf_counter()
-        resumed = f" ({done_sequences} already committed)" if done_sequences else ""
-        click.echo(f"extract: {total_sequences} sequences{resumed}", err=True)
-
-    def advance(self, sequences: int, tokens: int) -> None:
-        import time
-
-        self.done += sequences
-        self.tokens += tokens
-        now = time.perf_counter()
-        if now - self.last >= self.every_s:
-            self.last = now
-            self._line(now)
-
-    def _line(self, now: float) -> None:
-        elapsed = max(1e-9, now - self.t0)
-        rate = self.tokens / elapsed
-        left, ran = self.total - self.done, self.done - self.resumed
-        eta = f", ETA {elapsed / ran * left:.0f} s" if ran and left else ""
-        click.echo(f"extract: {self.done}/{self.total} sequences, {rate:,.0f} tok/s{eta}", err=True)
-
-    def finish(self) -> None:
-        import time
-
-        self._line(time.perf_counter())
+        self.reporter.finish()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -202,8 +137,20 @@ def main() -> None:
     help="Linear-attention kernels: fla (CUDA), torch fallback, or auto.",
 )
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
-@click.option("--max-length", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--top-k", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--max-length",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Longest sequence, prompt + generated tokens (longer prompts are refused by name).",
+)
+@click.option(
+    "--top-k",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary.",
+)
 @click.option(
     "--batch-tokens",
     default=0,
@@ -234,7 +181,13 @@ def main() -> None:
     help="fast: blosc lz4+bitshuffle; balanced: blosc zstd-1+shuffle, 7% smaller, "
     "5x slower to decode (docs/storage.md).",
 )
-@click.option("--chunk-mb", default=8.0, show_default=True, type=click.FloatRange(min=0.001))
+@click.option(
+    "--chunk-mb",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(min=0.001),
+    help="Target size of a stored chunk; lower it for random access to short sequences.",
+)
 @click.option(
     "--commit-every-s",
     default=30.0,
@@ -261,12 +214,22 @@ def main() -> None:
     is_flag=True,
     help="Rename a repeated record id to ID#2, ID#3, ... (default: refuse the prompts file).",
 )
+@click.option(
+    "--id-from-line",
+    is_flag=True,
+    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
 @friendly_errors
 def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
-    """Run the target once and write hidden states, token ids and target logits to a cache."""
+    """Run the target once and write hidden states, token ids and target logits to a cache.
+
+    \b
+    Example:
+      hscache extract --model builtin:tiny-qwen3.5 --prompts builtin:default --layers 1,3,5 --out cache/
+    """
     from hscache.capture.prompts import resolve_prompts
 
     if not options["tokens_from"]:
@@ -285,7 +248,7 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
         chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None, **options
     )
     # rich draws nothing until the end when stderr is not a terminal (a log file, a batch job).
-    progress = None if quiet else _RichProgress() if sys.stderr.isatty() else _LineProgress()
+    progress = None if quiet else _ExtractProgress()
     with _sigterm_as_interrupt():
         result = run_extract(config, progress)
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""
@@ -303,7 +266,12 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
 )
 @friendly_errors
 def info(cache_dir: str, as_json: bool, allow_unsealed: bool) -> None:
-    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes, and its digest."""
+    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes, and its digest.
+
+    \b
+    Example:
+      hscache info cache/ --json
+    """
     from hscache.store.info import cache_summary, format_summary
 
     summary = cache_summary(cache_dir, allow_unsealed=allow_unsealed)
@@ -346,12 +314,25 @@ def diff(
     intersect: bool,
     position_buckets: tuple[int, ...],
 ) -> None:
-    """Measure drift between two caches of the same tokens (A is the reference), layer by layer."""
+    """Measure drift between two caches of the same tokens (A is the reference), layer by layer.
+
+    \b
+    Example:
+      hscache diff cache_fp32/ cache_bf16/ --report drift.html --json drift.json
+    """
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import format_report, save_json
+    from hscache.progress import StepProgress
     from hscache.report.html import write_report
+    from hscache.store.fsio import check_output_path
 
-    result = diff_caches(cache_a, cache_b, intersect=intersect, position_buckets=position_buckets)
+    for flag, path in (("--json", json_path), ("--report", report_path)):
+        if path:
+            check_output_path(path, flag)  # before the diff, not after it
+    with StepProgress("diff", "sequences", secondary_unit="tok") as progress:
+        result = diff_caches(
+            cache_a, cache_b, intersect=intersect, position_buckets=position_buckets, progress=progress
+        )
     click.echo(format_report(result))
     if json_path:
         click.echo(f"wrote {save_json(result, json_path)}")
@@ -397,7 +378,12 @@ def diff(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
 @friendly_errors
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
-    """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong."""
+    """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong.
+
+    \b
+    Example:
+      hscache verify cache/ --deep --recompute 4
+    """
     from hscache.store.shards import has_shards, shard_dirs
     from hscache.verify import Problem, VerifyConfig, format_report, verify_cache
 
@@ -409,7 +395,10 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
         roots = shard_dirs(Path(cache_dir)) if sharded else [Path(cache_dir)]
     # A directory of shards has one digest over its shards' (hscache info prints it): checked below.
     expected = options.pop("expect_digest") if sharded else None
-    reports = [verify_cache(root, VerifyConfig(**options)) for root in roots]
+    from hscache.progress import StepProgress
+
+    with StepProgress("verify", "tokens") as progress:
+        reports = [verify_cache(root, VerifyConfig(**options), progress) for root in roots]
     if expected is not None:
         from hscache.store.integrity import combined_digest
 
@@ -439,7 +428,12 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
 )
 @friendly_errors
 def merge(out: str, into: str | None) -> None:
-    """Check the shards under OUT (same settings, none missing) and write OUT/shards.json."""
+    """Check the shards under OUT (same settings, none missing) and write OUT/shards.json.
+
+    \b
+    Example:
+      hscache merge out/ --into merged/
+    """
     from hscache.store.shards import merge_shards
 
     document = merge_shards(out, into)
@@ -460,14 +454,21 @@ _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
 @click.option("--layers", default=None, help="Export only these cached layers, in this order (default: all).")
 @friendly_errors
 def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
-    """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/)."""
+    """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/).
+
+    \b
+    Example:
+      hscache export cache/ --format speculators --out spec/
+    """
     if fmt == "speculators":
         from hscache.interop.speculators import export_speculators as export
     else:
         from hscache.interop.specforge import export_specforge as export
     from hscache.interop.common import parse_layer_ids
+    from hscache.progress import StepProgress
 
-    count = export(cache_dir, out, parse_layer_ids(layers, "--layers"))
+    with StepProgress("export", "sequences") as progress:
+        count = export(cache_dir, out, parse_layer_ids(layers, "--layers"), progress=progress)
     click.echo(f"exported {count} sequences from {cache_dir} to {out} ({fmt} format)")
 
 
@@ -482,7 +483,11 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     "dflash_config.target_layer_ids). Not needed for a folder written by hscache export.",
 )
 @click.option(
-    "--compression", type=click.Choice(["balanced", "fast", "none"]), default="fast", show_default=True
+    "--compression",
+    type=click.Choice(["balanced", "fast", "none"]),
+    default="fast",
+    show_default=True,
+    help="Hidden-state codec, as for extract (docs/storage.md).",
 )
 @click.option(
     "--target",
@@ -494,14 +499,24 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
 def import_cmd(
     source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
 ) -> None:
-    """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out."""
+    """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out.
+
+    \b
+    Example:
+      hscache import --format speculators spec/ --out from-spec/
+    """
     from hscache.interop.common import parse_layer_ids
 
     if fmt == "speculators":
         from hscache.interop.speculators import import_speculators as load
     else:
         from hscache.interop.specforge import import_specforge as load
-    count, tokens = load(source_dir, out, parse_layer_ids(layer_ids), compression, target)
+    from hscache.progress import StepProgress
+
+    with StepProgress("import", "sequences", secondary_unit="tok") as progress:
+        count, tokens = load(
+            source_dir, out, parse_layer_ids(layer_ids), compression, target, progress=progress
+        )
     from hscache.store.open import open_cache
 
     scorable = "target_argmax" in open_cache(out).specs

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.capture.provenance import git_commit, utc_now
 from hscache.diff.report import DiffReport
 from hscache.report.html import diff_sections, html_page, html_table

@@ -292,6 +292,7 @@ def ensure_checkpoints(config: DriftStudyConfig, reference: Path) -> list[dict[s
             block_size=config.block_size,
             seed=config.seed,
             log_every=0,
+            overwrite=True,  # the study owns OUT/drafter: another recipe replaces it whole
         )
         atomic_write_json(marker, recipe)
     return [{"path": str(out), "label": "drafter", "trained_here": True}]
@@ -374,13 +375,29 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     show_default=True,
     help="Index in --settings of the reference (its greedy text is the one every cache holds).",
 )
-@click.option("--model", default=_EXTRACT.model, show_default=True)
-@click.option("--prompts", default=_EXTRACT.prompts, show_default=True)
-@click.option("--layers", default=_EXTRACT.layers, show_default=True)
 @click.option(
-    "--max-new-tokens", type=click.IntRange(min=1), default=_EXTRACT.max_new_tokens, show_default=True
+    "--model", default=_EXTRACT.model, show_default=True, help="Target: a local HF directory or builtin:...."
 )
-@click.option("--max-length", type=click.IntRange(min=2), default=_EXTRACT.max_length, show_default=True)
+@click.option(
+    "--prompts", default=_EXTRACT.prompts, show_default=True, help="JSONL prompts file or builtin:default."
+)
+@click.option(
+    "--layers", default=_EXTRACT.layers, show_default=True, help="Layer ids to cache (1,9,17) or dflash:N."
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=_EXTRACT.max_new_tokens,
+    show_default=True,
+    help="Greedy tokens the reference setting generates per prompt.",
+)
+@click.option(
+    "--max-length",
+    type=click.IntRange(min=2),
+    default=_EXTRACT.max_length,
+    show_default=True,
+    help="Longest sequence (prompt + generated tokens).",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
 @click.option(
     "--checkpoint", "checkpoints", multiple=True, help="Drafter checkpoint to score; repeat for several."
@@ -392,20 +409,49 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     show_default=True,
     help="Without --checkpoint: train a tiny drafter on the reference cache for N steps.",
 )
-@click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
-@click.option("--eval-device", default=_EVAL.device, show_default=True)
-@click.option("--eval-dtype", type=click.Choice(list(SCORER_DTYPES)), default=_EVAL.dtype, show_default=True)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="Block of the trained drafter.",
+)
+@click.option(
+    "--eval-device", default=_EVAL.device, show_default=True, help="Device scoring runs on (cpu, cuda)."
+)
+@click.option(
+    "--eval-dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default=_EVAL.dtype,
+    show_default=True,
+    help="Drafter dtype while scoring.",
+)
 @click.option("--ddtree", default="", help="DDTree budgets to score too, e.g. 8,32 (default: none).")
-@click.option("--n-boot", type=click.IntRange(min=10), default=_EVAL.n_boot, show_default=True)
-@click.option("--seed", type=int, default=_EVAL.seed, show_default=True)
-@click.option("--position-buckets", default=",".join(map(str, DEFAULT_POSITION_BUCKETS)), show_default=True)
+@click.option(
+    "--n-boot",
+    type=click.IntRange(min=10),
+    default=_EVAL.n_boot,
+    show_default=True,
+    help="Bootstrap resamples for the 95% intervals.",
+)
+@click.option(
+    "--seed", type=int, default=_EVAL.seed, show_default=True, help="Seed of the bootstrap and the training."
+)
+@click.option(
+    "--position-buckets",
+    default=",".join(map(str, DEFAULT_POSITION_BUCKETS)),
+    show_default=True,
+    help="Token positions where the drift-by-position buckets start.",
+)
 @click.option("--overwrite", is_flag=True, help="Rebuild caches whose settings differ instead of refusing.")
 def main(
     settings_text: str, checkpoints: tuple[str, ...], ddtree: str, position_buckets: str, **options: Any
 ) -> None:
     """Build caches of one target under several settings, diff them, score drafters, write one report.
 
-    Example: hscache-drift --out study/ --settings torch:fp32,torch:bf16 --limit 8 --train-steps 200
+    \b
+    Example:
+      hscache-drift --out study/ --settings torch:fp32,torch:bf16 --limit 8 --train-steps 200
     """
     from hscache.errors import HscacheError
     from scorer.errors import ScorerError

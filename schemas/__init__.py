@@ -1,7 +1,9 @@
-"""JSON Schemas of everything hscache and scorer write to disk, and one validator.
+"""JSON Schemas of everything hscache and scorer write to disk, and one validator: ``hscache.schemas``.
 
 Each ``*.schema.json`` here describes one on-disk document. Writers validate before they
-write, so a file that exists always matches its schema version.
+write, so a file that exists always matches its schema version. The files live in the
+repository's ``schemas/`` folder; ``hscache/schemas`` is a symlink to it, so an installed
+package carries them as package data (``from hscache import schemas``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class SchemaError(ValueError):
 
 @functools.cache
 def load_schema(name: str) -> dict[str, Any]:
-    """Return the schema ``schemas/<name>.schema.json`` as a dict."""
+    """Return the schema ``<name>.schema.json`` (beside this module) as a dict."""
     path = _SCHEMA_DIR / f"{name}.schema.json"
     if not path.is_file():
         raise FileNotFoundError(f"no schema named {name!r} in {_SCHEMA_DIR}")

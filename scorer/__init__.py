@@ -1,1 +1,17 @@
-"""Stage two: replay DFlash drafter checkpoints against a cache (any ``CacheView``) and report tau, acceptance, DDTree."""
+"""Stage two: replay DFlash drafter checkpoints against a cache (any ``CacheView``) and report tau, acceptance, DDTree.
+
+``scorer.evaluate_module(module, cache)`` scores an in-memory drafter (e.g. every N training
+steps) without writing a file; it is imported on first use, so ``import scorer`` stays light.
+"""
+
+from typing import Any
+
+__all__ = ["evaluate_module"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "evaluate_module":
+        from scorer.evaluate import evaluate_module
+
+        return evaluate_module
+    raise AttributeError(f"module 'scorer' has no attribute {name!r}")

@@ -30,12 +30,21 @@ from scorer.formats.files import (
     FORMAT_SPECFORGE,
     few,
     read_json,
+    read_training_state_contract,
     read_weights,
     resolve_files,
 )
 from scorer.model import DFlashDrafter
 
-__all__ = ["LoadReport", "LoadedCheckpoint", "load_checkpoint", "save_hf_checkpoint"]
+__all__ = [
+    "LoadReport",
+    "LoadedCheckpoint",
+    "combine_file_digests",
+    "in_memory_checkpoint",
+    "load_checkpoint",
+    "save_hf_checkpoint",
+    "state_dict_sha256",
+]
 
 # Fixed strings: they are written into cache manifests and result files.
 _LEADING_PREFIXES = ("module.", "draft_model.", "model.")
@@ -131,6 +140,12 @@ def load_checkpoint(
     if recorded is not None and fmt == FORMAT_PICKLE:
         fmt = FORMAT_SPECFORGE
     layers: list[tuple[str, dict]] = []  # (source label, raw config dict), weakest first
+    notes: list[str] = []
+    if recorded is None and root.is_dir() and fmt != FORMAT_SPECFORGE:
+        # SpecForge's legacy export keeps training_state.pt beside config.json: its contract holds
+        # the mask id the run trained with, which the shipped config leaves null (issue 20).
+        recorded, skipped = read_training_state_contract(root, trust_checkpoint)
+        notes += [skipped] if skipped else []
     if recorded:
         layers.append(("checkpoint", recorded))
     if embedded_config:  # a trainer's config saved with the weights counts as a config
@@ -147,7 +162,6 @@ def load_checkpoint(
             "(layer_types, sliding_window, rope); pass --config DRAFT_CONFIG.json, the run's "
             "model.draft_model_config"
         )
-    notes: list[str] = []
     head: dict[str, torch.Tensor] = {}
     layout = "specforge" if fmt == FORMAT_SPECFORGE else "zlab"
     for n, (label, cfg) in enumerate(layers):
@@ -174,8 +188,8 @@ def load_checkpoint(
         path=str(root),
         format=fmt,
         file_sha256=file_sha,
-        sha256=_combine(file_sha),
-        weights_sha256=_weights_sha256(state_dict),
+        sha256=combine_file_digests(file_sha),
+        weights_sha256=state_dict_sha256(state_dict),
         field_sources=sources,
         stripped_prefixes=stripped,
         dropped_keys=dropped,
@@ -184,6 +198,27 @@ def load_checkpoint(
         warnings=tuple(warnings),
     )
     return LoadedCheckpoint(config=config, state_dict=state_dict, report=report, head=head)
+
+
+def in_memory_checkpoint(config: DrafterConfig, state_dict: dict[str, torch.Tensor]) -> LoadedCheckpoint:
+    """A LoadedCheckpoint for weights that never were a file (``scorer.evaluate_module``).
+
+    Raises:
+        CheckpointError: the weights do not match the config.
+    """
+    state_dict, stripped, dropped = _normalize_keys(state_dict, Path("<in-memory>"))
+    _validate(state_dict, config, "<in-memory drafter>")
+    report = LoadReport(
+        path="<in-memory>",
+        format="module",
+        file_sha256={},
+        sha256="",
+        weights_sha256=state_dict_sha256(state_dict),
+        field_sources=dict.fromkeys(sorted(DrafterConfig.__dataclass_fields__), "config"),
+        stripped_prefixes=stripped,
+        dropped_keys=dropped,
+    )
+    return LoadedCheckpoint(config=config, state_dict=state_dict, report=report)
 
 
 def _normalize_keys(raw: dict[str, torch.Tensor], root: Path) -> tuple[dict, tuple, tuple]:
@@ -339,15 +374,33 @@ def _resolve_config(
 _OPTIONAL = {"num_target_layers", "layer_types", "sliding_window", "is_causal"}
 
 
-def _find_key(obj: Any, key: str, trail: str = "") -> str | None:
-    """Dotted path of the first ``key`` anywhere in a nested config dict, or None."""
+def _find_key(obj: Any, key: str, trail: str = "", null: bool = False) -> str | None:
+    """Dotted path of the first ``key`` anywhere in a nested config dict set to a value (or, with
+    ``null``, explicitly set to null), or None."""
     if isinstance(obj, Mapping):
-        if key in obj and obj[key] is not None:
+        if key in obj and (obj[key] is None) == null:
             return f"{trail}{key}"
         for k, v in obj.items():
-            if (found := _find_key(v, key, f"{trail}{k}.")) is not None:
+            if (found := _find_key(v, key, f"{trail}{k}.", null)) is not None:
                 return found
     return None
+
+
+# Fields the cache can fill that change the drafter's numbers (vocab_size is only checked).
+_MATH_FIELDS = (
+    "mask_token_id",
+    "target_layer_ids",
+    "rope_theta",
+    "rope_scaling",
+    "rms_norm_eps",
+    "num_target_layers",
+)
+_NULL_ADVICE = {
+    "mask_token_id": "pass --mask-token-id N (SpecForge records the trained id in training_state.pt: "
+    "keep it beside config.json, or score the training_state.pt itself)",
+    "target_layer_ids": "pass --target-layer-ids",
+    "rope_theta": "pass --rope-theta",
+}
 
 
 def _warnings(
@@ -358,6 +411,15 @@ def _warnings(
     for name, source in sorted(sources.items()):
         if source != "cache":
             continue
+        nulls = [(label, where) for label, raw in layers if (where := _find_key(raw, name, null=True))]
+        if nulls and name in _MATH_FIELDS:
+            label, where = nulls[-1]
+            out.append(
+                f"drafter {name}={fields[name]!r} came from the cache's target because the {label} sets "
+                f"{where}: null; if the drafter was trained with another value every number here is "
+                f"wrong: {_NULL_ADVICE.get(name, 'pass it with --config')} "
+                "(`scorer diagnose` tests the alternatives)"
+            )
         for label, raw_config in layers:
             if (where := _find_key(raw_config, name)) is not None:
                 out.append(
@@ -396,14 +458,14 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
         )
 
 
-def _combine(file_sha: dict[str, str]) -> str:
+def combine_file_digests(file_sha: dict[str, str]) -> str:
     if len(file_sha) == 1:
         return next(iter(file_sha.values()))
     lines = "".join(f"{name} {digest}\n" for name, digest in sorted(file_sha.items()))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def _weights_sha256(sd: dict[str, torch.Tensor]) -> str:
+def state_dict_sha256(sd: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for key in sorted(sd):
         t = sd[key].detach().contiguous().cpu()
@@ -418,6 +480,7 @@ def save_hf_checkpoint(
     state_dict: dict[str, torch.Tensor],
     *,
     max_shard_bytes: int | None = None,
+    extra_config: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Write config.json + model.safetensors (or shards + model.safetensors.index.json).
 
@@ -429,6 +492,7 @@ def save_hf_checkpoint(
         config: written as the HF config.json (`DrafterConfig.to_hf_config`).
         state_dict: exactly the drafter's keys.
         max_shard_bytes: shard when given; a tensor larger than this gets a shard of its own.
+        extra_config: keys added to config.json (e.g. ``hscache_target``, the target's identity).
 
     Returns:
         Paths written.
@@ -446,7 +510,7 @@ def save_hf_checkpoint(
         tensors[key] = t.clone() if ptr in seen else t
         seen.add(ptr)
     shards = _plan_shards(tensors, max_shard_bytes)
-    config_text = json.dumps(config.to_hf_config(), indent=2)
+    config_text = json.dumps({**config.to_hf_config(), **(extra_config or {})}, indent=2)
     written = [atomic_write_with(out / "config.json", lambda p: p.write_text(config_text))]
     names = (
         ["model.safetensors"]

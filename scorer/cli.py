@@ -36,6 +36,11 @@ def _int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
     return values
 
 
+def _budgets(_ctx: click.Context, _param: click.Parameter, text: str | None) -> tuple[int, ...]:
+    """A click callback: a bad value is then reported with the option's name (--ddtree)."""
+    return _int_list(text, minimum=1)
+
+
 def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None) -> dict:
     overrides: dict[str, Any] = {}
     if target_layer_ids:
@@ -56,7 +61,7 @@ def _write_json(path: str | None, document: dict) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscache")
 def main() -> None:
-    """Score DFlash drafter checkpoints against hidden-state caches, without the target model."""
+    """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
 _checkpoint_flags = [
@@ -77,6 +82,43 @@ _checkpoint_flags = [
         help="Allow full unpickling of a .pt that weights_only refuses (runs its code!).",
     ),
 ]
+
+
+def _tree(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    if text == "sglang":  # SGLang's auto_choose_speculative_params for non-DeepSeek targets
+        return (5, 4, 8)
+    values = _int_list(text, minimum=1)
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected STEPS,TOPK,TOKENS (SGLang's EAGLE tree), e.g. 5,4,8")
+    return values  # type: ignore[return-value]
+
+
+_drafting_flags = [
+    click.option(
+        "--num-speculative-tokens",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
+        "num_speculative_tokens). Default: the checkpoint's config, else the engines' default.",
+    ),
+    click.option(
+        "--tree",
+        "tree_text",
+        default=None,
+        metavar="STEPS,TOPK,TOKENS",
+        help="Autoregressive families: SGLang's EAGLE tree (--speculative-num-steps, "
+        "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
+        "'sglang' = SGLang's default 5,4,8.",
+    ),
+]
+
+
+def drafting_flags(fn: Callable) -> Callable:
+    for flag in reversed(_drafting_flags):
+        fn = flag(fn)
+    return fn
 
 
 def checkpoint_flags(fn: Callable) -> Callable:
@@ -119,13 +161,25 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
 @click.option(
     "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
 )
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
 @click.option(
-    "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
+    "--ddtree",
+    default="8,32,128",
+    show_default=True,
+    callback=_budgets,
+    help="DDTree budgets (node counts); '' for none.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
 @click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
@@ -151,7 +205,18 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
 )
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the bootstrap intervals and the --samples draw.",
+)
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Score a drafter whose config records another target than the cache's (the report warns).",
+)
 @click.option(
     "--expect-digest",
     "expect_digests",
@@ -165,12 +230,14 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     help="Score a cache without checksums (written before them); its files cannot be checked.",
 )
 @cluster_flags
+@drafting_flags
 @checkpoint_flags
 @friendly_errors
 def eval_command(
     checkpoint: str,
     caches: tuple[str, ...],
-    ddtree: str,
+    ddtree: tuple[int, ...],
+    tree_text: str | None,
     json_out: str | None,
     report_out: str | None,
     target_layer_ids: str | None,
@@ -181,30 +248,53 @@ def eval_command(
     expect_digests: tuple[str, ...],
     **options: Any,
 ) -> None:
-    """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree."""
-    from rich.console import Console
-    from rich.progress import Progress
+    """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree.
 
+    \b
+    Example:
+      scorer eval drafter/ --cache cache/ --samples 2 --json report.json
+    """
+    from rich.console import Console
+
+    from hscache.progress import StepProgress
+    from hscache.store.fsio import check_output_path
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
     config = EvalConfig(
-        ddtree=_int_list(ddtree, minimum=1),
+        ddtree=ddtree,
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
+        tree=_tree(tree_text),
         **options,
     )
+    for flag, path in (("--json", json_out), ("--report", report_out)):
+        if path:
+            check_output_path(path, flag)  # before scoring, not after it
     console = Console(stderr=False)
+    rounds = tokens = 0
+
+    def scored(result: Any) -> None:
+        nonlocal rounds, tokens
+        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
+        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
+
+    def started(path: str, sequences: int) -> None:
+        nonlocal rounds, tokens
+        rounds = tokens = 0
+        label = f"cache {caches.index(path) + 1} of {len(caches)}: {path}" if len(caches) > 1 else None
+        progress.start(sequences, note=label)
+
     with (
         _maybe_cluster(scheduler, workers) as client,
-        Progress(console=Console(stderr=True), transient=True) as progress,
+        StepProgress("eval", "sequences") as progress,
     ):
-        task = progress.add_task("scoring", total=None)
         result = evaluate_many(
             checkpoint,
             caches,
             config,
-            on_sequence=lambda n: progress.advance(task),
+            on_sequence=scored,
             client=client,
+            on_start=started,
             expect_digests=expect_digests,
         )
     for report in result["reports"]:
@@ -219,18 +309,183 @@ def eval_command(
 
 
 @main.command()
+@click.argument("checkpoints", nargs=-1, required=True)
+@click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
+@click.option("--device", default="cpu", show_default=True, help="Torch device the drafters run on.")
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
+@click.option(
+    "--ddtree",
+    default="",
+    show_default=True,
+    callback=_budgets,
+    help="DDTree budgets for block (DFlash) drafters; '' for none.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
+)
+@click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
+@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@click.option(
+    "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@drafting_flags
+@friendly_errors
+def compare(
+    checkpoints: tuple[str, ...],
+    cache: str,
+    ddtree: tuple[int, ...],
+    json_out: str | None,
+    report_out: str | None,
+    tree_text: str | None,
+    **options: Any,
+) -> None:
+    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds.
+
+    \b
+    Example:
+      scorer compare drafter/ eagle3/ target:mtp --cache cache/ --json compare.json
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from scorer.compare import compare_drafters
+    from scorer.evaluate import EvalConfig
+    from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+
+    config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), **options)
+    document = compare_drafters(checkpoints, cache, config)
+    console = Console()
+    names = drafter_names(document)
+    for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
+        table = Table(*header)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    for name, row in zip(names, document["drafters"]):
+        for warning in row["warnings"]:
+            click.echo(f"warning: {name}: {warning}", err=True)
+    _write_json(json_out, document)
+    if report_out:
+        from scorer.report.compare_html import write_compare_html
+
+        click.echo(f"wrote {write_compare_html(document, report_out)}", err=True)
+
+
+@main.command()
+@click.argument("checkpoint")
+@click.option(
+    "--cache",
+    "caches",
+    multiple=True,
+    required=True,
+    help="Cache to diagnose on; a second --cache adds the drift hypothesis (same drafter on it).",
+)
+@click.option(
+    "--train-metric",
+    type=float,
+    default=None,
+    help="The training dashboard's accept length (no +1), set against the same metric on the cache.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Sequences replayed per hypothesis (a seeded sample; default 32).",
+)
+@click.option("--json", "json_out", default=None, help="Write the report as JSON here.")
+@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device to replay on.")
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Baseline replay dtype (the other one is a hypothesis).",
+)
+@click.option(
+    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@click.option(
+    "--anchors",
+    type=click.Choice(["chain", "all"]),
+    default="chain",
+    show_default=True,
+    help="chain: draft only where the replay goes; all: every anchor (same tau; faster for tiny drafters on CPU).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
+@checkpoint_flags
+@friendly_errors
+def diagnose(
+    checkpoint: str,
+    caches: tuple[str, ...],
+    json_out: str | None,
+    report_out: str | None,
+    target_layer_ids: str | None,
+    mask_token_id: int | None,
+    rope_theta: float | None,
+    **options: Any,
+) -> None:
+    """Name the setting behind a low tau: replay CHECKPOINT as configured, then once per hypothesis.
+
+    \b
+    Example:
+      scorer diagnose drafter/ --cache cache/ --train-metric 1.24 --json diag.json
+    """
+    from rich.console import Console
+
+    from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint
+    from scorer.report.diagnose import render_diagnose
+
+    config = DiagnoseConfig(overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options)
+    report = diagnose_checkpoint(
+        checkpoint, caches, config, on_hypothesis=lambda what: click.echo(f"replaying: {what}", err=True)
+    )
+    render_diagnose(report, Console(stderr=False))
+    _write_json(json_out, report)
+    if report_out:
+        from scorer.report.diagnose import write_diagnose_html
+
+        click.echo(f"wrote {write_diagnose_html(report, report_out)}", err=True)
+
+
+@main.command()
 @click.argument("run_dir")
 @click.option("--cache", required=True, help="Cache directory or URL to score every checkpoint on.")
 @click.option(
     "--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results."
 )
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True)
 @click.option(
-    "--ddtree", default="8,32,128", show_default=True, help="DDTree budgets (node counts); '' for none."
+    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
+@click.option(
+    "--ddtree",
+    default="8,32,128",
+    show_default=True,
+    callback=_budgets,
+    help="DDTree budgets (node counts); '' for none.",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the bootstrap intervals and the --samples draw.",
+)
 @click.option(
     "--block-size",
     type=click.IntRange(min=2),
@@ -249,17 +504,22 @@ def sweep(
     run_dir: str,
     cache: str,
     out: str | None,
-    ddtree: str,
+    ddtree: tuple[int, ...],
     scheduler: str | None,
     workers: int | None,
     tokens_per_task: int | None,
     **options: Any,
 ) -> None:
-    """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot."""
+    """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot.
+
+    \b
+    Example:
+      scorer sweep runs/my-run/ --cache cache/ --workers 2
+    """
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
-    config = EvalConfig(ddtree=_int_list(ddtree, minimum=1), **options)
+    config = EvalConfig(ddtree=ddtree, **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
         click.echo(
@@ -286,38 +546,96 @@ def sweep(
 
 @main.command()
 @click.argument("checkpoint")
-@click.option("--model", default="builtin:tiny-qwen3.5", show_default=True)
-@click.option("--prompts", default="builtin:default", show_default=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--max-length", type=click.IntRange(min=2), default=4096, show_default=True)
-@click.option("--dtype", type=click.Choice(list(DTYPE_NAMES)), default="fp32", show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto", show_default=True)
-@click.option("--limit", type=click.IntRange(min=1), default=None)
-@click.option("--json", "json_out", default=None)
+@click.option(
+    "--model",
+    default="builtin:tiny-qwen3.5",
+    show_default=True,
+    help="The target: a local HF directory or builtin:...",
+)
+@click.option(
+    "--prompts", default="builtin:default", show_default=True, help="JSONL prompts file or builtin:default."
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Tokens to decode per prompt.",
+)
+@click.option(
+    "--max-length", type=click.IntRange(min=2), default=4096, show_default=True, help="Longest sequence."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(DTYPE_NAMES)),
+    default="fp32",
+    show_default=True,
+    help="Target and drafter dtype.",
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where both models run: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(list(BACKENDS)),
+    default="auto",
+    show_default=True,
+    help="The target's linear-attention kernels: fla (CUDA), torch, or auto.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@click.option("--json", "json_out", default=None, help="Write the result as JSON here.")
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@drafting_flags
+@click.option(
+    "--id-from-line",
+    is_flag=True,
+    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
+)
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Run a drafter whose config records another target than --model (the output says so).",
 )
 @checkpoint_flags
 @friendly_errors
 def online(
     checkpoint: str,
     json_out: str | None,
+    tree_text: str | None,
     target_layer_ids: str | None,
     mask_token_id: int | None,
     rope_theta: float | None,
     block_size: int | None,
     **options: Any,
 ) -> None:
-    """Real greedy speculative decoding with the target verifying: the online tau per request."""
+    """Real greedy speculative decoding with the target verifying: the online tau per request.
+
+    \b
+    Example:
+      scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
+    """
+    from hscache.store.fsio import check_output_path
     from scorer.online import run_online
 
+    if json_out:
+        check_output_path(json_out, "--json")  # before decoding, not after it
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size
+    if tree_text:
+        raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
     result = run_online(checkpoint, overrides=overrides, **options)
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
+    from scorer.target_identity import TargetCheck
+
+    message = TargetCheck(**result["target_check"]).message()
+    if message:
+        click.echo(
+            f"{'warning' if result['target_check']['status'] == 'mismatch' else 'note'}: {message}", err=True
+        )
     for row in result["per_request"]:
         tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
         click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")
@@ -337,9 +655,38 @@ def online(
 @main.command()
 @click.argument("out")
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
-@click.option("--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--block-size", type=click.IntRange(min=2), default=8, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--family",
+    type=click.Choice(["dflash", "eagle3"]),
+    default="dflash",
+    show_default=True,
+    help="dflash: an HF DFlash directory; eagle3: an EAGLE-3 drafter in --layout.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["speculators", "specforge", "eagle_release"]),
+    default="speculators",
+    show_default=True,
+    help="EAGLE-3 only: speculators Eagle3Speculator, SpecForge LlamaForCausalLMEagle3, or the original release.",
+)
+@click.option(
+    "--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True, help="Drafter layers."
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="DFlash only: tokens per draft block (the anchor + block size - 1 drafted).",
+)
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="EAGLE-3 only: the K written into its config.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the training.")
 @click.option(
     "--train-steps",
     type=click.IntRange(min=0),
@@ -347,29 +694,85 @@ def online(
     show_default=True,
     help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
 )
+@click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
-def init(out: str, cache: str, num_layers: int, block_size: int, seed: int, train_steps: int) -> None:
-    """Write a DFlash drafter for CACHE's target to OUT (an HF directory)."""
+def init(
+    out: str,
+    cache: str,
+    family: str,
+    layout: str,
+    num_layers: int,
+    block_size: int,
+    num_speculative_tokens: int,
+    seed: int,
+    train_steps: int,
+    overwrite: bool,
+) -> None:
+    """Write a drafter for CACHE's target to OUT (DFlash: an HF directory; EAGLE-3: --layout).
+
+    \b
+    Example:
+      scorer init drafter/ --cache cache/ --train-steps 300
+      scorer init eagle3/ --cache cache/ --family eagle3 --train-steps 100
+    """
+    if family == "eagle3":
+        _init_eagle3(out, cache, layout, num_layers, num_speculative_tokens, seed, train_steps, overwrite)
+        return
     if train_steps:
+        from hscache.progress import StepProgress
+        from scorer.drafter_dir import check_drafter_dir
         from scorer.train import train_drafter
 
-        result = train_drafter(
-            cache,
-            out,
-            steps=train_steps,
-            num_layers=num_layers,
-            block_size=block_size,
-            seed=seed,
-            log_every=0,
-        )
+        check_drafter_dir(out, overwrite)  # said before the progress line and the training
+        with StepProgress("train", "steps") as progress:
+            progress.start(train_steps)
+            result = train_drafter(
+                cache,
+                out,
+                steps=train_steps,
+                num_layers=num_layers,
+                block_size=block_size,
+                seed=seed,
+                log_every=0,
+                overwrite=overwrite,
+                on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
+            )
         click.echo(f"trained {train_steps} steps (final loss {result['final_loss']:.3f}); saved to {out}")
         return
     from scorer.init import init_drafter
 
-    config, _ = init_drafter(cache, out, num_layers=num_layers, block_size=block_size, seed=seed)
+    config, _ = init_drafter(
+        cache, out, num_layers=num_layers, block_size=block_size, seed=seed, overwrite=overwrite
+    )
     click.echo(
         f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
         f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}"
+    )
+
+
+def _init_eagle3(
+    out: str, cache: str, layout: str, num_layers: int, k: int, seed: int, train_steps: int, overwrite: bool
+) -> None:
+    options = dict(
+        layout=layout, seed=seed, num_layers=num_layers, num_speculative_tokens=k, overwrite=overwrite
+    )
+    if layout != "speculators":
+        options["qk_norm"] = False  # the Llama layer those layouts hold
+    if train_steps:
+        from scorer.families.eagle3.train import train_eagle3
+
+        result = train_eagle3(cache, out, steps=train_steps, **options)
+        config = result["config"]
+        what = f"trained {train_steps} steps (final loss {result['final_loss']:.3f})"
+    else:
+        from scorer.families.eagle3.init import init_eagle3
+
+        config, _ = init_eagle3(cache, out, **options)
+        what = "random"
+    click.echo(
+        f"saved a {what} EAGLE-3 drafter ({layout} layout, hidden {config.hidden_size}, "
+        f"{config.num_hidden_layers} layer(s), K {config.num_speculative_tokens}, target layers "
+        f"{list(config.target_layer_ids)}) to {out}"
     )
 
 

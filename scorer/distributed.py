@@ -36,7 +36,7 @@ from hscache.store.integrity import check_expected_digest
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
-from scorer.rows import EvalConfig, load_drafter, score_rows
+from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.score import SequenceResult
 
 __all__ = [
@@ -168,7 +168,7 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     rows = range(spec.start, spec.stop)
     view = BlockView(cache, read_rows(cache, rows))
     with torch.inference_mode():
-        results = score_rows(drafter, view, rows, spec.config)
+        results = score_rows(drafter, view, rows, effective_config(drafter, spec.config))
     return TaskOutput(
         results,
         time.perf_counter() - t1,
@@ -189,6 +189,7 @@ class ScoringJob:
     config: EvalConfig
     futures: list[Any]
     started: float
+    sequences: int = 0  # scored by the tasks (progress)
 
     def outputs(self, on_output: Callable[[TaskOutput], None] | None = None) -> list[TaskOutput]:
         from distributed import as_completed
@@ -201,14 +202,14 @@ class ScoringJob:
                 on_output(output)
         return outputs
 
-    def collect(self, on_sequence: Callable[[int], None] | None = None) -> dict[str, Any]:
+    def collect(self, on_sequence: Callable[[SequenceResult], None] | None = None) -> dict[str, Any]:
         """Wait for every task; the report equals ``evaluate``'s for the same inputs (timings aside)."""
         cache = hscache.open_cache(self.cache_path, allow_unsealed=self.config.allow_unsealed)
         drafter, loaded = load_drafter(self.checkpoint, cache, self.config)
 
         def progress(output: TaskOutput) -> None:
             for result in output.results if on_sequence else ():
-                on_sequence(result.chain.n_tokens)
+                on_sequence(result)
 
         outputs = self.outputs(progress)
         backends = {o.backend_used for o in outputs if o.backend_used}
@@ -219,7 +220,7 @@ class ScoringJob:
             cache=cache,
             drafter=drafter,
             loaded=loaded,
-            config=self.config,
+            config=effective_config(drafter, self.config),
             seconds=time.perf_counter() - self.started,
         )
 
@@ -243,7 +244,7 @@ def submit_scoring(
         for r in plan_tasks(lengths, tokens_per_task)
     ]
     futures = [client.submit(score_task, spec, pure=False) for spec in specs]
-    return ScoringJob(str(checkpoint), str(cache_path), config, futures, started)
+    return ScoringJob(str(checkpoint), str(cache_path), config, futures, started, n)
 
 
 def evaluate_distributed(
@@ -252,13 +253,15 @@ def evaluate_distributed(
     config: EvalConfig = EvalConfig(),
     client: Any = None,
     tokens_per_task: int = DEFAULT_TASK_TOKENS,
-    on_sequence: Callable[[int], None] | None = None,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """``evaluate`` on a dask cluster: identical report (all numbers) for the same inputs.
 
     Args:
         client: a ``distributed.Client`` (see ``cluster_client``).
         tokens_per_task: work per task; smaller gives more parallelism, larger less overhead.
+        on_start / on_sequence: progress, as ``evaluate`` calls them.
 
     Raises:
         ScorerError: no client; any error ``evaluate`` raises (re-raised from the worker).
@@ -267,4 +270,7 @@ def evaluate_distributed(
         raise ScorerError(
             "evaluate_distributed needs a dask client; use cluster_client(scheduler=..., workers=...)"
         )
-    return submit_scoring(client, checkpoint, cache_path, config, tokens_per_task).collect(on_sequence)
+    job = submit_scoring(client, checkpoint, cache_path, config, tokens_per_task)
+    if on_start is not None:
+        on_start(job.sequences)
+    return job.collect(on_sequence)

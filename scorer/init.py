@@ -10,8 +10,10 @@ import hscache
 from hscache.store.view import CacheView
 from scorer.checkpoint import save_hf_checkpoint
 from scorer.config import DrafterConfig
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
 from scorer.model import DFlashDrafter
+from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["drafter_config_for_cache", "init_drafter"]
 
@@ -50,9 +52,20 @@ def drafter_config_for_cache(
 
 
 def init_drafter(
-    cache_path: str | Path, out: str | Path, *, num_layers: int = 1, block_size: int = 8, seed: int = 0
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    num_layers: int = 1,
+    block_size: int = 8,
+    seed: int = 0,
+    overwrite: bool = False,
 ) -> tuple[DrafterConfig, DFlashDrafter]:
-    """Write a random drafter for the cache at ``cache_path`` as an HF directory at ``out``."""
+    """Write a random drafter for the cache at ``cache_path`` as an HF directory at ``out``.
+
+    ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``;
+    its config records the cache's target (``hscache_target``, scorer/target_identity.py).
+    """
+    check_drafter_dir(out, overwrite)
     cache = hscache.open_cache(cache_path)
     config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
     with torch.random.fork_rng(devices=[]):
@@ -61,5 +74,8 @@ def init_drafter(
         for _name, param in drafter.named_parameters():
             if param.ndim == 2:  # Linear weights; norms stay at 1
                 torch.nn.init.normal_(param, std=0.02)
-    save_hf_checkpoint(out, config, drafter.state_dict())
+    with staged_drafter_dir(out, overwrite) as staging:
+        save_hf_checkpoint(
+            staging, config, drafter.state_dict(), extra_config={IDENTITY_KEY: cache_target_identity(cache)}
+        )
     return config, drafter

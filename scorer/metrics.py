@@ -400,14 +400,15 @@ def diagnose(
         detail = ", ".join(f"slot {j}: {acceptance.unconditional[j - 1]:.3f}" for j in rising)
         warnings.append(
             f"per-slot accuracy rises with position (slot 1: {u1:.3f}; {detail}); drafts are "
-            "usually best at slot 1, so check position ids and the draft-to-label alignment"
+            "usually best at slot 1, so check position ids and the draft-to-label alignment "
+            "(`scorer diagnose` replays shifted positions)"
         )
     if tau_pooled is not None and train_accept_len is not None:
         if train_accept_len >= th.accept_len_floor and tau_pooled - 1 < th.tau_ratio * train_accept_len:
             warnings.append(
                 f"tau_pooled - 1 = {tau_pooled - 1:.3f} is below {th.tau_ratio} x the training-log "
                 f"accept length {train_accept_len:.3f}; replay may not match training (features, "
-                "layers, positions or mask)"
+                "layers, positions or mask; `scorer diagnose` tests each)"
             )
     if target_layer_ids is not None and cache_layer_ids is not None:
         missing = sorted(set(target_layer_ids) - set(cache_layer_ids))

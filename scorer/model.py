@@ -134,6 +134,9 @@ class DFlashDrafter(nn.Module):
         # Set by the loaders (scorer.features.context_norm): the final norm that turns the cached
         # last-layer output into hidden_states[L] for this drafter's features, or None.
         self.context_norm: Any = None
+        # Added to the block's RoPE positions only (the masks keep the true positions): 0 is the
+        # spec. `scorer diagnose` replays with +-1/2 to test a trainer's 0- vs 1-based convention.
+        self.block_position_offset: int = 0
 
     def attach_target(
         self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None
@@ -226,7 +229,8 @@ class DFlashDrafter(nn.Module):
         ctx = self.project_context(context_features[:p])  # [p, H]
         h = self._embed(block_token_ids)  # [B, H]
         pos = torch.arange(p + B, device=h.device)
-        cos, sin = self._cos_sin(pos, h.dtype)
+        rope_pos = torch.cat([pos[:p], pos[p:] + self.block_position_offset])
+        cos, sin = self._cos_sin(rope_pos, h.dtype)
         rep = self.config.num_attention_heads // self.config.num_key_value_heads
         q_pos = torch.arange(p, p + B, device=h.device)[:, None]
         for i, layer in enumerate(self.layers):
@@ -366,7 +370,7 @@ class DFlashDrafter(nn.Module):
         t_c = int(anchors.max())
         h = self._embed(tokens.flatten())  # [n*B, H]
         pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).flatten()  # [n*B]
-        cos, sin = self._cos_sin(pos, h.dtype)
+        cos, sin = self._cos_sin(pos + self.block_position_offset, h.dtype)
         attend = _flex_attend if use_flex else _sdpa_attend
         masks: dict[tuple[bool, int | None], Any] = {}  # one mask per (causal, window) kind
         for i, (layer, (k_ctx, v_ctx)) in enumerate(zip(self.layers, ctx_kv)):

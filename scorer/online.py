@@ -13,20 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import schemas
+from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
 from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
-from scorer.checkpoint import load_checkpoint
+from scorer.errors import ScorerError
+from scorer.families import family_for, probe_checkpoint
+from scorer.families.base import OnlineOptions, Proposer
+from scorer.families.dflash import dflash_proposer
 from scorer.metrics import tau_per_request, tau_pooled
-from scorer.model import DFlashDrafter
+from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
-__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online"]
+__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online", "speculative_decode"]
 
 # Version of the result document (schemas/online_report.schema.json); bump on a breaking change.
 ONLINE_SCHEMA_VERSION = 1
@@ -44,61 +45,36 @@ class OnlineRequest:
         return sum(self.tokens_per_round) / len(self.tokens_per_round) if self.tokens_per_round else None
 
 
-def _target_fallbacks(target: Target) -> dict[str, Any]:
-    config = target.text_config
-    rope = getattr(config, "rope_parameters", None) or {}
-    return {
-        "mask_token_id": target.mask_token_id,
-        "vocab_size": int(config.vocab_size),
-        "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
-        "num_target_layers": target.num_layers,
-        "rms_norm_eps": getattr(config, "rms_norm_eps", None),
-    }
-
-
 def _eos_ids(target: Target) -> set[int]:
     eos = target.model.generation_config.eos_token_id
     eos = target.tokenizer.eos_token_id if eos is None else eos
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
 
 
-def online_decode(
+def speculative_decode(
     target: Target,
-    drafter: DFlashDrafter,
+    layer_ids: list[int],
+    propose: Proposer,
     prompt: list[int],
     max_new_tokens: int,
     max_length: int,
-    layout: str = "zlab",
 ) -> tuple[list[int], list[int]]:
-    """Greedy speculative decoding of one prompt; returns (all token ids, tokens per round).
+    """Greedy speculative decoding of one prompt with any family's proposer; (token ids, tokens per round).
 
     Rounds follow spec section 3 exactly as the offline replay counts them: a round commits
     acc drafted tokens plus the target's bonus token, capped at the sequence end (EOS or the
-    token budget), so ``sum(tokens) == generated - 1`` as in replay.
+    token budget), so ``sum(tokens) == generated - 1`` as in replay. Each round re-runs the target
+    over the committed prefix plus the drafts (a hybrid target's recurrent state cannot be cropped),
+    so the drafter always sees features of verified tokens only, as in serving.
     """
-    config = drafter.config
-    layer_ids = list(config.target_layer_ids)
     limit = min(len(prompt) + max_new_tokens, max_length)  # final length T
     eos = _eos_ids(target)
     prefill = capture_batch(target, [prompt], layer_ids, top_k=1, full_logits=False)[0]
-    last = target.num_layers - 1
-    last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
-    base = target.model.model
-    final_norm = getattr(getattr(base, "language_model", base), "norm", None)
     ids = list(prompt) + [int(prefill.argmax[-1])]  # x_P, the first bonus token
     rounds: list[int] = []
     while len(ids) < limit and ids[-1] not in eos:
         p = len(ids) - 1
-        features = prefill.hidden_states[:p]  # [p, K, H] pre-norm layer outputs
-        if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
-            features = features.clone()
-            with torch.no_grad():
-                features[:, last_slot] = final_norm(features[:, last_slot])
-        features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
-        block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
-        block[0, 0] = ids[p]
-        hidden = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
-        draft = drafter.head(hidden[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+        draft = propose(prefill.hidden_states[:p], ids, p)  # d_1..d_K
         verify = capture_batch(target, [ids + draft], layer_ids, top_k=1, full_logits=False)[0]
         greedy = verify.argmax[p:].tolist()  # greedy[j-1] = g_{p+j}
         acc = 0
@@ -116,6 +92,25 @@ def online_decode(
     return ids, rounds
 
 
+def online_decode(
+    target: Target,
+    drafter: Any,
+    prompt: list[int],
+    max_new_tokens: int,
+    max_length: int,
+    layout: str = "zlab",
+) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding of one prompt with a DFlash drafter (see `speculative_decode`)."""
+    return speculative_decode(
+        target,
+        list(drafter.config.target_layer_ids),
+        dflash_proposer(target, drafter, layout),
+        prompt,
+        max_new_tokens,
+        max_length,
+    )
+
+
 def run_online(
     checkpoint: str | Path,
     model: str,
@@ -130,6 +125,9 @@ def run_online(
     overrides: dict[str, Any] | None = None,
     trust_checkpoint: bool = False,
     config_path: str | None = None,
+    num_speculative_tokens: int | None = None,
+    id_from_line: bool = False,
+    allow_target_mismatch: bool = False,
 ) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
 
@@ -140,36 +138,34 @@ def run_online(
     t0 = time.perf_counter()
     backend = resolve_backend(backend, device)
     target = load_target(model, dtype, device)
-    loaded = load_checkpoint(
-        checkpoint,
-        overrides=overrides,
-        fallbacks=_target_fallbacks(target),
+    family = family_for(probe_checkpoint(checkpoint, config_path))
+    if family.online is None:
+        raise ScorerError(f"{checkpoint}: scorer online does not run the {family.name} family yet")
+    options = OnlineOptions(
+        overrides=dict(overrides or {}),
         trust_checkpoint=trust_checkpoint,
         config_path=config_path,
+        num_speculative_tokens=num_speculative_tokens,
+        device=device,
     )
-    drafter = DFlashDrafter(loaded.config)
-    drafter.load_state_dict(loaded.state_dict)
-    drafter = drafter.to(device=device, dtype=target.model.dtype).eval()
-    own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
-    model_dtype = target.model.dtype
-    drafter.attach_target(
-        own["embed_tokens"].to(device, model_dtype)
-        if "embed_tokens" in own
-        else target.model.get_input_embeddings().weight.detach(),
-        own["lm_head"].to(device, model_dtype)
-        if "lm_head" in own
-        else target.model.get_output_embeddings().weight.detach(),
-        own["d2t"].to(device) if "d2t" in own else None,
+    # A target head (target:mtp) is the target's own: it matches by construction.
+    identity = loaded_target_identity(target)
+    is_head = str(checkpoint).startswith("target:")
+    target_check = check_target(
+        identity if is_head else recorded_target_identity(checkpoint, config_path),
+        identity,
+        allow_mismatch=allow_target_mismatch,
+        where=model,
+        against="model",
     )
+    layer_ids, propose, report = family.online(checkpoint, target, options)
     requests = []
     with use_backend(target.model, backend):
-        for n, record in enumerate(iter_records(resolve_prompts(prompts))):
+        for n, record in enumerate(iter_records(resolve_prompts(prompts), id_from_line=id_from_line)):
             if limit is not None and n >= limit:
                 break
             prompt = prompt_token_ids(record, target.tokenizer)
-            ids, rounds = online_decode(
-                target, drafter, prompt, max_new_tokens, max_length, loaded.report.layout
-            )
+            ids, rounds = speculative_decode(target, layer_ids, propose, prompt, max_new_tokens, max_length)
             requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
     with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
     result = {
@@ -189,7 +185,9 @@ def run_online(
             }
             for r in requests
         ],
-        "checkpoint": loaded.report.to_dict(),
+        "checkpoint": report.to_dict(),
+        "family": family.name,
+        "target_check": target_check.to_dict(),
         "model": model,
         "model_weights_sha256": target.weights_sha256,
         "prompts": prompts,

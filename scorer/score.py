@@ -46,6 +46,8 @@ class SequenceResult:
     accept_len: AcceptLen | None
     chain_drafts: np.ndarray = field(repr=False)  # [rounds, B-1] the drafts of visited anchors
     drafted_anchors: int = 0  # blocks the drafter ran for this sequence
+    # Family-specific numbers that add across sequences (e.g. EAGLE-3's teacher-forced counts).
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class _Drafts:

@@ -10,7 +10,9 @@ weighted by exp(-(j-1)/B) like DFlash training (early slots matter most for acce
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,9 +21,11 @@ import torch.nn.functional as F
 import hscache
 from hscache.data import SequenceDataset
 from scorer.checkpoint import save_hf_checkpoint
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.features import attach_cache_head, context_norm, feature_index, sequence_features
 from scorer.init import drafter_config_for_cache
 from scorer.model import DFlashDrafter
+from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["train_drafter"]
 
@@ -57,21 +61,44 @@ def train_drafter(
     anchors_per_step: int = 64,
     seed: int = 0,
     log_every: int = 50,
+    layer_ids: list[int] | None = None,
+    mask_token_id: int | None = None,
+    block_position_offset: int = 0,
+    last_layer_normed: bool = True,
+    overwrite: bool = False,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
+
+    ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``,
+    and its config records the cache's target (scorer/target_identity.py). ``on_step(step, loss)``
+    is called after every step (progress).
+
+    Four arguments train under another convention than the spec's (what other trainers do by
+    mistake), for `scorer diagnose`'s tests: ``layer_ids`` (default: every cached layer),
+    ``mask_token_id`` (default: the cache's), ``block_position_offset`` (added to the block's RoPE
+    positions), ``last_layer_normed=False`` (feed the last target layer before the final norm).
+    The saved config.json records layer_ids and mask_token_id as trained; the other two have
+    no config field, as in the trainers that get them wrong.
 
     Returns:
         {"steps", "final_loss", "seconds"}.
     """
+    check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
-    config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
+    config = drafter_config_for_cache(
+        cache, num_layers=num_layers, block_size=block_size, layer_ids=layer_ids
+    )
+    if mask_token_id is not None:
+        config = dataclasses.replace(config, mask_token_id=mask_token_id)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(config)
     for param in drafter.parameters():
         if param.ndim == 2:
             torch.nn.init.normal_(param, std=0.02)
     attach_cache_head(drafter, cache, torch.float32, "cpu")
-    drafter.context_norm = context_norm(config, cache)
+    drafter.context_norm = context_norm(config, cache) if last_layer_normed else None
+    drafter.block_position_offset = block_position_offset
     index = feature_index(config, cache.layer_ids)
     # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
     data = SequenceDataset(cache_path)
@@ -91,7 +118,13 @@ def train_drafter(
         optimizer.step()
         if log_every and step % log_every == 0:
             print(f"step {step}/{steps} loss {loss.item():.3f}", flush=True)
-    save_hf_checkpoint(out, config, {k: v.detach() for k, v in drafter.state_dict().items()})
+        if on_step is not None:
+            on_step(step, float(loss.detach()))
+    weights = {k: v.detach() for k, v in drafter.state_dict().items()}
+    with staged_drafter_dir(out, overwrite) as staging:
+        save_hf_checkpoint(
+            staging, config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
+        )
     return {"steps": steps, "final_loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
 
 

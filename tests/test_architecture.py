@@ -4,17 +4,19 @@ Every import counts, including those inside functions (a lazy import hides a cyc
 not remove it):
 
 - ``hscache`` imports nothing from ``scorer`` or ``pipelines``; ``scorer`` nothing from ``pipelines``;
-- ``hscache.store`` imports only ``hscache.store.*`` and ``hscache.errors``;
+- ``hscache.store`` imports only ``hscache.store.*``, ``hscache.errors`` and ``hscache.schemas``;
+- nothing imports a top-level ``schemas``: the schemas ship inside the package as ``hscache.schemas``;
 - no import cycles among modules.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("hscache", "scorer", "pipelines", "schemas")
+PACKAGES = ("hscache", "scorer", "pipelines")
 
 
 def _module_name(path: Path) -> str:
@@ -24,8 +26,18 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _python_files(root: Path) -> list[Path]:
+    """Every .py file under ``root``, following symlinked folders (hscache/schemas -> ../schemas)."""
+    return sorted(
+        Path(folder) / name
+        for folder, _dirs, files in os.walk(root, followlinks=True)
+        for name in files
+        if name.endswith(".py")
+    )
+
+
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return {_module_name(p): p for pkg in PACKAGES for p in _python_files(ROOT / pkg)}
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -79,8 +91,28 @@ def test_scorer_imports_nothing_from_pipelines():
     assert _violations("scorer", ("pipelines",)) == []
 
 
+def test_nothing_imports_a_top_level_schemas_module():
+    """The repository's schemas/ folder is the package hscache.schemas (a symlink); a top-level
+    ``schemas`` name is not installed (another distribution owns it on the package index)."""
+    roots = [ROOT / p for p in (*PACKAGES, "tests", "bench")]
+    bad = []
+    for path in (p for root in roots for p in _python_files(root)):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            bad += [
+                f"{path.relative_to(ROOT)}: {n}" for n in names if n == "schemas" or n.startswith("schemas.")
+            ]
+    assert bad == []
+
+
 def test_store_imports_only_store_and_errors():
-    allowed = ("hscache.store", "hscache.errors", "schemas")
+    allowed = ("hscache.store", "hscache.errors", "hscache.schemas")
     bad = sorted(
         f"{m} imports {t}"
         for m, targets in GRAPH.items()

@@ -105,6 +105,8 @@ class ExtractConfig:
     shard: tuple[int, int] | None = None
     # Records sharing an id are refused; True renames the later ones "<id>#2", "<id>#3", ...
     suffix_duplicate_ids: bool = False
+    # A record without "id" is refused; True numbers such records by their line in the file.
+    id_from_line: bool = False
     # Another cache whose token ids (split at its prompt_len), record ids and metadata are the
     # prompts, replayed as they are (max_new_tokens 0): two caches on identical tokens.
     tokens_from: str | None = None
@@ -219,7 +221,7 @@ def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
     source = (
         cache_records(config.tokens_from)
         if config.tokens_from
-        else iter_records(resolve_prompts(config.prompts))
+        else iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
     )
     records = _limited(_unique_ids(source, config.suffix_duplicate_ids), config.limit)
     if config.shard is None:

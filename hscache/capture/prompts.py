@@ -48,6 +48,7 @@ _SHAREGPT_ROLES = {
     "observation": "tool",
 }
 _RESPONSE_KEYS = ("response", "prompt_len")
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def resolve_prompts(prompts: str | Path) -> Path:
     return path
 
 
-def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
+def _parse_line(path: Path, line_no: int, line: str, id_from_line: bool = False) -> PromptRecord:
     where = f"{path}:{line_no}"
     try:
         obj = jsonio.loads(line)
@@ -119,6 +120,12 @@ def _parse_line(path: Path, line_no: int, line: str) -> PromptRecord:
             )
         # The last assistant turn is the dataset's answer: cached as is with --max-new-tokens 0.
         content, response = content[:-1], content[-1]
+    if "id" not in obj and not id_from_line:
+        # A silent line-number id breaks as soon as the file is edited or filtered (resume, diff).
+        raise PromptFileError(
+            f"{where}: the record has no 'id'; give every record a unique \"id\", or pass "
+            "--id-from-line to number records by their line"
+        )
     record_id = str(obj.get("id", line_no))
     metadata = {k: v for k, v in obj.items() if k not in (*_CONTENT_KEYS, *_RESPONSE_KEYS, "id")}
     return PromptRecord(line_no, record_id, keys[0], content, metadata, response)
@@ -162,18 +169,34 @@ def _split_response(where: str, key: str, content: Any, obj: dict[str, Any]) -> 
     return content, None
 
 
-def iter_records(path: Path) -> Iterator[PromptRecord]:
-    """Yield records in file order; blank lines are skipped.
+def _decoded(path: Path, line_no: int, raw: bytes) -> str:
+    if line_no == 1 and raw.startswith(_UTF8_BOM):  # editors on Windows write one; it is not data
+        raw = raw[len(_UTF8_BOM) :]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(
+            f"{path}:{line_no}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+            "save the prompts file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def iter_records(path: Path, *, id_from_line: bool = False) -> Iterator[PromptRecord]:
+    """Yield records in file order; blank lines are skipped; a leading UTF-8 BOM is ignored.
+
+    ``id_from_line``: a record without ``"id"`` takes its line number (otherwise it is refused).
 
     Raises:
-        PromptFileError: a malformed line (with its line number) or a file with no records.
+        PromptFileError: a malformed or non-UTF-8 line (with its line number), a record without
+            an id, or a file with no records.
     """
     count = 0
-    with path.open("r", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes: a decoding error is then reported with its line number
+        for line_no, raw in enumerate(f, start=1):
+            line = _decoded(path, line_no, raw)
             if line.strip():
                 count += 1
-                yield _parse_line(path, line_no, line)
+                yield _parse_line(path, line_no, line, id_from_line)
     if count == 0:
         raise PromptFileError(f"prompts file {str(path)!r} has no records; add one JSON object per line")
 

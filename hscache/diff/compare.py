@@ -32,6 +32,7 @@ from hscache.diff.report import (
 )
 from hscache.diff.sums import HiddenSums, NextTokenSums
 from hscache.errors import CacheMismatchError
+from hscache.progress import NO_PROGRESS
 from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
 from hscache.store.view import CacheView
@@ -258,6 +259,7 @@ def diff_caches(
     intersect: bool = False,
     position_buckets: Sequence[int] = DEFAULT_POSITION_BUCKETS,
     chunk_tokens: int = 2048,
+    progress: Any = NO_PROGRESS,
 ) -> DiffReport:
     """Compare two caches of the same tokens; A is the reference (e.g. fp32, or the torch kernels).
 
@@ -267,6 +269,7 @@ def diff_caches(
             refusing caches whose sequences differ.
         position_buckets: bucket starts in token positions, from 0, increasing; the last is open.
         chunk_tokens: positions converted to float64 at a time (memory bound, not a result knob).
+        progress: hears of each compared sequence (hscache.progress.StepProgress).
 
     Returns:
         A ``DiffReport``; ``.to_dict()`` is JSON, ``hscache.report.html.write_report`` draws it.
@@ -287,10 +290,14 @@ def diff_caches(
     )
     top_k = min(cache.specs["target_topk_ids"].row_shape[-1] for cache in (cache_a, cache_b))
     hidden, nexttok = HiddenSums(len(layers.compared), len(starts)), NextTokenSums(len(starts), top_k)
-    per_sequence = tuple(
-        _compare_sequence(cache_a, cache_b, rows, cols, hidden, nexttok, starts, chunk_tokens)
-        for rows in pairs
-    )
+    progress.start(len(pairs))
+    per_sequence = []
+    for rows in pairs:
+        per_sequence.append(
+            _compare_sequence(cache_a, cache_b, rows, cols, hidden, nexttok, starts, chunk_tokens)
+        )
+        progress.advance(1, secondary=int(cache_a.index.column("length")[rows[0]].as_py()))
+    per_sequence = tuple(per_sequence)
     layer_types = cache_a.provenance.get("model", {}).get("layer_types") or []
     types = [layer_types[i] if i < len(layer_types) else None for i in layers.compared]
     return DiffReport(

@@ -204,7 +204,7 @@ def save_json(report: DiffReport, path: str | os.PathLike) -> Path:
     Raises:
         schemas.SchemaError: the document breaks the schema (a bug, not a user error).
     """
-    import schemas
+    from hscache import schemas
     from hscache.store.fsio import atomic_write_json
 
     document = report.to_dict()

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hscache.errors import InputError, StoreWriteError
+from hscache.progress import NO_PROGRESS
 from hscache.store import fsio, jsonio
 from hscache.store.cache_dir import write_provenance
 from hscache.store.layout import IMPORTING_MARK, WRITER_LOCK, ArraySpec, chunk_tokens_for
@@ -107,6 +108,7 @@ def check_fresh_dir(out: Path, flag: str = "--out") -> Path:
         InputError: ``out`` exists and is not an empty directory.
     """
     out = Path(out)
+    fsio.check_output_path(out, flag, directory=True)
     if out.exists() and (not out.is_dir() or any(p.name != WRITER_LOCK for p in out.iterdir())):
         raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
@@ -319,8 +321,12 @@ def write_imported_cache(
     target: str | None = None,
     last_layer_slot: int | None = None,
     top_k: int = 64,
+    progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:
     """Write ``sequences`` as a cache at ``out`` (new or empty); return (sequences, tokens).
+
+    ``progress`` (hscache.progress.StepProgress) hears of each sequence written, out of
+    ``imported["files"]`` when that counts them.
 
     ``imported`` goes to provenance.json under ``imported`` (format, source, layer convention...).
     ``target`` (a model for ``load_target``) adds ``target/``; when slot ``last_layer_slot`` of the
@@ -339,7 +345,7 @@ def write_imported_cache(
         try:
             result = _write_imported(
                 out,
-                sequences,
+                _counted(sequences, progress, imported.get("files")),
                 layer_ids=layer_ids,
                 imported=imported,
                 compression=compression,
@@ -360,6 +366,14 @@ def write_imported_cache(
         (out / IMPORTING_MARK).unlink()
         fsio.fsync_dir(out)
         return result
+
+
+def _counted(sequences: Iterable[ImportedSequence], progress: Any, total: int | None) -> Iterator:
+    """``sequences``, telling ``progress`` of each one once the writer asks for the next."""
+    progress.start(total, label="import", unit="sequences")
+    for seq in sequences:
+        yield seq
+        progress.advance(1, secondary=len(seq.token_ids))
 
 
 def _write_imported(

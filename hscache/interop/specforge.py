@@ -45,6 +45,7 @@ from hscache.interop.common import (
     select_layers,
     write_imported_cache,
 )
+from hscache.progress import NO_PROGRESS
 from hscache.store.open import open_cache
 
 __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
@@ -81,7 +82,9 @@ def _check_layers(cache: Any, layer_ids: list[int] | None) -> list[int]:
     return ids
 
 
-def export_specforge(cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None) -> int:
+def export_specforge(
+    cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None, progress: Any = NO_PROGRESS
+) -> int:
     """Write the cache at ``cache_path`` as SpecForge offline DFlash files under ``out``; return the count.
 
     Raises:
@@ -92,7 +95,7 @@ def export_specforge(cache_path: str | Path, out: str | Path, layer_ids: list[in
     data = SequenceDataset(cache_path, layer_ids=ids)
     out = begin_export(Path(out), len(data))
     with export_errors(out, f"hscache export {cache_path} --format specforge --out {out}"):
-        return _export(cache, data, out, ids)
+        return _export(cache, data, out, ids, progress)
 
 
 def expected_files(sequences: int) -> list[str]:
@@ -100,8 +103,9 @@ def expected_files(sequences: int) -> list[str]:
     return [feature_path(Path(), i).as_posix() for i in range(sequences)]
 
 
-def _export(cache: Any, data: Any, out: Path, ids: list[int]) -> int:
+def _export(cache: Any, data: Any, out: Path, ids: list[int], progress: Any) -> int:
     record_ids = []
+    progress.start(len(data), label="export", unit="sequences")
     for i in range(len(data)):
         item = data[i]
         hidden = item["hidden_states"]
@@ -113,6 +117,7 @@ def _export(cache: Any, data: Any, out: Path, ids: list[int]) -> int:
         }
         publish_file(feature_path(out, i), lambda tmp, r=record: torch.save(r, tmp))
         record_ids.append(item["record_id"])
+        progress.advance(1)
     finish_export(
         out,
         {
@@ -210,6 +215,7 @@ def import_specforge(
     layer_ids: list[int] | None = None,
     compression: str = "fast",
     target: str | None = None,
+    progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:
     """Turn SpecForge DFlash feature files under ``directory`` into a cache at ``out``.
 
@@ -251,5 +257,6 @@ def import_specforge(
         layer_ids=list(ids),
         imported=imported,
         compression=compression,
+        progress=progress,
         target=target,  # adds target/ only: SpecForge's files never hold the last layer
     )

@@ -46,6 +46,7 @@ from hscache.interop.common import (
     select_layers,
     write_imported_cache,
 )
+from hscache.progress import NO_PROGRESS
 from hscache.store.open import open_cache
 
 __all__ = ["export_speculators", "import_speculators"]
@@ -104,7 +105,9 @@ def _write_dataset(out: Path, rows: dict[str, list]) -> None:
     (out / "state.json").write_text(json.dumps(state, indent=2))
 
 
-def export_speculators(cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None) -> int:
+def export_speculators(
+    cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None, progress: Any = NO_PROGRESS
+) -> int:
     """Write the cache at ``cache_path`` as speculators offline data under ``out``; return the count.
 
     Raises:
@@ -117,13 +120,16 @@ def export_speculators(cache_path: str | Path, out: str | Path, layer_ids: list[
     data = SequenceDataset(cache_path, layer_ids=ids)
     out = begin_export(Path(out), len(data))
     with export_errors(out, f"hscache export {cache_path} --format speculators --out {out}"):
-        return _export(cache, data, out, ids, total, save_file)
+        return _export(cache, data, out, ids, total, save_file, progress)
 
 
-def _export(cache: Any, data: Any, out: Path, ids: list[int], total: int, save_file: Any) -> int:
+def _export(
+    cache: Any, data: Any, out: Path, ids: list[int], total: int, save_file: Any, progress: Any
+) -> int:
     (out / HIDDEN_DIR).mkdir()
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     record_ids = []
+    progress.start(len(data), label="export", unit="sequences")
     for i in range(len(data)):
         item = data[i]
         ids_i = item["token_ids"]
@@ -135,6 +141,7 @@ def _export(cache: Any, data: Any, out: Path, ids: list[int], total: int, save_f
         rows["loss_mask"].append(item["loss_mask"].to(torch.int64).tolist())
         rows["seq_len"].append(len(ids_i))
         record_ids.append(item["record_id"])
+        progress.advance(1)
     _write_dataset(out, rows)
     aux = [i + 1 for i in ids]
     finish_export(
@@ -230,6 +237,7 @@ def import_speculators(
     layer_ids: list[int] | None = None,
     compression: str = "fast",
     target: str | None = None,
+    progress: Any = NO_PROGRESS,
 ) -> tuple[int, int]:
     """Turn speculators offline data at ``directory`` into a cache at ``out``.
 
@@ -271,6 +279,7 @@ def import_speculators(
         layer_ids=[a - 1 for a in aux],
         imported=imported,
         compression=compression,
+        progress=progress,
         target=target,
         last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
     )

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import schemas
+from hscache import schemas
 from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio, jsonio
 from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE, WRITER_LOCK

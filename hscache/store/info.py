@@ -6,12 +6,52 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hscache import schemas
 from hscache.store.integrity import cache_digest
 from hscache.store.layout import IMPORTING_MARK
+from hscache.store.lock import current_writer
 from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs
+from hscache.store.view import CacheView
 
-__all__ = ["cache_summary", "format_summary"]
+__all__ = ["INFO_SCHEMA_VERSION", "cache_completeness", "cache_summary", "format_summary"]
+
+INFO_SCHEMA_VERSION = 1  # schemas/cache_info.schema.json
+
+
+def cache_completeness(cache: CacheView) -> dict[str, Any]:
+    """Whether the cache is finished: ``complete``, ``committed_sequences`` and ``expected_sequences``
+    (the records its extraction set out to write, from the provenance; None when not recorded),
+    and ``writer``: the live process writing it (pid, host, command, started_at), or None."""
+    records = ((cache.provenance or {}).get("prompts") or {}).get("records")
+    writer = None
+    if not cache.complete and not str(getattr(cache, "url", "")).startswith(("s3://", "gs://")):
+        writer = current_writer(cache.path)
+    return {
+        "complete": bool(cache.complete),
+        "committed_sequences": len(cache),
+        "expected_sequences": int(records) if isinstance(records, int) else None,
+        "writer": writer,
+    }
+
+
+def _state(s: dict[str, Any]) -> str:
+    """``complete``, or why not and what to do."""
+    if s["complete"]:
+        return "complete"
+    of = f" of {s['expected_sequences']}" if s.get("expected_sequences") else ""
+    committed = f"{s['sequences']}{of} sequences committed"
+    writer = s.get("writer")
+    if writer is not None:
+        who = (
+            f"pid {writer.get('pid')} on {writer.get('host')} ({writer.get('command')})"
+            if writer
+            else "a process"
+        )
+        return f"INCOMPLETE: {committed}; a writer is running: {who}; wait for it to finish"
+    if s.get("interrupted_import"):
+        return f"INCOMPLETE: {committed}; an import was interrupted: re-run the same hscache import command"
+    return f"INCOMPLETE: {committed}; no writer is running: resume with the same extract command"
 
 
 def _dir_bytes(path: Path) -> int:
@@ -24,7 +64,8 @@ def _imported_from(prov: dict[str, Any]) -> str | None:
 
 
 def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict[str, Any]:
-    """A JSON-ready summary of the cache at ``path`` (``digest``: ``cache_digest``, to pin)."""
+    """A JSON-ready summary of the cache at ``path`` (schemas/cache_info.schema.json); ``digest`` is
+    ``cache_digest``, to pin."""
     cache = open_cache(path, allow_unsealed=allow_unsealed)
     prov = cache.provenance
     roots = shard_dirs(cache.path) if has_shards(cache.path) else [cache.path]
@@ -32,11 +73,15 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
     raw = {name: spec.bytes_per_token * cache.num_tokens for name, spec in cache.specs.items()}
     lengths = cache.index.column("length").to_pylist()
     prompt_lens = cache.index.column("prompt_len").to_pylist()
-    return {
+    completeness = cache_completeness(cache)
+    summary = {
+        "schema_version": INFO_SCHEMA_VERSION,
         "path": str(cache.path),
         "digest": cache_digest(cache),
         "complete": cache.complete,
         "interrupted_import": (Path(cache.path) / IMPORTING_MARK).is_file(),
+        "expected_sequences": completeness["expected_sequences"],
+        "writer": completeness["writer"],
         "sequences": len(cache),
         "tokens": cache.num_tokens,
         "generated_tokens": sum(lengths) - sum(prompt_lens),
@@ -62,6 +107,8 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
         },
         "bytes_per_token": round(sum(stored.values()) / max(1, cache.num_tokens), 1),
     }
+    schemas.validate(summary, "cache_info")
+    return summary
 
 
 def _kernels(kernels: dict[str, str]) -> str:
@@ -83,14 +130,8 @@ def format_summary(s: dict[str, Any]) -> str:
         if s["tokens"] and ratio
         else f"{s['compression']} compression, no tokens yet"
     )
-    if s["complete"]:
-        state = "complete"
-    elif s.get("interrupted_import"):
-        state = "INCOMPLETE: an import was interrupted: re-run the same hscache import command"
-    else:
-        state = "INCOMPLETE: resume with the same extract command"
     lines = [
-        f"cache      {s['path']} ({state})",
+        f"cache      {s['path']} ({_state(s)})",
         f"model      {s['model']}",
         f"sequences  {s['sequences']}  tokens {s['tokens']} ({s['generated_tokens']} generated)",
         f"layers     {s['layer_ids']}  types {s['layer_types']}",

@@ -66,7 +66,13 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
     if root.exists() and not root.is_dir():
         raise InputError(f"{root} is a file, not a directory; a cache is a directory: choose another path")
     created = not root.exists()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError):
+        blocker = next((p for p in root.parents if p.exists() and not p.is_dir()), root)
+        raise InputError(
+            f"{blocker} is a file, not a directory, so {root} cannot be created: choose another path"
+        ) from None
     path = root / WRITER_LOCK
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

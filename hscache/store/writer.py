@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
 
-import schemas
+from hscache import schemas
 from hscache.errors import CacheFormatError, StoreWriteError
 from hscache.store import fsio, integrity
 from hscache.store.index import INDEX_SCHEMA, parquet_bytes

@@ -16,8 +16,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hscache.errors import InputError
+from hscache.progress import NO_PROGRESS
 from hscache.store.layout import MANIFEST
 from hscache.store.urls import is_url
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
@@ -61,10 +63,13 @@ def _manifest_bytes(root: Path) -> bytes | None:
         return None
 
 
-def verify_cache(path: str | os.PathLike, config: VerifyConfig | None = None) -> VerifyReport:
+def verify_cache(
+    path: str | os.PathLike, config: VerifyConfig | None = None, progress: Any = NO_PROGRESS
+) -> VerifyReport:
     """Check the cache at ``path`` and return a report; ``report.ok`` is False when anything is wrong.
 
-    Works on a cache that is still being written (it checks the committed prefix).
+    Works on a cache that is still being written (it checks the committed prefix). ``progress``
+    (hscache.progress.StepProgress) hears of the scan (tokens) and the deep decode (chunks).
 
     Raises:
         CacheNotFoundError: ``path`` holds no cache (no manifest.json).
@@ -104,9 +109,9 @@ def verify_cache(path: str | os.PathLike, config: VerifyConfig | None = None) ->
             )
         )
     if layout is not None:
-        tried = scan_sequences(layout, report)
+        tried = scan_sequences(layout, report, progress)
         if config.deep:
-            deep_decode(layout, report, tried)
+            deep_decode(layout, report, tried, progress)
         if config.recompute:
             from hscache.verify.recompute import recompute_sequences  # loads the target: torch
 

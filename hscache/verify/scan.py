@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hscache.progress import NO_PROGRESS
 from hscache.store.integrity import chunk_sha256_of, rows_sha256
 from hscache.verify.report import LayerStats, Problem, VerifyReport
 from hscache.verify.structure import CacheLayout, sequences_in
@@ -131,7 +132,9 @@ def check_chunk_hash(layout: CacheLayout, report: VerifyReport, name: str, chunk
         report.add(layout.problem("chunks", message, seq, array=name, chunk=chunk))
 
 
-def scan_sequences(layout: CacheLayout, report: VerifyReport) -> dict[tuple[str, int], bool]:
+def scan_sequences(
+    layout: CacheLayout, report: VerifyReport, progress: Any = NO_PROGRESS
+) -> dict[tuple[str, int], bool]:
     """Run the quick data checks over every committed sequence; return the chunks it decoded
     (``(array, chunk) -> True``) or failed to decode (``False``).
 
@@ -148,8 +151,10 @@ def scan_sequences(layout: CacheLayout, report: VerifyReport) -> dict[tuple[str,
     hashers: dict[int, Any] = {}
     ends = layout.offsets + layout.lengths
     chunk_hashes = {name: _ChunkHashes(layout, report, name) for name in ("token_ids", "hidden_states")}
+    progress.start(layout.committed_tokens, label="verify", unit="tokens")
     for start in range(0, layout.committed_tokens, spec.chunk_tokens):
         stop = min(start + spec.chunk_tokens, layout.committed_tokens)
+        progress.advance(stop - start)
         seq_of_row = np.searchsorted(ends, np.arange(start, stop), side="right")
         ids = _read(layout, report, "token_ids", start, stop, acc)
         block = _read(layout, report, "hidden_states", start, stop, acc)
@@ -288,18 +293,23 @@ def _robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray
     return [int(s) for s in np.flatnonzero(usable & far)]
 
 
-def deep_decode(layout: CacheLayout, report: VerifyReport, tried: dict[tuple[str, int], bool]) -> None:
+def deep_decode(
+    layout: CacheLayout, report: VerifyReport, tried: dict[tuple[str, int], bool], progress: Any = NO_PROGRESS
+) -> None:
     """Decode every stored chunk of every array (those the scan ``tried`` are not re-read).
 
     A bad chunk that holds committed tokens is a problem for each of its sequences; one past
     the committed tokens (padding, or rows a killed run wrote) is a warning: resume rewrites it.
     Float arrays other than hidden_states are also checked for NaN/Inf per sequence.
     """
+    chunks = {name: len(layout.stored_chunks(name)) for name in layout.arrays}
+    progress.start(sum(chunks.values()), label="verify --deep", unit="chunks")
     for name, array in layout.arrays.items():
         spec = layout.specs[name]
         expected = chunk_sha256_of(layout.manifest, name)
         # The chunk files that exist (listed once), never every index a zarr.json's shape allows.
         for chunk in sorted(layout.stored_chunks(name)):
+            progress.advance(1)
             if (name, chunk) in tried:
                 continue  # missing committed chunks were reported by the files check
             start = chunk * spec.chunk_tokens

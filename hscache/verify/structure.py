@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
 
-import schemas
+from hscache import schemas
 from hscache.errors import CacheFormatError
 from hscache.store import jsonio
 from hscache.store.index import INDEX_SCHEMA, index_part_path

@@ -22,7 +22,7 @@ from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.formats import specforge
 
-__all__ = ["few", "read_json", "read_weights", "resolve_files"]
+__all__ = ["few", "read_json", "read_training_state_contract", "read_weights", "resolve_files"]
 
 FORMAT_HF_DIR, FORMAT_HF_SHARDED, FORMAT_SAFETENSORS, FORMAT_PICKLE, FORMAT_SPECFORGE = (
     "hf_dir",
@@ -142,6 +142,27 @@ def read_weights(
     weights = trail[-1]
     weights = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
     return dict(weights), _find_config(trail[:-1]), recorded
+
+
+def read_training_state_contract(directory: Path, trust: bool) -> tuple[dict | None, str | None]:
+    """The SpecForge resume contract of ``directory/training_state.pt`` beside an exported HF
+    directory (SpecForge's legacy ``epoch_E_step_S/``): what the run trained with, e.g. the mask
+    id its shipped config leaves null. Returns (fields or None, a note when the file was skipped)."""
+    path = directory / specforge.STATE_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        obj = _torch_load(path, trust)
+    except UntrustedCheckpointError:
+        return None, (
+            f"{path.name} beside the weights was not read (it needs full unpickling); pass "
+            "--trust-checkpoint to read the mask id and block size it records"
+        )
+    except CheckpointError as e:
+        return None, f"{path.name} beside the weights was not read: {e}"
+    if not isinstance(obj, Mapping):
+        return None, None
+    return specforge.contract_fields(obj) or None, None
 
 
 def _torch_load(path: Path, trust: bool) -> Any:

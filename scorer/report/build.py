@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-import schemas
+from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.store.info import cache_completeness
 from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
 from scorer.metrics import (
@@ -27,6 +28,7 @@ from scorer.metrics import (
     tau_pooled_from_totals,
     tokens_per_round_histogram,
 )
+from scorer.report.text import token_pieces
 from scorer.score import SequenceResult, result_summary
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
@@ -51,6 +53,13 @@ def _tau_block(logs: list, n_boot: int, seed: int) -> dict[str, Any]:
         "per_request_ci95": list(bootstrap_ci(totals, tau_per_request_from_totals, n_boot, seed)),
         "pooled_ci95": list(bootstrap_ci(totals, tau_pooled_from_totals, n_boot, seed)),
     }
+
+
+TEACHER_FORCED_DEFINITION = (
+    "training-style drafting (speculators' TTT loop): step j > 0 is fed the ground-truth token x[p+j] "
+    "instead of the drafter's own d_j; accept_len is the mean count of leading correct slots (no +1). "
+    "Served drafts (tau, acceptance) feed the drafter's own tokens, as vLLM does."
+)
 
 
 def merge_results(results: Sequence[SequenceResult]) -> list[SequenceResult]:
@@ -80,8 +89,13 @@ def _samples(
                 "accepted": acc,
                 "tokens": result.chain.tokens[k],
                 "context_tail": tokenizer.decode(x[max(0, p - 15) : p + 1]),
-                "drafted": [tokenizer.decode([t]) for t in drafted],
-                "target": [tokenizer.decode([t]) for t in target],
+                # Per slot, the text each token adds (never a lone U+FFFD), and each run whole.
+                "drafted": token_pieces(tokenizer, drafted, context=x[max(0, p - 15) : p + 1]),
+                "target": token_pieces(tokenizer, target, context=x[max(0, p - 15) : p + 1]),
+                "drafted_ids": drafted,
+                "target_ids": target,
+                "drafted_text": tokenizer.decode(drafted),
+                "target_text": tokenizer.decode(target),
                 "diverged_at_slot": acc + 1 if acc < avail else None,
             }
         )
@@ -122,6 +136,10 @@ def build_report(
             "--anchors chain drafted only the anchors the replays visit: per-position acceptance and "
             "train_accept_len need every anchor and are not reported (use --anchors all)"
         )
+    notes, target_check = _target_notes(drafter, warnings)
+    completeness = cache_completeness(cache)
+    if not completeness["complete"]:
+        warnings.append(_incomplete_warning(completeness))
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
         warnings.append(
@@ -161,6 +179,8 @@ def build_report(
             else {}
         ),
         "warnings": warnings,
+        "notes": notes,
+        "target_check": target_check,
         "samples": _samples(results, cache, config.samples, config.seed, B),
         "per_request": [
             dict(
@@ -173,7 +193,11 @@ def build_report(
         ],
         "definitions": TAU_DEFINITIONS,
         "config": config.to_dict(),
-        "drafter": {**drafter.config.to_hf_config(), "attention_backend": drafter.backend_used},
+        "drafter": {
+            **drafter.config.to_hf_config(),
+            "family": getattr(drafter, "family", "dflash"),
+            "attention_backend": drafter.backend_used,
+        },
         "checkpoint": loaded.report.to_dict(),
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),
@@ -182,14 +206,72 @@ def build_report(
             "layer_ids": cache.layer_ids,
             "settings": cache.settings,
             "provenance": cache.provenance,
+            "complete": completeness["complete"],
+            "committed_sequences": completeness["committed_sequences"],
+            "expected_sequences": completeness["expected_sequences"],
         },
         "versions": package_versions(),
         "hscache_git_commit": git_commit(),
         "seconds": seconds,
         "created_at": utc_now(),
     }
+    forced = _teacher_forced(results, B)
+    if forced is not None:
+        report["teacher_forced"] = forced
+    trees = [r.extras.get("tree") for r in results]
+    if config.tree is not None and all(t is not None for t in trees):
+        steps, topk, tokens = config.tree
+        report["tree"] = {
+            "steps": steps,
+            "topk": topk,
+            "draft_tokens": tokens,
+            "definition": "SGLang's EAGLE tree (speculative_num_steps, speculative_eagle_topk, "
+            "speculative_num_draft_tokens): tokens per round of its greedy verification",
+            "tau": _tau_block(trees, config.n_boot, config.seed),
+        }
     schemas.validate(report, "eval_report")
     return report
+
+
+def _teacher_forced(results: Sequence[SequenceResult], B: int) -> dict[str, Any] | None:
+    """The training-style number beside the served one (EAGLE-3: ground-truth tokens into steps > 0)."""
+    extras = [r.extras for r in results if r.extras.get("teacher_forced_acceptance") is not None]
+    if not extras or len(extras) != len(results):
+        return None
+    counts = functools.reduce(operator.add, (e["teacher_forced_acceptance"] for e in extras))
+    length = sum((e["teacher_forced_accept_len"] for e in extras), AcceptLen(0, 0))
+    return {
+        "definition": TEACHER_FORCED_DEFINITION,
+        "acceptance": _acceptance_dict(acceptance_rates(counts), B),
+        "accept_len": length.mean,
+    }
+
+
+def _target_notes(drafter: Any, warnings: list[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """The target-identity check (scorer/target_identity.py): a mismatch scored anyway is a warning,
+    an unchecked target a note; returns (notes, the check as a dict)."""
+    check = getattr(drafter, "target_check", None)
+    if check is None:
+        return [], None
+    message = check.message()
+    if check.status == "mismatch":
+        warnings.append(message)
+        return [], check.to_dict()
+    return ([message] if message else []), check.to_dict()
+
+
+def _incomplete_warning(completeness: dict[str, Any]) -> str:
+    expected = completeness["expected_sequences"]
+    of = f" of {expected}" if expected else ""
+    why = (
+        "a writer is still running"
+        if completeness["writer"] is not None
+        else "its extraction stopped before the end (resume it with the same extract command)"
+    )
+    return (
+        f"the cache is INCOMPLETE: {completeness['committed_sequences']}{of} sequences committed, {why}; "
+        "these numbers cover only the committed sequences"
+    )
 
 
 def _acceptance_dict(acceptance: Any, B: int) -> dict[str, Any]:

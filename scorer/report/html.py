@@ -111,6 +111,7 @@ def _notes(result: Mapping[str, Any], names: Sequence[str]) -> list[str]:
             notes.append(f"{name}: requests not paired with the reference ({what})")
     for name, report in zip(names, result["reports"]):
         notes += [f"{name}: {w}" for w in report["warnings"]]
+        notes += [f"{name}: note: {n}" for n in report.get("notes", [])]
     return [f'<p class="note">{escape(n)}</p>' for n in notes]
 
 

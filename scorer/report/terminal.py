@@ -20,8 +20,17 @@ def _ci(pair: Any) -> str:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     tau = report["tau"]
+    family = {"dflash": "DFlash", "eagle3": "EAGLE-3"}.get(
+        report["drafter"].get("family", "dflash"), "drafter"
+    )
     head = Table(
-        title=f"DFlash replay: {report['checkpoint']['path']} on {report['cache']['path']}", show_header=True
+        title=f"{family} replay: {report['checkpoint']['path']} on {report['cache']['path']}",
+        show_header=True,
+    )
+    # tau is the headline number: say what it is where it is first printed.
+    console.print(
+        "tau = tokens each target forward yields: the accepted draft tokens + 1 bonus token "
+        "(1.0: the drafter never helps; at most the block size)"
     )
     head.add_column("metric")
     head.add_column("value", justify="right")
@@ -29,6 +38,18 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     head.add_row("tau, per request then mean (DFlash)", _f(tau["per_request"]), _ci(tau["per_request_ci95"]))
     head.add_row("tau, pooled over rounds (vLLM/SGLang)", _f(tau["pooled"]), _ci(tau["pooled_ci95"]))
     head.add_row("train-log accept length (all anchors, no +1)", _f(report["train_accept_len"]), "")
+    if report.get("teacher_forced"):
+        head.add_row(
+            "  same, teacher-forced steps > 0 (training-style)",
+            _f(report["teacher_forced"]["accept_len"]),
+            "",
+        )
+    if report.get("tree"):
+        tree, tree_tau = report["tree"], report["tree"]["tau"]
+        shape = f"{tree['steps']},{tree['topk']},{tree['draft_tokens']}"
+        head.add_row(
+            f"SGLang tree {shape} tau (pooled)", _f(tree_tau["pooled"]), _ci(tree_tau["pooled_ci95"])
+        )
     for budget, value in report["ddtree"].items():
         head.add_row(
             f"DDTree-{budget} tau (per request)",
@@ -42,6 +63,10 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         "requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", ""
     )
     head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
+    cache = report["cache"]
+    if cache.get("complete") is False:
+        of = f" of {cache['expected_sequences']}" if cache.get("expected_sequences") else ""
+        head.add_row("[bold red]cache INCOMPLETE[/]", f"{cache.get('committed_sequences')}{of} sequences", "")
     console.print(head)
     _render_config_sources(report, console)
     acc = Table(title="per-position acceptance (slot 1 first)")
@@ -63,10 +88,17 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         for name, row in report["per_category"].items():
             cats.add_row(name, str(row["n_requests"]), _f(row["tau_per_request"]), _f(row["tau_pooled"]))
         console.print(cats)
+    if report["samples"]:
+        console.print(
+            "sample rounds: after the context, each slot's drafted token and the target's greedy token "
+            "(x: they differ; a round accepts the slots before the first x, plus 1 bonus token)"
+        )
     for sample in report["samples"]:
         _render_sample(sample, console)
     for warning in report["warnings"]:
         console.print(f"[bold yellow]warning:[/] {warning}")
+    for note in report.get("notes", []):
+        console.print(f"[bold]note:[/] {note}")
 
 
 def _render_config_sources(report: dict[str, Any], console: Console) -> None:
@@ -86,17 +118,20 @@ def _render_config_sources(report: dict[str, Any], console: Console) -> None:
 
 def _render_sample(sample: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"{sample['record_id']} @ {sample['anchor']}: {sample['tokens']} tokens "
-        f"(...{sample['context_tail']!r})"
+        title=f"{sample['record_id']} at position {sample['anchor']}: {sample['tokens']} tokens this round",
+        caption=f"context ...{sample['context_tail']!r}",
     )
     table.add_column("slot", justify="right")
     table.add_column("drafted")
-    table.add_column("target")
+    table.add_column("target (greedy)")
+    ids = list(zip(sample.get("drafted_ids", sample["drafted"]), sample.get("target_ids", sample["target"])))
     for j, (d, t) in enumerate(zip(sample["drafted"], sample["target"]), 1):
-        mark = "" if d == t else " [red]x[/]"
+        mark = "" if ids[j - 1][0] == ids[j - 1][1] else " [red]x[/]"
         table.add_row(
             str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t)
         )
+    if "drafted_text" in sample:
+        table.add_row("all", repr(sample["drafted_text"]), repr(sample["target_text"]))
     console.print(table)
 
 

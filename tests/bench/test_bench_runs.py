@@ -1,37 +1,36 @@
-"""bench/scale.py still runs (quick mode) and prints every ratio line."""
+"""The benchmarks still run (quick mode, in this process) and print every ratio line."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _bench(name: str):
+    """bench/<name>.py loaded by path, run in this process: a subprocess pays the torch import again."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
-def test_scale_bench_quick(scale_cache: Path, dask_client):
+def test_scale_bench_quick(scale_cache: Path, dask_client, capsys):
     # Reuse the session's 2-worker cluster and cache: a new cluster costs ~10 s on 2 cores.
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "scale.py"),
-            "--quick",
-            "--template",
-            str(scale_cache),
-            "--scheduler",
-            dask_client.scheduler.address,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+    threads = torch.get_num_threads()  # the bench pins one thread for its single-process side
+    try:
+        _bench("scale").main(
+            ["--quick", "--template", str(scale_cache), "--scheduler", dask_client.scheduler.address]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
     for line in (
         "throughput ratio 2 workers / 1 worker:",
         "scheduling overhead per task:",
@@ -43,17 +42,10 @@ def test_scale_bench_quick(scale_cache: Path, dask_client):
 
 
 @pytest.mark.slow
-def test_real_dims_bench_quick():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "real_dims.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+def test_real_dims_bench_quick(capsys):
+    with torch.random.fork_rng(devices=[]):  # the bench seeds torch; the suite's later tests keep theirs
+        _bench("real_dims").main(["--quick"])
+    out = capsys.readouterr().out
     for line in (
         "extract / bare time =",
         "extract peak RSS - weights",
@@ -68,12 +60,7 @@ def test_real_dims_bench_quick():
 
 def test_read_path_bench_quick(capsys):
     """bench/read_path.py --quick prints every ratio line (in this process: no second torch import)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("read_path_bench", ROOT / "bench" / "read_path.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--quick"])
+    _bench("read_path").main(["--quick"])
     out = capsys.readouterr().out
     for codec in ("none", "fast"):
         for line in (
@@ -84,3 +71,19 @@ def test_read_path_bench_quick(capsys):
         ):
             assert line in out, out
     assert out.count("reader/memmap ratio") == 4 and out.count("read/decode ratio") == 2
+
+
+@pytest.mark.slow
+def test_eagle3_bench_quick(capsys):
+    threads = torch.get_num_threads()  # the bench pins one thread
+    try:
+        _bench("eagle3").main(["--quick"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for line in (
+        "drafts equal on every path",
+        "eagle3 chain batched vs one anchor at a time (vLLM loop):",
+        "eagle3 chain batched vs step 0 shared, later steps per anchor:",
+    ):
+        assert line in out, out

@@ -130,3 +130,11 @@ def test_missing_wheel_folder_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="run bench/prepare_gpu_wheels.sh"):
         steps.install(plan, tmp_path / "absent")
     assert math.isclose(plan.budget_s, 420.0)
+
+
+def test_pytest_step_says_pytest_is_missing() -> None:
+    """Issue 20.16: an interpreter without pytest is named as such, not "exit 1: {}; failed: []"."""
+    steps = _gpu_check()._load("gpu_check_steps")
+    no_site = (sys.executable, "-S")  # no site-packages: pytest cannot be imported
+    with pytest.raises(RuntimeError, match="pytest is not installed for .* -S: install it"):
+        steps.pytest_gpu(steps.Plan.for_dry_run(), 60, python=no_site)

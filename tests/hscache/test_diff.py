@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.cli import main
 from hscache.diff.compare import compare_provenance, diff_caches
 from hscache.diff.report import save_json

@@ -159,3 +159,72 @@ def test_messages_that_are_not_role_content_objects(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": 1, "messages": ["hi"]}])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
     _assert_one_line_error(code, text, "p.jsonl:1:", "'messages' must be a non-empty list of")
+
+
+def test_a_prompts_file_that_is_not_utf8_names_its_line(tmp_path):
+    """Issue 20.5: one line with the line number, not a UnicodeDecodeError traceback."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"id": "a", "prompt": "ok"}\n{"id": "b", "prompt": "caf\xe9"}\n')
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:2:", "not UTF-8", "0xe9")
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_utf8_bom_is_read_not_refused(tmp_path):
+    from hscache.capture.prompts import iter_records
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "caf\xc3\xa9"}\n{"id": "b", "prompt": "x"}\n')
+    records = list(iter_records(path))
+    assert [(r.record_id, r.content) for r in records] == [("a", "café"), ("b", "x")]
+
+
+def test_a_record_without_an_id_is_refused_or_numbered_by_line(tmp_path):
+    """Issue 20.7: never silently renamed to its line number."""
+    from hscache.capture.prompts import iter_records
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"prompt": "no id here"}])
+    code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
+    _assert_one_line_error(code, text, "p.jsonl:2:", "no 'id'", "--id-from-line")
+    assert not (tmp_path / "c").exists()
+    numbered = list(iter_records(path, id_from_line=True))
+    assert [r.record_id for r in numbered] == ["a", "2"]
+
+
+def test_out_that_is_a_file_says_not_a_directory(tmp_path):
+    """Issue 20.6: not disk-full advice; the file is left as it was."""
+    a_file = tmp_path / "cache.txt"
+    a_file.write_text("mine")
+    code, text = _run("--out", str(a_file), "--limit", "1")
+    _assert_one_line_error(code, text, "is a file, not a directory")
+    assert "disk" not in text and a_file.read_text() == "mine"
+    code, text = _run("--out", str(a_file / "sub"), "--limit", "1")
+    _assert_one_line_error(code, text, "not a directory")
+    assert "disk" not in text and a_file.read_text() == "mine"
+
+
+def test_output_paths_under_a_file_are_refused_before_any_work(tmp_path, bf16_cache):
+    """Issue 20.6: --json / --report / --out under a file: one line naming the flag, no traceback."""
+    from scorer.cli import main as scorer_main
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    runs = [
+        (main, ["diff", str(bf16_cache), str(bf16_cache), "--json", str(a_file / "d.json")], "--json"),
+        (main, ["diff", str(bf16_cache), str(bf16_cache), "--report", str(tmp_path)], "--report"),
+        (
+            main,
+            ["export", str(bf16_cache), "--format", "specforge", "--layers", "1,3", "--out", str(a_file)],
+            "--out",
+        ),
+        (
+            scorer_main,
+            ["eval", str(tmp_path), "--cache", str(bf16_cache), "--json", str(a_file / "r.json")],
+            "--json",
+        ),
+    ]
+    for command, args, flag in runs:
+        result = CliRunner().invoke(command, args)
+        _assert_one_line_error(result.exit_code, result.output.strip(), flag)
+        assert "is a file" in result.output or "is a directory" in result.output, result.output
+    assert a_file.read_text() == "mine"

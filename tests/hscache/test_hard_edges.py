@@ -231,3 +231,37 @@ def test_dtype_auto_is_fp32_on_cpu_and_progress_prints_lines_without_a_terminal(
     assert cache.settings["dtype"] == "fp32" and cache.dtype == torch.float32
     # CliRunner's stderr is no terminal: plain progress lines, the first and the last at least
     assert "extract: 2 sequences" in result.output and "extract: 2/2 sequences" in result.output
+
+
+def test_verify_diff_export_import_report_progress(bf16_cache, tmp_path, monkeypatch):
+    """Issue 20.10: every long hscache step prints progress lines when stderr is not a terminal."""
+    import hscache.progress
+
+    monkeypatch.setattr(hscache.progress, "DEFAULT_EVERY_S", 0.0)
+    n = len(hscache.open_cache(bf16_cache))
+    runs = {
+        "verify": ["verify", str(bf16_cache), "--deep"],
+        "diff": ["diff", str(bf16_cache), str(bf16_cache)],
+        "export": [
+            "export",
+            str(bf16_cache),
+            "--format",
+            "specforge",
+            "--layers",
+            "1,3",
+            "--out",
+            str(tmp_path / "f"),
+        ],
+        "import": ["import", "--format", "specforge", str(tmp_path / "f"), "--out", str(tmp_path / "c")],
+    }
+    expected = {
+        "verify": ["verify: ", " tokens", "verify --deep: "],
+        "diff": [f"diff: {n}/{n} sequences"],
+        "export": [f"export: {n}/{n} sequences"],
+        "import": [f"import: {n}/{n} sequences"],
+    }
+    for name, args in runs.items():
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        for fragment in expected[name]:
+            assert fragment in result.output, (name, result.output)

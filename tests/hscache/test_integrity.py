@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.cli import main
 from hscache.errors import CacheFormatError
 from hscache.store.integrity import content_sha256

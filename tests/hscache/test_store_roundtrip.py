@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.store.layout import array_specs
 from hscache.store.writer import SequenceRows, StoreWriter
 

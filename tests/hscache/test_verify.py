@@ -15,7 +15,7 @@ import zarr
 from click.testing import CliRunner
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.cli import main
 from hscache.errors import CacheFormatError
 from hscache.verify import VerifyConfig, verify_cache

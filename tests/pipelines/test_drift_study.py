@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import hscache
-import schemas
+from hscache import schemas
 from pipelines.drift_study import DriftStudyConfig, DriftStudyError, main, parse_settings, run_drift_study
 from tests.chromium import png_is_not_blank, screenshot
 

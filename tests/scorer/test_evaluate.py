@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hscache
-import schemas
+from hscache import schemas
 from hscache.capture.target import load_target
 from scorer.checkpoint import load_checkpoint, save_hf_checkpoint
 from scorer.errors import IncompatibleCacheError

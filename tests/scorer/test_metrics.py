@@ -190,7 +190,8 @@ def test_diagnose_rising_accuracy() -> None:
     warnings = diagnose(acceptance=_stats([50, 80, 30], [100, 100, 100]))
     assert warnings == [
         "per-slot accuracy rises with position (slot 1: 0.500; slot 2: 0.800); drafts are usually "
-        "best at slot 1, so check position ids and the draft-to-label alignment"
+        "best at slot 1, so check position ids and the draft-to-label alignment "
+        "(`scorer diagnose` replays shifted positions)"
     ]
 
 
@@ -210,7 +211,7 @@ def test_diagnose_quiet_on_healthy_or_thin_acceptance(num, den) -> None:
 def test_diagnose_tau_far_below_train_accept_len() -> None:
     assert diagnose(tau_pooled=1.4, train_accept_len=1.5) == [
         "tau_pooled - 1 = 0.400 is below 0.5 x the training-log accept length 1.500; replay may "
-        "not match training (features, layers, positions or mask)"
+        "not match training (features, layers, positions or mask; `scorer diagnose` tests each)"
     ]
     assert diagnose(tau_pooled=2.0, train_accept_len=1.5) == []
     assert diagnose(tau_pooled=1.0, train_accept_len=0.5) == []  # below the floor

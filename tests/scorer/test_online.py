@@ -44,7 +44,7 @@ def test_online_result_carries_schema_versions_and_hashes(trained_drafter, score
 
     from click.testing import CliRunner
 
-    import schemas
+    from hscache import schemas
     from scorer.checkpoint import load_checkpoint
     from scorer.cli import main
 

@@ -1,0 +1,198 @@
+"""``scorer compare``: several drafters, any families, scored on the same cache and the same rounds.
+
+Every drafter replays the same cached sequences (same tokens, same target greedy path) through the
+shared round loop, so per-request tau pairs up exactly: deltas against the first drafter come from
+a paired bootstrap over requests (scorer.report.build.compare_reports). Drafting settings
+(``num_speculative_tokens``, ``tree``) apply to the drafters they fit (autoregressive families);
+block families keep their own block. Cost per round is the family's serving estimate (draft
+forwards, FLOPs from the shapes) next to the measured offline scoring time on this device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import hscache
+from hscache import schemas
+from hscache.capture.provenance import git_commit, package_versions, utc_now
+from scorer.errors import ScorerError
+from scorer.evaluate import score_cache
+from scorer.families import family_for, probe_checkpoint
+from scorer.report.build import build_report, compare_reports
+from scorer.rows import EvalConfig, drafter_family, effective_config, load_drafter
+from scorer.score import SequenceResult
+
+__all__ = ["COMPARE_SCHEMA_VERSION", "compare_drafters"]
+
+COMPARE_SCHEMA_VERSION = 1
+
+
+def _config_for(family: Any, config: EvalConfig) -> EvalConfig:
+    if family.autoregressive:
+        return config
+    return dataclasses.replace(config, num_speculative_tokens=None, tree=None)
+
+
+def _drafting(report: dict[str, Any], family: Any) -> dict[str, Any]:
+    sources = report["checkpoint"]["field_sources"]
+    slots = len(report["acceptance"]["unconditional"])
+    if family.autoregressive:
+        return {"mode": "chain", "draft_slots": slots, "source": sources.get("num_speculative_tokens")}
+    return {"mode": "block", "draft_slots": slots, "source": sources.get("block_size")}
+
+
+def _mean_context(report: dict[str, Any]) -> float:
+    anchors = [p for r in report["per_request"] for p in r["anchors"]]
+    return sum(anchors) / len(anchors) if anchors else 0.0
+
+
+def _time_rounds(
+    family: Any, drafter: Any, cache: Any, report: dict[str, Any], tau: float, config: EvalConfig, rounds: int
+) -> tuple[float | None, int]:
+    """Median seconds of ``rounds`` served rounds (the first anchors the replay visited, spread over
+    the first sequences), after one untimed warm-up round."""
+    if family.time_round is None:
+        return None, 0
+    from hscache.store.dtypes import DTYPES
+    from scorer.features import sequence_features
+
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    norm = getattr(drafter, "context_norm", None)
+    picks = []
+    for request in report["per_request"]:
+        picks += [(request["row"], p) for p in request["anchors"][: max(1, rounds // 4)]]
+        if len(picks) >= rounds:
+            break
+    if not picks:
+        return None, 0
+    times, loaded = [], {}
+    for n, (row, anchor) in enumerate([picks[0], *picks[:rounds]]):
+        if row not in loaded:
+            features = sequence_features(
+                cache.hidden_states(row), index, DTYPES[config.dtype], config.device, norm
+            )
+            loaded = {row: (features, cache.token_ids(row))}
+        features, tokens = loaded[row]
+        seconds, _ = family.time_round(drafter, features, tokens, anchor, tau)
+        if n:  # the first call warms up
+            times.append(seconds)
+    return float(np.median(times)), len(times)
+
+
+def compare_drafters(
+    checkpoints: Sequence[str | Path],
+    cache_path: str | Path,
+    config: EvalConfig = EvalConfig(ddtree=()),
+    on_sequence: Callable[[SequenceResult], None] | None = None,
+    timed_rounds: int = 16,
+) -> dict[str, Any]:
+    """Score every checkpoint on ``cache_path``; one row per drafter, deltas against the first.
+
+    Returns:
+        The compare document (schemas/compare_report.schema.json); ``reports`` holds each
+        drafter's full eval report.
+
+    Raises:
+        ScorerError (and its subclasses) with one-line messages: no checkpoint, a bad checkpoint,
+        a drafter that does not fit the cache.
+    """
+    if not checkpoints:
+        raise ScorerError("scorer compare needs at least one CKPT")
+    t_start = time.perf_counter()
+    cache = hscache.open_cache(cache_path)
+    reports, rows = [], []
+    for checkpoint in checkpoints:
+        family = family_for(probe_checkpoint(checkpoint, config.config_path))
+        drafter, loaded = load_drafter(checkpoint, cache, _config_for(family, config))
+        used = effective_config(drafter, _config_for(family, config))
+        t0 = time.perf_counter()
+        results = score_cache(drafter, cache, used, on_sequence)
+        seconds = time.perf_counter() - t0
+        report = build_report(
+            results, cache=cache, drafter=drafter, loaded=loaded, config=used, seconds=seconds
+        )
+        reports.append(report)
+        family = drafter_family(drafter)
+        tau = report["tau"]["pooled"] or 1.0
+        cost = family.cost(drafter, tau, _mean_context(report)) if family.cost else {}
+        params = sum(p.numel() for p in drafter.parameters())
+        flops = cost.get("flops_per_round")
+        round_seconds, timed = _time_rounds(family, drafter, cache, report, tau, used, timed_rounds)
+        rows.append(
+            {
+                "checkpoint": str(checkpoint),
+                "family": family.name,
+                "layout": report["checkpoint"].get("layout"),
+                "checkpoint_sha256": report["checkpoint"]["sha256"],
+                "drafting": _drafting(report, family),
+                "requests": report["requests"],
+                "rounds": report["rounds"],
+                "tau": report["tau"],
+                "delta_vs_first": None,
+                "acceptance": {k: report["acceptance"][k] for k in ("conditional", "unconditional")},
+                "train_accept_len": report["train_accept_len"],
+                "teacher_forced": report.get("teacher_forced"),
+                "ddtree": report["ddtree"],
+                "tree": report.get("tree"),
+                "cost": {
+                    "draft_params": params,
+                    "draft_forwards_per_round": cost.get("draft_forwards_per_round"),
+                    "flops_per_round": flops,
+                    "tau_per_gflop": (tau / (flops / 1e9)) if flops else None,
+                    "draft_seconds_per_round": round_seconds,
+                    "timed_rounds": timed,
+                    "scoring_seconds": seconds,
+                    "scoring_seconds_per_round": seconds / report["rounds"] if report["rounds"] else None,
+                },
+                "warnings": report["warnings"],
+            }
+        )
+    for row, report in zip(rows[1:], reports[1:]):
+        comparison = compare_reports(reports[0], report, config)
+        row["delta_vs_first"] = {
+            "per_request": comparison["delta"]["per_request"],
+            "pooled": comparison["delta"]["pooled"],
+            "requests_compared": comparison["requests_compared"],
+        }
+    document = {
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        "cache": {
+            "path": str(getattr(cache, "url", cache.path)),
+            "sequences": len(cache),
+            "layer_ids": cache.layer_ids,
+            "settings": cache.settings,
+        },
+        "settings": {
+            "num_speculative_tokens": config.num_speculative_tokens,
+            "tree": None if config.tree is None else list(config.tree),
+            "ddtree": list(config.ddtree),
+            "dtype": config.dtype,
+            "device": config.device,
+            "limit": config.limit,
+            "n_boot": config.n_boot,
+            "seed": config.seed,
+        },
+        "definitions": {
+            **reports[0]["definitions"],
+            "delta_vs_first": "this drafter minus the first, paired bootstrap 95% interval over requests",
+            "flops_per_round": "the family's serving estimate from the shapes: matmuls of the tokens a round "
+            "pushes through the drafter, its head, and attention at the cache's mean anchor position",
+            "scoring_seconds_per_round": "measured wall time of this offline replay on this device / rounds",
+            "draft_seconds_per_round": "measured on this device: the median over timed_rounds served rounds of "
+            "the drafter's work from the newly verified tokens to its last draft, its context already cached",
+        },
+        "drafters": rows,
+        "reports": reports,
+        "versions": package_versions(),
+        "hscache_git_commit": git_commit(),
+        "seconds": time.perf_counter() - t_start,
+        "created_at": utc_now(),
+    }
+    schemas.validate(document, "compare_report")
+    return document

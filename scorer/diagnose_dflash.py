@@ -1,0 +1,316 @@
+"""``scorer diagnose`` for DFlash drafters: every DFlash-specific part of the diagnosis.
+
+`Setting` is one way to replay the drafter (its config plus the knobs a trainer may have set
+differently: block RoPE offset, last layer before/after the final norm, dtype, a layer ablated,
+drift noise, the second cache). `candidates` turns the baseline setting and what the cache knows
+into the hypotheses of ``scorer.diagnose.FAMILY_HYPOTHESES["dflash"]``; `DFlashReplayer` replays
+a setting on the sampled sequences with ``--anchors chain`` speed and returns per-request totals.
+Another drafter family provides the same three things in its own module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hscache.store.dtypes import DTYPES
+from hscache.store.view import CacheView
+from scorer.config import DrafterConfig
+from scorer.diagnose import Hypothesis
+from scorer.features import context_norm, feature_index, sequence_features
+from scorer.metrics import AcceptLen, request_totals
+from scorer.model import DFlashDrafter
+from scorer.score import score_sequence, score_sequences_chain
+
+__all__ = ["COMMON_ROPE_THETAS", "DFlashReplayer", "Setting", "candidates", "special_token_ids"]
+
+COMMON_ROPE_THETAS = (10_000.0, 1_000_000.0)  # Llama/Qwen2 and Qwen3 defaults
+POSITION_SHIFTS = (-2, -1, 1, 2)
+LAYER_SHIFTS = (-1, 1)  # z-lab ids vs vLLM/speculators ids (+1)
+MAX_MASK_CANDIDATES = 32
+_TOKENS_PER_GROUP = 2048  # sequences scored in lockstep per forward group (memory bound)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How to replay: the drafter config and the knobs no config records.
+
+    ``last_layer_normed``: the last target layer read after (True) or before (False) the target's
+    final norm; None when the drafter does not read the last layer. ``noise``: (target layer id,
+    relative L2) pairs of Gaussian noise added to the cached states (the drift hypothesis).
+    """
+
+    config: DrafterConfig
+    dtype: str
+    block_position_offset: int = 0
+    last_layer_normed: bool | None = None
+    ablate_layer: int | None = None
+    noise: tuple[tuple[int, float], ...] = ()
+    cache: int = 0
+
+
+def special_token_ids(tokenizer: Any, vocab_size: int) -> dict[int, str]:
+    """The tokenizer's special tokens (id -> text) inside the vocabulary: the mask id candidates."""
+    out: dict[int, str] = {}
+    for token_id, token in zip(
+        getattr(tokenizer, "all_special_ids", []), getattr(tokenizer, "all_special_tokens", [])
+    ):
+        out[int(token_id)] = str(token)
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(added, "special", False):
+            out.setdefault(int(token_id), str(added))
+    return {i: t for i, t in sorted(out.items()) if 0 <= i < vocab_size}
+
+
+def _shift_label(n: int, what: str) -> str:
+    return f"{what} shifted by {n:+d}"
+
+
+def candidates(
+    base: Setting,
+    cache: CacheView,
+    kinds: Sequence[str],
+    *,
+    mask_ids: dict[int, str],
+    block_sizes: Sequence[int] = (),
+    second_cache: str | None = None,
+    drift: tuple[tuple[int, float], ...] = (),
+) -> Iterator[tuple[Hypothesis, Setting | str]]:
+    """The hypotheses of ``kinds`` for this drafter and cache, each with its Setting, or with a
+    sentence saying why it cannot be tested here (and what would test it).
+
+    Args:
+        mask_ids: id -> token text of the mask candidates (special tokens, recorded ids).
+        block_sizes: block sizes recorded somewhere other than where the configured one came from.
+        second_cache: the ``--cache C2`` path, if any; ``drift`` its measured per-layer relative L2.
+    """
+    c = base.config
+    n_layers = cache.target_config.get("num_hidden_layers")
+    replace = dataclasses.replace
+    if "position_offset" in kinds:
+        for k in POSITION_SHIFTS:
+            hyp = Hypothesis("position_offset", k, _shift_label(k, "block positions"))
+            yield hyp, replace(base, block_position_offset=base.block_position_offset + k)
+    if "layer_ids" in kinds:
+        for k in LAYER_SHIFTS:
+            ids = tuple(i + k for i in c.target_layer_ids)
+            hyp = Hypothesis("layer_ids", k, _shift_label(k, "target layer ids") + f" ({list(ids)})")
+            if min(ids) < 0 or (n_layers is not None and max(ids) >= n_layers):
+                yield hyp, f"layer ids {list(ids)} fall outside the target's 0..{(n_layers or 1) - 1}"
+            elif missing := [i for i in ids if i not in cache.layer_ids]:
+                have = sorted(set(cache.layer_ids) | set(ids))
+                yield (
+                    hyp,
+                    (
+                        f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} "
+                        "to test it"
+                    ),
+                )
+            else:
+                normed = base.last_layer_normed if n_layers is None or n_layers - 1 in ids else None
+                if normed is None and n_layers is not None and n_layers - 1 in ids:
+                    normed = True
+                yield hyp, replace(base, config=replace(c, target_layer_ids=ids), last_layer_normed=normed)
+    if "final_norm" in kinds:
+        if base.last_layer_normed is None:
+            hyp = Hypothesis("final_norm", None, "last target layer before/after the final norm")
+            yield hyp, f"the drafter does not read the last target layer ({(n_layers or 0) - 1})"
+        else:
+            alt = not base.last_layer_normed
+            where = "after" if alt else "before"
+            hyp = Hypothesis(
+                "final_norm", "post" if alt else "pre", f"last target layer read {where} the final norm"
+            )
+            if alt and "final_norm.weight" not in cache.target_head():
+                yield hyp, "the cache saved no final norm; re-extract it with this hscache"
+            else:
+                yield hyp, replace(base, last_layer_normed=alt)
+    if "mask_token_id" in kinds:
+        others = [i for i in mask_ids if i != c.mask_token_id][:MAX_MASK_CANDIDATES]
+        if not others:
+            yield (
+                Hypothesis("mask_token_id", None, "another mask token id"),
+                "the tokenizer has no other special token",
+            )
+        for i in others:
+            yield (
+                Hypothesis("mask_token_id", i, f"mask token id {i} ({mask_ids[i]})"),
+                replace(base, config=replace(c, mask_token_id=i)),
+            )
+    if "rope_theta" in kinds:
+        target = cache.target_config.get(
+            "rope_theta", (cache.target_config.get("rope_parameters") or {}).get("rope_theta")
+        )
+        thetas = sorted(
+            {float(t) for t in (target, *COMMON_ROPE_THETAS) if t is not None} - {float(c.rope_theta)}
+        )
+        for theta in thetas:
+            hyp = Hypothesis(
+                "rope_theta", theta, f"rope_theta {theta:g}" + (" (the target's)" if theta == target else "")
+            )
+            yield hyp, replace(base, config=replace(c, rope_theta=theta))
+    if "block_size" in kinds:
+        sizes = sorted({int(b) for b in block_sizes} - {c.block_size})
+        if not sizes:
+            hyp = Hypothesis("block_size", None, "another block size")
+            yield hyp, "no other block size is recorded (config, dflash_config and training_state agree)"
+        for b in sizes:
+            yield (
+                Hypothesis("block_size", b, f"block size {b}"),
+                replace(base, config=replace(c, block_size=b)),
+            )
+    if "dtype" in kinds:
+        other = "bf16" if base.dtype != "bf16" else "fp32"
+        yield Hypothesis("dtype", other, f"replayed in {other}"), replace(base, dtype=other)
+        if second_cache is not None:
+            yield (
+                Hypothesis(
+                    "dtype", f"cache:{second_cache}", "the same drafter on the second cache", fix=False
+                ),
+                replace(base, cache=1),
+            )
+            yield (
+                Hypothesis("dtype", "drift-noise", "the second cache's measured drift as noise", fix=False),
+                replace(base, noise=drift),
+            )
+    if "feature_ablation" in kinds:
+        for layer in c.target_layer_ids:
+            hyp = Hypothesis(
+                "feature_ablation", layer, f"target layer {layer} replaced by its mean", fix=False
+            )
+            yield hyp, replace(base, ablate_layer=layer)
+
+
+class DFlashReplayer:
+    """Replays Settings over fixed sequences of one or two caches (rows aligned by record id).
+
+    The target head is read once per dtype and shared by every replayed drafter.
+    """
+
+    def __init__(
+        self,
+        loaded: Any,
+        caches: Sequence[CacheView],
+        rows: Sequence[Sequence[int]],
+        *,
+        device: str = "cpu",
+        memory_gb: float = 2.0,
+        max_blocks_per_forward: int = 64,
+        seed: int = 0,
+        anchors: str = "chain",
+    ) -> None:
+        self.anchors = anchors
+        self.loaded, self.caches, self.rows = loaded, list(caches), [list(r) for r in rows]
+        self.device, self.memory_gb, self.max_blocks, self.seed = (
+            device,
+            memory_gb,
+            max_blocks_per_forward,
+            seed,
+        )
+        self._heads: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+
+    def _head(self, dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if dtype not in self._heads:
+            own = self.loaded.head
+            head = self.caches[0].target_head() if {"embed_tokens", "lm_head"} - own.keys() else {}
+            head = {**head, **own}
+            torch_dtype = DTYPES[dtype]
+            embed = head["embed_tokens"].to(device=self.device, dtype=torch_dtype)
+            lm_head = (
+                embed
+                if head["lm_head"] is head["embed_tokens"]
+                else head["lm_head"].to(device=self.device, dtype=torch_dtype)
+            )
+            d2t = head.get("d2t")
+            self._heads[dtype] = (embed, lm_head, None if d2t is None else d2t.to(self.device))
+        return self._heads[dtype]
+
+    def drafter(self, setting: Setting) -> DFlashDrafter:
+        """The drafter of ``setting``: the loaded weights under its config, head attached."""
+        drafter = DFlashDrafter(setting.config)
+        drafter.load_state_dict(self.loaded.state_dict)
+        drafter = drafter.to(device=self.device, dtype=DTYPES[setting.dtype]).eval()
+        drafter.attach_target(*self._head(setting.dtype))
+        drafter.block_position_offset = setting.block_position_offset
+        cache = self.caches[setting.cache]
+        drafter.context_norm = context_norm(setting.config, cache) if setting.last_layer_normed else None
+        return drafter
+
+    def features(self, setting: Setting, row: int) -> torch.Tensor:
+        """``[T, K*H]`` features of one sampled row under ``setting`` (noise, ablation applied)."""
+        cache = self.caches[setting.cache]
+        states = cache.hidden_states(row)
+        if setting.noise:
+            stored_dtype, states = states.dtype, states.float().clone()
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + row)
+            for layer, rel in setting.noise:
+                if layer in cache.layer_ids:
+                    slot = cache.layer_ids.index(layer)
+                    x = states[:, slot]
+                    scale = rel * x.norm(dim=-1, keepdim=True) / x.shape[-1] ** 0.5
+                    states[:, slot] = x + scale * torch.randn(x.shape, generator=gen)
+            states = states.to(stored_dtype)
+        index = feature_index(setting.config, cache.layer_ids)
+        norm = context_norm(setting.config, cache) if setting.last_layer_normed else None
+        feats = sequence_features(states, index, DTYPES[setting.dtype], self.device, norm)
+        if setting.ablate_layer is not None:
+            k = setting.config.num_features
+            slot = setting.config.target_layer_ids.index(setting.ablate_layer)
+            view = feats.view(feats.shape[0], k, -1)
+            view[:, slot] = view[:, slot].mean(dim=0, keepdim=True)
+        return feats
+
+    def replay(self, setting: Setting, *, all_anchors: bool | None = None) -> tuple[np.ndarray, float | None]:
+        """Per-request (tokens, rounds) ``[R, 2]`` in sample order, and with ``all_anchors`` the
+        training-log accept length over every anchor (else None).
+
+        ``all_anchors`` (default: the replayer's ``anchors == "all"``) drafts every anchor in a few
+        large forwards per sequence: the same tau, more drafting work, fewer calls; faster for
+        small drafters on CPU, where per-call overhead dominates the chain's one-round steps.
+        """
+        all_anchors = self.anchors == "all" if all_anchors is None else all_anchors
+        drafter = self.drafter(setting)
+        cache, rows = self.caches[setting.cache], self.rows[setting.cache]
+        prompt_lens = cache.index.column("prompt_len")
+        logs, accept = [], AcceptLen(0, 0)
+        group: list[dict] = []
+        tokens = 0
+
+        def flush() -> None:
+            nonlocal group, tokens
+            if group:
+                logs.extend(
+                    r.chain
+                    for r in score_sequences_chain(
+                        drafter, group, max_blocks_per_forward=self.max_blocks, memory_gb=self.memory_gb
+                    )
+                )
+            group, tokens = [], 0
+
+        for row in rows:
+            seq = {
+                "features": self.features(setting, row),
+                "token_ids": cache.token_ids(row),
+                "target_argmax": cache.target_argmax(row),
+                "prompt_len": prompt_lens[row].as_py(),
+                "row": row,
+            }
+            if all_anchors:
+                result = score_sequence(
+                    drafter, seq["features"], seq["token_ids"], seq["target_argmax"], seq["prompt_len"],
+                    row=row, max_blocks_per_forward=self.max_blocks, anchors="all", memory_gb=self.memory_gb,
+                )  # fmt: skip
+                logs.append(result.chain)
+                accept = accept + result.accept_len
+                continue
+            group.append(seq)
+            tokens += len(seq["token_ids"])
+            if tokens >= _TOKENS_PER_GROUP:
+                flush()
+        flush()
+        return request_totals(logs), accept.mean if all_anchors else None

@@ -1,0 +1,347 @@
+"""``scorer diagnose``: replay a drafter as configured, then once per hypothesis, and rank them.
+
+Named steps: load the drafter like ``scorer eval`` (same warnings) -> sample sequences (seeded,
+``DEFAULT_SAMPLE`` unless ``limit``) -> measure the second cache's drift, if any -> replay the
+baseline and every hypothesis of the drafter's family on the same sequences (chain anchors) ->
+rank (scorer/diagnose.py) -> the training-metric gap, ablation notes -> the JSON-ready report
+(``schemas/diagnose_report.schema.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+import hscache
+from hscache import schemas
+from hscache.capture.provenance import utc_now
+from hscache.store.view import CacheView
+from scorer.diagnose import (
+    DEFAULT_ALPHA,
+    DEFAULT_SAMPLE,
+    FAMILY_HYPOTHESES,
+    Outcome,
+    hypothesis_kinds,
+    rank_outcomes,
+    verdict,
+)
+from scorer.diagnose_dflash import DFlashReplayer, Setting, candidates, special_token_ids
+from scorer.errors import IncompatibleCacheError, ScorerError
+from scorer.families import family_for, probe_checkpoint
+from scorer.features import check_compatible, check_scorable
+from scorer.formats.files import read_training_state_contract
+from scorer.rows import EvalConfig, load_drafter
+
+__all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "diagnose_checkpoint"]
+
+DIAGNOSE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    """What ``scorer diagnose`` takes besides the checkpoint and caches; flags mirror the names."""
+
+    device: str = "cpu"
+    dtype: str = "fp32"
+    block_size: int | None = None
+    limit: int | None = None  # sequences sampled (default DEFAULT_SAMPLE)
+    seed: int = 0
+    n_boot: int = 1000
+    alpha: float = DEFAULT_ALPHA
+    train_metric: float | None = None
+    max_blocks_per_forward: int = 64
+    memory_gb: float = 2.0
+    anchors: str = "chain"  # "all": same tau, faster for tiny drafters on CPU (diagnose_dflash.py)
+    trust_checkpoint: bool = False
+    config_path: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def eval_config(self) -> EvalConfig:
+        return EvalConfig(
+            device=self.device,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            ddtree=(),
+            anchors="chain",
+            memory_gb=self.memory_gb,
+            max_blocks_per_forward=self.max_blocks_per_forward,
+            trust_checkpoint=self.trust_checkpoint,
+            config_path=self.config_path,
+            overrides=self.overrides,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
+        return d
+
+
+def sample_rows(cache: CacheView, n: int, seed: int) -> list[int]:
+    """``n`` seeded rows with a generated region (T-1 > P), sorted; all of them when fewer."""
+    lengths = cache.index.column("length").to_numpy()
+    prompts = cache.index.column("prompt_len").to_numpy()
+    eligible = np.flatnonzero(lengths - 1 - prompts > 0)
+    if len(eligible) == 0:
+        raise IncompatibleCacheError(
+            f"{cache.path}: no sequence has a generated region to draft on (every length - 1 <= prompt_len)"
+        )
+    if len(eligible) > n:
+        eligible = np.sort(np.random.default_rng(seed).choice(eligible, size=n, replace=False))
+    return [int(r) for r in eligible]
+
+
+def _align(cache: CacheView, other: CacheView, rows: list[int]) -> tuple[list[int], list[int]]:
+    """The sampled rows whose record id ``other`` also holds with a generated region, and their
+    rows in ``other`` (a request without rounds cannot enter a paired bootstrap)."""
+    ids = [cache.index.column("record_id")[r].as_py() for r in rows]
+    hits = np.flatnonzero(pc.is_in(other.index.column("record_id"), value_set=pa.array(ids)).to_numpy())
+    where = {other.index.column("record_id")[int(r)].as_py(): int(r) for r in hits}
+    lengths, prompts = other.index.column("length"), other.index.column("prompt_len")
+    kept = [
+        (r, where[i])
+        for r, i in zip(rows, ids)
+        if i in where and lengths[where[i]].as_py() - 1 - prompts[where[i]].as_py() > 0  # has a round
+    ]
+    return [a for a, _ in kept], [b for _, b in kept]
+
+
+def measure_drift(
+    cache: CacheView, other: CacheView, rows: Sequence[int], rows2: Sequence[int], layer_ids: Sequence[int]
+) -> dict[int, float]:
+    """Relative L2 ``||h2 - h1|| / ||h1||`` per target layer over the paired rows (fp32), over each
+    pair's common token prefix: where two greedy continuations part, their states are not the same
+    positions' any more, and that is divergence, not numerical drift."""
+    num = dict.fromkeys(layer_ids, 0.0)
+    den = dict.fromkeys(layer_ids, 0.0)
+    for r1, r2 in zip(rows, rows2):
+        x1, x2 = cache.token_ids(r1), other.token_ids(r2)
+        n = min(len(x1), len(x2))
+        differ = torch.nonzero(x1[:n] != x2[:n])
+        n = int(differ[0]) if len(differ) else n
+        a, b = cache.hidden_states(r1)[:n].float(), other.hidden_states(r2)[:n].float()
+        for layer in layer_ids:
+            x, y = a[:, cache.layer_ids.index(layer)], b[:, other.layer_ids.index(layer)]
+            num[layer] += float((y - x).pow(2).sum())
+            den[layer] += float(x.pow(2).sum())
+    return {layer: (num[layer] / den[layer]) ** 0.5 if den[layer] else 0.0 for layer in layer_ids}
+
+
+def _checkpoint_dir(checkpoint: str | Path) -> Path:
+    root = Path(checkpoint)
+    return root if root.is_dir() else root.parent
+
+
+def recorded_block_sizes(checkpoint: str | Path, contract: dict | None = None) -> list[int]:
+    """Block sizes a checkpoint records besides the configured one: config.json's top-level and
+    ``dflash_config`` values and a SpecForge training_state.pt contract (read here unless given)."""
+    root = _checkpoint_dir(checkpoint)
+    sizes = []
+    config_file = root / "config.json"
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            config = {}
+        for value in (config.get("block_size"), (config.get("dflash_config") or {}).get("block_size")):
+            if isinstance(value, int) and value >= 2:
+                sizes.append(value)
+    if contract is None:
+        contract, _ = read_training_state_contract(root, trust=False)
+    if contract and contract.get("block_size"):
+        sizes.append(int(contract["block_size"]))
+    return sizes
+
+
+def _ablation_notes(rows: list[dict], base_tau: float, last_layer: int | None) -> list[str]:
+    drops = sorted(((-r["gain"], r["value"]) for r in rows if r["kind"] == "feature_ablation"), reverse=True)
+    if not drops or base_tau <= 1:
+        return []
+    notes = []
+    (top, layer), rest = drops[0], drops[1:]
+    second = rest[0][0] if rest else 0.0
+    if top > 0.5 * (base_tau - 1) and top > 2 * max(second, 0.0):
+        notes.append(
+            f"the drafter leans on target layer {layer}: replacing it by its mean costs {top:.2f} of "
+            f"tau {base_tau:.2f} (the next largest cost: {second:.2f})"
+        )
+        if layer == last_layer:
+            notes.append(
+                f"layer {layer} is the target's last layer, the one its output head (and a distillation "
+                "loss) reads: a drafter that copies it takes a shortcut that tau on other data may not reward"
+            )
+    return notes
+
+
+def diagnose_checkpoint(
+    checkpoint: str | Path,
+    cache_paths: Sequence[str | Path],
+    config: DiagnoseConfig = DiagnoseConfig(),
+    on_hypothesis: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Diagnose ``checkpoint`` on the first cache (the second, if given, for the drift hypothesis).
+
+    Raises:
+        ScorerError subclasses with one-line messages (bad checkpoint, incompatible cache, flags).
+    """
+    t0 = time.perf_counter()
+    if not 1 <= len(cache_paths) <= 2:
+        raise ScorerError(
+            f"diagnose takes one --cache, or two to test the drift between them; got {len(cache_paths)}"
+        )
+    cache = hscache.open_cache(cache_paths[0])
+    eval_config = config.eval_config()
+    family = family_for(probe_checkpoint(checkpoint, eval_config.config_path)).name
+    if family not in FAMILY_HYPOTHESES:
+        raise ScorerError(
+            f"{checkpoint} is a {family} drafter; scorer diagnose tests the hypotheses of "
+            f"{', '.join(sorted(FAMILY_HYPOTHESES))} drafters so far: score it with scorer eval / scorer compare"
+        )
+    drafter, loaded = load_drafter(checkpoint, cache, eval_config)
+    kinds = hypothesis_kinds(family)
+    n_layers = cache.target_config.get("num_hidden_layers")
+    last_layer = None if n_layers is None else n_layers - 1
+    base = Setting(
+        config=loaded.config,
+        dtype=config.dtype,
+        last_layer_normed=(drafter.context_norm is not None)
+        if last_layer in loaded.config.target_layer_ids
+        else None,
+    )
+    del drafter
+    n_sample = config.limit or DEFAULT_SAMPLE
+    rows = sample_rows(cache, n_sample, config.seed)
+    caches, row_sets, drift, notes = [cache], [rows], None, []
+    second = str(cache_paths[1]) if len(cache_paths) == 2 else None
+    if second is not None:
+        other = hscache.open_cache(second)
+        check_scorable(other, second)
+        check_compatible(loaded.config, other, second)
+        rows, rows2 = _align(cache, other, rows)
+        if not rows:
+            raise IncompatibleCacheError(
+                f"{second} holds none of the sampled records of {cache_paths[0]}; the drift comparison "
+                "needs the same record ids in both caches"
+            )
+        drift = measure_drift(cache, other, rows, rows2, loaded.config.target_layer_ids)
+        caches, row_sets = [cache, other], [rows, rows2]
+    replayer = DFlashReplayer(
+        loaded,
+        caches,
+        row_sets,
+        device=config.device,
+        memory_gb=config.memory_gb,
+        max_blocks_per_forward=config.max_blocks_per_forward,
+        seed=config.seed,
+        anchors=config.anchors,
+    )
+    contract = read_training_state_contract(_checkpoint_dir(checkpoint), config.trust_checkpoint)[0] or {}
+    mask_ids = special_token_ids(cache.tokenizer(), loaded.config.vocab_size)
+    for extra, why in (
+        (cache.mask_token_id, "the cache's mask"),
+        (contract.get("mask_token_id"), "training_state.pt"),
+    ):
+        if extra is not None and 0 <= int(extra) < loaded.config.vocab_size:
+            mask_ids.setdefault(int(extra), why)
+    if on_hypothesis:
+        on_hypothesis("baseline")
+    baseline, _ = replayer.replay(base)
+    outcomes, settings = [], []
+    for hyp, setting in candidates(
+        base,
+        cache,
+        kinds,
+        mask_ids=mask_ids,
+        block_sizes=recorded_block_sizes(checkpoint, contract),
+        second_cache=second,
+        drift=tuple(sorted(drift.items())) if drift else (),
+    ):
+        if isinstance(setting, str):
+            outcomes.append(Outcome(hyp, untested=setting))
+            continue
+        if on_hypothesis:
+            on_hypothesis(hyp.label)
+        outcomes.append(Outcome(hyp, totals=replayer.replay(setting)[0]))
+        settings.append((hyp, setting))
+    ranked = rank_outcomes(baseline, outcomes, n_boot=config.n_boot, seed=config.seed, alpha=config.alpha)
+    notes += _ablation_notes(ranked["hypotheses"], ranked["baseline"]["tau_pooled"], last_layer)
+    report = {
+        "schema_version": DIAGNOSE_SCHEMA_VERSION,
+        "family": family,
+        "kinds": list(kinds),
+        **ranked,
+        "verdict": verdict(ranked),
+        "sample": {
+            "sequences": len(rows),
+            "of": len(cache),
+            "seed": config.seed,
+            "default": DEFAULT_SAMPLE,
+            "anchors": config.anchors,
+        },
+        "drift": _drift_block(second, drift, ranked["hypotheses"]),
+        "train_metric": None,
+        "notes": notes,
+        "warnings": list(loaded.report.warnings),
+        "config": config.to_dict(),
+        "checkpoint": loaded.report.to_dict(),
+        "cache": {
+            "path": str(getattr(cache, "url", cache.path)),
+            "sequences": len(cache),
+            "layer_ids": cache.layer_ids,
+        },
+        "seconds": 0.0,
+        "created_at": utc_now(),
+    }
+    if config.train_metric is not None:
+        report["train_metric"] = _train_metric_block(config.train_metric, replayer, base, ranked, settings)
+    report["seconds"] = time.perf_counter() - t0
+    schemas.validate(report, "diagnose_report")
+    return report
+
+
+def _drift_block(second: str | None, drift: dict[int, float] | None, rows: list[dict]) -> dict | None:
+    if second is None or drift is None:
+        return None
+    by_value = {r["value"]: r for r in rows if r["kind"] == "dtype"}
+    cache_row, noise_row = by_value.get(f"cache:{second}"), by_value.get("drift-noise")
+    explained = None
+    if cache_row and noise_row and abs(cache_row["gain"]) > 1e-12:
+        explained = noise_row["gain"] / cache_row["gain"]
+    return {
+        "cache": second,
+        "per_layer_rel_l2": {str(k): v for k, v in drift.items()},
+        "tau_delta": None if cache_row is None else {"delta": cache_row["gain"], "ci": cache_row["ci"]},
+        "noise_tau_delta": None if noise_row is None else {"delta": noise_row["gain"], "ci": noise_row["ci"]},
+        "explained_fraction": explained,
+    }
+
+
+def _train_metric_block(
+    metric: float, replayer: DFlashReplayer, base: Setting, ranked: dict, settings: list
+) -> dict[str, Any]:
+    """The dashboard's accept length set against the same metric (every anchor) on this cache,
+    as configured and under the best fix."""
+    _, base_len = replayer.replay(base, all_anchors=True)
+    best = ranked["finding"] or next((r for r in ranked["hypotheses"] if r["fix"]), None)
+    best_len = base_len
+    if best is not None:
+        match = next(s for h, s in settings if h.kind == best["kind"] and h.value == best["value"])
+        _, best_len = replayer.replay(match, all_anchors=True)
+    return {
+        "value": metric,
+        "definition": "training-log accept length: leading correct slots over every anchor, no +1",
+        "train_accept_len": base_len,
+        "best_kind": None if best is None else best["kind"],
+        "best_value": None if best is None else best["value"],
+        "train_accept_len_best": best_len,
+        "gap": None if base_len is None else metric - base_len,
+        "gap_after_best": None if best_len is None else metric - best_len,
+    }

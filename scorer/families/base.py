@@ -1,0 +1,150 @@
+"""What a drafter family plugs into the scorer: the seam shared by every family.
+
+The scorer owns ONE replay loop (scorer.replay: rounds, tau, off-greedy cuts), ONE report
+(scorer.report.build) and ONE loader entry point (scorer.rows.load_drafter). A family owns the
+rest, in its own module under scorer/families/: how a checkpoint of its layouts is recognised
+(`claims`), its config mapping and model (`load`), and how it drafts a cached sequence
+(`score_rows`, which hands per-anchor drafts to the shared replay).
+
+A loaded drafter carries ``family`` (the family's name) so the shared code can dispatch, and a
+``config`` with ``block_size`` (drafted slots + 1: DFlash's block, or K + 1 for a chain of K
+speculative tokens), ``target_layer_ids`` (this project's convention: the OUTPUT of decoder layer
+i) and ``to_hf_config()`` (written into the report as ``drafter``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CheckpointProbe",
+    "Family",
+    "OnlineOptions",
+    "Proposer",
+    "TARGET_PREFIX",
+    "attention_flops",
+    "linear_params",
+]
+
+# A CKPT naming a head that ships inside the cache's target (e.g. "target:mtp").
+TARGET_PREFIX = "target:"
+
+
+@dataclass(frozen=True)
+class CheckpointProbe:
+    """What families look at to claim a checkpoint, read once and cheaply (no weights loaded).
+
+    Attributes:
+        path: the checkpoint as given (a path, or ``target:<head>``).
+        config: the parsed ``config.json`` beside the weights, or the ``--config`` file, or None.
+        weight_keys: tensor names of a safetensors checkpoint (from the headers), else None.
+    """
+
+    path: str
+    config: dict[str, Any] | None
+    weight_keys: frozenset[str] | None
+
+
+# propose(hidden [p, K, H] raw target layer outputs in the drafter's layer order for positions
+# 0..p-1, token ids 0..p, anchor p) -> the drafted token ids d_1..d_k (``scorer online``).
+Proposer = Callable[[Any, list[int], int], list[int]]
+
+
+@dataclass(frozen=True)
+class OnlineOptions:
+    """What ``scorer online`` passes a family's online loader besides the checkpoint and target."""
+
+    overrides: dict[str, Any]
+    trust_checkpoint: bool = False
+    config_path: str | None = None
+    num_speculative_tokens: int | None = None
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One drafter family.
+
+    Attributes:
+        name: short name, written into reports (``drafter.family``).
+        layouts: human-readable names of the checkpoint layouts it reads (docs, errors).
+        claims: probe -> True when this family reads the checkpoint.
+        load: (checkpoint, cache, eval config) -> (drafter, loaded checkpoint with ``.report``).
+        score_rows: (drafter, cache, rows, eval config, on_sequence) -> list of SequenceResult.
+        effective_config: eval config -> the config this family actually scores with (e.g. an
+            autoregressive family drops DDTree budgets, which are a block-family mode).
+        autoregressive: drafts one token per forward (chain K / tree modes apply).
+        online: (checkpoint, target, OnlineOptions) -> (target layer ids, Proposer, LoadReport) for
+            ``scorer online`` (the target verifying); None when the family has no online path yet.
+        cost: (drafter, tau, mean context length) -> {"draft_forwards_per_round",
+            "flops_per_round"}: the serving work of one round, estimated from the shapes.
+        time_round: (drafter, features [T, K*H], token ids [T], anchor p, tau) -> (seconds, drafts):
+            one served round's drafter work at p, its context already cached (what a serving engine
+            keeps between rounds) and timed from the newly verified tokens to the last draft.
+    """
+
+    name: str
+    layouts: tuple[str, ...]
+    claims: Callable[[CheckpointProbe], bool]
+    load: Callable[..., tuple[Any, Any]]
+    score_rows: Callable[..., list[Any]]
+    effective_config: Callable[[Any], Any] = lambda config: config
+    autoregressive: bool = False
+    online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
+    cost: Callable[..., dict[str, Any]] | None = None
+    time_round: Callable[..., tuple[float, list[int]]] | None = None
+
+
+def linear_params(module: Any) -> int:
+    """Weights of the nn.Linear layers under ``module`` (the matmul parameters a token passes through)."""
+    from torch import nn
+
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def attention_flops(config: Any, tokens: float, context: float) -> float:
+    """QK^T and PV of ``tokens`` queries over ``context`` keys, every layer: 4 * heads * D * ctx each."""
+    return 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context * tokens
+
+
+def probe_checkpoint(path: str | Path, config_path: str | None = None) -> CheckpointProbe:
+    """Read the config (beside the weights, or ``config_path``) and safetensors key names, if any.
+
+    Malformed files are left for the family's loader to report (it names the file and the fix).
+    """
+    import json
+
+    text = str(path)
+    if text.startswith(TARGET_PREFIX):
+        return CheckpointProbe(text, None, None)
+    root = Path(path)
+    config: dict[str, Any] | None = None
+    source = Path(config_path) if config_path else root / "config.json"
+    if source.is_file():
+        try:
+            loaded = json.loads(source.read_text())
+            config = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError):
+            config = None
+    return CheckpointProbe(text, config, _safetensors_keys(root))
+
+
+def _safetensors_keys(root: Path) -> frozenset[str] | None:
+    files = [root] if root.is_file() and root.suffix == ".safetensors" else []
+    if root.is_dir():
+        files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return None
+    keys: set[str] = set()
+    try:
+        from safetensors import safe_open
+
+        for f in files:
+            with safe_open(str(f), framework="pt") as handle:
+                keys.update(handle.keys())
+    except Exception:  # a corrupt file: the loader reports it with the file's name
+        return None
+    return frozenset(keys)

@@ -1,0 +1,379 @@
+"""The DFlash family (spec/dflash.md): block drafting from one forward, DDTree.
+
+Its config mapping (scorer.config), model (scorer.model), layout readers (scorer.checkpoint,
+scorer.formats) and per-sequence scoring (scorer.score) predate the family seam and stay where
+they are; this module is the family's entry in the registry: how it is recognised, loaded and
+scored on the shared replay loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hscache.capture.target import check_device
+from hscache.store.dtypes import DTYPES
+from hscache.store.view import CacheView
+from scorer.checkpoint import LoadedCheckpoint, in_memory_checkpoint, load_checkpoint
+from scorer.config import DrafterConfig
+from scorer.errors import CheckpointError, ScorerError
+from scorer.families.base import (
+    CheckpointProbe,
+    Family,
+    OnlineOptions,
+    Proposer,
+    attention_flops,
+    linear_params,
+)
+from scorer.features import (
+    attach_cache_head,
+    cache_fallbacks,
+    check_compatible,
+    check_scorable,
+    context_norm,
+    feature_index,
+    sequence_features,
+)
+from scorer.model import DFlashDrafter
+from scorer.score import SequenceResult, score_sequence, score_sequences_chain
+
+__all__ = ["DFLASH", "category_of", "dflash_proposer", "module_drafter", "target_fallbacks"]
+
+
+def _claims(probe: CheckpointProbe) -> bool:
+    # The default family: anything that is not a target head (DFlash's loader names what is
+    # wrong with a file that turns out to be something else).
+    return not probe.path.startswith("target:")
+
+
+def _overrides(config: Any) -> dict[str, Any]:
+    overrides = dict(config.overrides)
+    if config.block_size is not None:
+        overrides["block_size"] = config.block_size
+    return overrides
+
+
+def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[DFlashDrafter, LoadedCheckpoint]:
+    """Load a DFlash checkpoint of any supported layout, check it against ``cache``, ready it.
+
+    Raises:
+        CheckpointError: also when a chain/tree drafting setting is given (DFlash drafts a block).
+    """
+    if config.num_speculative_tokens is not None or config.tree is not None:
+        raise CheckpointError(
+            f"{checkpoint}: --num-speculative-tokens / --tree are for autoregressive drafters (EAGLE-3, "
+            "MTP); a DFlash drafter drafts a block: use --block-size and --ddtree"
+        )
+    loaded = load_checkpoint(
+        checkpoint,
+        overrides=_overrides(config),
+        fallbacks=cache_fallbacks(cache),
+        trust_checkpoint=config.trust_checkpoint,
+        config_path=config.config_path,
+    )
+    check_compatible(loaded.config, cache, str(cache.path))
+    check_sizes(loaded, cache, config)
+    dtype = DTYPES[config.dtype]
+    drafter = DFlashDrafter(loaded.config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=config.device, dtype=dtype).eval()
+    attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
+    drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
+    return drafter, loaded
+
+
+def check_sizes(loaded: LoadedCheckpoint, cache: CacheView, config: Any) -> None:
+    """Bound every size that comes from a flag, a config or the cache before anything is allocated.
+
+    The block size must fit the cache's longest sequence, and one forward's attention working set
+    (``max_blocks_per_forward`` blocks of B queries over up to longest + B keys, float32) must fit
+    ``--memory-gb``; the drafter the config describes, built on the meta device (nothing
+    allocated), must hold no more than twice the checkpoint's parameters (a config claiming 10^9
+    layers or a huge intermediate size is refused instead of allocated).
+
+    Raises:
+        ScorerError: naming the flag or config field and the bound (one line).
+    """
+    import torch
+
+    B = int(loaded.config.block_size)
+    longest = int(cache.index.column("length").to_numpy().max())
+    source = "--block-size" if config.block_size is not None else "the drafter's block_size"
+    if B > longest:
+        raise ScorerError(
+            f"{source} {B} is longer than the longest sequence in the cache ({longest} tokens); no block "
+            f"could ever be drafted: pass a block size of at most {longest} (drafters use 4-16)"
+        )
+    working = config.max_blocks_per_forward * B * (longest + B) * 4
+    if working > config.memory_gb * 2**30:
+        raise ScorerError(
+            f"{source} {B} needs ~{working / 2**30:.1f} GB per forward ({config.max_blocks_per_forward} blocks "
+            f"of {B} queries over up to {longest + B} keys), more than --memory-gb {config.memory_gb}: pass a "
+            "smaller block size or a larger --memory-gb"
+        )
+    with torch.device("meta"):
+        described = sum(p.numel() for p in DFlashDrafter(loaded.config).parameters())
+    held = sum(t.numel() for t in loaded.state_dict.values())
+    if described > 2 * held + (1 << 20):
+        raise ScorerError(
+            f"the drafter's config describes {described:,} parameters but the checkpoint holds {held:,}; "
+            "its config.json (num_hidden_layers, hidden/intermediate sizes) does not match its weights"
+        )
+
+
+def module_drafter(
+    module_or_state_dict: Any, cache: CacheView, config: Any, eval_config: Any
+) -> tuple[DFlashDrafter, LoadedCheckpoint]:
+    """An in-memory drafter readied for ``cache`` like ``load_drafter`` readies a file: a copy of
+    the weights in eval mode on ``eval_config``'s device and dtype, the target head attached.
+
+    Raises:
+        CheckpointError: no config for a state_dict, or weights that do not fit the config.
+        IncompatibleCacheError: the drafter does not fit the cache.
+    """
+    import torch
+
+    if isinstance(module_or_state_dict, DFlashDrafter):
+        state_dict = module_or_state_dict.state_dict()
+        config = config if config is not None else module_or_state_dict.config
+        attached = (
+            module_or_state_dict.embed_weight is not None and module_or_state_dict.lm_head_weight is not None
+        )
+    elif isinstance(module_or_state_dict, torch.nn.Module):
+        state_dict, attached = module_or_state_dict.state_dict(), False
+    else:
+        state_dict, attached = dict(module_or_state_dict), False
+    if config is None:
+        raise CheckpointError(
+            "evaluate_module needs the drafter's config (a DrafterConfig or HF dict) with a state_dict"
+        )
+    if not isinstance(config, DrafterConfig):
+        try:
+            config = DrafterConfig.from_hf_config(dict(config))
+        except ValueError as e:
+            raise CheckpointError(f"evaluate_module config: {e}") from e
+    if eval_config.block_size is not None:
+        config = dataclasses.replace(config, block_size=eval_config.block_size)
+    check_device(eval_config.device)
+    check_scorable(cache, str(getattr(cache, "url", cache.path)))
+    check_compatible(config, cache, str(cache.path))
+    loaded = in_memory_checkpoint(config, {k: v.detach() for k, v in state_dict.items()})
+    dtype = DTYPES[eval_config.dtype]
+    drafter = DFlashDrafter(config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=eval_config.device, dtype=dtype).eval()
+    if attached:  # the training loop's module already holds the target head: no cache read
+        source = module_or_state_dict
+        drafter.attach_target(
+            source.embed_weight.to(device=eval_config.device, dtype=dtype),
+            source.lm_head_weight.to(device=eval_config.device, dtype=dtype),
+            source.draft_to_target,
+        )
+        if source.draft_to_target is not None:
+            drafter.draft_to_target = source.draft_to_target.to(eval_config.device)
+    else:
+        attach_cache_head(drafter, cache, dtype, eval_config.device)
+    drafter.context_norm = context_norm(config, cache)
+    return drafter, loaded
+
+
+def category_of(cache: CacheView, row: int) -> str | None:
+    """The index's ``category`` of ``row`` (None when the cache has no categories)."""
+    if "category" not in cache.index.column_names:
+        return None
+    value = cache.index.column("category")[row].as_py()
+    return None if value is None else str(value)
+
+
+def score_rows(
+    drafter: DFlashDrafter,
+    cache: CacheView,
+    rows: Sequence[int],
+    config: Any,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
+) -> list[SequenceResult]:
+    """Score the cache's sequences ``rows`` (the unit of work the distributed path ships);
+    ``on_sequence`` gets each result as it is done (progress)."""
+    index = feature_index(drafter.config, cache.layer_ids)
+    dtype = DTYPES[config.dtype]
+    # Per row, never the whole index as Python lists (a cache may index millions of sequences).
+    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
+    norm = getattr(drafter, "context_norm", None)  # the last layer as hidden_states[L] (features.py)
+    if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
+        sequences = [
+            {
+                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device, norm),
+                "token_ids": cache.token_ids(row),
+                "target_argmax": cache.target_argmax(row),
+                "prompt_len": prompt_lens[row].as_py(),
+                "row": row,
+                "record_id": record_ids[row].as_py(),
+                "category": category_of(cache, row),
+            }
+            for row in rows
+        ]
+        results = score_sequences_chain(
+            drafter,
+            sequences,
+            ddtree_budgets=tuple(config.ddtree),
+            max_blocks_per_forward=config.max_blocks_per_forward,
+            memory_gb=config.memory_gb,
+        )
+        if on_sequence:
+            for result in results:
+                on_sequence(result)
+        return results
+    results = []
+    for row in rows:
+        features = sequence_features(cache.hidden_states(row), index, dtype, config.device, norm)
+        results.append(
+            score_sequence(
+                drafter,
+                features,
+                cache.token_ids(row),
+                cache.target_argmax(row),
+                prompt_lens[row].as_py(),
+                row=row,
+                record_id=record_ids[row].as_py(),
+                category=category_of(cache, row),
+                ddtree_budgets=tuple(config.ddtree),
+                max_blocks_per_forward=config.max_blocks_per_forward,
+                anchors=config.anchors,
+                memory_gb=config.memory_gb,
+            )
+        )
+        if on_sequence:
+            on_sequence(results[-1])
+    return results
+
+
+def target_fallbacks(target: Any) -> dict[str, Any]:
+    """What a config-less checkpoint takes from a loaded target (``scorer online``)."""
+    config = target.text_config
+    rope = getattr(config, "rope_parameters", None) or {}
+    return {
+        "mask_token_id": target.mask_token_id,
+        "vocab_size": int(config.vocab_size),
+        "rope_theta": getattr(config, "rope_theta", None) or rope.get("rope_theta"),
+        "num_target_layers": target.num_layers,
+        "rms_norm_eps": getattr(config, "rms_norm_eps", None),
+    }
+
+
+def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -> Proposer:
+    """DFlash's round: one block forward at the anchor (the last layer read after the final norm
+    where the layout reads transformers' hidden_states[L])."""
+    import torch
+
+    config = drafter.config
+    layer_ids = list(config.target_layer_ids)
+    last = target.num_layers - 1
+    last_slot = layer_ids.index(last) if last in layer_ids and layout != "speculators" else None
+    base = target.model.model
+    final_norm = getattr(getattr(base, "language_model", base), "norm", None)
+
+    def propose(hidden: Any, ids: list[int], p: int) -> list[int]:
+        features = hidden  # [p, K, H] pre-norm layer outputs
+        if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
+            features = features.clone()
+            with torch.no_grad():
+                features[:, last_slot] = final_norm(features[:, last_slot])
+        features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
+        block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
+        block[0, 0] = ids[p]
+        rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        return drafter.head(rows[0]).float().argmax(-1).tolist()  # d_1..d_{B-1}
+
+    return propose
+
+
+def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head)."""
+    loaded = load_checkpoint(
+        checkpoint,
+        overrides=options.overrides,
+        fallbacks=target_fallbacks(target),
+        trust_checkpoint=options.trust_checkpoint,
+        config_path=options.config_path,
+    )
+    model_dtype = target.model.dtype
+    device = options.device
+    drafter = DFlashDrafter(loaded.config)
+    drafter.load_state_dict(loaded.state_dict)
+    drafter = drafter.to(device=device, dtype=model_dtype).eval()
+    own = loaded.head  # a speculators drafter's own embed_tokens / lm_head / d2t
+    drafter.attach_target(
+        own["embed_tokens"].to(device, model_dtype)
+        if "embed_tokens" in own
+        else target.model.get_input_embeddings().weight.detach(),
+        own["lm_head"].to(device, model_dtype)
+        if "lm_head" in own
+        else target.model.get_output_embeddings().weight.detach(),
+        own["d2t"].to(device) if "d2t" in own else None,
+    )
+    propose = dflash_proposer(target, drafter, loaded.report.layout)
+    return list(loaded.config.target_layer_ids), propose, loaded.report
+
+
+def cost(drafter: DFlashDrafter, tau: float, context: float) -> dict[str, Any]:
+    """One round served: ONE forward of the B-slot block (every layer), the newly verified ~tau
+    context rows through fc and each layer's k/v projections, the head on the B-1 drafted slots."""
+    c = drafter.config
+    block = c.block_size
+    kv = sum(
+        linear_params(layer.self_attn.k_proj) + linear_params(layer.self_attn.v_proj)
+        for layer in drafter.layers
+    )
+    flops = 2.0 * linear_params(drafter.layers) * block
+    flops += 2.0 * (drafter.fc.weight.numel() + kv) * tau
+    flops += (
+        2.0
+        * c.hidden_size
+        * (len(drafter.draft_to_target) if drafter.draft_to_target is not None else c.vocab_size)
+        * (block - 1)
+    )
+    flops += attention_flops(c, block, context + block)
+    return {"draft_forwards_per_round": 1, "flops_per_round": flops}
+
+
+def time_round(
+    drafter: DFlashDrafter, features: Any, token_ids: Any, anchor: int, tau: float
+) -> tuple[float, list[int]]:
+    """One served round at ``anchor``: the block forward and the head over its B-1 slots, the
+    context's keys/values already projected (built untimed; a round adds ~tau context rows)."""
+    import time
+
+    import torch
+
+    c = drafter.config
+    device = drafter.fc.weight.device
+    features = features.to(device)
+    with torch.no_grad():
+        context = drafter.context_kv(features[:anchor])
+        block = torch.full((1, c.block_size), c.mask_token_id, dtype=torch.long, device=device)
+        block[0, 0] = int(token_ids[anchor])
+        t0 = time.perf_counter()
+        rows = drafter.block_hidden(
+            features, torch.tensor([anchor], device=device), block, max_blocks_per_forward=1, context=context
+        )
+        out = drafter.head(rows[0]).float().argmax(-1).tolist()
+        return time.perf_counter() - t0, out
+
+
+DFLASH = Family(
+    name="dflash",
+    layouts=(
+        "z-lab DFlash HF directory",
+        "SpecForge DFlash export / training_state.pt",
+        "speculators DFlash",
+        "training pickles (.pt/.pth/.bin)",
+    ),
+    claims=_claims,
+    load=load,
+    score_rows=score_rows,
+    online=online,
+    cost=cost,
+    time_round=time_round,
+)

@@ -1,0 +1,209 @@
+"""The EAGLE-3 family: config mapping (config.py), model (model.py), layout readers (layouts.py),
+batched drafting (drafting.py), scored on the shared replay loop and report."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hscache.store.dtypes import DTYPES
+from hscache.store.view import CacheView
+from scorer.errors import ScorerError
+from scorer.families.base import CheckpointProbe, Family, attention_flops, linear_params
+from scorer.families.dflash import category_of
+from scorer.families.eagle3.config import is_eagle3_config
+from scorer.families.eagle3.drafting import draft_every_anchor, tree_depths
+from scorer.families.eagle3.layouts import load_eagle3
+from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.families.eagle3.online import online
+from scorer.features import sequence_features
+from scorer.metrics import acceptance_counts, train_accept_len
+from scorer.replay import replay_chain, round_loop
+from scorer.score import SequenceResult
+
+__all__ = ["EAGLE3", "check_tree", "score_sequence_eagle3"]
+
+
+def _claims(probe: CheckpointProbe) -> bool:
+    if probe.config is not None:
+        return is_eagle3_config(probe.config)
+    keys = probe.weight_keys or frozenset()
+    return any(k.endswith(("midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight")) for k in keys)
+
+
+def score_sequence_eagle3(
+    drafter: Eagle3Drafter,
+    features: Any,
+    token_ids: Any,
+    target_argmax: Any,
+    prompt_len: int,
+    *,
+    row: int = 0,
+    record_id: str = "",
+    category: str | None = None,
+    memory_gb: float = 2.0,
+    teacher_forced: bool = True,
+    tree: tuple[int, int, int] | None = None,
+) -> SequenceResult:
+    """Served chain drafts at every anchor, the shared replay, and the teacher-forced counts beside."""
+    K = drafter.config.num_speculative_tokens
+    x, a = token_ids.cpu().numpy(), target_argmax.cpu().numpy()
+    draft = draft_every_anchor(drafter, features, token_ids, prompt_len, K, memory_gb=memory_gb)
+    chain = replay_chain(draft, x, a, prompt_len, K + 1)
+    visited = np.asarray([p - prompt_len for p in chain.anchors], dtype=np.int64)
+    extras = {}
+    if teacher_forced:
+        forced = draft_every_anchor(
+            drafter, features, token_ids, prompt_len, K, teacher_forced=True, memory_gb=memory_gb
+        )
+        extras = {
+            "teacher_forced_acceptance": acceptance_counts(forced, x, a, prompt_len),
+            "teacher_forced_accept_len": train_accept_len(forced, x, a, prompt_len),
+        }
+    if tree is not None:
+        depths = tree_depths(
+            drafter, features, token_ids, target_argmax, prompt_len, tree, memory_gb=memory_gb
+        )
+        loop = round_loop(x, a, prompt_len)
+        while not loop.done:
+            loop.step(int(depths[loop.p - prompt_len]))
+        extras["tree"] = loop.log()
+    return SequenceResult(
+        row=row,
+        record_id=record_id,
+        category=category,
+        chain=chain,
+        ddtree={},
+        ddtree_surrogate={},
+        acceptance=acceptance_counts(draft, x, a, prompt_len),
+        accept_len=train_accept_len(draft, x, a, prompt_len),
+        chain_drafts=draft[visited] if len(visited) else np.zeros((0, K), dtype=np.int64),
+        drafted_anchors=len(draft),
+        extras=extras,
+    )
+
+
+def score_rows(
+    drafter: Eagle3Drafter,
+    cache: CacheView,
+    rows: Sequence[int],
+    config: Any,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
+) -> list[SequenceResult]:
+    """Score the cache's sequences ``rows``: features in the drafter's layer order, raw layer outputs
+    (vLLM captures aux states as ``hidden_states + residual``, before any final norm)."""
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    dtype = DTYPES[config.dtype]
+    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
+    results = []
+    for row in rows:
+        features = sequence_features(cache.hidden_states(row), index, dtype, config.device, None)
+        results.append(
+            score_sequence_eagle3(
+                drafter,
+                features,
+                cache.token_ids(row),
+                cache.target_argmax(row),
+                prompt_lens[row].as_py(),
+                row=row,
+                record_id=record_ids[row].as_py(),
+                category=category_of(cache, row),
+                memory_gb=config.memory_gb,
+                tree=config.tree,
+            )
+        )
+        if on_sequence:
+            on_sequence(results[-1])
+    return results
+
+
+def check_tree(tree: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """SGLang's tree settings as SGLang takes them: topk 1 means a chain of steps + 1 tokens
+    (server_args adjusts speculative_num_draft_tokens), and N - 1 candidates must exist.
+
+    Raises:
+        ScorerError: more draft tokens than the tree has candidates (named).
+    """
+    if tree is None:
+        return None
+    steps, topk, tokens = tree
+    if topk == 1:
+        return (steps, 1, steps + 1)
+    candidates = topk + (steps - 1) * topk * topk
+    if not 2 <= tokens <= candidates + 1:
+        raise ScorerError(
+            f"--tree {steps},{topk},{tokens}: TOKENS must be 2..{candidates + 1} (the root plus at most "
+            f"the {candidates} candidates of {steps} steps with topk {topk})"
+        )
+    return tree
+
+
+def _effective(config: Any) -> Any:
+    # DDTree is a block-family mode; the batched EAGLE-3 path always drafts every anchor.
+    return dataclasses.replace(config, ddtree=(), anchors="all", tree=check_tree(config.tree))
+
+
+def cost(drafter: Eagle3Drafter, tau: float, context: float) -> dict[str, Any]:
+    """One chain round served (vLLM propose): step 0 over the ~tau newly verified rows (fc and every
+    layer; the head on the last row only), then K-1 one-row steps; K forwards in all."""
+    c = drafter.config
+    k = c.num_speculative_tokens
+    rows = tau + k - 1
+    flops = 2.0 * drafter.fc.weight.numel() * tau + 2.0 * linear_params(drafter.layers) * rows
+    flops += 2.0 * drafter.lm_head.weight.numel() * k
+    flops += attention_flops(c, rows, context)
+    return {"draft_forwards_per_round": k, "flops_per_round": flops}
+
+
+def time_round(
+    drafter: Eagle3Drafter, features: Any, token_ids: Any, anchor: int, tau: float
+) -> tuple[float, list[int]]:
+    """One served chain round at ``anchor``: step 0 over the ~tau newly verified rows against the
+    cached prefix (``extend``), then K-1 one-row steps; the prefix's step-0 keys are built untimed."""
+    import time
+
+    import torch
+
+    k = drafter.config.num_speculative_tokens
+    new = max(1, min(anchor, round(tau)))
+    start = anchor - new
+    device = drafter.fc.weight.device
+    tokens, feats = token_ids.to(device), features.to(device)
+    c = drafter.config
+    with torch.no_grad():
+        if start:
+            _, _, cache = drafter.step0(feats, tokens, start)
+        else:
+            empty = feats.new_zeros(0, c.num_key_value_heads, c.head_dim)
+            cache = [(empty, empty) for _ in drafter.layers]
+        t0 = time.perf_counter()
+        normed, fed, kv = drafter.extend(feats[start:anchor], tokens[start + 1 : anchor + 1], start, cache)
+        row = torch.tensor([anchor - 1], device=device)
+        token = drafter.to_target(drafter.head_logits(normed[-1:]).float().argmax(-1))
+        drafted, fed, own = [token], fed[-1:], [[] for _ in drafter.layers]
+        for j in range(1, k):
+            normed, fed = drafter.step(row, drafted[-1], fed, j, kv, own)
+            drafted.append(drafter.to_target(drafter.head_logits(normed).float().argmax(-1)))
+        out = torch.cat(drafted).tolist()  # .tolist() waits for the device
+        return time.perf_counter() - t0, out
+
+
+EAGLE3 = Family(
+    name="eagle3",
+    layouts=(
+        "speculators Eagle3Speculator directory",
+        "SpecForge LlamaForCausalLMEagle3 export / training checkpoints",
+        "original EAGLE-3 release (config.json + pytorch_model.bin)",
+    ),
+    claims=_claims,
+    load=load_eagle3,
+    score_rows=score_rows,
+    effective_config=_effective,
+    autoregressive=True,
+    online=online,
+    cost=cost,
+    time_round=time_round,
+)

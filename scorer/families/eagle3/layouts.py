@@ -1,0 +1,284 @@
+"""Reading EAGLE-3 checkpoints of every layout into an `Eagle3Drafter` checked against a cache.
+
+Layouts and their key names:
+- speculators ``Eagle3Speculator`` directory: config.json (``speculators_model_type: eagle3``) +
+  model.safetensors with ``fc``, ``layers.N.*`` (``layers.0.hidden_norm``), ``norm``, ``lm_head``,
+  ``embed_tokens``, ``d2t``/``t2d``, optionally ``input_norm`` / ``fc_norm.N``.
+- SpecForge ``LlamaForCausalLMEagle3`` export (config.json + model.safetensors) and its training
+  checkpoints (``epoch_E_step_S/`` HF directories; ``{run}-stepN/training_state.pt`` with
+  ``draft_state_dict`` and the draft config passed by ``--config``): ``midlayer.*`` for layer 0.
+- the original EAGLE-3 release (``yuhuili/EAGLE3-*``): config.json + pytorch_model.bin, ``midlayer.*``.
+vLLM renames ``midlayer.`` to ``layers.0.`` (llama_eagle3.py ``load_weights``); so does this reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hscache.store.dtypes import DTYPES
+from hscache.store.fsio import file_sha256
+from hscache.store.view import CacheView
+from scorer.checkpoint import LoadReport, combine_file_digests, state_dict_sha256
+from scorer.errors import CheckpointError, IncompatibleCacheError
+from scorer.families.eagle3.config import (
+    ENGINE_DEFAULT_K,
+    ENGINE_DEFAULT_K_SOURCE,
+    Eagle3Config,
+    from_hf_eagle3,
+    from_speculators,
+)
+from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.formats.files import FORMAT_PICKLE, few, read_json, read_weights, resolve_files
+
+__all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
+
+_PREFIXES = ("module.", "_orig_mod.", "draft_model.", "model.")
+_OWN_HEAD = ("embed_tokens.weight", "d2t", "t2d")
+_IGNORED = ("verifier_lm_head.weight", "verifier_norm.weight")  # speculators training-only
+
+
+def _normalize(
+    raw: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
+    """(drafter weights, own head tensors, what was renamed/stripped/dropped)."""
+    weights, head, changes = {}, {}, set()
+    for original, tensor in raw.items():
+        key = original
+        while prefix := next((p for p in _PREFIXES if key.startswith(p)), None):
+            key = key[len(prefix) :]
+            changes.add(f"stripped {prefix}")
+        key = key.replace("_orig_mod.", "")
+        if key.startswith("midlayer."):
+            key = "layers.0." + key[len("midlayer.") :]
+            changes.add("midlayer. -> layers.0.")
+        if key in _OWN_HEAD:
+            head[key] = tensor
+        elif key in _IGNORED or key.endswith("rotary_emb.inv_freq"):
+            changes.add(f"dropped {key}")
+        else:
+            weights[key] = tensor
+    return weights, head, sorted(changes)
+
+
+def _validate(sd: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> None:
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Eagle3Drafter(config).state_dict().items()}
+    missing = sorted(expected.keys() - sd.keys())
+    unexpected = sorted(sd.keys() - expected.keys())
+    wrong = [
+        f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
+        for k in sorted(expected.keys() & sd.keys())
+        if tuple(sd[k].shape) != expected[k]
+    ]
+    problems = [
+        f"{label} {few(keys)}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+        if keys
+    ]
+    if problems:
+        raise CheckpointError(
+            f"{root} is not an EAGLE-3 checkpoint matching its config: {'; '.join(problems)}"
+        )
+
+
+def _d2t(head: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> torch.Tensor | None:
+    d2t, t2d = head.get("d2t"), head.get("t2d")
+    if config.draft_vocab_size == config.vocab_size:
+        if d2t is not None and bool(d2t.any()):
+            raise CheckpointError(
+                f"{root}: d2t is not all zero but the draft vocabulary is the full vocabulary"
+            )
+        return None
+    if d2t is None:
+        raise CheckpointError(
+            f"{root}: draft_vocab_size {config.draft_vocab_size} < vocab_size {config.vocab_size} but the "
+            "checkpoint has no d2t (draft id -> target id offsets); the draft tokens cannot be mapped"
+        )
+    ids = torch.arange(len(d2t)) + d2t.long()
+    if len(d2t) != config.draft_vocab_size or int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
+        raise CheckpointError(
+            f"{root}: d2t has {len(d2t)} entries mapping to target ids {int(ids.min())}..{int(ids.max())}; "
+            f"expected {config.draft_vocab_size} entries inside 0..{config.vocab_size - 1}"
+        )
+    if t2d is not None and t2d.dtype == torch.bool and not torch.equal(t2d.nonzero().flatten(), ids):
+        raise CheckpointError(f"{root}: t2d and d2t disagree on which target ids are in the draft vocabulary")
+    return d2t.long()
+
+
+def read_eagle3(
+    path: str | os.PathLike,
+    *,
+    num_target_layers: int | None,
+    num_speculative_tokens: int | None = None,
+    trust_checkpoint: bool = False,
+    config_path: str | None = None,
+) -> tuple[Eagle3Config, dict[str, torch.Tensor], dict[str, torch.Tensor], LoadReport]:
+    """Read an EAGLE-3 checkpoint: (config, drafter weights, own head tensors, load report).
+
+    Raises:
+        CheckpointError: unreadable files, no config, an unsupported option or key (named).
+    """
+    root = Path(path)
+    fmt, files, config = resolve_files(root)
+    if config_path:
+        config = read_json(Path(config_path))
+        files = [*files, Path(config_path)]
+    raw, pickled_config, _ = read_weights(fmt, files, root, trust_checkpoint)
+    config = config or pickled_config
+    if not config:
+        raise CheckpointError(
+            f"{root}: an EAGLE-3 checkpoint without a config (heads, rope, vocabulary cannot be read "
+            "from the weights); pass --config DRAFT_CONFIG.json (SpecForge: the run's draft model config)"
+        )
+    try:
+        if config.get("speculators_model_type") == "eagle3":
+            fields, sources, notes = from_speculators(config, num_target_layers)
+        else:
+            layout = "eagle_release" if fmt == FORMAT_PICKLE and root.is_dir() else "specforge"
+            fields, sources, notes = from_hf_eagle3(config, num_target_layers, layout)
+    except (ValueError, KeyError, TypeError) as e:
+        what = f"missing config key {e}" if isinstance(e, KeyError) else str(e)
+        raise CheckpointError(f"{root}: {what}") from e
+    if "target_layer_ids" not in fields:
+        raise CheckpointError(
+            f"{root}: the config names no target layers and the target's layer count is unknown; "
+            "score it on a cache whose target config records num_hidden_layers"
+        )
+    if num_speculative_tokens is not None:
+        fields["num_speculative_tokens"] = num_speculative_tokens
+        sources["num_speculative_tokens"] = "override (--num-speculative-tokens)"
+    elif "num_speculative_tokens" not in fields:
+        fields["num_speculative_tokens"] = ENGINE_DEFAULT_K
+        sources["num_speculative_tokens"] = ENGINE_DEFAULT_K_SOURCE
+    try:
+        eagle = Eagle3Config(**fields)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{root}: invalid EAGLE-3 config: {e}") from e
+    weights, head, changes = _normalize(raw)
+    _validate(weights, eagle, root)
+    file_sha = {
+        str(f.relative_to(root) if root.is_dir() and f.is_relative_to(root) else f.name): file_sha256(f)
+        for f in files
+    }
+    report = LoadReport(
+        path=str(root),
+        format=fmt,
+        file_sha256=file_sha,
+        sha256=combine_file_digests(file_sha),
+        weights_sha256=state_dict_sha256(weights),
+        field_sources=_source_kinds(sources),
+        stripped_prefixes=tuple(c for c in changes if not c.startswith("dropped")),
+        dropped_keys=tuple(c.removeprefix("dropped ") for c in changes if c.startswith("dropped")),
+        notes=tuple(
+            notes
+            + [
+                f"{name}: {sources[name]}"
+                for name in ("target_layer_ids", "num_speculative_tokens")
+                if name in sources
+            ]
+        ),
+        layout=eagle.layout,
+        warnings=tuple(
+            ["norm_output: fed-back state is post-norm (speculators Eagle 3.1), not vLLM's hidden_prenorm"]
+            if eagle.norm_output
+            else []
+        ),
+    )
+    return eagle, weights, {**head, "d2t": _d2t(head, eagle, root)}, report
+
+
+def _source_kinds(sources: dict[str, str]) -> dict[str, str]:
+    """The report's source vocabulary (config, override, default, derived); details go to notes."""
+    kinds = {}
+    for name, text in sorted(sources.items()):
+        word = text.split(" ", 1)[0]
+        kinds[name] = {"engine": "default", "vocab_size": "derived"}.get(word, word)
+        if kinds[name] == "default" and "from the cache" in text:
+            kinds[name] = "derived"
+    return kinds
+
+
+def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: str) -> None:
+    """One IncompatibleCacheError naming every mismatch (layers, hidden size, vocabulary)."""
+    problems = []
+    missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
+    if missing:
+        problems.append(
+            f"drafter target layers {list(config.target_layer_ids)} need layers {missing} that {cache_name} "
+            f"lacks (it has {cache.layer_ids}); re-extract with --layers "
+            f"{','.join(map(str, sorted(set(cache.layer_ids) | set(config.target_layer_ids))))}"
+        )
+    hidden = int(cache.specs["hidden_states"].row_shape[1])
+    if hidden != config.feature_size:
+        what = "target_hidden_size" if config.target_hidden_size else "hidden_size"
+        problems.append(
+            f"drafter {what} {config.feature_size} != target hidden size {hidden} in {cache_name}"
+        )
+    if config.vocab_size != cache.vocab_size:
+        problems.append(
+            f"drafter vocab_size {config.vocab_size} != target vocabulary {cache.vocab_size} in {cache_name}"
+        )
+    if problems:
+        raise IncompatibleCacheError("; ".join(problems))
+
+
+def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[Eagle3Drafter, Any]:
+    """The family's loader: read, check against ``cache``, build and ready the drafter.
+
+    Raises:
+        CheckpointError: a DFlash-only flag was given (named), or the checkpoint is unreadable.
+        IncompatibleCacheError: layers, hidden size or vocabulary do not fit the cache (all named).
+    """
+    refused = [
+        flag
+        for flag, given in (
+            ("--block-size", config.block_size is not None),
+            ("--target-layer-ids", "target_layer_ids" in config.overrides),
+            ("--mask-token-id", "mask_token_id" in config.overrides),
+            ("--rope-theta", "rope_theta" in config.overrides),
+            ("--anchors chain", config.anchors == "chain"),
+        )
+        if given
+    ]
+    if refused:
+        raise CheckpointError(
+            f"{checkpoint}: {', '.join(refused)} set DFlash settings; an EAGLE-3 drafter takes its layers and "
+            "rope from its config and drafts every anchor in batched forwards (drafting: "
+            "--num-speculative-tokens K, --tree STEPS,TOPK,TOKENS)"
+        )
+    eagle, weights, head, report = read_eagle3(
+        checkpoint,
+        num_target_layers=cache.target_config.get("num_hidden_layers"),
+        num_speculative_tokens=config.num_speculative_tokens,
+        trust_checkpoint=config.trust_checkpoint,
+        config_path=config.config_path,
+    )
+    check_eagle3_compatible(eagle, cache, str(cache.path))
+    dtype = DTYPES[config.dtype]
+    drafter = Eagle3Drafter(eagle)
+    drafter.load_state_dict(weights)
+    drafter = drafter.to(device=config.device, dtype=dtype).eval()
+    embed = cache.target_head()["embed_tokens"]
+    own = head.get("embed_tokens.weight")
+    # vLLM eagle.py load_model: the drafter shares the target's embedding when the shapes match,
+    # else keeps its own.
+    note = "embedding: the target's (from the cache), as vLLM shares it when the shapes match"
+    if own is not None and tuple(own.shape) != tuple(embed.shape):
+        embed, note = (
+            own,
+            "embedding: the checkpoint's own embed_tokens (its shape differs from the target's)",
+        )
+    drafter.attach_embedding(embed.to(device=config.device, dtype=dtype), head.get("d2t"))
+    return drafter, _Loaded(eagle, dataclasses.replace(report, notes=(*report.notes, note)))
+
+
+class _Loaded:
+    """What the shared report reads from a loaded checkpoint (``config``, ``report``)."""
+
+    def __init__(self, config: Eagle3Config, report: LoadReport) -> None:
+        self.config, self.report = config, report

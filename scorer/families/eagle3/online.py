@@ -1,0 +1,69 @@
+"""``scorer online`` for EAGLE-3: the drafter against a live target, vLLM's propose loop per round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scorer.errors import CheckpointError, IncompatibleCacheError
+from scorer.families.base import OnlineOptions, Proposer
+from scorer.families.eagle3.layouts import read_eagle3
+from scorer.families.eagle3.model import Eagle3Drafter
+
+__all__ = ["eagle3_proposer", "online"]
+
+
+def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
+    """One round at anchor p: ``Eagle3Drafter.draft_one_anchor`` on the verified prefix's features."""
+
+    def propose(hidden: torch.Tensor, ids: list[int], p: int) -> list[int]:
+        features = hidden.reshape(p, -1).to(drafter.fc.weight.dtype)  # raw layer outputs, as vLLM captures
+        return drafter.draft_one_anchor(features, torch.tensor(ids), p, drafter.config.num_speculative_tokens)
+
+    return propose
+
+
+def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    """Read the checkpoint, check it against the target, attach the target's embedding.
+
+    Raises:
+        CheckpointError: a DFlash override was given (named); IncompatibleCacheError: a mismatch.
+    """
+    if options.overrides:
+        flags = ", ".join("--" + name.replace("_", "-") for name in sorted(options.overrides))
+        raise CheckpointError(
+            f"{checkpoint}: {flags} set DFlash settings; an EAGLE-3 drafter takes them from its config "
+            "(drafting: --num-speculative-tokens K)"
+        )
+    config, weights, head, report = read_eagle3(
+        checkpoint,
+        num_target_layers=target.num_layers,
+        num_speculative_tokens=options.num_speculative_tokens,
+        trust_checkpoint=options.trust_checkpoint,
+        config_path=options.config_path,
+    )
+    embed = target.model.get_input_embeddings().weight.detach()
+    problems = [
+        f"drafter {name} {mine} != target {name} {theirs}"
+        for name, mine, theirs in (
+            ("hidden size", config.feature_size, embed.shape[1]),
+            ("vocab_size", config.vocab_size, embed.shape[0]),
+        )
+        if mine != theirs
+    ]
+    if bad := [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]:
+        problems.append(f"drafter target layers {bad} do not exist in a {target.num_layers}-layer target")
+    if problems:
+        raise IncompatibleCacheError("; ".join(problems))
+    drafter = Eagle3Drafter(config)
+    drafter.load_state_dict(weights)
+    drafter = drafter.to(device=options.device, dtype=target.model.dtype).eval()
+    own = head.get("embed_tokens.weight")
+    if own is not None and tuple(own.shape) != tuple(
+        embed.shape
+    ):  # vLLM shares the target's when shapes match
+        embed = own.to(options.device, target.model.dtype)
+    drafter.attach_embedding(embed, head.get("d2t"))
+    return list(config.target_layer_ids), eagle3_proposer(drafter), report

@@ -1,0 +1,86 @@
+"""A few CPU steps of EAGLE-3 training on a cache (tests and the docs walkthrough need a drafter
+that accepts something; this is not a production trainer).
+
+The objective is speculators' TTT loop: step 0 over every row, then steps 1..S-1 fed the
+ground-truth tokens, each step's row i trained towards the target's greedy token at i + 2 + j.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import hscache
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.families.eagle3.init import eagle3_config_for_cache, save_eagle3
+from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.target_identity import IDENTITY_KEY, cache_target_identity
+
+__all__ = ["train_eagle3"]
+
+
+def train_eagle3(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    steps: int = 100,
+    ttt_steps: int = 3,
+    lr: float = 3e-3,
+    seed: int = 0,
+    layout: str = "speculators",
+    overwrite: bool = False,
+    **config_options: Any,
+) -> dict[str, Any]:
+    """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
+    (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``)."""
+    check_drafter_dir(out, overwrite)  # before the training, not after it
+    cache = hscache.open_cache(cache_path)
+    config = eagle3_config_for_cache(cache, layout=layout, **config_options)
+    index = [cache.layer_ids.index(i) for i in config.target_layer_ids]
+    head = cache.target_head()
+    sequences = [
+        (
+            cache.hidden_states(row)[:, index].reshape(len(cache.token_ids(row)), -1).float(),
+            cache.token_ids(row).long(),
+            cache.target_argmax(row).long(),
+        )
+        for row in range(len(cache))
+    ]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        drafter = Eagle3Drafter(config)
+        for _name, param in drafter.named_parameters():
+            if param.ndim == 2:
+                torch.nn.init.normal_(param, std=0.05)
+        drafter.attach_embedding(head["embed_tokens"].float(), None)
+        optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
+        loss = torch.tensor(0.0)
+        for step in range(steps):
+            features, x, a = sequences[step % len(sequences)]
+            rows = len(x) - 2
+            normed, fed, kv0 = drafter.step0(features, x, rows)
+            index_rows = torch.arange(rows)
+            loss = F.cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
+            own: list[list] = [[] for _ in drafter.layers]
+            for j in range(1, ttt_steps):
+                tokens = x[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
+                normed, fed = drafter.step(index_rows, tokens, fed, j, kv0, own)
+                target = a[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
+                valid = index_rows + 1 + j <= len(x) - 1
+                loss = loss + F.cross_entropy(drafter.head_logits(normed)[valid], target[valid])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with staged_drafter_dir(out, overwrite) as staging:
+        save_eagle3(
+            staging,
+            config,
+            drafter.state_dict(),
+            layout=layout,
+            embed_tokens=head["embed_tokens"],
+            extra_config={IDENTITY_KEY: cache_target_identity(cache)},
+        )
+    return {"final_loss": float(loss.detach()), "config": config}

@@ -1,0 +1,252 @@
+"""``scorer diagnose``: pure ranking on hand-made inputs, then drafters trained with a planted
+convention (scorer/train.py) whose finding must name the plant with its value, and a clean one
+that must get no finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from hscache import schemas
+from scorer.cli import main
+from scorer.diagnose import (
+    FAMILY_HYPOTHESES,
+    HYPOTHESIS_KINDS,
+    Hypothesis,
+    Outcome,
+    hypothesis_kinds,
+    rank_outcomes,
+    verdict,
+)
+from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint, measure_drift
+from tests.chromium import png_is_not_blank, screenshot
+
+# ---- pure ranking -------------------------------------------------------------------------------
+
+
+def _totals(tokens: list[int], rounds: list[int]) -> np.ndarray:
+    return np.asarray(list(zip(tokens, rounds)), dtype=np.int64)
+
+
+BASE = _totals([30, 40, 25, 33, 41, 28, 36, 30], [20, 25, 20, 22, 30, 20, 24, 21])
+
+
+def test_a_clear_fix_is_the_finding_and_rows_are_sorted_by_gain() -> None:
+    better = BASE.copy()
+    better[:, 0] += 12  # every request gains tokens over the same rounds
+    worse = BASE.copy()
+    worse[:, 0] -= 3
+    ranked = rank_outcomes(
+        BASE,
+        [
+            Outcome(Hypothesis("mask_token_id", 7, "mask 7"), worse),
+            Outcome(Hypothesis("position_offset", 1, "shift +1"), better),
+            Outcome(Hypothesis("layer_ids", 1, "layers +1"), untested="cache lacks layers [8]"),
+        ],
+        n_boot=500,
+    )
+    # independent computation of the pooled taus
+    base_tau = BASE[:, 0].sum() / BASE[:, 1].sum()
+    assert ranked["baseline"]["tau_pooled"] == pytest.approx(base_tau, rel=1e-12)
+    top = ranked["hypotheses"][0]
+    assert (top["kind"], top["value"]) == ("position_offset", 1)
+    assert top["gain"] == pytest.approx(better[:, 0].sum() / better[:, 1].sum() - base_tau, rel=1e-12)
+    assert top["significant"] and top["ci"][0] > 0
+    assert [r["gain"] for r in ranked["hypotheses"]] == sorted(
+        (r["gain"] for r in ranked["hypotheses"]), reverse=True
+    )
+    assert ranked["finding"]["kind"] == "position_offset" and ranked["finding"]["value"] == 1
+    assert ranked["untested"] == [{"kind": "layer_ids", "value": 1, "reason": "cache lacks layers [8]"}]
+    assert ranked["level"] == pytest.approx(1 - 0.05 / 2)  # Bonferroni over the 2 tested
+    line = verdict(ranked)
+    assert line.startswith("shift +1: tau ") and f"{base_tau:.2f} -> " in line
+
+
+def test_noise_and_non_fixes_never_make_a_finding() -> None:
+    rng = np.random.default_rng(0)
+    noisy = BASE.copy()
+    noisy[:, 0] += rng.integers(-2, 3, size=len(BASE))  # no systematic gain
+    ablated = BASE.copy()
+    ablated[:, 0] += 20  # a big gain, but an ablation is never a fix
+    ranked = rank_outcomes(
+        BASE,
+        [
+            Outcome(Hypothesis("rope_theta", 1e6, "theta"), noisy),
+            Outcome(Hypothesis("feature_ablation", 3, "layer 3 mean", fix=False), ablated),
+        ],
+    )
+    assert ranked["finding"] is None
+    assert ranked["hypotheses"][0]["kind"] == "feature_ablation" and ranked["hypotheses"][0]["significant"]
+    assert "no setting tried beats the configured one" in verdict(ranked)
+
+
+def test_every_family_declares_known_kinds_and_an_unknown_family_is_named() -> None:
+    assert set(hypothesis_kinds("dflash")) == set(HYPOTHESIS_KINDS)
+    for kinds in FAMILY_HYPOTHESES.values():
+        assert set(kinds) <= set(HYPOTHESIS_KINDS)
+    with pytest.raises(ValueError, match="no diagnosis hypotheses declared for drafter family 'eagle3'"):
+        hypothesis_kinds("eagle3")
+
+
+class _FakeCache:
+    """hidden_states(row), token_ids(row) and layer_ids: what measure_drift reads."""
+
+    def __init__(self, states: list[torch.Tensor], layer_ids: list[int]) -> None:
+        self.states, self.layer_ids = states, layer_ids
+
+    def hidden_states(self, row: int) -> torch.Tensor:
+        return self.states[row]
+
+    def token_ids(self, row: int) -> torch.Tensor:
+        return torch.arange(len(self.states[row]))
+
+
+def test_measure_drift_is_the_relative_l2_per_layer() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = [torch.randn(5, 3, 4, generator=gen), torch.randn(7, 3, 4, generator=gen)]
+    b = [x + 0.01 * torch.randn(x.shape, generator=gen) for x in a]
+    drift = measure_drift(
+        _FakeCache(a, [1, 3, 7]), _FakeCache([b[1], b[0]], [1, 3, 7]), [0, 1], [1, 0], [3, 7]
+    )
+    for layer, slot in ((3, 1), (7, 2)):
+        num = sum(((y[:, slot] - x[:, slot]).double() ** 2).sum() for x, y in zip(a, b))
+        den = sum((x[:, slot].double() ** 2).sum() for x in a)
+        assert drift[layer] == pytest.approx(float((num / den) ** 0.5), rel=1e-5)
+
+
+# ---- planted conventions ------------------------------------------------------------------------
+# Measured with seed 0 (docs/diagnose.md): the finding's interval lower end is >= 0.1 tau above
+# zero for every plant; we assert the name and value, and a margin of 0.05 on the lower end.
+PLANTED = [
+    ("positions+1", "position_offset", 1),
+    ("layers", "layer_ids", 1),
+    ("prenorm", "final_norm", "pre"),
+]
+
+
+def _diagnose(checkpoint: Path, cache: Path, **options) -> dict:
+    return diagnose_checkpoint(checkpoint, [cache], DiagnoseConfig(anchors="all", **options))
+
+
+@pytest.mark.parametrize("plant, kind, value", PLANTED)
+def test_a_planted_convention_is_named_with_its_value(planted_drafter, diagnose_cache, plant, kind, value):
+    report = _diagnose(planted_drafter(plant), diagnose_cache)
+    finding = report["finding"]
+    assert finding is not None, report["verdict"]
+    assert (finding["kind"], finding["value"]) == (kind, value), report["verdict"]
+    assert finding["ci"][0] > 0.05 and finding["tau_pooled"] > report["baseline"]["tau_pooled"]
+    assert report["sample"]["sequences"] == 16  # all of them: fewer than the default sample of 32
+
+
+def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
+    report = _diagnose(planted_drafter("clean"), diagnose_cache)
+    assert report["finding"] is None, report["verdict"]
+    assert report["baseline"]["tau_pooled"] > 3  # a real drafter, not a flat one nobody could fix
+    kinds = {h["kind"] for h in report["hypotheses"]} | {u["kind"] for u in report["untested"]}
+    assert kinds == set(HYPOTHESIS_KINDS)  # every hypothesis was tried or said why not
+    # layer 7 is the last target layer: +1 leaves the target, and the message says so
+    assert any(
+        u["kind"] == "layer_ids" and "outside the target's 0..7" in u["reason"] for u in report["untested"]
+    )
+    assert any(n.startswith("the drafter leans on target layer 7") for n in report["notes"])  # the shortcut
+
+
+def test_cli_names_the_mask_id_and_writes_json_and_html(planted_drafter, diagnose_cache, tmp_path):
+    json_out, html_out = tmp_path / "d.json", tmp_path / "d.html"
+    result = CliRunner().invoke(
+        main,
+        [
+            "diagnose", str(planted_drafter("mask2")), "--cache", str(diagnose_cache),
+            "--anchors", "all", "--limit", "12", "--train-metric", "5.0",
+            "--json", str(json_out), "--report", str(html_out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(json_out.read_text())
+    schemas.validate(report, "diagnose_report")
+    assert (report["finding"]["kind"], report["finding"]["value"]) == ("mask_token_id", 2)
+    assert report["sample"]["sequences"] == 12
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert any(line.startswith("verdict: mask token id 2") for line in lines[-3:])
+    assert report["drift"] is None  # one cache (the drift test below gives two)
+    tm = report["train_metric"]
+    assert tm["value"] == 5.0 and tm["best_kind"] == "mask_token_id"
+    assert tm["train_accept_len_best"] > tm["train_accept_len"]  # the fix closes part of the gap
+    assert tm["gap_after_best"] == pytest.approx(5.0 - tm["train_accept_len_best"])
+    page = html_out.read_text()
+    assert "Verdict:" in page and "mask token id 2" in page
+    assert png_is_not_blank(screenshot(html_out, tmp_path).read_bytes())
+
+
+def test_cli_bad_input_is_one_line(planted_drafter, diagnose_cache, tmp_path):
+    runner = CliRunner()
+    three = ["--cache", str(diagnose_cache)] * 3
+    result = runner.invoke(main, ["diagnose", str(planted_drafter("clean")), *three])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "error: diagnose takes one --cache, or two to test the drift between them; got 3"
+    ]
+    result = runner.invoke(main, ["diagnose", str(tmp_path / "nope"), "--cache", str(diagnose_cache)])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith("error:") and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_family_without_declared_hypotheses_is_refused_by_name(eagle3_drafter, scorer_cache):
+    result = CliRunner().invoke(main, ["diagnose", str(eagle3_drafter), "--cache", str(scorer_cache)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "is a eagle3 drafter" in lines[0] and "scorer compare" in lines[0]
+
+
+def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter):
+    import hscache
+    from scorer.checkpoint import load_checkpoint
+    from scorer.diagnose_dflash import DFlashReplayer, Setting
+
+    cache = hscache.open_cache(scorer_cache)
+    loaded = load_checkpoint(trained_drafter, fallbacks={"mask_token_id": cache.mask_token_id})
+    replayer = DFlashReplayer(loaded, [cache], [[0, 1]])
+    base = Setting(config=loaded.config, dtype="fp32", last_layer_normed=True)
+    noisy = Setting(config=loaded.config, dtype="fp32", last_layer_normed=True, noise=((3, 0.05),))
+    for row in (0, 1):
+        a, b = replayer.features(base, row), replayer.features(noisy, row)
+        H = loaded.config.hidden_size
+        slot = loaded.config.target_layer_ids.index(3)
+        x, y = a[:, slot * H : (slot + 1) * H], b[:, slot * H : (slot + 1) * H]
+        assert float((y - x).norm() / x.norm()) == pytest.approx(0.05, rel=0.15)  # Gaussian, T*H draws
+        others = [i for i in range(a.shape[1] // H) if i != slot]
+        for i in others:  # the other layers are untouched
+            assert torch.equal(a[:, i * H : (i + 1) * H], b[:, i * H : (i + 1) * H])
+
+
+def test_block_sizes_recorded_besides_the_configured_one_are_candidates(tmp_path):
+    from scorer.diagnose_run import recorded_block_sizes
+
+    (tmp_path / "config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"block_size": 8}}))
+    torch.save({"dflash_block_size": 10}, tmp_path / "training_state.pt")
+    assert sorted(recorded_block_sizes(tmp_path)) == [8, 10, 16]
+
+
+def test_a_second_cache_in_bf16_reports_its_drift_and_how_much_noise_explains(
+    trained_drafter, fp32_cache, bf16_cache
+):
+    report = diagnose_checkpoint(
+        trained_drafter, [fp32_cache, bf16_cache], DiagnoseConfig(anchors="all", n_boot=200)
+    )
+    drift = report["drift"]
+    assert drift["cache"] == str(bf16_cache)
+    # a bf16 forward of this target drifts by 1-3 % relative L2 over the common token prefix
+    # (8 significant bits, compounded over layers): never 0, never the 25 % of diverged text
+    assert set(drift["per_layer_rel_l2"]) == {"1", "3", "7"}
+    assert all(1e-3 < v < 0.1 for v in drift["per_layer_rel_l2"].values()), drift
+    rows = {h["value"]: h for h in report["hypotheses"] if h["kind"] == "dtype"}
+    assert not rows[f"cache:{bf16_cache}"]["fix"] and not rows["drift-noise"]["fix"]
+    assert drift["tau_delta"]["delta"] == rows[f"cache:{bf16_cache}"]["gain"]
+    if drift["tau_delta"]["delta"]:
+        assert drift["explained_fraction"] == pytest.approx(
+            rows["drift-noise"]["gain"] / rows[f"cache:{bf16_cache}"]["gain"]
+        )

@@ -1,0 +1,79 @@
+"""Issue 20.15: the JSON Schemas ship inside ``hscache`` (no top-level ``schemas`` in site-packages),
+and a plain, non-editable install works from another directory, bundled data included."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_hscache_schemas_is_the_repository_schemas_folder():
+    from hscache import schemas
+
+    repo = sorted(p.name for p in (ROOT / "schemas").glob("*.schema.json"))
+    assert repo and (ROOT / "hscache" / "schemas").resolve() == (ROOT / "schemas").resolve()
+    for name in repo:
+        bundled = Path(schemas.__file__).parent / name
+        assert bundled.read_bytes() == (ROOT / "schemas" / name).read_bytes(), name
+        assert schemas.load_schema(name.removesuffix(".schema.json"))["type"] == "object"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "schemas/*.json" in project["package-data"]["hscache"]
+    assert not any(p.startswith("schemas") for p in project["packages"]["find"]["include"])
+
+
+@pytest.mark.slow
+def test_a_built_wheel_carries_the_schemas_and_runs_from_another_directory(tmp_path):
+    """Built offline from a copy of the sources (pip wheel, no editable install, no build isolation),
+    then imported from the unpacked wheel in a directory that is not the repository."""
+    source = tmp_path / "src"
+    for name in ("hscache", "scorer", "pipelines", "schemas"):
+        shutil.copytree(
+            ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    wheels = tmp_path / "wheels"
+    build = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(wheels),
+    ]
+    done = subprocess.run([*build, str(source)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = wheels.glob("hscache-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = archive.read(next(n for n in names if n.endswith("top_level.txt"))).decode().split()
+        archive.extractall(tmp_path / "site")
+    assert sorted(top_level) == ["hscache", "pipelines", "scorer"]  # no top-level "schemas"
+    assert not (tmp_path / "site" / "schemas").exists()
+    assert {f"hscache/schemas/{p.name}" for p in (ROOT / "schemas").glob("*.json")} <= set(names)
+    assert "hscache/data/default_prompts.jsonl" in names
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    check = (
+        "import hscache; from hscache import schemas; from hscache.capture.prompts import "
+        "resolve_prompts, iter_records; assert hscache.__file__.startswith(r'{site}'); "
+        "print(len(list(iter_records(resolve_prompts('builtin:default')))), schemas.load_schema('cache_info')['$id'])"
+    ).format(site=tmp_path / "site")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["20", "hscache/cache_info/1"]
