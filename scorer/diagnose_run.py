@@ -25,6 +25,7 @@ import hscache
 from hscache import schemas
 from hscache.capture.provenance import utc_now
 from hscache.store import jsonio
+from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
 from scorer.diagnose import (
     DEFAULT_ALPHA,
@@ -295,6 +296,7 @@ def diagnose_checkpoint(
         "checkpoint": loaded.report.to_dict(),
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),
+            "digest": cache_digest(cache),
             "sequences": len(cache),
             "layer_ids": cache.layer_ids,
         },
