@@ -5,7 +5,7 @@ without the digest pinned before the edit) and ``scorer eval`` run in-process. A
 edit: verify with the pinned digest fails; verify alone fails unless the edit was resealed (every
 hash the manifest records recomputed, which anyone can do: that is what the digest is for); eval
 refuses in one ``error:`` line with exit 2, or scores and reports another ``cache.digest``;
-nothing prints a traceback. The counts are the table in docs/faults.md. CPU: ~10 s for 114 edits
+nothing prints a traceback. The counts are the table in docs/faults.md. CPU: ~6 s for 114 edits
 (three in-process CLI runs each on a 12-sequence cache), the one test of the suite that needs it.
 """
 
