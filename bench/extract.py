@@ -9,6 +9,8 @@ Prints:
   3. write speed: our store's MB/s / a raw sequential file write of the same bytes
   4. scan speed: ``Cache.iter_tokens`` over the stored hidden states / a raw memmap of the same
      bytes, warm (page cache) and cold (dropped with posix_fadvise)
+  5. integrity cost: store write time with the per-chunk sha256 (store/integrity.py) / without,
+     and a warm scan with each chunk's sha256 checked / unchecked (interleaved, best of --repeats)
 
     python bench/extract.py [--sequences 16] [--seq-len 1024] [--repeats 3] [--quick]
 """
@@ -159,8 +161,39 @@ def store_speed(tmp: Path, tokens: int, layers: int, hidden: int, repeats: int) 
     return results
 
 
-def _write_store(root: Path, specs: dict, compression: str, raw: np.ndarray, layers: int) -> None:
+def integrity_cost(tmp: Path, tokens: int, layers: int, hidden: int, repeats: int) -> dict[str, float]:
+    """Write and warm-scan time with the chunk hashes over without them ("fast" compression)."""
+    raw = _hidden_like(tokens, layers, hidden).view(torch.int16).numpy().view(np.uint16)
+    specs = array_specs(layers, hidden, "bfloat16", 8, None, 8 << 20)
+    best = {True: float("inf"), False: float("inf")}
+    root = tmp / "store-integrity"
+    for _ in range(repeats):
+        for hashed in (True, False):
+            shutil.rmtree(root, ignore_errors=True)
+            t0 = time.perf_counter()
+            _write_store(root, specs, "fast", raw, layers, hashed=hashed)
+            best[hashed] = min(best[hashed], time.perf_counter() - t0)
+    shutil.rmtree(root, ignore_errors=True)
+    _write_store(root, specs, "fast", raw, layers)
+    scan = {True: float("inf"), False: float("inf")}
+    for _ in range(repeats):
+        for checked in (True, False):
+            cache = hscache.open_cache(root)
+            cache.check_chunks = checked
+            t0 = time.perf_counter()
+            for _first, _rows in cache.iter_tokens("hidden_states"):
+                pass
+            scan[checked] = min(scan[checked], time.perf_counter() - t0)
+    return {"write": best[True] / best[False], "scan_warm": scan[True] / scan[False]}
+
+
+def _write_store(
+    root: Path, specs: dict, compression: str, raw: np.ndarray, layers: int, hashed: bool = True
+) -> None:
     writer = StoreWriter.create(root, specs, compression, {"layer_ids": list(range(layers))})
+    if not hashed:
+        for appender in writer.appenders.values():
+            appender.chunk_sha256 = None  # the writer as it was before chunk hashes
     seq_len = 1024
     for start in range(0, len(raw), seq_len):
         n = min(seq_len, len(raw) - start)
@@ -216,6 +249,11 @@ def main() -> None:
                 f"({row['write_MBps']:,.0f} MB/s), scan speed {row['scan_ratio_cold']:.2f} (cold) / "
                 f"{row['scan_ratio_warm']:.2f} (warm) x raw memmap"
             )
+        cost = integrity_cost(tmp, args.store_tokens, 5, 1024, args.repeats)
+        print(
+            f"integrity: per-chunk sha256 costs x{cost['write']:.3f} store write time and "
+            f"x{cost['scan_warm']:.3f} warm scan time (with / without; fast compression)"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

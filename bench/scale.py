@@ -86,6 +86,7 @@ def synthetic_cache(
         )
     writer.finish()
     shutil.copytree(template.path / "target", out / "target")
+    writer.record_files(["target"])  # the seal covers every file (store/integrity.py)
     return out
 
 

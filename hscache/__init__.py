@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hscache.capture.extract import ExtractConfig, ExtractResult, Progress, extract
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import DiffReport
+    from hscache.store.integrity import cache_digest
     from hscache.store.open import open_cache
     from hscache.store.reader import Cache
     from hscache.store.view import CacheView
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Cache": "hscache.store.reader",
     "open_cache": "hscache.store.open",
+    "cache_digest": "hscache.store.integrity",
     "CacheView": "hscache.store.view",
     "DiffReport": "hscache.diff.report",
     "diff_caches": "hscache.diff.compare",
@@ -57,6 +59,7 @@ __all__ = [
     "ExtractConfig",
     "ExtractResult",
     "Progress",
+    "cache_digest",
     "diff_caches",
     "extract",
     "open_cache",

@@ -274,9 +274,12 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
 @main.command()
 @click.argument("cache_dir")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--allow-unsealed", is_flag=True, help="Summarise a cache without checksums (written before them)."
+)
 @friendly_errors
-def info(cache_dir: str, as_json: bool) -> None:
-    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes.
+def info(cache_dir: str, as_json: bool, allow_unsealed: bool) -> None:
+    """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes, and its digest.
 
     \b
     Example:
@@ -284,7 +287,7 @@ def info(cache_dir: str, as_json: bool) -> None:
     """
     from hscache.store.info import cache_summary, format_summary
 
-    summary = cache_summary(cache_dir)
+    summary = cache_summary(cache_dir, allow_unsealed=allow_unsealed)
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 
 
@@ -375,6 +378,16 @@ def diff(
     help="Max relative error for --recompute (default: 0 when the re-run must be exact, else 0.02).",
 )
 @click.option("--seed", default=0, show_default=True, help="Which sequences --recompute samples.")
+@click.option(
+    "--expect-digest",
+    default=None,
+    help="The cache's digest as pinned (printed by `hscache info`): any other digest is a problem.",
+)
+@click.option(
+    "--allow-unsealed",
+    is_flag=True,
+    help="Check a cache without checksums (written before them) with a warning instead of failing.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
 @friendly_errors
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
@@ -385,14 +398,28 @@ def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
       hscache verify cache/ --deep --recompute 4
     """
     from hscache.store.shards import has_shards, shard_dirs
-    from hscache.verify import VerifyConfig, format_report, verify_cache
+    from hscache.verify import Problem, VerifyConfig, format_report, verify_cache
 
     # A sharded cache is verified shard by shard: each is an ordinary cache with its own commits.
-    roots = shard_dirs(Path(cache_dir)) if has_shards(cache_dir) else [Path(cache_dir)]
+    sharded = "://" not in cache_dir and has_shards(cache_dir)
+    if "://" in cache_dir:  # a remote cache: verified through its URL (store/remote.py)
+        roots: list[Any] = [cache_dir]
+    else:
+        roots = shard_dirs(Path(cache_dir)) if sharded else [Path(cache_dir)]
+    # A directory of shards has one digest over its shards' (hscache info prints it): checked below.
+    expected = options.pop("expect_digest") if sharded else None
     from hscache.progress import StepProgress
 
     with StepProgress("verify", "tokens") as progress:
         reports = [verify_cache(root, VerifyConfig(**options), progress) for root in roots]
+    if expected is not None:
+        from hscache.store.integrity import combined_digest
+
+        digest = combined_digest([r.digest or "" for r in reports])
+        if digest != expected.strip().lower():
+            reports[0].add(
+                Problem("manifest", f"the shards' digest is {digest}, not the expected {expected}")
+            )
     if as_json:
         docs = [r.to_dict() for r in reports]
         click.echo(json.dumps(docs[0] if len(docs) == 1 else {"shards": docs}, indent=2))

@@ -217,6 +217,18 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
     is_flag=True,
     help="Score a drafter whose config records another target than the cache's (the report warns).",
 )
+@click.option(
+    "--expect-digest",
+    "expect_digests",
+    multiple=True,
+    help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs; "
+    "one per --cache, in order.",
+)
+@click.option(
+    "--allow-unsealed",
+    is_flag=True,
+    help="Score a cache without checksums (written before them); its files cannot be checked.",
+)
 @cluster_flags
 @drafting_flags
 @checkpoint_flags
@@ -233,6 +245,7 @@ def eval_command(
     rope_theta: float | None,
     scheduler: str | None,
     workers: int | None,
+    expect_digests: tuple[str, ...],
     **options: Any,
 ) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree.
@@ -276,7 +289,13 @@ def eval_command(
         StepProgress("eval", "sequences") as progress,
     ):
         result = evaluate_many(
-            checkpoint, caches, config, on_sequence=scored, client=client, on_start=started
+            checkpoint,
+            caches,
+            config,
+            on_sequence=scored,
+            client=client,
+            on_start=started,
+            expect_digests=expect_digests,
         )
     for report in result["reports"]:
         render_report(report, console)

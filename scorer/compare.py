@@ -21,6 +21,7 @@ import numpy as np
 import hscache
 from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.store.integrity import cache_digest
 from scorer.errors import ScorerError
 from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
@@ -164,6 +165,7 @@ def compare_drafters(
         "schema_version": COMPARE_SCHEMA_VERSION,
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),
+            "digest": cache_digest(cache),
             "sequences": len(cache),
             "layer_ids": cache.layer_ids,
             "settings": cache.settings,

@@ -24,6 +24,8 @@ import torch
 import hscache
 from hscache import schemas
 from hscache.capture.provenance import utc_now
+from hscache.store import jsonio
+from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
 from scorer.diagnose import (
     DEFAULT_ALPHA,
@@ -148,7 +150,7 @@ def recorded_block_sizes(checkpoint: str | Path, contract: dict | None = None) -
     config_file = root / "config.json"
     if config_file.is_file():
         try:
-            config = json.loads(config_file.read_text())
+            config = jsonio.loads(config_file.read_bytes())
         except (json.JSONDecodeError, UnicodeDecodeError):
             config = {}
         for value in (config.get("block_size"), (config.get("dflash_config") or {}).get("block_size")):
@@ -294,6 +296,7 @@ def diagnose_checkpoint(
         "checkpoint": loaded.report.to_dict(),
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),
+            "digest": cache_digest(cache),
             "sequences": len(cache),
             "layer_ids": cache.layer_ids,
         },

@@ -32,6 +32,7 @@ import torch
 
 import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.integrity import check_expected_digest
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
@@ -148,7 +149,10 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     torch.set_num_threads(1)  # one torch thread per single-threaded dask worker (spec/storage.md)
     t0 = time.perf_counter()
     cache, _ = _lru_get(
-        _CACHES, (spec.cache, spec.cache_tokens), _MAX_CACHES, lambda: hscache.open_cache(spec.cache)
+        _CACHES,
+        (spec.cache, spec.cache_tokens),
+        _MAX_CACHES,
+        lambda: hscache.open_cache(spec.cache, allow_unsealed=spec.config.allow_unsealed),
     )
     key = (
         spec.checkpoint,
@@ -200,7 +204,7 @@ class ScoringJob:
 
     def collect(self, on_sequence: Callable[[SequenceResult], None] | None = None) -> dict[str, Any]:
         """Wait for every task; the report equals ``evaluate``'s for the same inputs (timings aside)."""
-        cache = hscache.open_cache(self.cache_path)
+        cache = hscache.open_cache(self.cache_path, allow_unsealed=self.config.allow_unsealed)
         drafter, loaded = load_drafter(self.checkpoint, cache, self.config)
 
         def progress(output: TaskOutput) -> None:
@@ -230,7 +234,8 @@ def submit_scoring(
 ) -> ScoringJob:
     """Submit the tasks of one checkpoint on one cache without waiting (a sweep submits many)."""
     started = time.perf_counter()
-    cache = hscache.open_cache(cache_path)
+    cache = hscache.open_cache(cache_path, allow_unsealed=config.allow_unsealed)
+    check_expected_digest(cache, config.expect_digest, str(cache_path))
     n = len(cache) if config.limit is None else min(config.limit, len(cache))
     lengths = np.asarray(cache.index.column("length").to_numpy())[:n]
     fingerprint = checkpoint_fingerprint(checkpoint) if not is_url(checkpoint) else ()

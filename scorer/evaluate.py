@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ import torch
 
 import hscache
 from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.integrity import check_expected_digest
 from hscache.store.view import CacheView
 from scorer.config import DrafterConfig
 from scorer.distributed import evaluate_distributed
+from scorer.errors import ScorerError
 from scorer.families.dflash import module_drafter
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
@@ -66,7 +69,8 @@ def evaluate(
         >>> report["tau"]["per_request"], report["tau"]["pooled"]  # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    cache = hscache.open_cache(cache_path)
+    cache = hscache.open_cache(cache_path, allow_unsealed=config.allow_unsealed)
+    check_expected_digest(cache, config.expect_digest, str(cache_path))
     drafter, loaded = load_drafter(checkpoint, cache, config)
     config = effective_config(drafter, config)
     if on_start is not None:
@@ -131,26 +135,36 @@ def evaluate_many(
     on_sequence: Callable[[SequenceResult], None] | None = None,
     client: Any = None,
     on_start: Callable[[str, int], None] | None = None,
+    expect_digests: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first.
 
     Args:
         client: a ``distributed.Client``: score on that cluster (scorer/distributed.py), same reports.
         on_start: ``on_start(cache_path, sequences)`` when scoring of a cache begins (progress).
+        expect_digests: one pinned digest per cache (``--expect-digest``, in ``--cache`` order), or none.
+
+    Raises:
+        ScorerError: as many digests as caches are needed.
     """
 
     def started(path: str | Path) -> Callable[[int], None] | None:
         return None if on_start is None else lambda n: on_start(str(path), n)
 
+    if expect_digests and len(expect_digests) != len(cache_paths):
+        raise ScorerError(
+            f"{len(expect_digests)} --expect-digest for {len(cache_paths)} --cache: give one per cache, in order"
+        )
+    configs = [replace(config, expect_digest=d) for d in expect_digests] or [config] * len(cache_paths)
     if client is not None:
         reports = [
-            evaluate_distributed(
-                checkpoint, path, config, client, on_sequence=on_sequence, on_start=started(path)
-            )
-            for path in cache_paths
+            evaluate_distributed(checkpoint, path, c, client, on_sequence=on_sequence, on_start=started(path))
+            for path, c in zip(cache_paths, configs)
         ]
     else:
-        reports = [evaluate(checkpoint, path, config, on_sequence, started(path)) for path in cache_paths]
+        reports = [
+            evaluate(checkpoint, path, c, on_sequence, started(path)) for path, c in zip(cache_paths, configs)
+        ]
     return {
         "reports": reports,
         "comparisons": [compare_reports(reports[0], other, config) for other in reports[1:]],

@@ -45,6 +45,8 @@ class EvalConfig:
     allow_target_mismatch: bool = False
     config_path: str | None = None  # a separate draft config (--config), e.g. SpecForge's
     overrides: dict[str, Any] = field(default_factory=dict)  # target_layer_ids, mask_token_id, rope_theta
+    expect_digest: str | None = None  # refuse a cache whose root digest differs (hscache.cache_digest)
+    allow_unsealed: bool = False  # read a cache without checksums (written before them)
     # Autoregressive families (EAGLE-3, MTP): chain of K drafted tokens (vLLM's
     # num_speculative_tokens) and SGLang's EAGLE tree (steps, topk, draft tokens); None = the
     # checkpoint's config or the engines' default, reported with its source.

@@ -144,11 +144,41 @@ class _PromptSummary:
     prompt_tokens: int
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (byte-level entries: bytes), at least 1."""
+    return max(1, max((len(token) for token in tokenizer.get_vocab()), default=1))
+
+
+def record_chars(record: Any) -> int:
+    """An upper bound on what tokenizing ``record`` reads: characters of its text (or its id count)."""
+
+    def size(value: Any) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        if isinstance(value, list):
+            return len(value) if all(isinstance(v, int) for v in value) else sum(size(v) for v in value)
+        return 0
+
+    return size(record.content) + size(record.response)
+
+
 def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
     """Stream the prompts once: every line parses, tokenizes, and fits --max-length; ids are unique."""
     path = Path(config.tokens_from) if config.tokens_from else resolve_prompts(config.prompts)
     records = prompt_tokens = 0
+    max_chars = config.max_length * longest_token_chars(target.tokenizer)
     for record in _selected(config):
+        chars = record_chars(record)
+        if chars > max_chars:
+            # Tokenizing a 42 MB line whole needs gigabytes: no token is longer than the vocabulary's
+            # longest entry, so this many characters cannot fit --max-length tokens.
+            raise PromptFileError(
+                f"record {record.record_id!r} (line {record.line_no}) holds {chars} characters, more than "
+                f"--max-length {config.max_length} tokens can hold (at most {max_chars // config.max_length} "
+                "characters a token); shorten it or raise --max-length"
+            )
         length = len(prompt_token_ids(record, target.tokenizer, target.vocab_size))
         if length > config.max_length:
             raise PromptFileError(

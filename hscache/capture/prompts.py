@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hscache.errors import PromptFileError
+from hscache.store import jsonio
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is really used (CLI start-up)
     from transformers import PreTrainedTokenizerBase
@@ -77,7 +78,7 @@ def resolve_prompts(prompts: str | Path) -> Path:
 def _parse_line(path: Path, line_no: int, line: str, id_from_line: bool = False) -> PromptRecord:
     where = f"{path}:{line_no}"
     try:
-        obj = json.loads(line)
+        obj = jsonio.loads(line)
     except json.JSONDecodeError as exc:
         raise PromptFileError(
             f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object"

@@ -33,6 +33,7 @@ from hscache.diff.report import (
 from hscache.diff.sums import HiddenSums, NextTokenSums
 from hscache.errors import CacheMismatchError
 from hscache.progress import NO_PROGRESS
+from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
 from hscache.store.view import CacheView
 
@@ -193,6 +194,7 @@ def _side(cache: CacheView) -> CacheSide:
         str(s["dtype"]),
         str(s["backend"]),
         str(s["device"]),
+        cache_digest(cache),
     )
 
 

@@ -56,6 +56,7 @@ class CacheSide:
     dtype: str
     backend: str
     device: str
+    digest: str = ""  # hscache.cache_digest: pin it, check it with --expect-digest
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,26 @@ An imported cache holds ``hidden_states``, ``token_ids`` and ``loss_mask`` (the 
 per-token mask; ``prompt_len`` is its first supervised position). The peers' files hold no
 target logits, so ``target_argmax``, ``target_topk_*`` and ``target_logsumexp`` are absent
 (provenance ``imported.absent`` says so, and ``scorer eval`` refuses such a cache by name).
+
+Partial outputs never look complete. An export writes ``.hscache-export-incomplete`` first (with
+the number of sequences it will write), each file under a temp name renamed into place, the
+sidecar last with the list of every file (the completion record), and only then removes the
+mark; import refuses a folder with the mark, or whose sidecar lists a missing file, naming them.
+An import writes ``.hscache-importing`` into its --out first and removes it last: re-running the
+same import over one that was killed starts it over. Disk full during either: one line, and the
+partial output is deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
 import sys
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,17 +37,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache import schemas
-from hscache.errors import InputError
+from hscache.errors import InputError, StoreWriteError
 from hscache.progress import NO_PROGRESS
-from hscache.store import fsio
-from hscache.store.layout import DEFAULT_COMPRESSION, PROVENANCE, WRITER_LOCK, ArraySpec, chunk_tokens_for
+from hscache.store import fsio, jsonio
+from hscache.store.cache_dir import write_provenance
+from hscache.store.layout import DEFAULT_COMPRESSION, IMPORTING_MARK, WRITER_LOCK, ArraySpec, chunk_tokens_for
 from hscache.store.lock import writer_lock
 from hscache.store.writer import SequenceRows, StoreWriter
 
 __all__ = [
     "ABSENT_TARGET_ARRAYS",
+    "EXPORT_MARK",
+    "IMPORTING_MARK",
     "SIDECAR",
+    "begin_export",
+    "check_export_complete",
+    "export_errors",
+    "finish_export",
+    "publish_file",
     "ImportedSequence",
     "check_fresh_dir",
     "num_target_layers",
@@ -47,6 +66,7 @@ __all__ = [
 ]
 
 SIDECAR = "hscache_export.json"
+EXPORT_MARK = ".hscache-export-incomplete"
 ABSENT_TARGET_ARRAYS = ("target_argmax", "target_topk_values", "target_topk_ids", "target_logsumexp")
 _CHUNK_BYTES = 8 << 20  # as hscache extract's default --chunk-mb 8
 _COMMIT_EVERY = 256  # sequences per commit: a killed import keeps what it committed
@@ -127,6 +147,99 @@ def write_sidecar(out: Path, document: dict[str, Any]) -> None:
     fsio.atomic_write_json(Path(out) / SIDECAR, document)
 
 
+def begin_export(out: Path, sequences: int) -> Path:
+    """``out`` as a new or empty directory holding the export's incomplete mark (written first).
+
+    Raises:
+        InputError: ``out`` exists and is not an empty directory.
+    """
+    out = check_fresh_dir(Path(out))
+    fsio.atomic_write_json(out / EXPORT_MARK, {"sequences": sequences})
+    fsio.fsync_dir(out)
+    return out
+
+
+def publish_file(path: Path, write: Callable[[str], None]) -> None:
+    """Write ``path`` through ``write(temp_path)`` and rename it into place: never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{fsio.TEMP_MARK}{uuid.uuid4().hex}")
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def finish_export(out: Path, document: dict[str, Any]) -> None:
+    """Write the sidecar (with ``files``: every file written, the completion record), then remove the mark."""
+    files = sorted(
+        p.relative_to(out).as_posix()
+        for p in out.rglob("*")
+        if p.is_file() and p.name not in (EXPORT_MARK, SIDECAR, WRITER_LOCK) and fsio.TEMP_MARK not in p.name
+    )
+    for path in out.rglob("*"):
+        if path.is_file():
+            fsio.fsync_file(path)
+    write_sidecar(out, {**document, "files": files})
+    (out / EXPORT_MARK).unlink()
+    fsio.fsync_dir(out)
+
+
+@contextlib.contextmanager
+def export_errors(out: Path, command: str) -> Iterator[None]:
+    """Turn an ``OSError`` while exporting (disk full) into one line, deleting the partial export."""
+    try:
+        yield
+    except OSError as exc:
+        _empty(out)
+        where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
+        raise StoreWriteError(
+            f"writing the export to {out} failed{where} ({getattr(exc, 'strerror', None) or exc}); the partial "
+            f"export was deleted: free space and re-run `{command}`"
+        ) from exc
+
+
+def _empty(out: Path) -> None:
+    """Delete everything in ``out`` but the writer lock (a directory this command made or found empty)."""
+    for child in Path(out).iterdir() if Path(out).is_dir() else []:
+        if child.name == WRITER_LOCK:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def check_export_complete(directory: Path, expected_files: Callable[[int], list[str]]) -> None:
+    """Refuse an hscache export that did not finish: its incomplete mark is there, or its sidecar
+    lists files that are missing. ``expected_files(n)``: the files an export of n sequences writes.
+
+    Raises:
+        InputError: naming the missing files (up to 5) and the command that makes a whole export.
+    """
+    directory = Path(directory)
+    mark, sidecar = directory / EXPORT_MARK, directory / SIDECAR
+    missing: list[str] = []
+    if mark.is_file():
+        try:
+            n = int(jsonio.loads(mark.read_bytes())["sequences"])
+        except (ValueError, KeyError, TypeError):
+            n = 0
+        missing = [f for f in expected_files(n) if not (directory / f).is_file()] or [SIDECAR]
+    elif sidecar.is_file():
+        try:
+            listed = jsonio.loads(sidecar.read_bytes()).get("files") or []
+        except (ValueError, AttributeError):
+            listed = []
+        missing = [f for f in listed if isinstance(f, str) and not (directory / f).is_file()]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise InputError(
+            f"{directory} is an hscache export that did not finish ({len(missing)} files missing: {shown}); "
+            "re-run `hscache export` into an empty directory and import that"
+        )
+
+
 def read_sidecar(directory: Path, fmt: str) -> dict[str, Any] | None:
     """Our sidecar in ``directory`` when it is there and names ``fmt`` (else None).
 
@@ -137,7 +250,7 @@ def read_sidecar(directory: Path, fmt: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        document = json.loads(path.read_text())
+        document = jsonio.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} is not valid JSON ({exc}); delete it and pass --layer-ids") from exc
     if document.get("format") != fmt:
@@ -222,17 +335,37 @@ def write_imported_cache(
     Raises:
         InputError: no sequences, or shapes/dtypes that differ between sequences or from ``layer_ids``.
     """
+    command = "the same `hscache import` command"
     with writer_lock(out, "hscache import"):  # one writer per cache, from before the emptiness check
-        return _write_imported(
-            check_fresh_dir(out),
-            _counted(sequences, progress, imported.get("files")),
-            layer_ids=layer_ids,
-            imported=imported,
-            compression=compression,
-            target=target,
-            last_layer_slot=last_layer_slot,
-            top_k=top_k,
-        )
+        if (Path(out) / IMPORTING_MARK).is_file():
+            _empty(out)  # our own import, killed: it is started over (nothing else was in --out)
+        out = check_fresh_dir(out)
+        (out / IMPORTING_MARK).write_bytes(b"")
+        fsio.fsync_dir(out)
+        try:
+            result = _write_imported(
+                out,
+                _counted(sequences, progress, imported.get("files")),
+                layer_ids=layer_ids,
+                imported=imported,
+                compression=compression,
+                target=target,
+                last_layer_slot=last_layer_slot,
+                top_k=top_k,
+            )
+        except OSError as exc:  # StoreWriteError included: disk full, permissions
+            _empty(out)
+            where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
+            detail = getattr(exc, "strerror", None) or exc
+            if isinstance(exc, StoreWriteError):
+                where, detail = "", str(exc).split(";")[0]
+            raise StoreWriteError(
+                f"importing into {out} failed{where} ({detail}); the partial cache was deleted: free space "
+                f"and re-run {command}"
+            ) from exc
+        (out / IMPORTING_MARK).unlink()
+        fsio.fsync_dir(out)
+        return result
 
 
 def _counted(sequences: Iterable[ImportedSequence], progress: Any, total: int | None) -> Iterator:
@@ -328,6 +461,5 @@ def _write_imported(
         "command_line": list(sys.argv),
         "timestamps": {"started_at": started, "finished_at": utc_now(), "resumed_at": []},
     }
-    schemas.validate(provenance, "provenance")
-    fsio.atomic_write_json(out / PROVENANCE, provenance)
+    write_provenance(writer, provenance)  # recorded in the manifest's checksums like extract's
     return count, tokens

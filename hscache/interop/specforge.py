@@ -35,12 +35,15 @@ from hscache.data import SequenceDataset
 from hscache.errors import InputError
 from hscache.interop.common import (
     ImportedSequence,
-    check_fresh_dir,
+    begin_export,
+    check_export_complete,
+    export_errors,
+    finish_export,
     num_target_layers,
+    publish_file,
     read_sidecar,
     select_layers,
     write_imported_cache,
-    write_sidecar,
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import DEFAULT_COMPRESSION
@@ -50,6 +53,7 @@ __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specfo
 
 FILE_GROUP_SIZE = 2000  # prepare_hidden_states.py's file_group_size
 _FILE = re.compile(r"^data_(\d+)\.ckpt(\.gz)?$")
+_SUFFIXES = (".ckpt", ".ckpt.gz")  # SpecForge's offline_reader._FEATURE_SUFFIXES
 LAYER_CONVENTION = (
     "dflash_config.target_layer_ids, no shift: SGLang captures before layer k + 1 = output of "
     "decoder layer k, before the final norm; concatenated on the last dim in ascending order"
@@ -89,8 +93,18 @@ def export_specforge(
     """
     cache = open_cache(cache_path)
     ids = _check_layers(cache, layer_ids)
-    out = check_fresh_dir(Path(out))
     data = SequenceDataset(cache_path, layer_ids=ids)
+    out = begin_export(Path(out), len(data))
+    with export_errors(out, f"hscache export {cache_path} --format specforge --out {out}"):
+        return _export(cache, data, out, ids, progress)
+
+
+def expected_files(sequences: int) -> list[str]:
+    """The files an export of ``sequences`` sequences writes (what a killed one may lack)."""
+    return [feature_path(Path(), i).as_posix() for i in range(sequences)]
+
+
+def _export(cache: Any, data: Any, out: Path, ids: list[int], progress: Any) -> int:
     record_ids = []
     progress.start(len(data), label="export", unit="sequences")
     for i in range(len(data)):
@@ -102,12 +116,10 @@ def export_specforge(
             "loss_mask": item["loss_mask"].to(torch.int64),
             "hidden_states": hidden.reshape(T, -1).unsqueeze(0).clone(),
         }
-        path = feature_path(out, i)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(record, path)
+        publish_file(feature_path(out, i), lambda tmp, r=record: torch.save(r, tmp))
         record_ids.append(item["record_id"])
         progress.advance(1)
-    write_sidecar(
+    finish_export(
         out,
         {
             "format": "specforge",
@@ -123,15 +135,33 @@ def export_specforge(
     return len(record_ids)
 
 
-def _feature_files(directory: Path) -> list[tuple[int, Path]]:
-    """(global index, path) of every ``data_{i}.ckpt[.gz]`` under ``directory``, by index."""
-    found = []
+def _feature_files(directory: Path) -> list[tuple[int, Path, str | None]]:
+    """(index, path, sample id) of every feature file under ``directory``.
+
+    ``prepare_hidden_states.py`` writes ``data_{i}.ckpt[.gz]`` (index i, ordered by it; no sample
+    id). SpecForge's in-memory feature store dumps ``{sample_id}.ckpt`` (``feature_store.py``
+    ``_dump``), which its ``OfflineManifestReader`` reads like any ``*.ckpt``/``*.ckpt.gz``: when a
+    folder holds such files, every file is taken in that reader's order (absolute paths sorted)
+    and a dump's record id is its sample id.
+    """
+    numbered, dumped = [], []
     for root, _dirs, files in os.walk(directory):
         for name in files:
             match = _FILE.match(name)
             if match:
-                found.append((int(match.group(1)), Path(root) / name))
-    return sorted(found)
+                numbered.append((int(match.group(1)), Path(root) / name, None))
+            elif name.endswith(_SUFFIXES):
+                dumped.append(Path(root) / name)
+    if not dumped:
+        return sorted(numbered)
+    ordered = sorted([path for _, path, _ in numbered] + dumped, key=lambda p: str(p.resolve()))
+    return [
+        (k, path, None if _FILE.match(path.name) else _sample_id(path.name)) for k, path in enumerate(ordered)
+    ]
+
+
+def _sample_id(name: str) -> str:
+    return name[: -len(".ckpt.gz")] if name.endswith(".ckpt.gz") else name[: -len(".ckpt")]
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -146,10 +176,12 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _sequences(
-    files: list[tuple[int, Path]], layers: int, record_ids: list[str] | None
+    files: list[tuple[int, Path, str | None]], layers: int, record_ids: list[str] | None
 ) -> Iterator[ImportedSequence]:
-    for index, path in files:
+    for index, path, sample_id in files:
         raw = _load(path)
+        if not isinstance(raw, dict):
+            raise InputError(f"{path} holds a {type(raw).__name__}, not a SpecForge feature dict")
         if "aux_hidden_state" in raw or "hidden_state" in raw:
             raise InputError(
                 f"{path} is a SpecForge EAGLE3 capture (aux_hidden_state/hidden_state); only DFlash "
@@ -167,8 +199,15 @@ def _sequences(
                 f"{layers} layers; check --layer-ids"
             )
         T = hidden.shape[0]
-        name = record_ids[index] if record_ids and index < len(record_ids) else f"data_{index}"
-        yield ImportedSequence(name, hidden.reshape(T, layers, -1), raw["input_ids"], raw["loss_mask"])
+        if sample_id is not None:
+            name = sample_id
+        else:
+            name = record_ids[index] if record_ids and index < len(record_ids) else f"data_{index}"
+        ids, mask = raw["input_ids"], raw["loss_mask"]
+        # The store's dumps keep whatever was put: [1, T] rows as well as [T].
+        ids = ids[0] if ids.dim() == 2 and ids.shape[0] == 1 else ids
+        mask = mask[0] if mask.dim() == 2 and mask.shape[0] == 1 else mask
+        yield ImportedSequence(name, hidden.reshape(T, layers, -1), ids, mask)
 
 
 def import_specforge(
@@ -188,9 +227,13 @@ def import_specforge(
         InputError: no feature files, no layer ids, or files that are not DFlash captures.
     """
     directory = Path(directory)
+    check_export_complete(directory, expected_files)
     files = _feature_files(directory)
     if not files:
-        raise InputError(f"{directory} holds no SpecForge feature files (rows_*/data_<i>.ckpt)")
+        raise InputError(
+            f"{directory} holds no SpecForge feature files (rows_*/data_<i>.ckpt, or the feature store's "
+            "<sample_id>.ckpt dumps)"
+        )
     sidecar = read_sidecar(directory, "specforge")
     ids = layer_ids or (sidecar or {}).get("target_layer_ids")
     if not ids:

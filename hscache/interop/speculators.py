@@ -36,12 +36,15 @@ from hscache.data import SequenceDataset
 from hscache.errors import InputError
 from hscache.interop.common import (
     ImportedSequence,
-    check_fresh_dir,
+    begin_export,
+    check_export_complete,
+    export_errors,
+    finish_export,
     num_target_layers,
+    publish_file,
     read_sidecar,
     select_layers,
     write_imported_cache,
-    write_sidecar,
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import DEFAULT_COMPRESSION
@@ -115,18 +118,25 @@ def export_speculators(
 
     cache = open_cache(cache_path)
     ids, total = _check_layers(cache, layer_ids)
-    out = check_fresh_dir(Path(out))
-    (out / HIDDEN_DIR).mkdir()
     data = SequenceDataset(cache_path, layer_ids=ids)
+    out = begin_export(Path(out), len(data))
+    with export_errors(out, f"hscache export {cache_path} --format speculators --out {out}"):
+        return _export(cache, data, out, ids, total, save_file, progress)
+
+
+def _export(
+    cache: Any, data: Any, out: Path, ids: list[int], total: int, save_file: Any, progress: Any
+) -> int:
+    (out / HIDDEN_DIR).mkdir()
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     record_ids = []
     progress.start(len(data), label="export", unit="sequences")
     for i in range(len(data)):
         item = data[i]
         ids_i = item["token_ids"]
-        save_file(
-            {"hidden_states": item["hidden_states"].contiguous(), "token_ids": ids_i.contiguous()},
-            str(out / HIDDEN_DIR / f"hs_{i}.safetensors"),
+        tensors = {"hidden_states": item["hidden_states"].contiguous(), "token_ids": ids_i.contiguous()}
+        publish_file(
+            out / HIDDEN_DIR / f"hs_{i}.safetensors", lambda tmp, t=tensors: _save(save_file, t, tmp)
         )
         rows["input_ids"].append(ids_i.tolist())
         rows["loss_mask"].append(item["loss_mask"].to(torch.int64).tolist())
@@ -135,7 +145,7 @@ def export_speculators(
         progress.advance(1)
     _write_dataset(out, rows)
     aux = [i + 1 for i in ids]
-    write_sidecar(
+    finish_export(
         out,
         {
             "format": "speculators",
@@ -153,6 +163,20 @@ def export_speculators(
         },
     )
     return len(record_ids)
+
+
+def _save(save_file: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
+    from safetensors import SafetensorError
+
+    try:
+        save_file(tensors, path)
+    except SafetensorError as exc:  # safetensors reports I/O errors (disk full) as its own type
+        raise OSError(f"cannot write {path}: {exc}") from exc
+
+
+def expected_files(sequences: int) -> list[str]:
+    """The files an export of ``sequences`` sequences writes (what a killed one may lack)."""
+    return [*(f"{HIDDEN_DIR}/hs_{i}.safetensors" for i in range(sequences)), ARROW_FILE, "state.json"]
 
 
 def _read_dataset(directory: Path) -> pa.Table:
@@ -227,6 +251,7 @@ def import_speculators(
         InputError: no dataset, a missing or inconsistent hidden-state file, no layer ids.
     """
     directory = Path(directory)
+    check_export_complete(directory, expected_files)
     table = _read_dataset(directory)
     sidecar = read_sidecar(directory, "speculators")
     aux = layer_ids or (sidecar or {}).get("vllm_layer_ids")

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hscache import schemas
-from hscache.errors import InputError
-from hscache.store import fsio
+from hscache.errors import CacheFormatError, InputError
+from hscache.store import fsio, jsonio
 from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE, WRITER_LOCK
 from hscache.store.writer import StoreWriter
 
@@ -74,7 +74,15 @@ def prepare_fresh_dir(out: Path) -> None:
 def read_provenance(root: Path) -> dict[str, Any]:
     """``provenance.json`` of the cache at ``root``; ``{}`` where there is none."""
     path = Path(root) / PROVENANCE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        provenance = jsonio.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CacheFormatError(f"{path} is not valid JSON ({exc}); the cache is damaged") from exc
+    if not isinstance(provenance, dict):
+        raise CacheFormatError(f"{path} is not a JSON object; the cache is damaged")
+    return provenance
 
 
 def write_provenance(writer: StoreWriter, provenance: dict[str, Any]) -> None:

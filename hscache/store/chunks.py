@@ -18,9 +18,11 @@ checks it bit for bit against zarr's own reads.
 chunk key encoding, a big-endian host): the caller then reads through zarr. A missing chunk file
 under committed tokens is refused (zarr would silently read the fill value).
 
-Integrity at memory speed: every chunk file's crc32c is checked the first time this process reads
-it (``VERIFIED``, keyed by the file's identity: device, inode, size, mtime and ctime). Later reads
-of the same unchanged file skip the checksum and are one copy (or, for ``view``, none). Any rewrite
+Integrity at memory speed: every chunk file's crc32c, and the sha256 of its committed rows that the
+manifest records (store/integrity.py: a consistent rewrite with a valid crc32c), are checked the
+first time this process reads it (``VERIFIED``, keyed by the file's identity: device, inode, size,
+mtime and ctime, and the digest it matched). Later reads of the same unchanged file skip both and
+are one copy (or, for ``view``, none). Any rewrite
 changes the identity (zarr and hscache replace files by rename: a new inode; an in-place edit moves
 mtime/ctime), so a rewritten chunk is checked again before it is served. docs/storage.md measures
 what this saves and says what it does not cover (a disk that changes bytes under an unchanged file
@@ -44,6 +46,7 @@ import numpy as np
 from numcodecs import blosc
 
 from hscache.errors import CacheFormatError
+from hscache.store.integrity import rows_sha256
 
 __all__ = ["VERIFIED", "ChunkReader", "VerifiedChunks", "chunk_reader"]
 
@@ -64,13 +67,15 @@ _VERIFIED_LIMIT = 1 << 20  # file identities remembered (~100 B each); past it t
 
 
 class VerifiedChunks:
-    """The chunk files whose crc32c this process has checked, by identity (see the module docstring).
+    """The chunk files whose content this process has checked, by identity (see the module
+    docstring): their crc32c, and the sha256 of their committed rows where the manifest records one
+    (store/integrity.py), remembered with the digest it matched.
 
     Safe across threads; inherited by a forked child (the files it vouches for are the same files).
     """
 
     def __init__(self, limit: int = _VERIFIED_LIMIT):
-        self._seen: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._seen: dict[tuple[int, int], tuple[tuple[int, int, int], str | None]] = {}
         self._lock = threading.Lock()
         self._limit = limit
 
@@ -78,17 +83,19 @@ class VerifiedChunks:
     def _identity(st: os.stat_result) -> tuple[tuple[int, int], tuple[int, int, int]]:
         return (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-    def holds(self, st: os.stat_result) -> bool:
-        """Whether the file ``st`` describes was checked in this process and has not changed since."""
+    def holds(self, st: os.stat_result, sha256: str | None = None) -> bool:
+        """Whether the file ``st`` describes was checked in this process and has not changed since
+        (and, when ``sha256`` is given, its committed rows matched that digest)."""
         key, state = self._identity(st)
-        return self._seen.get(key) == state
+        seen = self._seen.get(key)
+        return seen is not None and seen[0] == state and (sha256 is None or seen[1] == sha256)
 
-    def add(self, st: os.stat_result) -> None:
+    def add(self, st: os.stat_result, sha256: str | None = None) -> None:
         key, state = self._identity(st)
         with self._lock:
             if len(self._seen) >= self._limit:
                 self._seen.clear()
-            self._seen[key] = state
+            self._seen[key] = (state, sha256)
 
     def clear(self) -> None:
         """Forget every check: the next read of each chunk computes its crc32c again."""
@@ -170,6 +177,33 @@ class ChunkReader:
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()  # LRU of whole decoded chunks
         self._decoded_lock = threading.Lock()
         self._keep_decoded = 2 * self.chunk_bytes <= _DECODED_CACHE_BYTES
+        self._expected_sha256: list[str] | None = None  # per chunk, of its committed rows
+        self._committed = length
+
+    def expect_sha256(self, chunk_sha256: list[str] | None, committed_tokens: int) -> None:
+        """Check each chunk's committed rows against ``chunk_sha256`` (store/integrity.py) on first
+        touch, with its crc32c: a chunk rewritten with other content and a valid crc32c is refused."""
+        self._expected_sha256, self._committed = chunk_sha256, committed_tokens
+
+    def _expected(self, index: int) -> str | None:
+        """The sha256 chunk ``index``'s committed rows must have (None: nothing recorded to check)."""
+        if self._expected_sha256 is None or self._committed <= index * self.chunk_tokens:
+            return None
+        # A chunk under committed tokens with no recorded digest cannot match: refused, never skipped.
+        return self._expected_sha256[index] if index < len(self._expected_sha256) else "missing"
+
+    def _verify(self, index: int, rows: np.ndarray) -> None:
+        """``rows``: the whole decoded chunk ``index``; refuse it unless its committed rows match."""
+        expected = self._expected(index)
+        if expected is None:
+            return
+        n = min(self.chunk_tokens, self._committed - index * self.chunk_tokens)
+        if rows_sha256(rows[:n]) != expected:
+            raise CacheFormatError(
+                f"{self._where(self.chunk_path(index))} does not match its sha256 recorded at commit (its "
+                "crc32c is valid: the chunk was rewritten); the cache was changed after it was written: "
+                "run `hscache verify` on it, then re-extract"
+            )
 
     def chunk_path(self, index: int) -> Path:
         return self.directory / "c" / (f"{index}/{self._key_tail}" if self._key_tail else str(index))
@@ -268,13 +302,16 @@ class ChunkReader:
         finally:
             os.close(fd)
         payload = np.frombuffer(mapped, np.uint8, count=self.chunk_bytes)
-        if not VERIFIED.holds(st):
+        rows = payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
+        expected = self._expected(index)
+        if not VERIFIED.holds(st, expected):
             crc = 0
             for k in range(0, self.chunk_bytes, _CRC_PIECE):
                 crc = google_crc32c.extend(crc, payload[k : k + _CRC_PIECE])
             self._check_crc(path, crc, mapped[self.chunk_bytes :])
-            VERIFIED.add(st)
-        return payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
+            self._verify(index, rows)
+            VERIFIED.add(st, expected)
+        return rows
 
     def _open(self, path: Path) -> int:
         try:
@@ -344,7 +381,7 @@ class ChunkReader:
         fd = self._open(path)
         try:
             st = os.fstat(fd)
-            if st.st_size != self.chunk_bytes + 4 or not VERIFIED.holds(st):
+            if st.st_size != self.chunk_bytes + 4 or not VERIFIED.holds(st, self._expected(index)):
                 return False
             row_bytes = self.chunk_bytes // self.chunk_tokens
             target = memoryview(out.reshape(-1).view(np.uint8))
@@ -376,27 +413,35 @@ class ChunkReader:
                 self._check_size(path, size, self.chunk_bytes + 4)
             else:
                 payload = _scratch("file", size - 4)
-            if VERIFIED.holds(st):  # checked earlier in this process and unchanged since: one copy
+            expected = self._expected(index)
+            checked = VERIFIED.holds(st, expected)
+            if checked:  # verified earlier in this process and unchanged since: one copy, no hashing
                 _readinto_crc(fd, payload, path, crc=False)
             else:
                 stored = _pread_exact(fd, 4, size - 4, path)
                 self._check_crc(path, _readinto_crc(fd, payload, path), stored)
-                VERIFIED.add(st)
         finally:
             os.close(fd)
         if not self.compressed:
-            if not whole:
+            if whole:
+                rows = out
+            else:
                 self._check_size(path, payload.nbytes, self.chunk_bytes)
                 rows = payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
-                out[...] = rows[a - base : b - base]
-            return
-        self._check_frame(path, payload)
-        if whole:
-            blosc.decompress(payload, out.reshape(-1).view(np.uint8))
-            return
-        decoded = _scratch("chunk", self.chunk_bytes)
-        blosc.decompress(payload, decoded)
-        out[...] = decoded.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)[a - base : b - base]
+        else:
+            self._check_frame(path, payload)
+            if whole:
+                blosc.decompress(payload, out.reshape(-1).view(np.uint8))
+                rows = out
+            else:
+                decoded = _scratch("chunk", self.chunk_bytes)
+                blosc.decompress(payload, decoded)
+                rows = decoded.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
+        if not checked:  # the crc32c held; now the content: then the file is vouched for
+            self._verify(index, rows)
+            VERIFIED.add(st, expected)
+        if not whole:
+            out[...] = rows[a - base : b - base]
 
     def _where(self, path: Path) -> str:
         return f"{self.name} chunk {path.relative_to(self.directory).as_posix()} ({path})"

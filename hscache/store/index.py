@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hscache.errors import CacheFormatError
+from hscache.store import jsonio
 from hscache.store.layout import MANIFEST
 
 __all__ = ["INDEX_SCHEMA", "empty_index", "expand_metadata", "index_part_path", "parquet_bytes", "read_part"]
@@ -80,7 +81,14 @@ def expand_metadata(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return table
     encoded = table.column("metadata_json").combine_chunks().dictionary_encode()
-    records = [json.loads(s) if s else {} for s in encoded.dictionary.to_pylist()]
+    try:
+        records = [jsonio.loads(s) if s else {} for s in encoded.dictionary.to_pylist()]
+    except json.JSONDecodeError as exc:
+        raise CacheFormatError(
+            f"an index row's metadata_json is not valid JSON ({exc}); the cache is damaged"
+        ) from exc
+    if not all(isinstance(r, dict) for r in records):
+        raise CacheFormatError("an index row's metadata_json is not a JSON object; the cache is damaged")
     keys = sorted({k for r in records for k in r} - set(table.column_names))
     for key in keys:
         values = [r.get(key) for r in records]

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from hscache import schemas
+from hscache.store.integrity import cache_digest
+from hscache.store.layout import IMPORTING_MARK
 from hscache.store.lock import current_writer
 from hscache.store.open import open_cache
 from hscache.store.shards import has_shards, shard_dirs
@@ -47,6 +49,8 @@ def _state(s: dict[str, Any]) -> str:
             else "a process"
         )
         return f"INCOMPLETE: {committed}; a writer is running: {who}; wait for it to finish"
+    if s.get("interrupted_import"):
+        return f"INCOMPLETE: {committed}; an import was interrupted: re-run the same hscache import command"
     return f"INCOMPLETE: {committed}; no writer is running: resume with the same extract command"
 
 
@@ -59,9 +63,10 @@ def _imported_from(prov: dict[str, Any]) -> str | None:
     return f"imported from {imported['format']} files at {imported['source']}" if imported else None
 
 
-def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON-ready summary of the cache at ``path`` (schemas/cache_info.schema.json)."""
-    cache = open_cache(path)
+def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict[str, Any]:
+    """A JSON-ready summary of the cache at ``path`` (schemas/cache_info.schema.json); ``digest`` is
+    ``cache_digest``, to pin."""
+    cache = open_cache(path, allow_unsealed=allow_unsealed)
     prov = cache.provenance
     roots = shard_dirs(cache.path) if has_shards(cache.path) else [cache.path]
     stored = {name: sum(_dir_bytes(root / "arrays" / name) for root in roots) for name in cache.specs}
@@ -72,7 +77,9 @@ def cache_summary(path: str | os.PathLike) -> dict[str, Any]:
     summary = {
         "schema_version": INFO_SCHEMA_VERSION,
         "path": str(cache.path),
+        "digest": cache_digest(cache),
         "complete": cache.complete,
+        "interrupted_import": (Path(cache.path) / IMPORTING_MARK).is_file(),
         "expected_sequences": completeness["expected_sequences"],
         "writer": completeness["writer"],
         "sequences": len(cache),
@@ -135,5 +142,6 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{compression}, chunk {hidden['chunk_tokens']} tokens",
         f"mask id    {s['mask_token_id']}",
         f"mtp head   {'stored (scorer eval target:mtp)' if s.get('mtp_head') else 'none'}",
+        f"digest     {s['digest']}  (pin it: scorer eval/hscache verify --expect-digest)",
     ]
     return "\n".join(lines)

@@ -9,8 +9,18 @@ or committed count is caught too.
 
 Two depths: ``check_cache(root, manifest, digests="small")`` (what ``open_cache`` runs: the
 manifest's own digest, every file's size, and the digests of files up to ``SMALL_FILE_BYTES``) and
-``digests="all"`` (``hscache verify``). A cache written before checksums existed has no
-``checksums`` field: that is reported, not refused.
+``digests="all"`` (``hscache verify``). A cache without a seal (no ``checksums``: written before
+checksums existed, or its seal was stripped) is refused unless the caller allows it explicitly
+(``--allow-unsealed``): stripping the seal must not turn every check off.
+
+The arrays are covered too. Each array's entry in the manifest's ``arrays`` records
+``zarr_json_sha256`` (its ``zarr.json`` in canonical form with the growing row count left out:
+dtype, endianness, chunk grid, codecs, fill value, attributes) and ``chunk_sha256``, one SHA-256
+per chunk of the committed rows' stored bytes (little endian), computed by the writer from the
+rows it writes (no read-back). ``arrays/zarr.json`` (the group) is in ``checksums``. Readers
+check each chunk's hash the first time they decode it, so a chunk rewritten with another content
+and a valid crc32c is refused, and ``cache_digest`` (one SHA-256 over the manifest, which holds
+every file's and chunk's hash) changes with any change at all: pin it (``--expect-digest``).
 """
 
 from __future__ import annotations
@@ -22,21 +32,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
+from hscache.errors import InputError
+from hscache.store import jsonio
+from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, TARGET_DIR, ArraySpec
+
 __all__ = [
+    "ARRAY_GROUP_META",
     "SMALL_FILE_BYTES",
+    "UNSEALED_MESSAGE",
     "Mismatch",
+    "cache_digest",
+    "check_array_metadata",
     "check_cache",
+    "check_expected_digest",
+    "combined_digest",
+    "chunk_sha256_of",
     "content_sha256",
     "digest_bytes",
     "digest_file",
     "files_under",
+    "manifest_digest",
+    "rows_sha256",
     "seal",
+    "zarr_json_sha256",
 ]
 
 # Files up to this size are hashed when a cache is opened (index parts, provenance, config,
 # tokenizer files of most models); bigger ones (the head) only by verify and when they are read.
 SMALL_FILE_BYTES = 16 << 20
 _BLOCK = 1 << 22
+ARRAY_GROUP_META = f"{ARRAYS_GROUP}/zarr.json"
+# An array's zarr.json is a few hundred bytes; a bigger one is damage, not metadata to parse.
+_MAX_ZARR_JSON_BYTES = 1 << 20
+UNSEALED_MESSAGE = (
+    "records no checksums (no seal): either it was written by hscache before checksums existed, or "
+    "its seal was removed; edits to any of its files cannot be detected. Re-extract it, or pass "
+    "--allow-unsealed to read it unchecked"
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +115,203 @@ def content_sha256(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The cache's root digest: SHA-256 over the manifest's canonical JSON without its own
+    ``content_sha256`` and ``updated_at`` (a re-commit of the same content keeps the digest).
+
+    The manifest holds the SHA-256 of every other file (``checksums``), every array's metadata and
+    every chunk's committed rows, so any change to the cache that readers accept changes this.
+    """
+    body = {k: v for k, v in manifest.items() if k not in ("content_sha256", "updated_at")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def cache_digest(cache: Any) -> str:
+    """The root digest of an open cache (any ``CacheView``): pin it, compare it with
+    ``--expect-digest``. A directory of shards: the SHA-256 of its shards' digests, in order."""
+    shards = getattr(cache, "shards", None)
+    if shards:
+        return combined_digest([manifest_digest(s.manifest) for s in shards])
+    return manifest_digest(cache.manifest)
+
+
+def combined_digest(shard_digests: list[str]) -> str:
+    """The digest of a directory of shards from its shards' digests, in shard order."""
+    return hashlib.sha256(",".join(shard_digests).encode()).hexdigest()
+
+
+def check_expected_digest(cache: Any, expected: str | None, where: str) -> None:
+    """Refuse ``cache`` when ``expected`` (``--expect-digest``) is given and differs from its digest.
+
+    Raises:
+        InputError: the digests differ (one line naming both).
+    """
+    if expected is None:
+        return
+    actual = cache_digest(cache)
+    if actual != expected.strip().lower():
+        raise InputError(
+            f"{where} has digest {actual}, not the expected {expected.strip()}: the cache changed since that "
+            "digest was recorded (or it is another cache); run `hscache verify` on it and re-check the pin"
+        )
+
+
+def rows_sha256(rows: np.ndarray) -> str:
+    """SHA-256 of ``rows``' bytes in little-endian order (the chunk hashes of ``arrays``)."""
+    rows = np.ascontiguousarray(rows)
+    if rows.dtype.byteorder == ">":
+        rows = rows.astype(rows.dtype.newbyteorder("<"))
+    return hashlib.sha256(memoryview(rows).cast("B")).hexdigest()
+
+
+def chunk_sha256_of(manifest: dict[str, Any], name: str) -> list[str] | None:
+    """The recorded per-chunk hashes of array ``name`` (None: a cache from before them)."""
+    entry = manifest.get("arrays", {}).get(name)
+    hashes = entry.get("chunk_sha256") if isinstance(entry, dict) else None
+    return hashes if isinstance(hashes, list) else None
+
+
+def zarr_json_sha256(meta: dict[str, Any]) -> str:
+    """SHA-256 of an array's zarr.json in canonical form, its row count (``shape[0]``, which grows
+    while a cache is written) left out: every other field changes how the rows read back."""
+    body = dict(meta)
+    shape = body.get("shape")
+    if isinstance(shape, list) and shape:
+        body["shape"] = [None, *shape[1:]]
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _inside(root: Path, path: Path) -> bool:
+    resolved_root = Path(root).resolve()
+    resolved = path.resolve()
+    return resolved == resolved_root or resolved_root in resolved.parents
+
+
+def _expected_codecs(compression: str) -> list[str] | None:
+    """The codec names ``layout.codecs_for`` writes for ``compression`` (None: unknown)."""
+    blosc = ["bytes", "blosc", "crc32c"]
+    return {"none": ["bytes", "crc32c"], "fast": blosc, "balanced": blosc}.get(compression)
+
+
+def _array_problems(
+    root: Path, name: str, spec: ArraySpec, entry: dict[str, Any], manifest: dict[str, Any]
+) -> str | None:
+    """What is wrong with array ``name``'s directory and zarr.json, or None (one line)."""
+    array_dir = Path(root) / ARRAYS_GROUP / name
+    for path in (Path(root) / ARRAYS_GROUP, array_dir, array_dir / "c", array_dir / "zarr.json"):
+        if (path.exists() or path.is_symlink()) and not _inside(root, path):
+            return f"{path.relative_to(root).as_posix()} leads outside the cache directory (a symlink)"
+    meta_path = array_dir / "zarr.json"
+    rel = meta_path.relative_to(root).as_posix()
+    if not meta_path.is_file():
+        return f"{rel} is missing"
+    if meta_path.stat().st_size > _MAX_ZARR_JSON_BYTES:
+        return f"{rel} holds {meta_path.stat().st_size} bytes, far more than array metadata"
+    try:
+        meta = jsonio.loads(meta_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return f"{rel} is not valid JSON ({exc})"
+    if not isinstance(meta, dict):
+        return f"{rel} is not a JSON object"
+    committed = int(manifest["committed"]["tokens"])
+    shape = meta.get("shape")
+    grid = _obj(meta.get("chunk_grid"))
+    chunk_shape = _obj(grid.get("configuration")).get("chunk_shape")
+    codecs = meta.get("codecs") if isinstance(meta.get("codecs"), list) else []
+    names = [_obj(c).get("name") for c in codecs]
+    endian = _obj(_obj(codecs[0] if codecs else None).get("configuration")).get("endian", "little")
+    keys = _obj(meta.get("chunk_key_encoding"))
+    try:
+        itemsize = np.dtype(spec.stored_dtype).itemsize
+    except TypeError:
+        return f"{rel}: the manifest's stored_dtype {spec.stored_dtype!r} is not a data type"
+    bad = []
+    if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
+        bad.append(f"zarr_format {meta.get('zarr_format')!r}/node_type {meta.get('node_type')!r}")
+    if meta.get("data_type") != spec.stored_dtype:
+        bad.append(f"data_type {meta.get('data_type')!r} (manifest: {spec.stored_dtype})")
+    if not (isinstance(shape, list) and all(isinstance(n, int) for n in shape)):
+        bad.append(f"shape {shape!r}")
+    elif tuple(shape[1:]) != spec.row_shape or len(shape) != 1 + len(spec.row_shape):
+        bad.append(f"row shape {shape[1:]} (manifest: {list(spec.row_shape)})")
+    elif shape[0] < committed:
+        bad.append(f"{shape[0]} rows, fewer than the {committed} committed tokens")
+    elif manifest.get("complete") and shape[0] != committed:
+        bad.append(f"{shape[0]} rows in a complete cache of {committed} committed tokens")
+    if grid.get("name") != "regular" or chunk_shape != [spec.chunk_tokens, *spec.row_shape]:
+        bad.append(f"chunk grid {grid!r} (manifest: {[spec.chunk_tokens, *spec.row_shape]})")
+    if keys.get("name") != "default" or _obj(keys.get("configuration")).get("separator", "/") != "/":
+        bad.append(f"chunk key encoding {keys!r}")
+    if endian != "little" and itemsize > 1:
+        bad.append(f"endian {endian!r} (hscache writes little)")
+    # What the array may be: as recorded, or (while `hscache recompress` swaps it) as announced. An
+    # array's own compression is set while a recompress converts the cache array by array.
+    states = [(entry.get("compression", manifest.get("compression")), entry.get("zarr_json_sha256"))]
+    converting = _obj(entry.get("converting"))
+    if converting:
+        states.append((converting.get("compression"), converting.get("zarr_json_sha256")))
+    matching = [state for state in states if names == _expected_codecs(str(state[0]))]
+    if not matching:
+        wanted = " or ".join(f"{c!r}: {_expected_codecs(str(c))}" for c, _ in states)
+        bad.append(f"codecs {names} (compression {wanted})")
+    if meta.get("storage_transformers"):
+        bad.append("storage transformers")
+    recorded = [digest for _, digest in matching]
+    if not bad and None not in recorded and zarr_json_sha256(meta) not in recorded:
+        bad.append("content differs from the zarr_json_sha256 recorded at commit")
+    return f"{rel}: {'; '.join(b if len(b) <= 200 else b[:200] + '...' for b in bad)}" if bad else None
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (damaged metadata reads as absent)."""
+    return value if isinstance(value, dict) else {}
+
+
+def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]:
+    """Each array's directory stays inside the cache and its zarr.json agrees with the manifest's
+    ``arrays`` (dtype, endianness, row shape, chunk grid, codecs, a row count no smaller than the
+    committed tokens) and with its recorded ``zarr_json_sha256``; the per-chunk hash list has one
+    entry per committed chunk. Parsed by hand before zarr sees it: damage is a ``Mismatch``, never
+    an exception, and a claimed shape of 10^12 rows costs nothing."""
+    problems = []
+    committed = int(manifest["committed"]["tokens"])
+    for name, entry in manifest["arrays"].items():
+        try:
+            spec = ArraySpec.from_dict(name, entry)
+            if spec.chunk_tokens < 1 or not all(isinstance(d, int) and d >= 1 for d in spec.row_shape):
+                raise ValueError(f"chunk_tokens {spec.chunk_tokens}, row_shape {list(spec.row_shape)}")
+            if not isinstance(spec.logical_dtype, str) or entry.get("stored_dtype") != spec.stored_dtype:
+                raise ValueError(
+                    f"logical_dtype {entry.get('logical_dtype')!r}, stored_dtype {entry.get('stored_dtype')!r}"
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(Mismatch("manifest.json", f"manifest.json array {name} is malformed ({exc})"))
+            continue
+        message = _array_problems(Path(root), name, spec, entry, manifest)
+        if message:
+            problems.append(Mismatch(f"{ARRAYS_GROUP}/{name}/zarr.json", message))
+        hashes = chunk_sha256_of(manifest, name)
+        chunks = -(-committed // spec.chunk_tokens)
+        if hashes is None:
+            problems.append(
+                Mismatch(
+                    "manifest.json",
+                    f"array {name} records no chunk hashes (written before them): a chunk rewritten with "
+                    "a valid crc32c cannot be detected; re-extract to get them",
+                    warning=True,
+                )
+            )
+        elif len(hashes) != chunks:
+            problems.append(
+                Mismatch(
+                    "manifest.json",
+                    f"manifest.json records {len(hashes)} chunk hashes for {name}, which holds {chunks} "
+                    "committed chunks",
+                )
+            )
+    return problems
+
+
 def seal(manifest: dict[str, Any]) -> None:
     """Set ``content_sha256`` (the last change before the manifest is written)."""
     if "checksums" in manifest:
@@ -88,21 +319,20 @@ def seal(manifest: dict[str, Any]) -> None:
 
 
 def check_cache(
-    root: Path, manifest: dict[str, Any], digests: Literal["small", "all"] = "small"
+    root: Path,
+    manifest: dict[str, Any],
+    digests: Literal["small", "all"] = "small",
+    allow_unsealed: bool = False,
 ) -> list[Mismatch]:
-    """What in the cache at ``root`` disagrees with ``manifest``'s recorded checksums.
+    """What in the cache at ``root`` disagrees with ``manifest``'s recorded checksums and arrays.
 
-    Returns an empty list when everything matches; a single warning when the cache records no
-    checksums (written by an older hscache).
+    Returns an empty list when everything matches. A cache without a seal is one problem, or
+    with ``allow_unsealed`` one warning (its arrays' metadata is still cross-checked).
     """
-    if "checksums" not in manifest:
+    if "checksums" not in manifest or "content_sha256" not in manifest:
         return [
-            Mismatch(
-                "manifest.json",
-                "no checksums recorded (written by an older version): edits to the index, provenance "
-                "and target/ cannot be detected",
-                warning=True,
-            )
+            Mismatch("manifest.json", f"the cache {UNSEALED_MESSAGE}", warning=allow_unsealed),
+            *check_array_metadata(root, manifest),
         ]
     recorded = manifest.get("content_sha256")
     if recorded != content_sha256(manifest):
@@ -112,9 +342,30 @@ def check_cache(
                 "manifest.json was edited after its last commit (its content_sha256 does not match)",
             )
         ]
-    problems = []
-    for rel, entry in sorted(manifest["checksums"].items()):
+    problems = check_array_metadata(root, manifest)
+    checksums = manifest["checksums"]
+    if not isinstance(checksums, dict):
+        return [Mismatch("manifest.json", "manifest.json checksums is not an object")]
+    covered = [
+        *(str(p) for p in manifest["index_parts"] if str(p).startswith(f"{INDEX_DIR}/")),
+        TARGET_DIR,
+        PROVENANCE,
+    ]
+    if any(rel == ARRAY_GROUP_META for rel in checksums):  # caches from before it was recorded: not
+        covered.append(ARRAY_GROUP_META)
+    for rel in files_under(Path(root), covered):
+        if rel not in checksums:
+            problems.append(Mismatch(rel, f"{rel} is not covered by a checksum recorded at commit"))
+    for rel, entry in sorted(checksums.items()):
         path = Path(root) / rel
+        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
+            problems.append(
+                Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed")
+            )
+            continue
+        if not _inside(root, path):
+            problems.append(Mismatch(rel, f"{rel} leads outside the cache directory"))
+            continue
         if not path.is_file():
             problems.append(Mismatch(rel, f"{rel} is missing (recorded at commit)"))
             continue

@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_COMPRESSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "IMPORTING_MARK",
     "INDEX_DIR",
     "LOGICAL_TO_STORED",
     "MANIFEST",
@@ -60,6 +61,9 @@ TARGET_DIR = "target"
 CREATING_MARK = ".hscache-creating"
 # Held (flock) by the one process writing the cache (store/lock.py); never part of the cache's content.
 WRITER_LOCK = ".hscache-writer.lock"
+# Written into --out by `hscache import` first and removed last: a cache holding it is a killed
+# import, which the same command starts over (interop/common.py).
+IMPORTING_MARK = ".hscache-importing"
 
 # zarr 3.1 has no bfloat16: store the raw 16 bits as uint16 and name the logical dtype in the
 # array's attributes. Bit-exact, and readable by any zarr reader without a registration.

@@ -18,8 +18,11 @@ from hscache.store.view import CacheView
 __all__ = ["open_cache"]
 
 
-def open_cache(path: str | Path) -> CacheView:
+def open_cache(path: str | Path, allow_unsealed: bool = False) -> CacheView:
     """Open the cache at ``path`` read-only; it shows the sequences committed so far.
+
+    Every file is checked against the checksums its commit recorded (store/integrity.py); a cache
+    without them (no seal) is refused unless ``allow_unsealed`` (``--allow-unsealed``).
 
     ``path`` may also be a directory of shards (``extract --shard I/N``), read as one cache
     (store/shards.py), or an fsspec URL such as ``s3://bucket/cache`` (store/remote.py).
@@ -32,8 +35,8 @@ def open_cache(path: str | Path) -> CacheView:
     if is_url(path):
         from hscache.store.remote import open_remote_cache  # lazy: fsspec backends are optional
 
-        return open_remote_cache(str(path))
+        return open_remote_cache(str(path), allow_unsealed=allow_unsealed)
     root = Path(path)
     if not (root / MANIFEST).is_file() and has_shards(root):
-        return open_sharded(root)
-    return open_local(root)
+        return open_sharded(root, allow_unsealed=allow_unsealed)
+    return open_local(root, allow_unsealed=allow_unsealed)

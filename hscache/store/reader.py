@@ -20,9 +20,11 @@ import pyarrow as pa
 import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError
+from hscache.store import jsonio
 from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
-from hscache.store.index import empty_index, expand_metadata, read_part
+from hscache.store.index import empty_index, expand_metadata, index_part_path, read_part
+from hscache.store.integrity import UNSEALED_MESSAGE, chunk_sha256_of, rows_sha256
 from hscache.store.layout import (
     ARRAYS_GROUP,
     FORMAT_NAME,
@@ -40,10 +42,10 @@ from hscache.store.target_files import (
     read_vocab_size,
 )
 
-__all__ = ["Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
+__all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
 
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
-_ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _OPEN_ATTEMPTS = 5
 
 if TYPE_CHECKING:  # torch is imported when a tensor is first returned: `hscache info` never needs it
@@ -63,9 +65,11 @@ def read_manifest(root: Path) -> dict[str, Any]:
             f"{root} is not an hscache cache (no {MANIFEST}); create one with `hscache extract --out {root}`"
         )
     try:
-        manifest = json.loads(path.read_text())
+        manifest = jsonio.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CacheFormatError(f"{path} is not valid JSON ({exc}); the cache is damaged") from exc
+    if not isinstance(manifest, dict):
+        raise CacheFormatError(f"{path} is not a JSON object; the cache is damaged")
     if manifest.get("format") != FORMAT_NAME:
         raise CacheFormatError(f"{path} names format {manifest.get('format')!r}, expected {FORMAT_NAME!r}")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -93,7 +97,7 @@ def _check_shape(path: Path, manifest: dict[str, Any]) -> None:
     if not ok:
         raise CacheFormatError(f"{path} lacks committed/index_parts/arrays/settings; the cache is damaged")
     for name in manifest["arrays"]:
-        if not _ARRAY_NAME.match(str(name)):
+        if not ARRAY_NAME.match(str(name)):
             raise CacheFormatError(f"{path} names array {name!r}, which is not a plain identifier")
 
 
@@ -116,6 +120,9 @@ class Cache:
             ) from exc
         self._arrays: dict[str, zarr.Array] = {}
         self._chunk_readers: dict[str, ChunkReader | None] = {}
+        # Each chunk's committed rows against its recorded sha256, the first time it is decoded
+        # (store/integrity.py); setting it False before reading trades that for scan speed.
+        self.check_chunks = True  # a public switch: set False before reading
         parts = [read_part(self.path, p) for p in manifest["index_parts"]]
         table = pa.concat_tables(parts) if parts else empty_index()
         committed = int(manifest["committed"]["sequences"])
@@ -178,8 +185,47 @@ class Cache:
 
     def _chunk_reader(self, name: str) -> ChunkReader | None:
         if name not in self._chunk_readers:
-            self._chunk_readers[name] = chunk_reader(self.array(name))
+            reader = chunk_reader(self.array(name))
+            if reader is not None and self.check_chunks:
+                reader.expect_sha256(chunk_sha256_of(self.manifest, name), self.num_tokens)
+            self._chunk_readers[name] = reader
         return self._chunk_readers[name]
+
+    def _read_through_zarr(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` through zarr (a remote store), each chunk's committed rows checked
+        against its recorded sha256 the first time it is read (whole chunks: zarr fetches them anyway).
+
+        Raises:
+            CacheFormatError: a chunk fails its crc32c, does not decode, or does not match its sha256.
+        """
+        array, step = self.array(name), self.specs[name].chunk_tokens
+        expected = chunk_sha256_of(self.manifest, name) if self.check_chunks else None
+        verified = self.__dict__.setdefault("_verified_chunks", set())
+        todo = [c for c in range(start // step, -(-stop // step)) if (name, c) not in verified]
+        a = min(start, todo[0] * step) if (expected is not None and todo) else start
+        b = (
+            max(stop, min(self.num_tokens, (todo[-1] + 1) * step))
+            if (expected is not None and todo)
+            else stop
+        )
+        try:
+            rows = np.asarray(array[a:b])
+        except (ValueError, OSError, RuntimeError) as exc:  # zarr: bad crc32c, codec errors, I/O
+            raise CacheFormatError(
+                f"{name} rows {a}-{b} of {getattr(self, 'url', self.path)} cannot be read ({exc}); a chunk is "
+                "damaged or missing: run `hscache verify` on the cache"
+            ) from exc
+        if expected is not None:
+            for c in todo:
+                lo, hi = c * step, min(self.num_tokens, (c + 1) * step)
+                got = rows_sha256(rows[lo - a : hi - a])
+                if c >= len(expected) or got != expected[c]:
+                    raise CacheFormatError(
+                        f"{name} chunk {c} of {getattr(self, 'url', self.path)} does not match its sha256 "
+                        "recorded at commit; the cache was changed after it was written: run `hscache verify` on it"
+                    )
+                verified.add((name, c))
+        return rows[start - a : stop - a]
 
     def _check_tokens(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.num_tokens:
@@ -206,7 +252,7 @@ class Cache:
         reader = self._chunk_reader(name)
         if reader is not None:
             return reader.read(start, stop, out)
-        rows = np.asarray(self.array(name)[start:stop])
+        rows = self._read_through_zarr(name, start, stop)
         if out is None:
             return rows
         if out.shape != rows.shape or out.dtype != rows.dtype:
@@ -235,7 +281,7 @@ class Cache:
         step, a = self.specs[name].chunk_tokens, start
         while a < stop:
             b = min(stop, (a // step + 1) * step)
-            yield a, np.asarray(self.array(name)[a:b])
+            yield a, self._read_through_zarr(name, a, b)
             a = b
 
     def rows(self, name: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -350,7 +396,9 @@ class Cache:
         return load_tokenizer(self.path)
 
 
-def check_integrity(root: Path, manifest: dict[str, Any], digests: str = "small") -> None:
+def check_integrity(
+    root: Path, manifest: dict[str, Any], digests: str = "small", allow_unsealed: bool = False
+) -> None:
     """Refuse a cache whose files disagree with the checksums recorded at commit (store/integrity.py):
     its scores could silently change (an edited prompt_len, layer id, config, head).
 
@@ -359,7 +407,10 @@ def check_integrity(root: Path, manifest: dict[str, Any], digests: str = "small"
     """
     from hscache.store.integrity import check_cache
 
-    bad = [m for m in check_cache(Path(root), manifest, digests) if not m.warning]  # type: ignore[arg-type]
+    found = check_cache(Path(root), manifest, digests, allow_unsealed)  # type: ignore[arg-type]
+    bad = [m for m in found if not m.warning]
+    if bad and "checksums" not in manifest and bad[0].path == MANIFEST:
+        raise CacheFormatError(f"{root} {UNSEALED_MESSAGE}")
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise CacheFormatError(
@@ -401,7 +452,7 @@ def sequence_row(cache: Any, i: int | str) -> int:
     return i
 
 
-def open_local(path: str | Path) -> Cache:
+def open_local(path: str | Path, allow_unsealed: bool = False) -> Cache:
     """Open the (unsharded, local) cache directory ``path`` read-only; see ``store.open.open_cache``.
 
     Raises:
@@ -413,9 +464,11 @@ def open_local(path: str | Path) -> Cache:
     for attempt in range(_OPEN_ATTEMPTS):
         manifest = read_manifest(root)
         try:
-            cache = Cache(root, manifest)
-            check_integrity(root, manifest)
-            return cache
+            for name in manifest["index_parts"]:
+                index_part_path(root, name)  # names that leave the cache: refused by name first
+            # Checked before zarr parses any array's zarr.json: damage is one line, not a traceback.
+            check_integrity(root, manifest, allow_unsealed=allow_unsealed)
+            return Cache(root, manifest)
         except CacheFormatError:
             # A running extraction may have compacted the index (and deleted the parts this
             # manifest lists) between our two reads, or be between publishing a file and the

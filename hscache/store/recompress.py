@@ -12,8 +12,9 @@ Protocol, array by array (crash-safe and resumable like every other write, under
 3. swap the two directories in one ``renameat2(RENAME_EXCHANGE)`` (Linux): a reader sees the old
    array or the new one, never a mix; where the exchange is not supported, two renames with the
    old array parked as ``.hscache-recompress/<array>.old`` (a resume finishes the swap);
-4. delete the old array; once every array is converted, publish a manifest whose ``compression``
-   names the new codec (the last step), then delete the work directory.
+4. delete the old array and publish a manifest recording the array's new codec and ``zarr.json``
+   digest (its own ``compression`` field); once every array is converted, the manifest's
+   ``compression`` names the new codec, then the work directory is deleted.
 
 A kill at any point leaves every array readable (old or new codec, each array's ``zarr.json``
 naming its own); re-running the command skips converted arrays, keeps the chunks already written
@@ -143,7 +144,9 @@ def _convert_array(
     compression: str,
     committed_tokens: int,
     progress: Callable[[str], None],
+    announce: Callable[[Path], None],
 ) -> None:
+    """Convert one array (protocol steps 1-4); ``announce(staged zarr.json)`` runs just before the swap."""
     live = root / ARRAYS_GROUP / name
     work = root / WORK_DIR
     staged, parked = work / name, work / f"{name}.old"
@@ -179,6 +182,7 @@ def _convert_array(
                 break
     fsio.fsync_file(staged / "zarr.json")
     fsio.fsync_dir(work)
+    announce(staged / "zarr.json")
     if _exchange(staged, live):
         fsio.fsync_dir(live.parent)
         fsio.fsync_dir(work)
@@ -193,6 +197,44 @@ def _convert_array(
         f"{name}: {chunks} chunks converted to {compression}"
         + (f" ({kept} kept from an earlier run)" if kept else "")
     )
+
+
+def _publish(root: Path, manifest: dict[str, Any]) -> None:
+    manifest["updated_at"] = time.time()
+    integrity.seal(manifest)
+    schemas.validate(manifest, "manifest")
+    fsio.atomic_write_json(root / MANIFEST, manifest)
+
+
+def _announce_swap(
+    root: Path, manifest: dict[str, Any], name: str, compression: str, staged_meta: Path
+) -> None:
+    """Publish that array ``name`` is about to become ``compression`` with the staged zarr.json:
+    until ``_record_array``, the old and the new array both verify (store/integrity.py)."""
+    converting: dict[str, Any] = {"compression": compression}
+    if "checksums" in manifest:
+        converting["zarr_json_sha256"] = integrity.zarr_json_sha256(json.loads(staged_meta.read_bytes()))
+    if manifest["arrays"][name].get("converting") != converting:
+        manifest["arrays"][name]["converting"] = converting
+        _publish(root, manifest)
+
+
+def _record_array(root: Path, manifest: dict[str, Any], name: str, compression: str) -> None:
+    """Publish array ``name``'s new codec (its own ``compression`` until every array has it) and its
+    zarr.json digest. Skipped when nothing changed (an array converted by an earlier run and
+    recorded then)."""
+    entry = manifest["arrays"][name]
+    before = dict(entry)
+    entry.pop("converting", None)
+    if compression != manifest.get("compression"):
+        entry["compression"] = compression
+    else:
+        entry.pop("compression", None)
+    if "zarr_json_sha256" in entry or "checksums" in manifest:
+        meta = json.loads((root / ARRAYS_GROUP / name / "zarr.json").read_bytes())
+        entry["zarr_json_sha256"] = integrity.zarr_json_sha256(meta)
+    if entry != before:
+        _publish(root, manifest)
 
 
 def recompress_cache(
@@ -220,13 +262,28 @@ def recompress_cache(
         committed = int(manifest["committed"]["tokens"])
         try:
             for name, entry in manifest["arrays"].items():
-                _convert_array(root, name, ArraySpec.from_dict(name, entry), compression, committed, progress)
-            if manifest.get("compression") != compression:
+                # The seal vouches for each array's zarr.json (store/integrity.py): the swap is announced
+                # first (either zarr.json verifies during it) and recorded after, so the cache verifies
+                # at every point of the conversion, a kill included.
+                _convert_array(
+                    root,
+                    name,
+                    ArraySpec.from_dict(name, entry),
+                    compression,
+                    committed,
+                    progress,
+                    announce=lambda meta_path, name=name: _announce_swap(
+                        root, manifest, name, compression, meta_path
+                    ),
+                )
+                _record_array(root, manifest, name, compression)
+            if manifest.get("compression") != compression or any(
+                "compression" in entry for entry in manifest["arrays"].values()
+            ):
                 manifest["compression"] = compression
-                manifest["updated_at"] = time.time()
-                integrity.seal(manifest)
-                schemas.validate(manifest, "manifest")
-                fsio.atomic_write_json(root / MANIFEST, manifest)
+                for entry in manifest["arrays"].values():
+                    entry.pop("compression", None)
+                _publish(root, manifest)
             shutil.rmtree(root / WORK_DIR, ignore_errors=True)
         except OSError as exc:
             where = f" at {exc.filename}" if exc.filename else ""

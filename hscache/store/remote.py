@@ -31,12 +31,20 @@ from typing import Any
 import zarr
 
 from hscache.errors import CacheFormatError, CacheNotFoundError, InputError
-from hscache.store import fsio
+from hscache.store import fsio, jsonio
 from hscache.store.index import index_part_path
-from hscache.store.layout import ARRAYS_GROUP, CREATING_MARK, INDEX_DIR, MANIFEST, PROVENANCE, TARGET_DIR
-from hscache.store.reader import Cache, read_manifest
+from hscache.store.layout import (
+    ARRAYS_GROUP,
+    CREATING_MARK,
+    INDEX_DIR,
+    MANIFEST,
+    PROVENANCE,
+    TARGET_DIR,
+    WRITER_LOCK,
+)
+from hscache.store.reader import ARRAY_NAME, Cache, check_integrity, read_manifest
 
-__all__ = ["RemoteCache", "open_remote_cache", "staging_dir", "upload_cache"]
+__all__ = ["RemoteCache", "list_files", "mirror_remote", "open_remote_cache", "staging_dir", "upload_cache"]
 
 _MIRRORS = "hscache-remote"
 
@@ -129,13 +137,42 @@ class RemoteCache(Cache):
         return f"RemoteCache({self.url!r}, sequences={len(self)}, tokens={self.num_tokens}, layers={self.layer_ids})"
 
 
-def open_remote_cache(url: str) -> RemoteCache:
-    """Open the cache at ``url`` read-only (see module docstring).
+def open_remote_cache(url: str, allow_unsealed: bool = False) -> RemoteCache:
+    """Open the cache at ``url`` read-only (see module docstring), with the same checks as a local
+    open run on the mirrored small files (store/integrity.py); each chunk is checked against its
+    recorded sha256 when first read.
 
     Raises:
         CacheNotFoundError: no manifest.json at ``url``.
         CacheFormatError: as for a local cache.
         InputError: fsspec or the protocol's backend is not installed.
+    """
+    url = url.rstrip("/")
+    mirror = mirror_remote(url)
+    manifest = read_manifest(mirror)
+    try:
+        check_integrity(mirror, manifest, allow_unsealed=allow_unsealed)
+    except CacheFormatError as exc:
+        raise CacheFormatError(str(exc).replace(str(mirror), url)) from None
+    return RemoteCache(url, mirror, manifest)
+
+
+def list_files(url: str, folder: str) -> list[str]:
+    """Every file below ``folder`` of the cache at ``url``, relative to the cache (one listing)."""
+    fs, root = _filesystem(url.rstrip("/"))
+    fs.invalidate_cache(f"{root}/{folder}")
+    try:
+        return [path[len(root) :].lstrip("/") for path in fs.find(f"{root}/{folder}")]
+    except FileNotFoundError:
+        return []
+
+
+def mirror_remote(url: str) -> Path:
+    """Copy the small files of the cache at ``url`` (manifest, index parts, provenance, target/,
+    every zarr.json) into its local mirror, unchecked; return the mirror directory.
+
+    Raises:
+        CacheNotFoundError, CacheFormatError, InputError: as ``open_remote_cache``.
     """
     url = url.rstrip("/")
     fs, root = _filesystem(url)
@@ -144,20 +181,30 @@ def open_remote_cache(url: str) -> RemoteCache:
     for folder in (TARGET_DIR, INDEX_DIR, ARRAYS_GROUP):
         fs.invalidate_cache(f"{root}/{folder}")
     try:
-        manifest = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        manifest = jsonio.loads(fs.cat_file(f"{root}/{MANIFEST}"))
     except FileNotFoundError as exc:
         raise CacheNotFoundError(
             f"{url} is not an hscache cache (no {MANIFEST}); create one with `hscache extract --out {url}`"
         ) from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CacheFormatError(f"{url}/{MANIFEST} is not valid JSON ({exc}); the cache is damaged") from exc
+    if not isinstance(manifest, dict):
+        raise CacheFormatError(f"{url}/{MANIFEST} is not a JSON object; the cache is damaged")
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
     mirror, stamps = _local_root() / "mirrors" / key, _local_root() / "mirrors" / f"{key}.stamps"
     parts = manifest.get("index_parts") if isinstance(manifest, dict) else None
     for name in parts if isinstance(parts, list) else []:
         index_part_path(mirror, name)  # a name like ../x must not write outside the mirror
+    arrays = manifest.get("arrays") if isinstance(manifest.get("arrays"), dict) else {}
+    # Every array's zarr.json too: the same checks as a local open (store/integrity.py) run on the mirror.
+    array_metas = [f"{ARRAYS_GROUP}/{name}/zarr.json" for name in arrays if ARRAY_NAME.match(str(name))]
     infos = {}
-    for name in [*(parts if isinstance(parts, list) else []), f"{ARRAYS_GROUP}/zarr.json", PROVENANCE]:
+    for name in [
+        *(parts if isinstance(parts, list) else []),
+        f"{ARRAYS_GROUP}/zarr.json",
+        *array_metas,
+        PROVENANCE,
+    ]:
         try:
             infos[name] = fs.info(f"{root}/{name}")
         except FileNotFoundError:
@@ -173,7 +220,7 @@ def open_remote_cache(url: str) -> RemoteCache:
         _fetch(fs, f"{root}/{name}", mirror / name, info, stamps / name)
     _prune(mirror, set(infos))
     fsio.atomic_write_json(mirror / MANIFEST, manifest)
-    return RemoteCache(url, mirror, read_manifest(mirror))
+    return mirror
 
 
 def _upload_order(local: Path) -> list[Path]:
@@ -184,7 +231,7 @@ def _upload_order(local: Path) -> list[Path]:
         if p.is_file()
         and fsio.TEMP_MARK not in p.name
         and not p.name.endswith(".partial")
-        and p.name != CREATING_MARK
+        and p.name not in (CREATING_MARK, WRITER_LOCK)
     ]
     return [p for p in files if p.name != MANIFEST or p.parent != local] + [local / MANIFEST]
 

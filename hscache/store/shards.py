@@ -123,7 +123,7 @@ def _check_same(root: Path, shards: list[Cache]) -> None:
                     f"shards of {root} differ in {key}: {first.path.name} has {base.get(key)!r}, {shard.path.name} "
                     f"has {other.get(key)!r}; re-extract {shard.path.name} with the same settings as the others"
                 )
-        if shard.manifest["arrays"] != first.manifest["arrays"]:
+        if shard.specs != first.specs:
             raise CacheFormatError(
                 f"shards of {root} differ in their arrays ({first.path.name} vs {shard.path.name}); "
                 "re-extract with the same --top-k, --full-logits and --chunk-mb"
@@ -292,14 +292,14 @@ class ShardedCache:
         return shard.target_logits(local)
 
 
-def open_sharded(root: str | Path) -> ShardedCache:
+def open_sharded(root: str | Path, allow_unsealed: bool = False) -> ShardedCache:
     """Open the shards under ``root`` as one read-only cache.
 
     Raises:
         CacheFormatError: a shard is missing, or the shards' settings or arrays differ (names the key).
     """
     root = Path(root)
-    shards = [open_local(p) for p in shard_dirs(root)]
+    shards = [open_local(p, allow_unsealed=allow_unsealed) for p in shard_dirs(root)]
     _check_same(root, shards)
     return ShardedCache(root, shards)
 

@@ -13,7 +13,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hscache.store import fsio
+from hscache.errors import CacheFormatError
+from hscache.store import fsio, jsonio
 from hscache.store.layout import TARGET_DIR
 
 if TYPE_CHECKING:  # torch only for hints: `hscache info` reads target/config.json without it
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # torch only for hints: `hscache info` reads target/config.js
 __all__ = [
     "HEAD_FILE",
     "MTP_FILE",
+    "check_safetensors",
     "load_tokenizer",
     "read_target_config",
     "read_target_head",
@@ -81,15 +83,106 @@ def write_target_dir(
     fsio.fsync_dir(out)
 
 
+# safetensors' own limit on the header (100 MB); a real head's header is a few hundred bytes.
+_MAX_HEADER_BYTES = 100 << 20
+_ITEM_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+
+def check_safetensors(path: Path) -> dict[str, Any]:
+    """The header of the safetensors file ``path``, checked to describe the file: every tensor's
+    dtype known, its shape non-negative integers whose bytes equal its data range, ranges inside
+    the data and not overlapping. Read before safetensors (or torch) allocates anything.
+
+    Raises:
+        CacheFormatError: the header is damaged or describes another file (one line naming it).
+    """
+    path = Path(path)
+    where = f"{path.parent.name}/{path.name}"
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > min(_MAX_HEADER_BYTES, size - 8):
+                raise CacheFormatError(
+                    f"{where} claims a {n}-byte header in a {size}-byte file; it is damaged"
+                )
+            header = jsonio.loads(f.read(n))
+    except OSError as exc:
+        raise CacheFormatError(f"{where} cannot be read ({exc})") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CacheFormatError(f"{where} has a header that is not valid JSON ({exc}); it is damaged") from exc
+    if not isinstance(header, dict):
+        raise CacheFormatError(f"{where} has a header that is not a JSON object; it is damaged")
+    data_bytes, ranges = size - 8 - n, []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        ok = isinstance(info, dict) and info.get("dtype") in _ITEM_BYTES
+        shape, offsets = (info.get("shape"), info.get("data_offsets")) if ok else (None, None)
+        ok = ok and isinstance(shape, list) and all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape)
+        ok = (
+            ok
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+        )
+        if ok:
+            count = 1
+            for d in shape:
+                count *= d
+            ok = (
+                0 <= offsets[0] <= offsets[1] <= data_bytes
+                and offsets[1] - offsets[0] == count * _ITEM_BYTES[info["dtype"]]
+            )
+        if not ok:
+            raise CacheFormatError(
+                f"{where}: tensor {name!r} has a header entry that does not fit the file ({str(info)[:200]}); "
+                "it is damaged"
+            )
+        ranges.append(tuple(offsets))
+    ranges.sort()
+    if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:])):
+        raise CacheFormatError(f"{where}: tensors' data ranges overlap; it is damaged")
+    return header
+
+
 def read_target_config(root: Path) -> dict[str, Any]:
-    """The target's text config as written at extraction."""
-    return json.loads((Path(root) / TARGET_DIR / "config.json").read_text())
+    """The target's text config as written at extraction.
+
+    Raises:
+        CacheFormatError: not a JSON object (one line).
+    """
+    path = Path(root) / TARGET_DIR / "config.json"
+    try:
+        config = jsonio.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CacheFormatError(f"{path} is not valid JSON ({exc}); the cache is damaged") from exc
+    if not isinstance(config, dict):
+        raise CacheFormatError(f"{path} is not a JSON object; the cache is damaged")
+    return config
 
 
 def read_target_head(root: Path) -> dict[str, torch.Tensor]:
     """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
     from safetensors.torch import load_file
 
+    check_safetensors(Path(root) / TARGET_DIR / HEAD_FILE)
     tensors = load_file(str(Path(root) / TARGET_DIR / HEAD_FILE))
     if "lm_head" not in tensors:
         tensors["lm_head"] = tensors["embed_tokens"]
@@ -108,6 +201,12 @@ def read_vocab_size(root: Path) -> int:
     """Rows of the target's embedding, read from the safetensors header (no weights loaded)."""
     from safetensors import safe_open
 
+    header = check_safetensors(Path(root) / TARGET_DIR / HEAD_FILE)
+    embed = header.get("embed_tokens")
+    if not isinstance(embed, dict) or len(embed.get("shape", [])) != 2:
+        raise CacheFormatError(
+            f"{TARGET_DIR}/{HEAD_FILE} holds no [vocab, hidden] embed_tokens; the cache is damaged"
+        )
     with safe_open(str(Path(root) / TARGET_DIR / HEAD_FILE), framework="pt") as f:
         return int(f.get_slice("embed_tokens").get_shape()[0])
 

@@ -11,6 +11,7 @@ One writer per store: zarr has no locking.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -25,7 +26,7 @@ import pyarrow.parquet as pq
 import zarr
 
 from hscache import schemas
-from hscache.errors import StoreWriteError
+from hscache.errors import CacheFormatError, StoreWriteError
 from hscache.store import fsio, integrity
 from hscache.store.index import INDEX_SCHEMA, parquet_bytes
 from hscache.store.layout import (
@@ -69,16 +70,34 @@ class _Appender:
     written past ``committed.tokens`` are invisible to readers until the manifest says so.
     """
 
-    def __init__(self, array: zarr.Array, spec: ArraySpec, committed_tokens: int):
+    def __init__(
+        self, array: zarr.Array, spec: ArraySpec, committed_tokens: int, chunk_sha256: list[str] | None
+    ):
         self.array, self.spec = array, spec
         self.chunk = spec.chunk_tokens
         self.buf_start = committed_tokens // self.chunk * self.chunk
+        # SHA-256 of each chunk's rows as written (store/integrity.py), hashed here from the rows in
+        # memory: no read-back. None: a resumed cache from before chunk hashes (kept without them).
+        self.chunk_sha256: dict[int, str] | None = (
+            dict(enumerate(chunk_sha256)) if chunk_sha256 is not None else None
+        )
         # Reload the committed tail of a partly filled chunk: the next write rewrites that chunk.
         tail = (
             np.asarray(array[self.buf_start : committed_tokens])
             if committed_tokens > self.buf_start
             else None
         )
+        tail_index = self.buf_start // self.chunk
+        if (
+            tail is not None
+            and self.chunk_sha256 is not None
+            and self.chunk_sha256.get(tail_index) != integrity.rows_sha256(tail)
+        ):
+            # Resuming would re-hash (and so vouch for) rows that are not what was committed.
+            raise CacheFormatError(
+                f"{spec.name} chunk {tail_index} does not match its sha256 recorded at commit; the cache "
+                "was changed after it was written: run `hscache verify` on it, then re-extract with --overwrite"
+            )
         self.parts: list[np.ndarray] = [tail] if tail is not None else []
         self.buffered = committed_tokens - self.buf_start
         self.written: set[int] = set()  # chunk indices written since the last flush (to fsync)
@@ -116,7 +135,14 @@ class _Appender:
             self.array.resize((-(-new_rows // self.chunk) * self.chunk, *self.array.shape[1:]))
             self.resized = True
         self.array[self.buf_start : end] = data_out
-        self.written.update(range(self.buf_start // self.chunk, end // self.chunk))
+        first = self.buf_start // self.chunk
+        self.written.update(range(first, end // self.chunk))
+        if self.chunk_sha256 is not None:
+            for k in range(-(-len(data) // self.chunk) if pad_tail else full // self.chunk):
+                # Only rows that hold data: the padding of a partial last chunk is never read.
+                self.chunk_sha256[first + k] = integrity.rows_sha256(
+                    data[k * self.chunk : (k + 1) * self.chunk]
+                )
         # Copy the remainder so the concatenated block can be freed.
         self.parts = [data[full:].copy()] if full < len(data) else []
         self.buffered = len(data) - full
@@ -152,7 +178,12 @@ class StoreWriter:
         with self._store_errors():
             group = zarr.open_group(str(self.root / ARRAYS_GROUP), mode="a")
             self.appenders = {
-                name: _Appender(self._open_array(group, spec), spec, self.committed_tokens)
+                name: _Appender(
+                    self._open_array(group, spec),
+                    spec,
+                    self.committed_tokens,
+                    integrity.chunk_sha256_of(manifest, name) if name in manifest["arrays"] else [],
+                )
                 for name, spec in specs.items()
             }
 
@@ -171,7 +202,7 @@ class StoreWriter:
             "format_version": FORMAT_VERSION,
             "settings": settings,
             "compression": compression,
-            "arrays": {name: spec.to_dict() for name, spec in specs.items()},
+            "arrays": {name: {**spec.to_dict(), "chunk_sha256": []} for name, spec in specs.items()},
             "committed": {"sequences": 0, "tokens": 0},
             "index_parts": [],
             "complete": False,
@@ -189,6 +220,7 @@ class StoreWriter:
             raise write_error(Path(root), 0, exc) from exc
         writer = cls(root, specs, compression, manifest)
         with writer._store_errors():
+            writer._record_array_metadata()
             writer._fsync_metadata()
             writer._publish_manifest()
             (writer.root / CREATING_MARK).unlink(missing_ok=True)
@@ -305,6 +337,14 @@ class StoreWriter:
             if parent == array_dir:
                 break
 
+    def _record_array_metadata(self) -> None:
+        """Record each array's zarr.json (less its growing row count) and the group's zarr.json."""
+        arrays = self.root / ARRAYS_GROUP
+        for name in self.specs:
+            meta = json.loads((arrays / name / "zarr.json").read_bytes())
+            self.manifest["arrays"][name]["zarr_json_sha256"] = integrity.zarr_json_sha256(meta)
+        self.manifest["checksums"][integrity.ARRAY_GROUP_META] = integrity.digest_file(arrays / "zarr.json")
+
     def _fsync_metadata(self) -> None:
         arrays = self.root / ARRAYS_GROUP
         for name in self.specs:
@@ -337,6 +377,15 @@ class StoreWriter:
     def _publish_manifest(self, sequences: int | None = None, tokens: int | None = None) -> None:
         sequences = self.committed_sequences if sequences is None else sequences
         tokens = self.committed_tokens if tokens is None else tokens
+        if tokens != self.manifest["committed"]["tokens"]:
+            # Only at a commit: between commits the appenders also hash chunks of pending rows (and
+            # another thread may publish a side file meanwhile), so the committed list is a snapshot.
+            for name, appender in self.appenders.items():
+                if appender.chunk_sha256 is not None:
+                    chunks = -(-tokens // appender.chunk)
+                    self.manifest["arrays"][name]["chunk_sha256"] = [
+                        appender.chunk_sha256[i] for i in range(chunks)
+                    ]
         self.manifest["committed"] = {"sequences": sequences, "tokens": tokens}
         self.manifest["updated_at"] = time.time()
         integrity.seal(self.manifest)

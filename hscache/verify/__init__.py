@@ -21,6 +21,7 @@ from typing import Any
 from hscache.errors import InputError
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import MANIFEST
+from hscache.store.urls import is_url
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
 from hscache.verify.scan import deep_decode, scan_sequences
 from hscache.verify.structure import check_structure
@@ -48,6 +49,8 @@ class VerifyConfig:
     backend: str | None = None  # default: the cache's backend
     tolerance: float | None = None  # max relative error; default 0 when a re-run must be exact, else 0.02
     seed: int = 0  # which sequences recompute samples
+    allow_unsealed: bool = False  # a cache without checksums: a warning instead of a problem
+    expect_digest: str | None = None  # the pinned root digest: any other is a problem
 
 
 _ATTEMPTS = 5
@@ -79,18 +82,32 @@ def verify_cache(
     if config.recompute == 0 and (config.model or config.device or config.backend):
         raise InputError("--model/--device/--backend only apply to --recompute N; add --recompute N (e.g. 4)")
     t0 = time.perf_counter()
+    url = str(path).rstrip("/") if is_url(path) else None
+    root = Path(path)
+    if url is not None:
+        from hscache.store.remote import mirror_remote  # lazy: fsspec backends are optional
+
+        root = mirror_remote(url)
     for _attempt in range(_ATTEMPTS):
-        manifest_before = _manifest_bytes(Path(path))
+        manifest_before = _manifest_bytes(root)
         report = VerifyReport(path=str(path), deep=config.deep)
-        layout = check_structure(Path(path), report)
+        layout = check_structure(root, report, config.allow_unsealed, url)
         # A running extraction may compact the index (deleting listed parts) while we read it, or
         # be between publishing a file (provenance.json) and the manifest recording its checksum.
         if not any(report.checks[c] == "failed" for c in ("manifest", "index", "files")):
             break
-        if _manifest_bytes(Path(path)) == manifest_before:
+        if url is not None or _manifest_bytes(root) == manifest_before:
             if layout is None or layout.manifest.get("complete"):
                 break
             time.sleep(0.05 * (_attempt + 1))
+    if config.expect_digest is not None and report.digest != config.expect_digest.strip().lower():
+        report.add(
+            Problem(
+                "manifest",
+                f"the cache's digest is {report.digest}, not the expected {config.expect_digest.strip()}: it "
+                "changed since that digest was recorded (or it is another cache)",
+            )
+        )
     if layout is not None:
         tried = scan_sequences(layout, report, progress)
         if config.deep:

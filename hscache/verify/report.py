@@ -80,6 +80,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
+    digest: str | None = None  # the cache's root digest (store/integrity.py: cache_digest)
     _listed: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
@@ -134,6 +135,7 @@ class VerifyReport:
             "problems": [p.to_dict() for p in self.problems],
             "warnings": [p.to_dict() for p in self.warnings],
             "seconds": round(self.seconds, 3),
+            "digest": self.digest,
         }
 
 
@@ -150,6 +152,7 @@ def format_report(report: VerifyReport, max_lines: int = 20) -> str:
         f"cache      {report.path} ({'complete' if report.complete else 'incomplete'}) "
         f"{report.sequences} sequences, {report.tokens} tokens{' [deep]' if report.deep else ''}",
         f"verdict    {verdict}",
+        f"digest     {report.digest or '-'}",
         "checks     " + "  ".join(f"{name}={state}" for name, state in report.checks.items()),
     ]
     if report.layers:

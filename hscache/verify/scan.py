@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hscache.progress import NO_PROGRESS
-from hscache.store.layout import ARRAYS_GROUP, chunk_key
+from hscache.store.integrity import chunk_sha256_of, rows_sha256
 from hscache.verify.report import LayerStats, Problem, VerifyReport
 from hscache.verify.structure import CacheLayout, sequences_in
 
@@ -82,6 +82,56 @@ class _Accumulators:
         self.elements += x.shape[0] * x.shape[2]
 
 
+class _ChunkHashes:
+    """Checks rows of one array, fed in order, against its recorded per-chunk sha256 (any block size)."""
+
+    def __init__(self, layout: CacheLayout, report: VerifyReport, name: str):
+        self.layout, self.report, self.name = layout, report, name
+        self.expected = chunk_sha256_of(layout.manifest, name)
+        self.step = layout.specs[name].chunk_tokens
+        self.chunk, self.hasher = -1, hashlib.sha256()  # type: ignore[var-annotated]
+
+    def feed(self, start: int, rows: np.ndarray | None) -> None:
+        """Rows from token ``start`` on, within one chunk of this array (the scan's blocks are
+        hidden_states chunks; every other array's chunks are whole multiples of them: powers of two
+        of at least as many tokens). None: unreadable, named by the chunks check already."""
+        if self.expected is None:
+            return
+        chunk = start // self.step
+        if chunk != self.chunk:
+            self.finish()
+            self.chunk, self.hasher = chunk, hashlib.sha256()
+        if rows is None:
+            self.hasher = None
+        elif self.hasher is not None:
+            committed = rows[: max(0, self.layout.committed_tokens - start)]
+            self.hasher.update(np.ascontiguousarray(committed).tobytes())
+
+    def finish(self) -> None:
+        if self.chunk < 0 or self.hasher is None:
+            return
+        chunk, got = self.chunk, self.hasher.hexdigest()
+        self.chunk = -1
+        if chunk >= len(self.expected) or got != self.expected[chunk]:
+            check_chunk_hash(self.layout, self.report, self.name, chunk, ok=False)
+
+
+def check_chunk_hash(layout: CacheLayout, report: VerifyReport, name: str, chunk: int, ok: bool) -> None:
+    """Name the sequences of a chunk whose committed rows do not match their recorded sha256."""
+    if ok:
+        return
+    step = layout.specs[name].chunk_tokens
+    message = (
+        f"{name} chunk {chunk} does not match its sha256 recorded at commit (its crc32c is valid: the chunk "
+        "was rewritten after it was written)"
+    )
+    seqs = sequences_in(layout, chunk * step, min((chunk + 1) * step, layout.committed_tokens))
+    if not seqs:
+        report.add(Problem("chunks", message, array=name, chunk=chunk))
+    for seq in seqs:
+        report.add(layout.problem("chunks", message, seq, array=name, chunk=chunk))
+
+
 def scan_sequences(
     layout: CacheLayout, report: VerifyReport, progress: Any = NO_PROGRESS
 ) -> dict[tuple[str, int], bool]:
@@ -100,6 +150,7 @@ def scan_sequences(
     acc = _Accumulators(len(layout.offsets), len(report.layer_ids))
     hashers: dict[int, Any] = {}
     ends = layout.offsets + layout.lengths
+    chunk_hashes = {name: _ChunkHashes(layout, report, name) for name in ("token_ids", "hidden_states")}
     progress.start(layout.committed_tokens, label="verify", unit="tokens")
     for start in range(0, layout.committed_tokens, spec.chunk_tokens):
         stop = min(start + spec.chunk_tokens, layout.committed_tokens)
@@ -107,6 +158,8 @@ def scan_sequences(
         seq_of_row = np.searchsorted(ends, np.arange(start, stop), side="right")
         ids = _read(layout, report, "token_ids", start, stop, acc)
         block = _read(layout, report, "hidden_states", start, stop, acc)
+        chunk_hashes["token_ids"].feed(start, ids)
+        chunk_hashes["hidden_states"].feed(start, block)
         if block is not None:
             acc.add_block(as_float32(block, spec.logical_dtype), seq_of_row)
         if ids is not None:
@@ -114,6 +167,8 @@ def scan_sequences(
             cuts = np.flatnonzero(np.diff(seq_of_row)) + 1
             for seq, piece in zip(seq_of_row[np.r_[0, cuts]], np.split(ids, cuts)):
                 hashers.setdefault(int(seq), hashlib.sha256()).update(piece.astype("<i4").tobytes())
+    for hashes in chunk_hashes.values():
+        hashes.finish()
     _check_hashes(layout, report, hashers, acc.unreadable)
     _report_layers(layout, report, acc)
     return acc.tried
@@ -247,25 +302,30 @@ def deep_decode(
     the committed tokens (padding, or rows a killed run wrote) is a warning: resume rewrites it.
     Float arrays other than hidden_states are also checked for NaN/Inf per sequence.
     """
-    chunks = {
-        name: -(-array.shape[0] // layout.specs[name].chunk_tokens) for name, array in layout.arrays.items()
-    }
+    chunks = {name: len(layout.stored_chunks(name)) for name in layout.arrays}
     progress.start(sum(chunks.values()), label="verify --deep", unit="chunks")
     for name, array in layout.arrays.items():
         spec = layout.specs[name]
-        for chunk in range(chunks[name]):
+        expected = chunk_sha256_of(layout.manifest, name)
+        # The chunk files that exist (listed once), never every index a zarr.json's shape allows.
+        for chunk in sorted(layout.stored_chunks(name)):
             progress.advance(1)
-            path = layout.root / ARRAYS_GROUP / name / chunk_key(spec, chunk)
-            if (name, chunk) in tried or not path.is_file():
+            if (name, chunk) in tried:
                 continue  # missing committed chunks were reported by the files check
             start = chunk * spec.chunk_tokens
             stop = min(start + spec.chunk_tokens, array.shape[0])
+            if start >= stop:
+                continue  # a stray file past the array's rows: no reader ever reads it
             try:
                 rows = np.asarray(array[start:stop])
             except Exception as exc:  # see _read
                 _bad_chunk(layout, report, name, chunk, start, stop, exc)
                 continue
             report.chunks_decoded += 1
+            committed = max(0, min(len(rows), layout.committed_tokens - start))
+            if expected is not None and committed:
+                ok = chunk < len(expected) and rows_sha256(rows[:committed]) == expected[chunk]
+                check_chunk_hash(layout, report, name, chunk, ok)
             if rows.dtype.kind == "f" and name != "hidden_states":
                 _nonfinite_rows(layout, report, name, start, rows)
     report.chunks_decoded += sum(tried.values())

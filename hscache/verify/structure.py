@@ -7,7 +7,6 @@ paths: index parts go through ``index_part_path`` and symlinks leaving the cache
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,20 @@ import zarr
 
 from hscache import schemas
 from hscache.errors import CacheFormatError
+from hscache.store import jsonio
 from hscache.store.index import INDEX_SCHEMA, index_part_path
-from hscache.store.integrity import check_cache
-from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, TARGET_DIR, ArraySpec, chunk_key
+from hscache.store.integrity import ARRAY_GROUP_META, Mismatch, check_cache, manifest_digest
+from hscache.store.layout import (
+    ARRAYS_GROUP,
+    INDEX_DIR,
+    MANIFEST,
+    PROVENANCE,
+    TARGET_DIR,
+    ArraySpec,
+    chunk_key,
+)
 from hscache.store.reader import read_manifest
+from hscache.store.target_files import check_safetensors
 from hscache.verify.report import Problem, VerifyReport
 
 __all__ = ["CacheLayout", "check_structure", "sequences_in"]
@@ -43,6 +52,17 @@ class CacheLayout:
     index: pa.Table | None  # None when unusable: per-sequence checks are then skipped
     offsets: np.ndarray  # [S] int64 token offset of each sequence
     lengths: np.ndarray  # [S] int64
+    url: str | None = None  # a remote cache: ``root`` is its local mirror, chunks live at the URL
+    chunk_files: dict[str, set[int]] | None = None  # per array, the chunk indices stored (listed once)
+
+    def stored_chunks(self, name: str) -> set[int]:
+        """Indices of the chunk files array ``name`` holds (one directory listing, not one per chunk:
+        a zarr.json claiming 10^12 rows costs nothing)."""
+        if self.chunk_files is None:
+            self.chunk_files = {}
+        if name not in self.chunk_files:
+            self.chunk_files[name] = _list_chunks(self, name)
+        return self.chunk_files[name]
 
     def record_id(self, seq: int) -> str | None:
         return None if self.index is None else self.index.column("record_id")[seq].as_py()
@@ -55,6 +75,31 @@ class CacheLayout:
         )
 
 
+def _list_chunks(layout: CacheLayout, name: str) -> set[int]:
+    spec = layout.specs[name]
+    depth = len(spec.row_shape)
+    if layout.url is not None:
+        from hscache.store.remote import list_files  # lazy: fsspec backends are optional
+
+        prefix = f"{ARRAYS_GROUP}/{name}/c/"
+        keys = [
+            k[len(prefix) :]
+            for k in list_files(layout.url, f"{ARRAYS_GROUP}/{name}/c")
+            if k.startswith(prefix)
+        ]
+    else:
+        base = layout.root / ARRAYS_GROUP / name / "c"
+        keys = (
+            [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+        )
+    found = set()
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 1 + depth and parts[0].isdigit() and all(x == "0" for x in parts[1:]):
+            found.add(int(parts[0]))
+    return found
+
+
 def sequences_in(layout: CacheLayout, start: int, stop: int) -> range:
     """Rows of the sequences holding any token in ``[start, stop)``."""
     if layout.index is None or stop <= start:
@@ -64,8 +109,12 @@ def sequences_in(layout: CacheLayout, start: int, stop: int) -> range:
     return range(first, min(last, len(layout.offsets)))
 
 
-def check_structure(root: Path, report: VerifyReport) -> CacheLayout | None:
+def check_structure(
+    root: Path, report: VerifyReport, allow_unsealed: bool = False, url: str | None = None
+) -> CacheLayout | None:
     """Run the manifest, index and files checks; None when the manifest itself is unusable.
+
+    ``url``: a remote cache whose small files ``root`` mirrors (store/remote.py).
 
     Raises:
         CacheNotFoundError: ``root`` holds no manifest.json (not a cache: bad input).
@@ -77,11 +126,15 @@ def check_structure(root: Path, report: VerifyReport) -> CacheLayout | None:
         report.add(Problem("manifest", f"manifest.json is damaged: {exc}"))
         return None
     report.passed("manifest")
+    report.digest = manifest_digest(manifest)
     committed = manifest["committed"]
     report.sequences, report.tokens = int(committed["sequences"]), int(committed["tokens"])
     report.complete = bool(manifest["complete"])
     report.layer_ids = list(manifest["settings"]["layer_ids"])
     specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
+    # Before zarr parses anything: damaged metadata (or a seal stripped) is a finding, and an array
+    # whose zarr.json disagrees with the manifest is never opened.
+    mismatches = check_cache(root, manifest, digests="all", allow_unsealed=allow_unsealed)
     hidden = specs.get("hidden_states")
     if hidden is None or hidden.row_shape[:1] != (len(report.layer_ids),) or "token_ids" not in specs:
         report.add(
@@ -94,16 +147,19 @@ def check_structure(root: Path, report: VerifyReport) -> CacheLayout | None:
         return None
     index = _check_index(root, manifest, report)
     layout = CacheLayout(
-        root, manifest, specs, {}, report.tokens, index, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        root, manifest, specs, {}, report.tokens, index, np.zeros(0, np.int64), np.zeros(0, np.int64), url
     )
     if index is not None:
         layout.offsets = index.column("offset").to_numpy().astype(np.int64)
         layout.lengths = index.column("length").to_numpy().astype(np.int64)
     report.passed("index")
-    layout.arrays = _check_arrays(layout, report)
+    _report_mismatches(mismatches, report)
+    unsafe = {m.path for m in mismatches if not m.warning}
+    if ARRAY_GROUP_META not in unsafe and MANIFEST not in unsafe:
+        layout.arrays = _check_arrays(layout, report, unsafe)
     _check_chunk_files(layout, report)
     _check_side_files(root, manifest, report)
-    _check_checksums(root, manifest, report)
+    _check_headers(root, manifest, report)
     report.passed("files")
     return layout
 
@@ -197,15 +253,24 @@ def _check_rows(table: pa.Table, report: VerifyReport) -> pa.Table | None:
     return table
 
 
-def _check_arrays(layout: CacheLayout, report: VerifyReport) -> dict[str, zarr.Array]:
-    """Open each array and check its metadata against the manifest; return those usable."""
+def _check_arrays(layout: CacheLayout, report: VerifyReport, unsafe: set[str]) -> dict[str, zarr.Array]:
+    """Open each array whose zarr.json passed ``check_array_metadata`` (``unsafe`` names those
+    that did not) and check it against the manifest; return those usable."""
     arrays = {}
     try:
-        group = zarr.open_group(str(layout.root / ARRAYS_GROUP), mode="r")
+        if layout.url is not None:
+            from zarr.storage import FsspecStore
+
+            store = FsspecStore.from_url(f"{layout.url}/{ARRAYS_GROUP}", read_only=True)
+            group = zarr.open_group(store, mode="r")
+        else:
+            group = zarr.open_group(str(layout.root / ARRAYS_GROUP), mode="r")
     except (OSError, ValueError) as exc:
         report.add(Problem("files", f"{ARRAYS_GROUP}/ cannot be opened ({exc}); no array can be read"))
         return arrays
     for name, spec in layout.specs.items():
+        if f"{ARRAYS_GROUP}/{name}/zarr.json" in unsafe:
+            continue  # named by the checksums check; zarr must not parse it
         try:
             array = group[name]
         except (KeyError, OSError, ValueError) as exc:
@@ -242,9 +307,10 @@ def _check_chunk_files(layout: CacheLayout, report: VerifyReport) -> None:
     for name, spec in layout.specs.items():
         if name not in layout.arrays:
             continue
+        stored = layout.stored_chunks(name)
         for chunk in range(-(-layout.committed_tokens // spec.chunk_tokens)):
             path = layout.root / ARRAYS_GROUP / name / chunk_key(spec, chunk)
-            if path.is_file():
+            if chunk in stored:
                 continue
             start = chunk * spec.chunk_tokens
             seqs = sequences_in(layout, start, start + spec.chunk_tokens)
@@ -255,14 +321,24 @@ def _check_chunk_files(layout: CacheLayout, report: VerifyReport) -> None:
                 report.add(layout.problem("files", message, seq, array=name, chunk=chunk))
 
 
-def _check_checksums(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+def _report_mismatches(mismatches: list[Mismatch], report: VerifyReport) -> None:
     """Every non-chunk file (and the manifest itself) against the checksums recorded at commit."""
-    for mismatch in check_cache(root, manifest, digests="all"):
+    for mismatch in mismatches:
         check = "manifest" if mismatch.path == "manifest.json" else "files"
         message = mismatch.message
         if not mismatch.warning:
             message += ": edited or damaged after it was written, so scores from this cache cannot be trusted"
         report.add(Problem(check, message), warning=mismatch.warning)
+
+
+def _check_headers(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+    """Parse the header of every safetensors file it checksums: a resealed head with an absurd
+    header (offsets past the file, shapes that do not fit) is a finding, not a crash in eval."""
+    for path in sorted((root / TARGET_DIR).glob("*.safetensors")) if (root / TARGET_DIR).is_dir() else []:
+        try:
+            check_safetensors(path)
+        except CacheFormatError as exc:
+            report.add(Problem("files", str(exc)))
 
 
 def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
@@ -271,7 +347,7 @@ def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport
     # A cache imported from a peer's files (hscache import) has no target/ by design: those files
     # hold no target head, and the scorer refuses such a cache by name.
     try:
-        imported = provenance.is_file() and "imported" in json.loads(provenance.read_text())
+        imported = provenance.is_file() and "imported" in jsonio.loads(provenance.read_bytes())
     except (ValueError, UnicodeDecodeError):
         imported = False  # reported below as an invalid provenance
     for name in _TARGET_FILES:
@@ -279,7 +355,7 @@ def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport
             report.add(Problem("files", f"{TARGET_DIR}/{name} is missing: the scorer needs it"))
     if provenance.is_file():
         try:
-            schemas.validate(json.loads(provenance.read_text()), "provenance")
+            schemas.validate(jsonio.loads(provenance.read_bytes()), "provenance")
         except (ValueError, schemas.SchemaError) as exc:
             report.add(Problem("files", f"{PROVENANCE} is invalid: {exc}"))
     elif manifest["complete"] and PROVENANCE not in manifest.get("checksums", {}):

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hscache.store import jsonio
+
 __all__ = [
     "CheckpointProbe",
     "Family",
@@ -115,7 +117,6 @@ def probe_checkpoint(path: str | Path, config_path: str | None = None) -> Checkp
 
     Malformed files are left for the family's loader to report (it names the file and the fix).
     """
-    import json
 
     text = str(path)
     if text.startswith(TARGET_PREFIX):
@@ -125,7 +126,7 @@ def probe_checkpoint(path: str | Path, config_path: str | None = None) -> Checkp
     source = Path(config_path) if config_path else root / "config.json"
     if source.is_file():
         try:
-            loaded = json.loads(source.read_text())
+            loaded = jsonio.loads(source.read_bytes())
             config = loaded if isinstance(loaded, dict) else None
         except (OSError, ValueError):
             config = None

@@ -18,7 +18,7 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.checkpoint import CheckpointVariant, LoadedCheckpoint, in_memory_checkpoint, load_checkpoint
 from scorer.config import DrafterConfig
-from scorer.errors import CheckpointError
+from scorer.errors import CheckpointError, ScorerError
 from scorer.families.base import (
     CheckpointProbe,
     Family,
@@ -88,11 +88,51 @@ def load(
         variant=variant,
     )
     check_compatible(loaded.config, cache, str(cache.path))
+    check_sizes(loaded, cache, config)
     dtype = DTYPES[config.dtype]
     drafter = build(loaded).to(device=config.device, dtype=dtype).eval()
     attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
     drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
     return drafter, loaded
+
+
+def check_sizes(loaded: LoadedCheckpoint, cache: CacheView, config: Any) -> None:
+    """Bound every size that comes from a flag, a config or the cache before anything is allocated.
+
+    The block size must fit the cache's longest sequence, and one forward's attention working set
+    (``max_blocks_per_forward`` blocks of B queries over up to longest + B keys, float32) must fit
+    ``--memory-gb``; the drafter the config describes, built on the meta device (nothing
+    allocated), must hold no more than twice the checkpoint's parameters (a config claiming 10^9
+    layers or a huge intermediate size is refused instead of allocated).
+
+    Raises:
+        ScorerError: naming the flag or config field and the bound (one line).
+    """
+    import torch
+
+    B = int(loaded.config.block_size)
+    longest = int(cache.index.column("length").to_numpy().max())
+    source = "--block-size" if config.block_size is not None else "the drafter's block_size"
+    if B > longest:
+        raise ScorerError(
+            f"{source} {B} is longer than the longest sequence in the cache ({longest} tokens); no block "
+            f"could ever be drafted: pass a block size of at most {longest} (drafters use 4-16)"
+        )
+    working = config.max_blocks_per_forward * B * (longest + B) * 4
+    if working > config.memory_gb * 2**30:
+        raise ScorerError(
+            f"{source} {B} needs ~{working / 2**30:.1f} GB per forward ({config.max_blocks_per_forward} blocks "
+            f"of {B} queries over up to {longest + B} keys), more than --memory-gb {config.memory_gb}: pass a "
+            "smaller block size or a larger --memory-gb"
+        )
+    with torch.device("meta"):
+        described = sum(p.numel() for p in DFlashDrafter(loaded.config).parameters())
+    held = sum(t.numel() for t in loaded.state_dict.values())
+    if described > 2 * held + (1 << 20):
+        raise ScorerError(
+            f"the drafter's config describes {described:,} parameters but the checkpoint holds {held:,}; "
+            "its config.json (num_hidden_layers, hidden/intermediate sizes) does not match its weights"
+        )
 
 
 def module_drafter(

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from hscache.store import jsonio
 from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.formats import specforge
@@ -84,7 +85,7 @@ def resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
 
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = jsonio.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(data, dict):

@@ -14,6 +14,7 @@ import numpy as np
 from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.info import cache_completeness
+from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
 from scorer.metrics import (
     AcceptLen,
@@ -200,6 +201,7 @@ def build_report(
         "checkpoint": loaded.report.to_dict(),
         "cache": {
             "path": str(getattr(cache, "url", cache.path)),
+            "digest": cache_digest(cache),
             "sequences": len(cache),
             "layer_ids": cache.layer_ids,
             "settings": cache.settings,

@@ -104,7 +104,11 @@ def test_a_fresh_cache_records_every_file_and_passes(small_cache):
         and p.parts[len(small_cache.path.parts)] not in ("arrays",)
         and p.name != "manifest.json"
     }
-    assert on_disk == recorded
+    assert on_disk | {"arrays/zarr.json"} == recorded
+    # Every array's metadata and every committed chunk is recorded too (issue 18, items 2-3).
+    for entry in manifest["arrays"].values():
+        assert len(entry["zarr_json_sha256"]) == 64
+        assert len(entry["chunk_sha256"]) == -(-manifest["committed"]["tokens"] // entry["chunk_tokens"])
     result = CliRunner().invoke(main, ["verify", str(small_cache.path)])
     assert result.exit_code == 0, result.output
 
@@ -123,16 +127,26 @@ def test_each_edit_fails_verify_and_open_cache(cache_copy, edit):
     assert "\n" not in str(err.value) and "hscache verify" in str(err.value)
 
 
-def test_a_cache_from_before_checksums_is_read_with_a_warning(cache_copy):
+def test_a_cache_without_its_seal_is_refused_unless_allowed(cache_copy):
+    """Stripping the seal once turned every check off (issue 18, item 1): now it is refused by
+    verify and readers, naming older caches and --allow-unsealed, which reads it with a warning."""
+
     def drop(m: dict) -> None:
         del m["checksums"], m["content_sha256"]
 
     _edit_manifest(cache_copy, drop)
-    assert len(hscache.open_cache(cache_copy)) > 0
+    with pytest.raises(
+        CacheFormatError, match="written by hscache before checksums existed.*--allow-unsealed"
+    ):
+        hscache.open_cache(cache_copy)
     result = CliRunner().invoke(main, ["verify", "--json", str(cache_copy)])
+    assert result.exit_code == 1, result.output
+    assert any("--allow-unsealed" in p["message"] for p in json.loads(result.output)["problems"])
+    assert len(hscache.open_cache(cache_copy, allow_unsealed=True)) > 0
+    result = CliRunner().invoke(main, ["verify", "--json", "--allow-unsealed", str(cache_copy)])
     assert result.exit_code == 0, result.output
     warnings = [w["message"] for w in json.loads(result.output)["warnings"]]
-    assert any("no checksums recorded (written by an older version)" in w for w in warnings), warnings
+    assert any("records no checksums (no seal)" in w for w in warnings), warnings
 
 
 def test_a_resumed_extraction_keeps_checksums_current(tmp_path, small_cache):
@@ -143,3 +157,21 @@ def test_a_resumed_extraction_keeps_checksums_current(tmp_path, small_cache):
     manifest = _manifest(out)
     assert manifest["content_sha256"] == content_sha256(manifest)
     assert len(hscache.open_cache(out)) == 3
+
+
+def test_a_sealed_cache_from_before_chunk_hashes_is_read_with_a_warning(cache_copy):
+    """Caches sealed by the hscache before chunk hashes stay readable; verify says what is not covered."""
+
+    def drop(m: dict) -> None:
+        for entry in m["arrays"].values():
+            del entry["chunk_sha256"], entry["zarr_json_sha256"]
+        del m["checksums"]["arrays/zarr.json"]
+        m["content_sha256"] = content_sha256(m)
+
+    _edit_manifest(cache_copy, drop)
+    cache = hscache.open_cache(cache_copy)
+    assert cache.hidden_states(0).shape[0] > 0
+    result = CliRunner().invoke(main, ["verify", "--deep", "--json", str(cache_copy)])
+    assert result.exit_code == 0, result.output
+    warnings = [w["message"] for w in json.loads(result.output)["warnings"]]
+    assert any("records no chunk hashes (written before them)" in w for w in warnings), warnings

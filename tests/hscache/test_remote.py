@@ -9,6 +9,7 @@ import hscache
 from hscache.store.remote import RemoteCache, upload_cache
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
+from tests.hscache.tamper import reseal
 
 pytest.importorskip("s3fs", reason="pip install s3fs 'moto[server]' to test s3:// caches")
 pytest.importorskip("moto.server", reason="pip install 'moto[server]' to test s3:// caches")
@@ -70,6 +71,7 @@ def test_reopen_after_republish_with_same_sizes_sees_the_new_files(bucket, scale
     url = f"{bucket}/republished"
     old = shutil.copytree(scale_cache, tmp_path / "old")
     (old / "target" / "stale.txt").write_text("a tokenizer file of the old target")
+    reseal(old)  # a cache whose target/ held that file when it was written
     upload_cache(old, url)
     first = hscache.open_cache(url)
     assert (first.path / "target" / "stale.txt").is_file()
@@ -79,6 +81,7 @@ def test_reopen_after_republish_with_same_sizes_sees_the_new_files(bucket, scale
     with safe_open(str(head), "pt") as f:
         metadata = f.metadata()
     save_file({k: -v for k, v in load_file(str(head)).items()}, str(head), metadata=metadata)
+    reseal(new)  # as if extracted from that other target
     assert head.stat().st_size == (scale_cache / "target" / "head.safetensors").stat().st_size
     upload_cache(new, url)
     second = hscache.open_cache(url)
@@ -106,3 +109,96 @@ def test_datasets_read_a_remote_cache_like_the_local_one(bucket, scale_cache):
         torch.cat(windows),
         torch.cat([w["hidden_states"] for w in PackedWindows(scale_cache, 16, shuffle=False)]),
     )
+
+
+def _edited_upload(bucket: str, scale_cache, tmp_path, name: str, edit) -> str:
+    import shutil
+
+    local = shutil.copytree(scale_cache, tmp_path / name)
+    edit(local)
+    url = f"{bucket}/{name}"
+    upload_cache(local, url)
+    return url
+
+
+def test_remote_caches_get_the_local_checks_and_verify(bucket, scale_cache, tmp_path):
+    """Unsealed edits of a remote cache's small files are refused at open, as locally; `hscache
+    verify s3://...` runs (--deep streams the chunks); a corrupt remote chunk is one line (issue 18,
+    item 5)."""
+    import json
+
+    import numpy as np
+    import zarr
+    from click.testing import CliRunner
+
+    from hscache.cli import main as hscache_main
+    from hscache.errors import CacheFormatError
+
+    clean = _edited_upload(bucket, scale_cache, tmp_path, "clean", lambda root: None)
+    result = CliRunner().invoke(hscache_main, ["verify", "--deep", "--json", clean])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["chunks_decoded"] > 0 and report["digest"] == hscache.cache_digest(
+        hscache.open_cache(clean)
+    )
+
+    def prompt_len_plus_5(root):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        part = root / json.loads((root / "manifest.json").read_text())["index_parts"][0]
+        table = pq.read_table(part)
+        i = table.column_names.index("prompt_len")
+        values = [v + 5 for v in table.column("prompt_len").to_pylist()]
+        pq.write_table(table.set_column(i, "prompt_len", pa.array(values, pa.int32())), part)
+
+    def config_edit(root):
+        path = root / "target" / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "num_hidden_layers": 3}))
+
+    def manifest_edit(root):
+        manifest = json.loads((root / "manifest.json").read_text())
+        manifest["settings"]["layer_ids"] = list(reversed(manifest["settings"]["layer_ids"]))
+        (root / "manifest.json").write_text(json.dumps(manifest))
+
+    def head_edit(root):
+        path = root / "target" / "head.safetensors"
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 1
+        path.write_bytes(bytes(data))
+
+    for name, edit in (
+        ("index", prompt_len_plus_5),
+        ("config", config_edit),
+        ("manifest", manifest_edit),
+        ("head", head_edit),
+    ):
+        url = _edited_upload(bucket, scale_cache, tmp_path, name, edit)
+        with pytest.raises(CacheFormatError, match="cannot be trusted") as err:
+            hscache.open_cache(url)
+        assert url in str(err.value) and "\n" not in str(err.value)
+        assert CliRunner().invoke(hscache_main, ["verify", url]).exit_code == 1
+
+    def rewrite_chunk(root):  # other values, valid crc32c: only the chunk's sha256 tells
+        array = zarr.open_array(str(root / "arrays" / "hidden_states"), mode="r+")
+        n = array.chunks[0]
+        array[:n] = np.asarray(array[:n])[::-1].copy()
+
+    url = _edited_upload(bucket, scale_cache, tmp_path, "chunk", rewrite_chunk)
+    cache = hscache.open_cache(url)  # the small files are intact
+    with pytest.raises(CacheFormatError, match="does not match its sha256 recorded at commit") as err:
+        cache.hidden_states(0)
+    assert "\n" not in str(err.value)
+    result = CliRunner().invoke(hscache_main, ["verify", "--json", url])
+    assert result.exit_code == 1 and "does not match its sha256" in result.output
+
+    def flip_chunk(root):  # a damaged chunk: crc32c fails
+        path = next(p for p in sorted((root / "arrays" / "hidden_states" / "c").rglob("*")) if p.is_file())
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+
+    url = _edited_upload(bucket, scale_cache, tmp_path, "flip", flip_chunk)
+    with pytest.raises(CacheFormatError, match="cannot be read") as err:
+        hscache.open_cache(url).hidden_states(0)
+    assert "\n" not in str(err.value) and "hscache verify" in str(err.value)

@@ -225,3 +225,40 @@ def test_set_epoch_reaches_persistent_workers(plain_cache):
         orders.append([int(w["start"]) for w in persistent])
         assert orders[-1] == [int(w["start"]) for w in fresh]
     assert orders[0] != orders[1]
+
+
+@pytest.fixture
+def rewritten(plain_cache, tmp_path):
+    """A copy of the uncompressed cache, fully read once (every chunk verified in this process), then
+    chunk 1 of hidden_states rewritten by rename with other rows and a VALID crc32c: only the
+    manifest's sha256 of the chunk's rows can tell."""
+    import google_crc32c
+
+    root = tmp_path / "c"
+    shutil.copytree(plain_cache, root)
+    cache = hscache.open_cache(root)
+    cache.read_tokens("hidden_states", 0, cache.num_tokens)
+    path = root / "arrays" / "hidden_states" / chunk_key(cache.specs["hidden_states"], 1)
+    payload = bytearray(path.read_bytes()[:-4])
+    payload[len(payload) // 2] ^= 0x04
+    replacement = path.with_name("new")
+    replacement.write_bytes(bytes(payload) + google_crc32c.value(bytes(payload)).to_bytes(4, "little"))
+    os.replace(replacement, path)
+    return root
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda c: c.read_tokens("hidden_states", 300, 310),  # partial rows of the chunk
+        lambda c: c.rows("hidden_states", 0, 600, out=torch.empty(600, 2, 16, dtype=torch.bfloat16)),
+        lambda c: list(c.iter_tokens("hidden_states")),
+        lambda c: list(c.iter_tokens("hidden_states", copy=False)),
+    ],
+    ids=["partial", "into-buffer", "scan", "mapped-views"],
+)
+def test_a_consistent_rewrite_with_a_valid_crc_is_refused_on_every_path(rewritten, read):
+    with pytest.raises(
+        hscache.CacheFormatError, match=r"hidden_states chunk c/1/0/0 .*does not match its sha256"
+    ):
+        read(hscache.open_cache(rewritten))

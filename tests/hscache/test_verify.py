@@ -108,7 +108,7 @@ def test_deleted_index_is_named_and_readers_refuse_in_one_line(cache_copy):
     assert code == 1 and report["checks"]["index"] == "failed"
     assert "is missing" in report["problems"][0]["message"]
     assert report["checks"]["token_hash"] == "skipped"  # tokens cannot be attributed without an index
-    with pytest.raises(CacheFormatError, match="listed in manifest.json is missing; the cache is damaged"):
+    with pytest.raises(CacheFormatError, match=r"index/part-\d+\.parquet is missing \(recorded at commit\)"):
         hscache.open_cache(cache_copy)
 
 
@@ -168,7 +168,10 @@ def test_recompute_is_exact_on_the_same_backend_and_catches_a_plausible_corrupti
     block = np.asarray(hidden[start : start + n])
     block[:, 0] *= np.float32(1.001)
     hidden[start : start + n] = block
-    assert verify_cache(cache_copy, VerifyConfig(deep=True)).ok
+    # The rewrite kept every crc32c valid; the chunk's sha256 recorded at commit names it (issue 18).
+    deep = verify_cache(cache_copy, VerifyConfig(deep=True))
+    assert not deep.ok and 7 in [b["seq_id"] for b in deep.bad_sequences]
+    assert all("does not match its sha256 recorded at commit" in p.message for p in deep.problems)
     code, report = _verify_cli(str(cache_copy), "--recompute", "12", "--model", "builtin:tiny-qwen3.5")
     assert code == 1 and _bad(report, "recompute") == [7]
     rel = {r["seq_id"]: r["rel_error"] for r in report["recompute"]["results"]}

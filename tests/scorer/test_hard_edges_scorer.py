@@ -24,8 +24,8 @@ def test_eval_on_a_cache_with_no_committed_sequences_exits_2(scorer_cache, train
     manifest = read_manifest(scorer_cache)
     empty = tmp_path / "empty"
     specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
+    shutil.copytree(scorer_cache / TARGET_DIR, empty / TARGET_DIR)  # first: create records its checksums
     StoreWriter.create(empty, specs, manifest["compression"], manifest["settings"])
-    shutil.copytree(scorer_cache / TARGET_DIR, empty / TARGET_DIR)
     result = CliRunner().invoke(main, ["eval", str(trained_drafter), "--cache", str(empty), "--ddtree", ""])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

@@ -73,8 +73,8 @@ def test_scoring_a_large_index_reads_it_per_row(scorer_cache, trained_drafter, t
     path = synthetic_index(scorer_cache, tmp_path / "big", _N)
     real_open = hscache.open_cache
 
-    def guarded(p):
-        cache = real_open(p)
+    def guarded(p, **options):
+        cache = real_open(p, **options)
         cache.index = _GuardedIndex(cache.index)
         return cache
 
