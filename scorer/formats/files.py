@@ -178,7 +178,7 @@ def _torch_load(path: Path, trust: bool) -> Any:
         return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
     except pickle.UnpicklingError as e:
         if trust or not re.search(r"weights.only", str(e), re.IGNORECASE):  # corrupt, not refused
-            raise CheckpointError(f"{path} is not a readable torch checkpoint: {e}") from e
+            raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({e})") from e
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if not found and re.search(r"Unsupported operand", str(e)):  # bytes no pickler writes
             raise CheckpointError(
@@ -193,7 +193,9 @@ def _torch_load(path: Path, trust: bool) -> Any:
     except MemoryError:
         raise
     except Exception as e:  # corrupt or not a torch file: unpicklers raise many types (IndexError...)
-        raise CheckpointError(f"{path} is not a readable torch checkpoint: {type(e).__name__}: {e}") from e
+        raise CheckpointError(
+            f"{path} is not a checkpoint: torch.load cannot read it ({type(e).__name__}: {e})"
+        ) from e
 
 
 def _is_weights(obj: Any) -> bool:
