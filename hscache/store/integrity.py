@@ -68,8 +68,8 @@ ARRAY_GROUP_META = f"{ARRAYS_GROUP}/zarr.json"
 _MAX_ZARR_JSON_BYTES = 1 << 20
 UNSEALED_MESSAGE = (
     "records no checksums (no seal): either it was written by hscache before checksums existed, or "
-    "its seal was removed; edits to any of its files cannot be detected. Re-extract it, or pass "
-    "--allow-unsealed to read it unchecked"
+    "its seal was removed; edits to any of its files cannot be detected. Re-extract it, or read it "
+    "unchecked with --allow-unsealed (hscache info / verify, scorer eval) or open_cache(..., allow_unsealed=True)"
 )
 
 

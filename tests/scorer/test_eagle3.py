@@ -340,7 +340,7 @@ def _sglang_tree_depth(
 
 @pytest.mark.parametrize("tree", [(3, 2, 5), (4, 3, 8)])
 def test_tree_depths_equal_sglang_draft_forward_per_anchor(scorer_cache, eagle3_drafter, reduced, tree):
-    from scorer.families.eagle3.drafting import tree_depths
+    from scorer.families.autoregressive import tree_depths
 
     cache = hscache.open_cache(scorer_cache)
     for checkpoint in (eagle3_drafter, reduced):

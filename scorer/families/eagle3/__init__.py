@@ -11,11 +11,11 @@ import numpy as np
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.errors import ScorerError
+from scorer.families.autoregressive import check_tree, tree_depths
 from scorer.families.base import CheckpointProbe, Family, attention_flops, linear_params
 from scorer.families.dflash import category_of
 from scorer.families.eagle3.config import is_eagle3_config
-from scorer.families.eagle3.drafting import draft_every_anchor, tree_depths
+from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.families.eagle3.online import online
@@ -24,7 +24,7 @@ from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain, round_loop
 from scorer.score import SequenceResult
 
-__all__ = ["EAGLE3", "check_tree", "score_sequence_eagle3"]
+__all__ = ["EAGLE3", "score_sequence_eagle3"]
 
 
 def _claims(probe: CheckpointProbe) -> bool:
@@ -118,27 +118,6 @@ def score_rows(
         if on_sequence:
             on_sequence(results[-1])
     return results
-
-
-def check_tree(tree: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
-    """SGLang's tree settings as SGLang takes them: topk 1 means a chain of steps + 1 tokens
-    (server_args adjusts speculative_num_draft_tokens), and N - 1 candidates must exist.
-
-    Raises:
-        ScorerError: more draft tokens than the tree has candidates (named).
-    """
-    if tree is None:
-        return None
-    steps, topk, tokens = tree
-    if topk == 1:
-        return (steps, 1, steps + 1)
-    candidates = topk + (steps - 1) * topk * topk
-    if not 2 <= tokens <= candidates + 1:
-        raise ScorerError(
-            f"--tree {steps},{topk},{tokens}: TOKENS must be 2..{candidates + 1} (the root plus at most "
-            f"the {candidates} candidates of {steps} steps with topk {topk})"
-        )
-    return tree
 
 
 def _effective(config: Any) -> Any:

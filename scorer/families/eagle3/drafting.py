@@ -12,18 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows
+from hscache.capture.forward import DEFAULT_MEMORY_GB
+from scorer.families.autoregressive import rows_per_chunk
 from scorer.families.eagle3.model import Eagle3Drafter
 
 __all__ = ["draft_every_anchor", "draft_every_anchor_one_by_one"]
-
-
-def _rows_per_chunk(drafter: Eagle3Drafter, seq_len: int, memory_gb: float, max_rows: int) -> int:
-    """Rows of later steps per chunk: their [rows, Vd] logits and their [rows, heads, T] attention
-    scores (fp32, with the softmax's copy) both within ``memory_gb``."""
-    scores_per_row = 2 * 4 * drafter.config.num_attention_heads * seq_len
-    by_attention = int(memory_gb * 2**30) // max(1, scores_per_row)
-    return max(1, min(max_rows, head_rows(drafter.config.draft_vocab_size, memory_gb), by_attention))
 
 
 @torch.no_grad()
@@ -53,7 +46,7 @@ def draft_every_anchor(
     device = drafter.fc.weight.device
     token_ids = token_ids.to(device)
     normed0, fed0, kv0 = drafter.step0(features.to(device), token_ids, seq_len - 2)
-    chunk = _rows_per_chunk(drafter, seq_len, memory_gb, max_rows)
+    chunk = rows_per_chunk(drafter, seq_len, memory_gb, max_rows)
     out = np.zeros((anchors, num_tokens), dtype=np.int64)
     for lo in range(0, anchors, chunk):
         rows = torch.arange(prompt_len - 1 + lo, prompt_len - 1 + min(anchors, lo + chunk), device=device)
@@ -81,99 +74,3 @@ def draft_every_anchor_one_by_one(
         drafter.draft_one_anchor(features, token_ids, p, num_tokens) for p in range(prompt_len, seq_len - 1)
     ]
     return np.asarray(rows, dtype=np.int64).reshape(-1, num_tokens)
-
-
-@torch.no_grad()
-def tree_depths(
-    drafter: Eagle3Drafter,
-    features: torch.Tensor,
-    token_ids: torch.Tensor,
-    target_argmax: torch.Tensor,
-    prompt_len: int,
-    tree: tuple[int, int, int],
-    *,
-    memory_gb: float = DEFAULT_MEMORY_GB,
-    max_rows: int = 256,
-) -> np.ndarray:
-    """Nodes the greedy walk accepts in SGLang's EAGLE tree drafted at every anchor: ``[A]``.
-
-    SGLang (``eagle_worker.py draft_forward``, ``eagle_utils.py select_top_k_tokens`` and
-    ``organize_draft_results``), tree = (steps S, topk k, draft tokens N):
-    - step 0 (the draft extend): the root's top-k tokens by softmax probability are the first
-      k candidates and the k frontier slots;
-    - step i = 1..S-1: each frontier slot runs one forward (token: its candidate, hidden: the state
-      its parent's forward fed back, position p-1+i), giving top-k children; their scores are the
-      parent's score times the child's probability; all k*k are candidates, the best k become the
-      new frontier slots. A slot attends to the prefix and to the keys ITS SLOT wrote at earlier
-      steps (``generate_draft_decode_kv_indices``: per (request, topk_id) the prefix plus ``iters``
-      slot entries), which for k > 1 need not be the node's ancestors: scored as served;
-    - the tree is the N-1 candidates of highest score (``torch.topk(score_list, N - 1)``);
-      greedy verification walks from the root following the target's greedy token.
-    """
-    steps, topk, tokens = tree
-    seq_len = len(token_ids)
-    anchors = seq_len - 1 - prompt_len
-    if anchors <= 0:
-        return np.zeros(0, dtype=np.int64)
-    device = drafter.fc.weight.device
-    token_ids = token_ids.to(device)
-    greedy = target_argmax.cpu().numpy()
-    normed0, fed0, kv0 = drafter.step0(features.to(device), token_ids, seq_len - 2)
-    chunk = max(1, _rows_per_chunk(drafter, seq_len, memory_gb, max_rows) // topk)
-    depths = np.zeros(anchors, dtype=np.int64)
-    for lo in range(0, anchors, chunk):
-        rows = torch.arange(prompt_len - 1 + lo, prompt_len - 1 + min(anchors, lo + chunk), device=device)
-        n = len(rows)
-        probs = torch.softmax(drafter.head_logits(normed0[rows]).float(), dim=-1)
-        top = torch.topk(probs, topk, dim=-1)
-        scores = top.values  # [n, k]
-        frontier_tokens = drafter.to_target(top.indices)  # [n, k]
-        frontier_ids = torch.arange(topk, device=device).expand(n, topk)
-        cand_scores, cand_tokens, cand_parents = (
-            [scores],
-            [frontier_tokens],
-            [torch.full_like(frontier_ids, -1)],
-        )
-        hidden = fed0[rows].repeat_interleave(topk, dim=0)  # [n*k, H], slot-major per row
-        slot_rows = rows.repeat_interleave(topk)
-        own: list[list] = [[] for _ in drafter.layers]
-        for i in range(1, steps):
-            normed, fed = drafter.step(slot_rows, frontier_tokens.reshape(-1), hidden, i, kv0, own)
-            child = torch.topk(torch.softmax(drafter.head_logits(normed).float(), dim=-1), topk, dim=-1)
-            expand = scores[:, :, None] * child.values.view(n, topk, topk)  # [n, k(parent), k(child)]
-            child_tokens = drafter.to_target(child.indices).view(n, topk * topk)
-            cand_scores.append(expand.reshape(n, -1))
-            cand_tokens.append(child_tokens)
-            cand_parents.append(frontier_ids.repeat_interleave(topk, dim=1))
-            best = torch.topk(expand.reshape(n, -1), topk, dim=-1)
-            scores = best.values
-            frontier_tokens = torch.gather(child_tokens, 1, best.indices)
-            parent_slot = best.indices // topk
-            hidden = fed.view(n, topk, -1)[torch.arange(n, device=device)[:, None], parent_slot].reshape(
-                n * topk, -1
-            )
-            frontier_ids = best.indices + (topk + (i - 1) * topk * topk)
-        all_scores = torch.cat(cand_scores, dim=1)
-        keep = torch.topk(all_scores, min(tokens - 1, all_scores.shape[1]), dim=-1).indices.cpu().numpy()
-        all_tokens = torch.cat(cand_tokens, dim=1).cpu().numpy()
-        all_parents = torch.cat(cand_parents, dim=1).cpu().numpy()
-        for r in range(n):
-            p = prompt_len + lo + r
-            depths[lo + r] = _greedy_walk(
-                set(keep[r].tolist()), all_tokens[r], all_parents[r], greedy, p, seq_len
-            )
-    return depths
-
-
-def _greedy_walk(
-    kept: set[int], tokens: np.ndarray, parents: np.ndarray, greedy: np.ndarray, p: int, seq_len: int
-) -> int:
-    """Depth the target's greedy path reaches in the kept tree (g_{p+d} = a[p+d-1], d <= T-1-p)."""
-    node, depth = -1, 0
-    while p + depth < seq_len - 1:
-        want = greedy[p + depth]
-        nxt = next((c for c in kept if parents[c] == node and tokens[c] == want), None)
-        if nxt is None:
-            break
-        node, depth = nxt, depth + 1
-    return depth

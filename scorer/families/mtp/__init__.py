@@ -309,7 +309,7 @@ def _refuse_block_flags(checkpoint: str, block_size: int | None, overrides: dict
 def _effective(config: Any) -> Any:
     # Every anchor is drafted in one batched pass, so "chain" anchors would only drop metrics;
     # DDTree budgets are a block-family mode; --tree as SGLang takes it.
-    from scorer.families.eagle3 import check_tree
+    from scorer.families.autoregressive import check_tree
 
     return replace(config, ddtree=(), anchors="all", tree=check_tree(config.tree))
 
@@ -337,7 +337,7 @@ def score_sequence_mtp(
     """Served chain drafts at every anchor P..T-2 and the shared replay; beside them the
     teacher-forced counts (true tokens into steps > 0, as MTP trainers score) and, with ``tree``,
     SGLang's EAGLE tree over the same head. Returns (the 7 parts of a SequenceResult, extras)."""
-    from scorer.families.eagle3.drafting import tree_depths  # the shared SGLang tree replay
+    from scorer.families.autoregressive import tree_depths  # the shared SGLang tree replay
 
     K = head.config.num_speculative_tokens
     B = head.config.block_size

@@ -167,7 +167,7 @@ def draft_anchors(
 
 class TreeSteps:
     """The MTP head seen through the step interface of the shared SGLang EAGLE-tree replay
-    (scorer.families.eagle3.drafting.tree_depths): step 0 over rows i (hidden i, token i + 1,
+    (scorer.families.autoregressive.tree_depths): step 0 over rows i (hidden i, token i + 1,
     position i), later steps per frontier slot at position row + j attending to the context up to
     its row and to its own slot's earlier keys. SGLang serves Qwen3.5's MTP with this EAGLE tree
     (``qwen3_5_mtp.py``: its draft forward returns the normed state, which the tree feeds back)."""
