@@ -2,8 +2,8 @@
 
 The masks are z-lab's ``_attention_mask`` (dflash/model.py) applied to many blocks at once:
 block i sees context keys before its anchor and its own block's keys, restricted per layer by
-causality inside the block and by a sliding window over absolute positions. `_block_sparse_mask`
-is the SDPA boolean form, `_flex_mask_mod` the flex_attention form of the same predicate.
+causality inside the block and by a sliding window over absolute positions. `block_sparse_mask`
+is the SDPA boolean form, `flex_mask_mod` the flex_attention form of the same predicate.
 """
 
 from __future__ import annotations
@@ -13,7 +13,16 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-__all__ = ["AttentionBackend", "visible"]
+__all__ = [
+    "AttentionBackend",
+    "block_sparse_mask",
+    "flex_attend",
+    "flex_mask",
+    "flex_mask_mod",
+    "pick_flex",
+    "sdpa_attend",
+    "visible",
+]
 
 AttentionBackend = Literal["auto", "sdpa", "flex"]
 
@@ -34,7 +43,7 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int 
     return out
 
 
-def _block_sparse_mask(
+def block_sparse_mask(
     anchors: torch.Tensor, B: int, t_c: int, causal: bool = False, window: int | None = None
 ) -> torch.Tensor:
     """Boolean [n*B, t_c + n*B]: block i sees context keys < anchor_i and its own block's keys,
@@ -49,14 +58,14 @@ def _block_sparse_mask(
     return torch.cat([ctx_ok, own & in_block], dim=1)
 
 
-def _sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # q [M, heads, D], k/v [S, kv, D] -> [M, heads, D]; GQA by repeating kv heads.
     rep = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(rep, dim=1).transpose(0, 1)[None] for t in (k, v))
     return F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask)[0].transpose(0, 1)
 
 
-def _pick_flex(backend: AttentionBackend, device: torch.device) -> bool:
+def pick_flex(backend: AttentionBackend, device: torch.device) -> bool:
     if backend not in ("auto", "sdpa", "flex"):
         raise ValueError(f"backend must be 'auto', 'sdpa' or 'flex', got {backend!r}")
     if backend == "sdpa":
@@ -70,8 +79,8 @@ def _pick_flex(backend: AttentionBackend, device: torch.device) -> bool:
     return backend == "flex" or device.type == "cuda"
 
 
-def _flex_mask_mod(anchors: torch.Tensor, B: int, t_c: int, causal: bool, window: int | None) -> Any:
-    """flex_attention ``mask_mod`` equal to `_block_sparse_mask` (tested densely on CPU)."""
+def flex_mask_mod(anchors: torch.Tensor, B: int, t_c: int, causal: bool, window: int | None) -> Any:
+    """flex_attention ``mask_mod`` equal to `block_sparse_mask` (tested densely on CPU)."""
     # t_c as a tensor: a compiled kernel would otherwise guard on (and recompile for) each value.
     t_ctx = torch.tensor(t_c, device=anchors.device)
 
@@ -94,12 +103,12 @@ def _flex_mask_mod(anchors: torch.Tensor, B: int, t_c: int, causal: bool, window
     return mask_mod
 
 
-def _flex_mask(
+def flex_mask(
     anchors: torch.Tensor, B: int, t_c: int, causal: bool = False, window: int | None = None
 ) -> Any:
     from torch.nn.attention.flex_attention import create_block_mask
 
-    mask_mod = _flex_mask_mod(anchors, B, t_c, causal, window)
+    mask_mod = flex_mask_mod(anchors, B, t_c, causal, window)
     n = anchors.shape[0]
     return create_block_mask(mask_mod, None, None, n * B, t_c + n * B, device=anchors.device)
 
@@ -107,7 +116,7 @@ def _flex_mask(
 _compiled_flex: Any = None
 
 
-def _flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 

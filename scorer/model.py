@@ -22,11 +22,11 @@ from torch import nn
 
 from scorer.attention import (
     AttentionBackend,
-    _block_sparse_mask,
-    _flex_attend,
-    _flex_mask,
-    _pick_flex,
-    _sdpa_attend,
+    block_sparse_mask,
+    flex_attend,
+    flex_mask,
+    pick_flex,
+    sdpa_attend,
     visible,
 )
 from scorer.config import DrafterConfig
@@ -347,7 +347,7 @@ class DFlashDrafter(nn.Module):
                 f"anchors span {int(anchors.min())}..{int(anchors.max())} but there are "
                 f"{context_features.shape[0]} context rows; anchors must be in 0..T"
             )
-        use_flex = _pick_flex(backend, context_features.device)
+        use_flex = pick_flex(backend, context_features.device)
         out = torch.empty(
             N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype, device=self.fc.weight.device
         )
@@ -389,12 +389,12 @@ class DFlashDrafter(nn.Module):
         h = self._embed(tokens.flatten())  # [n*B, H]
         pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).flatten()  # [n*B]
         cos, sin = self._cos_sin(pos + self.block_position_offset, h.dtype)
-        attend = _flex_attend if use_flex else _sdpa_attend
+        attend = flex_attend if use_flex else sdpa_attend
         masks: dict[tuple[bool, int | None], Any] = {}  # one mask per (causal, window) kind
         for i, (layer, (k_ctx, v_ctx)) in enumerate(zip(self.layers, ctx_kv)):
             kind = self.config.layer_attention(i)
             if kind not in masks:
-                build = _flex_mask if use_flex else _block_sparse_mask
+                build = flex_mask if use_flex else block_sparse_mask
                 masks[kind] = build(anchors, B, t_c, *kind)
             mask = masks[kind]
             x, conv = layer.attention_input(h, B)

@@ -181,3 +181,28 @@ def test_the_checker_sees_lazy_imports_and_cycles():
     assert tree_imports == {"hscache.store"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "hscache.store.fsio" in GRAPH["hscache.store.writer"]
+
+
+def _private_imports(path: Path, source: str) -> list[str]:
+    """``from project.module import _name`` anywhere in ``source``: another module's private name
+    (a module's own ``__all__``-style aliases such as ``import x as _x`` are not imports OF a private)."""
+    bad = []
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+            bad += [
+                f"{path.relative_to(ROOT) if path.is_absolute() else path}: {node.module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    return bad
+
+
+def test_nothing_imports_another_modules_private_name():
+    roots = [ROOT / p for p in (*PACKAGES, "tests", "bench")]
+    bad = [v for root in roots for p in _python_files(root) for v in _private_imports(p, p.read_text())]
+    assert bad == []
+
+
+def test_the_private_name_check_sees_lazy_imports():
+    source = "def f():\n    from hscache.store.fsio import _secret, public\n"
+    assert _private_imports(Path("x.py"), source) == ["x.py: hscache.store.fsio._secret"]

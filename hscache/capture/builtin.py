@@ -17,7 +17,14 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-__all__ = ["BUILTIN_TARGETS", "MASK_TOKEN", "build_builtin", "build_tokenizer", "builtin_mtp_weights"]
+__all__ = [
+    "BUILTIN_TARGETS",
+    "MASK_TOKEN",
+    "build_builtin",
+    "build_tokenizer",
+    "builtin_config",
+    "builtin_mtp_weights",
+]
 
 MASK_TOKEN = "<|mask|>"
 _SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", MASK_TOKEN]
@@ -68,7 +75,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def _config(name: str, vocab_size: int, eos_id: int):
+def builtin_config(name: str, vocab_size: int, eos_id: int):
     common = dict(
         vocab_size=vocab_size,
         hidden_size=128,
@@ -109,7 +116,7 @@ def build_builtin(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     if name not in BUILTIN_TARGETS:
         raise KeyError(name)
     tokenizer = build_tokenizer()
-    config = _config(name, vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id)
+    config = builtin_config(name, vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id)
     if name == "builtin:tiny-qwen3.5":
         from transformers import Qwen3_5ForCausalLM as model_cls
     else:

@@ -54,7 +54,7 @@ from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
 
-__all__ = ["ExtractConfig", "ExtractResult", "Progress", "auto_dtype", "extract"]
+__all__ = ["ExtractConfig", "ExtractResult", "Progress", "auto_dtype", "extract", "write_target_of"]
 
 # Settings that change what the cache holds; a resume must match all of them.
 _RESUME_KEYS = (
@@ -309,7 +309,7 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _write_target_dir(out: Path, target: Target, mtp: dict[str, torch.Tensor] | None = None) -> None:
+def write_target_of(out: Path, target: Target, mtp: dict[str, torch.Tensor] | None = None) -> None:
     """The target's config, tokenizer and embedding/output head: the scorer never needs the model."""
     from hscache.capture.final_norm import describe_final_norm, final_norm_module
 
@@ -360,7 +360,7 @@ def _open_store(
     )
     with _disk_errors(out, 0):
         prepare_fresh_dir(out)
-        _write_target_dir(out, target, mtp)
+        write_target_of(out, target, mtp)
     return StoreWriter.create(out, specs, config.compression, settings), 0
 
 

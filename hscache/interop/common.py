@@ -279,11 +279,11 @@ def _attach_target(
 ) -> Any:
     """Write ``target/`` for ``name``; return a TargetHead (and add its arrays to ``specs``) when
     slot ``last_slot`` holds the target's last layer, else None."""
-    from hscache.capture.extract import _write_target_dir  # the same target/ as hscache extract
+    from hscache.capture.extract import write_target_of  # the same target/ as hscache extract
     from hscache.interop.target import TargetHead, load_import_target
 
     target = load_import_target(name, hidden.dtype, int(hidden.shape[2]), layer_ids)
-    _write_target_dir(out, target)
+    write_target_of(out, target)
     settings.update({"model": name, "mask_token_id": target.mask_token_id})
     if last_slot is None or layer_ids[last_slot] != target.num_layers - 1:
         return None

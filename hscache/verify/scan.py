@@ -19,7 +19,7 @@ from hscache.store.integrity import chunk_sha256_of, rows_sha256
 from hscache.verify.report import LayerStats, Problem, VerifyReport
 from hscache.verify.structure import CacheLayout, sequences_in
 
-__all__ = ["as_float32", "deep_decode", "scan_sequences"]
+__all__ = ["as_float32", "deep_decode", "robust_outliers", "scan_sequences"]
 
 # A sequence's mean token norm is an outlier when its robust z-score (median/MAD) exceeds this.
 OUTLIER_Z = 6.0
@@ -250,7 +250,7 @@ def _layer_stats(
     rows = int(acc.finite_rows[trusted, k].sum())
     mean = float(acc.norm_sum[trusted, k].sum() / rows) if rows else None
     std = float(np.sqrt(max(0.0, acc.norm_sq_sum[trusted, k].sum() / rows - mean**2))) if rows else None
-    outliers = _robust_outliers(acc.norm_sum[:, k], acc.finite_rows[:, k], trusted)
+    outliers = robust_outliers(acc.norm_sum[:, k], acc.finite_rows[:, k], trusted)
     for seq in outliers:
         report.add(
             layout.problem(
@@ -277,7 +277,7 @@ def _layer_stats(
     )
 
 
-def _robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray) -> list[int]:
+def robust_outliers(norm_sum: np.ndarray, rows: np.ndarray, trusted: np.ndarray) -> list[int]:
     """Sequences whose mean norm is > OUTLIER_Z robust standard deviations (1.4826 * MAD) and more
     than OUTLIER_MIN_RELATIVE of the median away from the median."""
     usable = trusted & (rows > 0)

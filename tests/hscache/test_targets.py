@@ -48,10 +48,10 @@ def test_plain_qwen3_directory_extracts_like_the_builtin(tmp_path):
 def _tiny_multimodal(path):
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from hscache.capture.builtin import _config
+    from hscache.capture.builtin import builtin_config
 
     tokenizer = build_tokenizer()
-    text = _config("builtin:tiny-qwen3.5", len(tokenizer), tokenizer.eos_token_id).to_dict()
+    text = builtin_config("builtin:tiny-qwen3.5", len(tokenizer), tokenizer.eos_token_id).to_dict()
     vision = dict(
         depth=1,
         hidden_size=32,

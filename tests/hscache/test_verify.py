@@ -249,7 +249,7 @@ def test_bad_input_is_one_error_line_and_exit_2(small_cache, tmp_path, args, fra
 )
 def test_norm_outliers_need_enough_sequences_and_a_large_deviation(means, expected):
     """Issue #14: a 2% norm difference on a 7-sequence cache was a "robust z > 6" warning."""
-    from hscache.verify.scan import _robust_outliers
+    from hscache.verify.scan import robust_outliers
 
     rows = np.full(len(means), 4)
-    assert _robust_outliers(np.array(means) * rows, rows, np.ones(len(means), bool)) == expected
+    assert robust_outliers(np.array(means) * rows, rows, np.ones(len(means), bool)) == expected

@@ -268,8 +268,8 @@ def test_auto_backend_falls_back_to_sdpa_when_flex_fails(monkeypatch) -> None:
     model = _drafter(config)
     feats, anchors, tokens = _features(config, 9), torch.tensor([2, 9]), _blocks([2, 9], config.block_size)
     want = model.forward_blocks(feats, anchors, tokens, backend="sdpa")
-    monkeypatch.setattr(drafter_module, "_pick_flex", lambda backend, device: True)
-    monkeypatch.setattr(drafter_module, "_flex_attend", broken_flex)
+    monkeypatch.setattr(drafter_module, "pick_flex", lambda backend, device: True)
+    monkeypatch.setattr(drafter_module, "flex_attend", broken_flex)
     with pytest.warns(RuntimeWarning, match=r"flex_attention failed \(RuntimeError: no triton\); using SDPA"):
         got = model.forward_blocks(feats, anchors, tokens, backend="auto")
     assert torch.equal(got, want) and model.backend_used == "sdpa"

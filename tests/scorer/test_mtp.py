@@ -241,19 +241,19 @@ def test_mtp_eval_report_and_prenorm_differ(scorer_cache):
 
 
 def test_mtp_refusals_name_the_problem(scorer_cache):
-    from scorer.families.mtp import _ready
+    from scorer.families.mtp import ready_head
 
     cache = hscache.open_cache(scorer_cache)
     stored = cache.target_mtp()
     embed = cache.target_head()["embed_tokens"]
     args = (cache.target_config, cache.vocab_size, "mtp", 2, embed, embed)
     with pytest.raises(CheckpointError, match=r"unknown key\(s\) mtp.layers.0.self_attn.q_bias"):
-        _ready({**stored, "mtp.layers.0.self_attn.q_bias": embed[0]}, *args)
+        ready_head({**stored, "mtp.layers.0.self_attn.q_bias": embed[0]}, *args)
     with pytest.raises(CheckpointError, match=r"missing key\(s\) mtp.norm.weight"):
-        _ready({k: v for k, v in stored.items() if k != "mtp.norm.weight"}, *args)
+        ready_head({k: v for k, v in stored.items() if k != "mtp.norm.weight"}, *args)
     two = {**stored, **{k.replace("layers.0", "layers.1"): v for k, v in stored.items() if "layers.0" in k}}
     with pytest.raises(CheckpointError, match="2 MTP layers"):
-        _ready(two, *args)
+        ready_head(two, *args)
 
 
 def test_mtp_online_equals_offline_round_for_round(scorer_cache):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmbedding, rotate_half
 
-from scorer.attention import _block_sparse_mask, _flex_mask_mod
+from scorer.attention import block_sparse_mask, flex_mask_mod
 from scorer.config import DrafterConfig
 from scorer.model import DFlashDrafter
 
@@ -168,8 +168,8 @@ def test_one_block_and_batched_paths_equal_the_zlab_definition(changes: dict, wi
 @pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 3), (False, 3), (True, 8)])
 def test_flex_mask_mod_equals_the_sdpa_mask(causal: bool, window: int | None) -> None:
     anchors, B, t_c = torch.tensor([0, 2, 7, 11]), 4, 11
-    dense = _block_sparse_mask(anchors, B, t_c, causal, window)
-    mod = _flex_mask_mod(anchors, B, t_c, causal, window)
+    dense = block_sparse_mask(anchors, B, t_c, causal, window)
+    mod = flex_mask_mod(anchors, B, t_c, causal, window)
     q = torch.arange(len(anchors) * B)[:, None]
     kv = torch.arange(t_c + len(anchors) * B)[None]
     assert torch.equal(mod(0, 0, q, kv), dense)
@@ -177,7 +177,7 @@ def test_flex_mask_mod_equals_the_sdpa_mask(causal: bool, window: int | None) ->
 
 def test_window_rule_at_the_edge() -> None:
     """Slot j of a block anchored at p sees context p+j-W+1..p-1 (W keys counting itself)."""
-    mask = _block_sparse_mask(torch.tensor([10]), 4, 10, True, 4)
+    mask = block_sparse_mask(torch.tensor([10]), 4, 10, True, 4)
     ctx = mask[:, :10]
     assert ctx[0].nonzero().flatten().tolist() == [7, 8, 9]
     assert ctx[2].nonzero().flatten().tolist() == [9]

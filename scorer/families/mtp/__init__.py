@@ -37,7 +37,16 @@ from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain, round_loop
 from scorer.score import SequenceResult
 
-__all__ = ["HEADS", "MTP", "load_mtp", "mtp_config", "mtp_hidden", "online_proposer", "score_sequence_mtp"]
+__all__ = [
+    "HEADS",
+    "MTP",
+    "load_mtp",
+    "mtp_config",
+    "mtp_hidden",
+    "online_proposer",
+    "ready_head",
+    "score_sequence_mtp",
+]
 
 # CKPT names this family reads -> the target hidden state fed to the head.
 HEADS = {
@@ -164,7 +173,7 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
         if target_head["lm_head"] is target_head["embed_tokens"]
         else target_head["lm_head"].to(config.device, dtype)
     )
-    head, k_source = _ready(
+    head, k_source = ready_head(
         stored, cache.target_config, cache.vocab_size, name, config.num_speculative_tokens, embed, lm_head
     )
     head.family = "mtp"
@@ -186,7 +195,7 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
     return head, LoadedHead(head.config, report)
 
 
-def _ready(
+def ready_head(
     stored: dict[str, torch.Tensor],
     target_config: dict[str, Any],
     vocab_size: int,
@@ -278,7 +287,7 @@ def online_proposer(
         )
     embed = target.model.get_input_embeddings().weight.detach()
     lm_head = target.model.get_output_embeddings().weight.detach()
-    head, k_source = _ready(
+    head, k_source = ready_head(
         stored, target.text_config.to_dict(), target.vocab_size, name, num_speculative_tokens, embed, lm_head
     )
     final_norm = final_norm_module(target.model) if head.config.hidden_source == "post_norm" else None
