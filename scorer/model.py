@@ -30,32 +30,14 @@ from scorer.attention import (
     visible,
 )
 from scorer.config import DrafterConfig
+from scorer.layers import RMSNorm, SwiGLU, rotate_half
 
 __all__ = ["AttentionBackend", "DFlashDrafter"]
 
 
-class _RMSNorm(nn.Module):
-    """Qwen3 RMSNorm: normalise in fp32, cast back, then scale."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x [M, heads, D]; cos/sin [M, D] -> broadcast over heads.
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 class _Attention(nn.Module):
@@ -67,8 +49,8 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, self.n_kv * c.head_dim, bias=c.attention_bias)
         # attention_bias puts a bias on o_proj too, as in Qwen3Attention and the DFlash reference.
         self.o_proj = nn.Linear(self.n_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
-        self.q_norm = _RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.k_norm = _RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, H] -> roped, normed keys [M, n_kv, D] and values [M, n_kv, D]."""
@@ -81,17 +63,6 @@ class _Attention(nn.Module):
         return _apply_rope(q, cos, sin)
 
 
-class _MLP(nn.Module):
-    def __init__(self, c: DrafterConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _Layer(nn.Module):
     def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
@@ -100,10 +71,10 @@ class _Layer(nn.Module):
         # Instance attributes, not class ones: a class attribute would shadow the registered module.
         self.attention_conv: Any = None
         self.mlp_conv: Any = None
-        self.input_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c)
-        self.post_attention_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = _MLP(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
     def attention_input(self, h: torch.Tensor, B: int) -> tuple[torch.Tensor, Any]:
         """The attention sublayer's input rows [M, H] (M = whole blocks of B) and what `finish`
@@ -137,9 +108,9 @@ class DFlashDrafter(nn.Module):
         self.config = config
         c = config
         self.fc = nn.Linear(c.num_features * c.hidden_size, c.hidden_size, bias=False)
-        self.hidden_norm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(_Layer(c) for _ in range(c.num_hidden_layers))
-        self.norm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim  # [D/2]
         base = 1.0 / (c.rope_theta**exponents)
         if c.rope_type == "linear":

@@ -36,25 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from scorer.families.eagle3.config import Eagle3Config
+from scorer.layers import RMSNorm, SwiGLU, rotate_half
 
 __all__ = ["Eagle3Drafter"]
-
-
-class _RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _Attention(nn.Module):
@@ -66,8 +50,8 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(width, self.n_kv * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(width, self.n_kv * c.head_dim, bias=c.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
-        self.q_norm = _RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
-        self.k_norm = _RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -77,20 +61,9 @@ class _Attention(nn.Module):
         k = self.k_proj(x).unflatten(-1, (self.n_kv, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
-        k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+        q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+        k = k * cos[:, None] + rotate_half(k) * sin[:, None]
         return q, k, self.v_proj(x).unflatten(-1, (self.n_kv, self.head_dim))
-
-
-class _MLP(nn.Module):
-    def __init__(self, c: Eagle3Config) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class _Layer(nn.Module):
@@ -98,12 +71,12 @@ class _Layer(nn.Module):
         super().__init__()
         self.first = first
         self.norm_before_residual = c.norm_before_residual
-        self.input_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         if first:
-            self.hidden_norm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+            self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c, first)
-        self.post_attention_layernorm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = _MLP(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
 
     def enter(self, embeds: torch.Tensor | None, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention input, residual) of this layer: the EAGLE-3 first layer or a plain one."""
@@ -135,15 +108,15 @@ class Eagle3Drafter(nn.Module):
         super().__init__()
         c = self.config = config
         width = c.num_features * c.feature_size
-        self.input_norm = _RMSNorm(width, c.rms_norm_eps) if c.norm_before_fc else None
+        self.input_norm = RMSNorm(width, c.rms_norm_eps) if c.norm_before_fc else None
         self.fc_norm = (
-            nn.ModuleList(_RMSNorm(c.feature_size, c.rms_norm_eps) for _ in range(c.num_features))
+            nn.ModuleList(RMSNorm(c.feature_size, c.rms_norm_eps) for _ in range(c.num_features))
             if c.fc_norm
             else None
         )
         self.fc = nn.Linear(width, c.hidden_size, bias=False)
         self.layers = nn.ModuleList(_Layer(c, first=i == 0) for i in range(c.num_hidden_layers))
-        self.norm = _RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
         inv_freq = 1.0 / (c.rope_theta**exponents)

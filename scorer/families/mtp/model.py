@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scorer.layers import SwiGLU, rotate_half
+
 __all__ = ["MtpConfig", "MtpHead"]
 
 
@@ -146,20 +148,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     """Partial neox rotary on the first ``cos.shape[-1]`` dims; x [N, heads, D], cos/sin [N, R]."""
     r = cos.shape[-1]
     rot, rest = x[..., :r], x[..., r:]
-    half = r // 2
-    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    return torch.cat((rot * cos[:, None] + rotated * sin[:, None], rest), dim=-1)
-
-
-class _MLP(nn.Module):
-    def __init__(self, c: MtpConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    return torch.cat((rot * cos[:, None] + rotate_half(rot) * sin[:, None], rest), dim=-1)
 
 
 class MtpLayer(nn.Module):
@@ -170,7 +159,7 @@ class MtpLayer(nn.Module):
         self.input_layernorm = _Norm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c)
         self.post_attention_layernorm = _Norm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = _MLP(c)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """Residual after attention, then the MLP block: the layer's output (before MTP's norm)."""
