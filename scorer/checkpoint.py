@@ -41,6 +41,7 @@ __all__ = [
     "LoadReport",
     "LoadedCheckpoint",
     "combine_file_digests",
+    "file_digests",
     "in_memory_checkpoint",
     "load_checkpoint",
     "save_hf_checkpoint",
@@ -225,10 +226,7 @@ def load_checkpoint(
     )
     notes += more_notes
     _validate(state_dict, config, root)
-    file_sha = {
-        str(f.relative_to(root) if root.is_dir() and f.is_relative_to(root) else f.name): file_sha256(f)
-        for f in files
-    }
+    file_sha = file_digests(root, files)
     report = LoadReport(
         path=str(root),
         format=fmt,
@@ -508,6 +506,14 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
         raise CheckpointError(
             f"{root} is not a DFlash drafter checkpoint matching its config: {'; '.join(problems)}"
         )
+
+
+def file_digests(root: Path, files: list[Path]) -> dict[str, str]:
+    """sha256 of each weight/config file, named relative to the checkpoint directory (a file: its name)."""
+    return {
+        str(f.relative_to(root) if root.is_dir() and f.is_relative_to(root) else f.name): file_sha256(f)
+        for f in files
+    }
 
 
 def combine_file_digests(file_sha: dict[str, str]) -> str:

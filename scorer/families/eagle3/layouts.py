@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from hscache.store.dtypes import DTYPES
-from hscache.store.fsio import file_sha256
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadReport, combine_file_digests, state_dict_sha256
+from scorer.checkpoint import LoadReport, combine_file_digests, file_digests, state_dict_sha256
 from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.eagle3.config import (
     ENGINE_DEFAULT_K,
@@ -161,10 +160,7 @@ def read_eagle3(
         raise CheckpointError(f"{root}: invalid EAGLE-3 config: {e}") from e
     weights, head, changes = _normalize(raw)
     _validate(weights, eagle, root)
-    file_sha = {
-        str(f.relative_to(root) if root.is_dir() and f.is_relative_to(root) else f.name): file_sha256(f)
-        for f in files
-    }
+    file_sha = file_digests(root, files)
     report = LoadReport(
         path=str(root),
         format=fmt,
