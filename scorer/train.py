@@ -22,6 +22,7 @@ import hscache
 from hscache.data import SequenceDataset
 from scorer.checkpoint import save_hf_checkpoint
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.evaluate import evaluate_module
 from scorer.features import attach_cache_head, context_norm, feature_index, sequence_features
 from scorer.init import drafter_config_for_cache
 from scorer.model import DFlashDrafter
@@ -67,12 +68,17 @@ def train_drafter(
     last_layer_normed: bool = True,
     overwrite: bool = False,
     on_step: Callable[[int, float], None] | None = None,
+    eval_every: int = 0,
+    eval_limit: int | None = 64,
+    on_eval: Callable[[int, dict], None] | None = None,
 ) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
 
     ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``,
     and its config records the cache's target (scorer/target_identity.py). ``on_step(step, loss)``
-    is called after every step (progress).
+    is called after every step (progress). ``eval_every`` N > 0: every N steps the drafter in memory
+    is scored on the cache's first ``eval_limit`` sequences with ``scorer.evaluate_module`` (no file
+    written; chain anchors, no DDTree) and ``on_eval(step, report)`` gets the eval report.
 
     Four arguments train under another convention than the spec's (what other trainers do by
     mistake), for `scorer diagnose`'s tests: ``layer_ids`` (default: every cached layer),
@@ -82,7 +88,7 @@ def train_drafter(
     no config field, as in the trainers that get them wrong.
 
     Returns:
-        {"steps", "final_loss", "seconds"}.
+        {"steps", "final_loss", "seconds", "tau_history": [(step, pooled tau), ...]}.
     """
     check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
@@ -106,7 +112,7 @@ def train_drafter(
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
     slot_weight = torch.exp(-torch.arange(block_size - 1) / block_size)
     gen = torch.Generator().manual_seed(seed)
-    t0, loss = time.perf_counter(), torch.tensor(0.0)
+    t0, loss, tau_history = time.perf_counter(), torch.tensor(0.0), []
     for step in range(1, steps + 1):
         features, anchors, blocks, targets = _batch(data, rows, index, drafter, anchors_per_step, gen)
         logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
@@ -120,12 +126,22 @@ def train_drafter(
             print(f"step {step}/{steps} loss {loss.item():.3f}", flush=True)
         if on_step is not None:
             on_step(step, float(loss.detach()))
+        if eval_every and step % eval_every == 0:
+            report = evaluate_module(drafter, cache, limit=eval_limit)  # a copy, in eval mode
+            tau_history.append((step, report["tau"]["pooled"]))
+            if on_eval is not None:
+                on_eval(step, report)
     weights = {k: v.detach() for k, v in drafter.state_dict().items()}
     with staged_drafter_dir(out, overwrite) as staging:
         save_hf_checkpoint(
             staging, config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
         )
-    return {"steps": steps, "final_loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
+    return {
+        "steps": steps,
+        "final_loss": float(loss.detach()),
+        "seconds": time.perf_counter() - t0,
+        "tau_history": tau_history,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

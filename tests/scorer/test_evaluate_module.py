@@ -32,6 +32,24 @@ def _module(checkpoint: Path) -> DFlashDrafter:
     return module
 
 
+def test_a_training_loop_reads_tau_from_memory_equal_to_the_saved_drafters(scorer_cache, tmp_path):
+    from scorer.train import train_drafter
+
+    seen = []
+    result = train_drafter(
+        scorer_cache,
+        tmp_path / "d",
+        steps=20,
+        eval_every=10,
+        eval_limit=None,
+        log_every=0,
+        on_eval=lambda step, report: seen.append((step, report["tau"]["pooled"])),
+    )
+    assert [step for step, _ in result["tau_history"]] == [10, 20] and seen == result["tau_history"]
+    # The last in-memory tau is the saved drafter's tau: evaluate_module scored those very weights.
+    assert result["tau_history"][-1][1] == evaluate(tmp_path / "d", scorer_cache, _TAU_ONLY)["tau"]["pooled"]
+
+
 def test_module_and_state_dict_score_like_the_file(scorer_cache, trained_drafter):
     from_file = evaluate(trained_drafter, scorer_cache, _TAU_ONLY)
     module = _module(trained_drafter)
