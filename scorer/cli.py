@@ -694,6 +694,14 @@ def online(
     show_default=True,
     help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
 )
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="DFlash with --train-steps: print tau on the cache every N steps (scorer.evaluate_module, "
+    "the drafter in memory, first 64 sequences); 0: never.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
 def init(
@@ -706,6 +714,7 @@ def init(
     num_speculative_tokens: int,
     seed: int,
     train_steps: int,
+    eval_every: int,
     overwrite: bool,
 ) -> None:
     """Write a drafter for CACHE's target to OUT (DFlash: an HF directory; EAGLE-3: --layout).
@@ -715,6 +724,8 @@ def init(
       scorer init drafter/ --cache cache/ --train-steps 300
       scorer init eagle3/ --cache cache/ --family eagle3 --train-steps 100
     """
+    if eval_every and (not train_steps or family != "dflash"):
+        raise ScorerError("--eval-every watches a DFlash drafter while it trains: add --train-steps N")
     if family == "eagle3":
         _init_eagle3(out, cache, layout, num_layers, num_speculative_tokens, seed, train_steps, overwrite)
         return
@@ -736,6 +747,12 @@ def init(
                 log_every=0,
                 overwrite=overwrite,
                 on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
+                eval_every=eval_every,
+                on_eval=lambda step, report: click.echo(
+                    f"step {step}: tau {report['tau']['pooled']:.3f} pooled over "
+                    f"{report['requests']} cached sequences",
+                    err=True,
+                ),
             )
         click.echo(f"trained {train_steps} steps (final loss {result['final_loss']:.3f}); saved to {out}")
         return

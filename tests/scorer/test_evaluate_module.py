@@ -156,3 +156,35 @@ def test_a_training_state_that_needs_unpickling_is_skipped_with_a_note(trained_d
     assert loaded.config.mask_token_id == 3
     assert any("--trust-checkpoint" in n for n in loaded.report.notes)
     assert any(w.startswith("drafter mask_token_id=3") for w in loaded.report.warnings)
+
+
+def test_scorer_init_eval_every_prints_tau_while_training_and_needs_train_steps(scorer_cache, tmp_path):
+    from click.testing import CliRunner
+
+    from scorer.cli import main
+
+    runner = CliRunner()
+    done = runner.invoke(
+        main,
+        [
+            "init",
+            str(tmp_path / "d"),
+            "--cache",
+            str(scorer_cache),
+            "--train-steps",
+            "4",
+            "--eval-every",
+            "2",
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    assert [line.split(":")[0] for line in done.output.splitlines() if line.startswith("step ")] == [
+        "step 2",
+        "step 4",
+    ]
+    refused = runner.invoke(
+        main, ["init", str(tmp_path / "e"), "--cache", str(scorer_cache), "--eval-every", "2"]
+    )
+    assert refused.exit_code == 2 and refused.output.strip().splitlines() == [
+        "error: --eval-every watches a DFlash drafter while it trains: add --train-steps N"
+    ]
