@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ import transformers
 import hscache
 
 transformers.logging.set_verbosity_error()
+# Chunk checks stay in-process (store/verified_log.py off): a test must never trust, or write to, the
+# verification log in the user's home; the tests of the log point it at a temporary directory.
+os.environ["HSCACHE_VERIFIED_DIR"] = "off"
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

@@ -48,6 +48,7 @@ from numcodecs import blosc
 
 from hscache.errors import CacheFormatError
 from hscache.store.integrity import rows_sha256
+from hscache.store.verified_log import append_entries, log_path, read_entries, record_dir
 
 __all__ = ["VERIFIED", "ChunkReader", "VerifiedChunks", "chunk_reader"]
 
@@ -70,7 +71,10 @@ _VERIFIED_LIMIT = 1 << 20  # file identities remembered (~100 B each); past it t
 class VerifiedChunks:
     """The chunk files whose content this process has checked, by identity (see the module
     docstring): their crc32c, and the sha256 of their committed rows where the manifest records one
-    (store/integrity.py), remembered with the digest it matched.
+    (store/integrity.py), remembered with the digest it matched. Sha256-checked files are also
+    appended to the user's verification log (store/verified_log.py), which ``load`` reads once per
+    array directory, so a new process (a DataLoader worker, the next run) trusts a chunk this user
+    verified before for as long as the file is exactly the one that was checked.
 
     Safe across threads; inherited by a forked child (the files it vouches for are the same files).
     """
@@ -79,6 +83,21 @@ class VerifiedChunks:
         self._seen: dict[tuple[int, int], tuple[tuple[int, int, int], str | None]] = {}
         self._lock = threading.Lock()
         self._limit = limit
+        self._loaded: set[Path] = set()  # array directories whose log this process has read
+
+    def load(self, array_dir: Path) -> None:
+        """Read the verification log of ``array_dir`` (once per process and directory)."""
+        if array_dir in self._loaded:
+            return
+        with self._lock:
+            self._loaded.add(array_dir)
+        records = record_dir()
+        if records is None:
+            return
+        entries = list(read_entries(log_path(records, array_dir)))
+        with self._lock:
+            for _rel, key, state, sha in entries[-self._limit // 2 :]:
+                self._seen[key] = (state, sha)
 
     @staticmethod
     def _identity(st: os.stat_result) -> tuple[tuple[int, int], tuple[int, int, int]]:
@@ -91,17 +110,26 @@ class VerifiedChunks:
         seen = self._seen.get(key)
         return seen is not None and seen[0] == state and (sha256 is None or seen[1] == sha256)
 
-    def add(self, st: os.stat_result, sha256: str | None = None) -> None:
+    def add(
+        self, st: os.stat_result, sha256: str | None = None, array_dir: Path | None = None, chunk: str = ""
+    ) -> None:
+        """Remember that the file ``st`` describes was checked (against ``sha256`` when given); with a
+        digest and ``array_dir`` (``chunk``: the file's path inside it), log it for later processes."""
         key, state = self._identity(st)
         with self._lock:
             if len(self._seen) >= self._limit:
                 self._seen.clear()
             self._seen[key] = (state, sha256)
+        records = record_dir() if sha256 is not None and array_dir is not None else None
+        if records is not None:
+            append_entries(log_path(records, array_dir), [(chunk, key, state, sha256)])
 
     def clear(self) -> None:
-        """Forget every check: the next read of each chunk computes its crc32c again."""
+        """Forget every check made or read in this process (the logs stay): the next read of each
+        chunk checks it again, unless its array's log vouches for it."""
         with self._lock:
             self._seen.clear()
+            self._loaded.clear()
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -212,8 +240,11 @@ class ChunkReader:
                 "run `hscache verify` on it, then re-extract"
             )
 
+    def _chunk_key(self, index: int) -> str:
+        return f"c/{index}/{self._key_tail}" if self._key_tail else f"c/{index}"
+
     def chunk_path(self, index: int) -> Path:
-        return self.directory / "c" / (f"{index}/{self._key_tail}" if self._key_tail else str(index))
+        return self.directory / self._chunk_key(index)
 
     def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` (clamped to the array, as a slice is); chunks in parallel.
@@ -311,6 +342,7 @@ class ChunkReader:
         payload = np.frombuffer(mapped, np.uint8, count=self.chunk_bytes)
         rows = payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
         expected = self._expected(index)
+        VERIFIED.load(self.directory)
         if not VERIFIED.holds(st, expected):
             crc, sha = 0, hashlib.sha256() if expected is not None else None
             sha_bytes = self._committed_bytes(index)
@@ -321,7 +353,7 @@ class ChunkReader:
             self._check_crc(path, crc, mapped[self.chunk_bytes :])
             if sha is not None and sha.hexdigest() != expected:
                 self._verify(index, rows)  # raises, naming the rewrite
-            VERIFIED.add(st, expected)
+            VERIFIED.add(st, expected, self.directory, self._chunk_key(index))
         return rows
 
     def _open(self, path: Path) -> int:
@@ -392,6 +424,7 @@ class ChunkReader:
         fd = self._open(path)
         try:
             st = os.fstat(fd)
+            VERIFIED.load(self.directory)
             if st.st_size != self.chunk_bytes + 4 or not VERIFIED.holds(st, self._expected(index)):
                 return False
             row_bytes = self.chunk_bytes // self.chunk_tokens
@@ -425,6 +458,7 @@ class ChunkReader:
             else:
                 payload = _scratch("file", size - 4)
             expected = self._expected(index)
+            VERIFIED.load(self.directory)
             checked = VERIFIED.holds(st, expected)
             if checked:  # verified earlier in this process and unchanged since: one copy, no hashing
                 _readinto_crc(fd, payload, path, crc=False)
@@ -438,7 +472,7 @@ class ChunkReader:
                 if digest != expected:
                     self._verify(index, payload.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape))
                 checked = True
-                VERIFIED.add(st, expected)
+                VERIFIED.add(st, expected, self.directory, self._chunk_key(index))
             else:
                 stored = _pread_exact(fd, 4, size - 4, path)
                 self._check_crc(path, _readinto_crc(fd, payload, path)[0], stored)
@@ -461,7 +495,7 @@ class ChunkReader:
                 rows = decoded.view(self.dtype).reshape(self.chunk_tokens, *self.row_shape)
         if not checked:  # the crc32c held; now the content: then the file is vouched for
             self._verify(index, rows)
-            VERIFIED.add(st, expected)
+            VERIFIED.add(st, expected, self.directory, self._chunk_key(index))
         if not whole:
             out[...] = rows[a - base : b - base]
 

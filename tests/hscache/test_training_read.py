@@ -262,3 +262,78 @@ def test_a_consistent_rewrite_with_a_valid_crc_is_refused_on_every_path(rewritte
         hscache.CacheFormatError, match=r"hidden_states chunk c/1/0/0 .*does not match its sha256"
     ):
         read(hscache.open_cache(rewritten))
+
+
+def _counting_checksums(monkeypatch) -> list[int]:
+    """Every crc32c and sha256 a chunk check computes, counted."""
+    calls: list[int] = []
+    extend, sha256 = chunks.google_crc32c.extend, chunks.hashlib.sha256
+
+    class Counting:
+        @staticmethod
+        def extend(crc, data):
+            calls.append(len(data))
+            return extend(crc, data)
+
+    class CountingHashlib:
+        @staticmethod
+        def sha256(*args):
+            calls.append(0)
+            return sha256(*args)
+
+    monkeypatch.setattr(chunks, "google_crc32c", Counting)
+    monkeypatch.setattr(chunks, "hashlib", CountingHashlib)
+    return calls
+
+
+def test_a_new_process_trusts_the_users_verification_log_until_a_chunk_changes(
+    plain_cache, tmp_path, monkeypatch
+):
+    """store/verified_log.py: what one process verified, the next one (here: the record cleared, as in
+    a fresh process) reads without checking again; a rewritten chunk is checked again and refused."""
+    import google_crc32c
+
+    from hscache.store.verified_log import log_path, read_entries
+
+    log_dir = tmp_path / "log"
+    monkeypatch.setenv("HSCACHE_VERIFIED_DIR", str(log_dir))
+    root = tmp_path / "c"
+    shutil.copytree(plain_cache, root)
+    chunks.VERIFIED.clear()
+    first = hscache.open_cache(root)
+    reference = first.read_tokens("hidden_states", 0, first.num_tokens)  # verifies and logs every chunk
+    array_dir = root / "arrays" / "hidden_states"
+    logged = {rel for rel, *_ in read_entries(log_path(log_dir, array_dir))}
+    assert logged == {f"c/{i}/0/0" for i in range(5)}
+
+    calls = _counting_checksums(monkeypatch)
+    chunks.VERIFIED.clear()  # a new process: only the log knows
+    again = hscache.open_cache(root).read_tokens("hidden_states", 0, first.num_tokens)
+    assert np.array_equal(again, reference) and calls == []
+
+    monkeypatch.setenv("HSCACHE_VERIFIED_DIR", "off")  # without the log, a new process checks again
+    chunks.VERIFIED.clear()
+    hscache.open_cache(root).read_tokens("hidden_states", 0, first.num_tokens)
+    assert calls
+
+    monkeypatch.setenv("HSCACHE_VERIFIED_DIR", str(log_dir))
+    path = array_dir / chunk_key(first.specs["hidden_states"], 1)
+    payload = bytearray(path.read_bytes()[:-4])
+    payload[len(payload) // 2] ^= 0x04
+    replacement = path.with_name("new")
+    replacement.write_bytes(bytes(payload) + google_crc32c.value(bytes(payload)).to_bytes(4, "little"))
+    os.replace(replacement, path)  # a consistent rewrite: the log's entry no longer matches the file
+    chunks.VERIFIED.clear()
+    with pytest.raises(hscache.CacheFormatError, match=r"chunk c/1/0/0 .*does not match its sha256"):
+        hscache.open_cache(root).read_tokens("hidden_states", 0, first.num_tokens)
+
+
+def test_the_verification_log_ignores_torn_and_malformed_lines(tmp_path):
+    from hscache.store.verified_log import append_entries, read_entries
+
+    log = tmp_path / "x.log"
+    good = ("c/0/0/0", (1, 2), (3, 4, 5), "a" * 64)
+    append_entries(log, [good])
+    with log.open("a") as f:
+        f.write("c/1/0/0 1 2 x 4 5 " + "b" * 64 + "\nc/2/0/0 1 2 3\nc/3/0/0 1 2 3 4 5 " + "c" * 10)
+    assert list(read_entries(log)) == [good]
