@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import hscache
-from hscache.store.blocks import BlockView, plan_row_ranges, read_rows
+from hscache.store.blocks import BlockView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
@@ -167,6 +167,7 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     t1 = time.perf_counter()
     rows = range(spec.start, spec.stop)
     view = BlockView(cache, read_rows(cache, rows))
+    check_other_arrays(cache, rows)  # as evaluate does: the report's digest vouches for these rows
     with torch.inference_mode():
         results = score_rows(drafter, view, rows, effective_config(drafter, spec.config))
     return TaskOutput(

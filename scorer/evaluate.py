@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import hscache
-from hscache.store.blocks import DEFAULT_ARRAYS, BlockView, plan_row_ranges, read_rows
+from hscache.store.blocks import BlockView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
 from hscache.store.view import CacheView
 from scorer.config import DrafterConfig
@@ -31,7 +31,6 @@ from scorer.score import SequenceResult
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
 _BLOCK_TOKENS = 2048  # tokens read at once: memory stays bounded by a few chunks whatever the cache size
-_NOT_VOUCHED = ("target_logits",)  # --full-logits: [T, V] floats, far too many to read for a check
 
 
 def _rows(cache: CacheView, limit: int | None) -> range:
@@ -47,20 +46,15 @@ def score_cache(
 ) -> list:
     """Every sequence of ``cache`` (up to ``config.limit``) scored by a loaded drafter, in row order.
 
-    The scored rows of the arrays no drafter reads (the target's top-k and logsumexp) are read too,
-    so each of their chunks is checked against the manifest like the rest (store/chunks.py): a report
-    that carries the cache's digest vouches for every row it covers. About 1% more bytes at real
-    dimensions (516 B/token against 51,200); full ``target_logits`` (V floats a token) are left to
-    ``hscache verify``.
+    The scored rows of the arrays no drafter reads (the target's top-k and logsumexp) are read too
+    (``check_other_arrays``): a report that carries the cache's digest vouches for every row it covers.
     """
     results = []
-    unread = tuple(name for name in cache.specs if name not in DEFAULT_ARRAYS and name not in _NOT_VOUCHED)
     # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
     lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
     for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
         results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
-        if unread:
-            read_rows(cache, rows, unread)
+        check_other_arrays(cache, rows)
     return results
 
 

@@ -94,3 +94,22 @@ def test_worker_errors_reach_the_client(dask_client, scale_cache, tmp_path):
     spec = TaskSpec(str(tmp_path / "missing"), (), str(scale_cache), 0, EvalConfig(), 0, 1)
     with pytest.raises(FileNotFoundError):
         dask_client.submit(score_task, spec, pure=False).result()
+
+
+def test_a_worker_checks_the_rows_of_arrays_no_drafter_reads(drafter, scale_cache, tmp_path):
+    """As in-process eval does: a damaged top-k chunk under the scored rows is refused, so a report
+    that carries the cache's digest vouches for them (hscache.store.blocks.check_other_arrays)."""
+    import shutil
+
+    import hscache
+
+    root = tmp_path / "c"
+    shutil.copytree(scale_cache, root)
+    chunk = root / "arrays" / "target_topk_values" / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[16] ^= 0x01  # inside the first committed rows
+    chunk.write_bytes(bytes(data))
+    cache = hscache.open_cache(root)
+    spec = TaskSpec(str(drafter), (), str(root), cache.num_tokens, EvalConfig(), 0, len(cache))
+    with pytest.raises(hscache.CacheFormatError, match="target_topk_values"):
+        score_task(spec)
