@@ -156,6 +156,23 @@ def _maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
         yield client
 
 
+def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
+    """``--ddtree`` given on the command line for a drafter it cannot apply to is refused by name
+    (its default is dropped quietly for the autoregressive families, which draft chains and trees)."""
+    from click.core import ParameterSource
+
+    if click.get_current_context().get_parameter_source("ddtree") is not ParameterSource.COMMANDLINE:
+        return
+    from scorer.families import family_for, probe_checkpoint
+
+    family = family_for(probe_checkpoint(checkpoint, config.config_path))
+    if family.autoregressive and config.ddtree:
+        raise ScorerError(
+            f"--ddtree is DFlash's tree over a drafted block; {checkpoint} is a {family.name} drafter, which "
+            "drafts a chain or SGLang's tree: use --num-speculative-tokens K or --tree STEPS,TOPK,TOKENS"
+        )
+
+
 @main.command("eval")
 @click.argument("checkpoint")
 @click.option(
@@ -267,6 +284,7 @@ def eval_command(
         tree=_tree(tree_text),
         **options,
     )
+    _refuse_explicit_ddtree(checkpoint, config)
     for flag, path in (("--json", json_out), ("--report", report_out)):
         if path:
             check_output_path(path, flag)  # before scoring, not after it

@@ -448,3 +448,17 @@ def test_specforge_training_state_reads_with_its_draft_config(scorer_cache, tmp_
     assert (
         result.exit_code == 2 and "--config" in result.output and len(result.output.strip().splitlines()) == 1
     )
+
+
+def test_an_explicit_ddtree_is_refused_by_name_for_eagle3_and_its_default_is_not(
+    eagle3_drafter, scorer_cache
+):
+    runner = CliRunner()
+    args = ["eval", str(eagle3_drafter), "--cache", str(scorer_cache), "--limit", "1"]
+    refused = runner.invoke(main, [*args, "--ddtree", "8"])
+    lines = refused.output.strip().splitlines()
+    assert (
+        refused.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --ddtree is DFlash's tree")
+    )
+    assert runner.invoke(main, args).exit_code == 0  # the default budgets: dropped for EAGLE-3, as reported
+    assert runner.invoke(main, [*args, "--ddtree", ""]).exit_code == 0  # explicitly none: fine
