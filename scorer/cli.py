@@ -161,12 +161,17 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
     (its default is dropped quietly for the autoregressive families, which draft chains and trees)."""
     from click.core import ParameterSource
 
-    if click.get_current_context().get_parameter_source("ddtree") is not ParameterSource.COMMANDLINE:
+    if not config.ddtree or click.get_current_context().get_parameter_source("ddtree") is not (
+        ParameterSource.COMMANDLINE
+    ):
         return
     from scorer.families import family_for, probe_checkpoint
 
-    family = family_for(probe_checkpoint(checkpoint, config.config_path))
-    if family.autoregressive and config.ddtree:
+    try:
+        family = family_for(probe_checkpoint(checkpoint, config.config_path))
+    except ScorerError:
+        return  # a bad checkpoint: the loader names what is wrong with it, as without --ddtree
+    if family.autoregressive:
         raise ScorerError(
             f"--ddtree is DFlash's tree over a drafted block; {checkpoint} is a {family.name} drafter, which "
             "drafts a chain or SGLang's tree: use --num-speculative-tokens K or --tree STEPS,TOPK,TOKENS"

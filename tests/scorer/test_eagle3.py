@@ -198,6 +198,8 @@ def test_flags_that_do_not_fit_the_family_are_refused(scorer_cache, eagle3_draft
     )
     assert result.exit_code == 2 and "DFlash drafter drafts a block" in result.output
     result = runner.invoke(main, ["eval", "target:mtp", "--cache", str(scorer_cache), "--ddtree", "4"])
+    assert result.exit_code == 2 and "--ddtree is DFlash's tree" in result.output
+    result = runner.invoke(main, ["eval", "target:mtp", "--cache", str(scorer_cache)])
     assert result.exit_code == 0, result.output  # the MTP family exists (tests/scorer/test_mtp.py)
     result = runner.invoke(main, ["eval", "target:medusa", "--cache", str(scorer_cache)])
     assert result.exit_code == 2 and "unknown target head 'medusa'" in result.output
