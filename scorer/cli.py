@@ -680,10 +680,17 @@ def online(
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
 @click.option(
     "--family",
-    type=click.Choice(["dflash", "eagle3"]),
+    type=click.Choice(["dflash", "eagle3", "dflash2"]),
     default="dflash",
     show_default=True,
-    help="dflash: an HF DFlash directory; eagle3: an EAGLE-3 drafter in --layout.",
+    help="dflash: an HF DFlash directory; eagle3: an EAGLE-3 drafter in --layout; dflash2: the DFlash "
+    "drafter --from DIR at DFlash2's identity start (NeMo Automodel's: drafts equal to its parent's).",
+)
+@click.option(
+    "--from",
+    "from_dir",
+    default=None,
+    help="DFlash2 only: the DFlash drafter whose weights it starts from.",
 )
 @click.option(
     "--layout",
@@ -731,6 +738,7 @@ def init(
     out: str,
     cache: str,
     family: str,
+    from_dir: str | None,
     layout: str,
     num_layers: int,
     block_size: int,
@@ -746,9 +754,27 @@ def init(
     Example:
       scorer init drafter/ --cache cache/ --train-steps 300
       scorer init eagle3/ --cache cache/ --family eagle3 --train-steps 100
+      scorer init dflash2/ --cache cache/ --family dflash2 --from drafter/
     """
     if eval_every and (not train_steps or family != "dflash"):
         raise ScorerError("--eval-every watches a DFlash drafter while it trains: add --train-steps N")
+    if (family == "dflash2") != (from_dir is not None):
+        raise ScorerError(
+            "--from DIR goes with --family dflash2 (the DFlash drafter it starts from), and only there"
+        )
+    if family == "dflash2":
+        if train_steps:
+            raise ScorerError(
+                "--family dflash2 starts from a trained DFlash drafter: train that one (--from DIR)"
+            )
+        import hscache
+        from scorer.families.dflash2.init import init_from_dflash
+        from scorer.target_identity import cache_target_identity
+
+        identity = cache_target_identity(hscache.open_cache(cache))
+        init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity)
+        click.echo(f"saved a DFlash2 drafter at its identity start from {from_dir} to {out}")
+        return
     if family == "eagle3":
         _init_eagle3(out, cache, layout, num_layers, num_speculative_tokens, seed, train_steps, overwrite)
         return

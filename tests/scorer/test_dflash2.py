@@ -262,3 +262,42 @@ def test_identity_dflash2_drafts_equal_its_dflash_parent(scorer_cache, trained_d
     assert (
         evaluate(out, scorer_cache, config)["tau"] == evaluate(trained_drafter, scorer_cache, config)["tau"]
     )
+
+
+def test_scorer_init_family_dflash2_starts_from_a_dflash_drafter_and_records_the_target(
+    scorer_cache, trained_drafter, tmp_path
+):
+    from click.testing import CliRunner
+
+    from scorer.cli import main
+    from scorer.evaluate import EvalConfig, evaluate
+    from scorer.target_identity import IDENTITY_KEY
+
+    runner = CliRunner()
+    out = tmp_path / "d2"
+    args = [
+        "init",
+        str(out),
+        "--cache",
+        str(scorer_cache),
+        "--family",
+        "dflash2",
+        "--from",
+        str(trained_drafter),
+    ]
+    done = runner.invoke(main, args)
+    assert done.exit_code == 0, done.output
+    assert json.loads((out / "config.json").read_text())[IDENTITY_KEY]  # the target is recorded
+    tau_only = EvalConfig(ddtree=(), anchors="chain")
+    report = evaluate(out, scorer_cache, tau_only)
+    assert report["drafter"]["family"] == "dflash2" and report["target_check"]["status"] == "match"
+    # NeMo's identity start drafts what its DFlash parent drafts.
+    assert report["tau"] == evaluate(trained_drafter, scorer_cache, tau_only)["tau"]
+    for extra, message in (
+        ([], "is not empty; pass --overwrite"),
+        (["--train-steps", "3"], "starts from a trained DFlash drafter"),
+    ):
+        refused = runner.invoke(main, [*args, *extra])
+        assert refused.exit_code == 2 and message in refused.output and len(refused.output.splitlines()) == 1
+    alone = runner.invoke(main, ["init", str(tmp_path / "x"), "--cache", str(scorer_cache), "--from", "d"])
+    assert alone.exit_code == 2 and "--from DIR goes with --family dflash2" in alone.output

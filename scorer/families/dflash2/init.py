@@ -16,7 +16,9 @@ import torch
 
 from hscache.store.fsio import atomic_write_with
 from scorer.checkpoint import load_checkpoint
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
+from scorer.target_identity import IDENTITY_KEY
 
 __all__ = ["init_from_dflash"]
 
@@ -29,15 +31,21 @@ def init_from_dflash(
     selector_top_k: int = 16,
     conv_group_size: int = 16,
     seed: int = 0,
+    overwrite: bool = False,
+    target_identity: dict[str, str] | None = None,
 ) -> Path:
     """Write ``out/config.json`` + ``out/model.safetensors``: the DFlash drafter's weights plus the
-    identity convolutions and a no-op selector (NeMo's ``reset_parameters``).
+    identity convolutions and a no-op selector (NeMo's ``reset_parameters``). ``out`` is written
+    whole (scorer/drafter_dir.py: a non-empty ``out`` needs ``overwrite``); its config records
+    ``target_identity`` when given (scorer/target_identity.py).
 
     Raises:
         CheckpointError: the DFlash checkpoint cannot be read.
+        ScorerError: ``out`` is a file, or a non-empty directory without ``overwrite``.
     """
     from safetensors.torch import save_file
 
+    check_drafter_dir(out, overwrite)
     loaded = load_checkpoint(dflash_checkpoint)
     config = DFlash2Config(
         loaded.config,
@@ -59,12 +67,14 @@ def init_from_dflash(
             value.copy_(torch.randn(value.shape, generator=gen) * 0.02)
         elif key.endswith("hidden_projection.weight"):
             value.copy_(torch.randn(value.shape, generator=gen) * 0.02)  # NeMo: the model init, std 0.02
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(config.to_hf_config(), indent=2)
-    atomic_write_with(out / "config.json", lambda p: p.write_text(text))
+    hf_config = config.to_hf_config()
+    if target_identity:
+        hf_config[IDENTITY_KEY] = target_identity
+    text = json.dumps(hf_config, indent=2)
     tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(state.items())}
-    atomic_write_with(
-        out / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"})
-    )
-    return out
+    with staged_drafter_dir(out, overwrite) as staging:
+        atomic_write_with(staging / "config.json", lambda p: p.write_text(text))
+        atomic_write_with(
+            staging / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"})
+        )
+    return Path(out)
