@@ -84,20 +84,23 @@ class VerifiedChunks:
         self._lock = threading.Lock()
         self._limit = limit
         self._loaded: set[Path] = set()  # array directories whose log this process has read
+        self._load_lock = threading.Lock()
 
     def load(self, array_dir: Path) -> None:
-        """Read the verification log of ``array_dir`` (once per process and directory)."""
+        """Read the verification log of ``array_dir`` (once per process and directory). Reader
+        threads call this together: the others wait until the entries are in, or they would check
+        chunks that the log vouches for."""
         if array_dir in self._loaded:
             return
-        with self._lock:
-            self._loaded.add(array_dir)
-        records = record_dir()
-        if records is None:
-            return
-        entries = list(read_entries(log_path(records, array_dir)))
-        with self._lock:
-            for _rel, key, state, sha in entries[-self._limit // 2 :]:
-                self._seen[key] = (state, sha)
+        with self._load_lock:
+            if array_dir in self._loaded:
+                return
+            records = record_dir()
+            entries = list(read_entries(log_path(records, array_dir))) if records is not None else []
+            with self._lock:
+                for _rel, key, state, sha in entries[-self._limit // 2 :]:
+                    self._seen[key] = (state, sha)
+                self._loaded.add(array_dir)
 
     @staticmethod
     def _identity(st: os.stat_result) -> tuple[tuple[int, int], tuple[int, int, int]]:

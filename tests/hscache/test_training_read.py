@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -307,6 +308,13 @@ def test_a_new_process_trusts_the_users_verification_log_until_a_chunk_changes(
     assert logged == {f"c/{i}/0/0" for i in range(5)}
 
     calls = _counting_checksums(monkeypatch)
+    read_entries_now = chunks.read_entries
+
+    def slow_read_entries(path):  # reader threads arrive while the log is still being read
+        time.sleep(0.2)
+        return read_entries_now(path)
+
+    monkeypatch.setattr(chunks, "read_entries", slow_read_entries)
     chunks.VERIFIED.clear()  # a new process: only the log knows
     again = hscache.open_cache(root).read_tokens("hidden_states", 0, first.num_tokens)
     assert np.array_equal(again, reference) and calls == []
