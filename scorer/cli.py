@@ -64,6 +64,18 @@ def main() -> None:
     """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
+# Options that eval, compare and sweep declare alike.
+scoring_dtype_option = click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
+limit_option = click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences."
+)
+
 _checkpoint_flags = [
     click.option("--target-layer-ids", default=None, help="Override: comma-separated target layer ids."),
     click.option("--mask-token-id", type=int, default=None, help="Override the mask token id."),
@@ -186,13 +198,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
 @click.option(
     "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default="fp32",
-    show_default=True,
-    help="Drafter dtype while scoring (the cache is read in its own dtype).",
-)
+@scoring_dtype_option
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
@@ -203,7 +209,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
     callback=_budgets,
     help="DDTree budgets (node counts); '' for none.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@limit_option
 @click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
 @click.option(
     "--report",
@@ -335,13 +341,7 @@ def eval_command(
 @click.argument("checkpoints", nargs=-1, required=True)
 @click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
 @click.option("--device", default="cpu", show_default=True, help="Torch device the drafters run on.")
-@click.option(
-    "--dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default="fp32",
-    show_default=True,
-    help="Drafter dtype while scoring (the cache is read in its own dtype).",
-)
+@scoring_dtype_option
 @click.option(
     "--ddtree",
     default="",
@@ -349,7 +349,7 @@ def eval_command(
     callback=_budgets,
     help="DDTree budgets for block (DFlash) drafters; '' for none.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@limit_option
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
 )
@@ -487,13 +487,7 @@ def diagnose(
 @click.option(
     "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default="fp32",
-    show_default=True,
-    help="Drafter dtype while scoring (the cache is read in its own dtype).",
-)
+@scoring_dtype_option
 @click.option(
     "--ddtree",
     default="8,32,128",
@@ -501,7 +495,7 @@ def diagnose(
     callback=_budgets,
     help="DDTree budgets (node counts); '' for none.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences.")
+@limit_option
 @click.option(
     "--seed",
     type=int,
