@@ -21,12 +21,12 @@ under committed tokens is refused (zarr would silently read the fill value).
 Integrity at memory speed: every chunk file's crc32c, and the sha256 of its committed rows that the
 manifest records (store/integrity.py: a consistent rewrite with a valid crc32c), are checked the
 first time this process reads it (``VERIFIED``, keyed by the file's identity: device, inode, size,
-mtime and ctime, and the digest it matched). Later reads of the same unchanged file skip both and
-are one copy (or, for ``view``, none). Any rewrite
-changes the identity (zarr and hscache replace files by rename: a new inode; an in-place edit moves
-mtime/ctime), so a rewritten chunk is checked again before it is served. docs/storage.md measures
-what this saves and says what it does not cover (a disk that changes bytes under an unchanged file
-while this process runs: ``hscache verify`` reads every chunk afresh).
+mtime and ctime, and the digest it matched), and logged for later processes (store/verified_log.py).
+Later reads of the same unchanged file skip both and are one copy (or, for ``view``, none). Any
+rewrite changes the identity (zarr and hscache replace files by rename: a new inode; an in-place edit
+moves mtime/ctime), so a rewritten chunk is checked again before it is served. docs/storage.md
+measures what this saves and says what it does not cover (a disk that changes bytes under an
+unchanged file: ``hscache verify`` reads every chunk afresh).
 """
 
 from __future__ import annotations
@@ -133,9 +133,6 @@ class VerifiedChunks:
         with self._lock:
             self._seen.clear()
             self._loaded.clear()
-
-    def __len__(self) -> int:
-        return len(self._seen)
 
 
 # This process's record: one per process, because what it records (a file's bytes were checked)

@@ -30,7 +30,6 @@ import errno
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ from typing import Any
 import numpy as np
 import zarr
 
-from hscache import schemas
 from hscache.errors import CacheFormatError, InputError, StoreWriteError
 from hscache.store import fsio, integrity
 from hscache.store.chunks import chunk_reader
@@ -46,6 +44,7 @@ from hscache.store.layout import ARRAYS_GROUP, COMPRESSIONS, MANIFEST, ArraySpec
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.shards import has_shards
+from hscache.store.writer import publish_manifest
 
 __all__ = ["WORK_DIR", "recompress_cache"]
 
@@ -199,13 +198,6 @@ def _convert_array(
     )
 
 
-def _publish(root: Path, manifest: dict[str, Any]) -> None:
-    manifest["updated_at"] = time.time()
-    integrity.seal(manifest)
-    schemas.validate(manifest, "manifest")
-    fsio.atomic_write_json(root / MANIFEST, manifest)
-
-
 def _announce_swap(
     root: Path, manifest: dict[str, Any], name: str, compression: str, staged_meta: Path
 ) -> None:
@@ -216,7 +208,7 @@ def _announce_swap(
         converting["zarr_json_sha256"] = integrity.zarr_json_sha256(json.loads(staged_meta.read_bytes()))
     if manifest["arrays"][name].get("converting") != converting:
         manifest["arrays"][name]["converting"] = converting
-        _publish(root, manifest)
+        publish_manifest(root, manifest)
 
 
 def _record_array(root: Path, manifest: dict[str, Any], name: str, compression: str) -> None:
@@ -234,7 +226,7 @@ def _record_array(root: Path, manifest: dict[str, Any], name: str, compression: 
         meta = json.loads((root / ARRAYS_GROUP / name / "zarr.json").read_bytes())
         entry["zarr_json_sha256"] = integrity.zarr_json_sha256(meta)
     if entry != before:
-        _publish(root, manifest)
+        publish_manifest(root, manifest)
 
 
 def recompress_cache(
@@ -283,7 +275,7 @@ def recompress_cache(
                 manifest["compression"] = compression
                 for entry in manifest["arrays"].values():
                     entry.pop("compression", None)
-                _publish(root, manifest)
+                publish_manifest(root, manifest)
             shutil.rmtree(root / WORK_DIR, ignore_errors=True)
         except OSError as exc:
             where = f" at {exc.filename}" if exc.filename else ""

@@ -43,7 +43,7 @@ from hscache.store.layout import (
     codecs_for,
 )
 
-__all__ = ["SequenceRows", "StoreWriter", "write_error"]
+__all__ = ["SequenceRows", "StoreWriter", "publish_manifest", "write_error"]
 
 
 @dataclass
@@ -387,10 +387,7 @@ class StoreWriter:
                         appender.chunk_sha256[i] for i in range(chunks)
                     ]
         self.manifest["committed"] = {"sequences": sequences, "tokens": tokens}
-        self.manifest["updated_at"] = time.time()
-        integrity.seal(self.manifest)
-        schemas.validate(self.manifest, "manifest")
-        fsio.atomic_write_json(self.root / MANIFEST, self.manifest)
+        publish_manifest(self.root, self.manifest)
 
     def _record(self, rel: str, data: bytes, replaces: Iterable[str] = ()) -> None:
         """Note ``rel``'s checksum for the next manifest (caches from before checksums: nothing)."""
@@ -450,6 +447,15 @@ class StoreWriter:
                     fsio.fsync_file(self.root / ARRAYS_GROUP / name / "zarr.json")
             self.manifest["complete"] = True
             self._publish_manifest()
+
+
+def publish_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    """Stamp, seal (store/integrity.py), validate and atomically replace ``root``'s manifest: the
+    last step of every change to a cache."""
+    manifest["updated_at"] = time.time()
+    integrity.seal(manifest)
+    schemas.validate(manifest, "manifest")
+    fsio.atomic_write_json(Path(root) / MANIFEST, manifest)
 
 
 def write_error(root: Path, committed_sequences: int, exc: OSError) -> StoreWriteError:
