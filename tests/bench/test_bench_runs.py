@@ -115,3 +115,16 @@ def test_training_read_bench_quick(capsys, tmp_path):
     )  # + 4 crc bytes a chunk
     assert "checksum cost, codec none" in out
     assert document["checksum_gb_per_s"]["cold_logged"] > 0 and "trusted from the verification log" in out
+
+
+def test_ngram_bench_quick(capsys):
+    """bench/ngram.py --quick checks drafts equal and prints every ratio line (~0.1 CPU-s)."""
+    _bench("ngram").main(["--quick"])
+    out = capsys.readouterr().out
+    assert (
+        out.count("drafts equal on") == 2 and out.count("ngram propose_at vs vLLM's function per anchor") == 2
+    )
+    assert (
+        out.count("ngram propose_at vs scorer propose per anchor") == 2
+        and out.count("replay_ngram (lazy") == 2
+    )
