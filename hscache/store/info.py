@@ -149,7 +149,7 @@ def _pin_advice(s: dict[str, Any]) -> str:
         return "pin it: scorer eval/hscache verify --expect-digest"
     if s.get("writer") is not None:
         return "not final, do not pin: a writer is adding to the cache; pin the digest once it is complete"
-    return "not final, do not pin: the cache is incomplete and changes when it is finished; pin it then"
+    return "not final, do not pin: the cache is incomplete and changes when it is finished"
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -88,6 +88,8 @@ def has_shards(root: str | Path) -> bool:
 
 def shard_dirs(root: Path) -> list[Path]:
     """The shard directories under ``root`` in shard order; all of one run, none missing."""
+    if not root.is_dir():
+        raise _no_shards(root)
     found = sorted(
         (int(m.group(1)), int(m.group(2)), p)
         for p in root.iterdir()
