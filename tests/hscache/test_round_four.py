@@ -169,10 +169,7 @@ def test_info_on_a_cache_with_no_tokens_gives_no_per_token_figure(tmp_path):
         "storage    0." in text and ", none compression, no tokens yet (no per-token figure), chunk " in text
     )
     assert "B/token" not in text and "pin it" not in text
-    assert (
-        "(not final, do not pin: the cache is incomplete and changes when it is finished)"
-        in text
-    )
+    assert "(not final, do not pin: the cache is incomplete and changes when it is finished)" in text
 
 
 # ----------------------------------------------------------------------------- item 3: refuse first
