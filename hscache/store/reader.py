@@ -361,7 +361,9 @@ class Cache:
         return self._rows("target_logits", *self.sequence_span(i))
 
     def target_head(self) -> dict[str, torch.Tensor]:
-        """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
+        """``{"embed_tokens": [V, H], "lm_head": [V, H]}`` (one shared tensor when tied) and the target's
+        final norm, ``final_norm.weight`` [H], ``final_norm.eps`` and ``final_norm.kind`` [1], when the
+        extraction saved it (capture/final_norm.py)."""
         from hscache.store.integrity import SMALL_FILE_BYTES, digest_file
 
         path = self.path / TARGET_DIR / "head.safetensors"
