@@ -149,6 +149,34 @@ class Progress:
     def finish(self) -> None: ...
 
 
+class _Callbacks(Progress):
+    """A caller's progress object with the callbacks it lacks as no-ops: one written before ``step``
+    and ``status`` existed (start/advance/finish only) still works."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def _call(self, name: str, *args: Any) -> None:
+        callback = getattr(self.inner, name, None)
+        if callback is not None:
+            callback(*args)
+
+    def step(self, text: str) -> None:
+        self._call("step", text)
+
+    def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
+        self._call("start", total_sequences, total_prompt_tokens, done_sequences)
+
+    def status(self, text: str) -> None:
+        self._call("status", text)
+
+    def advance(self, sequences: int, tokens: int) -> None:
+        self._call("advance", sequences, tokens)
+
+    def finish(self) -> None:
+        self._call("finish")
+
+
 @dataclass(frozen=True)
 class _PromptSummary:
     path: Path
@@ -467,7 +495,7 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     """
     if is_url(config.out):
         return _extract_to_url(config, progress)
-    progress = progress or Progress()
+    progress = _Callbacks(progress) if progress is not None else Progress()
     t0 = time.perf_counter()
     check_extract_request(config)  # flags, --out, a live writer, the prompts' syntax: before torch work
     if config.shard is not None:
