@@ -78,14 +78,22 @@ class _ExtractProgress:
 
         self.reporter = StepProgress("extract", "sequences", secondary_unit="tok", eager=True)
 
+    def step(self, text: str) -> None:
+        self.reporter.note(text)
+
     def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
         note = f"resuming: {done_sequences} already committed" if done_sequences else None
         self.reporter.start(total_sequences, done_sequences, note)
+
+    def status(self, text: str) -> None:
+        self.reporter.set_status(text)
+        self.reporter.advance(0, 0)
 
     def advance(self, sequences: int, tokens: int) -> None:
         self.reporter.advance(sequences, tokens)
 
     def finish(self) -> None:
+        self.reporter.set_status("")  # what it was doing last is over
         self.reporter.finish()
 
 
@@ -237,27 +245,38 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
     Example:
       hscache extract --model builtin:tiny-qwen3.5 --prompts builtin:default --layers 1,3,5 --out cache/
     """
-    from hscache.capture.prompts import resolve_prompts
+    from types import SimpleNamespace
 
-    if not options["tokens_from"]:
-        resolve_prompts(options["prompts"])  # a missing file is said before torch is imported (seconds)
-    from hscache.capture.extract import ExtractConfig
+    from hscache.capture.preflight import check_extract_request
+    from hscache.store.shards import parse_shard
 
     if (
         options["tokens_from"]
         and ctx.get_parameter_source("max_new_tokens") is click.core.ParameterSource.DEFAULT
     ):
         options["max_new_tokens"] = 0  # a replay of the cache's tokens generates nothing
+    options["shard"] = parse_shard(shard) if shard else None
+    # Bad flags, an --out that cannot be written, a second writer, a prompts file that does not parse:
+    # refused here, before torch is imported (seconds) and the model loaded (a minute).
+    check_extract_request(SimpleNamespace(**options))
+    from hscache.capture.extract import ExtractConfig
     from hscache.capture.extract import extract as run_extract
-    from hscache.store.shards import parse_shard
 
-    config = ExtractConfig(
-        chunk_bytes=int(chunk_mb * (1 << 20)), shard=parse_shard(shard) if shard else None, **options
-    )
+    config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), **options)
     # rich draws nothing until the end when stderr is not a terminal (a log file, a batch job).
     progress = None if quiet else _ExtractProgress()
     with _sigterm_as_interrupt():
         result = run_extract(config, progress)
+    if result.unchanged:
+        from hscache.store.integrity import manifest_digest
+        from hscache.store.reader import read_manifest
+
+        click.echo(
+            f"{result.path} is already complete with these settings ({result.sequences} sequences, "
+            f"{result.tokens} tokens): nothing to do, nothing written; digest "
+            f"{manifest_digest(read_manifest(Path(result.path)))}"
+        )
+        return
     resumed = f" (resumed after {result.resumed_from})" if result.resumed_from else ""
     click.echo(
         f"wrote {result.sequences} sequences, {result.tokens} tokens to {result.path}{resumed} "
@@ -318,6 +337,12 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
     callback=_position_buckets,
     help="Token-position bucket starts, from 0; the last bucket is open.",
 )
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Compare caches of different targets anyway (refused by default: their distance is not drift); "
+    "the report says so.",
+)
 @friendly_errors
 def diff(
     cache_a: str,
@@ -326,6 +351,7 @@ def diff(
     report_path: str | None,
     intersect: bool,
     position_buckets: tuple[int, ...],
+    allow_target_mismatch: bool,
 ) -> None:
     """Measure drift between two caches of the same tokens (A is the reference), layer by layer.
 
@@ -333,18 +359,27 @@ def diff(
     Example:
       hscache diff cache_fp32/ cache_bf16/ --report drift.html --json drift.json
     """
+    from hscache.store.fsio import check_output_path
+    from hscache.store.open import check_cache_path
+
+    for path in (cache_a, cache_b):
+        check_cache_path(path)  # before torch is imported
+    for flag, path in (("--json", json_path), ("--report", report_path)):
+        if path:
+            check_output_path(path, flag)  # before the diff, not after it
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import format_report, save_json
     from hscache.progress import StepProgress
     from hscache.report.html import write_report
-    from hscache.store.fsio import check_output_path
 
-    for flag, path in (("--json", json_path), ("--report", report_path)):
-        if path:
-            check_output_path(path, flag)  # before the diff, not after it
     with StepProgress("diff", "sequences", secondary_unit="tok") as progress:
         result = diff_caches(
-            cache_a, cache_b, intersect=intersect, position_buckets=position_buckets, progress=progress
+            cache_a,
+            cache_b,
+            intersect=intersect,
+            position_buckets=position_buckets,
+            progress=progress,
+            allow_target_mismatch=allow_target_mismatch,
         )
     click.echo(format_report(result))
     if json_path:
@@ -495,6 +530,11 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     Example:
       hscache export cache/ --format speculators --out spec/
     """
+    from hscache.store.open import check_cache_path
+    from hscache.store.paths import check_empty_out
+
+    check_cache_path(cache_dir)  # before torch is imported
+    check_empty_out(out)
     if fmt == "speculators":
         from hscache.interop.speculators import export_speculators as export
     else:
@@ -540,6 +580,11 @@ def import_cmd(
     Example:
       hscache import --format speculators spec/ --out from-spec/
     """
+    from hscache.store.layout import IMPORTING_MARK
+    from hscache.store.paths import check_empty_out, check_source_dir
+
+    check_source_dir(source_dir, fmt)  # before torch is imported
+    check_empty_out(out, restart_mark=IMPORTING_MARK)
     from hscache.interop.common import parse_layer_ids
 
     if fmt == "speculators":

@@ -71,6 +71,9 @@ class NullProgress:
     def start(self, total: int | None, done: int = 0, note: str | None = None, **_names: str) -> None:
         pass
 
+    def note(self, text: str) -> None:
+        pass
+
     def advance(self, n: int = 1, secondary: int = 0, status: str = "") -> None:
         pass
 
@@ -111,6 +114,7 @@ class StepProgress:
         self._task: Any = None
         self._last = 0.0
         self._started = False
+        self._due = False  # a line was due at the last unit: finish says it
 
     def __enter__(self) -> StepProgress:
         return self
@@ -139,13 +143,24 @@ class StepProgress:
         self.line.status = ""
         now = time.perf_counter()
         self.line.start(now, total, done)
-        self._last, self._started, self._printed = now, True, False
+        self._last, self._started, self._printed, self._due = now, True, False, False
         if self.terminal:
             self._start_bar(total, done, note)
         elif self.eager or note:
             extra = f" ({note})" if note else ""
             of = f"{total} {self.line.unit}" if total is not None else self.line.unit
             self._echo(f"{self.line.label}: {of}{extra}")
+
+    def note(self, text: str) -> None:
+        """One line for a step without a count (loading a model, checking a file), on a terminal and
+        in logs alike, so that a long step before the bar (or between its updates) is never silent."""
+        if self.quiet:
+            return
+        line = f"{self.line.label}: {text}"
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def advance(self, n: int = 1, secondary: int = 0, status: str = "") -> None:
         if self.quiet or not self._started:
@@ -156,7 +171,21 @@ class StepProgress:
             self._bar.update(self._task, advance=n, status=self._bar_status(now))
         elif now - self._last >= self.every_s:
             self._last = now
-            self._echo(self.line.text(now))
+            if self._at_end():  # the last unit is said once, by finish (with the whole step's rates)
+                self._due = True
+            else:
+                self._echo(self.line.text(now))
+
+    def set_status(self, text: str) -> None:
+        """Replace the status text (``""`` clears it, e.g. before the final line of a step)."""
+        if self.quiet or not self._started:
+            return
+        self.line.status = text
+        if self._bar is not None:
+            self._bar.update(self._task, status=self._bar_status(time.perf_counter()))
+
+    def _at_end(self) -> bool:
+        return self.line.total is not None and self.line.done >= self.line.total
 
     def finish(self) -> None:
         if self.quiet or not self._started:
@@ -165,8 +194,9 @@ class StepProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        elif self._printed or self.eager:
+        elif self._printed or self.eager or self._due:
             self._echo(self.line.text(time.perf_counter()))
+        self._due = False
 
     def _bar_status(self, now: float) -> str:
         elapsed = max(1e-9, now - self.line.t0)

@@ -496,13 +496,7 @@ def diagnose(
     help="DDTree budgets (node counts); '' for none.",
 )
 @limit_option
-@click.option(
-    "--seed",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Seed of the bootstrap intervals and the --samples draw.",
-)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap intervals.")
 @click.option(
     "--block-size",
     type=click.IntRange(min=2),
@@ -513,7 +507,7 @@ def diagnose(
     "--tokens-per-task",
     type=click.IntRange(min=1),
     default=None,
-    help="Tokens of work per dask task (default: scorer.distributed.DEFAULT_TASK_TOKENS).",
+    help="Tokens of work per dask task (default: 2048).",
 )
 @cluster_flags
 @friendly_errors

@@ -2,3 +2,5 @@
 
 # --backend names (capture/backend.py resolves them); here so the CLI can list them without torch.
 BACKENDS = ("auto", "fla", "torch")
+# --model names of the built-in targets (capture/builtin.py builds them), listed without torch.
+BUILTIN_TARGETS = ("builtin:tiny-qwen3.5", "builtin:tiny-qwen3")

@@ -17,6 +17,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from hscache.capture import BUILTIN_TARGETS
+
 __all__ = [
     "BUILTIN_TARGETS",
     "MASK_TOKEN",
@@ -40,8 +42,6 @@ _CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-BUILTIN_TARGETS = ("builtin:tiny-qwen3.5", "builtin:tiny-qwen3")
 
 
 @functools.lru_cache(maxsize=1)

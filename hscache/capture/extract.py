@@ -2,7 +2,9 @@
 
 Named steps: resolve settings -> check prompts (one streaming pass) -> open or resume the
 store -> capture batches on the main thread while a writer thread compresses, writes and
-commits -> finish (compact index, provenance).
+commits -> finish (compact index) -> the run log. Refusals that need no model come first
+(capture/preflight.py), then the writer lock, then the model; a re-run on a complete cache of the
+same settings writes nothing.
 """
 
 from __future__ import annotations
@@ -29,26 +31,30 @@ from hscache.capture.forward import (
 )
 from hscache.capture.layers import parse_layer_spec
 from hscache.capture.mtp import mtp_layer_id, target_mtp_weights
+from hscache.capture.preflight import check_extract_request
 from hscache.capture.prompts import (
     DEFAULT_PROMPTS,
     PromptRecord,
     cache_records,
     cache_records_sha256,
+    first_records,
     iter_records,
     prompt_token_ids,
     resolve_prompts,
     response_token_ids,
+    unique_ids,
 )
-from hscache.capture.provenance import build_provenance, tokenizer_sha256, utc_now
+from hscache.capture.provenance import build_provenance, model_path, run_record, tokenizer_sha256, utc_now
 from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
 from hscache.store.fsio import file_sha256
-from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION, MANIFEST, array_specs
+from hscache.store.layout import DEFAULT_COMPRESSION, MANIFEST, array_specs
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
+from hscache.store.run_log import encode_run_log, read_run_log
 from hscache.store.shards import shard_path
 from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
@@ -126,14 +132,49 @@ class ExtractResult:
     seconds: float
     provenance: dict[str, Any] = field(repr=False, default_factory=dict)
     mtp: bool = False  # the target's MTP head stored in target/ (and its last layer among the layers)
+    unchanged: bool = False  # the cache was complete with these settings: nothing written at all
 
 
 class Progress:
-    """Progress callbacks; the CLI renders them, the API default ignores them."""
+    """Progress callbacks; the CLI renders them, the API default ignores them.
 
+    ``step``: a step without a count begins (loading the target, checking the prompts), one line
+    each; ``status``: what the counted step does now (generating continuations, capturing).
+    """
+
+    def step(self, text: str) -> None: ...
     def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None: ...
+    def status(self, text: str) -> None: ...
     def advance(self, sequences: int, tokens: int) -> None: ...
     def finish(self) -> None: ...
+
+
+class _Callbacks(Progress):
+    """A caller's progress object with the callbacks it lacks as no-ops: one written before ``step``
+    and ``status`` existed (start/advance/finish only) still works."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def _call(self, name: str, *args: Any) -> None:
+        callback = getattr(self.inner, name, None)
+        if callback is not None:
+            callback(*args)
+
+    def step(self, text: str) -> None:
+        self._call("step", text)
+
+    def start(self, total_sequences: int, total_prompt_tokens: int, done_sequences: int) -> None:
+        self._call("start", total_sequences, total_prompt_tokens, done_sequences)
+
+    def status(self, text: str) -> None:
+        self._call("status", text)
+
+    def advance(self, sequences: int, tokens: int) -> None:
+        self._call("advance", sequences, tokens)
+
+    def finish(self) -> None:
+        self._call("finish")
 
 
 @dataclass(frozen=True)
@@ -197,31 +238,6 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
     return _PromptSummary(path, sha256, records, prompt_tokens)
 
 
-def _limited(records: Iterator[PromptRecord], limit: int | None) -> Iterator[PromptRecord]:
-    for n, record in enumerate(records):
-        if limit is not None and n >= limit:
-            return
-        yield record
-
-
-def _unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[PromptRecord]:
-    """Refuse a record id seen before (scores and diffs pair sequences by id), or suffix it."""
-    seen: dict[str, int] = {}
-    for record in records:
-        if record.record_id in seen:
-            if not suffix:
-                raise PromptFileError(
-                    f"record id {record.record_id!r} (line {record.line_no}) is used before, on line "
-                    f"{seen[record.record_id]}; give every record its own id, or pass --suffix-duplicate-ids"
-                )
-            n = 2
-            while f"{record.record_id}#{n}" in seen:
-                n += 1
-            record = replace(record, record_id=f"{record.record_id}#{n}")
-        seen[record.record_id] = record.line_no
-        yield record
-
-
 def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
     """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
     source = (
@@ -229,7 +245,7 @@ def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
         if config.tokens_from
         else iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
     )
-    records = _limited(_unique_ids(source, config.suffix_duplicate_ids), config.limit)
+    records = first_records(unique_ids(source, config.suffix_duplicate_ids), config.limit)
     if config.shard is None:
         return records
     index, count = config.shard
@@ -347,8 +363,6 @@ def _open_store(
         manifest = read_manifest(out)
         _check_resume(manifest["settings"], settings, out)
         return StoreWriter.resume(out, manifest), int(manifest["committed"]["sequences"])
-    if config.compression not in COMPRESSIONS:
-        raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
     text = target.text_config
     specs = array_specs(
         len(settings["layer_ids"]),
@@ -405,7 +419,9 @@ def _rows_when_copied(captured: list[CapturedSequence], batch: list, copied: Any
 _Sequence = tuple[PromptRecord, list[int], int, str]  # record, prompt + continuation, prompt_len, stop
 
 
-def _sequences(config: ExtractConfig, target: Target, generate_batch: int, skip: int) -> Iterator[_Sequence]:
+def _sequences(
+    config: ExtractConfig, target: Target, generate_batch: int, skip: int, progress: Progress | None = None
+) -> Iterator[_Sequence]:
     """Every selected record with its continuation, from record ``skip`` on, in prompt order.
 
     Continuations are generated ``generate_batch`` prompts at a time, grouped by record number
@@ -417,14 +433,18 @@ def _sequences(config: ExtractConfig, target: Target, generate_batch: int, skip:
     for n, record in enumerate(_selected(config)):
         group.append((n, record))
         if len(group) == generate_batch:
-            yield from _continued(config, target, group, skip)
+            yield from _continued(config, target, group, skip, progress)
             group = []
     if group:
-        yield from _continued(config, target, group, skip)
+        yield from _continued(config, target, group, skip, progress)
 
 
 def _continued(
-    config: ExtractConfig, target: Target, group: list[tuple[int, PromptRecord]], skip: int
+    config: ExtractConfig,
+    target: Target,
+    group: list[tuple[int, PromptRecord]],
+    skip: int,
+    progress: Progress | None = None,
 ) -> Iterator[_Sequence]:
     if group[-1][0] < skip:  # committed already: no model work
         return
@@ -435,6 +455,8 @@ def _continued(
             response = response_token_ids(record, target.tokenizer)
             done.append((prompt + response, "dataset") if response else (prompt, "none"))
     else:
+        if progress is not None:
+            progress.status(f"generating {len(group)} continuations of up to {config.max_new_tokens} tokens")
         done = greedy_continuations(target, prompts, config.max_new_tokens, config.max_length)
     for (n, record), prompt, (ids, stop) in zip(group, prompts, done):
         if n >= skip:
@@ -442,7 +464,11 @@ def _continued(
 
 
 def _batches(
-    config: ExtractConfig, target: Target, settings: dict[str, Any], skip: int
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    skip: int,
+    progress: Progress | None = None,
 ) -> Iterator[list[_Sequence]]:
     """Group sequences greedily up to ``batch_tokens`` padded tokens per capture forward.
 
@@ -450,7 +476,7 @@ def _batches(
     boundary) forms the same batches as an uninterrupted run.
     """
     batch: list[_Sequence] = []
-    for item in _sequences(config, target, settings["generate_batch"], skip):
+    for item in _sequences(config, target, settings["generate_batch"], skip, progress):
         width = max([len(item[1])] + [len(b[1]) for b in batch])
         if batch and width * (len(batch) + 1) > settings["batch_tokens"]:
             yield batch
@@ -469,25 +495,28 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     """
     if is_url(config.out):
         return _extract_to_url(config, progress)
-    progress = progress or Progress()
+    progress = _Callbacks(progress) if progress is not None else Progress()
     t0 = time.perf_counter()
+    check_extract_request(config)  # flags, --out, a live writer, the prompts' syntax: before torch work
     if config.shard is not None:
         config = replace(config, out=str(shard_path(config.out, *config.shard)))
-    check_device(config.device)
     if config.dtype == "auto":  # resolved before anything is recorded: settings hold bf16/fp32
         config = replace(config, dtype=auto_dtype(config.device))
-    backend = resolve_backend(config.backend, config.device)
-    target = load_target(config.model, config.dtype, config.device)
-    layer_ids = parse_layer_spec(config.layers, target.num_layers)
-    _check_flags(config, target)
-    prompts = _check_prompts(config, target)
-    mtp = target_mtp_weights(target.name, target.model, target.text_config) if _wants_mtp(config) else {}
-    if mtp and mtp_layer_id(target.num_layers) not in layer_ids:  # what MTP reads, unasked
-        layer_ids = [*layer_ids, mtp_layer_id(target.num_layers)]
-    settings = _settings(config, target, layer_ids, backend, prompts, bool(mtp))
-    out = Path(config.out)
-    # From before --overwrite empties the directory until the last commit: one writer per cache.
-    with writer_lock(out, "hscache extract"):
+    # From before the model loads (a second writer is refused in a second, not after the load) and
+    # before --overwrite empties the directory, until the last commit: one writer per cache.
+    with writer_lock(Path(config.out), "hscache extract"):
+        check_device(config.device)
+        backend = resolve_backend(config.backend, config.device)
+        progress.step(f"loading the target {config.model} ({config.dtype} on {config.device})")
+        target = load_target(config.model, config.dtype, config.device)
+        layer_ids = parse_layer_spec(config.layers, target.num_layers)
+        _check_flags(config, target)
+        progress.step("checking the prompts against the tokenizer and --max-length")
+        prompts = _check_prompts(config, target)
+        mtp = target_mtp_weights(target.name, target.model, target.text_config) if _wants_mtp(config) else {}
+        if mtp and mtp_layer_id(target.num_layers) not in layer_ids:  # what MTP reads, unasked
+            layer_ids = [*layer_ids, mtp_layer_id(target.num_layers)]
+        settings = _settings(config, target, layer_ids, backend, prompts, bool(mtp))
         return _extract_locked(config, target, settings, mtp, backend, prompts, progress, t0)
 
 
@@ -502,13 +531,27 @@ def _extract_locked(
     t0: float,
 ) -> ExtractResult:
     out = Path(config.out)
+    complete = _complete_with(config, settings)
+    if complete is not None:  # a re-run that has nothing to add writes nothing (the digest stays)
+        committed = complete["committed"]
+        return ExtractResult(
+            out,
+            int(committed["sequences"]),
+            int(committed["tokens"]),
+            int(committed["sequences"]),
+            time.perf_counter() - t0,
+            read_provenance(out),
+            mtp=bool(settings["mtp"]),
+            unchanged=True,
+        )
     writer, done = _open_store(config, target, settings, mtp)
     with use_backend(target.model, backend) as kernels:
         with _disk_errors(out, done):
-            provenance = _start_provenance(writer, target, settings, kernels, prompts, resumed=done > 0)
+            provenance, runs = _start_run(config, writer, target, settings, kernels, prompts)
         progress.start(prompts.records, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
-            for batch in _batches(config, target, settings, skip=done):
+            for batch in _batches(config, target, settings, skip=done, progress=progress):
+                progress.status("capturing hidden states")
                 captured = capture_batch(
                     target,
                     [b[1] for b in batch],
@@ -522,11 +565,11 @@ def _extract_locked(
                 captured, copied = to_host_async(captured)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
-        # provenance.json first: the manifest that marks the cache complete also vouches for it.
-        provenance["timestamps"]["finished_at"] = utc_now()
-        with _disk_errors(out, writer.committed_sequences):
-            write_provenance(writer, provenance)
         writer.finish()
+    # The run log last: it is outside the digest, so the finished cache's digest is already final.
+    runs[-1].update(finished_at=utc_now(), sequences_at_finish=writer.committed_sequences)
+    with _disk_errors(out, writer.committed_sequences):
+        writer.write_run_log(encode_run_log(runs))
     progress.finish()
     return ExtractResult(
         out,
@@ -537,6 +580,20 @@ def _extract_locked(
         provenance,
         mtp=bool(settings["mtp"]),
     )
+
+
+def _complete_with(config: ExtractConfig, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest of a complete cache at ``--out`` made with these settings, else None.
+
+    Raises:
+        ResumeMismatchError: the cache there was made with other settings.
+    """
+    out = Path(config.out)
+    if config.overwrite or not (out / MANIFEST).is_file():
+        return None
+    manifest = read_manifest(out)
+    _check_resume(manifest["settings"], settings, out)
+    return manifest if manifest.get("complete") else None
 
 
 def _wants_mtp(config: ExtractConfig) -> bool:
@@ -558,21 +615,11 @@ def auto_dtype(device: str) -> str:
 
 
 def _check_flags(config: ExtractConfig, target: Target) -> None:
-    """Every flag against the model, before anything is written: a cache is never left unresumable."""
-    if config.tokens_from and config.max_new_tokens != 0:
-        raise InputError(
-            f"--tokens-from replays {config.tokens_from}'s tokens as they are; pass --max-new-tokens 0"
-        )
-    if config.tokens_from and config.prompts != DEFAULT_PROMPTS:
-        raise InputError("--tokens-from takes the prompts from the cache; drop --prompts")
+    """The flags that need the model, before anything is written: a cache is never left unresumable
+    (the others were checked before the load: capture/preflight.py)."""
     if not 1 <= config.top_k <= target.vocab_size:
         raise InputError(
             f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
-        )
-    if config.generate_batch < 0 or config.memory_gb <= 0:
-        raise InputError(
-            f"--generate-batch {config.generate_batch} / --memory-gb {config.memory_gb}: "
-            "pass a batch >= 1 (0: by device) and a positive budget in GB"
         )
 
 
@@ -591,25 +638,33 @@ def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> Extract
     return replace(result, path=url)
 
 
-def _start_provenance(
+def _start_run(
+    config: ExtractConfig,
     writer: StoreWriter,
     target: Target,
     settings: dict[str, Any],
     kernels: dict,
     prompts: _PromptSummary,
-    resumed: bool,
-) -> dict[str, Any]:
-    provenance = read_provenance(writer.root) if resumed else {}
-    if provenance:
-        provenance["timestamps"]["resumed_at"].append(utc_now())
-    else:
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Write provenance.json once (a resume keeps it: the same settings make the same content) and
+    add this run to the run log; return both (the run's entry is the log's last)."""
+    provenance = read_provenance(writer.root)
+    if not provenance:
         provenance = build_provenance(
-            target=target,
-            settings=settings,
-            kernels=kernels,
-            prompts_path=prompts.path,
-            num_records=prompts.records,
-            started_at=utc_now(),
+            target=target, settings=settings, kernels=kernels, num_records=prompts.records
         )
-    write_provenance(writer, provenance)
-    return provenance
+        write_provenance(writer, provenance)
+    source = config.tokens_from or (
+        str(prompts.path) if config.prompts != DEFAULT_PROMPTS else DEFAULT_PROMPTS
+    )
+    runs = read_run_log(writer.root)
+    runs.append(
+        run_record(
+            command="hscache extract",
+            device=settings["device"],
+            sequences_at_start=writer.committed_sequences,
+            inputs={"model": model_path(target.name), "prompts": source},
+        )
+    )
+    writer.write_run_log(encode_run_log(runs))
+    return provenance, runs

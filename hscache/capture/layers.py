@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hscache.errors import LayerSpecError
 
-__all__ = ["dflash_layer_ids", "parse_layer_spec"]
+__all__ = ["check_layer_syntax", "dflash_layer_ids", "parse_layer_spec"]
 
 
 def dflash_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -31,11 +31,11 @@ def dflash_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
     return ids
 
 
-def parse_layer_spec(spec: str, num_target_layers: int) -> list[int]:
-    """Turn ``"1,9,17"`` or ``"dflash:5"`` into validated layer ids, in the given order.
+def check_layer_syntax(spec: str) -> int | list[int]:
+    """The form of ``--layers`` alone, before the model is known: ``N`` of ``dflash:N``, or the ids.
 
     Raises:
-        LayerSpecError: malformed, out of range (names the valid range) or duplicated ids.
+        LayerSpecError: malformed, empty or duplicated ids.
     """
     text = spec.strip()
     if text.startswith("dflash:"):
@@ -44,27 +44,35 @@ def parse_layer_spec(spec: str, num_target_layers: int) -> list[int]:
             raise LayerSpecError(
                 f"--layers {spec!r}: expected dflash:N with N a positive integer, e.g. dflash:5"
             )
-        layer_ids = dflash_layer_ids(num_target_layers, int(count_text))
-    else:
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if not parts:
-            raise LayerSpecError(
-                "--layers is empty; give comma-separated layer ids such as 1,9,17 or dflash:5"
-            )
-        try:
-            layer_ids = [int(p) for p in parts]
-        except ValueError:
-            raise LayerSpecError(
-                f"--layers {spec!r} is not a comma-separated list of integers; e.g. 1,9,17 or dflash:5"
-            ) from None
+        return int(count_text)
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise LayerSpecError("--layers is empty; give comma-separated layer ids such as 1,9,17 or dflash:5")
+    try:
+        layer_ids = [int(p) for p in parts]
+    except ValueError:
+        raise LayerSpecError(
+            f"--layers {spec!r} is not a comma-separated list of integers; e.g. 1,9,17 or dflash:5"
+        ) from None
+    seen: set[int] = set()
+    dupes = [i for i in layer_ids if i in seen or seen.add(i)]
+    if dupes:
+        raise LayerSpecError(f"layer {dupes[0]} is listed twice in --layers {spec!r}; list each layer once")
+    return layer_ids
+
+
+def parse_layer_spec(spec: str, num_target_layers: int) -> list[int]:
+    """Turn ``"1,9,17"`` or ``"dflash:5"`` into validated layer ids, in the given order.
+
+    Raises:
+        LayerSpecError: malformed, out of range (names the valid range) or duplicated ids.
+    """
+    parsed = check_layer_syntax(spec)
+    layer_ids = dflash_layer_ids(num_target_layers, parsed) if isinstance(parsed, int) else parsed
     bad = [i for i in layer_ids if not 0 <= i < num_target_layers]
     if bad:
         raise LayerSpecError(
             f"layer {bad[0]} out of range for a target with {num_target_layers} layers; "
             f"choose 0-{num_target_layers - 1} (layer i is the output of decoder layer i)"
         )
-    seen: set[int] = set()
-    dupes = [i for i in layer_ids if i in seen or seen.add(i)]
-    if dupes:
-        raise LayerSpecError(f"layer {dupes[0]} is listed twice in --layers {spec!r}; list each layer once")
     return layer_ids

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,11 +27,13 @@ __all__ = [
     "DEFAULT_PROMPTS",
     "cache_records",
     "cache_records_sha256",
+    "first_records",
     "PromptRecord",
     "iter_records",
     "prompt_token_ids",
     "resolve_prompts",
     "response_token_ids",
+    "unique_ids",
 ]
 
 DEFAULT_PROMPTS = "builtin:default"
@@ -199,6 +201,32 @@ def iter_records(path: Path, *, id_from_line: bool = False) -> Iterator[PromptRe
                 yield _parse_line(path, line_no, line, id_from_line)
     if count == 0:
         raise PromptFileError(f"prompts file {str(path)!r} has no records; add one JSON object per line")
+
+
+def first_records(records: Iterator[PromptRecord], limit: int | None) -> Iterator[PromptRecord]:
+    """The first ``limit`` of ``records`` (all when None), read no further than that."""
+    for n, record in enumerate(records):
+        if limit is not None and n >= limit:
+            return
+        yield record
+
+
+def unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[PromptRecord]:
+    """Refuse a record id seen before (scores and diffs pair sequences by id), or suffix it."""
+    seen: dict[str, int] = {}
+    for record in records:
+        if record.record_id in seen:
+            if not suffix:
+                raise PromptFileError(
+                    f"record id {record.record_id!r} (line {record.line_no}) is used before, on line "
+                    f"{seen[record.record_id]}; give every record its own id, or pass --suffix-duplicate-ids"
+                )
+            n = 2
+            while f"{record.record_id}#{n}" in seen:
+                n += 1
+            record = replace(record, record_id=f"{record.record_id}#{n}")
+        seen[record.record_id] = record.line_no
+        yield record
 
 
 def prompt_token_ids(

@@ -1,4 +1,11 @@
-"""Provenance: how a cache was made, validated against schemas/provenance.schema.json."""
+"""Provenance: how a cache's rows were computed (provenance.json, schemas/provenance.schema.json),
+and the record of one run that wrote them (runs.json, store/run_log.py).
+
+provenance.json holds only what fixes the content (model, weights and tokenizer hashes, layers,
+kernels, the capture settings, the prompts' hash): it is the same for every run that writes the
+same rows, so it is inside the digest. What a run did (times, host, versions, command line, the paths
+it read) goes into its ``run_record`` in the run log, outside the digest.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +27,13 @@ __all__ = [
     "SCHEMA_VERSION",
     "build_provenance",
     "git_commit",
+    "model_path",
+    "run_record",
     "package_versions",
     "utc_now",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: run facts (timestamps, versions, ...) in provenance.json itself
 LAYER_CONVENTION = (
     "layer i = output of decoder layer i (0-based) = transformers hidden_states[i + 1], "
     "captured by a forward hook, before the final norm"
@@ -97,18 +106,14 @@ def build_provenance(
     target: Any,
     settings: dict[str, Any],
     kernels: dict[str, KernelBinding],
-    prompts_path: Path,
     num_records: int,
-    started_at: str,
 ) -> dict[str, Any]:
-    """The provenance document of one extraction (finished_at is filled in at the end)."""
+    """The provenance document of one extraction: what fixes the cache's content, nothing a run did."""
     config = target.text_config
     return {
         "schema_version": SCHEMA_VERSION,
-        "hscache_git_commit": git_commit(),
         "model": {
             "name": target.name,
-            "path": str(Path(target.name).resolve()) if not target.name.startswith("builtin:") else None,
             "weights_sha256": target.weights_sha256,
             "model_type": getattr(target.model.config, "model_type", "unknown"),
             "architecture": type(target.model).__name__,
@@ -138,9 +143,30 @@ def build_provenance(
             "batch_tokens": settings["batch_tokens"],
             "generate_batch": settings["generate_batch"],
         },
-        "prompts": {"path": str(prompts_path), "sha256": settings["prompts_sha256"], "records": num_records},
-        "versions": package_versions(),
-        "hardware": _hardware(settings["device"]),
-        "command_line": list(sys.argv),
-        "timestamps": {"started_at": started_at, "finished_at": None, "resumed_at": []},
+        "prompts": {"sha256": settings["prompts_sha256"], "records": num_records},
     }
+
+
+def run_record(
+    *, command: str, device: str, sequences_at_start: int, inputs: dict[str, str | None]
+) -> dict[str, Any]:
+    """The run log entry (schemas/run_log.schema.json) of a run starting now; ``finished_at`` and
+    ``sequences_at_finish`` are filled in when it finishes. ``inputs``: the paths it read, by name
+    (``model``: a local directory, None for a built-in; ``prompts``: the prompts file or source)."""
+    return {
+        "command": command,
+        "command_line": list(sys.argv),
+        "started_at": utc_now(),
+        "finished_at": None,
+        "sequences_at_start": sequences_at_start,
+        "sequences_at_finish": None,
+        "hscache_git_commit": git_commit(),
+        "versions": package_versions(),
+        "hardware": _hardware(device),
+        "inputs": inputs,
+    }
+
+
+def model_path(name: str) -> str | None:
+    """The resolved directory of ``--model`` for the run log; None for a built-in target."""
+    return None if name.startswith("builtin:") else str(Path(name).resolve())

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hscache.capture.builtin import BUILTIN_TARGETS, build_builtin
+from hscache.capture.builtin import build_builtin
+from hscache.capture.preflight import check_model_name
 from hscache.errors import InputError, ModelNotFoundError
 from hscache.store.dtypes import DTYPES
 
@@ -151,21 +152,13 @@ def load_target(name: str, dtype: str = "fp32", device: str = "cpu") -> Target:
     """
     torch_type = torch_dtype(dtype)
     check_device(device)
+    check_model_name(name)
     if name.startswith("builtin:"):
-        if name not in BUILTIN_TARGETS:
-            raise ModelNotFoundError(
-                f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_TARGETS)}"
-            )
         model, tokenizer = build_builtin(name)
         weights_sha256 = _state_dict_sha256(model)  # of the fp32 weights, before the dtype cast
         model = model.to(torch_type)
     else:
         directory = Path(name)
-        if not (directory / "config.json").is_file():
-            raise ModelNotFoundError(
-                f"--model {name!r} is neither a built-in target ({', '.join(BUILTIN_TARGETS)}) "
-                "nor a local Hugging Face directory with config.json; nothing is downloaded"
-            )
         model, tokenizer = _load_hf_directory(directory, torch_type)
         weights_sha256 = _files_sha256(directory)
     model = model.to(device).eval()

@@ -35,15 +35,19 @@ from hscache.errors import CacheMismatchError
 from hscache.progress import NO_PROGRESS
 from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
+from hscache.store.run_log import provenance_with_runs, read_run_log
+from hscache.store.target_identity import cache_target_identity, identity_differences, target_name
 from hscache.store.view import CacheView
 
 __all__ = [
     "DEFAULT_POSITION_BUCKETS",
     "EXPECTED_DIFFERENCES",
+    "check_diff_arrays",
     "compare_provenance",
     "diff_caches",
     "match_layers",
     "match_sequences",
+    "match_targets",
 ]
 
 # Bucket starts (token positions); the last bucket is open-ended.
@@ -155,6 +159,55 @@ def match_layers(cache_a: CacheView, cache_b: CacheView) -> LayerMatch:
     return LayerMatch(common, only_a, tuple(i for i in ids_b if i not in ids_a))
 
 
+# What hscache diff reads of each cache besides hidden_states and token_ids.
+_DIFF_ARRAYS = ("target_argmax", "target_topk_values", "target_topk_ids", "target_logsumexp")
+
+
+def check_diff_arrays(cache: CacheView, side: str) -> None:
+    """Refuse a cache without the next-token arrays diff compares (an import without ``--target``).
+
+    Raises:
+        CacheMismatchError: naming what the cache lacks and the command that supplies it.
+    """
+    missing = [name for name in ("hidden_states", "token_ids", *_DIFF_ARRAYS) if name not in cache.specs]
+    if not missing:
+        return
+    imported = (cache.provenance or {}).get("imported")
+    fix = (
+        f"re-import it with `hscache import --format {imported['format']} {imported['source']} --out NEW "
+        "--target MODEL` (the model that produced the files), which computes them"
+        if imported
+        else "re-extract it with `hscache extract`"
+    )
+    raise CacheMismatchError(
+        f"cache {side} ({cache.path}) holds no {', '.join(missing)}, which hscache diff compares; {fix}"
+    )
+
+
+def match_targets(cache_a: CacheView, cache_b: CacheView, *, allow_mismatch: bool) -> dict[str, Any]:
+    """Both caches' target identities (store/target_identity.py) and whether they agree: the
+    report's ``target``.
+
+    Raises:
+        CacheMismatchError: they differ and ``allow_mismatch`` is False.
+    """
+    a, b = cache_target_identity(cache_a), cache_target_identity(cache_b)
+    differences = identity_differences(a, b)
+    status = "mismatch" if differences else "match" if set(a) & set(b) else "unknown"
+    if differences and not allow_mismatch:
+        raise CacheMismatchError(
+            f"A ({cache_a.path}) and B ({cache_b.path}) come from different targets: {target_name(cache_a)} "
+            f"vs {target_name(cache_b)} ({'; '.join(differences)}), so their distance is not drift; compare "
+            "caches of one target, or pass --allow-target-mismatch to compare them anyway (the report says so)"
+        )
+    return {
+        "status": status,
+        "a": {"name": target_name(cache_a), **a},
+        "b": {"name": target_name(cache_b), **b},
+        "differences": differences,
+    }
+
+
 def _flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts -> {"a.b.c": leaf}; lists are leaves (compared whole)."""
     if not isinstance(doc, dict):
@@ -260,6 +313,7 @@ def diff_caches(
     position_buckets: Sequence[int] = DEFAULT_POSITION_BUCKETS,
     chunk_tokens: int = 2048,
     progress: Any = NO_PROGRESS,
+    allow_target_mismatch: bool = False,
 ) -> DiffReport:
     """Compare two caches of the same tokens; A is the reference (e.g. fp32, or the torch kernels).
 
@@ -270,18 +324,24 @@ def diff_caches(
         position_buckets: bucket starts in token positions, from 0, increasing; the last is open.
         chunk_tokens: positions converted to float64 at a time (memory bound, not a result knob).
         progress: hears of each compared sequence (hscache.progress.StepProgress).
+        allow_target_mismatch: compare caches of different targets anyway (the report says so);
+            by default they are refused: their distance is not drift.
 
     Returns:
         A ``DiffReport``; ``.to_dict()`` is JSON, ``hscache.report.html.write_report`` draws it.
 
     Raises:
         CacheNotFoundError, CacheFormatError: a path holds no readable cache.
-        CacheMismatchError: the caches are not comparable (see ``match_sequences``, ``match_layers``).
+        CacheMismatchError: the caches are not comparable (see ``match_sequences``, ``match_layers``,
+            ``match_targets``, ``check_diff_arrays``).
         ValueError: ``position_buckets`` is not increasing from 0.
     """
     starts = tuple(int(s) for s in position_buckets)
     drift.bucket_positions(torch.zeros(1), starts)  # validate before any work
     cache_a, cache_b = open_cache(path_a), open_cache(path_b)
+    for side, cache in (("A", cache_a), ("B", cache_b)):
+        check_diff_arrays(cache, side)
+    target = match_targets(cache_a, cache_b, allow_mismatch=allow_target_mismatch)
     layers = match_layers(cache_a, cache_b)
     pairs, seq_match = match_sequences(cache_a, cache_b, intersect=intersect)
     cols = (
@@ -304,7 +364,11 @@ def diff_caches(
         schema_version=DIFF_SCHEMA_VERSION,
         hscache_version=importlib.metadata.version("hscache"),
         hscache_git_commit=git_commit(),
-        config={"intersect": intersect, "position_buckets": list(starts)},
+        config={
+            "intersect": intersect,
+            "position_buckets": list(starts),
+            "allow_target_mismatch": allow_target_mismatch,
+        },
         cache_a=_side(cache_a),
         cache_b=_side(cache_b),
         sequences=seq_match,
@@ -312,5 +376,11 @@ def diff_caches(
         hidden_states=hidden.result(layers.compared, types, starts),
         next_token=nexttok.result(starts),
         per_sequence=per_sequence,
-        provenance=compare_provenance(cache_a.provenance, cache_b.provenance),
+        provenance=compare_provenance(_described(cache_a), _described(cache_b)),
+        target=target,
     )
+
+
+def _described(cache: CacheView) -> dict[str, Any]:
+    """The cache's provenance with what its runs did (store/run_log.py), laid out as before the run log."""
+    return provenance_with_runs(cache.provenance, read_run_log(cache.path))

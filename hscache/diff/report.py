@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,11 @@ class DiffReport:
     next_token: NextTokenDrift
     per_sequence: tuple[SequenceDrift, ...]
     provenance: ProvenanceDiff
+    # Both caches' target identities and "match" / "mismatch" (compared with --allow-target-mismatch)
+    # / "unknown" (diff/compare.py match_targets).
+    target: dict[str, Any] = field(
+        default_factory=lambda: {"status": "unknown", "a": {}, "b": {}, "differences": []}
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict matching ``schemas/diff_report.schema.json``."""
@@ -220,7 +225,13 @@ def _fmt(x: float | None, spec: str = ".3e") -> str:
 def format_report(report: DiffReport) -> str:
     """A readable plain-text summary (the CLI's output)."""
     a, b, seqs = report.cache_a, report.cache_b, report.sequences
-    lines = [
+    lines = []
+    if report.target["status"] == "mismatch":
+        lines.append(
+            f"WARNING: A and B come from different targets ({'; '.join(report.target['differences'])}), compared "
+            "anyway (--allow-target-mismatch): the distances below are not drift"
+        )
+    lines += [
         f"A  {a.path}  ({a.dtype}, backend {a.backend}, {a.device})",
         f"B  {b.path}  ({b.dtype}, backend {b.backend}, {b.device})",
         f"compared {seqs.compared} sequences, {seqs.tokens} tokens, layers {list(report.layers.compared)}",

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -43,6 +42,8 @@ from hscache.store import fsio, jsonio
 from hscache.store.cache_dir import write_provenance
 from hscache.store.layout import DEFAULT_COMPRESSION, IMPORTING_MARK, WRITER_LOCK, ArraySpec, chunk_tokens_for
 from hscache.store.lock import writer_lock
+from hscache.store.paths import check_empty_out
+from hscache.store.run_log import encode_run_log
 from hscache.store.writer import SequenceRows, StoreWriter
 
 __all__ = [
@@ -108,9 +109,7 @@ def check_fresh_dir(out: Path, flag: str = "--out") -> Path:
         InputError: ``out`` exists and is not an empty directory.
     """
     out = Path(out)
-    fsio.check_output_path(out, flag, directory=True)
-    if out.exists() and (not out.is_dir() or any(p.name != WRITER_LOCK for p in out.iterdir())):
-        raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")
+    check_empty_out(out, flag)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -387,9 +386,14 @@ def _write_imported(
     last_layer_slot: int | None,
     top_k: int,
 ) -> tuple[int, int]:
-    from hscache.capture.provenance import git_commit, package_versions, utc_now
+    from hscache.capture.provenance import SCHEMA_VERSION, run_record, utc_now
 
-    started = utc_now()
+    run = run_record(
+        command="hscache import",
+        device="cpu",
+        sequences_at_start=0,
+        inputs={"source": str(imported.get("source")), "model": target},
+    )
     writer: StoreWriter | None = None
     first: tuple[torch.dtype, int] | None = None  # the first file's dtype and width
     head: Any = None  # interop.target.TargetHead when the target arrays are computed
@@ -447,8 +451,7 @@ def _write_imported(
         raise InputError(f"found no sequences to import for {out}; check the source folder")
     writer.finish()
     provenance = {
-        "schema_version": 1,
-        "hscache_git_commit": git_commit(),
+        "schema_version": SCHEMA_VERSION,
         "imported": {
             **imported,
             "target": target,
@@ -457,9 +460,9 @@ def _write_imported(
             "sequences": count,
             "tokens": tokens,
         },
-        "versions": package_versions(),
-        "command_line": list(sys.argv),
-        "timestamps": {"started_at": started, "finished_at": utc_now(), "resumed_at": []},
     }
     write_provenance(writer, provenance)  # recorded in the manifest's checksums like extract's
+    # What this run did goes to the run log, outside the digest (store/run_log.py).
+    run.update(finished_at=utc_now(), sequences_at_finish=count)
+    writer.write_run_log(encode_run_log([run]))
     return count, tokens

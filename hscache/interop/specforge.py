@@ -48,6 +48,7 @@ from hscache.interop.common import (
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
+from hscache.store.paths import check_source_dir
 
 __all__ = ["FILE_GROUP_SIZE", "export_specforge", "feature_path", "import_specforge"]
 
@@ -226,7 +227,7 @@ def import_specforge(
     Raises:
         InputError: no feature files, no layer ids, or files that are not DFlash captures.
     """
-    directory = Path(directory)
+    directory = check_source_dir(directory, "specforge")
     check_export_complete(directory, expected_files)
     files = _feature_files(directory)
     if not files:

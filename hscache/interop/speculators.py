@@ -49,6 +49,7 @@ from hscache.interop.common import (
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
+from hscache.store.paths import check_source_dir
 
 __all__ = ["export_speculators", "import_speculators"]
 
@@ -250,7 +251,7 @@ def import_speculators(
     Raises:
         InputError: no dataset, a missing or inconsistent hidden-state file, no layer ids.
     """
-    directory = Path(directory)
+    directory = check_source_dir(directory, "speculators")
     check_export_complete(directory, expected_files)
     table = _read_dataset(directory)
     sidecar = read_sidecar(directory, "speculators")

@@ -16,9 +16,10 @@ from hscache import schemas
 from hscache.errors import CacheFormatError, InputError
 from hscache.store import fsio, jsonio
 from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE, WRITER_LOCK
+from hscache.store.paths import drafter_files
 from hscache.store.writer import StoreWriter
 
-__all__ = ["clear_for_overwrite", "prepare_fresh_dir", "read_provenance", "write_provenance"]
+__all__ = ["check_out_dir", "clear_for_overwrite", "prepare_fresh_dir", "read_provenance", "write_provenance"]
 
 
 def clear_for_overwrite(out: Path) -> None:
@@ -30,12 +31,31 @@ def clear_for_overwrite(out: Path) -> None:
     """
     if not out.exists():
         return
-    if not ((out / MANIFEST).is_file() or (out / CREATING_MARK).is_file()) and _contents(out):
-        raise InputError(
-            f"--overwrite deletes only hscache caches, and --out {out} holds other files; "
-            "choose an empty or new directory"
-        )
+    check_out_dir(out, overwrite=True)
     _empty(out)
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse an existing ``--out`` that extract may neither resume, restart nor (``overwrite``)
+    empty, without touching it: what ``prepare_fresh_dir`` and ``clear_for_overwrite`` would refuse.
+
+    Raises:
+        InputError: ``out`` holds files but no cache and no creation mark (naming a drafter or
+            model directory as such).
+    """
+    if not out.is_dir() or (out / MANIFEST).is_file() or (out / CREATING_MARK).is_file():
+        return
+    if not _contents(out):
+        return
+    files = drafter_files(out)
+    what = f"is a drafter or model directory ({', '.join(files)})" if files else "holds other files"
+    if overwrite:
+        raise InputError(
+            f"--overwrite deletes only hscache caches, and --out {out} {what}; choose an empty or new directory"
+        )
+    if files:
+        raise InputError(f"--out {out} {what}, not a cache; choose an empty or new directory")
+    raise InputError(f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory")
 
 
 def _contents(out: Path) -> list[Path]:
@@ -59,10 +79,7 @@ def prepare_fresh_dir(out: Path) -> None:
         InputError: ``out`` holds files but no cache and no creation mark.
     """
     if out.exists() and _contents(out):
-        if not (out / CREATING_MARK).is_file():
-            raise InputError(
-                f"--out {out} exists, is not empty and holds no cache; choose an empty or new directory"
-            )
+        check_out_dir(out, overwrite=False)
         # A fresh run was killed before its first manifest: it committed nothing, and the
         # directory was empty when the mark was written, so everything in it is ours.
         _empty(out)

@@ -11,6 +11,7 @@ from hscache.store.integrity import cache_digest
 from hscache.store.layout import IMPORTING_MARK
 from hscache.store.lock import current_writer
 from hscache.store.open import open_cache
+from hscache.store.run_log import read_run_log
 from hscache.store.shards import has_shards, shard_dirs
 from hscache.store.view import CacheView
 
@@ -107,7 +108,8 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
             }
             for name, spec in cache.specs.items()
         },
-        "bytes_per_token": round(sum(stored.values()) / max(1, cache.num_tokens), 1),
+        "bytes_per_token": round(sum(stored.values()) / cache.num_tokens, 1) if cache.num_tokens else None,
+        "runs": sum(len(read_run_log(root)) for root in roots),
     }
     schemas.validate(summary, "cache_info")
     return summary
@@ -123,25 +125,48 @@ def _kernels(kernels: dict[str, str]) -> str:
     return "; kernels " + "; ".join(f"{b}: {', '.join(names)}" for b, names in sorted(by_backend.items()))
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """The summary as aligned text lines (``hscache info``)."""
+def _storage(s: dict[str, Any]) -> str:
+    """Bytes on disk, and per token and the compression ratio explained where they are printed."""
     hidden = s["arrays"]["hidden_states"]
     ratio = hidden["compression_ratio"]
-    compression = (
-        f"hidden states x{ratio} ({s['compression']})"
-        if s["tokens"] and ratio
-        else f"{s['compression']} compression, no tokens yet"
+    size = f"{s['bytes_on_disk'] / 2**20:.2f} MiB on disk, {s['compression']} compression"
+    if not s["tokens"] or s["bytes_per_token"] is None:
+        return f"{size}, no tokens yet (no per-token figure), chunk {hidden['chunk_tokens']} tokens"
+    padded = (
+        " (under 1: the last chunk is stored whole, mostly padding)"
+        if ratio is not None and ratio < 1
+        else ""
     )
+    return (
+        f"{size}, {s['bytes_per_token']:g} B/token (every array's bytes on disk / committed tokens), "
+        f"hidden states x{ratio} (raw bytes / bytes on disk){padded}, chunk {hidden['chunk_tokens']} tokens"
+    )
+
+
+def _pin_advice(s: dict[str, Any]) -> str:
+    """Pin a digest only when it is final: a complete cache nobody is writing."""
+    if s["complete"] and s.get("writer") is None:
+        return "pin it: scorer eval/hscache verify --expect-digest"
+    if s.get("writer") is not None:
+        return "not final, do not pin: a writer is adding to the cache; pin the digest once it is complete"
+    return "not final, do not pin: the cache is incomplete and changes when it is finished"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as aligned text lines (``hscache info``)."""
+    runs = s.get("runs") or 0
     lines = [
         f"cache      {s['path']} ({_state(s)})",
         f"model      {s['model']}",
         f"sequences  {s['sequences']}  tokens {s['tokens']} ({s['generated_tokens']} generated)",
         f"layers     {s['layer_ids']}  types {s['layer_types']}",
         f"dtype      {s['dtype']} on {s['device']}, backend {s['backend']}{_kernels(s['kernels'])}",
-        f"storage    {s['bytes_on_disk'] / 2**20:.2f} MiB, {s['bytes_per_token']} B/token, "
-        f"{compression}, chunk {hidden['chunk_tokens']} tokens",
+        f"storage    {_storage(s)}",
         f"mask id    {s['mask_token_id']}",
         f"mtp head   {'stored (scorer eval target:mtp)' if s.get('mtp_head') else 'none'}",
-        f"digest     {s['digest']}  (pin it: scorer eval/hscache verify --expect-digest)",
+        f"runs       {runs} in runs.json (when, where, versions; outside the digest)"
+        if runs
+        else "runs       none recorded (written before the run log)",
+        f"digest     {s['digest']}  ({_pin_advice(s)})",
     ]
     return "\n".join(lines)

@@ -20,7 +20,13 @@ per chunk of the committed rows' stored bytes (little endian), computed by the w
 rows it writes (no read-back). ``arrays/zarr.json`` (the group) is in ``checksums``. Readers
 check each chunk's hash the first time they decode it, so a chunk rewritten with another content
 and a valid crc32c is refused, and ``cache_digest`` (one SHA-256 over the manifest, which holds
-every file's and chunk's hash) changes with any change at all: pin it (``--expect-digest``).
+every file's and chunk's hash) changes with any change to what the cache holds: pin it
+(``--expect-digest``).
+
+One file is sealed but not pinned: ``runs.json`` (store/run_log.py), what each run did (times, host,
+versions). The manifest records it under ``run_log``, which ``content_sha256`` covers and
+``manifest_digest`` leaves out: an unsealed edit is refused like any other, and a re-run that adds
+nothing, or a second extraction of the same rows, keeps the digest.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import numpy as np
 
 from hscache.errors import InputError
 from hscache.store import jsonio
-from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, TARGET_DIR, ArraySpec
+from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, RUN_LOG, TARGET_DIR, ArraySpec
 
 __all__ = [
     "ARRAY_GROUP_META",
@@ -115,14 +121,21 @@ def content_sha256(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# Manifest keys the digest leaves out: its own seal, when it was written, and the run log's checksum
+# (what runs did, not what the cache holds: store/run_log.py).
+_NOT_DIGESTED = ("content_sha256", "updated_at", "run_log")
+
+
 def manifest_digest(manifest: dict[str, Any]) -> str:
     """The cache's root digest: SHA-256 over the manifest's canonical JSON without its own
-    ``content_sha256`` and ``updated_at`` (a re-commit of the same content keeps the digest).
+    ``content_sha256``, ``updated_at`` and ``run_log`` (a re-commit of the same content, or another
+    run writing the same content, keeps the digest).
 
     The manifest holds the SHA-256 of every other file (``checksums``), every array's metadata and
-    every chunk's committed rows, so any change to the cache that readers accept changes this.
+    every chunk's committed rows, so any change to what the cache holds changes this. Caches written
+    before the run log have no ``run_log`` key: their digest is what it was.
     """
-    body = {k: v for k, v in manifest.items() if k not in ("content_sha256", "updated_at")}
+    body = {k: v for k, v in manifest.items() if k not in _NOT_DIGESTED}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -356,24 +369,30 @@ def check_cache(
     for rel in files_under(Path(root), covered):
         if rel not in checksums:
             problems.append(Mismatch(rel, f"{rel} is not covered by a checksum recorded at commit"))
-    for rel, entry in sorted(checksums.items()):
-        path = Path(root) / rel
-        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
-            problems.append(
-                Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed")
-            )
-            continue
-        if not _inside(root, path):
-            problems.append(Mismatch(rel, f"{rel} leads outside the cache directory"))
-            continue
-        if not path.is_file():
-            problems.append(Mismatch(rel, f"{rel} is missing (recorded at commit)"))
-            continue
-        size = path.stat().st_size
-        if size != entry["bytes"]:
-            problems.append(Mismatch(rel, f"{rel} has {size} bytes, {entry['bytes']} when committed"))
-        elif (digests == "all" or size <= SMALL_FILE_BYTES) and digest_file(path)["sha256"] != entry[
-            "sha256"
-        ]:
-            problems.append(Mismatch(rel, f"{rel} does not match its sha256 recorded at commit"))
+    entries = sorted(checksums.items())
+    if "run_log" in manifest:  # sealed, not digested (store/run_log.py)
+        entries.append((RUN_LOG, manifest["run_log"]))
+    elif (Path(root) / RUN_LOG).is_file():
+        problems.append(Mismatch(RUN_LOG, f"{RUN_LOG} is not covered by a checksum recorded at commit"))
+    for rel, entry in entries:
+        problem = _file_problem(Path(root), rel, entry, digests)
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def _file_problem(root: Path, rel: str, entry: Any, digests: str) -> Mismatch | None:
+    """How the file ``rel`` disagrees with its recorded checksum ``entry``, or None."""
+    path = root / rel
+    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
+        return Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed")
+    if not _inside(root, path):
+        return Mismatch(rel, f"{rel} leads outside the cache directory")
+    if not path.is_file():
+        return Mismatch(rel, f"{rel} is missing (recorded at commit)")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        return Mismatch(rel, f"{rel} has {size} bytes, {entry['bytes']} when committed")
+    if (digests == "all" or size <= SMALL_FILE_BYTES) and digest_file(path)["sha256"] != entry["sha256"]:
+        return Mismatch(rel, f"{rel} does not match its sha256 recorded at commit")
+    return None

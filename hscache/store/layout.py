@@ -3,8 +3,10 @@
     cache/                       (written by hscache/store/..., read by ...)
       manifest.json              the commit record: which tokens and index parts exist (truth)
                                  writer.py; reader.py
-      provenance.json            how the cache was made (schemas/provenance.schema.json)
+      provenance.json            how the rows were computed (schemas/provenance.schema.json)
                                  cache_dir.py; cache_dir.py
+      runs.json                  what each run did: times, host, versions (outside the digest)
+                                 run_log.py; run_log.py
       zarr.json, arrays/...      zarr v3 group; token-major ragged arrays, one row per token
                                  writer.py; chunks.py, reader.py
       index/part-NNNNNN.parquet  per-sequence rows (offset, length, prompt_len, hashes, metadata)
@@ -41,6 +43,7 @@ __all__ = [
     "LOGICAL_TO_STORED",
     "MANIFEST",
     "PROVENANCE",
+    "RUN_LOG",
     "TARGET_DIR",
     "WRITER_LOCK",
     "array_specs",
@@ -53,6 +56,8 @@ FORMAT_NAME = "hscache"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROVENANCE = "provenance.json"
+# One entry per run that wrote the cache (store/run_log.py): sealed by the manifest, not in the digest.
+RUN_LOG = "runs.json"
 ARRAYS_GROUP = "arrays"
 INDEX_DIR = "index"
 TARGET_DIR = "target"

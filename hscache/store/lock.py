@@ -30,7 +30,7 @@ from typing import Any
 from hscache.errors import CacheLockedError, InputError
 from hscache.store.layout import WRITER_LOCK
 
-__all__ = ["current_writer", "writer_lock"]
+__all__ = ["check_no_writer", "current_writer", "writer_lock"]
 
 
 def _holder_text(info: dict[str, Any] | None) -> str:
@@ -48,6 +48,25 @@ def _read_info(fd: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
+
+
+def _locked_error(root: Path, info: dict[str, Any] | None) -> CacheLockedError:
+    return CacheLockedError(
+        f"{root} is being written by {_holder_text(info)}; one writer per cache: wait for it to "
+        "finish (or stop it), then re-run this command"
+    )
+
+
+def check_no_writer(root: Path | str) -> None:
+    """Refuse at once, before a command's heavy work (loading a model), when a live process holds
+    the writer lock of ``root``; ``writer_lock`` still decides (this only says it early).
+
+    Raises:
+        CacheLockedError: the same line ``writer_lock`` would raise.
+    """
+    holder = current_writer(root)
+    if holder is not None:
+        raise _locked_error(Path(root), holder or None)
 
 
 @contextlib.contextmanager
@@ -83,10 +102,7 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise CacheLockedError(
-                f"{root} is being written by {_holder_text(info)}; one writer per cache: wait for it to "
-                "finish (or stop it), then re-run this command"
-            ) from None
+            raise _locked_error(root, info) from None
         # A releasing holder unlinks the file after we opened it: our lock would then be on an
         # orphaned inode that the next writer never sees. Retry on the file that is there now.
         try:

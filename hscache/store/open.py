@@ -10,12 +10,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from hscache.store.layout import MANIFEST
+from hscache.store.paths import not_a_cache
 from hscache.store.reader import open_local
 from hscache.store.shards import has_shards, open_sharded
 from hscache.store.urls import is_url
 from hscache.store.view import CacheView
 
-__all__ = ["open_cache"]
+__all__ = ["check_cache_path", "open_cache"]
+
+
+def check_cache_path(path: str | Path) -> None:
+    """Refuse at once a local ``path`` that holds no cache (nor shards), saying what it is instead:
+    what a command runs before its heavy imports (torch), so that a typo costs no wait.
+
+    Raises:
+        CacheNotFoundError: as ``open_cache`` would, in one line.
+    """
+    if is_url(path):
+        return
+    root = Path(path)
+    if not (root / MANIFEST).is_file() and not has_shards(root):
+        raise not_a_cache(root)
 
 
 def open_cache(path: str | Path, allow_unsealed: bool = False) -> CacheView:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import zarr
 
-from hscache.errors import CacheFormatError, CacheNotFoundError
+from hscache.errors import CacheFormatError
 from hscache.store import jsonio
 from hscache.store.cache_dir import read_provenance
 from hscache.store.chunks import ChunkReader, chunk_reader
@@ -33,6 +33,7 @@ from hscache.store.layout import (
     TARGET_DIR,
     ArraySpec,
 )
+from hscache.store.paths import not_a_cache
 from hscache.store.target_files import (
     MTP_FILE,
     load_tokenizer,
@@ -61,9 +62,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     """
     path = Path(root) / MANIFEST
     if not path.is_file():
-        raise CacheNotFoundError(
-            f"{root} is not an hscache cache (no {MANIFEST}); create one with `hscache extract --out {root}`"
-        )
+        raise not_a_cache(root)
     try:
         manifest = jsonio.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -362,7 +361,9 @@ class Cache:
         return self._rows("target_logits", *self.sequence_span(i))
 
     def target_head(self) -> dict[str, torch.Tensor]:
-        """``{"embed_tokens": [V, H], "lm_head": [V, H]}``; one shared tensor when tied."""
+        """``{"embed_tokens": [V, H], "lm_head": [V, H]}`` (one shared tensor when tied) and the target's
+        final norm, ``final_norm.weight`` [H], ``final_norm.eps`` and ``final_norm.kind`` [1], when the
+        extraction saved it (capture/final_norm.py)."""
         from hscache.store.integrity import SMALL_FILE_BYTES, digest_file
 
         path = self.path / TARGET_DIR / "head.safetensors"

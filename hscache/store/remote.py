@@ -39,6 +39,7 @@ from hscache.store.layout import (
     INDEX_DIR,
     MANIFEST,
     PROVENANCE,
+    RUN_LOG,
     TARGET_DIR,
     WRITER_LOCK,
 )
@@ -204,11 +205,12 @@ def mirror_remote(url: str) -> Path:
         f"{ARRAYS_GROUP}/zarr.json",
         *array_metas,
         PROVENANCE,
+        RUN_LOG,
     ]:
         try:
             infos[name] = fs.info(f"{root}/{name}")
         except FileNotFoundError:
-            if name != PROVENANCE:  # provenance.json is optional, the rest is not
+            if name not in (PROVENANCE, RUN_LOG):  # optional (older caches), the rest is not
                 raise CacheFormatError(
                     f"{url}/{name} is missing; the cache is damaged: re-extract with "
                     f"`hscache extract --out {url} --overwrite`"

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from hscache.errors import CacheFormatError, InputError
+from hscache.errors import CacheFormatError, CacheNotFoundError, InputError
 from hscache.store import fsio
 from hscache.store.index import INDEX_SCHEMA, expand_metadata
 from hscache.store.layout import PROVENANCE, TARGET_DIR, WRITER_LOCK, ArraySpec
 from hscache.store.lock import writer_lock
+from hscache.store.paths import is_cache_dir, not_a_cache
 from hscache.store.reader import Cache, open_local, row_of, sequence_row
 from hscache.store.writer import SequenceRows, StoreWriter
 
@@ -87,12 +88,16 @@ def has_shards(root: str | Path) -> bool:
 
 def shard_dirs(root: Path) -> list[Path]:
     """The shard directories under ``root`` in shard order; all of one run, none missing."""
+    if not root.is_dir():
+        raise _no_shards(root)
     found = sorted(
         (int(m.group(1)), int(m.group(2)), p)
         for p in root.iterdir()
         if p.is_dir() and (m := _SHARD_DIR.match(p.name))
     )
     counts = {count for _, count, _ in found}
+    if not counts:
+        raise _no_shards(root)
     if len(counts) != 1:
         raise CacheFormatError(f"{root} mixes shard counts {sorted(counts)}; keep the shards of one run only")
     count = counts.pop()
@@ -103,6 +108,16 @@ def shard_dirs(root: Path) -> list[Path]:
             f"`hscache extract ... --out {root} --shard {missing[0]}/{count}`"
         )
     return [p for _, _, p in found]
+
+
+def _no_shards(root: Path) -> CacheFormatError | CacheNotFoundError:
+    """What ``root``, given as a directory of shards, is instead."""
+    if is_cache_dir(root):
+        return CacheFormatError(
+            f"{root} is one cache, not a directory of shards (shard-IIIII-of-NNNNN/ folders written by "
+            "`hscache extract --shard I/N`): there is nothing to merge, read it as it is"
+        )
+    return not_a_cache(root, hint=f"run `hscache extract --out {root} --shard I/N` for each I")
 
 
 def _check_same(root: Path, shards: list[Cache]) -> None:

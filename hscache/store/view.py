@@ -77,7 +77,7 @@ class CacheView(Protocol):
         ...
 
     def target_head(self) -> dict[str, torch.Tensor]:
-        """``{"embed_tokens": [V, H], "lm_head": [V, H]}``."""
+        """``{"embed_tokens": [V, H], "lm_head": [V, H]}`` and the saved ``final_norm.*`` tensors."""
         ...
 
     def target_mtp(self) -> dict[str, torch.Tensor]:

@@ -37,6 +37,7 @@ from hscache.store.layout import (
     INDEX_DIR,
     MANIFEST,
     PROVENANCE,
+    RUN_LOG,
     TARGET_DIR,
     ArraySpec,
     chunk_key,
@@ -410,6 +411,19 @@ class StoreWriter:
             self._record(rel, data)
             self._publish_manifest()
 
+    def write_run_log(self, data: bytes) -> None:
+        """Publish ``runs.json`` (store/run_log.py) atomically and record its checksum under the
+        manifest's ``run_log``: sealed like every file, left out of the digest.
+
+        Raises:
+            StoreWriteError: a write failed.
+        """
+        with self._store_errors():
+            fsio.atomic_write_bytes(self.root / RUN_LOG, data)
+            if "checksums" in self.manifest:  # a cache from before checksums stays unsealed
+                self.manifest["run_log"] = integrity.digest_bytes(data)
+            self._publish_manifest()
+
     def record_files(self, rels: Iterable[str]) -> None:
         """Record the checksums of files written by others (directories: every file below)."""
         with self._store_errors():
@@ -430,23 +444,35 @@ class StoreWriter:
         """
         self.commit()
         with self._store_errors():
-            parts = self.manifest["index_parts"]
-            if len(parts) > 1:
-                table = pa.concat_tables([pq.read_table(self.root / p) for p in parts])
-                compacted = self._next_part_name()
-                data = parquet_bytes(table)
-                fsio.atomic_write_bytes(self.root / compacted, data)
-                self.manifest["index_parts"] = [compacted]
-                self._record(compacted, data, replaces=parts)
-                self._publish_manifest()
-                for old in parts:
-                    (self.root / old).unlink(missing_ok=True)
+            self._compact_index()
             for name, appender in self.appenders.items():
                 if appender.array.shape[0] != self.committed_tokens:
                     appender.array.resize((self.committed_tokens, *appender.array.shape[1:]))
                     fsio.fsync_file(self.root / ARRAYS_GROUP / name / "zarr.json")
             self.manifest["complete"] = True
             self._publish_manifest()
+
+    def _compact_index(self) -> None:
+        """Leave the index as one part named ``FINAL_PART`` whatever the commits were: how often a
+        run committed depends on its speed, and the part names are in the digest, so the same rows
+        must end in the same part. Two steps when ``FINAL_PART`` is listed among several (the first
+        commit's part): compact into a new part, then rewrite that under the final name. Each step
+        is one manifest write; a resume deletes the parts the manifest no longer lists."""
+        while self.manifest["index_parts"] and self.manifest["index_parts"] != [FINAL_PART]:
+            parts = self.manifest["index_parts"]
+            table = pa.concat_tables([pq.read_table(self.root / p) for p in parts]).combine_chunks()
+            name = self._next_part_name() if FINAL_PART in parts else FINAL_PART
+            data = parquet_bytes(table)
+            fsio.atomic_write_bytes(self.root / name, data)
+            self.manifest["index_parts"] = [name]
+            self._record(name, data, replaces=parts)
+            self._publish_manifest()
+            for old in parts:
+                (self.root / old).unlink(missing_ok=True)
+
+
+# Where a finished cache's index ends (StoreWriter._compact_index).
+FINAL_PART = f"{INDEX_DIR}/part-000000.parquet"
 
 
 def publish_manifest(root: Path, manifest: dict[str, Any]) -> None:

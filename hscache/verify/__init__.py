@@ -5,8 +5,10 @@
     >>> report.ok, report.bad_sequences                                # doctest: +SKIP
 
 Steps (each a module): structure (manifest, index, files; no data decoded) -> scan (token
-hashes, NaN/Inf, zeros, norm statistics, streamed chunk by chunk) -> deep (decode every
-chunk of every array) -> recompute (re-run sampled sequences through the target). A damaged
+hashes, NaN/Inf, zeros, norm statistics, streamed chunk by chunk) -> crc (every other chunk
+file's crc32c, undecoded) or, with --deep, deep (decode every chunk of every array and check its
+rows' sha256) -> recompute (re-run sampled sequences through the target). The verdict says OK only
+when nothing was left unchecked; otherwise it names what was not checked and the flag that checks it. A damaged
 cache is a finding, not an error: only "not a cache at all" and bad arguments raise.
 """
 
@@ -22,6 +24,7 @@ from hscache.errors import InputError
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import MANIFEST
 from hscache.store.urls import is_url
+from hscache.verify.crc import check_chunk_crcs
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
 from hscache.verify.scan import deep_decode, scan_sequences
 from hscache.verify.structure import check_structure
@@ -112,6 +115,13 @@ def verify_cache(
         tried = scan_sequences(layout, report, progress)
         if config.deep:
             deep_decode(layout, report, tried, progress)
+        else:
+            check_chunk_crcs(layout, report, tried, progress)
+            unhashed = [name for name in layout.arrays if name not in ("hidden_states", "token_ids")]
+            if unhashed:
+                report.not_checked.append(f"the sha256 of the rows of {', '.join(unhashed)} (--deep)")
+        if not config.recompute:
+            report.not_checked.append("a re-run of sampled sequences through the target (--recompute N)")
         if config.recompute:
             from hscache.verify.recompute import recompute_sequences  # loads the target: torch
 

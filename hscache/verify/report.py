@@ -81,6 +81,7 @@ class VerifyReport:
     warnings: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
     digest: str | None = None  # the cache's root digest (store/integrity.py: cache_digest)
+    not_checked: list[str] = field(default_factory=list)  # what this run left out, each with its flag
     _listed: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
@@ -136,6 +137,7 @@ class VerifyReport:
             "warnings": [p.to_dict() for p in self.warnings],
             "seconds": round(self.seconds, 3),
             "digest": self.digest,
+            "not_checked": list(self.not_checked),
         }
 
 
@@ -148,6 +150,8 @@ def format_report(report: VerifyReport, max_lines: int = 20) -> str:
     verdict = "OK"
     if not report.ok:
         verdict = f"FAILED: {len(report.bad_sequences)} bad sequences, {len(report.problems)} problems"
+    elif report.not_checked:  # never "OK" for what was skipped
+        verdict = f"no problem found in what was checked; not checked: {'; '.join(report.not_checked)}"
     lines = [
         f"cache      {report.path} ({'complete' if report.complete else 'incomplete'}) "
         f"{report.sequences} sequences, {report.tokens} tokens{' [deep]' if report.deep else ''}",

@@ -32,6 +32,7 @@ from hscache.store.layout import (
     chunk_key,
 )
 from hscache.store.reader import read_manifest
+from hscache.store.run_log import read_run_log
 from hscache.store.target_files import check_safetensors
 from hscache.verify.report import Problem, VerifyReport
 
@@ -360,6 +361,10 @@ def _check_side_files(root: Path, manifest: dict[str, Any], report: VerifyReport
             report.add(Problem("files", f"{PROVENANCE} is invalid: {exc}"))
     elif manifest["complete"] and PROVENANCE not in manifest.get("checksums", {}):
         report.add(Problem("files", f"{PROVENANCE} is missing from a complete cache"), warning=True)
+    try:
+        read_run_log(root)
+    except CacheFormatError as exc:
+        report.add(Problem("files", str(exc)))
     resolved_root = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):
         for entry in (*dirnames, *filenames):

@@ -135,12 +135,15 @@ def _html(document: dict[str, Any]) -> str:
         f"<th>train accept len</th><th>requests</th></tr>{cells}</table>"
     )
     title = f"Sweep of {escape(document['run_dir'])}"
+    held = document["cache"]["sequences"]
+    scored = max((r["requests"] for r in rows if r["requests"] is not None), default=held)
+    sequences = f"{scored} sequences" if scored == held else f"{scored} of its {held} sequences scored"
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         "<style>body{font-family:system-ui,sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
         "</style></head><body>"
-        f"<h1>{title}</h1><p>cache {escape(document['cache']['path'])} ({document['cache']['sequences']} "
-        f"sequences), {len(rows)} checkpoints</p>{''.join(_charts(rows))}{table}</body></html>\n"
+        f"<h1>{title}</h1><p>cache {escape(document['cache']['path'])} ({sequences}), "
+        f"{len(rows)} checkpoints</p>{''.join(_charts(rows))}{table}</body></html>\n"
     )
 
 

@@ -34,7 +34,7 @@ def test_an_over_long_prompt_line_is_refused_before_it_is_tokenized(tmp_path, mo
     out = tmp_path / "c"
     line = _one_error_line(
         CliRunner().invoke(
-            main, ["extract", "--prompts", str(prompts), "--out", str(out), "--max-length", "64"]
+            main, ["extract", "--quiet", "--prompts", str(prompts), "--out", str(out), "--max-length", "64"]
         )
     )
     assert "record 'huge' (line 2) holds 10000000 characters, more than --max-length 64 tokens" in line

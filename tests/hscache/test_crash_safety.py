@@ -23,6 +23,7 @@ from hscache.cli import main
 from hscache.errors import ResumeMismatchError, StoreWriteError
 from hscache.store import fsio, integrity
 from hscache.store.layout import array_specs
+from hscache.store.run_log import read_run_log
 from hscache.store.writer import SequenceRows, StoreWriter
 from hscache.verify import VerifyConfig, verify_cache
 from tests.conftest import write_jsonl
@@ -52,10 +53,12 @@ def _assert_prefix_of(cache: hscache.Cache, reference: hscache.Cache) -> None:
 
 
 def _assert_identical(out: Path, reference: Path) -> None:
-    """Same arrays (bit for bit, up to the committed tokens), same index rows, same settings."""
+    """Same arrays (bit for bit, up to the committed tokens), same index rows, same settings, and so
+    the same digest: what the interrupted runs did is in the run log, outside it (issue 26, item 1)."""
     cache, ref = hscache.open_cache(out), hscache.open_cache(reference)
     assert cache.complete and len(cache) == len(ref) and cache.num_tokens == ref.num_tokens
     assert cache.settings == ref.settings
+    assert hscache.cache_digest(cache) == hscache.cache_digest(ref)
     assert all(cache.array(n).shape == ref.array(n).shape for n in ref.specs)
     _assert_prefix_of(cache, ref)
     report = verify_cache(out, VerifyConfig(deep=True))
@@ -237,9 +240,10 @@ def test_compaction_crash_windows_never_show_duplicates(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- disk full
 
 
-# index_or_manifest: writes 1-3 are the first manifest, provenance.json and the manifest recording it;
-# the 6th is the second commit's index part.
-@pytest.mark.parametrize("where,fail_at", [("index_or_manifest", 6), ("chunk", 40)])
+# index_or_manifest: writes 1-5 are the first manifest, provenance.json, the manifest recording it,
+# runs.json and the manifest recording it; 6-7 the first commit's index part and manifest; the 8th is
+# the second commit's index part.
+@pytest.mark.parametrize("where,fail_at", [("index_or_manifest", 8), ("chunk", 40)])
 def test_disk_full_keeps_the_committed_part_and_resumes_identically(
     tmp_path, small_cache, monkeypatch, where, fail_at
 ):
@@ -277,19 +281,21 @@ def test_disk_full_while_staging_target_dir_restarts_cleanly(tmp_path, small_cac
     _assert_identical(out, small_cache.path)
 
 
-def test_disk_full_on_the_final_provenance_write_then_rerun_completes(tmp_path, small_cache, monkeypatch):
-    extract_module = sys.modules[
-        "hscache.capture.extract"
-    ]  # the name hscache.capture.extract is the function
+def test_disk_full_on_the_final_run_log_write_leaves_a_complete_cache(tmp_path, small_cache, monkeypatch):
+    """The run log is written last, after the cache is complete: a failure there is said in one line,
+    the cache is whole (the digest of an uninterrupted run) and its run log says the run never
+    finished; a re-run has nothing to add and writes nothing."""
     out = tmp_path / "c"
-    monkeypatch.setattr(extract_module, "write_provenance", _DiskFull(extract_module.write_provenance, 2))
+    disk_full = _DiskFull(StoreWriter.write_run_log, 2)
+    monkeypatch.setattr(StoreWriter, "write_run_log", lambda writer, data: disk_full(writer, data))
     with pytest.raises(StoreWriteError, match="the 12 sequences committed before are intact"):
         hscache.extract(small_cache.config_for(out))
     monkeypatch.undo()
-    assert json.loads((out / "provenance.json").read_text())["timestamps"]["finished_at"] is None
-    assert hscache.extract(small_cache.config_for(out)).resumed_from == 12
-    assert hscache.open_cache(out).provenance["timestamps"]["finished_at"] is not None
+    assert [run["finished_at"] for run in read_run_log(out)] == [None]
     _assert_identical(out, small_cache.path)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert hscache.extract(small_cache.config_for(out)).unchanged
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_cli_disk_full_prints_one_error_line_and_exits_2(tmp_path, small_cache, monkeypatch):

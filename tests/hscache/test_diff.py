@@ -15,6 +15,7 @@ from hscache.cli import main
 from hscache.diff.compare import compare_provenance, diff_caches
 from hscache.diff.report import save_json
 from hscache.report.html import acceptance_chart, write_report
+from hscache.store.run_log import read_run_log
 from tests.chromium import png_is_not_blank, screenshot
 from tests.conftest import write_jsonl
 
@@ -187,7 +188,7 @@ def test_no_common_layer_is_refused(edited_caches, caches) -> None:
     c = hscache.open_cache(edited_caches["C"])
     assert c.layer_ids == [1, 3]
     other = Path(str(edited_caches["C"]) + "_l5")
-    _extract(other, prompts=c.provenance["prompts"]["path"], layers="5", limit=None)
+    _extract(other, prompts=read_run_log(c.path)[0]["inputs"]["prompts"], layers="5", limit=None)
     with pytest.raises(hscache.CacheMismatchError, match=r"no layer in common: A has \[1, 3\], B has \[5\]"):
         diff_caches(edited_caches["C"], other)
 
@@ -257,7 +258,11 @@ def test_cli_diff_writes_schema_valid_json_and_html(caches, tmp_path) -> None:
     assert "full_attention" in result.output and 'capture.dtype: "fp32" -> "bf16"' in result.output
     document = json.loads(out_json.read_text())
     schemas.validate(document, "diff_report")
-    assert document["config"] == {"intersect": False, "position_buckets": [0, 32]}
+    assert document["config"] == {
+        "intersect": False,
+        "position_buckets": [0, 32],
+        "allow_target_mismatch": False,
+    }
     assert isinstance(document["hidden_states"][7]["rel_l2"], float)
     html = out_html.read_text()
     assert (

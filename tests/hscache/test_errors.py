@@ -119,7 +119,11 @@ def test_mismatched_resume_keeps_the_existing_cache(tmp_path, bf16_cache):
 
 def test_info_on_a_directory_that_is_not_a_cache(tmp_path):
     result = CliRunner().invoke(main, ["info", str(tmp_path)])
-    _assert_one_line_error(result.exit_code, result.output.strip(), "is not an hscache cache")
+    _assert_one_line_error(
+        result.exit_code,
+        result.output.strip(),
+        f"{tmp_path} is an empty directory, not a cache; make one with",
+    )
 
 
 @pytest.mark.parametrize(

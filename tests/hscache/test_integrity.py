@@ -19,7 +19,7 @@ import hscache
 from hscache import schemas
 from hscache.cli import main
 from hscache.errors import CacheFormatError
-from hscache.store.integrity import content_sha256
+from hscache.store.integrity import content_sha256, digest_file
 
 
 def _manifest(root: Path) -> dict:
@@ -104,7 +104,9 @@ def test_a_fresh_cache_records_every_file_and_passes(small_cache):
         and p.parts[len(small_cache.path.parts)] not in ("arrays",)
         and p.name != "manifest.json"
     }
-    assert on_disk | {"arrays/zarr.json"} == recorded
+    # runs.json is sealed apart from the other files (the manifest's run_log), outside the digest.
+    assert on_disk | {"arrays/zarr.json"} == recorded | {"runs.json"}
+    assert manifest["run_log"] == digest_file(small_cache.path / "runs.json")
     # Every array's metadata and every committed chunk is recorded too (issue 18, items 2-3).
     for entry in manifest["arrays"].values():
         assert len(entry["zarr_json_sha256"]) == 64

@@ -150,7 +150,7 @@ def test_a_damaged_chunk_stops_the_conversion_naming_it_and_nothing_is_lost(copy
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["recompress", "{missing}", "--compression", "none"], "is not an hscache cache"),
+        (["recompress", "{missing}", "--compression", "none"], "nothing does not exist; check the path"),
         (["recompress", "{cache}", "--compression", "zstd"], "Invalid value for '--compression'"),
     ],
 )

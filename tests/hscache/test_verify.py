@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+import google_crc32c
 import numpy as np
 import pytest
 import zarr
@@ -56,7 +57,13 @@ def test_clean_cache_passes_every_check_and_the_report_matches_its_schema(small_
     assert all(s["nan"] == 0 and s["zero_rows"] == 0 and s["norm_mean"] > 0 for s in report["layers"])
     assert report["chunks_decoded"] >= 3 * 3  # 3 chunk files in each of the three 256-token arrays
     text = CliRunner().invoke(main, ["verify", str(small_cache.path)]).output
-    assert "verdict    OK" in text and "token_hash=ok" in text
+    # Without --deep and --recompute the verdict never says OK: it names what it did not check.
+    assert (
+        "verdict    no problem found in what was checked; not checked: the sha256 of the rows of "
+        "target_argmax, target_logsumexp, target_topk_ids, target_topk_values (--deep); a re-run of "
+        "sampled sequences through the target (--recompute N)\n" in text
+    ), text
+    assert "chunks=ok" in text and "token_hash=ok" in text and "verdict    OK" not in text
 
 
 def test_flipped_byte_in_a_chunk_names_exactly_its_sequences(cache_copy):
@@ -74,16 +81,29 @@ def test_flipped_byte_in_a_chunk_names_exactly_its_sequences(cache_copy):
     assert report["checks"]["token_hash"] == "ok"
 
 
-def test_a_flip_in_an_array_quick_mode_skips_is_found_by_deep(cache_copy):
+def test_a_flip_in_a_top_k_chunk_is_found_without_deep(cache_copy):
+    """Issue 26, item 2b: the quick verify said "verdict OK" with chunks=skipped on a flipped byte in
+    a target_topk_values chunk; it now checks every chunk file's crc32c (--deep also decodes)."""
     path = cache_copy / "arrays" / "target_topk_values" / "c" / "2" / "0"
     data = bytearray(path.read_bytes())
     data[7] ^= 0x80
     path.write_bytes(bytes(data))
-    assert verify_cache(cache_copy).ok  # quick mode reads hidden_states and token_ids only
-    code, report = _verify_cli(str(cache_copy), "--deep")
     expected = _seqs_holding(hscache.open_cache(cache_copy), 512, 768)
-    assert code == 1 and _bad(report, "chunks") == expected
-    assert {p["array"] for p in report["problems"]} == {"target_topk_values"}
+    for deep in ((), ("--deep",)):
+        code, report = _verify_cli(str(cache_copy), *deep)
+        assert code == 1 and _bad(report, "chunks") == expected and report["checks"]["chunks"] == "failed"
+        assert {p["array"] for p in report["problems"]} == {"target_topk_values"}
+    computed = google_crc32c.value(bytes(data[:-4])).to_bytes(4, "little").hex()
+    assert (
+        verify_cache(cache_copy)
+        .problems[0]
+        .message.endswith(
+            f"target_topk_values chunk 2 fails its crc32c check (stored {bytes(data[-4:]).hex()}, computed "
+            f"{computed}): a byte changed or was lost after it was written"
+        )
+    )
+    text = CliRunner().invoke(main, ["verify", str(cache_copy)]).output
+    assert f"verdict    FAILED: {len(expected)} bad sequences, {len(expected)} problems\n" in text, text
 
 
 def test_truncated_chunk_is_caught(cache_copy):
@@ -224,7 +244,7 @@ def test_bf16_caches_verify_too(bf16_cache):
 @pytest.mark.parametrize(
     "args,fragment",
     [
-        (["NOPE"], "is not an hscache cache"),
+        (["NOPE"], "nope does not exist; check the path, or make one with `hscache extract --out "),
         (["CACHE", "--model", "builtin:tiny-qwen3.5"], "only apply to --recompute N"),
         (["CACHE", "--recompute", "1", "--model", "/no/such/model"], "is neither a built-in target"),
     ],

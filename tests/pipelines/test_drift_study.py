@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import hscache
 from hscache import schemas
+from hscache.store.run_log import read_run_log
 from pipelines.drift_study import DriftStudyConfig, DriftStudyError, main, parse_settings, run_drift_study
 from tests.chromium import png_is_not_blank, screenshot
 
@@ -154,11 +155,12 @@ def test_cli_rerun_with_overwrite_reuses_caches_whose_settings_hold(study) -> No
         if p.is_file()
     ]
     stamps = {p: p.stat().st_mtime_ns for p in data}
-    started = [hscache.open_cache(c).provenance["timestamps"]["started_at"] for c in caches]
+    started = [read_run_log(c) for c in caches]
     result = CliRunner().invoke(main, ["--out", str(out), *_FLAGS, "--overwrite"])
     assert result.exit_code == 0, result.output
-    # --overwrite rebuilds only caches of other settings: these were resumed (complete), not rebuilt.
-    assert [hscache.open_cache(c).provenance["timestamps"]["started_at"] for c in caches] == started
+    # --overwrite rebuilds only caches of other settings: these were complete and left alone (not even
+    # a run log entry: a re-run that adds nothing writes nothing).
+    assert [read_run_log(c) for c in caches] == started
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
 

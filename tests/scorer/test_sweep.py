@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import hscache
 import scorer.sweep as sweep_module
 from scorer.cli import main
 from scorer.errors import ScorerError
 from scorer.evaluate import EvalConfig
 from scorer.init import init_drafter
+from scorer.report.sweep import write_outputs
 from scorer.sweep import find_checkpoints, parse_step, sweep
 
 # init_drafter's block size: step_1k/ holds bare weights, and a block size is never defaulted.
@@ -92,6 +94,12 @@ def test_sweep_writes_table_and_plot_then_skips_on_rerun(run_dir, scale_cache, t
     assert "accept_cond_7" in table[0] and "ddtree_8" in table[0]
     html = (out / "sweep.html").read_text()
     assert html.count("<svg") == 2 and "<script" not in html
+    assert f"({len(hscache.open_cache(scale_cache))} sequences), 3 checkpoints</p>" in html
+    # With --limit the page says how many were scored, not how many the cache holds (issue 26, item 17).
+    limited = {**first, "rows": [{**r, "requests": 2} for r in first["rows"]]}
+    write_outputs(limited, tmp_path / "limited")
+    html = (tmp_path / "limited" / "sweep.html").read_text()
+    assert f"(2 of its {len(hscache.open_cache(scale_cache))} sequences scored), 3 checkpoints</p>" in html
     saved = json.loads((out / "sweep.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(first["rows"]))
     pytest.importorskip("matplotlib")
@@ -136,3 +144,14 @@ def test_sweep_on_a_cluster_matches_and_cli(run_dir, scale_cache, tmp_path, dask
     keys = ("step", "tau_per_request", "tau_pooled", "acceptance_conditional", "train_accept_len", "ddtree")
     assert [{k: r[k] for k in keys} for r in dist["rows"]] == [{k: r[k] for k in keys} for r in local["rows"]]
     assert "1000  tau" in result.output
+
+
+def test_sweep_help_names_only_its_own_flags_and_real_defaults():
+    """Issue 26, item 17: --seed mentioned a --samples that sweep does not have; --tokens-per-task
+    showed an internal name as its default."""
+    from scorer.distributed import DEFAULT_TASK_TOKENS
+
+    text = " ".join(CliRunner().invoke(main, ["sweep", "--help"]).output.split())
+    assert "--samples" not in text and "Seed of the bootstrap intervals. [default: 0]" in text
+    assert f"Tokens of work per dask task (default: {DEFAULT_TASK_TOKENS})." in text
+    assert "DEFAULT_TASK_TOKENS" not in text

@@ -1,0 +1,158 @@
+"""What ``hscache extract`` refuses before it imports torch or loads a model: bad flags, a ``--out``
+it may not write, a cache another process is writing, a prompts file that does not parse.
+
+Importing torch takes 6-25 s on a busy machine and loading a real target a minute; every refusal
+that needs neither comes first, in one line. Torch-free by design (tests/test_lazy_imports.py):
+the CLI runs ``check_extract_request`` before it imports the extraction, and ``extract()`` runs it
+again for API callers (the prompts file is then parsed once per process, not twice). What needs
+the model (``--top-k`` against the vocabulary, layer ids against its depth, token counts) is checked
+right after the load, still before anything is written (capture/extract.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+from hscache.capture import BUILTIN_TARGETS
+from hscache.capture.layers import check_layer_syntax
+from hscache.capture.prompts import DEFAULT_PROMPTS, first_records, iter_records, resolve_prompts, unique_ids
+from hscache.errors import InputError, ModelNotFoundError, PromptFileError
+from hscache.store.cache_dir import check_out_dir
+from hscache.store.layout import COMPRESSIONS
+from hscache.store.lock import check_no_writer
+from hscache.store.paths import enclosing_cache
+from hscache.store.reader import read_manifest
+from hscache.store.shards import shard_path
+from hscache.store.urls import is_url
+
+__all__ = ["ExtractRequest", "check_extract_request", "check_model_name"]
+
+# Prompt files parsed in this process, by identity and selection: the CLI's early check and
+# extract()'s own then parse a file once. Keyed by (path, inode, size, mtime_ns, selection).
+_PARSED: set[tuple] = set()
+
+
+class ExtractRequest(Protocol):
+    """The fields of ``ExtractConfig`` checked here (the CLI passes its options before building one)."""
+
+    out: str
+    overwrite: bool
+    model: str
+    layers: str
+    prompts: str
+    tokens_from: str | None
+    max_new_tokens: int
+    limit: int | None
+    shard: tuple[int, int] | None
+    id_from_line: bool
+    suffix_duplicate_ids: bool
+    compression: str
+    generate_batch: int
+    memory_gb: float
+
+
+def check_extract_request(config: ExtractRequest) -> None:
+    """Refuse ``config`` now if it can be refused without a model (``config.out`` before any
+    ``--shard`` suffix: the shard's own directory is derived here).
+
+    Raises:
+        InputError / PromptFileError / LayerSpecError / ModelNotFoundError / CacheNotFoundError /
+        CacheLockedError: one line naming the flag and the fix.
+    """
+    _check_options(config)
+    check_model_name(config.model)
+    check_layer_syntax(config.layers)  # the range is checked against the model once it is loaded
+    if not is_url(config.out):
+        out = shard_path(config.out, *config.shard) if config.shard else Path(config.out)
+        _check_out(out, config.overwrite)
+    if config.tokens_from:
+        _check_tokens_from(config.tokens_from)
+    else:
+        _check_prompt_file(config)
+
+
+def check_model_name(name: str) -> None:
+    """``--model`` names a built-in target or a local Hugging Face directory (nothing is downloaded).
+
+    Raises:
+        ModelNotFoundError: neither.
+    """
+    if name.startswith("builtin:"):
+        if name not in BUILTIN_TARGETS:
+            raise ModelNotFoundError(
+                f"unknown built-in target {name!r}; choose one of {', '.join(BUILTIN_TARGETS)}"
+            )
+    elif not (Path(name) / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"--model {name!r} is neither a built-in target ({', '.join(BUILTIN_TARGETS)}) "
+            "nor a local Hugging Face directory with config.json; nothing is downloaded"
+        )
+
+
+def _check_options(config: ExtractRequest) -> None:
+    if config.tokens_from and config.max_new_tokens != 0:
+        raise InputError(
+            f"--tokens-from replays {config.tokens_from}'s tokens as they are; pass --max-new-tokens 0"
+        )
+    if config.tokens_from and config.prompts != DEFAULT_PROMPTS:
+        raise InputError("--tokens-from takes the prompts from the cache; drop --prompts")
+    if config.generate_batch < 0 or config.memory_gb <= 0:
+        raise InputError(
+            f"--generate-batch {config.generate_batch} / --memory-gb {config.memory_gb}: "
+            "pass a batch >= 1 (0: by device) and a positive budget in GB"
+        )
+    if config.compression not in COMPRESSIONS:
+        raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """``--out`` can become (or already is) the cache: no file in the way, not inside another cache,
+    not a directory of other files, writable, and nobody else writing it."""
+    if blocker := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
+        raise InputError(
+            f"--out {out}: {blocker} is a file, not a directory, so the cache directory cannot be "
+            "created; choose another path"
+        )
+    if out.exists() and not out.is_dir():
+        raise InputError(
+            f"--out {out} is a file, not a directory; a cache is a directory: choose a new directory path "
+            "(extract creates it)"
+        )
+    inside = enclosing_cache(out)
+    if inside is not None:
+        raise InputError(f"--out {out} is inside the cache {inside}; choose a directory outside it")
+    check_out_dir(out, overwrite)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"--out {out}: {existing} is not writable by this user; choose another path")
+    if out.is_dir():
+        check_no_writer(out)
+
+
+def _check_tokens_from(cache: str) -> None:
+    manifest = read_manifest(Path(cache))  # a missing or non-cache path, said as what it is
+    if int(manifest["committed"]["sequences"]) == 0:
+        raise PromptFileError(f"--tokens-from {cache} holds no committed sequences")
+
+
+def _check_prompt_file(config: ExtractRequest) -> None:
+    """Every record this run selects parses and has its own id (one streaming pass, no tokenizer)."""
+    path = resolve_prompts(config.prompts)
+    st = path.stat()
+    key = (
+        str(path.resolve()),
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+        config.limit,
+        config.id_from_line,
+        config.suffix_duplicate_ids,
+    )
+    if key in _PARSED:
+        return
+    records = iter_records(path, id_from_line=config.id_from_line)
+    for _ in first_records(unique_ids(records, config.suffix_duplicate_ids), config.limit):
+        pass
+    _PARSED.add(key)
