@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from hscache.store.integrity import cache_digest
     from hscache.store.open import open_cache
     from hscache.store.reader import Cache
+    from hscache.store.sampling import SamplingSetting, sampling_setting
     from hscache.store.view import CacheView
 
 # The public API is imported on first use: `hscache --help` (and every command's early errors)
@@ -30,6 +31,8 @@ _LAZY = {
     "open_cache": "hscache.store.open",
     "cache_digest": "hscache.store.integrity",
     "CacheView": "hscache.store.view",
+    "SamplingSetting": "hscache.store.sampling",
+    "sampling_setting": "hscache.store.sampling",
     "DiffReport": "hscache.diff.report",
     "diff_caches": "hscache.diff.compare",
     "ExtractConfig": "hscache.capture.extract",
@@ -59,9 +62,11 @@ __all__ = [
     "ExtractConfig",
     "ExtractResult",
     "Progress",
+    "SamplingSetting",
     "cache_digest",
     "diff_caches",
     "extract",
     "open_cache",
+    "sampling_setting",
     *_error_names,
 ]

@@ -97,6 +97,95 @@ class _ExtractProgress:
         self.reporter.finish()
 
 
+# ----------------------------------------------------------------------------- extract's sampling flags
+
+# Flags -> SamplingSetting fields (--sample-top-k: extract's --top-k already names the logits it keeps).
+_SAMPLING_FLAGS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "sample_top_k": "top_k",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "seed": "seed",
+    "samples_per_prompt": "samples_per_prompt",
+}
+
+
+def sampling_options(fn: Callable) -> Callable:
+    """The sampling flags of ``hscache extract`` (docs/extract.md "Sampled extraction")."""
+    options = [
+        click.option(
+            "--sampling",
+            default=None,
+            metavar="PRESET",
+            help="greedy (the default), qwen-thinking (T 1.0, top-p 0.95, top-k 20, presence 1.5), "
+            "qwen-thinking-coding (T 0.6, top-p 0.95, top-k 20), qwen-instruct (T 0.7, top-p 0.8, top-k 20, "
+            "presence 1.5), or generation-config (the --model directory's generation_config.json). "
+            "Explicit flags below override a preset's field.",
+        ),
+        click.option("--temperature", type=float, default=None, help="0: greedy (default); else >= 1e-5."),
+        click.option("--top-p", type=float, default=None, help="In (0, 1] (default 1)."),
+        click.option(
+            "--sample-top-k",
+            type=int,
+            default=None,
+            help="Sampling top-k, >= 1 (required when sampling: the stored distribution is exact). "
+            "Not --top-k, which is how many target logits the cache keeps.",
+        ),
+        click.option("--min-p", type=float, default=None, help="In [0, 1] (default 0)."),
+        click.option("--presence-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
+        click.option("--frequency-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
+        click.option("--repetition-penalty", type=float, default=None, help="In (0, 2] (default 1)."),
+        click.option("--seed", type=int, default=None, help="Keys every draw (default 0 when sampling)."),
+        click.option(
+            "--samples-per-prompt",
+            type=int,
+            default=None,
+            help="Sampled trajectories per prompt, each its own sequence (index column 'sample').",
+        ),
+        click.option(
+            "--responses-from",
+            default=None,
+            metavar="FILE",
+            help="A vLLM server's sampled completions (JSON lines of request + response with token ids and "
+            "processed top logprobs), teacher-forced as they are; the sampling setting is read from the requests.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _sampling_setting(options: dict[str, Any]) -> Any:
+    """Pop the sampling flags from ``options`` and validate them into a ``SamplingSetting``, before
+    torch is imported; says what ``--sampling generation-config`` and ``--responses-from`` took."""
+    from hscache.errors import InputError
+    from hscache.store.sampling import SamplingSetting, generation_config_values
+
+    preset = options.pop("sampling")
+    flags = {field: options.pop(flag) for flag, field in _SAMPLING_FLAGS.items()}
+    if options["responses_from"]:
+        from hscache.capture.responses import iter_responses, responses_sampling
+
+        if preset is not None:
+            raise InputError(
+                "--responses-from reads the sampling setting from the file's requests; drop --sampling"
+            )
+        setting = responses_sampling(options["responses_from"], flags)
+        for _record in iter_responses(options["responses_from"], setting):  # every record's logprobs, now
+            pass
+        click.echo(f"sampling: {setting.describe()} (from {options['responses_from']}'s requests)")
+        return setting
+    setting = SamplingSetting.from_flags(preset, model=options["model"], **flags)
+    if preset == "generation-config":
+        path, values = generation_config_values(options["model"])
+        took = ", ".join(f"{k} {v}" for k, v in values.items()) or "nothing (vLLM's defaults apply)"
+        click.echo(f"sampling: took {took} from {path}; now {setting.describe()}")
+    return setting
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hscache")
 def main() -> None:
@@ -236,6 +325,7 @@ def main() -> None:
 )
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@sampling_options
 @click.pass_context
 @friendly_errors
 def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None, **options: Any) -> None:
@@ -250,19 +340,19 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
     from hscache.capture.preflight import check_extract_request
     from hscache.store.shards import parse_shard
 
-    if (
-        options["tokens_from"]
-        and ctx.get_parameter_source("max_new_tokens") is click.core.ParameterSource.DEFAULT
-    ):
-        options["max_new_tokens"] = 0  # a replay of the cache's tokens generates nothing
+    sampling = _sampling_setting(options)  # flags and a responses file checked before torch is imported
+    if (options["tokens_from"] or options["responses_from"]) and ctx.get_parameter_source(
+        "max_new_tokens"
+    ) is click.core.ParameterSource.DEFAULT:
+        options["max_new_tokens"] = 0  # a replay of given tokens generates nothing
     options["shard"] = parse_shard(shard) if shard else None
     # Bad flags, an --out that cannot be written, a second writer, a prompts file that does not parse:
     # refused here, before torch is imported (seconds) and the model loaded (a minute).
-    check_extract_request(SimpleNamespace(**options))
+    check_extract_request(SimpleNamespace(**options, sampling=sampling))
     from hscache.capture.extract import ExtractConfig
     from hscache.capture.extract import extract as run_extract
 
-    config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), **options)
+    config = ExtractConfig(chunk_bytes=int(chunk_mb * (1 << 20)), sampling=sampling, **options)
     # rich draws nothing until the end when stderr is not a terminal (a log file, a batch job).
     progress = None if quiet else _ExtractProgress()
     with _sigterm_as_interrupt():

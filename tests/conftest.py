@@ -53,6 +53,39 @@ def scale_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# The sampled cache's settings (tests/hscache/test_sampled_extract.py rebuilds it through the CLI).
+SAMPLED_CACHE_CONFIG = dict(
+    layers="1,3",
+    max_new_tokens=16,
+    dtype="fp32",
+    limit=3,
+    full_logits=True,  # the tests recompute the processed distribution from the cached logits
+    commit_every_s=0.0,
+    mtp=False,
+)
+SAMPLED_CACHE_FLAGS = ("--sampling", "qwen-thinking", "--samples-per-prompt", "2", "--seed", "7")
+
+
+@pytest.fixture(scope="session")
+def sampled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built-in hybrid target sampled at Qwen's thinking preset (T 1, top-p 0.95, top-k 20, presence
+    1.5), seed 7: 3 prompts x 2 samples x 16 tokens, fp32, layers 1,3, full logits; one torch thread
+    (resumed and re-run extractions are compared with it bit for bit)."""
+    import torch
+
+    from hscache.store.sampling import SamplingSetting
+
+    out = tmp_path_factory.mktemp("sampled") / "cache"
+    sampling = SamplingSetting.from_flags("qwen-thinking", samples_per_prompt=2, seed=7)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        hscache.extract(hscache.ExtractConfig(out=str(out), sampling=sampling, **SAMPLED_CACHE_CONFIG))
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
 @pytest.fixture(scope="session")
 def dask_client():
     """One LocalCluster (2 single-threaded worker processes) for every test that needs dask:

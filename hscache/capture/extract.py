@@ -45,16 +45,26 @@ from hscache.capture.prompts import (
     unique_ids,
 )
 from hscache.capture.provenance import build_provenance, model_path, run_record, tokenizer_sha256, utc_now
+from hscache.capture.responses import ServedRecord, expand_samples, iter_responses, responses_sampling
+from hscache.capture.sampling import (
+    SAMPLING_BYTES_PER_LOGIT,
+    SupportBuilder,
+    attach,
+    realised_counts,
+    sampled_arrays,
+    sampled_continuations,
+)
 from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
 from hscache.store.fsio import file_sha256
-from hscache.store.layout import DEFAULT_COMPRESSION, MANIFEST, array_specs
+from hscache.store.layout import DEFAULT_COMPRESSION, MANIFEST, array_specs, sampled_array_specs
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.run_log import encode_run_log, read_run_log
+from hscache.store.sampling import GREEDY, SamplingSetting
 from hscache.store.shards import shard_path
 from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
@@ -81,6 +91,7 @@ _RESUME_KEYS = (
     "generate_batch",
     "shard",
     "mtp",
+    "sampling",  # absent in a greedy cache (every cache written before sampling existed)
 )
 # Caches written before a setting existed were made as its value here says.
 _LEGACY = {"generate_batch": 1, "mtp": False}
@@ -121,6 +132,11 @@ class ExtractConfig:
     # Store the target's own MTP head (mtp.* weights) when its checkpoint has one, and add the last
     # layer (what MTP reads) to the layers; False: neither (--no-mtp).
     mtp: bool = True
+    # How continuations are drawn (hscache/store/sampling.py): greedy by default; a sampled setting
+    # stores the processed distribution per generated position (docs/extract.md "Sampled extraction").
+    sampling: SamplingSetting = GREEDY
+    # A server's sampled completions (capture/responses.py), teacher-forced as they are (--max-new-tokens 0).
+    responses_from: str | None = None
 
 
 @dataclass
@@ -207,7 +223,7 @@ def record_chars(record: Any) -> int:
 
 def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
     """Stream the prompts once: every line parses, tokenizes, and fits --max-length; ids are unique."""
-    path = Path(config.tokens_from) if config.tokens_from else resolve_prompts(config.prompts)
+    path = _prompts_path(config)
     records = prompt_tokens = 0
     max_chars = config.max_length * longest_token_chars(target.tokenizer)
     for record in _selected(config):
@@ -232,19 +248,40 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
                 f"record {record.record_id!r} (line {record.line_no}): prompt + response is longer than "
                 f"--max-length {config.max_length}; shorten it or raise --max-length"
             )
+        if isinstance(record, ServedRecord):
+            _check_served(record, length, config.max_length, target.vocab_size)
         records += 1
         prompt_tokens += length
     sha256 = cache_records_sha256(path) if config.tokens_from else file_sha256(path)
     return _PromptSummary(path, sha256, records, prompt_tokens)
 
 
+def _prompts_path(config: ExtractConfig) -> Path:
+    if config.responses_from:
+        return Path(config.responses_from)
+    return Path(config.tokens_from) if config.tokens_from else resolve_prompts(config.prompts)
+
+
+def _check_served(record: ServedRecord, prompt_len: int, max_length: int, vocab_size: int) -> None:
+    for choice in record.choices:
+        too_big = [t for t in choice.token_ids if t >= vocab_size]
+        if too_big:
+            what = f"token id {too_big[0]} is outside the model's vocabulary of {vocab_size}"
+        elif prompt_len + len(choice.token_ids) > max_length:
+            what = f"prompt + completion is longer than --max-length {max_length}; raise --max-length"
+        else:
+            continue
+        raise PromptFileError(f"record {record.record_id!r} (line {record.line_no}): {what}")
+
+
 def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
     """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
-    source = (
-        cache_records(config.tokens_from)
-        if config.tokens_from
-        else iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
-    )
+    if config.responses_from:
+        source = iter_responses(config.responses_from, config.sampling)
+    elif config.tokens_from:
+        source = cache_records(config.tokens_from)
+    else:
+        source = iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
     records = first_records(unique_ids(source, config.suffix_duplicate_ids), config.limit)
     if config.shard is None:
         return records
@@ -282,6 +319,8 @@ def _settings(
         "limit": config.limit,
         "mtp": mtp,
         **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
+        # Greedy records nothing, so a greedy cache's manifest (and digest) is what it always was.
+        **({} if config.sampling.greedy else {"sampling": config.sampling.to_dict()}),
     }
 
 
@@ -295,8 +334,8 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
             else ""
         )
         raise ResumeMismatchError(
-            f"{out} was built with {_flag(key)} {_shown(existing.get(key))} but this run has "
-            f"{_flag(key)} {_shown(settings.get(key))}{more}; "
+            f"{out} was built with {_flag(key)} {_shown(existing.get(key), key)} but this run has "
+            f"{_flag(key)} {_shown(settings.get(key), key)}{more}; "
             "re-run with the original settings to resume, or pass --overwrite to start over"
         )
 
@@ -315,7 +354,9 @@ def _flag(key: str) -> str:
     return _FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, key: str = "") -> str:
+    if key == "sampling":
+        return SamplingSetting.from_dict(value).describe() if isinstance(value, dict) else "greedy"
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     if isinstance(value, dict):  # --shard
@@ -372,6 +413,8 @@ def _open_store(
         int(text.vocab_size) if config.full_logits else None,
         config.chunk_bytes,
     )
+    if not config.sampling.greedy:
+        specs.update(sampled_array_specs(config.sampling.support_width, config.chunk_bytes))
     with _disk_errors(out, 0):
         prepare_fresh_dir(out)
         write_target_of(out, target, mtp)
@@ -400,6 +443,8 @@ def _to_rows(
     }
     if captured.logits is not None:
         arrays["target_logits"] = _stored(captured.logits, "float32")
+    if captured.support_ids is not None or isinstance(record, ServedRecord):
+        arrays.update(sampled_arrays(captured, record, prompt_len))
     return SequenceRows(
         arrays=arrays,
         record_id=record.record_id,
@@ -430,7 +475,8 @@ def _sequences(
     batch companions it had in an uninterrupted run (in bf16 they can move a near-tie).
     """
     group: list[tuple[int, PromptRecord]] = []
-    for n, record in enumerate(_selected(config)):
+    # A sampled run: one sequence per (record, sample), each its own item of the grouping.
+    for n, record in enumerate(expand_samples(_selected(config), config.sampling)):
         group.append((n, record))
         if len(group) == generate_batch:
             yield from _continued(config, target, group, skip, progress)
@@ -453,7 +499,12 @@ def _continued(
         done = []
         for (_, record), prompt in zip(group, prompts):
             response = response_token_ids(record, target.tokenizer)
-            done.append((prompt + response, "dataset") if response else (prompt, "none"))
+            stop = record.choice.stop_reason if isinstance(record, ServedRecord) else "dataset"
+            done.append((prompt + response, stop) if response else (prompt, "none"))
+    elif not config.sampling.greedy:
+        keys = [(record.record_id, int(record.metadata["sample"])) for _, record in group]
+        args = (config.sampling, config.max_new_tokens, config.max_length)
+        done = sampled_continuations(target, prompts, keys, *args)
     else:
         if progress is not None:
             progress.status(f"generating {len(group)} continuations of up to {config.max_new_tokens} tokens")
@@ -500,6 +551,9 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     check_extract_request(config)  # flags, --out, a live writer, the prompts' syntax: before torch work
     if config.shard is not None:
         config = replace(config, out=str(shard_path(config.out, *config.shard)))
+    if config.responses_from:  # the setting is the file's requests' (fields a given setting adds must agree)
+        flags = {} if config.sampling.greedy else config.sampling.to_dict()
+        config = replace(config, sampling=responses_sampling(config.responses_from, _parameters(flags)))
     if config.dtype == "auto":  # resolved before anything is recorded: settings hold bf16/fp32
         config = replace(config, dtype=auto_dtype(config.device))
     # From before the model loads (a second writer is refused in a second, not after the load) and
@@ -548,10 +602,11 @@ def _extract_locked(
     with use_backend(target.model, backend) as kernels:
         with _disk_errors(out, done):
             provenance, runs = _start_run(config, writer, target, settings, kernels, prompts)
-        progress.start(prompts.records, prompts.prompt_tokens, done)
+        progress.start(prompts.records * config.sampling.samples_per_prompt, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings, skip=done, progress=progress):
                 progress.status("capturing hidden states")
+                builders = _support_builders(config, target, batch)
                 captured = capture_batch(
                     target,
                     [b[1] for b in batch],
@@ -559,12 +614,21 @@ def _extract_locked(
                     config.top_k,
                     config.full_logits,
                     memory_gb=config.memory_gb,
+                    on_logits=builders,
+                    extra_bytes_per_logit=SAMPLING_BYTES_PER_LOGIT if builders else 0,
                 )
+                if builders:
+                    captured = [attach(c, b) for c, b in zip(captured, builders)]
                 # On CUDA the copies to pinned host memory are queued now, before the next forward, and
                 # the writer thread waits for them alone: the GPU never waits for the disk.
                 captured, copied = to_host_async(captured)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
+        if "sampling" in provenance:  # counted over the whole cache, a resumed run's first part included
+            with _disk_errors(out, writer.committed_sequences):
+                writer.commit()
+                provenance["sampling"].update(realised_counts(writer))
+                write_provenance(writer, provenance)
         writer.finish()
     # The run log last: it is outside the digest, so the finished cache's digest is already final.
     runs[-1].update(finished_at=utc_now(), sequences_at_finish=writer.committed_sequences)
@@ -596,6 +660,18 @@ def _complete_with(config: ExtractConfig, settings: dict[str, Any]) -> dict[str,
     return manifest if manifest.get("complete") else None
 
 
+def _support_builders(config: ExtractConfig, target: Target, batch: list[_Sequence]) -> list | None:
+    """Per sequence, the observer that stores the processed distribution of a sampled run (None:
+    greedy, or served completions whose distribution comes from the server)."""
+    if config.sampling.greedy or config.responses_from:
+        return None
+    device = next(target.model.parameters()).device
+    return [
+        SupportBuilder(config.sampling, torch.tensor(ids, device=device), plen, record.record_id)
+        for record, ids, plen, _stop in batch
+    ]
+
+
 def _wants_mtp(config: ExtractConfig) -> bool:
     """``--mtp``, except that a resume follows the cache it resumes: one started before MTP heads
     were stored (or with --no-mtp) goes on without, so its layers stay what they were."""
@@ -608,6 +684,11 @@ def _wants_mtp(config: ExtractConfig) -> bool:
         return config.mtp  # _open_store reports a damaged manifest in its own words
 
 
+def _parameters(setting: dict[str, Any]) -> dict[str, Any]:
+    keys = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+    return {k: setting[k] for k in (*keys, "repetition_penalty", "seed") if k in setting}
+
+
 def auto_dtype(device: str) -> str:
     """``--dtype auto``: bf16 on CUDA; fp32 on CPU, where bf16 runs 2-3x slower (measured on
     the quickstart) and fp32 is also the exact reference."""
@@ -617,10 +698,16 @@ def auto_dtype(device: str) -> str:
 def _check_flags(config: ExtractConfig, target: Target) -> None:
     """The flags that need the model, before anything is written: a cache is never left unresumable
     (the others were checked before the load: capture/preflight.py)."""
+    _check_sampling_flags(config, target)
     if not 1 <= config.top_k <= target.vocab_size:
         raise InputError(
             f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
         )
+
+
+def _check_sampling_flags(config: ExtractConfig, target: Target) -> None:
+    """The sampling setting against the model (what needs no model was refused by preflight)."""
+    config.sampling.validate(target.vocab_size)
 
 
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
@@ -653,9 +740,17 @@ def _start_run(
         provenance = build_provenance(
             target=target, settings=settings, kernels=kernels, num_records=prompts.records
         )
+        if "sampling" in settings:  # the realised-token counts are filled in when the cache is complete
+            provenance["sampling"] = {
+                **settings["sampling"],
+                "sampled_positions": None,
+                "realised_outside_support": None,
+            }
         write_provenance(writer, provenance)
-    source = config.tokens_from or (
-        str(prompts.path) if config.prompts != DEFAULT_PROMPTS else DEFAULT_PROMPTS
+    source = (
+        config.responses_from
+        or config.tokens_from
+        or (str(prompts.path) if config.prompts != DEFAULT_PROMPTS else DEFAULT_PROMPTS)
     )
     runs = read_run_log(writer.root)
     runs.append(

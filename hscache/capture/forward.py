@@ -9,12 +9,12 @@ sees it BEFORE the final norm, unlike transformers' last entry). Spec section 1.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 
 from hscache.capture.target import Target
 
@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_MEMORY_GB",
     "CapturedSequence",
     "capture_batch",
+    "continuations",
     "greedy_continuation",
     "greedy_continuations",
     "head_rows",
@@ -78,6 +79,10 @@ class CapturedSequence:
     topk_ids: torch.Tensor  # [T, k] int64
     logsumexp: torch.Tensor  # [T] float32 over the full vocabulary
     logits: torch.Tensor | None  # [T, V] float32 when full logits are kept
+    # Sampled caches (capture/sampling.py SupportBuilder): the processed distribution's support per row.
+    support_ids: torch.Tensor | None = None  # [T, W] int32, -1 outside the support
+    support_probs: torch.Tensor | None = None  # [T, W] float32
+    token_prob: torch.Tensor | None = None  # [T] float32: p(token t + 1); NaN where nothing was drawn
 
 
 def greedy_continuation(
@@ -113,6 +118,19 @@ def greedy_continuations(
     Returns:
         Per prompt, in order: (prompt + continuation, stop reason) as in ``greedy_continuation``.
     """
+    return continuations(target, prompts, max_new_tokens, max_length)
+
+
+def continuations(
+    target: Target,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    max_length: int,
+    sampler_for: Callable[[list[int]], Any] | None = None,
+) -> list[tuple[list[int], str]]:
+    """``greedy_continuations``, or with ``sampler_for`` sampled ones: ``sampler_for(rows)`` gives the
+    logits processor that draws each next token of the prompts ``rows`` (they are the batch, in
+    order), leaving only the drawn token's score finite (capture/sampling.py ``SeededSampler``)."""
     budgets = [min(max_new_tokens, max_length - len(p)) for p in prompts]
     results: list[tuple[list[int], str] | None] = [None] * len(prompts)
     todo = []
@@ -125,7 +143,8 @@ def greedy_continuations(
             todo.append(i)
     if todo:
         eos, eos_set = _eos_ids(target)
-        new = _generate(target, [prompts[i] for i in todo], max(budgets[i] for i in todo), eos)
+        processor = sampler_for(todo) if sampler_for is not None else None
+        new = _generate(target, [prompts[i] for i in todo], max(budgets[i] for i in todo), eos, processor)
         for i, tokens in zip(todo, new):
             tokens = tokens[: budgets[i]]
             stop = next((k for k, t in enumerate(tokens) if t in eos_set), None)
@@ -137,8 +156,11 @@ def greedy_continuations(
     return [r for r in results if r is not None]
 
 
-def _generate(target: Target, prompts: Sequence[Sequence[int]], budget: int, eos: Any) -> list[list[int]]:
-    """New tokens per prompt (finished rows padded past their EOS by ``generate``)."""
+def _generate(
+    target: Target, prompts: Sequence[Sequence[int]], budget: int, eos: Any, processor: Any = None
+) -> list[list[int]]:
+    """New tokens per prompt (finished rows padded past their EOS by ``generate``); ``processor``: a
+    logits processor that picks each token (sampling), else the plain argmax."""
     model, tokenizer = target.model, target.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(_eos_ids(target)[1]))
     config = GenerationConfig(
@@ -162,6 +184,7 @@ def _generate(target: Target, prompts: Sequence[Sequence[int]], budget: int, eos
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 generation_config=config,
+                **({"logits_processor": LogitsProcessorList([processor])} if processor is not None else {}),
             )
     finally:
         model.generation_config = saved
@@ -192,6 +215,7 @@ def next_token_stats(
     top_k: int,
     keep_logits: bool,
     rows_per_step: int = 2048,
+    on_logits: Callable[[int, torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """argmax / top-k / logsumexp of ``lm_head(final_hidden)`` for ``[T, H]`` rows, in row blocks.
 
@@ -199,6 +223,7 @@ def next_token_stats(
     top-k values and the log-sum-exp in float32 (bf16 logits are exact in float32). Only
     ``rows_per_step`` rows of logits exist at once (see ``head_rows``); each row's numbers do not
     depend on the blocking (tested), and ``keep_logits`` is the one opt-in ``[T, V]`` result.
+    ``on_logits(first_row, logits32)``: called with each chunk's new rows (sampled caches).
     """
     argmax, values, ids, lse, full = [], [], [], [], []
     for lo, hi, new in row_chunks(final_hidden.shape[0], rows_per_step):
@@ -211,6 +236,8 @@ def next_token_stats(
         lse.append(torch.logsumexp(logits32, dim=-1))
         if keep_logits:
             full.append(logits32)
+        if on_logits is not None:
+            on_logits(new, logits32)
     cat = torch.cat
     return cat(argmax), cat(values), cat(ids), cat(lse), (cat(full) if keep_logits else None)
 
@@ -229,12 +256,16 @@ def capture_batch(
     top_k: int,
     full_logits: bool,
     memory_gb: float = DEFAULT_MEMORY_GB,
+    on_logits: Sequence[Callable[[int, torch.Tensor], None] | None] | None = None,
+    extra_bytes_per_logit: int = 0,
 ) -> list[CapturedSequence]:
     """One teacher-forced forward over ``sequences`` (right-padded when more than one).
 
     Padding never reaches the result: every output is sliced to the sequence's own length,
     and causal attention keeps real positions from seeing the pads that follow them. The
     vocabulary projection runs in row chunks sized by ``memory_gb`` (never ``[T, V]`` at once).
+    ``on_logits[i]``: sequence i's ``next_token_stats`` observer, whose own ``[rows, V]`` temporaries
+    take ``extra_bytes_per_logit`` more of the budget (sampled caches).
     """
     device = next(target.model.parameters()).device
     lengths = [len(s) for s in sequences]
@@ -249,15 +280,16 @@ def capture_batch(
     if len(sequences) > 1:
         attention_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long().to(device)
     lm_head = target.model.get_output_embeddings()
-    rows_per_step = head_rows(lm_head.weight.shape[0], memory_gb)
+    rows_per_step = head_rows(lm_head.weight.shape[0], memory_gb, _BYTES_PER_LOGIT + extra_bytes_per_logit)
     with torch.no_grad(), _hooked(target.layers, layer_ids) as captured:
         final = _base_model(target)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         final_hidden = final.last_hidden_state
         out = []
         for row, length in enumerate(lengths):
             hidden = torch.stack([captured[i][row, :length] for i in layer_ids], dim=1)
+            observer = on_logits[row] if on_logits is not None else None
             argmax, values, ids, lse, logits = next_token_stats(
-                lm_head, final_hidden[row, :length], top_k, full_logits, rows_per_step
+                lm_head, final_hidden[row, :length], top_k, full_logits, rows_per_step, observer
             )
             out.append(CapturedSequence(input_ids[row, :length], hidden, argmax, values, ids, lse, logits))
     return out

@@ -24,6 +24,7 @@ from hscache.store.layout import COMPRESSIONS
 from hscache.store.lock import check_no_writer
 from hscache.store.paths import enclosing_cache
 from hscache.store.reader import read_manifest
+from hscache.store.sampling import SamplingSetting
 from hscache.store.shards import shard_path
 from hscache.store.urls import is_url
 
@@ -51,6 +52,8 @@ class ExtractRequest(Protocol):
     compression: str
     generate_batch: int
     memory_gb: float
+    sampling: SamplingSetting
+    responses_from: str | None
 
 
 def check_extract_request(config: ExtractRequest) -> None:
@@ -69,7 +72,7 @@ def check_extract_request(config: ExtractRequest) -> None:
         _check_out(out, config.overwrite)
     if config.tokens_from:
         _check_tokens_from(config.tokens_from)
-    else:
+    elif not config.responses_from:  # a responses file is parsed whole where its setting is read
         _check_prompt_file(config)
 
 
@@ -105,6 +108,28 @@ def _check_options(config: ExtractRequest) -> None:
         )
     if config.compression not in COMPRESSIONS:
         raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
+    _check_sampling_options(config)
+
+
+def _check_sampling_options(config: ExtractRequest) -> None:
+    """The sampling setting against the other flags (its values were checked when it was built;
+    top-k against the vocabulary waits for the model)."""
+    if config.responses_from:
+        if config.max_new_tokens != 0 or config.tokens_from or config.prompts != DEFAULT_PROMPTS:
+            raise InputError(
+                f"--responses-from {config.responses_from} holds the prompts and their completions; drop "
+                "--prompts/--tokens-from and pass --max-new-tokens 0"
+            )
+        return
+    if config.sampling.greedy:
+        return
+    if config.max_new_tokens == 0 or config.tokens_from:
+        raise InputError(
+            "sampling draws new tokens, and --max-new-tokens 0 / --tokens-from cache given text as it is: "
+            "raise --max-new-tokens, or drop the sampling flags"
+        )
+    if config.sampling.drawn_by != "hscache":
+        raise InputError("a sampling setting drawn by a server needs --responses-from FILE")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:

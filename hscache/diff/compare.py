@@ -36,6 +36,7 @@ from hscache.progress import NO_PROGRESS
 from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
 from hscache.store.run_log import provenance_with_runs, read_run_log
+from hscache.store.sampling import sampling_setting
 from hscache.store.target_identity import cache_target_identity, identity_differences, target_name
 from hscache.store.view import CacheView
 
@@ -248,6 +249,7 @@ def _side(cache: CacheView) -> CacheSide:
         str(s["backend"]),
         str(s["device"]),
         cache_digest(cache),
+        sampling_setting(cache).describe(),
     )
 
 

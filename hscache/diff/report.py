@@ -57,6 +57,7 @@ class CacheSide:
     backend: str
     device: str
     digest: str = ""  # hscache.cache_digest: pin it, check it with --expect-digest
+    sampling: str = "greedy (temperature 0)"  # hscache.store.sampling: SamplingSetting.describe()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from hscache.store.dtypes import tensor_from_stored
+from hscache.store.layout import SAMPLED_ARRAYS
+from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.view import CacheView
 
 __all__ = ["BlockView", "RowBlock", "check_other_arrays", "plan_row_ranges", "read_rows", "token_span"]
@@ -222,3 +224,18 @@ class BlockView:
 
     def target_argmax(self, i: int) -> torch.Tensor:
         return self._get("target_argmax", i).long()
+
+    @property
+    def sampling(self) -> SamplingSetting:
+        return sampling_setting(self)
+
+    def sampled_support(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, probs = SAMPLED_ARRAYS[0], SAMPLED_ARRAYS[1]
+        if ids in self._block.data and probs in self._block.data and i in self._block.spans:
+            return self._block.get(ids, i).long(), self._block.get(probs, i)
+        return self._cache.sampled_support(i)
+
+    def realised_prob(self, i: int) -> torch.Tensor:
+        if SAMPLED_ARRAYS[2] in self._block.data and i in self._block.spans:
+            return self._block.get(SAMPLED_ARRAYS[2], i)
+        return self._cache.realised_prob(i)

@@ -12,6 +12,7 @@ from hscache.store.layout import IMPORTING_MARK
 from hscache.store.lock import current_writer
 from hscache.store.open import open_cache
 from hscache.store.run_log import read_run_log
+from hscache.store.sampling import sampling_setting
 from hscache.store.shards import has_shards, shard_dirs
 from hscache.store.view import CacheView
 
@@ -25,6 +26,8 @@ def cache_completeness(cache: CacheView) -> dict[str, Any]:
     (the records its extraction set out to write, from the provenance; None when not recorded),
     and ``writer``: the live process writing it (pid, host, command, started_at), or None."""
     records = ((cache.provenance or {}).get("prompts") or {}).get("records")
+    if isinstance(records, int):  # a sampled cache holds samples_per_prompt sequences per record
+        records *= sampling_setting(cache).samples_per_prompt
     writer = None
     if not cache.complete and not str(getattr(cache, "url", "")).startswith(("s3://", "gs://")):
         writer = current_writer(cache.path)
@@ -110,9 +113,34 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
         },
         "bytes_per_token": round(sum(stored.values()) / cache.num_tokens, 1) if cache.num_tokens else None,
         "runs": sum(len(read_run_log(root)) for root in roots),
+        "sampling": _sampling_summary(cache, prov),
     }
     schemas.validate(summary, "cache_info")
     return summary
+
+
+def _sampling_summary(cache: CacheView, prov: dict[str, Any]) -> dict[str, Any]:
+    """The setting (greedy: temperature 0) and, once complete, the realised-token counts."""
+    setting = sampling_setting(cache)
+    counts = prov.get("sampling") or {}
+    return {
+        **setting.to_dict(),
+        "greedy": setting.greedy,
+        "description": setting.describe(),
+        "sampled_positions": counts.get("sampled_positions"),
+        "realised_outside_support": counts.get("realised_outside_support"),
+    }
+
+
+def _sampling_line(s: dict[str, Any]) -> str:
+    if s["greedy"]:
+        return s["description"]
+    if s["sampled_positions"] is None:
+        return f"{s['description']}; realised tokens counted when the extraction completes"
+    return (
+        f"{s['description']}; {s['realised_outside_support']} of {s['sampled_positions']} drawn tokens "
+        "outside the stored support"
+    )
 
 
 def _kernels(kernels: dict[str, str]) -> str:
@@ -167,6 +195,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"runs       {runs} in runs.json (when, where, versions; outside the digest)"
         if runs
         else "runs       none recorded (written before the run log)",
+        f"sampling   {_sampling_line(s['sampling'])}",
         f"digest     {s['digest']}  ({_pin_advice(s)})",
     ]
     return "\n".join(lines)

@@ -44,12 +44,14 @@ __all__ = [
     "MANIFEST",
     "PROVENANCE",
     "RUN_LOG",
+    "SAMPLED_ARRAYS",
     "TARGET_DIR",
     "WRITER_LOCK",
     "array_specs",
     "chunk_key",
     "chunk_tokens_for",
     "codecs_for",
+    "sampled_array_specs",
 ]
 
 FORMAT_NAME = "hscache"
@@ -135,6 +137,25 @@ def array_specs(
     }
     if vocab_size:
         rows["target_logits"] = ((vocab_size,), "float32")
+    specs = {}
+    for name, (shape, dtype) in rows.items():
+        probe = ArraySpec(name, shape, dtype, 1)
+        specs[name] = ArraySpec(name, shape, dtype, chunk_tokens_for(probe.bytes_per_token, chunk_bytes))
+    return specs
+
+
+# A sampled cache's (hscache/store/sampling.py) per-token support of the processed distribution: row t
+# holds the distribution of token t + 1 for t in prompt_len - 1 .. length - 2 (ids -1 / probability 0
+# past the support and on every other row), and p(token t + 1) (NaN where no token was drawn).
+SAMPLED_ARRAYS = ("sampled_support_ids", "sampled_support_probs", "sampled_token_prob")
+
+
+def sampled_array_specs(support_width: int, chunk_bytes: int) -> dict[str, ArraySpec]:
+    """The arrays a sampled cache adds to ``array_specs``: support ids and probabilities
+    ``[support_width]`` (int32, float32), the realised token's probability (float32)."""
+    rows = dict(
+        zip(SAMPLED_ARRAYS, (((support_width,), "int32"), ((support_width,), "float32"), ((), "float32")))
+    )
     specs = {}
     for name, (shape, dtype) in rows.items():
         probe = ArraySpec(name, shape, dtype, 1)

@@ -30,10 +30,12 @@ from hscache.store.layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
+    SAMPLED_ARRAYS,
     TARGET_DIR,
     ArraySpec,
 )
 from hscache.store.paths import not_a_cache
+from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.target_files import (
     MTP_FILE,
     load_tokenizer,
@@ -359,6 +361,23 @@ class Cache:
     def target_logits(self, i: int | str) -> torch.Tensor:
         """``[T, V]`` float32 full logits (only in caches written with ``--full-logits``)."""
         return self._rows("target_logits", *self.sequence_span(i))
+
+    @property
+    def sampling(self) -> SamplingSetting:
+        """The sampling setting the cache was extracted at (``GREEDY`` when it records none)."""
+        return sampling_setting(self)
+
+    def sampled_support(self, i: int | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids ``[T, W]`` int64, probs ``[T, W]`` float32): row t's processed distribution of token
+        t + 1, sorted descending, -1 / 0 past the support (only in sampled caches)."""
+        start, stop = self.sequence_span(i)
+        ids = self._rows(SAMPLED_ARRAYS[0], start, stop).long()
+        return ids, self._rows(SAMPLED_ARRAYS[1], start, stop)
+
+    def realised_prob(self, i: int | str) -> torch.Tensor:
+        """``[T]`` float32: the processed probability of token t + 1 at row t; NaN where no token
+        was drawn (the prompt, the last row). Only in sampled caches."""
+        return self._rows(SAMPLED_ARRAYS[2], *self.sequence_span(i))
 
     def target_head(self) -> dict[str, torch.Tensor]:
         """``{"embed_tokens": [V, H], "lm_head": [V, H]}`` (one shared tensor when tied) and the target's

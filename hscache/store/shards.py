@@ -33,6 +33,7 @@ from hscache.store.layout import PROVENANCE, TARGET_DIR, WRITER_LOCK, ArraySpec
 from hscache.store.lock import writer_lock
 from hscache.store.paths import is_cache_dir, not_a_cache
 from hscache.store.reader import Cache, open_local, row_of, sequence_row
+from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.writer import SequenceRows, StoreWriter
 
 if TYPE_CHECKING:
@@ -305,6 +306,18 @@ class ShardedCache:
     def target_logits(self, i: int | str) -> torch.Tensor:
         shard, local = self.locate(i)
         return shard.target_logits(local)
+
+    @property
+    def sampling(self) -> SamplingSetting:
+        return sampling_setting(self)
+
+    def sampled_support(self, i: int | str) -> tuple[torch.Tensor, torch.Tensor]:
+        shard, local = self.locate(i)
+        return shard.sampled_support(local)
+
+    def realised_prob(self, i: int | str) -> torch.Tensor:
+        shard, local = self.locate(i)
+        return shard.realised_prob(local)
 
 
 def open_sharded(root: str | Path, allow_unsealed: bool = False) -> ShardedCache:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # hints only: opening a cache (`hscache info`) must not impor
     import torch
 
 from hscache.store.layout import ArraySpec
+from hscache.store.sampling import SamplingSetting
 
 __all__ = ["CacheView"]
 
@@ -74,6 +75,17 @@ class CacheView(Protocol):
 
     def target_logits(self, i: int) -> torch.Tensor:
         """``[T, V]`` float32 (only in caches written with ``--full-logits``)."""
+        ...
+
+    @property
+    def sampling(self) -> SamplingSetting: ...  # hscache.store.sampling: GREEDY when none is recorded
+    def sampled_support(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids ``[T, W]`` int64, probs ``[T, W]`` float32): the processed distribution of token t + 1
+        at row t, -1 / 0 past its support (sampled caches only)."""
+        ...
+
+    def realised_prob(self, i: int) -> torch.Tensor:
+        """``[T]`` float32: p(token t + 1) at row t, NaN where no token was drawn (sampled caches only)."""
         ...
 
     def target_head(self) -> dict[str, torch.Tensor]:

@@ -82,6 +82,7 @@ class VerifyReport:
     seconds: float = 0.0
     digest: str | None = None  # the cache's root digest (store/integrity.py: cache_digest)
     not_checked: list[str] = field(default_factory=list)  # what this run left out, each with its flag
+    sampling: str | None = None  # its sampling setting in one line (store/sampling.py); None: no manifest
     _listed: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
@@ -138,6 +139,7 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "digest": self.digest,
             "not_checked": list(self.not_checked),
+            "sampling": self.sampling,
         }
 
 
@@ -157,6 +159,7 @@ def format_report(report: VerifyReport, max_lines: int = 20) -> str:
         f"{report.sequences} sequences, {report.tokens} tokens{' [deep]' if report.deep else ''}",
         f"verdict    {verdict}",
         f"digest     {report.digest or '-'}",
+        f"sampling   {report.sampling or '-'}",
         "checks     " + "  ".join(f"{name}={state}" for name, state in report.checks.items()),
     ]
     if report.layers:

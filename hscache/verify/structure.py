@@ -33,6 +33,7 @@ from hscache.store.layout import (
 )
 from hscache.store.reader import read_manifest
 from hscache.store.run_log import read_run_log
+from hscache.store.sampling import sampling_setting
 from hscache.store.target_files import check_safetensors
 from hscache.verify.report import Problem, VerifyReport
 
@@ -128,6 +129,7 @@ def check_structure(
         return None
     report.passed("manifest")
     report.digest = manifest_digest(manifest)
+    report.sampling = sampling_setting(manifest["settings"]).describe()
     committed = manifest["committed"]
     report.sequences, report.tokens = int(committed["sequences"]), int(committed["tokens"])
     report.complete = bool(manifest["complete"])

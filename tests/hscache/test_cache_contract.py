@@ -18,6 +18,7 @@ import hscache
 from hscache.store.blocks import BlockView, read_rows
 from hscache.store.layout import PROVENANCE, TARGET_DIR
 from hscache.store.remote import RemoteCache, upload_cache
+from hscache.store.sampling import GREEDY
 from hscache.store.shards import ShardedCache, shard_path
 from hscache.store.writer import SequenceRows, StoreWriter
 
@@ -104,6 +105,14 @@ class CacheViewContract:
         assert {k: v for k, v in view.provenance.items() if k != "shards"} == local.provenance
         text = "The cache is data, never code."
         assert view.tokenizer()(text)["input_ids"] == local.tokenizer()(text)["input_ids"]
+
+    def test_the_sampling_setting_is_the_local_caches(self, view, local):
+        # scale_cache is greedy: the setting says temperature 0, and there is no sampled distribution.
+        assert view.sampling == local.sampling == hscache.sampling_setting(view) == GREEDY
+        with pytest.raises(KeyError, match="sampled_support_ids"):
+            view.sampled_support(0)
+        with pytest.raises(KeyError, match="sampled_token_prob"):
+            view.realised_prob(0)
 
     def test_rows_past_the_end_and_absent_arrays_are_refused(self, view):
         with pytest.raises(IndexError, match="out of range"):
