@@ -10,6 +10,8 @@ On a CUDA machine (bench/gpu_check.sh installs the carried wheels offline, then 
   - one drafter per target scored on every cache on CPU and on CUDA: tau per cache, deltas against
     the reference cache, CPU-vs-CUDA agreement on the same cache;
   - flex_attention vs SDPA drafter logits on the same blocks;
+  - a sampled extraction (Qwen's thinking preset, 2 samples a prompt) with fla: its speed against the
+    greedy one and the drawn tokens the stored (teacher-forced) distribution misses;
   - extract tokens/s at generate batch 1/16/64 (where ``hscache extract`` has ``--generate-batch``)
     and eval tokens/s per device.
 
@@ -231,6 +233,12 @@ def run_all(runner: Runner, plan: Any, work: Path, wheels: Path, run_pytest: boo
         run_target(runner, plan, target, models[target], layers[target], sizes[target], work / target)
     # Throughput on the shape-real target (the built-in one is launch-bound), fla on the GPU.
     target = "real" if runner.report.result("real.build") else "builtin"
+    # Sampled extraction at the real vocabulary, against the greedy fla cache of the same prompts.
+    greedy = runner.report.result(f"{target}.extract.fla-cuda")
+    run = partial(
+        score.extract_sampled, plan, models[target], layers[target], sizes[target], work / target, greedy
+    )
+    runner.step("sampled.extract.fla-cuda", run)
     batch_param = env.get("generate_batch_param")
     for batch in (None, *plan.throughput_batches):
         run = partial(

@@ -89,6 +89,29 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for dtype, v in r.items()
     ]
     lines += _table(["target", "dtype", "rel L2", "max abs", "argmax agree", "positions"], rows)
+    lines += ["## Sampled extraction (fla; stored = teacher-forced processed distribution)", ""]
+    rows = [
+        [
+            r["setting"].split(";")[0],
+            r["generated_tokens_per_s"],
+            r["slowdown_vs_greedy"],
+            r["sampled_positions"],
+            r["realised_outside_support"],
+            f"{r['largest_support']}/{r['support_width']}",
+        ]
+        for _, r in _ok(steps, "sampled.extract.")
+    ]
+    lines += _table(
+        [
+            "setting",
+            "generated tokens/s",
+            "x slower than greedy",
+            "drawn",
+            "outside support",
+            "support/width",
+        ],
+        rows,
+    )
     lines += ["## Throughput", ""]
     rows = [
         [

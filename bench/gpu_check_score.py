@@ -191,3 +191,36 @@ def extract_throughput(
     name = f"throughput-b{batch or 'default'}"
     result = extract_cache(plan, model, work / name, plan.fla_backend, plan.gpu, layers, None, **sizes)
     return {"generate_batch": batch, "prompts": n, **result}
+
+
+def extract_sampled(
+    plan: Plan, model: str, layers: str, sizes: dict[str, Any], work: Path, greedy: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A sampled extraction (Qwen's thinking preset, 2 samples per prompt) with fla on the GPU: its speed
+    against the greedy reference of the same prompts, and how many drawn tokens the teacher-forced
+    (stored) distribution misses (bf16 generation and capture forwards can differ at a cut)."""
+    import hscache
+    from hscache.store.sampling import SamplingSetting
+
+    sampling = SamplingSetting.from_flags("qwen-thinking", samples_per_prompt=2, seed=0)
+    out = work / "sampled-fla-cuda"
+    result = extract_cache(
+        plan, model, out, plan.fla_backend, plan.gpu, layers, None, sampling=sampling, **sizes
+    )
+    cache = hscache.open_cache(out)
+    counts = cache.provenance["sampling"]
+    support = max(int((cache.sampled_support(r)[0] >= 0).sum(-1).max()) for r in range(len(cache)))
+    greedy_speed = (greedy or {}).get("generated_tokens_per_s")
+    return {
+        **result,
+        "setting": sampling.describe(),
+        "sampled_positions": counts["sampled_positions"],
+        "realised_outside_support": counts["realised_outside_support"],
+        "largest_support": support,
+        "support_width": sampling.support_width,
+        "greedy_generated_tokens_per_s": greedy_speed,
+        # generated tokens per second, greedy over sampled (2 samples per prompt: twice the sequences)
+        "slowdown_vs_greedy": round(greedy_speed / result["generated_tokens_per_s"], 3)
+        if greedy_speed
+        else None,
+    }

@@ -238,7 +238,9 @@ def _extract_part(
         "the bare side excludes loading the model)"
     )
     cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb)
-    rss = _child_peak(f"out = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))")
+    rss = _child_peak(  # the config's repr names SamplingSetting (its sampling field)
+        f"from hscache import SamplingSetting\nout = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))"
+    )
     print(
         f"extract peak RSS - weights - interpreter: {(rss['peak'] - rss['base'] - weights) / 1e9:.2f} GB "
         f"(budget --memory-gb {args.memory_gb}; weights {weights / 1e9:.2f} GB)"

@@ -128,3 +128,10 @@ def test_ngram_bench_quick(capsys):
         out.count("ngram propose_at vs scorer propose per anchor") == 2
         and out.count("replay_ngram (lazy") == 2
     )
+
+
+@pytest.mark.slow
+def test_sampled_extract_bench_quick(capsys):
+    _bench("sampled_extract").main(["--quick"])
+    out = capsys.readouterr().out
+    assert "extract sampled / greedy = " in out and "capture head with the processor / without = " in out, out

@@ -31,7 +31,12 @@ def _expected_steps() -> set[str]:
         names |= {f"{target}.diff.{a}_vs_{b}" for i, a in enumerate(labels) for b in labels[i + 1 :]}
         names |= {f"{target}.eval.{x}.{d}" for x in labels for d in ("cpu", "gpu")}
         names |= {f"{target}.drafter", f"{target}.tau", f"{target}.flex_vs_sdpa"}
-    return names | {"throughput.extract.bdefault", "throughput.extract.b1", "throughput.extract.b2"}
+    return names | {
+        "throughput.extract.bdefault",
+        "throughput.extract.b1",
+        "throughput.extract.b2",
+        "sampled.extract.fla-cuda",
+    }
 
 
 @pytest.mark.slow
@@ -68,6 +73,12 @@ def test_dry_run_records_every_step_with_figures(tmp_path: Path) -> None:
         # fp32: the two kernels sum the same products in another order, ~1e-7 relative.
         assert flex["fp32"]["rel_l2"] < 1e-5 and flex["fp32"]["argmax_agreement"] == 1.0
         assert flex["bf16"]["rel_l2"] < 2e-2  # bf16: 8 mantissa bits, a few roundings per layer
+    sampled = steps["sampled.extract.fla-cuda"]["result"]
+    # bf16: the generation and capture forwards may differ at a cut, so some drawn tokens can miss.
+    assert 0 <= sampled["realised_outside_support"] <= sampled["sampled_positions"] > 0
+    assert (
+        0 < sampled["largest_support"] <= sampled["support_width"] == 40 and sampled["slowdown_vs_greedy"] > 0
+    )
     real = steps["real.build"]["result"]
     assert real["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
     markdown = (tmp_path / "gpu_report.md").read_text()
