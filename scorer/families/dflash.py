@@ -21,6 +21,7 @@ from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, ScorerError
 from scorer.families.base import (
     CheckpointProbe,
+    DraftDraw,
     Family,
     OnlineOptions,
     Proposer,
@@ -286,7 +287,12 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
     base = target.model.model
     final_norm = getattr(getattr(base, "language_model", base), "norm", None)
 
-    def propose(hidden: Any, ids: list[int], p: int) -> list[int]:
+    def propose(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+        if draw is not None and getattr(drafter, "candidate_selector", None) is not None:
+            raise ScorerError(
+                "DFlash2 drafts by its selector walk, not per-slot samples: probabilistic drafting of a "
+                "DFlash2 drafter is not run online; use --draft-sampling onehot"
+            )
         features = hidden  # [p, K, H] pre-norm layer outputs
         if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
             features = features.clone()
@@ -296,6 +302,10 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
         block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
         block[0, 0] = ids[p]
         rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        if draw is not None:  # vLLM: every slot sampled independently from its own marginal
+            with torch.no_grad():
+                logits = drafter.head(rows.reshape(-1, rows.shape[-1])).float()
+            return [draw(row) for row in logits]
         return block_drafts(drafter, rows, block[:, 0])[0].tolist()  # d_1..d_{B-1}
 
     return propose
