@@ -640,10 +640,13 @@ def _echo_sampled_online(result: dict[str, Any]) -> None:
         )
         return
     se = "-" if tau["se"] is None else f"{tau['se']:.4f}"
+    pooled_se = "-" if tau["pooled_se"] is None else f"{tau['pooled_se']:.4f}"
     lo, hi = tau["interval"]
+    plo, phi = tau["pooled_interval"]
     click.echo(
-        f"online tau: mean over {s['runs']} runs {tau['mean']:.4f} (se {se}, 95% bootstrap [{lo:.4f}, {hi:.4f}]), "
-        f"pooled {tau['pooled']:.4f} over {result['rounds']} rounds; seed {s['seed']}"
+        f"online tau: pooled {tau['pooled']:.4f} (se {pooled_se}, 95% bootstrap [{plo:.4f}, {phi:.4f}]) over "
+        f"{result['rounds']} rounds; mean over {s['runs']} runs {tau['mean']:.4f} (se {se}, [{lo:.4f}, {hi:.4f}]); "
+        f"seed {s['seed']}"
     )
 
 

@@ -44,7 +44,7 @@ from hscache.store.fsio import file_sha256
 from hscache.store.sampling import SamplingSetting
 from scorer.errors import ScorerError
 from scorer.families.base import OnlineOptions, Proposer
-from scorer.metrics import bootstrap_ci, tau_per_request, tau_pooled
+from scorer.metrics import bootstrap_ci, tau_per_request, tau_pooled, tau_pooled_from_totals
 from scorer.online import ONLINE_SCHEMA_VERSION, OnlineRequest, commit_round, eos_ids, open_online
 from scorer.vllm_rejection import (
     RoundNoise,
@@ -350,12 +350,17 @@ def decode_runs(
         for rid, prompt in prompts
     ]
     width = settings.lanes_per_forward
-    # Prefill: the first token after the prompt, drawn from the processed distribution at P - 1.
-    first = _forward(target, layer_ids, lanes, [[] for _ in lanes], width)
-    p0 = _processed(torch.cat([rows for _, rows in first]), [(lane, []) for lane in lanes], s, vocab)
-    for lane, (hidden, _), probs in zip(lanes, first, p0):
-        lane.hidden = hidden
-        lane.ids.append(int(gumbel_argmax(probs, draw_gumbel((vocab,), lane.streams["residual"]))))
+    if not lanes:
+        return [RunResult(run, ()) for run in runs]
+    # Prefill: the first token after the prompt, drawn from the processed distribution at P - 1
+    # (empty penalty history). Every run of a prompt shares that forward: one per prompt.
+    heads = lanes[: len(prompts)]  # run runs[0]'s lanes, one per prompt, in prompts order
+    first = _forward(target, layer_ids, heads, [[] for _ in heads], width)
+    p0 = _processed(torch.cat([rows for _, rows in first]), [(lane, []) for lane in heads], s, vocab)
+    for n, lane in enumerate(lanes):
+        k = n % len(prompts)
+        lane.hidden = first[k][0]
+        lane.ids.append(int(gumbel_argmax(p0[k], draw_gumbel((vocab,), lane.streams["residual"]))))
     while active := [lane for lane in lanes if not lane.done(eos)]:
         drafts, qs = [], []
         for lane in active:
@@ -393,20 +398,38 @@ def decode_runs(
 
 
 def summarise_runs(results: Sequence[RunResult], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Mean tau over runs, its standard error (sample sd / sqrt(runs)) and a 95% percentile bootstrap
-    interval over runs; also tau pooled over every round of every run."""
-    taus = np.asarray([r.tau for r in results if r.tau is not None], dtype=np.float64)
-    tokens, rounds = sum(r.tokens for r in results), sum(r.rounds for r in results)
-    if len(taus) == 0:
-        return {"mean": None, "se": None, "interval": None, "pooled": None, "runs_with_rounds": 0}
-    se = float(taus.std(ddof=1) / np.sqrt(len(taus))) if len(taus) > 1 else None
+    """tau over runs, two ways, each with a standard error and a 95% percentile bootstrap over runs.
+
+    ``mean``: the mean of each run's pooled tau, ``se`` its sample sd / sqrt(runs). ``pooled``: every
+    run's tokens / every run's rounds, the estimand of the offline scorer (sum of tokens / sum of
+    E[rounds | y], docs/sampling.md): a run's tau is a ratio, so with few rounds per run the mean of
+    ratios is biased upward (Jensen) and ``pooled`` is the one to compare with offline tau;
+    ``pooled_se`` is the ratio estimator's delta-method standard error over runs.
+    """
+    with_rounds = [r for r in results if r.rounds]
+    if not with_rounds:
+        return dict.fromkeys(("mean", "se", "interval", "pooled", "pooled_se", "pooled_interval")) | {
+            "runs_with_rounds": 0
+        }
+    taus = np.asarray([r.tau for r in with_rounds], dtype=np.float64)
+    totals = np.asarray([(r.tokens, r.rounds) for r in with_rounds], dtype=np.float64)
+    n = len(taus)
+    pooled = float(totals[:, 0].sum() / totals[:, 1].sum())
+    se = pooled_se = None
+    if n > 1:
+        se = float(taus.std(ddof=1) / np.sqrt(n))
+        residual = totals[:, 0] - pooled * totals[:, 1]
+        pooled_se = float(np.sqrt((residual**2).sum() / (n * (n - 1))) / totals[:, 1].mean())
     lo, hi = bootstrap_ci(taus, np.mean, n_boot=n_boot, seed=seed)
+    plo, phi = bootstrap_ci(totals, tau_pooled_from_totals, n_boot=n_boot, seed=seed)
     return {
         "mean": float(taus.mean()),
         "se": se,
         "interval": [lo, hi],
-        "pooled": tokens / rounds if rounds else None,
-        "runs_with_rounds": len(taus),
+        "pooled": pooled,
+        "pooled_se": pooled_se,
+        "pooled_interval": [plo, phi],
+        "runs_with_rounds": n,
     }
 
 

@@ -252,6 +252,12 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
     assert summary["mean"] == pytest.approx(taus.mean(), abs=1e-15)
     assert summary["se"] == pytest.approx(taus.std(ddof=1) / 2, abs=1e-15)
     assert summary["pooled"] == pytest.approx(13 / 8, abs=1e-15)  # tokens 3 + 3 + 3 + 4 over 8 rounds
+    # the ratio estimator's delta-method SE, written out: sqrt(sum (T_i - r R_i)^2 / (n (n-1))) / mean R
+    tokens, rounds = np.array([3, 3, 3, 4]), np.array([2, 1, 3, 2])
+    expected_se = np.sqrt(((tokens - 13 / 8 * rounds) ** 2).sum() / 12) / rounds.mean()
+    assert summary["pooled_se"] == pytest.approx(expected_se, abs=1e-15)
+    plo, phi = summary["pooled_interval"]
+    assert plo <= summary["pooled"] <= phi
     lo, hi = summary["interval"]
     assert taus.min() <= lo <= taus.mean() <= hi <= taus.max()
     assert summarise_runs(runs[:1])["se"] is None
@@ -315,6 +321,7 @@ def test_cli_sampled_run_writes_a_valid_report_and_dflash2_probabilistic_is_refu
     taus = [r["tau"] for r in sampled["per_run"]]
     assert sampled["tau"]["mean"] == pytest.approx(np.mean(taus), abs=1e-12)
     assert f"mean over 3 runs {np.mean(taus):.4f}" in result.output
+    assert f"pooled {sampled['tau']['pooled']:.4f}" in result.output
     with pytest.raises(schemas.SchemaError):
         schemas.validate({**document, "sampled": {**sampled, "runs": 0}}, "online_report")
 
