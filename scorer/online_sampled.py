@@ -453,11 +453,6 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
     session = open_online(
         config.checkpoint, config.model, config.dtype, options, config.allow_target_mismatch
     )
-    if config.draft_sampling == "probabilistic" and session.family.name == "dflash2":
-        raise ScorerError(
-            f"{config.checkpoint}: DFlash2 drafts by its selector walk; its probabilistic drafting is not run "
-            "online yet: use --draft-sampling onehot"
-        )
     config.sampling.validate(session.target.vocab_size)  # top_k against the vocabulary, now it is known
     prompts = []
     for n, record in enumerate(
