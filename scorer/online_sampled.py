@@ -260,14 +260,14 @@ def _processed(
 ) -> torch.Tensor:
     """Dense processed distributions [R, V] float32 of stacked rows: row i of a lane's block has the
     penalty history = the lane's generated tokens + the block's extra tokens before it."""
-    counts = torch.zeros((len(logits), vocab), dtype=torch.long, device=logits.device)
+    counts = torch.zeros((len(logits), vocab), dtype=torch.int32, device=logits.device)
     prompt_mask = None
     if setting.repetition_penalty != 1.0:
         prompt_mask = torch.zeros((len(logits), vocab), dtype=torch.bool, device=logits.device)
     row = 0
     for lane, extra in lanes_rows:
         history = torch.tensor(lane.ids[lane.prompt_len :], dtype=torch.long)
-        base = torch.bincount(history, minlength=vocab)
+        base = torch.bincount(history, minlength=vocab).int()
         block = base.repeat(len(extra) + 1, 1)
         for j, token in enumerate(extra):
             block[j + 1 :, token] += 1
@@ -373,9 +373,11 @@ def decode_runs(
                 drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p)])
                 qs.append(None)
         verify = _forward(target, layer_ids, active, drafts, width)
-        target_probs = _processed(
-            torch.cat([rows for _, rows in verify]), list(zip(active, drafts)), s, vocab
-        ).split([len(d) + 1 for d in drafts])
+        target_probs: list[torch.Tensor] = []
+        for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
+            rows = torch.cat([r for _, r in verify[lo : lo + width]])
+            part = list(zip(active[lo : lo + width], drafts[lo : lo + width]))
+            target_probs += _processed(rows, part, s, vocab).split([len(d) + 1 for _, d in part])
         for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
             x = torch.tensor([draft], dtype=torch.long)
             noise = draw_round_noise(
