@@ -145,6 +145,11 @@ def test_rounds_equal_an_independent_processor_and_the_kernel(
         q = rec.draft_probs
         if draft_sampling == "onehot":
             assert q is None
+            # spec 4.1 B: given the emitted tokens the round is deterministic, the matched prefix of the
+            # drafts (the recovered token never equals the rejected draft): what the offline replay counts
+            acc = int(rec.verified.accepted[0])
+            assert rec.verified.emitted(0)[:acc] == drafts[:acc]
+            assert acc == len(drafts) or rec.verified.emitted(0)[acc] != drafts[acc]
         else:
             torch.testing.assert_close(q.double().sum(-1), torch.ones(len(drafts), dtype=torch.float64))
             assert bool((q[torch.arange(len(drafts)), rec.drafts] > 0).all())
