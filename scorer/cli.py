@@ -555,6 +555,101 @@ def sweep(
     click.echo(f"wrote {', '.join(document['outputs'].values())}")
 
 
+# ``scorer online`` at T > 0: the sampling flags of ``hscache extract`` (same names, same validator).
+_ONLINE_SAMPLING = ("temperature", "top_p", "sample_top_k", "min_p", "presence_penalty", "frequency_penalty")
+_online_sampling_flags = [
+    click.option(
+        "--sampling",
+        default=None,
+        metavar="PRESET",
+        help="Decode sampled: qwen-thinking, qwen-thinking-coding, qwen-instruct or generation-config "
+        "(as hscache extract); flags below override a preset's field. Default: greedy.",
+    ),
+    click.option("--temperature", type=float, default=None, help="0: greedy (default); else >= 1e-5."),
+    click.option("--top-p", type=float, default=None, help="In (0, 1] (default 1)."),
+    click.option(
+        "--sample-top-k", type=int, default=None, help="Sampling top-k, >= 1 (required when sampling)."
+    ),
+    click.option("--min-p", type=float, default=None, help="In [0, 1] (default 0)."),
+    click.option("--presence-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
+    click.option("--frequency-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
+    click.option("--repetition-penalty", type=float, default=None, help="In (0, 2] (default 1)."),
+    click.option("--seed", type=int, default=None, help="Keys every run's random streams (default 0)."),
+    click.option(
+        "--runs",
+        type=int,
+        default=None,
+        help="Sampled only: decodings of every prompt, each seeded (default 64).",
+    ),
+    click.option(
+        "--draft-sampling",
+        default=None,
+        help="Sampled only: onehot (the drafter's argmax, vLLM's default) or probabilistic (drafts sampled "
+        "from softmax(draft logits / T), vLLM's draft_sample_method=probabilistic).",
+    ),
+]
+
+
+def online_sampling_flags(fn: Callable) -> Callable:
+    for flag in reversed(_online_sampling_flags):
+        fn = flag(fn)
+    return fn
+
+
+def _online_sampled_config(checkpoint: str, overrides: dict[str, Any], options: dict[str, Any]) -> Any:
+    """Pop the sampling flags from ``options``: None (greedy) or a validated SampledOnlineConfig."""
+    from hscache.store.sampling import SamplingSetting
+
+    preset, runs, draft_sampling = options.pop("sampling"), options.pop("runs"), options.pop("draft_sampling")
+    flags = {name: options.pop(name) for name in (*_ONLINE_SAMPLING, "repetition_penalty", "seed")}
+    setting = SamplingSetting.from_flags(
+        preset, model=options["model"], top_k=flags.pop("sample_top_k"), **flags
+    )  # one line for a bad value, before torch
+    if setting.greedy:
+        given = [f for f, v in (("--runs", runs), ("--draft-sampling", draft_sampling)) if v is not None]
+        if given:
+            raise ScorerError(
+                f"{given[0]} applies to sampled decoding only; pass --temperature T > 0 or --sampling PRESET"
+            )
+        return None
+    from scorer.online_sampled import SampledOnlineConfig
+
+    return SampledOnlineConfig(
+        checkpoint,
+        setting,
+        runs=64 if runs is None else runs,
+        draft_sampling=draft_sampling or "onehot",
+        overrides=overrides,
+        **options,
+    ).validate()
+
+
+def _echo_sampled_online(result: dict[str, Any]) -> None:
+    s = result["sampled"]
+    tau = s["tau"]
+    for run in s["per_run"]:
+        value = "-" if run["tau"] is None else f"{run['tau']:.3f}"
+        click.echo(f"run {run['run']:<4} tau {value}  rounds {run['rounds']}")
+    from hscache.store.sampling import SamplingSetting
+
+    click.echo(f"sampling: {SamplingSetting.from_dict(s['sampling']).describe()}")
+    click.echo(f"rule: {s['rule']['description']}")
+    if tau["mean"] is None:
+        click.echo(
+            "online tau: no rounds (every request ended before its first draft); raise --max-new-tokens"
+        )
+        return
+    se = "-" if tau["se"] is None else f"{tau['se']:.4f}"
+    pooled_se = "-" if tau["pooled_se"] is None else f"{tau['pooled_se']:.4f}"
+    lo, hi = tau["interval"]
+    plo, phi = tau["pooled_interval"]
+    click.echo(
+        f"online tau: pooled {tau['pooled']:.4f} (se {pooled_se}, 95% bootstrap [{plo:.4f}, {phi:.4f}]) over "
+        f"{result['rounds']} rounds; mean over {s['runs']} runs {tau['mean']:.4f} (se {se}, [{lo:.4f}, {hi:.4f}]); "
+        f"seed {s['seed']}"
+    )
+
+
 @main.command()
 @click.argument("checkpoint")
 @click.option(
@@ -610,6 +705,7 @@ def sweep(
     help="Run a drafter whose config records another target than --model (the output says so).",
 )
 @checkpoint_flags
+@online_sampling_flags
 @friendly_errors
 def online(
     checkpoint: str,
@@ -621,14 +717,18 @@ def online(
     block_size: int | None,
     **options: Any,
 ) -> None:
-    """Real greedy speculative decoding with the target verifying: the online tau per request.
+    """Real speculative decoding with the target verifying: the online tau per request.
+
+    Greedy by default. With a temperature (--temperature T or --sampling PRESET) the target samples
+    and verifies by vLLM's MRV2 rule, --runs times with seeded random streams: mean tau over runs and
+    its interval (docs/sampling.md "The online reference").
 
     \b
-    Example:
+    Examples:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
+      scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
     """
     from hscache.store.fsio import check_output_path
-    from scorer.online import run_online
 
     if json_out:
         check_output_path(json_out, "--json")  # before decoding, not after it
@@ -637,7 +737,15 @@ def online(
         overrides["block_size"] = block_size
     if tree_text:
         raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
-    result = run_online(checkpoint, overrides=overrides, **options)
+    sampled = _online_sampled_config(checkpoint, overrides, options)
+    if sampled is None:
+        from scorer.online import run_online
+
+        result = run_online(checkpoint, overrides=overrides, **options)
+    else:
+        from scorer.online_sampled import run_online_sampled
+
+        result = run_online_sampled(sampled)
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
     from scorer.target_identity import TargetCheck
@@ -647,6 +755,10 @@ def online(
         click.echo(
             f"{'warning' if result['target_check']['status'] == 'mismatch' else 'note'}: {message}", err=True
         )
+    if sampled is not None:
+        _echo_sampled_online(result)
+        _write_json(json_out, result)
+        return
     for row in result["per_request"]:
         tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
         click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")

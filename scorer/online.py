@@ -27,7 +27,17 @@ from scorer.families.dflash import dflash_proposer
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
-__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online", "speculative_decode"]
+__all__ = [
+    "ONLINE_SCHEMA_VERSION",
+    "OnlineRequest",
+    "OnlineSession",
+    "commit_round",
+    "eos_ids",
+    "online_decode",
+    "open_online",
+    "run_online",
+    "speculative_decode",
+]
 
 # Version of the result document (schemas/online_report.schema.json); bump on a breaking change.
 ONLINE_SCHEMA_VERSION = 1
@@ -45,10 +55,23 @@ class OnlineRequest:
         return sum(self.tokens_per_round) / len(self.tokens_per_round) if self.tokens_per_round else None
 
 
-def _eos_ids(target: Target) -> set[int]:
+def eos_ids(target: Target) -> set[int]:
+    """The token ids that end a sequence (the generation config's, else the tokenizer's)."""
     eos = target.model.generation_config.eos_token_id
     eos = target.tokenizer.eos_token_id if eos is None else eos
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+def commit_round(ids: list[int], new: list[int], p: int, limit: int, eos: set[int]) -> int:
+    """Append a round's emitted tokens (accepted drafts + the bonus / recovered token) to ``ids``,
+    stopping at EOS or the final length ``limit`` like the cached sequence; returns the round's
+    tokens as the offline replay counts them: positions p+1..the new end, capped at T-1."""
+    for n, token in enumerate(new):
+        if len(ids) >= limit or (n and ids[-1] in eos):
+            new = new[:n]
+            break
+        ids.append(token)
+    return len(ids) - 1 - p if (len(ids) >= limit or ids[-1] in eos) else len(new)
 
 
 def speculative_decode(
@@ -68,7 +91,7 @@ def speculative_decode(
     so the drafter always sees features of verified tokens only, as in serving.
     """
     limit = min(len(prompt) + max_new_tokens, max_length)  # final length T
-    eos = _eos_ids(target)
+    eos = eos_ids(target)
     prefill = capture_batch(target, [prompt], layer_ids, top_k=1, full_logits=False)[0]
     ids = list(prompt) + [int(prefill.argmax[-1])]  # x_P, the first bonus token
     rounds: list[int] = []
@@ -80,14 +103,7 @@ def speculative_decode(
         acc = 0
         while acc < len(draft) and draft[acc] == greedy[acc]:
             acc += 1
-        new = draft[:acc] + [greedy[acc]]  # acc drafted tokens + the bonus
-        for n, token in enumerate(new):  # stop at EOS or the budget, like the cached sequence
-            if len(ids) >= limit or (n and ids[-1] in eos):
-                new = new[:n]
-                break
-            ids.append(token)
-        # tokens this round as replay counts them: positions p+1..new end, capped at T-1
-        rounds.append(len(ids) - 1 - p if (len(ids) >= limit or ids[-1] in eos) else len(new))
+        rounds.append(commit_round(ids, draft[:acc] + [greedy[acc]], p, limit, eos))  # acc drafts + the bonus
         prefill = verify
     return ids, rounds
 
@@ -109,6 +125,58 @@ def online_decode(
         max_new_tokens,
         max_length,
     )
+
+
+@dataclass(frozen=True)
+class OnlineSession:
+    """A loaded target and a family's proposer, ready to decode (what `open_online` returns).
+
+    Attributes:
+        target: the live target.
+        family: the drafter's family.
+        layer_ids: target layers the proposer reads.
+        propose: the family's Proposer (scorer.families.base).
+        report: the checkpoint's LoadReport.
+        target_check: the drafter's recorded target against the loaded one.
+    """
+
+    target: Target
+    family: Any
+    layer_ids: list[int]
+    propose: Proposer
+    report: Any
+    target_check: Any
+
+
+def open_online(
+    checkpoint: str | Path,
+    model: str,
+    dtype: str,
+    options: OnlineOptions,
+    allow_target_mismatch: bool = False,
+) -> OnlineSession:
+    """Load the target and the checkpoint's family proposer, checking the drafter's recorded target.
+
+    Raises:
+        ScorerError: the family has no online path; a target mismatch (unless allowed); what the
+            family's loader refuses.
+    """
+    target = load_target(model, dtype, options.device)
+    family = family_for(probe_checkpoint(checkpoint, options.config_path))
+    if family.online is None:
+        raise ScorerError(f"{checkpoint}: scorer online does not run the {family.name} family yet")
+    # A target head (target:mtp) is the target's own: it matches by construction.
+    identity = loaded_target_identity(target)
+    is_head = str(checkpoint).startswith("target:")
+    target_check = check_target(
+        identity if is_head else recorded_target_identity(checkpoint, options.config_path),
+        identity,
+        allow_mismatch=allow_target_mismatch,
+        where=model,
+        against="model",
+    )
+    layer_ids, propose, report = family.online(checkpoint, target, options)
+    return OnlineSession(target, family, layer_ids, propose, report, target_check)
 
 
 def run_online(
@@ -137,10 +205,6 @@ def run_online(
     """
     t0 = time.perf_counter()
     backend = resolve_backend(backend, device)
-    target = load_target(model, dtype, device)
-    family = family_for(probe_checkpoint(checkpoint, config_path))
-    if family.online is None:
-        raise ScorerError(f"{checkpoint}: scorer online does not run the {family.name} family yet")
     options = OnlineOptions(
         overrides=dict(overrides or {}),
         trust_checkpoint=trust_checkpoint,
@@ -148,17 +212,9 @@ def run_online(
         num_speculative_tokens=num_speculative_tokens,
         device=device,
     )
-    # A target head (target:mtp) is the target's own: it matches by construction.
-    identity = loaded_target_identity(target)
-    is_head = str(checkpoint).startswith("target:")
-    target_check = check_target(
-        identity if is_head else recorded_target_identity(checkpoint, config_path),
-        identity,
-        allow_mismatch=allow_target_mismatch,
-        where=model,
-        against="model",
-    )
-    layer_ids, propose, report = family.online(checkpoint, target, options)
+    session = open_online(checkpoint, model, dtype, options, allow_target_mismatch)
+    target, family, layer_ids, propose = session.target, session.family, session.layer_ids, session.propose
+    report, target_check = session.report, session.target_check
     requests = []
     with use_backend(target.model, backend):
         for n, record in enumerate(iter_records(resolve_prompts(prompts), id_from_line=id_from_line)):

@@ -23,6 +23,7 @@ from hscache.store import jsonio
 
 __all__ = [
     "CheckpointProbe",
+    "DraftDraw",
     "Family",
     "OnlineOptions",
     "Proposer",
@@ -50,9 +51,17 @@ class CheckpointProbe:
     weight_keys: frozenset[str] | None
 
 
+# draw(logits [V] of one draft slot over the TARGET's vocabulary, float32, -inf outside a reduced
+# draft vocabulary) -> the drafted token id. ``scorer online`` at T > 0 with probabilistic drafting
+# passes one (scorer.online_sampled: a sample of softmax(logits / T), q recorded for the verifier).
+DraftDraw = Callable[[Any], int]
+
 # propose(hidden [p, K, H] raw target layer outputs in the drafter's layer order for positions
-# 0..p-1, token ids 0..p, anchor p) -> the drafted token ids d_1..d_k (``scorer online``).
-Proposer = Callable[[Any, list[int], int], list[int]]
+# 0..p-1, token ids 0..p, anchor p, draw: DraftDraw | None = None) -> the drafted token ids d_1..d_k
+# (``scorer online``). Without ``draw`` each slot is the argmax; with it, each slot's token is
+# ``draw(slot logits)`` and a chain drafter feeds THAT token to its next step (vLLM's probabilistic
+# ``draft_sample_method``). A proposer that cannot draw this way raises ScorerError when given one.
+Proposer = Callable[..., list[int]]
 
 
 @dataclass(frozen=True)

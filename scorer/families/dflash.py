@@ -21,6 +21,7 @@ from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, ScorerError
 from scorer.families.base import (
     CheckpointProbe,
+    DraftDraw,
     Family,
     OnlineOptions,
     Proposer,
@@ -274,6 +275,21 @@ def target_fallbacks(target: Any) -> dict[str, Any]:
     }
 
 
+def _drawn_block(drafter: DFlashDrafter, rows: Any, anchor: Any, draw: DraftDraw) -> list[int]:
+    """A block drafted with ``draw``: DFlash's slots each from their own marginal (vLLM's probabilistic
+    drafting), DFlash2's by its selector walk over the same top-k candidates as its greedy path."""
+    import torch
+
+    with torch.no_grad():
+        flat = rows.reshape(-1, rows.shape[-1])
+        logits = drafter.head(flat).float()
+        selector = getattr(drafter, "candidate_selector", None)
+        if selector is None:
+            return [draw(row) for row in logits]
+        top = torch.topk(logits.to(flat.dtype), selector.top_k, dim=-1)  # as block_drafts takes them
+        return selector.walk(rows, top.values[None], top.indices[None], anchor, draw=draw)[0].tolist()
+
+
 def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -> Proposer:
     """DFlash's round: one block forward at the anchor (the last layer read after the final norm
     where the layout reads transformers' hidden_states[L])."""
@@ -286,7 +302,7 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
     base = target.model.model
     final_norm = getattr(getattr(base, "language_model", base), "norm", None)
 
-    def propose(hidden: Any, ids: list[int], p: int) -> list[int]:
+    def propose(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
         features = hidden  # [p, K, H] pre-norm layer outputs
         if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
             features = features.clone()
@@ -296,6 +312,8 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
         block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
         block[0, 0] = ids[p]
         rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        if draw is not None:
+            return _drawn_block(drafter, rows, block[:, 0], draw)
         return block_drafts(drafter, rows, block[:, 0])[0].tolist()  # d_1..d_{B-1}
 
     return propose

@@ -22,6 +22,7 @@ The backbone is scorer.model.DFlashDrafter; its layers call the convolutions thr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,10 +116,21 @@ class CandidateSelector(nn.Module):
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
 
     def walk(
-        self, hidden: torch.Tensor, unary: torch.Tensor, candidate_ids: torch.Tensor, anchor_ids: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        unary: torch.Tensor,
+        candidate_ids: torch.Tensor,
+        anchor_ids: torch.Tensor,
+        draw: Callable[[torch.Tensor], int] | None = None,
     ) -> torch.Tensor:
         """Greedy path: hidden [n, D, H], top-k draft logits ``unary`` and their token ids
-        [n, D, k], the anchor tokens [n] -> the chosen tokens [n, D] (NeMo ``walk``, greedy)."""
+        [n, D, k], the anchor tokens [n] -> the chosen tokens [n, D] (NeMo ``walk``, greedy).
+
+        ``draw`` (one block, n = 1): each position's token is ``draw(scores)`` instead of the argmax,
+        the scores over the whole vocabulary and -inf outside the position's candidates, and the drawn
+        token is the next position's predecessor: NeMo's walk at T > 0 (``CandidateSelector.walk``
+        L261-315, softmax(scores / T) over the candidates, spec/sampling.md 1.3), which vLLM MRV2
+        runs for DFlash2 at any T > 0."""
         gate_hidden = self.hidden_projection(hidden)
         predecessor = anchor_ids
         path = []
@@ -127,8 +139,13 @@ class CandidateSelector(nn.Module):
             scores = unary[:, position] + torch.einsum(
                 "br,bkr->bk", gate, F.embedding(candidate_ids[:, position], self.successor_codebook)
             )
-            choice = scores.argmax(dim=-1)
-            predecessor = candidate_ids[:, position].gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+            if draw is not None:
+                full = scores.new_full((self.predecessor_codebook.shape[0],), float("-inf"))
+                full[candidate_ids[0, position]] = scores[0].float()
+                predecessor = torch.tensor([int(draw(full))], device=scores.device)
+            else:
+                choice = scores.argmax(dim=-1)
+                predecessor = candidate_ids[:, position].gather(-1, choice.unsqueeze(-1)).squeeze(-1)
             path.append(predecessor)
         return torch.stack(path, dim=1)
 

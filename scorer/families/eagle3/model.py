@@ -30,6 +30,7 @@ and to its own earlier steps: the mask speculators trains with, ``extend_mask_fo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -291,12 +292,19 @@ class Eagle3Drafter(nn.Module):
     # ---- the literal serving loop for one anchor ----------------------------------------------
     @torch.no_grad()
     def draft_one_anchor(
-        self, features: torch.Tensor, token_ids: torch.Tensor, anchor: int, num_tokens: int
+        self,
+        features: torch.Tensor,
+        token_ids: torch.Tensor,
+        anchor: int,
+        num_tokens: int,
+        draw: Callable[[torch.Tensor], int] | None = None,
     ) -> list[int]:
         """vLLM's ``propose`` for one request at anchor p (the reference): K target token ids.
 
         ``features`` [>= p, K*Ht] rows 0..p-1; ``token_ids`` [>= p+1] tokens 0..p. Eager attention
-        over an explicit KV cache, one query per later step.
+        over an explicit KV cache, one query per later step. ``draw``: each step's token is
+        ``draw(logits over the target vocabulary)`` (-inf outside the draft vocabulary) instead of
+        the argmax, and the next step is fed it (vLLM's probabilistic drafting).
         """
         c = self.config
         p = int(anchor)
@@ -319,7 +327,7 @@ class Eagle3Drafter(nn.Module):
             out = torch.einsum("hqk,khd->qhd", probs, v.repeat_interleave(rep, dim=1))
             h = layer.leave(residual, out)
         normed, fed = self.finish(h[-1:])
-        drafted = [int(self.to_target(self.head_logits(normed).float().argmax(-1))[0])]
+        drafted = [self._pick(normed, draw)]
         position = p - 1
         for _ in range(num_tokens - 1):
             position += 1
@@ -336,5 +344,14 @@ class Eagle3Drafter(nn.Module):
                 probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
                 h = layer.leave(residual, torch.einsum("hqk,khd->qhd", probs, values))
             normed, fed = self.finish(h)
-            drafted.append(int(self.to_target(self.head_logits(normed).float().argmax(-1))[0]))
+            drafted.append(self._pick(normed, draw))
         return drafted
+
+    def _pick(self, normed: torch.Tensor, draw: Callable[[torch.Tensor], int] | None) -> int:
+        """The target token id of one step's [1, H] normed state: argmax, or ``draw`` of its logits."""
+        logits = self.head_logits(normed).float()[0]
+        if draw is None:
+            return int(self.to_target(logits.argmax(-1)))
+        full = logits.new_full((self.config.vocab_size,), float("-inf"))
+        full[self.draft_to_target] = logits
+        return int(draw(full))

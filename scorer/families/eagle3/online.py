@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from scorer.errors import CheckpointError, IncompatibleCacheError
-from scorer.families.base import OnlineOptions, Proposer
+from scorer.families.base import DraftDraw, OnlineOptions, Proposer
 from scorer.families.eagle3.layouts import read_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 
@@ -18,9 +18,10 @@ __all__ = ["eagle3_proposer", "online"]
 def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
     """One round at anchor p: ``Eagle3Drafter.draft_one_anchor`` on the verified prefix's features."""
 
-    def propose(hidden: torch.Tensor, ids: list[int], p: int) -> list[int]:
+    def propose(hidden: torch.Tensor, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
         features = hidden.reshape(p, -1).to(drafter.fc.weight.dtype)  # raw layer outputs, as vLLM captures
-        return drafter.draft_one_anchor(features, torch.tensor(ids), p, drafter.config.num_speculative_tokens)
+        K = drafter.config.num_speculative_tokens
+        return drafter.draft_one_anchor(features, torch.tensor(ids), p, K, draw=draw)
 
     return propose
 

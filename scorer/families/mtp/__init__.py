@@ -25,6 +25,7 @@ from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.base import (
     TARGET_PREFIX,
     CheckpointProbe,
+    DraftDraw,
     Family,
     OnlineOptions,
     Proposer,
@@ -261,12 +262,12 @@ def _report(
 
 def online_proposer(
     target: Any, checkpoint: str, num_speculative_tokens: int | None, overrides: dict[str, Any] | None = None
-) -> tuple[list[int], Callable[[list[int], torch.Tensor], list[int]], LoadReport]:
+) -> tuple[list[int], Callable[..., list[int]], LoadReport]:
     """The live target's own MTP head for ``scorer online``: (layers it reads, propose, report).
 
-    ``propose(ids, states)`` drafts K tokens after ``ids`` (tokens 0..p verified) from the target's
-    pre-norm last layer ``states`` [p, 1, H], through the same `mtp_context` / `draft_anchors` as
-    the offline replay.
+    ``propose(ids, states, draw=None)`` drafts K tokens after ``ids`` (tokens 0..p verified) from the
+    target's pre-norm last layer ``states`` [p, 1, H], through the same `mtp_context` /
+    `draft_anchors` as the offline replay (``draw``: see scorer.families.base.DraftDraw).
 
     Raises:
         CheckpointError: an unknown head name, or a target without an MTP head.
@@ -293,11 +294,11 @@ def online_proposer(
     final_norm = final_norm_module(target.model) if head.config.hidden_source == "post_norm" else None
     K = head.config.num_speculative_tokens
 
-    def propose(ids: list[int], states: torch.Tensor) -> list[int]:
+    def propose(ids: list[int], states: torch.Tensor, draw: DraftDraw | None = None) -> list[int]:
         with torch.no_grad():
             hidden = states[:, 0] if final_norm is None else final_norm(states[:, 0])
             context = mtp_context(head, hidden, torch.tensor(ids, device=hidden.device))
-            return draft_anchors(head, context, np.asarray([len(ids) - 1]), K)[0].tolist()
+            return draft_anchors(head, context, np.asarray([len(ids) - 1]), K, draw=draw)[0].tolist()
 
     return [target.num_layers - 1], propose, _report(checkpoint, stored, head.config, k_source, "")
 
@@ -436,8 +437,8 @@ def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[i
         target, str(checkpoint), options.num_speculative_tokens, options.overrides
     )
 
-    def proposer(hidden: Any, ids: list[int], p: int) -> list[int]:
-        return propose(ids[: p + 1], hidden)
+    def proposer(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+        return propose(ids[: p + 1], hidden, draw)
 
     return layer_ids, proposer, report
 

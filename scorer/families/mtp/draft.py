@@ -23,6 +23,7 @@ to positions < anchor, plus that anchor's own draft keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,15 @@ def _argmax(head: MtpHead, normed: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=normed.device)
 
 
+def _pick(
+    head: MtpHead, normed: torch.Tensor, rows: int, draw: Callable[[torch.Tensor], int] | None
+) -> torch.Tensor:
+    if draw is None:
+        return _argmax(head, normed, rows)
+    logits = head.logits(normed).float()
+    return torch.tensor([draw(row) for row in logits], dtype=torch.long, device=normed.device)
+
+
 def _step(
     head: MtpHead,
     context: MtpContext,
@@ -121,17 +131,19 @@ def chain_outputs(
     num_speculative_tokens: int,
     rows: int,
     forced: torch.Tensor | None = None,
+    draw: Callable[[torch.Tensor], int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One group of anchors ``at`` [A]: greedy drafts [A, K] and the normed MTP output of each
     step [A, K, H] (the state that both gives the logits and is fed to the next step).
-    ``forced`` [A, K]: feed step j its column j - 1 instead of the drafted token (teacher forcing)."""
+    ``forced`` [A, K]: feed step j its column j - 1 instead of the drafted token (teacher forcing).
+    ``draw``: each row's token is ``draw(its logits)`` instead of the argmax (probabilistic drafting)."""
     out = context.out[at - 1]  # step 0 of anchor p: the context row at p - 1
-    tokens = _argmax(head, out, rows)
+    tokens = _pick(head, out, rows, draw)
     drafted, states, own = [tokens], [out], []
     for j in range(1, num_speculative_tokens):
         fed = tokens if forced is None else forced[:, j - 1]
         out = _step(head, context, at, j, out, fed, own)
-        tokens = _argmax(head, out, rows)
+        tokens = _pick(head, out, rows, draw)
         drafted.append(tokens)
         states.append(out)
     return torch.stack(drafted, dim=1), torch.stack(states, dim=1)
@@ -144,11 +156,13 @@ def draft_anchors(
     num_speculative_tokens: int,
     memory_gb: float = 2.0,
     token_ids: torch.Tensor | None = None,
+    draw: Callable[[torch.Tensor], int] | None = None,
 ) -> np.ndarray:
     """Greedy drafts ``[A, K]`` for anchors p (tokens 0..p verified, 1 <= p <= n): slot j is the
     token proposed for position p + 1 + j, as vLLM's chain of K speculative tokens drafts it.
     Anchors go in groups sized so their [A, heads, n] attention scores fit ``memory_gb``.
-    ``token_ids`` given: teacher forcing, step j is fed the true token x_{p+j} (training style)."""
+    ``token_ids`` given: teacher forcing, step j is fed the true token x_{p+j} (training style).
+    ``draw`` given: each slot is ``draw(its logits)`` and fed to the next step (``scorer online`` at T > 0)."""
     K, device = num_speculative_tokens, context.out.device
     rows = head_rows(head.config.vocab_size, memory_gb)
     n = context.keys.shape[0]
@@ -161,7 +175,7 @@ def draft_anchors(
         if token_ids is not None:  # x_{p+j} for j = 1..K-1, clamped at the end (those slots never count)
             idx = (at[:, None] + torch.arange(1, K, device=device)[None]).clamp(max=len(token_ids) - 1)
             forced = token_ids.to(device)[idx]
-        parts.append(chain_outputs(head, context, at, K, rows, forced)[0].cpu().numpy())
+        parts.append(chain_outputs(head, context, at, K, rows, forced, draw)[0].cpu().numpy())
     return np.concatenate(parts) if parts else np.zeros((0, K), dtype=np.int64)
 
 

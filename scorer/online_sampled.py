@@ -1,0 +1,551 @@
+"""``scorer online`` at temperature > 0: speculative decoding with the target verifying by vLLM's rule.
+
+The online reference of spec/sampling.md section 5 for the offline T > 0 scorer: real rounds, real
+random coins, many seeded runs. Each round at anchor p (tokens 0..p committed):
+
+1. the family's proposer drafts d_1..d_K: its argmax (vLLM's default ``draft_sample_method=greedy``,
+   q one-hot), or with ``draft_sampling="probabilistic"`` each slot sampled from q = softmax(draft
+   logits / T) over the drafter's whole vocabulary (no top-k / top-p / penalties: vLLM's
+   ``compute_probs_and_sample_next_token``, spec 1.1), a chain drafter fed its own sampled token;
+2. the target runs over the committed tokens plus the drafts (re-run from scratch each round, as
+   ``scorer online`` at T = 0 does: a hybrid target's recurrent state cannot be cropped); row j of
+   the round (j = 0..K) is processed in vLLM's order by hscache.capture.sampling's processor
+   (``penalise_dense`` then ``processed_support``) with the penalty history = the generated tokens
+   plus the drafts d_1..d_j (vLLM counts the in-round draft prefix, spec 1.1 / 4.6.4);
+3. ``scorer.vllm_rejection.mrv2_verify`` (vLLM MRV2 ``_rejection_kernel`` + ``_resample_kernel``,
+   cited there file + line) accepts or rejects, with the acceptance uniforms and the residual /
+   bonus Gumbel noise from TWO generators (vLLM #54282), and a third for the drafts' samples.
+
+Every (run, record) has its own three generators, keyed by the seed, the run and the record id, so
+a run's result does not depend on the other runs or on how lanes are batched into target forwards
+beyond the forward's last-bit numerics. tau of a run is pooled over its requests (tokens / rounds);
+the report gives the mean over runs, its standard error and a bootstrap interval over runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hscache import schemas
+from hscache.capture.backend import resolve_backend, use_backend
+from hscache.capture.forward import capture_batch
+from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.capture.sampling import SAMPLING_BYTES_PER_LOGIT, penalise_dense, processed_support
+from hscache.capture.target import Target
+from hscache.store.fsio import file_sha256
+from hscache.store.sampling import SamplingSetting
+from scorer.errors import ScorerError
+from scorer.families.base import OnlineOptions, Proposer
+from scorer.metrics import bootstrap_ci, tau_per_request, tau_pooled, tau_pooled_from_totals
+from scorer.online import ONLINE_SCHEMA_VERSION, OnlineRequest, commit_round, eos_ids, open_online
+from scorer.vllm_rejection import (
+    RoundNoise,
+    VerifiedRounds,
+    draw_gumbel,
+    draw_round_noise,
+    gumbel_argmax,
+    mrv2_verify,
+)
+
+__all__ = [
+    "DRAFT_SAMPLING",
+    "RULE",
+    "DecodeSettings",
+    "RoundRecord",
+    "RunResult",
+    "SampledOnlineConfig",
+    "decode_runs",
+    "run_online_sampled",
+    "run_streams",
+    "summarise_runs",
+]
+
+DRAFT_SAMPLING = ("onehot", "probabilistic")
+RULE = "vllm-mrv2"  # scorer.vllm_rejection.mrv2_verify
+_STREAM_DOMAIN = "hscache-online-v1"
+
+
+@dataclass(frozen=True)
+class SampledOnlineConfig:
+    """One ``scorer online`` run at temperature > 0 (``run_online_sampled``).
+
+    Attributes:
+        checkpoint: the drafter (any family with an online loader), or ``target:mtp``.
+        sampling: the served setting, temperature > 0 (``SamplingSetting.from_flags``); its ``seed``
+            keys every run's random streams.
+        runs: independent decodings of every prompt (the interval is over runs).
+        draft_sampling: ``onehot`` (the drafter's argmax, vLLM's default) or ``probabilistic``.
+        model, prompts, max_new_tokens, max_length, dtype, device, backend, limit: as ``run_online``.
+        lanes_per_forward: (run, prompt) sequences verified in one batched target forward; 1 runs
+            each alone (the exact forward ``scorer online`` at T = 0 makes).
+        n_boot: bootstrap resamples of the interval over runs.
+        overrides, trust_checkpoint, config_path, num_speculative_tokens, id_from_line,
+            allow_target_mismatch: as ``run_online``.
+    """
+
+    checkpoint: str
+    sampling: SamplingSetting
+    runs: int = 64
+    draft_sampling: str = "onehot"
+    model: str = "builtin:tiny-qwen3.5"
+    prompts: str = "builtin:default"
+    max_new_tokens: int = 64
+    max_length: int = 4096
+    dtype: str = "fp32"
+    device: str = "cpu"
+    backend: str = "auto"
+    limit: int | None = None
+    lanes_per_forward: int = 64
+    n_boot: int = 1000
+    overrides: dict[str, Any] = field(default_factory=dict)
+    trust_checkpoint: bool = False
+    config_path: str | None = None
+    num_speculative_tokens: int | None = None
+    id_from_line: bool = False
+    allow_target_mismatch: bool = False
+
+    def validate(self) -> SampledOnlineConfig:
+        """Refuse what cannot run, in one line each; return ``self``.
+
+        Raises:
+            ScorerError: naming the field and the fix.
+        """
+        if self.sampling.greedy:
+            raise ScorerError(
+                "the sampled online reference needs temperature > 0 (--temperature T or --sampling PRESET); "
+                "at temperature 0 run scorer online without --runs / --draft-sampling"
+            )
+        self.sampling.validate()
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise ScorerError(
+                f"--draft-sampling {self.draft_sampling!r}: choose one of {', '.join(DRAFT_SAMPLING)}"
+            )
+        for name, value, low in (("runs", self.runs, 1), ("lanes_per_forward", self.lanes_per_forward, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ScorerError(f"--{name.replace('_', '-')} {value!r} must be an integer >= {low}")
+        if self.n_boot < 1:
+            raise ScorerError(f"n_boot {self.n_boot} must be at least 1")
+        return self
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What ``decode_runs`` needs besides the target and the proposer."""
+
+    sampling: SamplingSetting
+    draft_sampling: str = "onehot"
+    max_new_tokens: int = 64
+    max_length: int = 4096
+    lanes_per_forward: int = 64
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One verified round, as the kernel saw it (``decode_runs``' ``on_round``; tests check it).
+
+    Attributes:
+        run, record_id: which lane.
+        token_ids: the committed tokens 0..p before the round (p = anchor).
+        drafts: [K] drafted ids.
+        target_probs: [K+1, V] float32 processed target distribution of each round position.
+        draft_probs: [K, V] float32 q of each slot, or None (one-hot drafts).
+        noise: the round's acceptance uniforms and residual noise.
+        verified: what ``mrv2_verify`` returned (one row).
+    """
+
+    run: int
+    record_id: str
+    token_ids: tuple[int, ...]
+    drafts: torch.Tensor
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor | None
+    noise: RoundNoise
+    verified: VerifiedRounds
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run: every prompt decoded once.
+
+    Attributes:
+        run: the run index (its streams are keyed by it).
+        requests: per prompt, the decoded tokens and the tokens per round.
+    """
+
+    run: int
+    requests: tuple[OnlineRequest, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(sum(r.tokens_per_round) for r in self.requests)
+
+    @property
+    def rounds(self) -> int:
+        return sum(len(r.tokens_per_round) for r in self.requests)
+
+    @property
+    def tau(self) -> float | None:
+        """Pooled over the run's requests: tokens / rounds (None without a round)."""
+        return self.tokens / self.rounds if self.rounds else None
+
+
+def run_streams(seed: int, run: int, record_id: str) -> dict[str, torch.Generator]:
+    """The three independent CPU generators of one (run, record): ``accept`` (acceptance uniforms),
+    ``residual`` (the recovered / bonus token's Gumbel noise, and the first token after the prompt)
+    and ``draft`` (probabilistic drafts). Each is seeded from BLAKE2b-64 of
+    ``hscache-online-v1|seed|run|len:record_id|stream``."""
+    out = {}
+    for stream in ("accept", "residual", "draft"):
+        text = f"{_STREAM_DOMAIN}|{seed}|{run}|{len(record_id)}:{record_id}|{stream}"
+        key = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+        out[stream] = torch.Generator().manual_seed(key)
+    return out
+
+
+class _ProposalDraw:
+    """vLLM's probabilistic draft of one slot: a sample of q = softmax(logits / T) (float32, the whole
+    vocabulary), by Gumbel-max on the lane's ``draft`` stream; q is kept for the verifier."""
+
+    def __init__(self, temperature: float, generator: torch.Generator) -> None:
+        self.temperature, self.generator = temperature, generator
+        self.probs: list[torch.Tensor] = []
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        q = torch.softmax(logits.detach().float().cpu() / self.temperature, dim=-1)
+        self.probs.append(q)
+        return int(gumbel_argmax(q, draw_gumbel(tuple(q.shape), self.generator)))
+
+
+class _Rows:
+    """A ``capture_batch`` logits observer keeping rows [start, start + n) of one sequence (float32)."""
+
+    def __init__(self, start: int, n: int) -> None:
+        self.start, self.n = start, n
+        self.parts: list[torch.Tensor] = []
+
+    def __call__(self, first: int, logits: torch.Tensor) -> None:
+        lo, hi = max(self.start, first), min(self.start + self.n, first + len(logits))
+        if lo < hi:
+            self.parts.append(logits[lo - first : hi - first].clone())
+
+    def rows(self) -> torch.Tensor:
+        return torch.cat(self.parts)
+
+
+@dataclass
+class _Lane:
+    run: int
+    record_id: str
+    prompt_len: int
+    limit: int
+    ids: list[int]
+    streams: dict[str, torch.Generator]
+    hidden: torch.Tensor | None = None
+    rounds: list[int] = field(default_factory=list)
+
+    def done(self, eos: set[int]) -> bool:
+        return len(self.ids) >= self.limit or self.ids[-1] in eos
+
+
+def _processed(
+    logits: torch.Tensor, lanes_rows: Sequence[tuple[_Lane, list[int]]], setting: SamplingSetting, vocab: int
+) -> torch.Tensor:
+    """Dense processed distributions [R, V] float32 of stacked rows: row i of a lane's block has the
+    penalty history = the lane's generated tokens + the block's extra tokens before it."""
+    counts = torch.zeros((len(logits), vocab), dtype=torch.int32, device=logits.device)
+    prompt_mask = None
+    if setting.repetition_penalty != 1.0:
+        prompt_mask = torch.zeros((len(logits), vocab), dtype=torch.bool, device=logits.device)
+    row = 0
+    for lane, extra in lanes_rows:
+        history = torch.tensor(lane.ids[lane.prompt_len :], dtype=torch.long)
+        base = torch.bincount(history, minlength=vocab).int()
+        block = base.repeat(len(extra) + 1, 1)
+        for j, token in enumerate(extra):
+            block[j + 1 :, token] += 1
+        counts[row : row + len(block)] = block.to(counts.device)
+        if prompt_mask is not None:
+            prompt_mask[row : row + len(block), torch.tensor(lane.ids[: lane.prompt_len])] = True
+        row += len(block)
+    ids, probs, overflow = processed_support(penalise_dense(logits, counts, prompt_mask, setting), setting)
+    if bool(overflow.any()):
+        raise ScorerError(
+            f"more than {setting.support_width} target tokens tie at the top-k boundary (top_k {setting.top_k}): "
+            "the processed distribution is not exact; choose another --sample-top-k"
+        )
+    dense = torch.zeros((len(logits), vocab), dtype=torch.float32, device=logits.device)
+    return dense.scatter_add_(1, ids.clamp(min=0).long(), probs).cpu()  # id -1 carries probability 0
+
+
+def _forward(
+    target: Target, layer_ids: list[int], lanes: Sequence[_Lane], extras: Sequence[list[int]], width: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One batched forward per ``width`` lanes over tokens + extras: per lane (hidden states, the
+    float32 logits of its last committed position and every extra token's position)."""
+    out = []
+    for lo in range(0, len(lanes), width):
+        group, more = lanes[lo : lo + width], extras[lo : lo + width]
+        observers = [_Rows(len(lane.ids) - 1, len(x) + 1) for lane, x in zip(group, more)]
+        captured = capture_batch(
+            target,
+            [lane.ids + x for lane, x in zip(group, more)],
+            layer_ids,
+            top_k=1,
+            full_logits=False,
+            on_logits=observers,
+            extra_bytes_per_logit=SAMPLING_BYTES_PER_LOGIT,
+        )
+        out += [(c.hidden_states, o.rows()) for c, o in zip(captured, observers)]
+    return out
+
+
+@torch.no_grad()
+def decode_runs(
+    target: Target,
+    layer_ids: list[int],
+    propose: Proposer,
+    prompts: Sequence[tuple[str, list[int]]],
+    settings: DecodeSettings,
+    runs: Sequence[int],
+    on_round: Any = None,
+) -> list[RunResult]:
+    """Decode every prompt once per run with sampled verification; the runs advance in lockstep, one
+    round per (run, prompt) lane per step, their target forwards batched ``lanes_per_forward`` at a time.
+
+    Args:
+        target: the live target.
+        layer_ids, propose: the family's online proposer (``open_online``).
+        prompts: (record id, prompt token ids).
+        settings: the sampling setting (its seed keys the streams), the drafting rule, the budget.
+        runs: the run indices to decode (run r draws from ``run_streams(seed, r, record id)``).
+        on_round: called with a ``RoundRecord`` after every verified round (tests), or None.
+
+    Returns:
+        One RunResult per run, in ``runs`` order, requests in ``prompts`` order.
+
+    Raises:
+        ScorerError: a proposer refuses probabilistic drafting, or the processed support overflows.
+    """
+    s = settings.sampling
+    eos = eos_ids(target)
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    lanes = [
+        _Lane(
+            run,
+            rid,
+            len(prompt),
+            min(len(prompt) + settings.max_new_tokens, settings.max_length),
+            list(prompt),
+            run_streams(int(s.seed or 0), run, rid),
+        )
+        for run in runs
+        for rid, prompt in prompts
+    ]
+    width = settings.lanes_per_forward
+    if not lanes:
+        return [RunResult(run, ()) for run in runs]
+    # Prefill: the first token after the prompt, drawn from the processed distribution at P - 1
+    # (empty penalty history). Every run of a prompt shares that forward: one per prompt.
+    heads = lanes[: len(prompts)]  # run runs[0]'s lanes, one per prompt, in prompts order
+    first = _forward(target, layer_ids, heads, [[] for _ in heads], width)
+    p0 = _processed(torch.cat([rows for _, rows in first]), [(lane, []) for lane in heads], s, vocab)
+    for n, lane in enumerate(lanes):
+        k = n % len(prompts)
+        lane.hidden = first[k][0]
+        lane.ids.append(int(gumbel_argmax(p0[k], draw_gumbel((vocab,), lane.streams["residual"]))))
+    while active := [lane for lane in lanes if not lane.done(eos)]:
+        drafts, qs = [], []
+        for lane in active:
+            p = len(lane.ids) - 1
+            if settings.draft_sampling == "probabilistic":
+                draw = _ProposalDraw(s.temperature, lane.streams["draft"])
+                drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p, draw=draw)])
+                qs.append(torch.stack(draw.probs))
+            else:
+                drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p)])
+                qs.append(None)
+        verify = _forward(target, layer_ids, active, drafts, width)
+        target_probs: list[torch.Tensor] = []
+        for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
+            rows = torch.cat([r for _, r in verify[lo : lo + width]])
+            part = list(zip(active[lo : lo + width], drafts[lo : lo + width]))
+            target_probs += _processed(rows, part, s, vocab).split([len(d) + 1 for _, d in part])
+        for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
+            x = torch.tensor([draft], dtype=torch.long)
+            noise = draw_round_noise(
+                1, len(draft), vocab, accept=lane.streams["accept"], residual=lane.streams["residual"]
+            )
+            verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
+            if on_round is not None:
+                on_round(
+                    RoundRecord(lane.run, lane.record_id, tuple(lane.ids), x[0], probs, q, noise, verified)
+                )
+            p = len(lane.ids) - 1
+            lane.rounds.append(commit_round(lane.ids, verified.emitted(0), p, lane.limit, eos))
+            lane.hidden = hidden
+    by_run: dict[int, list[OnlineRequest]] = {run: [] for run in runs}
+    for lane in lanes:
+        by_run[lane.run].append(
+            OnlineRequest(lane.record_id, lane.prompt_len, tuple(lane.ids), tuple(lane.rounds))
+        )
+    return [RunResult(run, tuple(by_run[run])) for run in runs]
+
+
+def summarise_runs(results: Sequence[RunResult], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """tau over runs, two ways, each with a standard error and a 95% percentile bootstrap over runs.
+
+    ``mean``: the mean of each run's pooled tau, ``se`` its sample sd / sqrt(runs). ``pooled``: every
+    run's tokens / every run's rounds, the estimand of the offline scorer (sum of tokens / sum of
+    E[rounds | y], docs/sampling.md): a run's tau is a ratio, so with few rounds per run the mean of
+    ratios is biased upward (Jensen) and ``pooled`` is the one to compare with offline tau;
+    ``pooled_se`` is the ratio estimator's delta-method standard error over runs.
+    """
+    with_rounds = [r for r in results if r.rounds]
+    if not with_rounds:
+        return dict.fromkeys(("mean", "se", "interval", "pooled", "pooled_se", "pooled_interval")) | {
+            "runs_with_rounds": 0
+        }
+    taus = np.asarray([r.tau for r in with_rounds], dtype=np.float64)
+    totals = np.asarray([(r.tokens, r.rounds) for r in with_rounds], dtype=np.float64)
+    n = len(taus)
+    pooled = float(totals[:, 0].sum() / totals[:, 1].sum())
+    se = pooled_se = None
+    if n > 1:
+        se = float(taus.std(ddof=1) / np.sqrt(n))
+        residual = totals[:, 0] - pooled * totals[:, 1]
+        pooled_se = float(np.sqrt((residual**2).sum() / (n * (n - 1))) / totals[:, 1].mean())
+    lo, hi = bootstrap_ci(taus, np.mean, n_boot=n_boot, seed=seed)
+    plo, phi = bootstrap_ci(totals, tau_pooled_from_totals, n_boot=n_boot, seed=seed)
+    return {
+        "mean": float(taus.mean()),
+        "se": se,
+        "interval": [lo, hi],
+        "pooled": pooled,
+        "pooled_se": pooled_se,
+        "pooled_interval": [plo, phi],
+        "runs_with_rounds": n,
+    }
+
+
+def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
+    """``scorer online`` at temperature > 0: ``config.runs`` seeded runs over the prompts; the result
+    document (schemas/online_report.schema.json, with its ``sampled`` section).
+
+    Raises:
+        ScorerError: an invalid config (``SampledOnlineConfig.validate``), or what loading refuses.
+    """
+    config.validate()
+    t0 = time.perf_counter()
+    backend = resolve_backend(config.backend, config.device)
+    options = OnlineOptions(
+        overrides=dict(config.overrides),
+        trust_checkpoint=config.trust_checkpoint,
+        config_path=config.config_path,
+        num_speculative_tokens=config.num_speculative_tokens,
+        device=config.device,
+    )
+    session = open_online(
+        config.checkpoint, config.model, config.dtype, options, config.allow_target_mismatch
+    )
+    config.sampling.validate(session.target.vocab_size)  # top_k against the vocabulary, now it is known
+    prompts = []
+    for n, record in enumerate(
+        iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
+    ):
+        if config.limit is not None and n >= config.limit:
+            break
+        prompts.append((record.record_id, prompt_token_ids(record, session.target.tokenizer)))
+    settings = DecodeSettings(
+        config.sampling,
+        config.draft_sampling,
+        config.max_new_tokens,
+        config.max_length,
+        config.lanes_per_forward,
+    )
+    with use_backend(session.target.model, backend):
+        results = decode_runs(
+            session.target, session.layer_ids, session.propose, prompts, settings, range(config.runs)
+        )
+    requests = [r for run in results for r in run.requests]
+    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
+    seed = int(config.sampling.seed or 0)
+    document = {
+        "schema_version": ONLINE_SCHEMA_VERSION,
+        "tau": {
+            "per_request": tau_per_request(with_rounds) if with_rounds else None,
+            "pooled": tau_pooled(with_rounds) if with_rounds else None,
+        },
+        "rounds": sum(len(r) for r in with_rounds),
+        "per_request": [
+            {
+                "run": run.run,
+                "record_id": r.record_id,
+                "prompt_len": r.prompt_len,
+                "tau": r.tau,
+                "tokens_per_round": list(r.tokens_per_round),
+                "generated": len(r.token_ids) - r.prompt_len,
+            }
+            for run in results
+            for r in run.requests
+        ],
+        "sampled": {
+            "sampling": config.sampling.to_dict(),
+            "rule": {
+                "name": RULE,
+                "draft_sampling": config.draft_sampling,
+                "description": _describe_rule(config.draft_sampling),
+            },
+            "seed": seed,
+            "runs": config.runs,
+            "tau": {
+                **summarise_runs(results, config.n_boot, seed),
+                "interval_level": 0.95,
+                "n_boot": config.n_boot,
+            },
+            "per_run": [
+                {"run": r.run, "tau": r.tau, "tokens": r.tokens, "rounds": r.rounds} for r in results
+            ],
+            "lanes_per_forward": config.lanes_per_forward,
+        },
+        "checkpoint": session.report.to_dict(),
+        "family": session.family.name,
+        "target_check": session.target_check.to_dict(),
+        "model": config.model,
+        "model_weights_sha256": session.target.weights_sha256,
+        "prompts": config.prompts,
+        "prompts_sha256": file_sha256(resolve_prompts(config.prompts)),
+        "dtype": config.dtype,
+        "device": config.device,
+        "backend": backend,
+        "max_new_tokens": config.max_new_tokens,
+        "max_length": config.max_length,
+        "limit": config.limit,
+        "versions": package_versions(),
+        "hscache_git_commit": git_commit(),
+        "seconds": time.perf_counter() - t0,
+        "created_at": utc_now(),
+    }
+    schemas.validate(document, "online_report")
+    return document
+
+
+def _describe_rule(draft_sampling: str) -> str:
+    drafts = (
+        "drafts = the drafter's argmax (q one-hot): accept d_j iff u_j < p(d_j), else sample p without d_j"
+        if draft_sampling == "onehot"
+        else "drafts ~ q = softmax(draft logits / T), full draft vocabulary: accept iff u_j * q(d_j) < p(d_j), "
+        "else sample norm(max(p - q, 0))"
+    )
+    return (
+        f"vLLM MRV2 _rejection_kernel + _resample_kernel (scorer.vllm_rejection.mrv2_verify); {drafts}; "
+        "all accepted: bonus ~ p; acceptance uniforms, residual noise and draft samples from separate "
+        "seeded streams per (run, record)"
+    )
