@@ -296,3 +296,12 @@ def test_compare_across_settings_sets_taus_side_by_side_with_ranks(
         assert order == [d["checkpoint"] for d in by_tau]
     assert any("other prompts" in w for w in document["warnings"])  # 6 greedy prompts, 3 sampled
     assert "tau per sampling setting" in output and "tau per sampling setting" in page.read_text()
+
+
+def test_pooled_tau_of_real_valued_rounds_is_not_truncated():
+    """The probabilistic rule's rounds are E[rounds | y]: the pooled ratio (and compare's paired deltas
+    over it) must divide by the real sum, not its integer part."""
+    from scorer.metrics import tau_pooled_from_totals
+
+    assert tau_pooled_from_totals(np.array([[10, 2.5], [6, 1.5]])) == 4.0
+    assert tau_pooled_from_totals(np.array([[10, 2], [6, 2]], dtype=np.int64)) == 4.0
