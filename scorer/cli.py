@@ -336,6 +336,8 @@ def eval_command(
 ) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree.
 
+    A cache extracted with sampling is scored as served at its setting (docs/sampling.md).
+
     \b
     Example:
       scorer eval drafter/ --cache cache/ --samples 2 --json report.json

@@ -95,7 +95,7 @@ def test_one_hot_eagle3_equals_vllms_loop_per_anchor_and_sglang_tree_walks_sampl
     sampled_scorer_cache, eagle3_drafter
 ):
     cache = hscache.open_cache(sampled_scorer_cache)
-    config = EvalConfig(n_boot=50, tree=(2, 2, 4))
+    config = EvalConfig(n_boot=50, tree=(2, 2, 4), limit=2)  # vLLM's loop per anchor is slow: 2 rows
     report = evaluate(eagle3_drafter, sampled_scorer_cache, config)
     drafter, _ = load_drafter(eagle3_drafter, cache, config)
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
@@ -111,15 +111,20 @@ def test_one_hot_eagle3_equals_vllms_loop_per_anchor_and_sglang_tree_walks_sampl
     )
 
 
-@pytest.mark.parametrize("checkpoint", ["dflash", "eagle3", "target:mtp"])
+@pytest.mark.parametrize("checkpoint", ["dflash", "eagle3", "target:mtp", "target:mtp k3"])
 def test_probabilistic_teacher_forced_drafts_give_the_same_one_hot_rounds(
     sampled_scorer_cache, trained_drafter, eagle3_drafter, checkpoint
 ):
     """Spec 4.3: fed y, a family's drafts equal its served drafts on every matched prefix, so the
     one-hot rounds of the probabilistic path's drafts are the one-hot report's rounds exactly."""
-    path = {"dflash": trained_drafter, "eagle3": eagle3_drafter}.get(checkpoint, checkpoint)
-    one_hot = evaluate(path, sampled_scorer_cache, EvalConfig(**FAST))
-    probabilistic = evaluate(path, sampled_scorer_cache, EvalConfig(draft_sampling="probabilistic", **FAST))
+    path = {"dflash": trained_drafter, "eagle3": eagle3_drafter}.get(checkpoint, checkpoint.split()[0])
+    k = 3 if checkpoint.endswith("k3") else None  # the MTP head's chain of 3 (its steps > 0 fed y)
+    one_hot = evaluate(path, sampled_scorer_cache, EvalConfig(num_speculative_tokens=k, **FAST))
+    probabilistic = evaluate(
+        path,
+        sampled_scorer_cache,
+        EvalConfig(draft_sampling="probabilistic", num_speculative_tokens=k, **FAST),
+    )
     for a, b in zip(one_hot["per_request"], probabilistic["per_request"]):
         assert (a["anchors"], a["accepted"]) == (b["anchors"], b["accepted"])
     s = probabilistic["sampling"]
@@ -273,28 +278,31 @@ def test_greedy_reports_are_unchanged(scorer_cache, trained_drafter):
 
 
 def test_compare_across_settings_sets_taus_side_by_side_with_ranks(
-    sampled_scorer_cache, scorer_cache, trained_drafter, eagle3_drafter, tmp_path
+    sampled_scorer_cache, scorer_cache, trained_drafter, tmp_path
 ):
     out, page = tmp_path / "c.json", tmp_path / "c.html"
     code, output = _invoke(
-        ["compare", str(trained_drafter), str(eagle3_drafter), "--cache", str(scorer_cache),
-         "--cache", str(sampled_scorer_cache), "--json", str(out), "--report", str(page)]
+        ["compare", str(trained_drafter), "target:mtp", "--cache", str(scorer_cache),
+         "--cache", str(sampled_scorer_cache), "--limit", "4", "--json", str(out), "--report", str(page)]
     )  # fmt: skip
     assert code == 0, output
     document = json.loads(out.read_text())
     greedy, sampled = document["settings"]
-    assert greedy["rule"] == "greedy" and sampled["rule"] == "one-hot" and sampled["prompts"] == 3
-    for i, path in enumerate((trained_drafter, eagle3_drafter)):
-        taus = document["drafters"][i]["taus"]
-        assert taus[0]["tau"] == pytest.approx(
-            evaluate(path, scorer_cache, EvalConfig(**FAST))["tau"]["pooled"]
+    assert greedy["rule"] == "greedy" and sampled["rule"] == "one-hot"
+    assert (greedy["prompts"], sampled["prompts"], sampled["sequences"]) == (4, 2, 4)
+    for i in range(2):  # each cell is that drafter's report on that cache: pooled tau / tau as served
+        taus, (on_greedy, on_sampled) = (
+            document["drafters"][i]["taus"],
+            (c["reports"][i] for c in document["compares"]),
         )
-        expected = evaluate(path, sampled_scorer_cache, EvalConfig(**FAST))["sampling"]["modes"]["chain"]
-        assert taus[1]["tau"] == pytest.approx(expected["tau"]) and taus[1]["over"] == "prompts"
+        assert taus[0]["tau"] == on_greedy["tau"]["pooled"] and taus[0]["over"] == "requests"
+        served = on_sampled["sampling"]["modes"]["chain"]
+        assert (taus[1]["tau"], taus[1]["lo"], taus[1]["hi"]) == (served["tau"], served["lo"], served["hi"])
+        assert taus[1]["over"] == "prompts" and served["n_prompts"] == 2
     for column, order in enumerate(document["ranking"]):
         by_tau = sorted(document["drafters"], key=lambda d: -d["taus"][column]["tau"])
         assert order == [d["checkpoint"] for d in by_tau]
-    assert any("other prompts" in w for w in document["warnings"])  # 6 greedy prompts, 3 sampled
+    assert any("other prompts" in w for w in document["warnings"])  # 4 greedy prompts, 2 sampled
     assert "tau per sampling setting" in output and "tau per sampling setting" in page.read_text()
 
 
