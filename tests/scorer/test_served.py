@@ -265,10 +265,12 @@ def test_refusals_are_one_line_and_write_nothing(sampled_scorer_cache, sampled_c
     # the cache's own setting, restated, is accepted
     code, output = _invoke(
         ["eval", "target:mtp", "--cache", str(sampled_scorer_cache), "--sampling", "qwen-thinking-coding",
-         "--temperature", "0.6", "--limit", "1", "--json", str(out)]
+         "--temperature", "0.6", "--limit", "1", "--json", str(out), "--report", str(tmp_path / "r.html")]
     )  # fmt: skip
     assert code == 0, output
     assert "tau as served" in output and json.loads(out.read_text())["sampling"]["rule"] == "one-hot"
+    page = (tmp_path / "r.html").read_text()
+    assert "tau as served" in page and "qwen-thinking-coding" in page
 
 
 def test_greedy_reports_are_unchanged(scorer_cache, trained_drafter):
