@@ -315,3 +315,39 @@ def test_pooled_tau_of_real_valued_rounds_is_not_truncated():
 
     assert tau_pooled_from_totals(np.array([[10, 2.5], [6, 1.5]])) == 4.0
     assert tau_pooled_from_totals(np.array([[10, 2], [6, 2]], dtype=np.int64)) == 4.0
+
+
+def test_probabilistic_eagle3_reduced_vocabulary(sampled_scorer_cache, tmp_path):
+    """EAGLE-3 with a reduced draft vocabulary (d2t): slot 1's q is vLLM's compute_logits (-inf off the
+    draft vocabulary over the target's) softmaxed at T, so q = 0 for a sampled token outside it; the
+    drafts fed y are drafting.py's teacher-forced drafts."""
+    from scorer.families.eagle3.drafting import draft_every_anchor
+    from scorer.families.eagle3.init import init_eagle3
+    from scorer.families.eagle3.proposal import eagle3_log_q
+
+    cache = hscache.open_cache(sampled_scorer_cache)
+    out = tmp_path / "reduced"
+    init_eagle3(
+        sampled_scorer_cache, out, layer_ids=[7, 1, 3], num_layers=2, draft_vocab_size=cache.vocab_size // 2
+    )
+    drafter, _ = load_drafter(out, cache, EvalConfig(num_speculative_tokens=3))
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    outside = 0
+    for row, y, P in _rows(cache)[:2]:
+        features = cache.hidden_states(row)[:, index].reshape(len(y), -1).float()
+        tokens = torch.as_tensor(y)
+        draft, log_q = eagle3_log_q(drafter, features, tokens, P, 0.6)
+        np.testing.assert_array_equal(
+            draft, draft_every_anchor(drafter, features, tokens, P, 3, teacher_forced=True)
+        )
+        with torch.no_grad():
+            normed, _, _ = drafter.step0(features, tokens, len(y) - 2)
+            logits = drafter.head_logits(normed[P - 1 :]).float()
+        full = torch.full((len(logits), cache.vocab_size), float("-inf"))
+        full[:, drafter.draft_to_target] = logits
+        want = torch.log_softmax(full.double() / 0.6, dim=-1)[
+            torch.arange(len(logits)), torch.as_tensor(y[P + 1 :])
+        ]
+        np.testing.assert_allclose(log_q[:, 0], want.numpy(), rtol=1e-5, atol=1e-5)
+        outside += int(np.isneginf(log_q[:, 0]).sum())
+    assert outside > 0  # some sampled tokens fall outside the reduced vocabulary: q = 0 there
