@@ -127,6 +127,63 @@ _drafting_flags = [
 ]
 
 
+# Scoring at T > 0 (scorer/served.py, docs/sampling.md): the rule, and the setting the user expects the
+# cache to hold. The cache records its own setting; these flags only check it (a cache cannot be
+# reweighted to another setting), so one that differs is refused before anything is scored.
+_SAMPLING_CHECKS = (
+    ("--temperature", "temperature", float),
+    ("--top-p", "top_p", float),
+    ("--sample-top-k", "top_k", int),
+    ("--min-p", "min_p", float),
+    ("--presence-penalty", "presence_penalty", float),
+    ("--frequency-penalty", "frequency_penalty", float),
+    ("--repetition-penalty", "repetition_penalty", float),
+)
+_sampling_flags = [
+    click.option(
+        "--draft-sampling",
+        type=click.Choice(["greedy", "probabilistic"]),
+        default="greedy",
+        show_default=True,
+        help="On a sampled cache: greedy = argmax drafts, one-hot verification (every engine's default); "
+        "probabilistic = drafts ~ softmax(logits / T), min(1, p/q) (vLLM draft_sample_method=probabilistic, "
+        "SGLang --speculative-use-rejection-sampling): chains, E[rounds | y] by the exact DP.",
+    ),
+    click.option(
+        "--sampling",
+        "sampling_preset",
+        default=None,
+        metavar="PRESET",
+        help="Check that the cache was sampled at this preset (greedy, qwen-thinking, qwen-thinking-coding, "
+        "qwen-instruct); the cache's own setting is what is scored.",
+    ),
+    *(
+        click.option(
+            flag,
+            name,
+            type=kind,
+            default=None,
+            help=f"Check that the cache was sampled at this {name.replace('_', ' ')} (refused if it differs).",
+        )
+        for flag, name, kind in _SAMPLING_CHECKS
+    ),
+]
+
+
+def sampling_flags(fn: Callable) -> Callable:
+    for flag in reversed(_sampling_flags):
+        fn = flag(fn)
+    return fn
+
+
+def _sampling_request(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the sampling check flags from a command's options: EvalConfig.sampling."""
+    given = {name: options.pop(name) for _, name, _ in _SAMPLING_CHECKS}
+    preset = options.pop("sampling_preset")
+    request = {k: v for k, v in given.items() if v is not None}
+    return {**({"preset": preset} if preset else {}), **request}
+
+
 def drafting_flags(fn: Callable) -> Callable:
     for flag in reversed(_drafting_flags):
         fn = flag(fn)
@@ -259,6 +316,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
 )
 @cluster_flags
 @drafting_flags
+@sampling_flags
 @checkpoint_flags
 @friendly_errors
 def eval_command(
@@ -278,6 +336,8 @@ def eval_command(
 ) -> None:
     """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree.
 
+    A cache extracted with sampling is scored as served at its setting (docs/sampling.md).
+
     \b
     Example:
       scorer eval drafter/ --cache cache/ --samples 2 --json report.json
@@ -289,10 +349,12 @@ def eval_command(
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
+    sampling = _sampling_request(options)
     config = EvalConfig(
         ddtree=ddtree,
         overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
         tree=_tree(tree_text),
+        sampling=sampling,
         **options,
     )
     _refuse_explicit_ddtree(checkpoint, config)
@@ -339,7 +401,14 @@ def eval_command(
 
 @main.command()
 @click.argument("checkpoints", nargs=-1, required=True)
-@click.option("--cache", required=True, help="The cache every drafter is scored on (same rounds for all).")
+@click.option(
+    "--cache",
+    "caches",
+    multiple=True,
+    required=True,
+    help="The cache every drafter is scored on (same rounds for all); repeat it with caches of the same "
+    "prompts at other sampling settings (greedy/, t07/) to see each drafter's tau per setting side by side.",
+)
 @click.option("--device", default="cpu", show_default=True, help="Torch device the drafters run on.")
 @scoring_dtype_option
 @click.option(
@@ -359,10 +428,11 @@ def eval_command(
     "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
 )
 @drafting_flags
+@sampling_flags
 @friendly_errors
 def compare(
     checkpoints: tuple[str, ...],
-    cache: str,
+    caches: tuple[str, ...],
     ddtree: tuple[int, ...],
     json_out: str | None,
     report_out: str | None,
@@ -382,9 +452,20 @@ def compare(
     from scorer.evaluate import EvalConfig
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
 
-    config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), **options)
-    document = compare_drafters(checkpoints, cache, config)
+    config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), sampling=_sampling_request(options), **options)
     console = Console()
+    if len(caches) > 1:
+        from scorer.compare_settings import compare_settings, render_settings
+
+        document = compare_settings(checkpoints, caches, config)
+        render_settings(document, console)
+        _write_json(json_out, document)
+        if report_out:
+            from scorer.report.served import write_settings_html
+
+            click.echo(f"wrote {write_settings_html(document, report_out)}", err=True)
+        return
+    document = compare_drafters(checkpoints, caches[0], config)
     names = drafter_names(document)
     for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
         table = Table(*header)
@@ -510,6 +591,7 @@ def diagnose(
     help="Tokens of work per dask task (default: 2048).",
 )
 @cluster_flags
+@sampling_flags
 @friendly_errors
 def sweep(
     run_dir: str,
@@ -530,7 +612,7 @@ def sweep(
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
-    config = EvalConfig(ddtree=ddtree, **options)
+    config = EvalConfig(ddtree=ddtree, sampling=_sampling_request(options), **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
         click.echo(

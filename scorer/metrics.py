@@ -66,7 +66,7 @@ def tau_pooled_from_totals(totals: np.ndarray) -> float:
         ValueError: when there are no rounds at all.
     """
     t = np.asarray(totals)
-    rounds = int(t[:, 1].sum())
+    rounds = t[:, 1].sum()  # not int(): E[rounds | y] of the probabilistic rule is a real number
     if rounds == 0:
         raise ValueError("no request has a round; tau is undefined (every sequence has T-1 <= P)")
     return float(t[:, 0].sum() / rounds)

@@ -16,6 +16,7 @@ from hscache.capture.forward import DEFAULT_MEMORY_GB
 from hscache.capture.target import check_device
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.view import CacheView
+from scorer import served
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import Family, family_for, family_named, probe_checkpoint
 from scorer.features import check_scorable
@@ -52,9 +53,18 @@ class EvalConfig:
     # checkpoint's config or the engines' default, reported with its source.
     num_speculative_tokens: int | None = None
     tree: tuple[int, int, int] | None = None
+    # Scoring at T > 0 (scorer/served.py): vLLM's draft_sample_method, and the sampling flags given
+    # on the command line (a preset and/or fields), checked against the cache's setting, never applied.
+    draft_sampling: str = "greedy"
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        # At their defaults they are left out: a greedy report and a sweep's result keys stay as before.
+        if d["draft_sampling"] == "greedy":
+            del d["draft_sampling"]
+        if not d["sampling"]:
+            del d["sampling"]
         d["ddtree"] = list(self.ddtree)
         d["tree"] = None if self.tree is None else list(self.tree)
         d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
@@ -85,7 +95,9 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     check_device(config.device)
     check_scorable(cache, str(getattr(cache, "url", cache.path)))
     probe = probe_checkpoint(checkpoint, config.config_path)
-    drafter, loaded = family_for(probe).load(checkpoint, cache, config)
+    family = family_for(probe)
+    served.check_request(cache, config, family, str(getattr(cache, "url", cache.path)))
+    drafter, loaded = family.load(checkpoint, cache, config)
     cache_identity = cache_target_identity(cache)
     # A target head (target:mtp) is the cache's own target: it matches by construction.
     is_head = probe.path.startswith("target:")
@@ -106,7 +118,7 @@ def drafter_family(drafter: Any) -> Family:
 
 def effective_config(drafter: Any, config: EvalConfig) -> EvalConfig:
     """The eval config the drafter's family actually scores with (reported as ``config``)."""
-    return drafter_family(drafter).effective_config(config)
+    return served.effective_config(drafter_family(drafter).effective_config(config))
 
 
 def score_rows(
@@ -117,5 +129,8 @@ def score_rows(
     on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` with the drafter's family (the distributed unit of work);
-    ``on_sequence`` gets each result as it is done (progress)."""
+    ``on_sequence`` gets each result as it is done (progress). A sampled cache is scored as served
+    at its setting (scorer/served.py)."""
+    if served.is_sampled(cache):
+        return served.score_rows(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
     return drafter_family(drafter).score_rows(drafter, cache, rows, config, on_sequence)

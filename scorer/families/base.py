@@ -95,6 +95,11 @@ class Family:
         time_round: (drafter, features [T, K*H], token ids [T], anchor p, tau) -> (seconds, drafts):
             one served round's drafter work at p, its context already cached (what a serving engine
             keeps between rounds) and timed from the newly verified tokens to the last draft.
+        proposals: (drafter, cache, row, eval config, temperature) -> (drafts [A, K] target ids,
+            log q [A, K]) along the cached (sampled) path y, every anchor a in [P, T-2]: slot j fed
+            y's tokens, q_{a,j} = softmax(draft logits / T) over the drafter's whole vocabulary,
+            log q of y_{a+j} (-inf outside it). The probabilistic rule (scorer/served.py); None: the
+            family is scored with the one-hot rule only.
     """
 
     name: str
@@ -107,6 +112,7 @@ class Family:
     online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
     cost: Callable[..., dict[str, Any]] | None = None
     time_round: Callable[..., tuple[float, list[int]]] | None = None
+    proposals: Callable[..., tuple[Any, Any]] | None = None
 
 
 def linear_params(module: Any) -> int:

@@ -28,6 +28,7 @@ from scorer.families.base import (
     attention_flops,
     linear_params,
 )
+from scorer.families.block_proposals import block_proposals
 from scorer.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -411,4 +412,5 @@ DFLASH = Family(
     online=online,
     cost=cost,
     time_round=time_round,
+    proposals=block_proposals,
 )

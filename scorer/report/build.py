@@ -16,6 +16,7 @@ from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.info import cache_completeness
 from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
+from scorer import served
 from scorer.metrics import (
     AcceptLen,
     acceptance_rates,
@@ -181,7 +182,8 @@ def build_report(
         "warnings": warnings,
         "notes": notes,
         "target_check": target_check,
-        "samples": _samples(results, cache, config.samples, config.seed, B),
+        # on a sampled cache the drafts were matched against the sampled tokens: show those
+        "samples": _samples(results, _matched_view(cache), config.samples, config.seed, B),
         "per_request": [
             dict(
                 result_summary(r),
@@ -229,8 +231,27 @@ def build_report(
             "speculative_num_draft_tokens): tokens per round of its greedy verification",
             "tau": _tau_block(trees, config.n_boot, config.seed),
         }
+    if served.is_sampled(cache):
+        _add_sampling(report, results, cache, config)
     schemas.validate(report, "eval_report")
     return report
+
+
+def _matched_view(cache: CacheView) -> Any:
+    return served.SampledView(cache) if served.is_sampled(cache) else cache
+
+
+def _add_sampling(
+    report: dict[str, Any], results: list[SequenceResult], cache: CacheView, config: Any
+) -> None:
+    """A sampled cache's report: the ``sampling`` block (scorer/served.py) and, under the probabilistic
+    rule, tau and rounds as E[rounds | y] (the one-hot rounds along y stay in the per-request lists)."""
+    report["sampling"] = served.served_section(results, cache, config)
+    if getattr(config, "draft_sampling", "greedy") == "probabilistic":
+        report["tau"], report["rounds"] = served.probabilistic_tau_block(results, config)
+        report["per_request"] = [
+            served.probabilistic_request(row, r) for row, r in zip(report["per_request"], results)
+        ]
 
 
 def _teacher_forced(results: Sequence[SequenceResult], B: int) -> dict[str, Any] | None:

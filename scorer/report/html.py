@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hscache.report.html import acceptance_chart, html_page, html_table
+from scorer.report.served import served_html
 
 __all__ = ["acceptance_section", "cache_names", "render_eval_html", "tau_table", "write_eval_html"]
 
@@ -140,6 +141,7 @@ def render_eval_html(result: Mapping[str, Any], *, title: str | None = None) -> 
             "generated positions where the cached text leaves that cache's own argmax (its replay there is "
             "exact only up to that point; rounds cut counts rounds whose draft still matched past it).</p>"
         ),
+        *served_html(reports, names),  # sampled caches: tau as served, the rule, the setting
         "<h2>Per-position acceptance</h2>",
         acceptance_section(result, names),
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from scorer.report.served import render_served
+
 __all__ = ["render_comparison", "render_report"]
 
 
@@ -68,6 +70,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         of = f" of {cache['expected_sequences']}" if cache.get("expected_sequences") else ""
         head.add_row("[bold red]cache INCOMPLETE[/]", f"{cache.get('committed_sequences')}{of} sequences", "")
     console.print(head)
+    render_served(report, console)  # a sampled cache: the rule, the setting, tau as served
     _render_config_sources(report, console)
     acc = Table(title="per-position acceptance (slot 1 first)")
     acc.add_column("slot", justify="right")

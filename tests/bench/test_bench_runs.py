@@ -135,3 +135,15 @@ def test_sampled_extract_bench_quick(capsys):
     _bench("sampled_extract").main(["--quick"])
     out = capsys.readouterr().out
     assert "extract sampled / greedy = " in out and "capture head with the processor / without = " in out, out
+
+
+@pytest.mark.slow
+def test_sampled_scoring_bench_quick(capsys):
+    """bench/sampled_scoring.py --quick: both ratios for both drafters (one-hot vs greedy, DP vs all)."""
+    threads = torch.get_num_threads()
+    _bench("sampled_scoring").main(["--quick"])
+    assert torch.get_num_threads() == threads  # the bench pins one thread and gives it back
+    out = capsys.readouterr().out
+    for name in ("dflash", "target:mtp"):
+        assert f"{name}: one-hot sampled / greedy same shape = " in out, out
+        assert f"{name}: probabilistic DP / --anchors all = " in out, out

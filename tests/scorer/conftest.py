@@ -20,6 +20,23 @@ def scorer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sampled_scorer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``scorer_cache``'s first 3 prompts (layers 1,3,7, fp32, the MTP head) sampled at Qwen's
+    thinking-coding preset (T 0.6, top-p 0.95, top-k 20, no penalty), 2 samples x 16 tokens, seed 3:
+    every drafter fixture here scores it (tests/scorer/test_served.py)."""
+    from hscache.store.sampling import SamplingSetting
+
+    out = tmp_path_factory.mktemp("scorer") / "sampled"
+    sampling = SamplingSetting.from_flags("qwen-thinking-coding", samples_per_prompt=2, seed=3)
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out), layers="1,3,7", max_new_tokens=16, dtype="fp32", limit=3, sampling=sampling
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
 def trained_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("scorer") / "drafter"
     train_drafter(scorer_cache, out, steps=150, block_size=6, log_every=0)

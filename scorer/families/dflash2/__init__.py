@@ -16,6 +16,7 @@ from scorer.checkpoint import CheckpointVariant, LoadedCheckpoint
 from scorer.errors import CheckpointError
 from scorer.families import dflash
 from scorer.families.base import CheckpointProbe, Family, OnlineOptions, Proposer
+from scorer.families.block_proposals import block_proposals
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
 
 __all__ = ["DFLASH2", "VARIANT", "build_dflash2"]
@@ -120,4 +121,5 @@ DFLASH2 = Family(
     online=online,
     cost=cost,
     time_round=dflash.time_round,
+    proposals=block_proposals,
 )

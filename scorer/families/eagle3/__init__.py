@@ -19,6 +19,7 @@ from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.families.eagle3.online import online
+from scorer.families.eagle3.proposal import eagle3_proposals
 from scorer.features import sequence_features
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain, round_loop
@@ -185,4 +186,5 @@ EAGLE3 = Family(
     online=online,
     cost=cost,
     time_round=time_round,
+    proposals=eagle3_proposals,
 )

@@ -34,6 +34,7 @@ from scorer.families.base import (
 )
 from scorer.families.mtp.draft import TreeSteps, chain_outputs, draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpConfig, MtpHead
+from scorer.families.mtp.proposal import mtp_log_q
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import replay_chain, round_loop
 from scorer.score import SequenceResult
@@ -473,6 +474,15 @@ def time_round(
         return time.perf_counter() - t0, drafts[0].tolist()
 
 
+def proposals(
+    head: MtpHead, cache: CacheView, row: int, config: Any, temperature: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``Family.proposals``: the head fed y along ``row`` (scorer/families/mtp/proposal.py)."""
+    hidden = mtp_hidden(head, cache.hidden_states(row), cache.layer_ids, DTYPES[config.dtype], config.device)
+    prompt_len = int(cache.index.column("prompt_len")[row].as_py())
+    return mtp_log_q(head, hidden, cache.token_ids(row), prompt_len, temperature, memory_gb=config.memory_gb)
+
+
 MTP = Family(
     name="mtp",
     layouts=(
@@ -486,4 +496,5 @@ MTP = Family(
     online=online,
     cost=cost,
     time_round=time_round,
+    proposals=proposals,
 )
