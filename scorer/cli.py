@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES, SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
+from scorer.report.terminal import TABLE_FORMATS
 
 __all__ = ["main"]
 
@@ -36,15 +39,45 @@ def _int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
     return values
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (nan compares false with every bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+# Ranges of the numeric flags every command shares: a value that cannot be right is refused with
+# the flag's name before anything loads, never scored (--rope-theta -5 gave tau 1.000, exit 0).
+POSITIVE = FiniteFloatRange(min=0, min_open=True)
+SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
+TOKEN_ID = click.IntRange(min=0)
+
+
+def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
+    """Every output path of a command checked before its work (hscache's one definition,
+    ``check_output_path``): ``flag=path`` pairs, e.g. ``json=...`` for ``--json``; the flags named
+    in ``directories`` take a directory, the others a file."""
+    from hscache.store.fsio import check_output_path
+
+    for flag, path in paths.items():
+        if path:
+            check_output_path(path, "--" + flag.replace("_", "-"), directory=flag in directories)
+
+
 def _budgets(_ctx: click.Context, _param: click.Parameter, text: str | None) -> tuple[int, ...]:
     """A click callback: a bad value is then reported with the option's name (--ddtree)."""
     return _int_list(text, minimum=1)
 
 
-def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None) -> dict:
+def _overrides(
+    target_layer_ids: tuple[int, ...], mask_token_id: int | None, rope_theta: float | None
+) -> dict:
     overrides: dict[str, Any] = {}
     if target_layer_ids:
-        overrides["target_layer_ids"] = _int_list(target_layer_ids)
+        overrides["target_layer_ids"] = target_layer_ids
     if mask_token_id is not None:
         overrides["mask_token_id"] = mask_token_id
     if rope_theta is not None:
@@ -77,9 +110,14 @@ limit_option = click.option(
 )
 
 _checkpoint_flags = [
-    click.option("--target-layer-ids", default=None, help="Override: comma-separated target layer ids."),
-    click.option("--mask-token-id", type=int, default=None, help="Override the mask token id."),
-    click.option("--rope-theta", type=float, default=None, help="Override the drafter's rope theta."),
+    click.option(
+        "--target-layer-ids",
+        default=None,
+        callback=lambda _ctx, _param, text: _int_list(text, minimum=0),
+        help="Override: comma-separated target layer ids.",
+    ),
+    click.option("--mask-token-id", type=TOKEN_ID, default=None, help="Override the mask token id."),
+    click.option("--rope-theta", type=POSITIVE, default=None, help="Override the drafter's rope theta."),
     click.option(
         "--config",
         "config_path",
@@ -227,7 +265,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
 )
 @click.option(
     "--memory-gb",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=2.0,
     show_default=True,
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
@@ -235,7 +273,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option(
     "--seed",
-    type=int,
+    type=SEED,
     default=0,
     show_default=True,
     help="Seed of the bootstrap intervals and the --samples draw.",
@@ -268,7 +306,7 @@ def eval_command(
     tree_text: str | None,
     json_out: str | None,
     report_out: str | None,
-    target_layer_ids: str | None,
+    target_layer_ids: tuple[int, ...],
     mask_token_id: int | None,
     rope_theta: float | None,
     scheduler: str | None,
@@ -285,7 +323,6 @@ def eval_command(
     from rich.console import Console
 
     from hscache.progress import StepProgress
-    from hscache.store.fsio import check_output_path
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
@@ -296,9 +333,7 @@ def eval_command(
         **options,
     )
     _refuse_explicit_ddtree(checkpoint, config)
-    for flag, path in (("--json", json_out), ("--report", report_out)):
-        if path:
-            check_output_path(path, flag)  # before scoring, not after it
+    check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     console = Console(stderr=False)
     rounds = tokens = 0
 
@@ -351,12 +386,21 @@ def eval_command(
 )
 @limit_option
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
+    "--seed", type=SEED, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
 )
 @click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
 @click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
 @click.option(
     "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@click.option(
+    "--format",
+    "table_format",
+    type=click.Choice(TABLE_FORMATS),
+    default="auto",
+    show_default=True,
+    help="The tables on stdout: auto (boxes on a terminal, plain columns when redirected), plain, "
+    "or markdown; never cut to the terminal's width.",
 )
 @drafting_flags
 @friendly_errors
@@ -367,6 +411,7 @@ def compare(
     json_out: str | None,
     report_out: str | None,
     tree_text: str | None,
+    table_format: str,
     **options: Any,
 ) -> None:
     """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds.
@@ -375,22 +420,32 @@ def compare(
     Example:
       scorer compare drafter/ eagle3/ target:mtp --cache cache/ --json compare.json
     """
-    from rich.console import Console
-    from rich.table import Table
-
+    from hscache.progress import StepProgress
     from scorer.compare import compare_drafters
     from scorer.evaluate import EvalConfig
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+    from scorer.report.terminal import print_table
 
+    check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), **options)
-    document = compare_drafters(checkpoints, cache, config)
-    console = Console()
+    rounds = tokens = 0
+
+    def started(checkpoint: str, sequences: int) -> None:
+        nonlocal rounds, tokens
+        rounds = tokens = 0
+        n = checkpoints.index(checkpoint) + 1 if checkpoint in checkpoints else "?"
+        progress.start(sequences, note=f"drafter {n} of {len(checkpoints)}: {checkpoint}")
+
+    def scored(result: Any) -> None:
+        nonlocal rounds, tokens
+        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
+        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
+
+    with StepProgress("compare", "sequences") as progress:
+        document = compare_drafters(checkpoints, cache, config, on_sequence=scored, on_start=started)
     names = drafter_names(document)
     for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
-        table = Table(*header)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        print_table(header, rows, table_format)
     for name, row in zip(names, document["drafters"]):
         for warning in row["warnings"]:
             click.echo(f"warning: {name}: {warning}", err=True)
@@ -412,7 +467,7 @@ def compare(
 )
 @click.option(
     "--train-metric",
-    type=float,
+    type=FiniteFloatRange(min=0),
     default=None,
     help="The training dashboard's accept length (no +1), set against the same metric on the cache.",
 )
@@ -442,7 +497,7 @@ def compare(
     show_default=True,
     help="chain: draft only where the replay goes; all: every anchor (same tau; faster for tiny drafters on CPU).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
 @checkpoint_flags
 @friendly_errors
 def diagnose(
@@ -450,7 +505,7 @@ def diagnose(
     caches: tuple[str, ...],
     json_out: str | None,
     report_out: str | None,
-    target_layer_ids: str | None,
+    target_layer_ids: tuple[int, ...],
     mask_token_id: int | None,
     rope_theta: float | None,
     **options: Any,
@@ -466,6 +521,7 @@ def diagnose(
     from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint
     from scorer.report.diagnose import render_diagnose
 
+    check_outputs(json=json_out, report=report_out)  # before the replays, not after them
     config = DiagnoseConfig(overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options)
     report = diagnose_checkpoint(
         checkpoint, caches, config, on_hypothesis=lambda what: click.echo(f"replaying: {what}", err=True)
@@ -496,7 +552,7 @@ def diagnose(
     help="DDTree budgets (node counts); '' for none.",
 )
 @limit_option
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap intervals.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap intervals.")
 @click.option(
     "--block-size",
     type=click.IntRange(min=2),
@@ -509,6 +565,12 @@ def diagnose(
     default=None,
     help="Tokens of work per dask task (default: 2048).",
 )
+@click.option(
+    "--keep-going",
+    is_flag=True,
+    help="Score the other checkpoints when one cannot be (unloadable, another target, layers the cache "
+    "lacks) and list the refused at the end; without it the sweep stops at the first, naming it.",
+)
 @cluster_flags
 @friendly_errors
 def sweep(
@@ -519,6 +581,7 @@ def sweep(
     scheduler: str | None,
     workers: int | None,
     tokens_per_task: int | None,
+    keep_going: bool,
     **options: Any,
 ) -> None:
     """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot.
@@ -530,6 +593,8 @@ def sweep(
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
+    out = out or str(Path(run_dir) / "sweep")
+    check_outputs(out=out, directories=("out",))  # before scoring, not after it
     config = EvalConfig(ddtree=ddtree, **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
@@ -541,17 +606,20 @@ def sweep(
         document = run_sweep(
             run_dir,
             cache,
-            out or str(Path(run_dir) / "sweep"),
+            out,
             config,
             client=client,
             tokens_per_task=tokens_per_task,
             on_checkpoint=report,
+            keep_going=keep_going,
         )
     for row in document["rows"]:
         tau = "-" if row["tau_per_request"] is None else f"{row['tau_per_request']:.4f}"
         click.echo(f"{row['step']:>10}  tau {tau}  {row['checkpoint']}")
     for skipped in document["skipped"]:
         click.echo(f"skipped {skipped['path']}: {skipped['reason']}", err=True)
+    for refused in document["refused"]:
+        click.echo(f"refused {refused['path']} (step {refused['step']}): {refused['reason']}", err=True)
     click.echo(f"wrote {', '.join(document['outputs'].values())}")
 
 
@@ -615,7 +683,7 @@ def online(
     checkpoint: str,
     json_out: str | None,
     tree_text: str | None,
-    target_layer_ids: str | None,
+    target_layer_ids: tuple[int, ...],
     mask_token_id: int | None,
     rope_theta: float | None,
     block_size: int | None,
@@ -627,11 +695,9 @@ def online(
     Example:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
     """
-    from hscache.store.fsio import check_output_path
     from scorer.online import run_online
 
-    if json_out:
-        check_output_path(json_out, "--json")  # before decoding, not after it
+    check_outputs(json=json_out)  # before decoding, not after it
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size
@@ -704,7 +770,7 @@ def online(
     show_default=True,
     help="EAGLE-3 only: the K written into its config.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the training.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the weights and the training.")
 @click.option(
     "--train-steps",
     type=click.IntRange(min=0),
@@ -746,21 +812,58 @@ def init(
     """
     if eval_every and (not train_steps or family != "dflash"):
         raise ScorerError("--eval-every watches a DFlash drafter while it trains: add --train-steps N")
-    if (family == "dflash2") != (from_dir is not None):
+    if family == "dflash2" and from_dir is None:
         raise ScorerError(
-            "--from DIR goes with --family dflash2 (the DFlash drafter it starts from), and only there"
+            "--family dflash2 requires --from DIR: the trained DFlash drafter it starts from "
+            "(e.g. scorer init dflash2/ --cache CACHE --family dflash2 --from drafter/)"
         )
+    if family != "dflash2" and from_dir is not None:
+        raise ScorerError(
+            f"--from DIR goes with --family dflash2 only (the DFlash drafter it starts from); --family {family} "
+            "starts from random weights"
+        )
+    if family == "dflash2" and train_steps:
+        raise ScorerError(
+            "--family dflash2 starts from a trained DFlash drafter: train that one (--from DIR)"
+        )
+    from scorer.drafter_dir import drafter_writer
+
+    target = Path(out)
+    before = "did not exist" if not target.exists() else "is as it was"
+    try:
+        # One writer per drafter directory, held through the training (refused at once, by name).
+        with drafter_writer(out, overwrite, command=f"scorer init --family {family}"):
+            _init(out, cache, family, from_dir, layout, num_layers, block_size, num_speculative_tokens,
+                  seed, train_steps, eval_every, overwrite)  # fmt: skip
+    except KeyboardInterrupt:
+        # The drafter is published by one rename at the very end (scorer/drafter_dir.py), so an
+        # interrupted init has written nothing: say so instead of click's bare "Aborted!".
+        click.echo(f"\ninterrupted: nothing was saved; {out} {before}", err=True)
+        sys.exit(130)
+
+
+def _init(
+    out: str,
+    cache: str,
+    family: str,
+    from_dir: str | None,
+    layout: str,
+    num_layers: int,
+    block_size: int,
+    num_speculative_tokens: int,
+    seed: int,
+    train_steps: int,
+    eval_every: int,
+    overwrite: bool,
+) -> None:
     if family == "dflash2":
-        if train_steps:
-            raise ScorerError(
-                "--family dflash2 starts from a trained DFlash drafter: train that one (--from DIR)"
-            )
         import hscache
         from scorer.families.dflash2.init import init_from_dflash
         from scorer.target_identity import cache_target_identity
 
-        identity = cache_target_identity(hscache.open_cache(cache))
-        init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity)
+        view = hscache.open_cache(cache)
+        identity = cache_target_identity(view)
+        init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity, cache=view)
         click.echo(f"saved a DFlash2 drafter at its identity start from {from_dir} to {out}")
         return
     if family == "eagle3":
@@ -768,10 +871,8 @@ def init(
         return
     if train_steps:
         from hscache.progress import StepProgress
-        from scorer.drafter_dir import check_drafter_dir
         from scorer.train import train_drafter
 
-        check_drafter_dir(out, overwrite)  # said before the progress line and the training
         with StepProgress("train", "steps") as progress:
             progress.start(train_steps)
             result = train_drafter(
@@ -813,9 +914,18 @@ def _init_eagle3(
     if layout != "speculators":
         options["qk_norm"] = False  # the Llama layer those layouts hold
     if train_steps:
+        from hscache.progress import StepProgress
         from scorer.families.eagle3.train import train_eagle3
 
-        result = train_eagle3(cache, out, steps=train_steps, **options)
+        with StepProgress("train", "steps") as progress:
+            progress.start(train_steps)
+            result = train_eagle3(
+                cache,
+                out,
+                steps=train_steps,
+                on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
+                **options,
+            )
         config = result["config"]
         what = f"trained {train_steps} steps (final loss {result['final_loss']:.3f})"
     else:
