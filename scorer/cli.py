@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import sys
@@ -428,13 +429,12 @@ def compare(
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), **options)
-    rounds = tokens = 0
+    rounds = tokens = drafters = 0
 
     def started(checkpoint: str, sequences: int) -> None:
-        nonlocal rounds, tokens
-        rounds = tokens = 0
-        n = checkpoints.index(checkpoint) + 1 if checkpoint in checkpoints else "?"
-        progress.start(sequences, note=f"drafter {n} of {len(checkpoints)}: {checkpoint}")
+        nonlocal rounds, tokens, drafters
+        rounds, tokens, drafters = 0, 0, drafters + 1
+        progress.start(sequences, note=f"drafter {drafters} of {len(checkpoints)}: {checkpoint}")
 
     def scored(result: Any) -> None:
         nonlocal rounds, tokens
@@ -729,6 +729,29 @@ def online(
     _write_json(json_out, result)
 
 
+def writes_drafter(command: Callable) -> Callable:
+    """Run a command that writes a drafter to its ``out`` as that directory's one writer
+    (scorer/drafter_dir.py: a second one is refused at once, naming this process), and answer
+    Ctrl-C with what was kept instead of click's bare "Aborted!"."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from scorer.drafter_dir import drafter_writer
+
+        out = kwargs["out"]
+        before = "did not exist" if not Path(out).exists() else "is as it was"
+        try:
+            with drafter_writer(out, command=f"scorer init --family {kwargs['family']}"):
+                return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            # A drafter is published by one rename at the very end (scorer/drafter_dir.py), so an
+            # interrupted run has saved nothing.
+            click.echo(f"\ninterrupted: nothing was saved; {out} {before}", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
 @main.command()
 @click.argument("out")
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
@@ -788,6 +811,7 @@ def online(
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
+@writes_drafter
 def init(
     out: str,
     cache: str,
@@ -817,51 +841,21 @@ def init(
             "--family dflash2 requires --from DIR: the trained DFlash drafter it starts from "
             "(e.g. scorer init dflash2/ --cache CACHE --family dflash2 --from drafter/)"
         )
-    if family != "dflash2" and from_dir is not None:
+    if from_dir is not None and family != "dflash2":
         raise ScorerError(
-            f"--from DIR goes with --family dflash2 only (the DFlash drafter it starts from); --family {family} "
-            "starts from random weights"
+            f"--from DIR goes with --family dflash2 only (the DFlash drafter it starts from); --family "
+            f"{family} starts from random weights"
         )
-    if family == "dflash2" and train_steps:
-        raise ScorerError(
-            "--family dflash2 starts from a trained DFlash drafter: train that one (--from DIR)"
-        )
-    from scorer.drafter_dir import drafter_writer
-
-    target = Path(out)
-    before = "did not exist" if not target.exists() else "is as it was"
-    try:
-        # One writer per drafter directory, held through the training (refused at once, by name).
-        with drafter_writer(out, overwrite, command=f"scorer init --family {family}"):
-            _init(out, cache, family, from_dir, layout, num_layers, block_size, num_speculative_tokens,
-                  seed, train_steps, eval_every, overwrite)  # fmt: skip
-    except KeyboardInterrupt:
-        # The drafter is published by one rename at the very end (scorer/drafter_dir.py), so an
-        # interrupted init has written nothing: say so instead of click's bare "Aborted!".
-        click.echo(f"\ninterrupted: nothing was saved; {out} {before}", err=True)
-        sys.exit(130)
-
-
-def _init(
-    out: str,
-    cache: str,
-    family: str,
-    from_dir: str | None,
-    layout: str,
-    num_layers: int,
-    block_size: int,
-    num_speculative_tokens: int,
-    seed: int,
-    train_steps: int,
-    eval_every: int,
-    overwrite: bool,
-) -> None:
     if family == "dflash2":
+        if train_steps:
+            raise ScorerError(
+                "--family dflash2 starts from a trained DFlash drafter: train that one (--from DIR)"
+            )
         import hscache
         from scorer.families.dflash2.init import init_from_dflash
         from scorer.target_identity import cache_target_identity
 
-        view = hscache.open_cache(cache)
+        view = hscache.open_cache(cache)  # the parent is checked against it before anything is written
         identity = cache_target_identity(view)
         init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity, cache=view)
         click.echo(f"saved a DFlash2 drafter at its identity start from {from_dir} to {out}")
@@ -871,8 +865,10 @@ def _init(
         return
     if train_steps:
         from hscache.progress import StepProgress
+        from scorer.drafter_dir import check_drafter_dir
         from scorer.train import train_drafter
 
+        check_drafter_dir(out, overwrite)  # said before the progress line and the training
         with StepProgress("train", "steps") as progress:
             progress.start(train_steps)
             result = train_drafter(

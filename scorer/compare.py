@@ -10,9 +10,10 @@ forwards, FLOPs from the shapes) next to the measured offline scoring time on th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,27 @@ def _mean_context(report: dict[str, Any]) -> float:
 # multiply it: 198 ms and 19 ms were measured for the same drafter in one run with one warm-up
 # call and one timing per round. So: a few untimed rounds first, each timed round run
 # TIMING_REPEATS times keeping its fastest (the least disturbed), and the median over the rounds
-# reported with half their interquartile range as the spread.
+# reported with half their interquartile range as the spread. On CPU the rounds run on one thread:
+# a round of a small drafter is a few hundred tiny ops, and with torch's default thread pool each
+# parallel op waits for every pool thread to be scheduled, which on a busy machine turned 1 ms
+# rounds into 95 ms ones, steadily for a whole run (measured: the same compare, 94.6 then 1.1 ms).
 WARMUP_ROUNDS = 3
 TIMING_REPEATS = 3
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: str) -> Iterator[None]:
+    if not str(device).startswith("cpu"):
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def round_time_summary(times: Sequence[float]) -> tuple[float | None, float | None]:
@@ -112,9 +131,10 @@ def _time_rounds(
         seconds, _ = family.time_round(drafter, features, tokens, anchor, tau)
         return seconds
 
-    for n in range(WARMUP_ROUNDS):
-        run(*picks[n % len(picks)])
-    times = [min(run(row, anchor) for _ in range(TIMING_REPEATS)) for row, anchor in picks]
+    with _one_thread_on_cpu(config.device):
+        for n in range(WARMUP_ROUNDS):
+            run(*picks[n % len(picks)])
+        times = [min(run(row, anchor) for _ in range(TIMING_REPEATS)) for row, anchor in picks]
     median, spread = round_time_summary(times)
     return median, spread, len(times)
 

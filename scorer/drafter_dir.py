@@ -46,11 +46,8 @@ def _being_written(path: Path, holder: dict[str, Any] | None) -> ScorerError:
     )
 
 
-def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Refuse an ``out`` that is a file, or a non-empty directory without ``overwrite``.
-
-    Called before any expensive work (training), so a bad path costs nothing.
-    """
+def _check_writable(out: str | os.PathLike) -> Path:
+    """``out`` can become a drafter directory: no file in the way, no other process writing it."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ScorerError(f"{path} is a file, not a directory; pass a directory path for the drafter")
@@ -59,6 +56,16 @@ def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
     holder = current_writer(path)
     if holder is not None and holder.get("pid") != os.getpid():  # this process's own lock is ours
         raise _being_written(path, holder)
+    return path
+
+
+def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Refuse an ``out`` that is a file, that another process is writing (``drafter_writer``), or
+    a non-empty directory without ``overwrite``.
+
+    Called before any expensive work (training), so a bad path costs nothing.
+    """
+    path = _check_writable(out)
     # The lock file of a writer (ours, or one killed) is no drafter file.
     if path.is_dir() and not overwrite and any(p.name != WRITER_LOCK for p in path.iterdir()):
         raise ScorerError(
@@ -69,18 +76,16 @@ def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
 
 
 @contextlib.contextmanager
-def drafter_writer(
-    out: str | os.PathLike, overwrite: bool = False, command: str = "scorer init"
-) -> Iterator[Path]:
+def drafter_writer(out: str | os.PathLike, command: str = "scorer init") -> Iterator[Path]:
     """Hold ``out``'s writer lock for the ``with`` block (the whole of a command that writes a
-    drafter there), after ``check_drafter_dir``'s refusals. A directory it had to create for the
-    lock is removed again when nothing was published into it.
+    drafter there). A directory it had to create for the lock is removed again when nothing was
+    published into it. Whether ``out`` may be replaced (``check_drafter_dir``'s ``overwrite``) is
+    the writer's to check, inside the block.
 
     Raises:
-        ScorerError: another process is writing ``out`` (one line naming it), or what
-            ``check_drafter_dir`` refuses.
+        ScorerError: another process is writing ``out`` (one line naming it), or ``out`` is a file.
     """
-    path = check_drafter_dir(out, overwrite)
+    path = _check_writable(out)
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(writer_lock(path, command))
