@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES, SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
+from scorer.report.terminal import TABLE_FORMATS
 
 __all__ = ["main"]
 
@@ -36,15 +40,45 @@ def _int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
     return values
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (nan compares false with every bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+# Ranges of the numeric flags every command shares: a value that cannot be right is refused with
+# the flag's name before anything loads, never scored (--rope-theta -5 gave tau 1.000, exit 0).
+POSITIVE = FiniteFloatRange(min=0, min_open=True)
+SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
+TOKEN_ID = click.IntRange(min=0)
+
+
+def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
+    """Every output path of a command checked before its work (hscache's one definition,
+    ``check_output_path``): ``flag=path`` pairs, e.g. ``json=...`` for ``--json``; the flags named
+    in ``directories`` take a directory, the others a file."""
+    from hscache.store.fsio import check_output_path
+
+    for flag, path in paths.items():
+        if path:
+            check_output_path(path, "--" + flag.replace("_", "-"), directory=flag in directories)
+
+
 def _budgets(_ctx: click.Context, _param: click.Parameter, text: str | None) -> tuple[int, ...]:
     """A click callback: a bad value is then reported with the option's name (--ddtree)."""
     return _int_list(text, minimum=1)
 
 
-def _overrides(target_layer_ids: str | None, mask_token_id: int | None, rope_theta: float | None) -> dict:
+def _overrides(
+    target_layer_ids: tuple[int, ...], mask_token_id: int | None, rope_theta: float | None
+) -> dict:
     overrides: dict[str, Any] = {}
     if target_layer_ids:
-        overrides["target_layer_ids"] = _int_list(target_layer_ids)
+        overrides["target_layer_ids"] = target_layer_ids
     if mask_token_id is not None:
         overrides["mask_token_id"] = mask_token_id
     if rope_theta is not None:
@@ -77,9 +111,14 @@ limit_option = click.option(
 )
 
 _checkpoint_flags = [
-    click.option("--target-layer-ids", default=None, help="Override: comma-separated target layer ids."),
-    click.option("--mask-token-id", type=int, default=None, help="Override the mask token id."),
-    click.option("--rope-theta", type=float, default=None, help="Override the drafter's rope theta."),
+    click.option(
+        "--target-layer-ids",
+        default=None,
+        callback=lambda _ctx, _param, text: _int_list(text, minimum=0),
+        help="Override: comma-separated target layer ids.",
+    ),
+    click.option("--mask-token-id", type=TOKEN_ID, default=None, help="Override the mask token id."),
+    click.option("--rope-theta", type=POSITIVE, default=None, help="Override the drafter's rope theta."),
     click.option(
         "--config",
         "config_path",
@@ -284,7 +323,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
 )
 @click.option(
     "--memory-gb",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=2.0,
     show_default=True,
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
@@ -292,7 +331,7 @@ def _refuse_explicit_ddtree(checkpoint: str, config: Any) -> None:
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
 @click.option(
     "--seed",
-    type=int,
+    type=SEED,
     default=0,
     show_default=True,
     help="Seed of the bootstrap intervals and the --samples draw.",
@@ -326,7 +365,7 @@ def eval_command(
     tree_text: str | None,
     json_out: str | None,
     report_out: str | None,
-    target_layer_ids: str | None,
+    target_layer_ids: tuple[int, ...],
     mask_token_id: int | None,
     rope_theta: float | None,
     scheduler: str | None,
@@ -345,7 +384,6 @@ def eval_command(
     from rich.console import Console
 
     from hscache.progress import StepProgress
-    from hscache.store.fsio import check_output_path
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
@@ -358,9 +396,7 @@ def eval_command(
         **options,
     )
     _refuse_explicit_ddtree(checkpoint, config)
-    for flag, path in (("--json", json_out), ("--report", report_out)):
-        if path:
-            check_output_path(path, flag)  # before scoring, not after it
+    check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     console = Console(stderr=False)
     rounds = tokens = 0
 
@@ -420,12 +456,21 @@ def eval_command(
 )
 @limit_option
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
+    "--seed", type=SEED, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
 )
 @click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
 @click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
 @click.option(
     "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@click.option(
+    "--format",
+    "table_format",
+    type=click.Choice(TABLE_FORMATS),
+    default="auto",
+    show_default=True,
+    help="The tables on stdout: auto (boxes on a terminal, plain columns when redirected), plain, "
+    "or markdown; never cut to the terminal's width.",
 )
 @drafting_flags
 @sampling_flags
@@ -437,6 +482,7 @@ def compare(
     json_out: str | None,
     report_out: str | None,
     tree_text: str | None,
+    table_format: str,
     **options: Any,
 ) -> None:
     """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds.
@@ -445,33 +491,44 @@ def compare(
     Example:
       scorer compare drafter/ eagle3/ target:mtp --cache cache/ --json compare.json
     """
-    from rich.console import Console
-    from rich.table import Table
-
+    from hscache.progress import StepProgress
     from scorer.compare import compare_drafters
     from scorer.evaluate import EvalConfig
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+    from scorer.report.terminal import print_table
 
+    check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), sampling=_sampling_request(options), **options)
-    console = Console()
     if len(caches) > 1:
+        from rich.console import Console
+
         from scorer.compare_settings import compare_settings, render_settings
 
         document = compare_settings(checkpoints, caches, config)
-        render_settings(document, console)
+        render_settings(document, Console())
         _write_json(json_out, document)
         if report_out:
             from scorer.report.served import write_settings_html
 
             click.echo(f"wrote {write_settings_html(document, report_out)}", err=True)
         return
-    document = compare_drafters(checkpoints, caches[0], config)
+    rounds = tokens = drafters = 0
+
+    def started(checkpoint: str, sequences: int) -> None:
+        nonlocal rounds, tokens, drafters
+        rounds, tokens, drafters = 0, 0, drafters + 1
+        progress.start(sequences, note=f"drafter {drafters} of {len(checkpoints)}: {checkpoint}")
+
+    def scored(result: Any) -> None:
+        nonlocal rounds, tokens
+        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
+        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
+
+    with StepProgress("compare", "sequences") as progress:
+        document = compare_drafters(checkpoints, caches[0], config, on_sequence=scored, on_start=started)
     names = drafter_names(document)
     for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
-        table = Table(*header)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        print_table(header, rows, table_format)
     for name, row in zip(names, document["drafters"]):
         for warning in row["warnings"]:
             click.echo(f"warning: {name}: {warning}", err=True)
@@ -493,7 +550,7 @@ def compare(
 )
 @click.option(
     "--train-metric",
-    type=float,
+    type=FiniteFloatRange(min=0),
     default=None,
     help="The training dashboard's accept length (no +1), set against the same metric on the cache.",
 )
@@ -523,7 +580,7 @@ def compare(
     show_default=True,
     help="chain: draft only where the replay goes; all: every anchor (same tau; faster for tiny drafters on CPU).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
 @checkpoint_flags
 @friendly_errors
 def diagnose(
@@ -531,7 +588,7 @@ def diagnose(
     caches: tuple[str, ...],
     json_out: str | None,
     report_out: str | None,
-    target_layer_ids: str | None,
+    target_layer_ids: tuple[int, ...],
     mask_token_id: int | None,
     rope_theta: float | None,
     **options: Any,
@@ -547,6 +604,7 @@ def diagnose(
     from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint
     from scorer.report.diagnose import render_diagnose
 
+    check_outputs(json=json_out, report=report_out)  # before the replays, not after them
     config = DiagnoseConfig(overrides=_overrides(target_layer_ids, mask_token_id, rope_theta), **options)
     report = diagnose_checkpoint(
         checkpoint, caches, config, on_hypothesis=lambda what: click.echo(f"replaying: {what}", err=True)
@@ -577,7 +635,7 @@ def diagnose(
     help="DDTree budgets (node counts); '' for none.",
 )
 @limit_option
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap intervals.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap intervals.")
 @click.option(
     "--block-size",
     type=click.IntRange(min=2),
@@ -590,6 +648,12 @@ def diagnose(
     default=None,
     help="Tokens of work per dask task (default: 2048).",
 )
+@click.option(
+    "--keep-going",
+    is_flag=True,
+    help="Score the other checkpoints when one cannot be (unloadable, another target, layers the cache "
+    "lacks) and list the refused at the end; without it the sweep stops at the first, naming it.",
+)
 @cluster_flags
 @sampling_flags
 @friendly_errors
@@ -601,6 +665,7 @@ def sweep(
     scheduler: str | None,
     workers: int | None,
     tokens_per_task: int | None,
+    keep_going: bool,
     **options: Any,
 ) -> None:
     """Score every checkpoint under RUN_DIR; write sweep.json, sweep.csv and a tau/acceptance-by-step plot.
@@ -612,6 +677,8 @@ def sweep(
     from scorer.evaluate import EvalConfig
     from scorer.sweep import sweep as run_sweep
 
+    out = out or str(Path(run_dir) / "sweep")
+    check_outputs(out=out, directories=("out",))  # before scoring, not after it
     config = EvalConfig(ddtree=ddtree, sampling=_sampling_request(options), **options)
 
     def report(checkpoint: Any, reused: bool) -> None:
@@ -623,17 +690,20 @@ def sweep(
         document = run_sweep(
             run_dir,
             cache,
-            out or str(Path(run_dir) / "sweep"),
+            out,
             config,
             client=client,
             tokens_per_task=tokens_per_task,
             on_checkpoint=report,
+            keep_going=keep_going,
         )
     for row in document["rows"]:
         tau = "-" if row["tau_per_request"] is None else f"{row['tau_per_request']:.4f}"
         click.echo(f"{row['step']:>10}  tau {tau}  {row['checkpoint']}")
     for skipped in document["skipped"]:
         click.echo(f"skipped {skipped['path']}: {skipped['reason']}", err=True)
+    for refused in document["refused"]:
+        click.echo(f"refused {refused['path']} (step {refused['step']}): {refused['reason']}", err=True)
     click.echo(f"wrote {', '.join(document['outputs'].values())}")
 
 
@@ -793,7 +863,7 @@ def online(
     checkpoint: str,
     json_out: str | None,
     tree_text: str | None,
-    target_layer_ids: str | None,
+    target_layer_ids: tuple[int, ...],
     mask_token_id: int | None,
     rope_theta: float | None,
     block_size: int | None,
@@ -810,10 +880,8 @@ def online(
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
       scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
     """
-    from hscache.store.fsio import check_output_path
 
-    if json_out:
-        check_output_path(json_out, "--json")  # before decoding, not after it
+    check_outputs(json=json_out)  # before decoding, not after it
     overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
     if block_size is not None:
         overrides["block_size"] = block_size
@@ -857,6 +925,29 @@ def online(
     _write_json(json_out, result)
 
 
+def writes_drafter(command: Callable) -> Callable:
+    """Run a command that writes a drafter to its ``out`` as that directory's one writer
+    (scorer/drafter_dir.py: a second one is refused at once, naming this process), and answer
+    Ctrl-C with what was kept instead of click's bare "Aborted!"."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from scorer.drafter_dir import drafter_writer
+
+        out = kwargs["out"]
+        before = "did not exist" if not Path(out).exists() else "is as it was"
+        try:
+            with drafter_writer(out, command=f"scorer init --family {kwargs['family']}"):
+                return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            # A drafter is published by one rename at the very end (scorer/drafter_dir.py), so an
+            # interrupted run has saved nothing.
+            click.echo(f"\ninterrupted: nothing was saved; {out} {before}", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
 @main.command()
 @click.argument("out")
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
@@ -898,7 +989,7 @@ def online(
     show_default=True,
     help="EAGLE-3 only: the K written into its config.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the training.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the weights and the training.")
 @click.option(
     "--train-steps",
     type=click.IntRange(min=0),
@@ -916,6 +1007,7 @@ def online(
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
+@writes_drafter
 def init(
     out: str,
     cache: str,
@@ -940,9 +1032,15 @@ def init(
     """
     if eval_every and (not train_steps or family != "dflash"):
         raise ScorerError("--eval-every watches a DFlash drafter while it trains: add --train-steps N")
-    if (family == "dflash2") != (from_dir is not None):
+    if family == "dflash2" and from_dir is None:
         raise ScorerError(
-            "--from DIR goes with --family dflash2 (the DFlash drafter it starts from), and only there"
+            "--family dflash2 requires --from DIR: the trained DFlash drafter it starts from "
+            "(e.g. scorer init dflash2/ --cache CACHE --family dflash2 --from drafter/)"
+        )
+    if from_dir is not None and family != "dflash2":
+        raise ScorerError(
+            f"--from DIR goes with --family dflash2 only (the DFlash drafter it starts from); --family "
+            f"{family} starts from random weights"
         )
     if family == "dflash2":
         if train_steps:
@@ -953,8 +1051,9 @@ def init(
         from scorer.families.dflash2.init import init_from_dflash
         from scorer.target_identity import cache_target_identity
 
-        identity = cache_target_identity(hscache.open_cache(cache))
-        init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity)
+        view = hscache.open_cache(cache)  # the parent is checked against it before anything is written
+        identity = cache_target_identity(view)
+        init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity, cache=view)
         click.echo(f"saved a DFlash2 drafter at its identity start from {from_dir} to {out}")
         return
     if family == "eagle3":
@@ -1007,9 +1106,18 @@ def _init_eagle3(
     if layout != "speculators":
         options["qk_norm"] = False  # the Llama layer those layouts hold
     if train_steps:
+        from hscache.progress import StepProgress
         from scorer.families.eagle3.train import train_eagle3
 
-        result = train_eagle3(cache, out, steps=train_steps, **options)
+        with StepProgress("train", "steps") as progress:
+            progress.start(train_steps)
+            result = train_eagle3(
+                cache,
+                out,
+                steps=train_steps,
+                on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
+                **options,
+            )
         config = result["config"]
         what = f"trained {train_steps} steps (final loss {result['final_loss']:.3f})"
     else:

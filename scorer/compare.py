@@ -10,9 +10,10 @@ forwards, FLOPs from the shapes) next to the measured offline scoring time on th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,15 @@ from scorer.families import family_for, probe_checkpoint
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, drafter_family, effective_config, load_drafter
 from scorer.score import SequenceResult
+from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
-__all__ = ["COMPARE_SCHEMA_VERSION", "compare_drafters"]
+__all__ = [
+    "COMPARE_SCHEMA_VERSION",
+    "TIMING_REPEATS",
+    "WARMUP_ROUNDS",
+    "compare_drafters",
+    "round_time_summary",
+]
 
 COMPARE_SCHEMA_VERSION = 1
 
@@ -53,13 +61,50 @@ def _mean_context(report: dict[str, Any]) -> float:
     return sum(anchors) / len(anchors) if anchors else 0.0
 
 
+# Timing a round: the first calls of a drafter pay one-time costs (kernel selection, allocator
+# growth, lazy imports), and one call of a tiny drafter is short enough for a scheduler hiccup to
+# multiply it: 198 ms and 19 ms were measured for the same drafter in one run with one warm-up
+# call and one timing per round. So: a few untimed rounds first, each timed round run
+# TIMING_REPEATS times keeping its fastest (the least disturbed), and the median over the rounds
+# reported with half their interquartile range as the spread. On CPU the rounds run on one thread:
+# a round of a small drafter is a few hundred tiny ops, and with torch's default thread pool each
+# parallel op waits for every pool thread to be scheduled, which on a busy machine turned 1 ms
+# rounds into 95 ms ones, steadily for a whole run (measured: the same compare, 94.6 then 1.1 ms).
+WARMUP_ROUNDS = 3
+TIMING_REPEATS = 3
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: str) -> Iterator[None]:
+    if not str(device).startswith("cpu"):
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def round_time_summary(times: Sequence[float]) -> tuple[float | None, float | None]:
+    """(median, half the interquartile range) of per-round seconds; (None, None) without any."""
+    if not len(times):
+        return None, None
+    q1, median, q3 = np.percentile(np.asarray(times, dtype=np.float64), [25, 50, 75])
+    return float(median), float(q3 - q1) / 2
+
+
 def _time_rounds(
     family: Any, drafter: Any, cache: Any, report: dict[str, Any], tau: float, config: EvalConfig, rounds: int
-) -> tuple[float | None, int]:
-    """Median seconds of ``rounds`` served rounds (the first anchors the replay visited, spread over
-    the first sequences), after one untimed warm-up round."""
+) -> tuple[float | None, float | None, int]:
+    """(median seconds, spread, rounds timed) of ``rounds`` served rounds (the first anchors the
+    replay visited, spread over the first sequences): WARMUP_ROUNDS untimed rounds first, then each
+    round's fastest of TIMING_REPEATS runs."""
     if family.time_round is None:
-        return None, 0
+        return None, None, 0
     from hscache.store.dtypes import DTYPES
     from scorer.features import sequence_features
 
@@ -71,9 +116,12 @@ def _time_rounds(
         if len(picks) >= rounds:
             break
     if not picks:
-        return None, 0
-    times, loaded = [], {}
-    for n, (row, anchor) in enumerate([picks[0], *picks[:rounds]]):
+        return None, None, 0
+    picks = picks[:rounds]
+    loaded: dict[int, Any] = {}
+
+    def run(row: int, anchor: int) -> float:
+        nonlocal loaded
         if row not in loaded:
             features = sequence_features(
                 cache.hidden_states(row), index, DTYPES[config.dtype], config.device, norm
@@ -81,9 +129,14 @@ def _time_rounds(
             loaded = {row: (features, cache.token_ids(row))}
         features, tokens = loaded[row]
         seconds, _ = family.time_round(drafter, features, tokens, anchor, tau)
-        if n:  # the first call warms up
-            times.append(seconds)
-    return float(np.median(times)), len(times)
+        return seconds
+
+    with _one_thread_on_cpu(config.device):
+        for n in range(WARMUP_ROUNDS):
+            run(*picks[n % len(picks)])
+        times = [min(run(row, anchor) for _ in range(TIMING_REPEATS)) for row, anchor in picks]
+    median, spread = round_time_summary(times)
+    return median, spread, len(times)
 
 
 def compare_drafters(
@@ -92,8 +145,12 @@ def compare_drafters(
     config: EvalConfig = EvalConfig(ddtree=()),
     on_sequence: Callable[[SequenceResult], None] | None = None,
     timed_rounds: int = 16,
+    on_start: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Score every checkpoint on ``cache_path``; one row per drafter, deltas against the first.
+
+    Progress: ``on_start(checkpoint, sequences)`` when a drafter is loaded and its scoring begins,
+    ``on_sequence(result)`` per sequence scored.
 
     Returns:
         The compare document (schemas/compare_report.schema.json); ``reports`` holds each
@@ -107,11 +164,25 @@ def compare_drafters(
         raise ScorerError("scorer compare needs at least one CKPT")
     t_start = time.perf_counter()
     cache = hscache.open_cache(cache_path)
+    # Every CKPT's family and target said before the first is scored (a bad last one used to be
+    # refused only after the others had been replayed).
+    for checkpoint in checkpoints:
+        probe = probe_checkpoint(checkpoint, config.config_path)
+        family_for(probe)
+        if not probe.path.startswith("target:"):  # a target head is the cache's own target
+            check_target(
+                recorded_target_identity(checkpoint, config.config_path),
+                cache_target_identity(cache),
+                allow_mismatch=config.allow_target_mismatch,
+                where=str(getattr(cache, "url", cache.path)),
+            )
     reports, rows = [], []
     for checkpoint in checkpoints:
         family = family_for(probe_checkpoint(checkpoint, config.config_path))
         drafter, loaded = load_drafter(checkpoint, cache, _config_for(family, config))
         used = effective_config(drafter, _config_for(family, config))
+        if on_start is not None:
+            on_start(str(checkpoint), min(len(cache), used.limit or len(cache)))
         t0 = time.perf_counter()
         results = score_cache(drafter, cache, used, on_sequence)
         seconds = time.perf_counter() - t0
@@ -124,7 +195,7 @@ def compare_drafters(
         cost = family.cost(drafter, tau, _mean_context(report)) if family.cost else {}
         params = sum(p.numel() for p in drafter.parameters())
         flops = cost.get("flops_per_round")
-        round_seconds, timed = _time_rounds(family, drafter, cache, report, tau, used, timed_rounds)
+        round_seconds, spread, timed = _time_rounds(family, drafter, cache, report, tau, used, timed_rounds)
         rows.append(
             {
                 "checkpoint": str(checkpoint),
@@ -147,7 +218,9 @@ def compare_drafters(
                     "flops_per_round": flops,
                     "tau_per_gflop": (tau / (flops / 1e9)) if flops else None,
                     "draft_seconds_per_round": round_seconds,
+                    "draft_seconds_per_round_spread": spread,
                     "timed_rounds": timed,
+                    "timed_repeats": TIMING_REPEATS if timed else 0,
                     "scoring_seconds": seconds,
                     "scoring_seconds_per_round": seconds / report["rounds"] if report["rounds"] else None,
                 },
@@ -187,7 +260,9 @@ def compare_drafters(
             "pushes through the drafter, its head, and attention at the cache's mean anchor position",
             "scoring_seconds_per_round": "measured wall time of this offline replay on this device / rounds",
             "draft_seconds_per_round": "measured on this device: the median over timed_rounds served rounds of "
-            "the drafter's work from the newly verified tokens to its last draft, its context already cached",
+            "the drafter's work from the newly verified tokens to its last draft, its context already cached; "
+            f"after {WARMUP_ROUNDS} untimed rounds, each round's fastest of timed_repeats runs",
+            "draft_seconds_per_round_spread": "half the interquartile range of those timed rounds",
         },
         "drafters": rows,
         "reports": reports,

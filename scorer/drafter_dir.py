@@ -5,6 +5,11 @@ crash between ``config.json`` and the weights left a new config with old weights
 silently. Here the files go to a hidden sibling directory and one rename publishes them, so a
 reader sees the old drafter or the new one, never a mix. Replacing a non-empty directory needs
 ``overwrite``; a path that is a file is refused before any work is done.
+
+One writer per drafter directory, as per cache: ``drafter_writer`` holds the cache's writer lock
+(hscache/store/lock.py, an ``flock`` the kernel drops when its holder dies) on ``out`` for the whole
+command, training included, so a second ``scorer init`` into the same directory is refused at once,
+naming the process, instead of training for minutes and then finding the directory taken.
 """
 
 from __future__ import annotations
@@ -12,31 +17,81 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from hscache.errors import CacheLockedError
 from hscache.store.fsio import fsync_dir
+from hscache.store.layout import WRITER_LOCK
+from hscache.store.lock import current_writer, writer_lock
 from scorer.errors import ScorerError
 
-__all__ = ["check_drafter_dir", "staged_drafter_dir"]
+__all__ = ["check_drafter_dir", "drafter_writer", "staged_drafter_dir"]
 
 
-def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Refuse an ``out`` that is a file, or a non-empty directory without ``overwrite``.
+def _being_written(path: Path, holder: dict[str, Any] | None) -> ScorerError:
+    holder = holder or {}
+    started = holder.get("started_at")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "?"
+    who = (
+        f"pid {holder.get('pid')} on {holder.get('host')} (`{holder.get('command')}`, started {when})"
+        if holder
+        else "another process"
+    )
+    return ScorerError(
+        f"{path} is being written by {who}; one writer per drafter directory: wait for it to finish "
+        "(or stop it), or choose another directory"
+    )
 
-    Called before any expensive work (training), so a bad path costs nothing.
-    """
+
+def _check_writable(out: str | os.PathLike) -> Path:
+    """``out`` can become a drafter directory: no file in the way, no other process writing it."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ScorerError(f"{path} is a file, not a directory; pass a directory path for the drafter")
     if blocker := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
         raise ScorerError(f"{blocker} is a file, not a directory; pass a directory path for the drafter")
-    if path.is_dir() and not overwrite and any(path.iterdir()):
+    holder = current_writer(path)
+    if holder is not None and holder.get("pid") != os.getpid():  # this process's own lock is ours
+        raise _being_written(path, holder)
+    return path
+
+
+def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Refuse an ``out`` that is a file, that another process is writing (``drafter_writer``), or
+    a non-empty directory without ``overwrite``.
+
+    Called before any expensive work (training), so a bad path costs nothing.
+    """
+    path = _check_writable(out)
+    # The lock file of a writer (ours, or one killed) is no drafter file.
+    if path.is_dir() and not overwrite and any(p.name != WRITER_LOCK for p in path.iterdir()):
         raise ScorerError(
             f"{path} is not empty; pass --overwrite to replace it (the old files are removed), "
             "or choose a new directory"
         )
     return path
+
+
+@contextlib.contextmanager
+def drafter_writer(out: str | os.PathLike, command: str = "scorer init") -> Iterator[Path]:
+    """Hold ``out``'s writer lock for the ``with`` block (the whole of a command that writes a
+    drafter there). A directory it had to create for the lock is removed again when nothing was
+    published into it. Whether ``out`` may be replaced (``check_drafter_dir``'s ``overwrite``) is
+    the writer's to check, inside the block.
+
+    Raises:
+        ScorerError: another process is writing ``out`` (one line naming it), or ``out`` is a file.
+    """
+    path = _check_writable(out)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(writer_lock(path, command))
+        except CacheLockedError:  # lost the race to a writer that started after the check
+            raise _being_written(path, current_writer(path)) from None
+        yield path
 
 
 @contextlib.contextmanager

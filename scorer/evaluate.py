@@ -161,6 +161,8 @@ def evaluate_many(
             f"{len(expect_digests)} --expect-digest for {len(cache_paths)} --cache: give one per cache, in order"
         )
     configs = [replace(config, expect_digest=d) for d in expect_digests] or [config] * len(cache_paths)
+    for path, c in zip(cache_paths, configs):  # every --cache said before the first is scored
+        hscache.open_cache(path, allow_unsealed=c.allow_unsealed)
     if client is not None:
         reports = [
             evaluate_distributed(checkpoint, path, c, client, on_sequence=on_sequence, on_start=started(path))

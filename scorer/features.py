@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -20,9 +20,11 @@ __all__ = [
     "attach_cache_head",
     "cache_fallbacks",
     "check_compatible",
+    "check_has_target",
     "check_scorable",
     "context_norm",
     "feature_index",
+    "layer_fit_problem",
     "sequence_features",
 ]
 
@@ -53,6 +55,30 @@ def check_scorable(cache: Any, cache_name: str = "the cache") -> None:
         ) from exc
 
 
+def check_has_target(cache: Any, cache_name: str = "the cache", *, need_argmax: bool = False) -> None:
+    """Raise one IncompatibleCacheError when ``cache`` lacks ``target/`` (the target's config, which
+    sizes a new drafter, and its head): an import without ``--target``. ``need_argmax``: training
+    that learns the target's greedy tokens needs ``target_argmax`` too."""
+    imported = (cache.provenance or {}).get("imported") or {}
+    fmt = imported.get("format", "FORMAT")
+    origin = f" (imported from {fmt} files at {imported['source']})" if imported else ""
+    fix = (
+        f"import the files again with `hscache import --format {fmt} --target MODEL` (the model that "
+        "produced them), or use a cache made by `hscache extract`"
+    )
+    try:
+        _ = cache.target_config, cache.vocab_size  # target/config.json; target/head.safetensors's header
+    except OSError:
+        raise IncompatibleCacheError(
+            f"{cache_name}{origin} has no target/ (the target's config and head, which a drafter is "
+            f"sized from and reads); {fix}"
+        ) from None
+    if need_argmax and "target_argmax" not in cache.specs:
+        raise IncompatibleCacheError(
+            f"{cache_name}{origin} holds no target_argmax (the target's greedy tokens the drafter learns); {fix}"
+        )
+
+
 def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
     """What a config-less checkpoint can take from the cache (reported as source "cache")."""
     target_config = cache.target_config
@@ -70,16 +96,38 @@ def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
     }
 
 
+def layer_fit_problem(
+    wanted: Sequence[int], cache: CacheView, cache_name: str = "the cache", what: str = "target_layer_ids"
+) -> str | None:
+    """What is wrong with a drafter reading layers ``wanted`` from ``cache``, or None when it fits.
+
+    A layer the target does not have cannot be re-extracted: that is said (the drafter's layer ids
+    are wrong, or it is for another target) instead of advising ``--layers`` with it.
+    """
+    wanted = [int(i) for i in wanted]
+    missing = [i for i in wanted if i not in cache.layer_ids]
+    if not missing:
+        return None
+    n_layers = int((cache.target_config or {}).get("num_hidden_layers") or 0)
+    beyond = [i for i in missing if i < 0 or (n_layers and i >= n_layers)]
+    if beyond:
+        return (
+            f"drafter {what} {wanted} include {beyond}, which the target of {cache_name} does not have "
+            f"(it has {n_layers} layers, ids 0-{n_layers - 1}); fix the layer ids (--target-layer-ids), "
+            "or score the drafter on a cache of the target it was built for"
+        )
+    return (
+        f"drafter {what} {wanted} need layers {missing} that {cache_name} lacks (it has "
+        f"{cache.layer_ids}); re-extract with --layers "
+        f"{','.join(map(str, sorted(set(cache.layer_ids) | set(wanted))))}"
+    )
+
+
 def check_compatible(config: DrafterConfig, cache: CacheView, cache_name: str = "the cache") -> None:
     """Raise one IncompatibleCacheError naming every mismatch between drafter and cache."""
     problems = []
-    missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
-    if missing:
-        problems.append(
-            f"drafter target_layer_ids {list(config.target_layer_ids)} need layers {missing} that "
-            f"{cache_name} lacks (it has {cache.layer_ids}); re-extract with --layers "
-            f"{','.join(map(str, config.target_layer_ids))}"
-        )
+    if layers := layer_fit_problem(config.target_layer_ids, cache, cache_name):
+        problems.append(layers)
     hidden = int(cache.specs["hidden_states"].row_shape[1])
     if hidden != config.hidden_size:
         problems.append(

@@ -12,6 +12,7 @@ from scorer.checkpoint import save_hf_checkpoint
 from scorer.config import DrafterConfig
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
+from scorer.features import check_has_target
 from scorer.model import DFlashDrafter
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
@@ -22,6 +23,7 @@ def drafter_config_for_cache(
     cache: CacheView, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
 ) -> DrafterConfig:
     """A Qwen3-style drafter config matching the cache's target (hidden size, vocab, rope, mask id)."""
+    check_has_target(cache, str(cache.path))
     target = cache.target_config
     hidden = int(target["hidden_size"])
     heads = int(target.get("num_attention_heads", max(1, hidden // 64)))

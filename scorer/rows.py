@@ -97,17 +97,20 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     probe = probe_checkpoint(checkpoint, config.config_path)
     family = family_for(probe)
     served.check_request(cache, config, family, str(getattr(cache, "url", cache.path)))
-    drafter, loaded = family.load(checkpoint, cache, config)
     cache_identity = cache_target_identity(cache)
     # A target head (target:mtp) is the cache's own target: it matches by construction.
     is_head = probe.path.startswith("target:")
     recorded = cache_identity if is_head else recorded_target_identity(checkpoint, config.config_path)
-    drafter.target_check = check_target(  # for the report (build.py)
+    # Before the family's load and its shape and layer checks: a drafter of another target must
+    # hear that, not "re-extract with --layers ..." (a re-extraction that ends in this refusal).
+    target_check = check_target(
         recorded,
         cache_identity,
         allow_mismatch=config.allow_target_mismatch,
         where=str(getattr(cache, "url", cache.path)),
     )
+    drafter, loaded = family.load(checkpoint, cache, config)
+    drafter.target_check = target_check  # for the report (build.py)
     return drafter, loaded
 
 

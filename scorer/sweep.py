@@ -27,6 +27,7 @@ from typing import Any
 
 import hscache
 from hscache.capture.provenance import git_commit, package_versions, utc_now
+from hscache.errors import HscacheError
 from hscache.store import fsio
 from hscache.store.view import CacheView
 from scorer.errors import ScorerError
@@ -163,6 +164,10 @@ def _result_key(checkpoint_sha: str, cache_id: str, config: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def _refused(ck: FoundCheckpoint, exc: Exception) -> dict[str, Any]:
+    return {"path": str(ck.path), "step": ck.step, "reason": str(exc)}
+
+
 def _score(
     todo: list[tuple[FoundCheckpoint, Path]],
     cache_path: str,
@@ -170,12 +175,19 @@ def _score(
     client: Any,
     tokens_per_task: int | None,
     on_done: Callable[[FoundCheckpoint, dict], None],
+    on_refused: Callable[[FoundCheckpoint, Exception], None],
 ) -> None:
     """Score ``todo`` and hand each report to ``on_done`` as soon as it exists (so a killed sweep
-    keeps what it finished). On a cluster every checkpoint's tasks are submitted up front."""
+    keeps what it finished), and each checkpoint that cannot be scored to ``on_refused`` with
+    its error. On a cluster every checkpoint's tasks are submitted up front."""
     if client is None:
         for ck, _ in todo:
-            on_done(ck, evaluate(ck.path, cache_path, config))
+            try:
+                report = evaluate(ck.path, cache_path, config)
+            except (ScorerError, HscacheError) as exc:
+                on_refused(ck, exc)
+                continue
+            on_done(ck, report)
         return
     from scorer.distributed import DEFAULT_TASK_TOKENS, submit_scoring
 
@@ -184,7 +196,12 @@ def _score(
         for ck, _ in todo
     ]
     for ck, job in jobs:
-        on_done(ck, job.collect())
+        try:
+            report = job.collect()
+        except (ScorerError, HscacheError) as exc:
+            on_refused(ck, exc)
+            continue
+        on_done(ck, report)
 
 
 def sweep(
@@ -196,19 +213,23 @@ def sweep(
     client: Any = None,
     tokens_per_task: int | None = None,
     on_checkpoint: Callable[[FoundCheckpoint, bool], None] | None = None,
+    keep_going: bool = False,
 ) -> dict[str, Any]:
     """Score every checkpoint under ``run_dir`` on ``cache_path``; write sweep.json/.csv/.html to ``out``.
 
     Args:
         client: a ``distributed.Client`` to score on a cluster (None: this process).
         on_checkpoint: called with (checkpoint, reused) as each row becomes available.
+        keep_going: a checkpoint that cannot be scored (unloadable, another target, layers the
+            cache lacks) is listed under ``refused`` with its reason and the others are scored;
+            without it the sweep stops at the first, naming it (the reports already written stay).
 
     Returns:
         The sweep document (what sweep.json holds), with ``outputs`` naming the files written.
 
     Raises:
         ScorerError: no run directory, no checkpoint with a step, or two checkpoints for one step;
-            errors of ``evaluate`` for an unloadable or incompatible checkpoint.
+            without ``keep_going``, a checkpoint that cannot be scored (the message names it).
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -241,6 +262,16 @@ def sweep(
         if on_checkpoint:
             on_checkpoint(ck, False)
 
+    refused: list[dict[str, Any]] = []
+
+    def cannot(ck: FoundCheckpoint, exc: Exception) -> None:
+        if not keep_going:
+            raise ScorerError(
+                f"checkpoint {ck.path} (step {ck.step}) cannot be scored: {exc}; pass --keep-going to "
+                "score the other checkpoints and list the refused ones"
+            ) from exc
+        refused.append(_refused(ck, exc))
+
     _score(
         [(ck, p) for ck, p in keyed if ck.path not in reports],
         str(cache_path),
@@ -248,13 +279,22 @@ def sweep(
         client,
         tokens_per_task,
         done,
+        cannot,
     )
+    if not reports:
+        raise ScorerError(
+            f"none of the {len(keyed)} checkpoints under {run_dir} could be scored; the first: "
+            f"{refused[0]['path']}: {refused[0]['reason']}"
+        )
     document = {
         "schema_version": SWEEP_SCHEMA_VERSION,
         "run_dir": str(run_dir),
         "cache": {"path": str(cache_path), "identity": cache_id, "sequences": len(cache)},
         "config": config.to_dict(),
-        "rows": [report_row(ck.step, ck.path, path, *reports[ck.path]) for ck, path in keyed],
+        "rows": [
+            report_row(ck.step, ck.path, path, *reports[ck.path]) for ck, path in keyed if ck.path in reports
+        ],
+        "refused": refused,
         "skipped": [
             {"path": str(ck.path), "reason": "no training step in its name"}
             for ck in found

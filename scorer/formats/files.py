@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from hscache.store import jsonio
+from hscache.store.layout import MANIFEST
+from hscache.store.paths import is_cache_dir
 from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.formats import specforge
@@ -77,6 +79,11 @@ def resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
     ):
         if (root / name).is_file():
             return fmt, head + [root / name], config
+    if is_cache_dir(root):  # the drafter and the cache swapped on the command line
+        raise CheckpointNotFoundError(
+            f"{root} is a hidden-state cache (it holds {MANIFEST}), not a drafter; pass the drafter "
+            f"first and the cache with --cache (e.g. scorer eval DRAFTER --cache {root})"
+        )
     raise CheckpointNotFoundError(
         f"{root} holds no model.safetensors, model.safetensors.index.json, "
         f"pytorch_model.bin or training_state.pt; expected {_ACCEPTED}"

@@ -2,14 +2,61 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
 from scorer.report.served import render_served
+from scorer.report.text import readable
 
-__all__ = ["render_comparison", "render_report"]
+__all__ = [
+    "TABLE_FORMATS",
+    "plain_table",
+    "markdown_table",
+    "print_table",
+    "render_comparison",
+    "render_report",
+]
+
+TABLE_FORMATS = ("auto", "plain", "markdown")
+
+
+def plain_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Whole cells in columns padded to their widest, two spaces apart: for logs and files."""
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]) + "\n"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured markdown table (``|`` in a cell escaped)."""
+    cell = lambda c: str(c).replace("|", "\\|")
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], fmt: str = "auto", stream: TextIO | None = None
+) -> None:
+    """One table on ``stream`` (stdout), never cut: ``auto`` draws rich's boxes on a terminal (a cell
+    too wide folds onto more lines) and plain columns otherwise, where rich would cut every row to
+    80 columns ("7.7..."); ``plain`` and ``markdown`` as named."""
+    stream = stream if stream is not None else sys.stdout
+    if fmt == "auto" and stream.isatty():
+        table = Table(*header)
+        for column in table.columns:
+            column.overflow = "fold"
+        for row in rows:
+            table.add_row(*row)
+        Console(file=stream).print(table)
+        return
+    stream.write(markdown_table(header, rows) if fmt == "markdown" else plain_table(header, rows))
+    stream.write("\n")
+    stream.flush()
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -122,7 +169,7 @@ def _render_config_sources(report: dict[str, Any], console: Console) -> None:
 def _render_sample(sample: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"{sample['record_id']} at position {sample['anchor']}: {sample['tokens']} tokens this round",
-        caption=f"context ...{sample['context_tail']!r}",
+        caption=f"context ...{readable(sample['context_tail'])}",
     )
     table.add_column("slot", justify="right")
     table.add_column("drafted")
@@ -131,10 +178,12 @@ def _render_sample(sample: dict[str, Any], console: Console) -> None:
     for j, (d, t) in enumerate(zip(sample["drafted"], sample["target"]), 1):
         mark = "" if ids[j - 1][0] == ids[j - 1][1] else " [red]x[/]"
         table.add_row(
-            str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""), repr(d) + mark, repr(t)
+            str(j) + ("  <- diverged" if sample["diverged_at_slot"] == j else ""),
+            readable(d) + mark,
+            readable(t),
         )
     if "drafted_text" in sample:
-        table.add_row("all", repr(sample["drafted_text"]), repr(sample["target_text"]))
+        table.add_row("all", readable(sample["drafted_text"]), readable(sample["target_text"]))
     console.print(table)
 
 

@@ -152,6 +152,6 @@ def test_sweep_help_names_only_its_own_flags_and_real_defaults():
     from scorer.distributed import DEFAULT_TASK_TOKENS
 
     text = " ".join(CliRunner().invoke(main, ["sweep", "--help"]).output.split())
-    assert "--samples" not in text and "Seed of the bootstrap intervals. [default: 0]" in text
+    assert "--samples" not in text and "Seed of the bootstrap intervals. [default: 0;" in text
     assert f"Tokens of work per dask task (default: {DEFAULT_TASK_TOKENS})." in text
     assert "DEFAULT_TASK_TOKENS" not in text

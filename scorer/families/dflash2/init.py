@@ -15,10 +15,17 @@ from pathlib import Path
 import torch
 
 from hscache.store.fsio import atomic_write_with
+from hscache.store.view import CacheView
 from scorer.checkpoint import load_checkpoint
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
-from scorer.target_identity import IDENTITY_KEY
+from scorer.features import check_compatible
+from scorer.target_identity import (
+    IDENTITY_KEY,
+    cache_target_identity,
+    check_target,
+    recorded_target_identity,
+)
 
 __all__ = ["init_from_dflash"]
 
@@ -33,20 +40,30 @@ def init_from_dflash(
     seed: int = 0,
     overwrite: bool = False,
     target_identity: dict[str, str] | None = None,
+    cache: CacheView | None = None,
 ) -> Path:
     """Write ``out/config.json`` + ``out/model.safetensors``: the DFlash drafter's weights plus the
     identity convolutions and a no-op selector (NeMo's ``reset_parameters``). ``out`` is written
     whole (scorer/drafter_dir.py: a non-empty ``out`` needs ``overwrite``); its config records
-    ``target_identity`` when given (scorer/target_identity.py).
+    ``target_identity`` when given (scorer/target_identity.py). ``cache``: the cache it is made
+    for; the DFlash drafter must fit it (its target, layers, sizes), checked before anything is
+    written, so a drafter that cannot be scored there is never saved.
 
     Raises:
         CheckpointError: the DFlash checkpoint cannot be read.
+        IncompatibleCacheError: the DFlash drafter was built for another target than ``cache``'s,
+            or reads layers (or sizes) the cache does not have.
         ScorerError: ``out`` is a file, or a non-empty directory without ``overwrite``.
     """
     from safetensors.torch import save_file
 
     check_drafter_dir(out, overwrite)
     loaded = load_checkpoint(dflash_checkpoint)
+    if cache is not None:
+        where = str(getattr(cache, "url", cache.path))
+        recorded = recorded_target_identity(dflash_checkpoint)
+        check_target(recorded, cache_target_identity(cache), allow_mismatch=False, where=where)
+        check_compatible(loaded.config, cache, where)
     config = DFlash2Config(
         loaded.config,
         conv_group_size=conv_group_size,

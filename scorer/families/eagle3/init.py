@@ -21,6 +21,7 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.features import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["EAGLE3_LAYOUTS", "eagle3_config_for_cache", "init_eagle3", "save_eagle3"]
@@ -41,6 +42,7 @@ def eagle3_config_for_cache(
 ) -> Eagle3Config:
     """An EAGLE-3 config sized for the cache's target (default layers: the engines' default);
     ``options`` set any other Eagle3Config field (fc_norm, norm_before_residual, ...)."""
+    check_has_target(cache, str(cache.path))
     target = cache.target_config
     hidden = int(target["hidden_size"])
     heads = int(target.get("num_attention_heads", max(1, hidden // 64)))

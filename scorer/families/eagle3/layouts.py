@@ -32,6 +32,7 @@ from scorer.families.eagle3.config import (
     from_speculators,
 )
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.features import layer_fit_problem
 from scorer.formats.files import FORMAT_PICKLE, few, read_json, read_weights, resolve_files
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
@@ -202,13 +203,8 @@ def _source_kinds(sources: dict[str, str]) -> dict[str, str]:
 def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: str) -> None:
     """One IncompatibleCacheError naming every mismatch (layers, hidden size, vocabulary)."""
     problems = []
-    missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
-    if missing:
-        problems.append(
-            f"drafter target layers {list(config.target_layer_ids)} need layers {missing} that {cache_name} "
-            f"lacks (it has {cache.layer_ids}); re-extract with --layers "
-            f"{','.join(map(str, sorted(set(cache.layer_ids) | set(config.target_layer_ids))))}"
-        )
+    if layers := layer_fit_problem(config.target_layer_ids, cache, cache_name, what="target layers"):
+        problems.append(layers)
     hidden = int(cache.specs["hidden_states"].row_shape[1])
     if hidden != config.feature_size:
         what = "target_hidden_size" if config.target_hidden_size else "hidden_size"

@@ -7,6 +7,7 @@ ground-truth tokens, each step's row i trained towards the target's greedy token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ import torch.nn.functional as F
 
 import hscache
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.errors import IncompatibleCacheError
 from scorer.families.eagle3.init import eagle3_config_for_cache, save_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.features import check_has_target, layer_fit_problem
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["train_eagle3"]
@@ -32,13 +35,18 @@ def train_eagle3(
     seed: int = 0,
     layout: str = "speculators",
     overwrite: bool = False,
+    on_step: Callable[[int, float], None] | None = None,
     **config_options: Any,
 ) -> dict[str, Any]:
     """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
-    (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``)."""
+    (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``);
+    ``on_step(step, loss)`` after each optimizer step (progress)."""
     check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
+    check_has_target(cache, str(cache_path), need_argmax=True)
     config = eagle3_config_for_cache(cache, layout=layout, **config_options)
+    if layers := layer_fit_problem(config.target_layer_ids, cache, str(cache_path), what="target layers"):
+        raise IncompatibleCacheError(layers)  # was: ValueError "4 is not in list" from the index below
     index = [cache.layer_ids.index(i) for i in config.target_layer_ids]
     head = cache.target_head()
     sequences = [
@@ -74,6 +82,8 @@ def train_eagle3(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if on_step is not None:
+                on_step(step + 1, float(loss.detach()))
     with staged_drafter_dir(out, overwrite) as staging:
         save_eagle3(
             staging,
