@@ -27,7 +27,7 @@ from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, drafter_family, effective_config, load_drafter
-from scorer.score import SequenceResult
+from scorer.sequences import SequenceResult
 
 __all__ = ["COMPARE_SCHEMA_VERSION", "compare_drafters"]
 
@@ -61,7 +61,7 @@ def _time_rounds(
     if family.time_round is None:
         return None, 0
     from hscache.store.dtypes import DTYPES
-    from scorer.features import sequence_features
+    from scorer.sequences import sequence_features
 
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     norm = getattr(drafter, "context_norm", None)

@@ -22,12 +22,11 @@ from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
-from scorer.families.base import OnlineOptions, Proposer
-from scorer.families.dflash import dflash_proposer
+from scorer.families.base import OnlineOptions, Proposer, target_head_name
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
-__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "online_decode", "run_online", "speculative_decode"]
+__all__ = ["ONLINE_SCHEMA_VERSION", "OnlineRequest", "run_online", "speculative_decode"]
 
 # Version of the result document (schemas/online_report.schema.json); bump on a breaking change.
 ONLINE_SCHEMA_VERSION = 1
@@ -92,25 +91,6 @@ def speculative_decode(
     return ids, rounds
 
 
-def online_decode(
-    target: Target,
-    drafter: Any,
-    prompt: list[int],
-    max_new_tokens: int,
-    max_length: int,
-    layout: str = "zlab",
-) -> tuple[list[int], list[int]]:
-    """Greedy speculative decoding of one prompt with a DFlash drafter (see `speculative_decode`)."""
-    return speculative_decode(
-        target,
-        list(drafter.config.target_layer_ids),
-        dflash_proposer(target, drafter, layout),
-        prompt,
-        max_new_tokens,
-        max_length,
-    )
-
-
 def run_online(
     checkpoint: str | Path,
     model: str,
@@ -150,7 +130,7 @@ def run_online(
     )
     # A target head (target:mtp) is the target's own: it matches by construction.
     identity = loaded_target_identity(target)
-    is_head = str(checkpoint).startswith("target:")
+    is_head = target_head_name(checkpoint) is not None
     target_check = check_target(
         identity if is_head else recorded_target_identity(checkpoint, config_path),
         identity,

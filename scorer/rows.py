@@ -18,8 +18,8 @@ from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import Family, family_for, family_named, probe_checkpoint
-from scorer.features import check_scorable
-from scorer.score import ANCHOR_MODES, SequenceResult
+from scorer.families.base import Drafter, target_head_name
+from scorer.sequences import ANCHOR_MODES, SequenceResult, check_scorable
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows"]
@@ -88,7 +88,7 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     drafter, loaded = family_for(probe).load(checkpoint, cache, config)
     cache_identity = cache_target_identity(cache)
     # A target head (target:mtp) is the cache's own target: it matches by construction.
-    is_head = probe.path.startswith("target:")
+    is_head = target_head_name(probe.path) is not None
     recorded = cache_identity if is_head else recorded_target_identity(checkpoint, config.config_path)
     drafter.target_check = check_target(  # for the report (build.py)
         recorded,
@@ -99,9 +99,9 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     return drafter, loaded
 
 
-def drafter_family(drafter: Any) -> Family:
-    """The family of a loaded drafter (DFlash for drafters built before the seam)."""
-    return family_named(getattr(drafter, "family", "dflash"))
+def drafter_family(drafter: Drafter) -> Family:
+    """The family of a loaded drafter (every family's drafter says its name: ``Drafter.family``)."""
+    return family_named(drafter.family)
 
 
 def effective_config(drafter: Any, config: EvalConfig) -> EvalConfig:

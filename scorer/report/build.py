@@ -29,7 +29,7 @@ from scorer.metrics import (
     tokens_per_round_histogram,
 )
 from scorer.report.text import token_pieces
-from scorer.score import SequenceResult, result_summary
+from scorer.sequences import SequenceResult, result_summary
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
 
@@ -195,7 +195,7 @@ def build_report(
         "config": config.to_dict(),
         "drafter": {
             **drafter.config.to_hf_config(),
-            "family": getattr(drafter, "family", "dflash"),
+            "family": drafter.family,
             "attention_backend": drafter.backend_used,
         },
         "checkpoint": loaded.report.to_dict(),

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from scorer.families import display_name
+
 __all__ = ["render_comparison", "render_report"]
 
 
@@ -20,9 +22,7 @@ def _ci(pair: Any) -> str:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     tau = report["tau"]
-    family = {"dflash": "DFlash", "eagle3": "EAGLE-3"}.get(
-        report["drafter"].get("family", "dflash"), "drafter"
-    )
+    family = display_name(report["drafter"].get("family", "dflash"))
     head = Table(
         title=f"{family} replay: {report['checkpoint']['path']} on {report['cache']['path']}",
         show_header=True,

@@ -18,7 +18,7 @@ from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one
 from scorer.families.eagle3.init import init_eagle3, save_eagle3
 from scorer.families.eagle3.layouts import read_eagle3
-from scorer.features import sequence_features
+from scorer.sequences import sequence_features
 
 
 def _features(cache, drafter, row: int) -> tuple[torch.Tensor, torch.Tensor, int]:

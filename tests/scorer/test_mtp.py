@@ -202,7 +202,7 @@ def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
             torch.testing.assert_close(state, ref_states, rtol=1e-5, atol=1e-5)
     # scorer compare's timed round drafts what the replay drafted at that anchor
     from scorer.families.mtp import MTP
-    from scorer.features import sequence_features
+    from scorer.sequences import sequence_features
 
     features = sequence_features(
         cache.hidden_states(row), [cache.layer_ids.index(7)], torch.float32, "cpu", head.context_norm

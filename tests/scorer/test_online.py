@@ -45,8 +45,8 @@ def test_online_result_carries_schema_versions_and_hashes(trained_drafter, score
     from click.testing import CliRunner
 
     from hscache import schemas
-    from scorer.checkpoint import load_checkpoint
     from scorer.cli import main
+    from scorer.families.dflash.checkpoint import load_checkpoint
 
     out = tmp_path / "online.json"
     args = ["online", str(trained_drafter), "--max-new-tokens", "3", "--limit", "1", "--json", str(out)]

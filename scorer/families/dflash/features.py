@@ -1,9 +1,9 @@
-"""From a cache to what a drafter consumes: the target head, and per-sequence features in
-``target_layer_ids`` order. Checks compatibility before anything is computed."""
+"""From a cache to what a DFlash drafter consumes: the target head, its layers' positions in the
+cache, the final norm its last layer is read after. Checks compatibility before anything is computed
+(the checks and features every family shares are scorer.sequences)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -11,46 +11,12 @@ import torch
 
 from hscache.capture.final_norm import KINDS, apply_final_norm
 from hscache.store.view import CacheView
-from scorer.config import DrafterConfig
 from scorer.errors import IncompatibleCacheError
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.sequences import ContextNorm, fit_problems
 
-__all__ = [
-    "ContextNorm",
-    "attach_cache_head",
-    "cache_fallbacks",
-    "check_compatible",
-    "check_scorable",
-    "context_norm",
-    "feature_index",
-    "sequence_features",
-]
-
-# (slot in the drafter's K order, the target's final norm): turns the cached pre-norm output of
-# the last target layer into transformers' hidden_states[L], what z-lab/SpecForge drafters read.
-ContextNorm = tuple[int, Callable[[torch.Tensor], torch.Tensor]]
-
-
-def check_scorable(cache: Any, cache_name: str = "the cache") -> None:
-    """Raise one IncompatibleCacheError when ``cache`` lacks what scoring needs: the target's greedy
-    tokens (``target_argmax``) and its head (``target/``). Caches imported from the peers' formats
-    (``hscache import``) have neither: those files store no target logits or head."""
-    imported = (cache.provenance or {}).get("imported") or {}
-    origin = f" (imported from {imported['format']} files at {imported['source']})" if imported else ""
-    if "target_argmax" not in cache.specs:
-        raise IncompatibleCacheError(
-            f"{cache_name}{origin} holds no target_argmax, and tau and acceptance compare the drafter's "
-            "tokens with the target's greedy tokens: that format stores no target logits, so nothing can "
-            "be scored; import speculators files with --target MODEL (computes them from their last layer) "
-            "or score on a cache made by `hscache extract`"
-        )
-    try:
-        _ = cache.vocab_size  # reads target/head.safetensors's header (sharded: the first shard's)
-    except OSError as exc:
-        raise IncompatibleCacheError(
-            f"{cache_name}{origin} has no target/head.safetensors (the target's embedding and output "
-            "head the drafter uses); score on a cache made by `hscache extract`"
-        ) from exc
+__all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "context_norm", "feature_index"]
 
 
 def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
@@ -72,26 +38,17 @@ def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
 
 def check_compatible(config: DrafterConfig, cache: CacheView, cache_name: str = "the cache") -> None:
     """Raise one IncompatibleCacheError naming every mismatch between drafter and cache."""
-    problems = []
-    missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
-    if missing:
+    problems = fit_problems(
+        cache,
+        cache_name,
+        layer_ids=config.target_layer_ids,
+        feature_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+    )
+    if not 0 <= config.mask_token_id < cache.vocab_size:
         problems.append(
-            f"drafter target_layer_ids {list(config.target_layer_ids)} need layers {missing} that "
-            f"{cache_name} lacks (it has {cache.layer_ids}); re-extract with --layers "
-            f"{','.join(map(str, config.target_layer_ids))}"
+            f"mask_token_id {config.mask_token_id} is outside the target vocabulary of {cache.vocab_size}"
         )
-    hidden = int(cache.specs["hidden_states"].row_shape[1])
-    if hidden != config.hidden_size:
-        problems.append(
-            f"drafter hidden_size {config.hidden_size} != target hidden size {hidden} in {cache_name}"
-        )
-    vocab = cache.vocab_size
-    if config.vocab_size != vocab:
-        problems.append(
-            f"drafter vocab_size {config.vocab_size} != target vocabulary {vocab} in {cache_name}"
-        )
-    if not 0 <= config.mask_token_id < vocab:
-        problems.append(f"mask_token_id {config.mask_token_id} is outside the target vocabulary of {vocab}")
     if problems:
         raise IncompatibleCacheError("; ".join(problems))
 
@@ -141,23 +98,3 @@ def context_norm(config: DrafterConfig, cache: Any, layout: str = "zlab") -> Con
     kind = KINDS[int(head["final_norm.kind"][0])]
     fn = partial(apply_final_norm, kind, head["final_norm.weight"], float(head["final_norm.eps"][0]))
     return config.target_layer_ids.index(n_layers - 1), fn
-
-
-def sequence_features(
-    hidden_states: torch.Tensor,
-    index: list[int],
-    dtype: torch.dtype,
-    device: str,
-    norm: ContextNorm | None = None,
-) -> torch.Tensor:
-    """``[T, K_cache, H]`` cached states -> ``[T, K*H]`` drafter input (concatenated in drafter order).
-
-    ``norm`` (from `context_norm`) is applied in the cache's dtype before any cast, as the target
-    applied it, so the feature equals transformers' ``hidden_states[L]``.
-    """
-    picked = hidden_states[:, index] if index != list(range(hidden_states.shape[1])) else hidden_states
-    if norm is not None:
-        slot, fn = norm
-        picked = picked.clone()
-        picked[:, slot] = fn(picked[:, slot])
-    return picked.reshape(picked.shape[0], -1).to(device=device, dtype=dtype)

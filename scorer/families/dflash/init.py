@@ -8,11 +8,11 @@ import torch
 
 import hscache
 from hscache.store.view import CacheView
-from scorer.checkpoint import save_hf_checkpoint
-from scorer.config import DrafterConfig
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.checkpoint import save_hf_checkpoint
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["drafter_config_for_cache", "init_drafter"]

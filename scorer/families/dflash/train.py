@@ -3,13 +3,11 @@
 Not a training framework: it exists so a newcomer can see a drafter whose tau is clearly
 above 1 without downloads. Loss: cross-entropy of slot j against x_{p+j} at random anchors,
 weighted by exp(-(j-1)/B) like DFlash training (early slots matter most for acceptance).
-
-    python -m scorer.train --cache cache/ --out drafter/ --steps 300
+Run it as ``scorer init OUT --cache C --train-steps N`` or ``scorer.train.train_drafter``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from collections.abc import Callable
@@ -20,12 +18,13 @@ import torch.nn.functional as F
 
 import hscache
 from hscache.data import SequenceDataset
-from scorer.checkpoint import save_hf_checkpoint
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
-from scorer.evaluate import evaluate_module
-from scorer.features import attach_cache_head, context_norm, feature_index, sequence_features
-from scorer.init import drafter_config_for_cache
-from scorer.model import DFlashDrafter
+from scorer.errors import ScorerError
+from scorer.families.dflash.checkpoint import save_hf_checkpoint
+from scorer.families.dflash.features import attach_cache_head, context_norm, feature_index
+from scorer.families.dflash.init import drafter_config_for_cache
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.sequences import sequence_features
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["train_drafter"]
@@ -71,14 +70,16 @@ def train_drafter(
     eval_every: int = 0,
     eval_limit: int | None = 64,
     on_eval: Callable[[int, dict], None] | None = None,
+    evaluate: Callable[..., dict] | None = None,
 ) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
 
     ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``,
     and its config records the cache's target (scorer/target_identity.py). ``on_step(step, loss)``
     is called after every step (progress). ``eval_every`` N > 0: every N steps the drafter in memory
-    is scored on the cache's first ``eval_limit`` sequences with ``scorer.evaluate_module`` (no file
-    written; chain anchors, no DDTree) and ``on_eval(step, report)`` gets the eval report.
+    is scored on the cache's first ``eval_limit`` sequences with ``evaluate`` (``scorer.evaluate_module``,
+    which ``scorer.train.train_drafter`` passes: no file written; chain anchors, no DDTree) and
+    ``on_eval(step, report)`` gets the eval report.
 
     Four arguments train under another convention than the spec's (what other trainers do by
     mistake), for `scorer diagnose`'s tests: ``layer_ids`` (default: every cached layer),
@@ -88,9 +89,11 @@ def train_drafter(
     no config field, as in the trainers that get them wrong.
 
     Returns:
-        {"steps", "final_loss", "seconds", "tau_history": [(step, pooled tau), ...]}.
+        {"config", "steps", "final_loss", "seconds", "tau_history": [(step, pooled tau), ...]}.
     """
     check_drafter_dir(out, overwrite)  # before the training, not after it
+    if eval_every and evaluate is None:
+        raise ScorerError("eval_every needs the evaluate function (scorer.train.train_drafter passes it)")
     cache = hscache.open_cache(cache_path)
     config = drafter_config_for_cache(
         cache, num_layers=num_layers, block_size=block_size, layer_ids=layer_ids
@@ -127,7 +130,7 @@ def train_drafter(
         if on_step is not None:
             on_step(step, float(loss.detach()))
         if eval_every and step % eval_every == 0:
-            report = evaluate_module(drafter, cache, limit=eval_limit)  # a copy, in eval mode
+            report = evaluate(drafter, cache, limit=eval_limit)  # a copy, in eval mode
             tau_history.append((step, report["tau"]["pooled"]))
             if on_eval is not None:
                 on_eval(step, report)
@@ -137,37 +140,9 @@ def train_drafter(
             staging, config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
         )
     return {
+        "config": config,
         "steps": steps,
         "final_loss": float(loss.detach()),
         "seconds": time.perf_counter() - t0,
         "tau_history": tau_history,
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--cache", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--block-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    result = train_drafter(
-        args.cache,
-        args.out,
-        steps=args.steps,
-        num_layers=args.layers,
-        block_size=args.block_size,
-        seed=args.seed,
-    )
-    print(
-        f"saved drafter to {args.out}: {result['steps']} steps, final loss {result['final_loss']:.3f}, "
-        f"{result['seconds']:.1f} s"
-    )
-
-
-if __name__ == "__main__":
-    main()

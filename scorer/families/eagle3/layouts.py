@@ -22,7 +22,6 @@ import torch
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadReport, combine_file_digests, file_digests, state_dict_sha256
 from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.eagle3.config import (
     ENGINE_DEFAULT_K,
@@ -32,7 +31,14 @@ from scorer.families.eagle3.config import (
     from_speculators,
 )
 from scorer.families.eagle3.model import Eagle3Drafter
-from scorer.formats.files import FORMAT_PICKLE, few, read_json, read_weights, resolve_files
+from scorer.formats.checkpoint_io import (
+    LoadReport,
+    check_state_dict,
+    combine_file_digests,
+    file_digests,
+    state_dict_sha256,
+)
+from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
@@ -65,24 +71,7 @@ def _normalize(
 
 
 def _validate(sd: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> None:
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in Eagle3Drafter(config).state_dict().items()}
-    missing = sorted(expected.keys() - sd.keys())
-    unexpected = sorted(sd.keys() - expected.keys())
-    wrong = [
-        f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
-        for k in sorted(expected.keys() & sd.keys())
-        if tuple(sd[k].shape) != expected[k]
-    ]
-    problems = [
-        f"{label} {few(keys)}"
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError(
-            f"{root} is not an EAGLE-3 checkpoint matching its config: {'; '.join(problems)}"
-        )
+    check_state_dict(sd, lambda: Eagle3Drafter(config), f"{root} is not an EAGLE-3 checkpoint")
 
 
 def _d2t(head: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> torch.Tensor | None:

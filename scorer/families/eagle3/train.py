@@ -7,6 +7,7 @@ ground-truth tokens, each step's row i trained towards the target's greedy token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,12 @@ def train_eagle3(
     seed: int = 0,
     layout: str = "speculators",
     overwrite: bool = False,
+    on_step: Callable[[int, float], None] | None = None,
     **config_options: Any,
 ) -> dict[str, Any]:
     """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
-    (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``)."""
+    (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``);
+    ``on_step(step, loss)`` after every step (progress)."""
     check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
     config = eagle3_config_for_cache(cache, layout=layout, **config_options)
@@ -74,6 +77,8 @@ def train_eagle3(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if on_step is not None:
+                on_step(step + 1, float(loss.detach()))
     with staged_drafter_dir(out, overwrite) as staging:
         save_eagle3(
             staging,
