@@ -150,7 +150,9 @@ class Family:
             ``scorer init`` refuses a flag outside them by name.
         from_module: (module or state_dict, cache, config, EvalConfig) -> (drafter, loaded):
             an in-memory drafter readied like a loaded one (``scorer.evaluate_module``).
-        free: drafts without weights (n-gram): ``scorer compare``'s baseline, no cost model.
+        summarize: (list of SequenceResult) -> {metric name: {"label", "value", "definition"}}: the
+            family's own numbers beside tau, from what its score_rows put in the results' extras
+            (the report's ``family_metrics``, a line each on the terminal); None: none.
         fallback: asked only when no other family claims a checkpoint (DFlash, whose loader names
             what is wrong with any other file); the registry holds one.
     """
@@ -171,7 +173,7 @@ class Family:
     train: Callable[..., dict[str, Any]] | None = None
     init_options: tuple[str, ...] = ()
     from_module: Callable[..., tuple[Any, Any]] | None = None
-    free: bool = False
+    summarize: Callable[[list[Any]], dict[str, dict[str, Any]]] | None = None
     fallback: bool = False
 
     def __post_init__(self) -> None:

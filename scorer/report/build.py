@@ -16,6 +16,7 @@ from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.info import cache_completeness
 from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
+from scorer.families import family_named
 from scorer.metrics import (
     AcceptLen,
     acceptance_rates,
@@ -215,6 +216,9 @@ def build_report(
         "seconds": seconds,
         "created_at": utc_now(),
     }
+    summarize = family_named(drafter.family).summarize
+    if summarize is not None:
+        report["family_metrics"] = summarize(list(results))
     forced = _teacher_forced(results, B)
     if forced is not None:
         report["teacher_forced"] = forced

@@ -50,6 +50,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         head.add_row(
             f"SGLang tree {shape} tau (pooled)", _f(tree_tau["pooled"]), _ci(tree_tau["pooled_ci95"])
         )
+    for metric in report.get("family_metrics", {}).values():
+        head.add_row(metric["label"], _f(metric["value"]), "")
     for budget, value in report["ddtree"].items():
         head.add_row(
             f"DDTree-{budget} tau (per request)",
