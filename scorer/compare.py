@@ -35,6 +35,10 @@ COMPARE_SCHEMA_VERSION = 1
 
 
 def _config_for(family: Any, config: EvalConfig) -> EvalConfig:
+    # A family's own settings (Family.eval_options: e.g. n-gram's prompt lookup) reach it only.
+    config = dataclasses.replace(
+        config, overrides={k: v for k, v in config.overrides.items() if k in family.eval_options}
+    )
     if family.autoregressive:
         return config
     return dataclasses.replace(config, num_speculative_tokens=None, tree=None)

@@ -139,8 +139,8 @@ class Family:
             one served round's drafter work at p, its context already cached (what a serving engine
             keeps between rounds) and timed from the newly verified tokens to the last draft.
         display_name: the family's name on screen and in reports' titles ("EAGLE-3").
-        eval_options: the EvalConfig fields beyond COMMON_EVAL_OPTIONS it reads; ``scorer eval``
-            refuses a flag setting another one by name.
+        eval_options: the EvalConfig fields beyond COMMON_EVAL_OPTIONS it reads, and the keys of
+            ``EvalConfig.overrides`` it reads (``scorer compare`` passes a family only its own).
         init: (cache path, out, **options) -> the written drafter's config: a fresh drafter sized
             for the cache's target (``scorer init --family F``); None when there is nothing to
             write (the head ships inside the target, or the family has no weights).

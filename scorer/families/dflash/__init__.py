@@ -383,7 +383,17 @@ def time_round(
 
 
 # The EvalConfig fields a block drafter reads (DFlash2 reads the same).
-EVAL_OPTIONS = frozenset({"block_size", "ddtree", "anchors", "max_blocks_per_forward", "overrides"})
+EVAL_OPTIONS = frozenset(
+    {
+        "block_size",
+        "ddtree",
+        "anchors",
+        "max_blocks_per_forward",
+        "target_layer_ids",
+        "mask_token_id",
+        "rope_theta",
+    }
+)
 
 
 def init(cache_path: str | Path, out: str | Path, **options: Any) -> DrafterConfig:
