@@ -22,7 +22,7 @@ from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
-from scorer.families.base import OnlineOptions, Proposer, target_head_name
+from scorer.families.base import OnlineOptions, Proposer
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
@@ -130,9 +130,8 @@ def run_online(
     )
     # A target head (target:mtp) is the target's own: it matches by construction.
     identity = loaded_target_identity(target)
-    is_head = target_head_name(checkpoint) is not None
     target_check = check_target(
-        identity if is_head else recorded_target_identity(checkpoint, config_path),
+        identity if family.bound_to_target else recorded_target_identity(checkpoint, config_path),
         identity,
         allow_mismatch=allow_target_mismatch,
         where=model,

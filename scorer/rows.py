@@ -18,7 +18,7 @@ from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import Family, family_for, family_named, probe_checkpoint
-from scorer.families.base import Drafter, target_head_name
+from scorer.families.base import Drafter
 from scorer.sequences import ANCHOR_MODES, SequenceResult, check_scorable
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
@@ -85,11 +85,12 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     check_device(config.device)
     check_scorable(cache, str(getattr(cache, "url", cache.path)))
     probe = probe_checkpoint(checkpoint, config.config_path)
-    drafter, loaded = family_for(probe).load(checkpoint, cache, config)
+    family = family_for(probe)
+    drafter, loaded = family.load(checkpoint, cache, config)
     cache_identity = cache_target_identity(cache)
     # A target head (target:mtp) is the cache's own target: it matches by construction.
-    is_head = target_head_name(probe.path) is not None
-    recorded = cache_identity if is_head else recorded_target_identity(checkpoint, config.config_path)
+    bound = family.bound_to_target
+    recorded = cache_identity if bound else recorded_target_identity(checkpoint, config.config_path)
     drafter.target_check = check_target(  # for the report (build.py)
         recorded,
         cache_identity,

@@ -153,6 +153,8 @@ class Family:
         summarize: (list of SequenceResult) -> {metric name: {"label", "value", "definition"}}: the
             family's own numbers beside tau, from what its score_rows put in the results' extras
             (the report's ``family_metrics``, a line each on the terminal); None: none.
+        bound_to_target: its drafter is the cache's target's own (a head shipped inside it) or reads
+            nothing of it (n-gram): the target identity matches by construction, nothing recorded.
         fallback: asked only when no other family claims a checkpoint (DFlash, whose loader names
             what is wrong with any other file); the registry holds one.
     """
@@ -174,6 +176,7 @@ class Family:
     init_options: tuple[str, ...] = ()
     from_module: Callable[..., tuple[Any, Any]] | None = None
     summarize: Callable[[list[Any]], dict[str, dict[str, Any]]] | None = None
+    bound_to_target: bool = False
     fallback: bool = False
 
     def __post_init__(self) -> None:

@@ -450,5 +450,6 @@ MTP = Family(
     cost=cost,
     time_round=time_round,
     display_name="MTP head",
+    bound_to_target=True,
     eval_options=frozenset({"num_speculative_tokens", "tree"}),
 )
