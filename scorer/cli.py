@@ -124,7 +124,27 @@ _drafting_flags = [
         "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
         "'sglang' = SGLang's default 5,4,8.",
     ),
+    click.option(
+        "--prompt-lookup-min",
+        type=click.IntRange(min=1),
+        default=None,
+        help="ngram (CKPT 'ngram', vLLM's prompt lookup): the shortest suffix n-gram matched; with "
+        "--prompt-lookup-max unset both default to vLLM's (5), one given sets the other.",
+    ),
+    click.option(
+        "--prompt-lookup-max",
+        type=click.IntRange(min=1),
+        default=None,
+        help="ngram: the longest suffix n-gram tried (the longest that occurred earlier wins).",
+    ),
 ]
+
+
+def _lookup_settings(options: dict[str, Any]) -> dict[str, int]:
+    """Take the n-gram family's --prompt-lookup-* out of ``options``: its settings, passed as
+    EvalConfig.overrides like a drafter config's."""
+    settings = {key: options.pop(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
+    return {key: value for key, value in settings.items() if value is not None}
 
 
 def drafting_flags(fn: Callable) -> Callable:
@@ -289,12 +309,8 @@ def eval_command(
     from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
 
-    config = EvalConfig(
-        ddtree=ddtree,
-        overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
-        tree=_tree(tree_text),
-        **options,
-    )
+    overrides = {**_overrides(target_layer_ids, mask_token_id, rope_theta), **_lookup_settings(options)}
+    config = EvalConfig(ddtree=ddtree, overrides=overrides, tree=_tree(tree_text), **options)
     _refuse_explicit_ddtree(checkpoint, config)
     for flag, path in (("--json", json_out), ("--report", report_out)):
         if path:
@@ -382,7 +398,8 @@ def compare(
     from scorer.evaluate import EvalConfig
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
 
-    config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), **options)
+    overrides = _lookup_settings(options)
+    config = EvalConfig(ddtree=ddtree, overrides=overrides, tree=_tree(tree_text), **options)
     document = compare_drafters(checkpoints, cache, config)
     console = Console()
     names = drafter_names(document)
@@ -632,7 +649,7 @@ def online(
 
     if json_out:
         check_output_path(json_out, "--json")  # before decoding, not after it
-    overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
+    overrides = {**_overrides(target_layer_ids, mask_token_id, rope_theta), **_lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
     if tree_text:

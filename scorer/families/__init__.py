@@ -13,6 +13,7 @@ from scorer.families.dflash import DFLASH
 from scorer.families.dflash2 import DFLASH2
 from scorer.families.eagle3 import EAGLE3
 from scorer.families.mtp import MTP
+from scorer.families.ngram import NGRAM
 
 __all__ = [
     "FAMILIES",
@@ -24,7 +25,7 @@ __all__ = [
     "probe_checkpoint",
 ]
 
-FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH)
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH, NGRAM)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
