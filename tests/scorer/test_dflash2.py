@@ -25,6 +25,7 @@ from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.checkpoint import load_checkpoint
 from scorer.families.dflash2 import VARIANT, build_dflash2
 from scorer.rows import load_drafter, score_rows
+from tests.scorer.family_contract import FamilyContract
 
 BLOCK = 4
 
@@ -201,9 +202,16 @@ def _online_equals_offline(cache_path, drafter_path, model):
     assert rounds == list(offline.chain.tokens)
 
 
-def test_dflash2_online_equals_offline_round_for_round(scorer_cache, nemo_drafter):
-    """fp32, the hybrid built-in target verifying the selector's paths."""
-    _online_equals_offline(scorer_cache, nemo_drafter[1], "builtin:tiny-qwen3.5")
+class TestDFlash2Contract(FamilyContract):
+    """The family contract for DFlash2 on NeMo's drafter; its online == offline case replaces the
+    hand-written one (fp32, the hybrid built-in target verifying the selector's paths)."""
+
+    family = "dflash2"
+    target_status = "unknown"  # NeMo's save_pretrained records no target
+
+    @pytest.fixture
+    def checkpoint(self, nemo_drafter):
+        return str(nemo_drafter[1])
 
 
 @pytest.mark.slow

@@ -14,9 +14,11 @@ from click.testing import CliRunner
 
 import hscache
 from scorer.cli import main
+from scorer.evaluate import EvalConfig
 from scorer.families import FAMILIES, family_for, probe_checkpoint
 from scorer.families.ngram.propose import NgramConfig
 from scorer.families.ngram.replay import mean_acceptance_length, replay_ngram
+from tests.scorer.family_contract import FamilyContract
 
 K, MIN_N, MAX_N = 3, 1, 3
 
@@ -93,3 +95,22 @@ def test_scorer_compare_ngram_is_the_free_baseline(scorer_cache, trained_drafter
     assert document["reports"][0]["drafter"]["prompt_lookup_max"] == 2
     assert document["reports"][1]["config"]["overrides"] == {}
     assert trained["delta_vs_first"]["requests_compared"] == 3
+
+
+class TestNgramContract(FamilyContract):
+    """The family contract for the n-gram proposer (K 3, n-grams of 1..3)."""
+
+    family = "ngram"
+    config = EvalConfig(
+        ddtree=(),
+        n_boot=10,
+        num_speculative_tokens=K,
+        overrides={"prompt_lookup_min": MIN_N, "prompt_lookup_max": MAX_N},
+    )
+
+    @pytest.fixture
+    def checkpoint(self):
+        return "ngram"
+
+    def wrong_checkpoint(self, checkpoint, tmp_path):
+        return ["ngram", "--block-size", "4"], "--block-size do not apply to the n-gram proposer"
