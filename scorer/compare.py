@@ -20,8 +20,7 @@ import numpy as np
 
 import hscache
 from hscache import schemas
-from hscache.capture.provenance import git_commit, package_versions, utc_now
-from hscache.store.integrity import cache_digest
+from scorer.documents import cache_block, run_stamp
 from scorer.errors import ScorerError
 from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
@@ -167,13 +166,7 @@ def compare_drafters(
         }
     document = {
         "schema_version": COMPARE_SCHEMA_VERSION,
-        "cache": {
-            "path": str(getattr(cache, "url", cache.path)),
-            "digest": cache_digest(cache),
-            "sequences": len(cache),
-            "layer_ids": cache.layer_ids,
-            "settings": cache.settings,
-        },
+        "cache": cache_block(cache),
         "settings": {
             "num_speculative_tokens": config.num_speculative_tokens,
             "tree": None if config.tree is None else list(config.tree),
@@ -195,10 +188,7 @@ def compare_drafters(
         },
         "drafters": rows,
         "reports": reports,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t_start,
-        "created_at": utc_now(),
+        **run_stamp(time.perf_counter() - t_start),
     }
     schemas.validate(document, "compare_report")
     return document

@@ -17,9 +17,9 @@ from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
+from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
 from scorer.families.base import OnlineOptions, Proposer
@@ -177,10 +177,7 @@ def run_online(
         "max_new_tokens": max_new_tokens,
         "max_length": max_length,
         "limit": limit,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t0,
-        "created_at": utc_now(),
+        **run_stamp(time.perf_counter() - t0),
     }
     schemas.validate(result, "online_report")
     return result

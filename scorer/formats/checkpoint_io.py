@@ -50,6 +50,23 @@ class LoadReport:
         """JSON-ready dict (tuples become lists)."""
         return json.loads(json.dumps(asdict(self)))
 
+    @classmethod
+    def of_files(
+        cls, root: Path, fmt: str, files: list[Path], state_dict: dict[str, torch.Tensor], **read: Any
+    ) -> LoadReport:
+        """The report of a checkpoint read from ``files`` under ``root``: their digests (each, and
+        combined), the final ``state_dict``'s digest, and what the reader says (``read``: field
+        sources, stripped prefixes, dropped keys, notes, layout, warnings)."""
+        file_sha = file_digests(root, files)
+        return cls(
+            path=str(root),
+            format=fmt,
+            file_sha256=file_sha,
+            sha256=combine_file_digests(file_sha),
+            weights_sha256=state_dict_sha256(state_dict),
+            **read,
+        )
+
 
 def file_digests(root: Path, files: list[Path]) -> dict[str, str]:
     """sha256 of each weight/config file, named relative to the checkpoint directory (a file: its name)."""

@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 
 from hscache import schemas
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.info import cache_completeness
-from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
+from scorer.documents import cache_block, run_stamp
 from scorer.families import family_named
 from scorer.metrics import (
     AcceptLen,
@@ -201,20 +200,13 @@ def build_report(
         },
         "checkpoint": loaded.report.to_dict(),
         "cache": {
-            "path": str(getattr(cache, "url", cache.path)),
-            "digest": cache_digest(cache),
-            "sequences": len(cache),
-            "layer_ids": cache.layer_ids,
-            "settings": cache.settings,
+            **cache_block(cache),
             "provenance": cache.provenance,
             "complete": completeness["complete"],
             "committed_sequences": completeness["committed_sequences"],
             "expected_sequences": completeness["expected_sequences"],
         },
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": seconds,
-        "created_at": utc_now(),
+        **run_stamp(seconds),
     }
     summarize = family_named(drafter.family).summarize
     if summarize is not None:

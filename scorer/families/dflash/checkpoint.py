@@ -28,8 +28,6 @@ from scorer.families.dflash.model import DFlashDrafter
 from scorer.formats.checkpoint_io import (
     LoadReport,
     check_state_dict,
-    combine_file_digests,
-    file_digests,
     state_dict_sha256,
 )
 from scorer.formats.files import (
@@ -197,13 +195,11 @@ def load_checkpoint(
     )
     notes += more_notes
     _validate(state_dict, config, root)
-    file_sha = file_digests(root, files)
-    report = LoadReport(
-        path=str(root),
-        format=fmt,
-        file_sha256=file_sha,
-        sha256=combine_file_digests(file_sha),
-        weights_sha256=state_dict_sha256({**state_dict, **variant_state}),
+    report = LoadReport.of_files(
+        root,
+        fmt,
+        files,
+        {**state_dict, **variant_state},
         field_sources=sources,
         stripped_prefixes=stripped,
         dropped_keys=dropped,

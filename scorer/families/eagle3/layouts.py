@@ -34,11 +34,9 @@ from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.formats.checkpoint_io import (
     LoadReport,
     check_state_dict,
-    combine_file_digests,
-    file_digests,
-    state_dict_sha256,
 )
 from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
+from scorer.sequences import fit_problems
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
@@ -149,13 +147,11 @@ def read_eagle3(
         raise CheckpointError(f"{root}: invalid EAGLE-3 config: {e}") from e
     weights, head, changes = _normalize(raw)
     _validate(weights, eagle, root)
-    file_sha = file_digests(root, files)
-    report = LoadReport(
-        path=str(root),
-        format=fmt,
-        file_sha256=file_sha,
-        sha256=combine_file_digests(file_sha),
-        weights_sha256=state_dict_sha256(weights),
+    report = LoadReport.of_files(
+        root,
+        fmt,
+        files,
+        weights,
         field_sources=_source_kinds(sources),
         stripped_prefixes=tuple(c for c in changes if not c.startswith("dropped")),
         dropped_keys=tuple(c.removeprefix("dropped ") for c in changes if c.startswith("dropped")),
@@ -190,24 +186,14 @@ def _source_kinds(sources: dict[str, str]) -> dict[str, str]:
 
 def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: str) -> None:
     """One IncompatibleCacheError naming every mismatch (layers, hidden size, vocabulary)."""
-    problems = []
-    missing = [i for i in config.target_layer_ids if i not in cache.layer_ids]
-    if missing:
-        problems.append(
-            f"drafter target layers {list(config.target_layer_ids)} need layers {missing} that {cache_name} "
-            f"lacks (it has {cache.layer_ids}); re-extract with --layers "
-            f"{','.join(map(str, sorted(set(cache.layer_ids) | set(config.target_layer_ids))))}"
-        )
-    hidden = int(cache.specs["hidden_states"].row_shape[1])
-    if hidden != config.feature_size:
-        what = "target_hidden_size" if config.target_hidden_size else "hidden_size"
-        problems.append(
-            f"drafter {what} {config.feature_size} != target hidden size {hidden} in {cache_name}"
-        )
-    if config.vocab_size != cache.vocab_size:
-        problems.append(
-            f"drafter vocab_size {config.vocab_size} != target vocabulary {cache.vocab_size} in {cache_name}"
-        )
+    problems = fit_problems(
+        cache,
+        cache_name,
+        layer_ids=config.target_layer_ids,
+        feature_size=config.feature_size,
+        vocab_size=config.vocab_size,
+        feature_field="target_hidden_size" if config.target_hidden_size else "hidden_size",
+    )
     if problems:
         raise IncompatibleCacheError("; ".join(problems))
 
