@@ -30,6 +30,7 @@ __all__ = [
     "category_of",
     "cached_sequences",
     "chain_parts",
+    "check_fits",
     "check_scorable",
     "fit_problems",
     "result_from_parts",
@@ -223,6 +224,12 @@ def fit_problems(
             f"drafter vocab_size {vocab_size} != target vocabulary {cache.vocab_size} in {cache_name}"
         )
     return problems
+
+
+def check_fits(problems: list[str]) -> None:
+    """One IncompatibleCacheError naming every problem (``fit_problems`` and a family's own), if any."""
+    if problems:
+        raise IncompatibleCacheError("; ".join(problems))
 
 
 def sequence_features(

@@ -14,7 +14,7 @@ from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError
 from scorer.families.dflash.config import DrafterConfig
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.sequences import ContextNorm, fit_problems
+from scorer.sequences import ContextNorm, check_fits, fit_problems
 
 __all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "context_norm", "feature_index"]
 
@@ -38,19 +38,13 @@ def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
 
 def check_compatible(config: DrafterConfig, cache: CacheView, cache_name: str = "the cache") -> None:
     """Raise one IncompatibleCacheError naming every mismatch between drafter and cache."""
-    problems = fit_problems(
-        cache,
-        cache_name,
-        layer_ids=config.target_layer_ids,
-        feature_size=config.hidden_size,
-        vocab_size=config.vocab_size,
-    )
+    layers, size, vocab = config.target_layer_ids, config.hidden_size, config.vocab_size
+    problems = fit_problems(cache, cache_name, layer_ids=layers, feature_size=size, vocab_size=vocab)
     if not 0 <= config.mask_token_id < cache.vocab_size:
         problems.append(
             f"mask_token_id {config.mask_token_id} is outside the target vocabulary of {cache.vocab_size}"
         )
-    if problems:
-        raise IncompatibleCacheError("; ".join(problems))
+    check_fits(problems)
 
 
 def feature_index(config: DrafterConfig, cache_layer_ids: list[int]) -> list[int]:

@@ -22,7 +22,7 @@ import torch
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.errors import CheckpointError, IncompatibleCacheError
+from scorer.errors import CheckpointError
 from scorer.families.eagle3.config import (
     ENGINE_DEFAULT_K,
     ENGINE_DEFAULT_K_SOURCE,
@@ -36,7 +36,7 @@ from scorer.formats.checkpoint_io import (
     check_state_dict,
 )
 from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
-from scorer.sequences import fit_problems
+from scorer.sequences import check_fits, fit_problems
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
@@ -186,16 +186,13 @@ def _source_kinds(sources: dict[str, str]) -> dict[str, str]:
 
 def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: str) -> None:
     """One IncompatibleCacheError naming every mismatch (layers, hidden size, vocabulary)."""
-    problems = fit_problems(
-        cache,
-        cache_name,
-        layer_ids=config.target_layer_ids,
-        feature_size=config.feature_size,
-        vocab_size=config.vocab_size,
-        feature_field="target_hidden_size" if config.target_hidden_size else "hidden_size",
+    field = "target_hidden_size" if config.target_hidden_size else "hidden_size"
+    vocab, layers, size = config.vocab_size, config.target_layer_ids, config.feature_size
+    check_fits(
+        fit_problems(
+            cache, cache_name, layer_ids=layers, feature_size=size, vocab_size=vocab, feature_field=field
+        )
     )
-    if problems:
-        raise IncompatibleCacheError("; ".join(problems))
 
 
 def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[Eagle3Drafter, Any]:
