@@ -27,7 +27,6 @@ from typing import Any, Protocol, runtime_checkable
 from hscache.store import jsonio
 
 __all__ = [
-    "COMMON_EVAL_OPTIONS",
     "CheckpointProbe",
     "Drafter",
     "DrafterSettings",
@@ -42,24 +41,6 @@ __all__ = [
 
 # A CKPT naming a head that ships inside the cache's target (e.g. "target:mtp").
 TARGET_PREFIX = "target:"
-
-# EvalConfig fields every family reads; the rest are some family's own (Family.eval_options).
-COMMON_EVAL_OPTIONS = frozenset(
-    {
-        "device",
-        "dtype",
-        "limit",
-        "samples",
-        "seed",
-        "n_boot",
-        "memory_gb",
-        "trust_checkpoint",
-        "allow_target_mismatch",
-        "config_path",
-        "expect_digest",
-        "allow_unsealed",
-    }
-)
 
 
 def target_head_name(checkpoint: str | Path) -> str | None:
@@ -139,8 +120,8 @@ class Family:
             one served round's drafter work at p, its context already cached (what a serving engine
             keeps between rounds) and timed from the newly verified tokens to the last draft.
         display_name: the family's name on screen and in reports' titles ("EAGLE-3").
-        eval_options: the EvalConfig fields beyond COMMON_EVAL_OPTIONS it reads, and the keys of
-            ``EvalConfig.overrides`` it reads (``scorer compare`` passes a family only its own).
+        eval_options: the family's own EvalConfig settings: fields (``num_speculative_tokens``) and
+            ``EvalConfig.overrides`` keys (``scorer compare`` passes a family only its own overrides).
         init: (cache path, out, **options) -> the written drafter's config: a fresh drafter sized
             for the cache's target (``scorer init --family F``); None when there is nothing to
             write (the head ships inside the target, or the family has no weights).
