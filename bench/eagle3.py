@@ -30,7 +30,7 @@ import hscache
 from scorer.evaluate import EvalConfig, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one
 from scorer.families.eagle3.init import init_eagle3
-from scorer.features import sequence_features
+from scorer.sequences import sequence_features
 
 
 @torch.no_grad()

@@ -57,7 +57,7 @@ def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, A
             "final_loss": result["final_loss"],
             "path": str(out),
         }
-    from scorer.init import init_drafter
+    from scorer.families.dflash.init import init_drafter
 
     config, _ = init_drafter(cache, out, block_size=plan.block_size, overwrite=True)
     return {"kind": "random init", "hidden_size": config.hidden_size, "path": str(out)}
@@ -128,7 +128,8 @@ def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path) -> dict[str, Any]:
 
     import hscache
     from scorer.evaluate import EvalConfig, load_drafter
-    from scorer.features import feature_index, sequence_features
+    from scorer.families.dflash.features import feature_index
+    from scorer.sequences import sequence_features
 
     cache = hscache.open_cache(cache_path)
     result = {}

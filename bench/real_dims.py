@@ -39,8 +39,9 @@ import torch
 import hscache
 from hscache.capture.forward import greedy_continuation, greedy_continuations, head_rows, row_chunks
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
-from scorer.features import feature_index, sequence_features
-from scorer.score import score_sequence, score_sequences_chain
+from scorer.families.dflash.features import feature_index
+from scorer.families.dflash.score import score_sequence, score_sequences_chain
+from scorer.sequences import sequence_features
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
@@ -263,7 +264,7 @@ def _generate_part(args) -> None:
 
 
 def _scorer_part(args, cache_dir, tmp) -> None:
-    from scorer.init import init_drafter
+    from scorer.families.dflash.init import init_drafter
 
     ckpt = tmp / "drafter"
     init_drafter(cache_dir, ckpt, num_layers=5, block_size=16)

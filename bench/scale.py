@@ -38,7 +38,7 @@ from hscache.store.fsio import drop_page_cache
 from hscache.store.writer import SequenceRows, StoreWriter
 from scorer.distributed import DEFAULT_TASK_TOKENS, TaskOutput, score_task
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.init import init_drafter
+from scorer.families.dflash.init import init_drafter
 
 CONFIG = EvalConfig(ddtree=(8,), n_boot=10)
 

@@ -27,7 +27,7 @@ import torch
 
 import hscache
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.init import init_drafter
+from scorer.families.dflash.init import init_drafter
 
 
 def _bare_forward_s(drafter, shapes: list[tuple[int, int]], k_features: int) -> float:

@@ -1,4 +1,4 @@
-"""Stage two: replay DFlash drafter checkpoints against a cache (any ``CacheView``) and report tau, acceptance, DDTree.
+"""Stage two: replay drafters of any family (scorer.families) against a cache (any ``CacheView``): tau, acceptance, DDTree.
 
 ``scorer.evaluate_module(module, cache)`` scores an in-memory drafter (e.g. every N training
 steps) without writing a file; it is imported on first use, so ``import scorer`` stays light.

@@ -163,6 +163,19 @@ _drafting_flags = [
         "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
         "'sglang' = SGLang's default 5,4,8.",
     ),
+    click.option(
+        "--prompt-lookup-min",
+        type=click.IntRange(min=1),
+        default=None,
+        help="ngram (CKPT 'ngram', vLLM's prompt lookup): the shortest suffix n-gram matched; with "
+        "--prompt-lookup-max unset both default to vLLM's (5), one given sets the other.",
+    ),
+    click.option(
+        "--prompt-lookup-max",
+        type=click.IntRange(min=1),
+        default=None,
+        help="ngram: the longest suffix n-gram tried (the longest that occurred earlier wins).",
+    ),
 ]
 
 
@@ -221,6 +234,13 @@ def _sampling_request(options: dict[str, Any]) -> dict[str, Any]:
     preset = options.pop("sampling_preset")
     request = {k: v for k, v in given.items() if v is not None}
     return {**({"preset": preset} if preset else {}), **request}
+
+
+def _lookup_settings(options: dict[str, Any]) -> dict[str, int]:
+    """Take the n-gram family's --prompt-lookup-* out of ``options``: its settings, passed as
+    EvalConfig.overrides like a drafter config's."""
+    settings = {key: options.pop(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
+    return {key: value for key, value in settings.items() if value is not None}
 
 
 def drafting_flags(fn: Callable) -> Callable:
@@ -388,12 +408,9 @@ def eval_command(
     from scorer.report.terminal import render_comparison, render_report
 
     sampling = _sampling_request(options)
+    overrides = {**_overrides(target_layer_ids, mask_token_id, rope_theta), **_lookup_settings(options)}
     config = EvalConfig(
-        ddtree=ddtree,
-        overrides=_overrides(target_layer_ids, mask_token_id, rope_theta),
-        tree=_tree(tree_text),
-        sampling=sampling,
-        **options,
+        ddtree=ddtree, overrides=overrides, tree=_tree(tree_text), sampling=sampling, **options
     )
     _refuse_explicit_ddtree(checkpoint, config)
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
@@ -498,7 +515,11 @@ def compare(
     from scorer.report.terminal import print_table
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
-    config = EvalConfig(ddtree=ddtree, tree=_tree(tree_text), sampling=_sampling_request(options), **options)
+    sampling = _sampling_request(options)
+    overrides = _lookup_settings(options)
+    config = EvalConfig(
+        ddtree=ddtree, overrides=overrides, tree=_tree(tree_text), sampling=sampling, **options
+    )
     if len(caches) > 1:
         from rich.console import Console
 
@@ -882,7 +903,7 @@ def online(
     """
 
     check_outputs(json=json_out)  # before decoding, not after it
-    overrides = _overrides(target_layer_ids, mask_token_id, rope_theta)
+    overrides = {**_overrides(target_layer_ids, mask_token_id, rope_theta), **_lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
     if tree_text:
@@ -953,11 +974,11 @@ def writes_drafter(command: Callable) -> Callable:
 @click.option("--cache", required=True, help="Cache whose target the drafter is sized for.")
 @click.option(
     "--family",
-    type=click.Choice(["dflash", "eagle3", "dflash2"]),
     default="dflash",
     show_default=True,
-    help="dflash: an HF DFlash directory; eagle3: an EAGLE-3 drafter in --layout; dflash2: the DFlash "
-    "drafter --from DIR at DFlash2's identity start (NeMo Automodel's: drafts equal to its parent's).",
+    help="The drafter family: dflash (an HF DFlash directory), eagle3 (an EAGLE-3 drafter in --layout), "
+    "dflash2 (the DFlash drafter --from DIR at DFlash2's identity start, NeMo Automodel's: drafts equal "
+    "to its parent's). A flag of another family is refused by name.",
 )
 @click.option(
     "--from",
@@ -995,7 +1016,7 @@ def writes_drafter(command: Callable) -> Callable:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Train for N CPU steps on the cache (scorer.train) instead of random weights.",
+    help="Train for N CPU steps on the cache (scorer.families.dflash.train) instead of random weights.",
 )
 @click.option(
     "--eval-every",
@@ -1030,106 +1051,89 @@ def init(
       scorer init eagle3/ --cache cache/ --family eagle3 --train-steps 100
       scorer init dflash2/ --cache cache/ --family dflash2 --from drafter/
     """
-    if eval_every and (not train_steps or family != "dflash"):
-        raise ScorerError("--eval-every watches a DFlash drafter while it trains: add --train-steps N")
-    if family == "dflash2" and from_dir is None:
-        raise ScorerError(
-            "--family dflash2 requires --from DIR: the trained DFlash drafter it starts from "
-            "(e.g. scorer init dflash2/ --cache CACHE --family dflash2 --from drafter/)"
-        )
-    if from_dir is not None and family != "dflash2":
-        raise ScorerError(
-            f"--from DIR goes with --family dflash2 only (the DFlash drafter it starts from); --family "
-            f"{family} starts from random weights"
-        )
-    if family == "dflash2":
-        if train_steps:
-            raise ScorerError(
-                "--family dflash2 starts from a trained DFlash drafter: train that one (--from DIR)"
-            )
-        import hscache
-        from scorer.families.dflash2.init import init_from_dflash
-        from scorer.target_identity import cache_target_identity
+    from scorer.families import family_named
 
-        view = hscache.open_cache(cache)  # the parent is checked against it before anything is written
-        identity = cache_target_identity(view)
-        init_from_dflash(from_dir, out, seed=seed, overwrite=overwrite, target_identity=identity, cache=view)
-        click.echo(f"saved a DFlash2 drafter at its identity start from {from_dir} to {out}")
-        return
-    if family == "eagle3":
-        _init_eagle3(out, cache, layout, num_layers, num_speculative_tokens, seed, train_steps, overwrite)
-        return
+    chosen = family_named(family)
+    context = click.get_current_context()
+    flags = {p.name: p.opts[0] for p in context.command.params}
+    given = {
+        name: value
+        for name, value in dict(
+            from_dir=from_dir,
+            layout=layout,
+            num_layers=num_layers,
+            block_size=block_size,
+            num_speculative_tokens=num_speculative_tokens,
+            eval_every=eval_every,
+        ).items()
+        if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
+    for name in given:
+        if name not in chosen.init_options:
+            own = ", ".join(flags[n] for n in chosen.init_options if n in flags) or "none"
+            raise ScorerError(
+                f"{flags[name]} does not apply to --family {family} ({chosen.display_name}); its own flags: {own}"
+            )
+    if chosen.init is None:
+        raise ScorerError(
+            f"--family {family}: {chosen.display_name} has no weights of its own to write; score it directly"
+        )
+    if "from_dir" in chosen.init_options and from_dir is None:
+        raise ScorerError(
+            f"--family {family} requires --from DIR: the trained DFlash drafter it starts from "
+            f"(e.g. scorer init {family}/ --cache CACHE --family {family} --from drafter/)"
+        )
+    if given.get("eval_every") and not train_steps:
+        raise ScorerError(
+            f"--eval-every watches a {chosen.display_name} drafter while it trains: add --train-steps N"
+        )
+    options = {**given, "seed": seed, "overwrite": overwrite}
     if train_steps:
+        if chosen.train is None:
+            raise ScorerError(
+                f"--train-steps does not apply to --family {family}: the scorer has no {chosen.display_name} "
+                f"trainer (it trains {', '.join(f.name for f in _families() if f.train is not None)})"
+            )
         from hscache.progress import StepProgress
         from scorer.drafter_dir import check_drafter_dir
         from scorer.train import train_drafter
 
         check_drafter_dir(out, overwrite)  # said before the progress line and the training
+        if given.get("eval_every"):
+            options["on_eval"] = lambda step, report: click.echo(
+                f"step {step}: tau {report['tau']['pooled']:.3f} pooled over "
+                f"{report['requests']} cached sequences",
+                err=True,
+            )
         with StepProgress("train", "steps") as progress:
             progress.start(train_steps)
             result = train_drafter(
                 cache,
                 out,
-                steps=train_steps,
-                num_layers=num_layers,
-                block_size=block_size,
-                seed=seed,
-                log_every=0,
-                overwrite=overwrite,
-                on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
-                eval_every=eval_every,
-                on_eval=lambda step, report: click.echo(
-                    f"step {step}: tau {report['tau']['pooled']:.3f} pooled over "
-                    f"{report['requests']} cached sequences",
-                    err=True,
-                ),
-            )
-        click.echo(f"trained {train_steps} steps (final loss {result['final_loss']:.3f}); saved to {out}")
-        return
-    from scorer.init import init_drafter
-
-    config, _ = init_drafter(
-        cache, out, num_layers=num_layers, block_size=block_size, seed=seed, overwrite=overwrite
-    )
-    click.echo(
-        f"saved a random drafter (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
-        f"block {config.block_size}, target layers {list(config.target_layer_ids)}) to {out}"
-    )
-
-
-def _init_eagle3(
-    out: str, cache: str, layout: str, num_layers: int, k: int, seed: int, train_steps: int, overwrite: bool
-) -> None:
-    options = dict(
-        layout=layout, seed=seed, num_layers=num_layers, num_speculative_tokens=k, overwrite=overwrite
-    )
-    if layout != "speculators":
-        options["qk_norm"] = False  # the Llama layer those layouts hold
-    if train_steps:
-        from hscache.progress import StepProgress
-        from scorer.families.eagle3.train import train_eagle3
-
-        with StepProgress("train", "steps") as progress:
-            progress.start(train_steps)
-            result = train_eagle3(
-                cache,
-                out,
+                family=family,
                 steps=train_steps,
                 on_step=lambda step, loss: progress.advance(1, status=f"loss {loss:.3f}"),
                 **options,
             )
-        config = result["config"]
-        what = f"trained {train_steps} steps (final loss {result['final_loss']:.3f})"
+        config, what = (
+            result["config"],
+            f"trained {train_steps} steps (final loss {result['final_loss']:.3f})",
+        )
     else:
-        from scorer.families.eagle3.init import init_eagle3
+        from scorer.init import init_drafter
 
-        config, _ = init_eagle3(cache, out, **options)
-        what = "random"
+        config, what = init_drafter(cache, out, family=family, **options), "random"
     click.echo(
-        f"saved a {what} EAGLE-3 drafter ({layout} layout, hidden {config.hidden_size}, "
-        f"{config.num_hidden_layers} layer(s), K {config.num_speculative_tokens}, target layers "
+        f"saved a {what} {chosen.display_name} drafter (hidden {config.hidden_size}, "
+        f"{config.num_hidden_layers} layer(s), drafting {config.block_size - 1} tokens a round, target layers "
         f"{list(config.target_layer_ids)}) to {out}"
     )
+
+
+def _families() -> tuple[Any, ...]:
+    from scorer.families import FAMILIES
+
+    return FAMILIES
 
 
 if __name__ == "__main__":

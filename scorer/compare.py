@@ -21,14 +21,13 @@ import numpy as np
 
 import hscache
 from hscache import schemas
-from hscache.capture.provenance import git_commit, package_versions, utc_now
-from hscache.store.integrity import cache_digest
+from scorer.documents import cache_block, run_stamp
 from scorer.errors import ScorerError
 from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, drafter_family, effective_config, load_drafter
-from scorer.score import SequenceResult
+from scorer.sequences import SequenceResult
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = [
@@ -43,6 +42,10 @@ COMPARE_SCHEMA_VERSION = 1
 
 
 def _config_for(family: Any, config: EvalConfig) -> EvalConfig:
+    # A family's own settings (Family.eval_options: e.g. n-gram's prompt lookup) reach it only.
+    config = dataclasses.replace(
+        config, overrides={k: v for k, v in config.overrides.items() if k in family.eval_options}
+    )
     if family.autoregressive:
         return config
     return dataclasses.replace(config, num_speculative_tokens=None, tree=None)
@@ -106,7 +109,7 @@ def _time_rounds(
     if family.time_round is None:
         return None, None, 0
     from hscache.store.dtypes import DTYPES
-    from scorer.features import sequence_features
+    from scorer.sequences import sequence_features
 
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     norm = getattr(drafter, "context_norm", None)
@@ -236,13 +239,7 @@ def compare_drafters(
         }
     document = {
         "schema_version": COMPARE_SCHEMA_VERSION,
-        "cache": {
-            "path": str(getattr(cache, "url", cache.path)),
-            "digest": cache_digest(cache),
-            "sequences": len(cache),
-            "layer_ids": cache.layer_ids,
-            "settings": cache.settings,
-        },
+        "cache": cache_block(cache),
         "settings": {
             "num_speculative_tokens": config.num_speculative_tokens,
             "tree": None if config.tree is None else list(config.tree),
@@ -266,10 +263,7 @@ def compare_drafters(
         },
         "drafters": rows,
         "reports": reports,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t_start,
-        "created_at": utc_now(),
+        **run_stamp(time.perf_counter() - t_start),
     }
     schemas.validate(document, "compare_report")
     return document

@@ -36,12 +36,13 @@ from scorer.diagnose import (
     rank_outcomes,
     verdict,
 )
-from scorer.diagnose_dflash import DFlashReplayer, Setting, candidates, special_token_ids
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import family_for, probe_checkpoint
-from scorer.features import check_compatible, check_scorable
+from scorer.families.dflash.diagnose import DFlashReplayer, Setting, candidates, special_token_ids
+from scorer.families.dflash.features import check_compatible
 from scorer.formats.files import read_training_state_contract
 from scorer.rows import EvalConfig, load_drafter
+from scorer.sequences import check_scorable
 
 __all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "diagnose_checkpoint"]
 

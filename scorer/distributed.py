@@ -37,7 +37,7 @@ from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
 from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
-from scorer.score import SequenceResult
+from scorer.sequences import SequenceResult
 
 __all__ = [
     "DEFAULT_TASK_TOKENS",

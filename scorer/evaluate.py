@@ -20,13 +20,13 @@ import hscache
 from hscache.store.blocks import BlockView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
 from hscache.store.view import CacheView
-from scorer.config import DrafterConfig
 from scorer.distributed import evaluate_distributed
 from scorer.errors import ScorerError
-from scorer.families.dflash import module_drafter
+from scorer.families import family_named
+from scorer.families.base import Drafter
 from scorer.report.build import build_report, compare_reports
 from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
-from scorer.score import SequenceResult
+from scorer.sequences import SequenceResult
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
@@ -89,21 +89,23 @@ def evaluate(
 def evaluate_module(
     module_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
     cache: str | Path | CacheView,
-    config: DrafterConfig | Mapping[str, Any] | None = None,
+    config: Any | Mapping[str, Any] | None = None,
     eval_config: EvalConfig | None = None,
     *,
     limit: int | None = None,
+    family: str = "dflash",
 ) -> dict[str, Any]:
     """Score an in-memory drafter (a training loop's module, or its state_dict) without writing a file.
 
     Args:
-        module_or_state_dict: a ``scorer.model.DFlashDrafter`` (its config is used when ``config``
+        module_or_state_dict: a ``scorer.families.dflash.model.DFlashDrafter`` (its config is used when ``config``
             is None; a target head it already has attached is reused, no cache read), or a
             state_dict with the checkpoint's keys.
         cache: a cache path/URL or an open ``CacheView`` (open it once outside the loop).
         config: the drafter's ``DrafterConfig`` or HF config dict; required with a state_dict.
         eval_config: defaults to chain anchors and no DDTree (tau only, the cheapest replay).
         limit: only the first N sequences (wins over ``eval_config.limit``).
+        family: the family of a state_dict (a module says its own: ``Drafter.family``).
 
     Returns:
         The ``scorer eval`` report (``report["tau"]["pooled"]``...), checkpoint format "module".
@@ -121,7 +123,13 @@ def evaluate_module(
     if limit is not None:
         eval_config = dataclasses.replace(eval_config, limit=limit)
     view = cache if isinstance(cache, CacheView) else hscache.open_cache(cache)
-    drafter, loaded = module_drafter(module_or_state_dict, view, config, eval_config)
+    name = module_or_state_dict.family if isinstance(module_or_state_dict, Drafter) else family
+    readied = family_named(name)
+    if readied.from_module is None:
+        raise ScorerError(
+            f"evaluate_module scores in-memory drafters of the families that have one; {name} has none"
+        )
+    drafter, loaded = readied.from_module(module_or_state_dict, view, config, eval_config)
     results = score_cache(drafter, view, eval_config)
     return build_report(
         results,

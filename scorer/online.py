@@ -17,13 +17,12 @@ from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
+from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
 from scorer.families.base import OnlineOptions, Proposer
-from scorer.families.dflash import dflash_proposer
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
@@ -33,7 +32,6 @@ __all__ = [
     "OnlineSession",
     "commit_round",
     "eos_ids",
-    "online_decode",
     "open_online",
     "run_online",
     "speculative_decode",
@@ -108,25 +106,6 @@ def speculative_decode(
     return ids, rounds
 
 
-def online_decode(
-    target: Target,
-    drafter: Any,
-    prompt: list[int],
-    max_new_tokens: int,
-    max_length: int,
-    layout: str = "zlab",
-) -> tuple[list[int], list[int]]:
-    """Greedy speculative decoding of one prompt with a DFlash drafter (see `speculative_decode`)."""
-    return speculative_decode(
-        target,
-        list(drafter.config.target_layer_ids),
-        dflash_proposer(target, drafter, layout),
-        prompt,
-        max_new_tokens,
-        max_length,
-    )
-
-
 @dataclass(frozen=True)
 class OnlineSession:
     """A loaded target and a family's proposer, ready to decode (what `open_online` returns).
@@ -167,9 +146,8 @@ def open_online(
         raise ScorerError(f"{checkpoint}: scorer online does not run the {family.name} family yet")
     # A target head (target:mtp) is the target's own: it matches by construction.
     identity = loaded_target_identity(target)
-    is_head = str(checkpoint).startswith("target:")
     target_check = check_target(
-        identity if is_head else recorded_target_identity(checkpoint, options.config_path),
+        identity if family.bound_to_target else recorded_target_identity(checkpoint, options.config_path),
         identity,
         allow_mismatch=allow_target_mismatch,
         where=model,
@@ -254,10 +232,7 @@ def run_online(
         "max_new_tokens": max_new_tokens,
         "max_length": max_length,
         "limit": limit,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t0,
-        "created_at": utc_now(),
+        **run_stamp(time.perf_counter() - t0),
     }
     schemas.validate(result, "online_report")
     return result

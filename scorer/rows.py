@@ -19,8 +19,8 @@ from hscache.store.view import CacheView
 from scorer import served
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import Family, family_for, family_named, probe_checkpoint
-from scorer.features import check_scorable
-from scorer.score import ANCHOR_MODES, SequenceResult
+from scorer.families.base import Drafter
+from scorer.sequences import ANCHOR_MODES, SequenceResult, check_scorable
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows"]
@@ -99,8 +99,8 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     served.check_request(cache, config, family, str(getattr(cache, "url", cache.path)))
     cache_identity = cache_target_identity(cache)
     # A target head (target:mtp) is the cache's own target: it matches by construction.
-    is_head = probe.path.startswith("target:")
-    recorded = cache_identity if is_head else recorded_target_identity(checkpoint, config.config_path)
+    bound = family.bound_to_target
+    recorded = cache_identity if bound else recorded_target_identity(checkpoint, config.config_path)
     # Before the family's load and its shape and layer checks: a drafter of another target must
     # hear that, not "re-extract with --layers ..." (a re-extraction that ends in this refusal).
     target_check = check_target(
@@ -114,9 +114,9 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     return drafter, loaded
 
 
-def drafter_family(drafter: Any) -> Family:
-    """The family of a loaded drafter (DFlash for drafters built before the seam)."""
-    return family_named(getattr(drafter, "family", "dflash"))
+def drafter_family(drafter: Drafter) -> Family:
+    """The family of a loaded drafter (every family's drafter says its name: ``Drafter.family``)."""
+    return family_named(drafter.family)
 
 
 def effective_config(drafter: Any, config: EvalConfig) -> EvalConfig:

@@ -37,7 +37,7 @@ from scorer.errors import ScorerError
 from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
 from scorer.replay import replay_chain
 from scorer.sampled_tau import prompt_totals, sampled_tau
-from scorer.score import SequenceResult
+from scorer.sequences import SequenceResult
 from scorer.verification import (
     SequenceRounds,
     all_anchor_acceptance,

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import hscache
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.errors import HscacheError
 from hscache.store import fsio
 from hscache.store.view import CacheView
+from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.report.sweep import report_row, write_outputs
@@ -300,10 +300,7 @@ def sweep(
             for ck in found
             if ck.step is None
         ],
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "created_at": utc_now(),
-        "seconds": time.perf_counter() - t0,
+        **run_stamp(time.perf_counter() - t0),
     }
     document["outputs"] = write_outputs(document, out)
     return document

@@ -2,7 +2,7 @@
 
 The two built-in targets share hidden size and vocabulary, so the shape checks pass when a
 drafter is scored on the other target's cache, and tau comes out near 1 with exit 0. ``scorer
-init`` and ``scorer.train`` therefore write the cache's target identity into the drafter's
+init`` and ``scorer.families.dflash.train`` therefore write the cache's target identity into the drafter's
 ``config.json`` under ``hscache_target`` (the target's weights sha256, model type and tokenizer
 sha256, as the cache's provenance records them); ``scorer eval`` compares every field both sides
 know and refuses a difference unless ``--allow-target-mismatch``. A checkpoint without the record

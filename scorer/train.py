@@ -1,173 +1,36 @@
-"""A tiny DFlash training helper: a few hundred CPU steps on a cache, for quickstarts and tests.
-
-Not a training framework: it exists so a newcomer can see a drafter whose tau is clearly
-above 1 without downloads. Loss: cross-entropy of slot j against x_{p+j} at random anchors,
-weighted by exp(-(j-1)/B) like DFlash training (early slots matter most for acceptance).
-
-    python -m scorer.train --cache cache/ --out drafter/ --steps 300
+"""A drafter of any family trained on a cache (``scorer init --train-steps N``): the family trains
+(``Family.train``, scorer/families/), and ``eval_every`` watches it with ``scorer.evaluate_module``.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import torch
-import torch.nn.functional as F
-
-import hscache
-from hscache.data import SequenceDataset
-from scorer.checkpoint import save_hf_checkpoint
-from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.errors import ScorerError
 from scorer.evaluate import evaluate_module
-from scorer.features import attach_cache_head, context_norm, feature_index, sequence_features
-from scorer.init import drafter_config_for_cache
-from scorer.model import DFlashDrafter
-from scorer.target_identity import IDENTITY_KEY, cache_target_identity
+from scorer.families import family_named
 
 __all__ = ["train_drafter"]
 
 
-def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
-    """One random sequence, ``anchors_per_step`` random anchors, blocks and targets."""
-    item = data[rows[int(torch.randint(len(rows), (1,), generator=gen))]]
-    ids = item["token_ids"]
-    T, B = len(ids), drafter.config.block_size
-    # Anchors where scoring happens: the generated region, loss_mask (falls back to the whole sequence).
-    generated = torch.nonzero(item["loss_mask"]).flatten()
-    first = int(generated[0]) if len(generated) else T
-    first = first if first < T - 1 else 1
-    anchors = torch.randint(first, T - 1, (anchors_per_step,), generator=gen).unique()
-    blocks = torch.full((len(anchors), B), drafter.config.mask_token_id, dtype=torch.long)
-    blocks[:, 0] = ids[anchors]
-    offsets = anchors[:, None] + torch.arange(1, B)  # [N, B-1] positions p+j
-    valid = offsets < T
-    targets = torch.where(valid, ids[offsets.clamp(max=T - 1)], torch.full_like(offsets, -100))
-    norm = drafter.context_norm  # the drafter reads hidden_states[L] for the last layer (features.py)
-    features = sequence_features(item["hidden_states"], index, torch.float32, "cpu", norm)
-    return features, anchors, blocks, targets
-
-
-def train_drafter(
-    cache_path: str | Path,
-    out: str | Path,
-    *,
-    steps: int = 300,
-    num_layers: int = 1,
-    block_size: int = 8,
-    lr: float = 3e-3,
-    anchors_per_step: int = 64,
-    seed: int = 0,
-    log_every: int = 50,
-    layer_ids: list[int] | None = None,
-    mask_token_id: int | None = None,
-    block_position_offset: int = 0,
-    last_layer_normed: bool = True,
-    overwrite: bool = False,
-    on_step: Callable[[int, float], None] | None = None,
-    eval_every: int = 0,
-    eval_limit: int | None = 64,
-    on_eval: Callable[[int, dict], None] | None = None,
-) -> dict:
-    """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
-
-    ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``,
-    and its config records the cache's target (scorer/target_identity.py). ``on_step(step, loss)``
-    is called after every step (progress). ``eval_every`` N > 0: every N steps the drafter in memory
-    is scored on the cache's first ``eval_limit`` sequences with ``scorer.evaluate_module`` (no file
-    written; chain anchors, no DDTree) and ``on_eval(step, report)`` gets the eval report.
-
-    Four arguments train under another convention than the spec's (what other trainers do by
-    mistake), for `scorer diagnose`'s tests: ``layer_ids`` (default: every cached layer),
-    ``mask_token_id`` (default: the cache's), ``block_position_offset`` (added to the block's RoPE
-    positions), ``last_layer_normed=False`` (feed the last target layer before the final norm).
-    The saved config.json records layer_ids and mask_token_id as trained; the other two have
-    no config field, as in the trainers that get them wrong.
+def train_drafter(cache_path: str | Path, out: str | Path, *, family: str = "dflash", **options: Any) -> dict:
+    """Train a drafter of ``family`` on the cache's sequences and save it at ``out`` (written whole:
+    a non-empty ``out`` needs ``overwrite``). ``options``: ``steps``, ``seed``, ``overwrite``,
+    ``on_step(step, loss)`` and the family's own (DFlash: ``num_layers``, ``block_size``, ``lr``,
+    ``eval_every``, ``eval_limit``, ``on_eval(step, report)``, ... see
+    scorer/families/dflash/train.py).
 
     Returns:
-        {"steps", "final_loss", "seconds", "tau_history": [(step, pooled tau), ...]}.
+        The family's result: {"config", "steps", "final_loss", "seconds", ...} (DFlash adds
+        "tau_history": [(step, pooled tau), ...]).
+
+    Raises:
+        ScorerError: the family has no trainer.
     """
-    check_drafter_dir(out, overwrite)  # before the training, not after it
-    cache = hscache.open_cache(cache_path)
-    config = drafter_config_for_cache(
-        cache, num_layers=num_layers, block_size=block_size, layer_ids=layer_ids
-    )
-    if mask_token_id is not None:
-        config = dataclasses.replace(config, mask_token_id=mask_token_id)
-    torch.manual_seed(seed)
-    drafter = DFlashDrafter(config)
-    for param in drafter.parameters():
-        if param.ndim == 2:
-            torch.nn.init.normal_(param, std=0.02)
-    attach_cache_head(drafter, cache, torch.float32, "cpu")
-    drafter.context_norm = context_norm(config, cache) if last_layer_normed else None
-    drafter.block_position_offset = block_position_offset
-    index = feature_index(config, cache.layer_ids)
-    # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
-    data = SequenceDataset(cache_path)
-    rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
-    slot_weight = torch.exp(-torch.arange(block_size - 1) / block_size)
-    gen = torch.Generator().manual_seed(seed)
-    t0, loss, tau_history = time.perf_counter(), torch.tensor(0.0), []
-    for step in range(1, steps + 1):
-        features, anchors, blocks, targets = _batch(data, rows, index, drafter, anchors_per_step, gen)
-        logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
-        per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
-        weights = slot_weight[None] * (targets != -100)
-        loss = (per_slot * weights).sum() / weights.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if log_every and step % log_every == 0:
-            print(f"step {step}/{steps} loss {loss.item():.3f}", flush=True)
-        if on_step is not None:
-            on_step(step, float(loss.detach()))
-        if eval_every and step % eval_every == 0:
-            report = evaluate_module(drafter, cache, limit=eval_limit)  # a copy, in eval mode
-            tau_history.append((step, report["tau"]["pooled"]))
-            if on_eval is not None:
-                on_eval(step, report)
-    weights = {k: v.detach() for k, v in drafter.state_dict().items()}
-    with staged_drafter_dir(out, overwrite) as staging:
-        save_hf_checkpoint(
-            staging, config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
-        )
-    return {
-        "steps": steps,
-        "final_loss": float(loss.detach()),
-        "seconds": time.perf_counter() - t0,
-        "tau_history": tau_history,
-    }
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--cache", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--block-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    result = train_drafter(
-        args.cache,
-        args.out,
-        steps=args.steps,
-        num_layers=args.layers,
-        block_size=args.block_size,
-        seed=args.seed,
-    )
-    print(
-        f"saved drafter to {args.out}: {result['steps']} steps, final loss {result['final_loss']:.3f}, "
-        f"{result['seconds']:.1f} s"
-    )
-
-
-if __name__ == "__main__":
-    main()
+    chosen = family_named(family)
+    if chosen.train is None:
+        raise ScorerError(f"--family {family}: {chosen.display_name} has no trainer in the scorer")
+    if options.get("eval_every"):  # the family's trainer scores its module in memory with this
+        options = {**options, "evaluate": evaluate_module}
+    return chosen.train(cache_path, out, **options)

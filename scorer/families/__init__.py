@@ -1,21 +1,31 @@
 """Drafter families on one seam (scorer.families.base): a registry and the dispatch.
 
-Order matters: the first family whose ``claims`` accepts a checkpoint reads it; DFlash, the
-default, comes last. A family added later (MTP, DFlash2) registers here.
+The only module outside a family's folder that imports it (tests/test_architecture.py). Order
+does not matter: exactly one family claims a checkpoint, or none and the fallback (DFlash) reads
+it. A new family is its folder plus its row in FAMILIES.
 """
 
 from __future__ import annotations
 
 from scorer.errors import CheckpointError
-from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint
+from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint, target_head_name
 from scorer.families.dflash import DFLASH
 from scorer.families.dflash2 import DFLASH2
 from scorer.families.eagle3 import EAGLE3
 from scorer.families.mtp import MTP
+from scorer.families.ngram import NGRAM
 
-__all__ = ["FAMILIES", "CheckpointProbe", "Family", "family_for", "family_named", "probe_checkpoint"]
+__all__ = [
+    "FAMILIES",
+    "CheckpointProbe",
+    "Family",
+    "display_name",
+    "family_for",
+    "family_named",
+    "probe_checkpoint",
+]
 
-FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH)
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH, NGRAM)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
@@ -38,14 +48,19 @@ def family_named(name: str) -> Family:
     )
 
 
+def display_name(name: str) -> str:
+    """The family's name on screen ("EAGLE-3"); a name this build does not know, as written."""
+    return next((f.display_name for f in FAMILIES if f.name == name), name)
+
+
 def family_for(probe: CheckpointProbe) -> Family:
     """The family that reads the probed checkpoint.
 
     Raises:
         CheckpointError: ``target:<head>`` names an unknown head, or one whose family is not built.
     """
-    if probe.path.startswith(TARGET_PREFIX):
-        head = probe.path[len(TARGET_PREFIX) :]
+    head = target_head_name(probe.path)
+    if head is not None:
         if head not in TARGET_HEADS:
             raise CheckpointError(
                 f"{probe.path}: unknown target head {head!r}; the target heads a CKPT can name are "
@@ -58,7 +73,12 @@ def family_for(probe: CheckpointProbe) -> Family:
             f"{probe.path}: speculators_model_type {kind!r} is not a drafter layout this scorer reads "
             f"(known: {', '.join(SPECULATORS_TYPES)})"
         )
-    for family in FAMILIES:
-        if family.claims(probe):
-            return family
+    claimed = [f for f in FAMILIES if not f.fallback and f.claims(probe)]
+    if len(claimed) > 1:  # two families' claims overlap: a bug in one of them, not in the file
+        raise CheckpointError(
+            f"{probe.path}: claimed by {' and '.join(f.name for f in claimed)}, whose claims overlap (a scorer bug: please report it)"
+        )
+    fallback = [f for f in FAMILIES if f.fallback and f.claims(probe)]
+    if claimed or fallback:
+        return (claimed or fallback)[0]
     raise CheckpointError(f"{probe.path}: no drafter family reads this checkpoint")  # pragma: no cover

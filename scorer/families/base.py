@@ -6,10 +6,15 @@ rest, in its own module under scorer/families/: how a checkpoint of its layouts 
 (`claims`), its config mapping and model (`load`), and how it drafts a cached sequence
 (`score_rows`, which hands per-anchor drafts to the shared replay).
 
-A loaded drafter carries ``family`` (the family's name) so the shared code can dispatch, and a
-``config`` with ``block_size`` (drafted slots + 1: DFlash's block, or K + 1 for a chain of K
-speculative tokens), ``target_layer_ids`` (this project's convention: the OUTPUT of decoder layer
-i) and ``to_hf_config()`` (written into the report as ``drafter``).
+A loaded drafter is a `Drafter`: it carries ``family`` (the family's name) so the shared code can
+dispatch, and a ``config`` (`DrafterSettings`) with ``block_size`` (drafted slots + 1: DFlash's
+block, or K + 1 for a chain of K speculative tokens), ``target_layer_ids`` (this project's
+convention: the OUTPUT of decoder layer i) and ``to_hf_config()`` (written into the report as
+``drafter``).
+
+A family also owns how a drafter of it is made (``init`` / ``train``: what ``scorer init --family
+F`` runs, with the family's own ``init_options``), its name on screen (``display_name``) and the
+``scorer eval`` settings it reads (``eval_options``): a flag outside them is refused by name.
 """
 
 from __future__ import annotations
@@ -17,23 +22,51 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from hscache.store import jsonio
 
 __all__ = [
     "CheckpointProbe",
     "DraftDraw",
+    "Drafter",
+    "DrafterSettings",
     "Family",
     "OnlineOptions",
     "Proposer",
     "TARGET_PREFIX",
     "attention_flops",
     "linear_params",
+    "target_head_name",
 ]
 
 # A CKPT naming a head that ships inside the cache's target (e.g. "target:mtp").
 TARGET_PREFIX = "target:"
+
+
+def target_head_name(checkpoint: str | Path) -> str | None:
+    """The head a ``target:<head>`` CKPT names (``"mtp"`` for ``target:mtp``), else None: the one
+    place that form is parsed."""
+    text = str(checkpoint)
+    return text[len(TARGET_PREFIX) :] if text.startswith(TARGET_PREFIX) else None
+
+
+@runtime_checkable
+class DrafterSettings(Protocol):
+    """What the shared code reads off any family's drafter config."""
+
+    block_size: int  # drafted slots + 1
+    target_layer_ids: tuple[int, ...]
+
+    def to_hf_config(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A loaded drafter of any family, as the shared code (report, compare, eval) sees it."""
+
+    family: str
+    config: DrafterSettings
 
 
 @dataclass(frozen=True)
@@ -100,6 +133,25 @@ class Family:
             y's tokens, q_{a,j} = softmax(draft logits / T) over the drafter's whole vocabulary,
             log q of y_{a+j} (-inf outside it). The probabilistic rule (scorer/served.py); None: the
             family is scored with the one-hot rule only.
+        display_name: the family's name on screen and in reports' titles ("EAGLE-3").
+        eval_options: the family's own EvalConfig settings: fields (``num_speculative_tokens``) and
+            ``EvalConfig.overrides`` keys (``scorer compare`` passes a family only its own overrides).
+        init: (cache path, out, **options) -> the written drafter's config: a fresh drafter sized
+            for the cache's target (``scorer init --family F``); None when there is nothing to
+            write (the head ships inside the target, or the family has no weights).
+        train: (cache path, out, steps=N, on_step=..., **options) -> {"final_loss", "config", ...}:
+            a drafter trained N steps on the cache (``scorer init --train-steps N``); None: untrained only.
+        init_options: the keyword options of ``init`` / ``train`` besides seed and overwrite;
+            ``scorer init`` refuses a flag outside them by name.
+        from_module: (module or state_dict, cache, config, EvalConfig) -> (drafter, loaded):
+            an in-memory drafter readied like a loaded one (``scorer.evaluate_module``).
+        summarize: (list of SequenceResult) -> {metric name: {"label", "value", "definition"}}: the
+            family's own numbers beside tau, from what its score_rows put in the results' extras
+            (the report's ``family_metrics``, a line each on the terminal); None: none.
+        bound_to_target: its drafter is the cache's target's own (a head shipped inside it) or reads
+            nothing of it (n-gram): the target identity matches by construction, nothing recorded.
+        fallback: asked only when no other family claims a checkpoint (DFlash, whose loader names
+            what is wrong with any other file); the registry holds one.
     """
 
     name: str
@@ -113,6 +165,19 @@ class Family:
     cost: Callable[..., dict[str, Any]] | None = None
     time_round: Callable[..., tuple[float, list[int]]] | None = None
     proposals: Callable[..., tuple[Any, Any]] | None = None
+    display_name: str = ""
+    eval_options: frozenset[str] = frozenset()
+    init: Callable[..., Any] | None = None
+    train: Callable[..., dict[str, Any]] | None = None
+    init_options: tuple[str, ...] = ()
+    from_module: Callable[..., tuple[Any, Any]] | None = None
+    summarize: Callable[[list[Any]], dict[str, dict[str, Any]]] | None = None
+    bound_to_target: bool = False
+    fallback: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.display_name:
+            object.__setattr__(self, "display_name", self.name)
 
 
 def linear_params(module: Any) -> int:
@@ -134,7 +199,7 @@ def probe_checkpoint(path: str | Path, config_path: str | None = None) -> Checkp
     """
 
     text = str(path)
-    if text.startswith(TARGET_PREFIX):
+    if target_head_name(text) is not None:
         return CheckpointProbe(text, None, None)
     root = Path(path)
     config: dict[str, Any] | None = None

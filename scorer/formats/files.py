@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 from hscache.store import jsonio
 from hscache.store.layout import MANIFEST
 from hscache.store.paths import is_cache_dir
-from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.formats import specforge
 
@@ -40,7 +39,31 @@ _ACCEPTED = (
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
 _NESTING_KEYS = ("model", "state_dict", "model_state_dict", "module", specforge.WEIGHTS_KEY)
 _CONFIG_KEYS = ("config", "args", "model_config")
-_CONFIG_HINTS = {*DrafterConfig.__dataclass_fields__, "dflash_config", "aux", "aux_layer_ids"}
+# Keys that make a dict found in a training pickle a drafter config: the HF config fields of the
+# families' drafters (DFlash's DrafterConfig fields) and the trainers' own names for them.
+_CONFIG_HINTS = {
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "vocab_size",
+    "attention_bias",
+    "block_size",
+    "mask_token_id",
+    "target_layer_ids",
+    "num_target_layers",
+    "layer_types",
+    "sliding_window",
+    "is_causal",
+    "dflash_config",
+    "aux",
+    "aux_layer_ids",
+}
 
 
 def resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:

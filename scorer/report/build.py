@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from hscache import schemas
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.info import cache_completeness
-from hscache.store.integrity import cache_digest
 from hscache.store.view import CacheView
 from scorer import served
+from scorer.documents import cache_block, run_stamp
+from scorer.families import family_named
 from scorer.metrics import (
     AcceptLen,
     acceptance_rates,
@@ -30,7 +30,7 @@ from scorer.metrics import (
     tokens_per_round_histogram,
 )
 from scorer.report.text import token_pieces
-from scorer.score import SequenceResult, result_summary
+from scorer.sequences import SequenceResult, result_summary
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
 
@@ -197,26 +197,22 @@ def build_report(
         "config": config.to_dict(),
         "drafter": {
             **drafter.config.to_hf_config(),
-            "family": getattr(drafter, "family", "dflash"),
+            "family": drafter.family,
             "attention_backend": drafter.backend_used,
         },
         "checkpoint": loaded.report.to_dict(),
         "cache": {
-            "path": str(getattr(cache, "url", cache.path)),
-            "digest": cache_digest(cache),
-            "sequences": len(cache),
-            "layer_ids": cache.layer_ids,
-            "settings": cache.settings,
+            **cache_block(cache),
             "provenance": cache.provenance,
             "complete": completeness["complete"],
             "committed_sequences": completeness["committed_sequences"],
             "expected_sequences": completeness["expected_sequences"],
         },
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": seconds,
-        "created_at": utc_now(),
+        **run_stamp(seconds),
     }
+    summarize = family_named(drafter.family).summarize
+    if summarize is not None:
+        report["family_metrics"] = summarize(list(results))
     forced = _teacher_forced(results, B)
     if forced is not None:
         report["teacher_forced"] = forced

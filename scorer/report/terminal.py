@@ -9,6 +9,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from scorer.families import display_name
 from scorer.report.served import render_served
 from scorer.report.text import readable
 
@@ -69,9 +70,7 @@ def _ci(pair: Any) -> str:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     tau = report["tau"]
-    family = {"dflash": "DFlash", "eagle3": "EAGLE-3"}.get(
-        report["drafter"].get("family", "dflash"), "drafter"
-    )
+    family = display_name(report["drafter"].get("family", "dflash"))
     head = Table(
         title=f"{family} replay: {report['checkpoint']['path']} on {report['cache']['path']}",
         show_header=True,
@@ -99,6 +98,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         head.add_row(
             f"SGLang tree {shape} tau (pooled)", _f(tree_tau["pooled"]), _ci(tree_tau["pooled_ci95"])
         )
+    for metric in report.get("family_metrics", {}).values():
+        head.add_row(metric["label"], _f(metric["value"]), "")
     for budget, value in report["ddtree"].items():
         head.add_row(
             f"DDTree-{budget} tau (per request)",

@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scorer.checkpoint import LoadedCheckpoint, load_checkpoint, save_hf_checkpoint
-from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.checkpoint import LoadedCheckpoint, load_checkpoint, save_hf_checkpoint
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter
 
 SHAPE_FIELDS = (
     "hidden_size",

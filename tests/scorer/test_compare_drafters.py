@@ -123,9 +123,9 @@ def test_timed_rounds_draft_what_the_replay_drafted(document, trained_drafter, e
 
     import hscache
     from scorer.families import family_named
+    from scorer.families.dflash.score import draft_all_anchors
     from scorer.families.eagle3.drafting import draft_every_anchor
-    from scorer.features import sequence_features
-    from scorer.score import draft_all_anchors
+    from scorer.sequences import sequence_features
 
     cache = hscache.open_cache(scorer_cache)
     for checkpoint, name in ((trained_drafter, "dflash"), (eagle3_drafter, "eagle3")):

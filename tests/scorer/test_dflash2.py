@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import hscache
-from scorer.checkpoint import load_checkpoint
 from scorer.errors import CheckpointError
 from scorer.evaluate import EvalConfig, evaluate
+from scorer.families.dflash.checkpoint import load_checkpoint
 from scorer.families.dflash2 import VARIANT, build_dflash2
 from scorer.rows import load_drafter, score_rows
+from tests.scorer.family_contract import FamilyContract
 
 BLOCK = 4
 
@@ -126,7 +127,7 @@ def _oracle_drafts(model, embed, lm_head, features, token_ids, anchor):
 
 def test_dflash2_drafts_equal_nemo(scorer_cache, nemo_drafter):
     from hscache.capture.builtin import build_builtin
-    from scorer.score import draft_all_anchors
+    from scorer.families.dflash.score import draft_all_anchors
 
     model, path = nemo_drafter
     assert json.loads((path / "config.json").read_text())["architectures"] == ["Qwen3DFlash2DraftModel"]
@@ -140,7 +141,8 @@ def test_dflash2_drafts_equal_nemo(scorer_cache, nemo_drafter):
         hs = target(token_ids[None], output_hidden_states=True).hidden_states
     features = torch.cat([hs[i + 1][0] for i in (1, 3, 7)], dim=-1)  # NeMo: hidden_states[i + 1]
     P = cache.index.column("prompt_len")[row].as_py()
-    from scorer.features import feature_index, sequence_features
+    from scorer.families.dflash.features import feature_index
+    from scorer.sequences import sequence_features
 
     ours_features = sequence_features(
         cache.hidden_states(row), feature_index(drafter.config, cache.layer_ids), torch.float32, "cpu",
@@ -200,9 +202,16 @@ def _online_equals_offline(cache_path, drafter_path, model):
     assert rounds == list(offline.chain.tokens)
 
 
-def test_dflash2_online_equals_offline_round_for_round(scorer_cache, nemo_drafter):
-    """fp32, the hybrid built-in target verifying the selector's paths."""
-    _online_equals_offline(scorer_cache, nemo_drafter[1], "builtin:tiny-qwen3.5")
+class TestDFlash2Contract(FamilyContract):
+    """The family contract for DFlash2 on NeMo's drafter; its online == offline case replaces the
+    hand-written one (fp32, the hybrid built-in target verifying the selector's paths)."""
+
+    family = "dflash2"
+    target_status = "unknown"  # NeMo's save_pretrained records no target
+
+    @pytest.fixture
+    def checkpoint(self, nemo_drafter):
+        return str(nemo_drafter[1])
 
 
 @pytest.mark.slow
@@ -295,9 +304,9 @@ def test_scorer_init_family_dflash2_starts_from_a_dflash_drafter_and_records_the
     assert report["tau"] == evaluate(trained_drafter, scorer_cache, tau_only)["tau"]
     for extra, message in (
         ([], "is not empty; pass --overwrite"),
-        (["--train-steps", "3"], "starts from a trained DFlash drafter"),
+        (["--train-steps", "3"], "--train-steps does not apply to --family dflash2"),
     ):
         refused = runner.invoke(main, [*args, *extra])
         assert refused.exit_code == 2 and message in refused.output and len(refused.output.splitlines()) == 1
     alone = runner.invoke(main, ["init", str(tmp_path / "x"), "--cache", str(scorer_cache), "--from", "d"])
-    assert alone.exit_code == 2 and "--from DIR goes with --family dflash2" in alone.output
+    assert alone.exit_code == 2 and "--from does not apply to --family dflash (DFlash)" in alone.output

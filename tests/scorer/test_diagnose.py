@@ -204,8 +204,8 @@ def test_a_family_without_declared_hypotheses_is_refused_by_name(eagle3_drafter,
 
 def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter):
     import hscache
-    from scorer.checkpoint import load_checkpoint
-    from scorer.diagnose_dflash import DFlashReplayer, Setting
+    from scorer.families.dflash.checkpoint import load_checkpoint
+    from scorer.families.dflash.diagnose import DFlashReplayer, Setting
 
     cache = hscache.open_cache(scorer_cache)
     loaded = load_checkpoint(trained_drafter, fallbacks={"mask_token_id": cache.mask_token_id})

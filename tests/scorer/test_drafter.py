@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from scorer.config import DrafterConfig, derive_target_layer_ids
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.config import DrafterConfig, derive_target_layer_ids
+from scorer.families.dflash.model import DFlashDrafter
 
 V, MASK = 100, 99
 
@@ -259,7 +259,7 @@ def test_config_rejects_later_dflash_variants(change: dict, named: str) -> None:
 
 
 def test_auto_backend_falls_back_to_sdpa_when_flex_fails(monkeypatch) -> None:
-    import scorer.model as drafter_module
+    import scorer.families.dflash.model as drafter_module
 
     def broken_flex(*args, **kwargs):
         raise RuntimeError("no triton")

@@ -18,7 +18,8 @@ from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one
 from scorer.families.eagle3.init import init_eagle3, save_eagle3
 from scorer.families.eagle3.layouts import read_eagle3
-from scorer.features import sequence_features
+from scorer.sequences import sequence_features
+from tests.scorer.family_contract import FamilyContract
 
 
 def _features(cache, drafter, row: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -220,14 +221,15 @@ def test_unknown_layout_is_one_line_naming_it(scorer_cache, eagle3_drafter, tmp_
     assert "speculators_model_type 'peagle'" in result.output and "known: dflash, eagle3" in result.output
 
 
-def test_online_rounds_equal_offline_replay_hybrid_target(scorer_cache, eagle3_drafter):
-    """scorer online (the target verifying, vLLM's propose loop per round) == scorer eval."""
-    from scorer.online import run_online
+class TestEagle3Contract(FamilyContract):
+    """The family contract for EAGLE-3 (speculators layout, K 3); its online == offline case
+    replaces the hand-written hybrid-target one (vLLM's propose loop per round == scorer eval)."""
 
-    offline = evaluate(eagle3_drafter, scorer_cache, EvalConfig(n_boot=10, limit=2))
-    online = run_online(eagle3_drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=24, limit=2)
-    _assert_same_rounds(offline, online)
-    assert online["family"] == "eagle3"
+    family = "eagle3"
+
+    @pytest.fixture
+    def checkpoint(self, eagle3_drafter):
+        return str(eagle3_drafter)
 
 
 @pytest.mark.slow

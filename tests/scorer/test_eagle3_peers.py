@@ -25,7 +25,7 @@ import torch
 import hscache
 from scorer.evaluate import EvalConfig, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor
-from scorer.features import sequence_features
+from scorer.sequences import sequence_features
 
 PEERS = Path(__file__).resolve().parents[2] / ".peers"
 _STUBBED = (

@@ -12,11 +12,11 @@ import torch
 import hscache
 from hscache import schemas
 from hscache.capture.target import load_target
-from scorer.checkpoint import load_checkpoint, save_hf_checkpoint
 from scorer.errors import IncompatibleCacheError
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
-from scorer.model import DFlashDrafter
-from scorer.score import score_sequence
+from scorer.families.dflash.checkpoint import load_checkpoint, save_hf_checkpoint
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.families.dflash.score import score_sequence
 
 
 class _StandIn:
@@ -25,6 +25,8 @@ class _StandIn:
     block_hidden returns one-hot rows over the vocabulary, head is the identity: the draft of
     slot j at anchor p is whatever ``choose(p, j)`` says.
     """
+
+    path_candidates = 0  # the drafts are the per-slot argmax (no path selector)
 
     def __init__(self, block_size: int, vocab: int, choose):
         self.config = SimpleNamespace(block_size=block_size, mask_token_id=0, vocab_size=vocab)

@@ -14,11 +14,11 @@ from rich.console import Console
 
 import hscache
 import scorer
-from scorer.checkpoint import load_checkpoint
 from scorer.errors import CheckpointError
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.features import attach_cache_head
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.checkpoint import load_checkpoint
+from scorer.families.dflash.features import attach_cache_head
+from scorer.families.dflash.model import DFlashDrafter
 from scorer.report.html import render_eval_html
 from scorer.report.terminal import render_report
 

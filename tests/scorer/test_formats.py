@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scorer.checkpoint import load_checkpoint
-from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, UntrustedCheckpointError
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.checkpoint import load_checkpoint
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter
 
 H, V, L = 32, 100, 8  # hidden, target vocabulary, target layers
 

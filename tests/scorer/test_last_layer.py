@@ -10,9 +10,10 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
 import hscache
 from hscache.capture.final_norm import KINDS, describe_final_norm
 from hscache.capture.target import load_target
-from scorer.config import DrafterConfig
 from scorer.errors import IncompatibleCacheError
-from scorer.features import context_norm, feature_index, sequence_features
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.features import context_norm, feature_index
+from scorer.sequences import sequence_features
 
 
 def _config(layer_ids: tuple[int, ...], hidden: int) -> DrafterConfig:

@@ -36,7 +36,8 @@ from hscache.capture.builtin import build_builtin, builtin_mtp_weights
 from scorer.cli import main
 from scorer.errors import CheckpointError
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.rows import load_drafter, score_rows
+from scorer.rows import load_drafter
+from tests.scorer.family_contract import FamilyContract
 
 K = 3
 
@@ -202,7 +203,7 @@ def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
             torch.testing.assert_close(state, ref_states, rtol=1e-5, atol=1e-5)
     # scorer compare's timed round drafts what the replay drafted at that anchor
     from scorer.families.mtp import MTP
-    from scorer.features import sequence_features
+    from scorer.sequences import sequence_features
 
     features = sequence_features(
         cache.hidden_states(row), [cache.layer_ids.index(7)], torch.float32, "cpu", head.context_norm
@@ -256,30 +257,17 @@ def test_mtp_refusals_name_the_problem(scorer_cache):
         ready_head(two, *args)
 
 
-def test_mtp_online_equals_offline_round_for_round(scorer_cache):
-    """fp32, the hybrid built-in target verifying: the same drafts at every round, the same rounds."""
-    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
-    from hscache.capture.target import load_target
-    from scorer.families.mtp import online_proposer
-    from scorer.online import speculative_decode
+class TestMtpContract(FamilyContract):
+    """The family contract (tests/scorer/family_contract.py) for the target's MTP head; its
+    online == offline case replaces this module's hand-written one (vLLM's loop, fp32, the hybrid
+    built-in target verifying: the same K drafts at every round, the same rounds)."""
 
-    cache = hscache.open_cache(scorer_cache)
-    config = EvalConfig(num_speculative_tokens=K, ddtree=())
-    head, _ = load_drafter("target:mtp", cache, config)
-    offline = score_rows(head, cache, [0], config)[0]
-    target = load_target("builtin:tiny-qwen3.5", "fp32")
-    layer_ids, propose, report = online_proposer(target, "target:mtp", K)
-    assert layer_ids == [7] and report.format == "target_head"
-    drafts = []
+    family = "mtp"
+    config = EvalConfig(num_speculative_tokens=K, ddtree=(), n_boot=10)
 
-    def recording(hidden, ids, p):
-        drafts.append(propose(ids[: p + 1], hidden))
-        return drafts[-1]
+    @pytest.fixture
+    def checkpoint(self):
+        return "target:mtp"
 
-    record = next(iter_records(resolve_prompts("builtin:default")))
-    prompt = prompt_token_ids(record, target.tokenizer)
-    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, 24, 4096)
-    assert ids == cache.token_ids(0).tolist()  # the same text
-    assert np.array_equal(np.asarray(drafts), offline.chain_drafts)  # every round's K drafts
-    assert [p - offline.chain.anchors[0] for p in offline.chain.anchors] == list(np.cumsum([0, *rounds[:-1]]))
-    assert rounds == list(offline.chain.tokens)
+    def wrong_checkpoint(self, checkpoint, tmp_path):
+        return ["target:mtp-postnorm"], "unknown target head 'mtp-postnorm'"

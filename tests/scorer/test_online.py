@@ -8,6 +8,7 @@ import hscache
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.online import run_online
 from scorer.train import train_drafter
+from tests.scorer.family_contract import FamilyContract
 
 
 @pytest.mark.slow
@@ -45,8 +46,8 @@ def test_online_result_carries_schema_versions_and_hashes(trained_drafter, score
     from click.testing import CliRunner
 
     from hscache import schemas
-    from scorer.checkpoint import load_checkpoint
     from scorer.cli import main
+    from scorer.families.dflash.checkpoint import load_checkpoint
 
     out = tmp_path / "online.json"
     args = ["online", str(trained_drafter), "--max-new-tokens", "3", "--limit", "1", "--json", str(out)]
@@ -87,3 +88,14 @@ def test_sliding_window_drafter_online_equals_offline(scorer_cache, trained_draf
         assert on["tokens_per_round"] == tokens, off["record_id"]
     full = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=2))
     assert [r["accepted"] for r in full["per_request"]] != [r["accepted"] for r in offline["per_request"]]
+
+
+class TestDFlashContract(FamilyContract):
+    """The family contract (tests/scorer/family_contract.py) for DFlash: the session's trained
+    drafter (block 6) on the hybrid built-in target, round for round."""
+
+    family = "dflash"
+
+    @pytest.fixture
+    def checkpoint(self, trained_drafter):
+        return str(trained_drafter)

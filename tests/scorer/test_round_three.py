@@ -67,20 +67,20 @@ def test_init_refuses_a_file_and_a_non_empty_directory_and_replaces_whole(scorer
 
 def test_a_crash_while_writing_leaves_the_old_drafter_whole(scorer_cache, tmp_path, monkeypatch):
     """Issue 18.7: the config of a new drafter never sits next to the weights of the old one."""
-    import scorer.init
+    import scorer.families.dflash.init as dflash_init
     from scorer.init import init_drafter
 
     out = tmp_path / "drafter"
     init_drafter(scorer_cache, out, seed=0)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    real_save = scorer.init.save_hf_checkpoint
+    real_save = dflash_init.save_hf_checkpoint
 
     def crash_after_the_config(directory, config, state_dict, **kwargs):
         real_save(directory, config, state_dict, **kwargs)
         (Path(directory) / "model.safetensors").unlink()  # as if killed between the two files
         raise OSError("disk full")
 
-    monkeypatch.setattr(scorer.init, "save_hf_checkpoint", crash_after_the_config)
+    monkeypatch.setattr(dflash_init, "save_hf_checkpoint", crash_after_the_config)
     with pytest.raises(OSError, match="disk full"):
         init_drafter(scorer_cache, out, seed=1, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

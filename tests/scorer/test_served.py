@@ -56,7 +56,8 @@ def _dflash_block(drafter, features, y, a):
 
 
 def _features(drafter, cache, row):
-    from scorer.features import feature_index, sequence_features
+    from scorer.families.dflash.features import feature_index
+    from scorer.sequences import sequence_features
 
     index = feature_index(drafter.config, cache.layer_ids)
     return sequence_features(
@@ -168,7 +169,7 @@ def test_probabilistic_dflash2_selector_q_equals_an_explicit_walk(
 ):
     """DFlash2's proposal at slot j: softmax over its candidates of the selector's scores / T with the
     predecessor y_{a+j-1}; 0 off the candidates (a perturbed selector, so the scores matter)."""
-    from scorer.families.block_proposals import block_log_q
+    from scorer.families.dflash.proposals import block_log_q
     from scorer.families.dflash2.init import init_from_dflash
 
     cache = hscache.open_cache(sampled_scorer_cache)

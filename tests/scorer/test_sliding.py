@@ -3,7 +3,7 @@
 `_zlab_forward` re-implements, line for line, `dflash/model.py` of the `dflash==0.1.0` wheel
 (`_attention_mask`, `apply_rotary_pos_emb`, `Qwen3DFlashAttention.forward`,
 `Qwen3DFlashDecoderLayer.forward`, `DFlashDraftModel.forward`) on transformers' own Qwen3
-modules, so nothing of scorer.model is shared with the oracle.
+modules, so nothing of scorer.families.dflash.model is shared with the oracle.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import torch
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmbedding, rotate_half
 
-from scorer.attention import block_sparse_mask, flex_mask_mod
-from scorer.config import DrafterConfig
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.attention import block_sparse_mask, flex_mask_mod
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter
 
 V, MASK, W = 100, 99, 8
 SPECFORGE_TYPES = ["sliding_attention"] * 2 + ["full_attention"]  # qwen3.6-27b-dflash.json, 3 layers

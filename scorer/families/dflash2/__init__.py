@@ -3,7 +3,7 @@
 A checkpoint is DFlash2 when its architecture names DFlash2 (NeMo's ``Qwen3DFlash2DraftModel``,
 z-lab's ``DFlash2DraftModel``), its ``dflash_config`` sets a DFlash2 key, or its weights hold the
 convolutions or the selector. The DFlash loader reads everything else (scorer.families.dflash);
-the drafts of every anchor are the selector's paths (scorer.score), replayed by the shared loop.
+the drafts of every anchor are the selector's paths (scorer.families.dflash.score), replayed by the shared loop.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scorer.checkpoint import CheckpointVariant, LoadedCheckpoint
 from scorer.errors import CheckpointError
 from scorer.families import dflash
 from scorer.families.base import CheckpointProbe, Family, OnlineOptions, Proposer
-from scorer.families.block_proposals import block_proposals
+from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
+from scorer.families.dflash.proposals import block_proposals
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
 
 __all__ = ["DFLASH2", "VARIANT", "build_dflash2"]
@@ -108,6 +108,19 @@ def cost(drafter: DFlash2Drafter, tau: float, context: float) -> dict[str, Any]:
     return out
 
 
+def init(cache_path: str | Path, out: str | Path, *, from_dir: str | Path, **options: Any) -> DFlash2Config:
+    """``scorer init --family dflash2 --from DIR``: the DFlash drafter at ``from_dir`` at DFlash2's
+    identity start (init.py), recording the cache's target; its config."""
+    import hscache
+    from scorer.families.dflash2.init import init_from_dflash
+    from scorer.target_identity import cache_target_identity
+
+    view = hscache.open_cache(cache_path)  # the parent is checked against it before anything is written
+    identity = cache_target_identity(view)
+    path = init_from_dflash(from_dir, out, target_identity=identity, cache=view, **options)
+    return build_dflash2(load_checkpoint(path, variant=VARIANT)).config
+
+
 DFLASH2 = Family(
     name="dflash2",
     layouts=(
@@ -122,4 +135,8 @@ DFLASH2 = Family(
     cost=cost,
     time_round=dflash.time_round,
     proposals=block_proposals,
+    display_name="DFlash2",
+    eval_options=dflash.EVAL_OPTIONS,
+    init=init,
+    init_options=("from_dir",),
 )

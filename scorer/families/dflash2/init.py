@@ -16,10 +16,10 @@ import torch
 
 from hscache.store.fsio import atomic_write_with
 from hscache.store.view import CacheView
-from scorer.checkpoint import load_checkpoint
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.families.dflash.checkpoint import load_checkpoint
+from scorer.families.dflash.features import check_compatible
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
-from scorer.features import check_compatible
 from scorer.target_identity import (
     IDENTITY_KEY,
     cache_target_identity,

@@ -14,7 +14,7 @@ draft_qwen3_dflash2.py`` (nemo-automodel 0.7.0):
   hidden projection) and the path walks from the anchor token, taking the best successor of the
   token it just chose at each slot.
 
-The backbone is scorer.model.DFlashDrafter; its layers call the convolutions through
+The backbone is scorer.families.dflash.model.DFlashDrafter; its layers call the convolutions through
 ``attention_input`` / ``finish``. Parameter names are NeMo's checkpoint keys
 (``layers.N.{attention,mlp}_conv.{base_kernel,kernel_projection.weight}``,
 ``candidate_selector.{predecessor_codebook,successor_codebook,hidden_projection.weight}``).
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scorer.config import DrafterConfig
-from scorer.model import DFlashDrafter
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter, DFlashLayer
 
 __all__ = ["CandidateSelector", "DFlash2Config", "DFlash2Drafter", "GroupedDynamicCausalConv"]
 
@@ -150,20 +150,43 @@ class CandidateSelector(nn.Module):
         return torch.stack(path, dim=1)
 
 
+class DFlash2Layer(DFlashLayer):
+    """A DFlash layer with DFlash2's in-block convolutions around each sublayer."""
+
+    def __init__(self, c: DrafterConfig, kernel_size: int, group_size: int) -> None:
+        super().__init__(c)
+        self.attention_conv = GroupedDynamicCausalConv(c.hidden_size, kernel_size, group_size)
+        self.mlp_conv = GroupedDynamicCausalConv(c.hidden_size, kernel_size, group_size)
+
+    def attention_input(self, h: torch.Tensor, B: int) -> tuple[torch.Tensor, Any]:
+        return self.attention_conv.prepare(self.input_layernorm(h), B)
+
+    def attention_output(self, out: torch.Tensor, state: Any, B: int) -> torch.Tensor:
+        return self.attention_conv.finish(out, state, B)
+
+    def mlp_block(self, x: torch.Tensor, B: int) -> torch.Tensor:
+        x, conv = self.mlp_conv.prepare(x, B)
+        return self.mlp_conv.finish(self.mlp(x), conv, B)
+
+
 class DFlash2Drafter(DFlashDrafter):
     """The DFlash backbone with DFlash2's convolutions in every layer and the path selector."""
 
     family = "dflash2"
 
     def __init__(self, config: DFlash2Config) -> None:
-        super().__init__(config.base)
-        self.config = config  # type: ignore[assignment]  # DFlash2Config reads through to the base
         c = config
-        for layer in self.layers:
-            layer.attention_conv = GroupedDynamicCausalConv(
-                c.hidden_size, c.conv_kernel_size, c.conv_group_size
-            )
-            layer.mlp_conv = GroupedDynamicCausalConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
+        super().__init__(c.base, layer=lambda base: DFlash2Layer(base, c.conv_kernel_size, c.conv_group_size))
+        self.config = config  # type: ignore[assignment]  # DFlash2Config reads through to the base
         self.candidate_selector = CandidateSelector(
             c.vocab_size, c.hidden_size, c.selector_rank, c.selector_top_k
         )
+
+    @property
+    def path_candidates(self) -> int:  # type: ignore[override]
+        return self.candidate_selector.top_k
+
+    def choose_path(
+        self, hidden: torch.Tensor, unary: torch.Tensor, candidate_ids: torch.Tensor, anchor_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return self.candidate_selector.walk(hidden, unary, candidate_ids, anchor_ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,17 +14,22 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.autoregressive import check_tree, tree_depths
 from scorer.families.base import CheckpointProbe, Family, attention_flops, linear_params
-from scorer.families.dflash import category_of
 from scorer.families.eagle3.config import is_eagle3_config
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.families.eagle3.online import online
 from scorer.families.eagle3.proposal import eagle3_proposals
-from scorer.features import sequence_features
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import replay_chain, round_loop
-from scorer.score import SequenceResult
+from scorer.replay import round_loop
+from scorer.sequences import (
+    CachedSequence,
+    SequenceResult,
+    chain_parts,
+    result_from_parts,
+    score_each,
+    sequence_features,
+)
 
 __all__ = ["EAGLE3", "score_sequence_eagle3"]
 
@@ -53,8 +59,8 @@ def score_sequence_eagle3(
     K = drafter.config.num_speculative_tokens
     x, a = token_ids.cpu().numpy(), target_argmax.cpu().numpy()
     draft = draft_every_anchor(drafter, features, token_ids, prompt_len, K, memory_gb=memory_gb)
-    chain = replay_chain(draft, x, a, prompt_len, K + 1)
-    visited = np.asarray([p - prompt_len for p in chain.anchors], dtype=np.int64)
+    if not len(draft):
+        draft = np.zeros((0, K), dtype=np.int64)
     extras = {}
     if teacher_forced:
         forced = draft_every_anchor(
@@ -72,19 +78,7 @@ def score_sequence_eagle3(
         while not loop.done:
             loop.step(int(depths[loop.p - prompt_len]))
         extras["tree"] = loop.log()
-    return SequenceResult(
-        row=row,
-        record_id=record_id,
-        category=category,
-        chain=chain,
-        ddtree={},
-        ddtree_surrogate={},
-        acceptance=acceptance_counts(draft, x, a, prompt_len),
-        accept_len=train_accept_len(draft, x, a, prompt_len),
-        chain_drafts=draft[visited] if len(visited) else np.zeros((0, K), dtype=np.int64),
-        drafted_anchors=len(draft),
-        extras=extras,
-    )
+    return result_from_parts(row, record_id, category, chain_parts(draft, x, a, prompt_len), extras)
 
 
 def score_rows(
@@ -98,27 +92,22 @@ def score_rows(
     (vLLM captures aux states as ``hidden_states + residual``, before any final norm)."""
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     dtype = DTYPES[config.dtype]
-    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
-    results = []
-    for row in rows:
-        features = sequence_features(cache.hidden_states(row), index, dtype, config.device, None)
-        results.append(
-            score_sequence_eagle3(
-                drafter,
-                features,
-                cache.token_ids(row),
-                cache.target_argmax(row),
-                prompt_lens[row].as_py(),
-                row=row,
-                record_id=record_ids[row].as_py(),
-                category=category_of(cache, row),
-                memory_gb=config.memory_gb,
-                tree=config.tree,
-            )
+
+    def score(seq: CachedSequence) -> SequenceResult:
+        return score_sequence_eagle3(
+            drafter,
+            sequence_features(seq.hidden_states(), index, dtype, config.device, None),
+            seq.token_ids(),
+            seq.target_argmax(),
+            seq.prompt_len,
+            row=seq.row,
+            record_id=seq.record_id,
+            category=seq.category,
+            memory_gb=config.memory_gb,
+            tree=config.tree,
         )
-        if on_sequence:
-            on_sequence(results[-1])
-    return results
+
+    return score_each(cache, rows, score, on_sequence)
 
 
 def _effective(config: Any) -> Any:
@@ -171,6 +160,28 @@ def time_round(
         return time.perf_counter() - t0, out
 
 
+def _layout_options(layout: str, options: dict[str, Any]) -> dict[str, Any]:
+    # SpecForge and the original release hold the Llama layer: no q/k norms.
+    return {**options, "layout": layout, **({} if layout == "speculators" else {"qk_norm": False})}
+
+
+def init(cache_path: str | Path, out: str | Path, *, layout: str = "speculators", **options: Any) -> Any:
+    """``scorer init --family eagle3``: a random drafter in ``layout`` (init.py), its config."""
+    from scorer.families.eagle3.init import init_eagle3
+
+    return init_eagle3(cache_path, out, **_layout_options(layout, options))[0]
+
+
+def train(cache_path: str | Path, out: str | Path, *, layout: str = "speculators", **options: Any) -> dict:
+    """``scorer init --family eagle3 --train-steps N``: train.py's CPU trainer (TTT steps)."""
+    from scorer.families.eagle3.train import train_eagle3
+
+    return train_eagle3(cache_path, out, **_layout_options(layout, options))
+
+
+# The EvalConfig fields a drafter of K chained tokens reads (MTP reads the same).
+EVAL_OPTIONS = frozenset({"num_speculative_tokens", "tree"})
+
 EAGLE3 = Family(
     name="eagle3",
     layouts=(
@@ -187,4 +198,9 @@ EAGLE3 = Family(
     cost=cost,
     time_round=time_round,
     proposals=eagle3_proposals,
+    display_name="EAGLE-3",
+    eval_options=EVAL_OPTIONS,
+    init=init,
+    train=train,
+    init_options=("layout", "num_layers", "num_speculative_tokens"),
 )

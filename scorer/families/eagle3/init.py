@@ -21,7 +21,7 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
-from scorer.features import check_has_target
+from scorer.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["EAGLE3_LAYOUTS", "eagle3_config_for_cache", "init_eagle3", "save_eagle3"]
@@ -201,15 +201,28 @@ def init_eagle3(
     if config.draft_vocab_size < config.vocab_size:
         ids = torch.arange(config.draft_vocab_size) * (config.vocab_size // config.draft_vocab_size)
         d2t = ids - torch.arange(config.draft_vocab_size)
-    embed = cache.target_head()["embed_tokens"]
+    publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout, d2t)
+    return config, drafter
+
+
+def publish_eagle3(
+    out: str | Path,
+    overwrite: bool,
+    cache: CacheView,
+    config: Eagle3Config,
+    state_dict: dict[str, torch.Tensor],
+    layout: str,
+    d2t: torch.Tensor | None = None,
+) -> None:
+    """Write a drafter made for ``cache`` whole at ``out`` in ``layout`` (scorer/drafter_dir.py),
+    the target's embedding beside it and the cache's target recorded (scorer/target_identity.py)."""
     with staged_drafter_dir(out, overwrite) as staging:
         save_eagle3(
             staging,
             config,
-            drafter.state_dict(),
+            state_dict,
             layout=layout,
-            embed_tokens=embed,
+            embed_tokens=cache.target_head()["embed_tokens"],
             d2t=d2t,
             extra_config={IDENTITY_KEY: cache_target_identity(cache)},
         )
-    return config, drafter

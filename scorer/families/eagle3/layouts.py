@@ -22,8 +22,7 @@ import torch
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadReport, combine_file_digests, file_digests, state_dict_sha256
-from scorer.errors import CheckpointError, IncompatibleCacheError
+from scorer.errors import CheckpointError
 from scorer.families.eagle3.config import (
     ENGINE_DEFAULT_K,
     ENGINE_DEFAULT_K_SOURCE,
@@ -32,8 +31,12 @@ from scorer.families.eagle3.config import (
     from_speculators,
 )
 from scorer.families.eagle3.model import Eagle3Drafter
-from scorer.features import layer_fit_problem
-from scorer.formats.files import FORMAT_PICKLE, few, read_json, read_weights, resolve_files
+from scorer.formats.checkpoint_io import (
+    LoadReport,
+    check_state_dict,
+)
+from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
+from scorer.sequences import check_fits, fit_problems
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
@@ -66,24 +69,7 @@ def _normalize(
 
 
 def _validate(sd: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> None:
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in Eagle3Drafter(config).state_dict().items()}
-    missing = sorted(expected.keys() - sd.keys())
-    unexpected = sorted(sd.keys() - expected.keys())
-    wrong = [
-        f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
-        for k in sorted(expected.keys() & sd.keys())
-        if tuple(sd[k].shape) != expected[k]
-    ]
-    problems = [
-        f"{label} {few(keys)}"
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError(
-            f"{root} is not an EAGLE-3 checkpoint matching its config: {'; '.join(problems)}"
-        )
+    check_state_dict(sd, lambda: Eagle3Drafter(config), f"{root} is not an EAGLE-3 checkpoint")
 
 
 def _d2t(head: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> torch.Tensor | None:
@@ -161,13 +147,11 @@ def read_eagle3(
         raise CheckpointError(f"{root}: invalid EAGLE-3 config: {e}") from e
     weights, head, changes = _normalize(raw)
     _validate(weights, eagle, root)
-    file_sha = file_digests(root, files)
-    report = LoadReport(
-        path=str(root),
-        format=fmt,
-        file_sha256=file_sha,
-        sha256=combine_file_digests(file_sha),
-        weights_sha256=state_dict_sha256(weights),
+    report = LoadReport.of_files(
+        root,
+        fmt,
+        files,
+        weights,
         field_sources=_source_kinds(sources),
         stripped_prefixes=tuple(c for c in changes if not c.startswith("dropped")),
         dropped_keys=tuple(c.removeprefix("dropped ") for c in changes if c.startswith("dropped")),
@@ -202,21 +186,13 @@ def _source_kinds(sources: dict[str, str]) -> dict[str, str]:
 
 def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: str) -> None:
     """One IncompatibleCacheError naming every mismatch (layers, hidden size, vocabulary)."""
-    problems = []
-    if layers := layer_fit_problem(config.target_layer_ids, cache, cache_name, what="target layers"):
-        problems.append(layers)
-    hidden = int(cache.specs["hidden_states"].row_shape[1])
-    if hidden != config.feature_size:
-        what = "target_hidden_size" if config.target_hidden_size else "hidden_size"
-        problems.append(
-            f"drafter {what} {config.feature_size} != target hidden size {hidden} in {cache_name}"
+    field = "target_hidden_size" if config.target_hidden_size else "hidden_size"
+    vocab, layers, size = config.vocab_size, config.target_layer_ids, config.feature_size
+    check_fits(
+        fit_problems(
+            cache, cache_name, layer_ids=layers, feature_size=size, vocab_size=vocab, feature_field=field
         )
-    if config.vocab_size != cache.vocab_size:
-        problems.append(
-            f"drafter vocab_size {config.vocab_size} != target vocabulary {cache.vocab_size} in {cache_name}"
-        )
-    if problems:
-        raise IncompatibleCacheError("; ".join(problems))
+    )
 
 
 def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[Eagle3Drafter, Any]:

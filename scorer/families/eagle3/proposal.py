@@ -18,7 +18,7 @@ from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.autoregressive import rows_per_chunk
-from scorer.features import sequence_features
+from scorer.sequences import sequence_features
 from scorer.served import head_log_q
 from scorer.verification import slot_tokens, target_to_draft_index
 

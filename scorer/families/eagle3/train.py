@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import hscache
-from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import IncompatibleCacheError
-from scorer.families.eagle3.init import eagle3_config_for_cache, save_eagle3
+from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
-from scorer.features import check_has_target, layer_fit_problem
-from scorer.target_identity import IDENTITY_KEY, cache_target_identity
+from scorer.sequences import check_has_target, layer_fit_problem
 
 __all__ = ["train_eagle3"]
 
@@ -84,13 +83,5 @@ def train_eagle3(
             optimizer.step()
             if on_step is not None:
                 on_step(step + 1, float(loss.detach()))
-    with staged_drafter_dir(out, overwrite) as staging:
-        save_eagle3(
-            staging,
-            config,
-            drafter.state_dict(),
-            layout=layout,
-            embed_tokens=head["embed_tokens"],
-            extra_config={IDENTITY_KEY: cache_target_identity(cache)},
-        )
+    publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout)
     return {"final_loss": float(loss.detach()), "config": config}

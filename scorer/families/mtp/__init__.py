@@ -20,7 +20,6 @@ from hscache.capture.final_norm import KINDS, apply_final_norm, final_norm_modul
 from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import LoadReport, state_dict_sha256
 from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.base import (
     TARGET_PREFIX,
@@ -31,13 +30,15 @@ from scorer.families.base import (
     Proposer,
     attention_flops,
     linear_params,
+    target_head_name,
 )
 from scorer.families.mtp.draft import TreeSteps, chain_outputs, draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpConfig, MtpHead
 from scorer.families.mtp.proposal import mtp_log_q
+from scorer.formats.checkpoint_io import LoadReport, state_dict_sha256
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import replay_chain, round_loop
-from scorer.score import SequenceResult
+from scorer.replay import round_loop
+from scorer.sequences import CachedSequence, SequenceResult, chain_parts, result_from_parts, score_each
 
 __all__ = [
     "HEADS",
@@ -67,7 +68,7 @@ class LoadedHead:
 
 
 def _claims(probe: CheckpointProbe) -> bool:
-    return probe.path.startswith(TARGET_PREFIX) and probe.path[len(TARGET_PREFIX) :] in HEADS
+    return target_head_name(probe.path) in HEADS
 
 
 def mtp_config(
@@ -145,7 +146,7 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
         IncompatibleCacheError: the cache stores no MTP head, or lacks the layer / norm it reads.
         CheckpointError: the stored head's keys or shapes do not fit the target's config.
     """
-    name = str(checkpoint)[len(TARGET_PREFIX) :]
+    name = target_head_name(checkpoint) or ""
     where = str(getattr(cache, "url", cache.path))
     _refuse_block_flags(checkpoint, config.block_size, config.overrides)
     stored = cache.target_mtp()
@@ -275,7 +276,7 @@ def online_proposer(
     """
     from hscache.capture.mtp import target_mtp_weights
 
-    name = checkpoint[len(TARGET_PREFIX) :]
+    name = target_head_name(checkpoint) or ""
     _refuse_block_flags(checkpoint, None, overrides)
     if name not in HEADS:
         raise CheckpointError(
@@ -372,19 +373,7 @@ def score_sequence_mtp(
         draft = forced = np.zeros((0, B - 1), dtype=np.int64)
     extras["teacher_forced_acceptance"] = acceptance_counts(forced, x, a, prompt_len)
     extras["teacher_forced_accept_len"] = train_accept_len(forced, x, a, prompt_len)
-    chain = replay_chain(draft, x, a, prompt_len, B)
-    visited = np.asarray([p - prompt_len for p in chain.anchors], dtype=np.int64)
-    chain_drafts = draft[visited] if len(visited) else np.zeros((0, B - 1), dtype=np.int64)
-    parts = (
-        chain,
-        {},
-        {},
-        chain_drafts,
-        acceptance_counts(draft, x, a, prompt_len),
-        train_accept_len(draft, x, a, prompt_len),
-        len(draft),
-    )
-    return parts, extras
+    return chain_parts(draft, x, a, prompt_len), extras
 
 
 def score_rows(
@@ -395,41 +384,16 @@ def score_rows(
     on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` with the MTP head (the distributed unit of work)."""
-    from scorer.families.dflash import category_of
-
     dtype = DTYPES[config.dtype]
-    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
-    results = []
-    for row in rows:
-        hidden = mtp_hidden(head, cache.hidden_states(row), cache.layer_ids, dtype, config.device)
+
+    def score(seq: CachedSequence) -> SequenceResult:
+        hidden = mtp_hidden(head, seq.hidden_states(), cache.layer_ids, dtype, config.device)
         parts, extras = score_sequence_mtp(
-            head,
-            hidden,
-            cache.token_ids(row),
-            cache.target_argmax(row),
-            prompt_lens[row].as_py(),
-            config.memory_gb,
-            config.tree,
+            head, hidden, seq.token_ids(), seq.target_argmax(), seq.prompt_len, config.memory_gb, config.tree
         )
-        chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = parts
-        results.append(
-            SequenceResult(
-                row=row,
-                record_id=record_ids[row].as_py(),
-                category=category_of(cache, row),
-                chain=chain,
-                ddtree=ddtree,
-                ddtree_surrogate=surrogate,
-                acceptance=acceptance,
-                accept_len=accept_len,
-                chain_drafts=chain_drafts,
-                drafted_anchors=drafted,
-                extras=extras,
-            )
-        )
-        if on_sequence:
-            on_sequence(results[-1])
-    return results
+        return result_from_parts(seq.row, seq.record_id, seq.category, parts, extras)
+
+    return score_each(cache, rows, score, on_sequence)
 
 
 def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, LoadReport]:
@@ -497,4 +461,7 @@ MTP = Family(
     cost=cost,
     time_round=time_round,
     proposals=proposals,
+    display_name="MTP head",
+    bound_to_target=True,
+    eval_options=frozenset({"num_speculative_tokens", "tree"}),
 )

@@ -15,7 +15,6 @@ Memory: the context is projected once per sequence; the vocabulary projection (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,38 +22,17 @@ import torch
 
 from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows, row_chunks
 from scorer.ddtree import build_tree, surrogate_tau
-from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train_accept_len
-from scorer.model import DFlashDrafter
-from scorer.replay import RoundLog, chain_depth, replay_chain, replay_ddtree, round_loop, tree_depth
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.metrics import acceptance_counts, train_accept_len
+from scorer.replay import chain_depth, replay_chain, replay_ddtree, round_loop, tree_depth
+from scorer.sequences import ANCHOR_MODES, SequenceResult, result_from_parts
 
 __all__ = [
-    "ANCHOR_MODES",
-    "SequenceResult",
     "block_drafts",
     "draft_all_anchors",
     "score_sequence",
     "score_sequences_chain",
 ]
-
-ANCHOR_MODES = ("all", "chain")
-
-
-@dataclass
-class SequenceResult:
-    """Everything the report needs from one sequence; small and picklable (dask ships it)."""
-
-    row: int
-    record_id: str
-    category: str | None
-    chain: RoundLog
-    ddtree: dict[int, RoundLog]
-    ddtree_surrogate: dict[int, tuple[float, int]]  # budget -> (sum over visited trees, trees)
-    acceptance: AcceptanceCounts | None  # None with anchors="chain": it needs every anchor
-    accept_len: AcceptLen | None
-    chain_drafts: np.ndarray = field(repr=False)  # [rounds, B-1] the drafts of visited anchors
-    drafted_anchors: int = 0  # blocks the drafter ran for this sequence
-    # Family-specific numbers that add across sequences (e.g. EAGLE-3's teacher-forced counts).
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class _Drafts:
@@ -112,17 +90,17 @@ def _project(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Head rows ``[n*(B-1), H]`` -> argmax ``[n, B-1]`` (+ top-K log-probs), in row chunks of ``rows``.
 
-    A drafter with a ``candidate_selector`` (DFlash2) drafts its selector's path instead of the
-    per-slot argmax: each slot's top candidates are kept from the same chunks, then the walk runs
-    from ``anchor_tokens`` [n] (the blocks' slot-0 tokens).
+    A drafter with ``path_candidates`` (DFlash2's selector) drafts its path instead of the
+    per-slot argmax: each slot's top candidates are kept from the same chunks, then
+    ``choose_path`` walks from ``anchor_tokens`` [n] (the blocks' slot-0 tokens).
     """
-    selector = getattr(drafter, "candidate_selector", None)
+    top_k = drafter.path_candidates
     drafts, vals, ids, unary, candidates = [], [], [], [], []
     for lo, hi, new in row_chunks(flat.shape[0], rows):
         logits = drafter.head(flat[lo:hi])[new - lo :].float()
         drafts.append(logits.argmax(-1))
-        if selector is not None:  # NeMo walk: torch.topk of the draft logits, in the drafter's dtype
-            top = torch.topk(logits.to(flat.dtype), selector.top_k, dim=-1)
+        if top_k:  # NeMo walk: torch.topk of the draft logits, in the drafter's dtype
+            top = torch.topk(logits.to(flat.dtype), top_k, dim=-1)
             unary.append(top.values)
             candidates.append(top.indices)
         if tree_k:
@@ -130,8 +108,8 @@ def _project(
             vals.append(top.values)
             ids.append(top.indices)
     shape = (flat.shape[0] // (drafter.config.block_size - 1), drafter.config.block_size - 1)
-    if selector is not None and flat.shape[0]:
-        path = selector.walk(
+    if top_k and flat.shape[0]:
+        path = drafter.choose_path(
             flat.reshape(*shape, -1),
             torch.cat(unary).reshape(*shape, -1),
             torch.cat(candidates).reshape(*shape, -1),
@@ -322,24 +300,7 @@ def score_sequence(
             drafter, features, token_ids, max(budgets, default=0), max_blocks_per_forward, memory_gb
         )
         parts = (_score_all if anchors == "all" else _score_chain)(drafts, x, a, prompt_len, B, budgets)
-    return _result(row, record_id, category, parts)
-
-
-def _result(row: int, record_id: str, category: str | None, parts: tuple) -> SequenceResult:
-    """A SequenceResult from the 7 parts both scoring paths produce (chain ... drafted anchors)."""
-    chain, ddtree, surrogate, chain_drafts, acceptance, accept_len, drafted = parts
-    return SequenceResult(
-        row=row,
-        record_id=record_id,
-        category=category,
-        chain=chain,
-        ddtree=ddtree,
-        ddtree_surrogate=surrogate,
-        acceptance=acceptance,
-        accept_len=accept_len,
-        chain_drafts=chain_drafts,
-        drafted_anchors=drafted,
-    )
+    return result_from_parts(row, record_id, category, parts)
 
 
 def score_sequences_chain(
@@ -394,21 +355,8 @@ def score_sequences_chain(
             )
             continue
         results.append(
-            _result(seq.get("row", 0), seq.get("record_id", ""), seq.get("category"), state.parts(B))
+            result_from_parts(
+                seq.get("row", 0), seq.get("record_id", ""), seq.get("category"), state.parts(B)
+            )
         )
     return results
-
-
-def result_summary(result: SequenceResult) -> dict[str, Any]:
-    """Per-request line of the report."""
-    return {
-        "row": result.row,
-        "record_id": result.record_id,
-        "category": result.category,
-        "rounds": result.chain.n_rounds,
-        "tokens": result.chain.n_tokens,
-        "tau": result.chain.tau,
-        "rounds_cut_off_greedy": result.chain.n_cut_off_greedy,
-        "off_greedy_positions": result.chain.off_greedy_positions,
-        "ddtree_tau": {str(b): log.tau for b, log in result.ddtree.items()},
-    }

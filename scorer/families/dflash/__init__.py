@@ -1,7 +1,7 @@
 """The DFlash family (spec/dflash.md): block drafting from one forward, DDTree.
 
-Its config mapping (scorer.config), model (scorer.model), layout readers (scorer.checkpoint,
-scorer.formats) and per-sequence scoring (scorer.score) predate the family seam and stay where
+Its config mapping (scorer.families.dflash.config), model (scorer.families.dflash.model), layout readers (scorer.families.dflash.checkpoint,
+scorer.formats) and per-sequence scoring (scorer.families.dflash.score) predate the family seam and stay where
 they are; this module is the family's entry in the registry: how it is recognised, loaded and
 scored on the shared replay loop.
 """
@@ -16,8 +16,6 @@ from typing import Any
 from hscache.capture.target import check_device
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.checkpoint import CheckpointVariant, LoadedCheckpoint, in_memory_checkpoint, load_checkpoint
-from scorer.config import DrafterConfig
 from scorer.errors import CheckpointError, ScorerError
 from scorer.families.base import (
     CheckpointProbe,
@@ -27,27 +25,42 @@ from scorer.families.base import (
     Proposer,
     attention_flops,
     linear_params,
+    target_head_name,
 )
-from scorer.families.block_proposals import block_proposals
-from scorer.features import (
+from scorer.families.dflash.checkpoint import (
+    CheckpointVariant,
+    LoadedCheckpoint,
+    in_memory_checkpoint,
+    load_checkpoint,
+)
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.features import (
     attach_cache_head,
     cache_fallbacks,
     check_compatible,
-    check_scorable,
     context_norm,
     feature_index,
+)
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.families.dflash.proposals import block_proposals
+from scorer.families.dflash.score import block_drafts, score_sequence, score_sequences_chain
+from scorer.sequences import (
+    CachedSequence,
+    SequenceResult,
+    cached_sequences,
+    check_scorable,
+    score_each,
     sequence_features,
 )
-from scorer.model import DFlashDrafter
-from scorer.score import SequenceResult, block_drafts, score_sequence, score_sequences_chain
 
-__all__ = ["DFLASH", "category_of", "dflash_proposer", "module_drafter", "target_fallbacks"]
+__all__ = ["DFLASH", "dflash_proposer", "module_drafter", "target_fallbacks"]
 
 
 def _claims(probe: CheckpointProbe) -> bool:
-    # The default family: anything that is not a target head (DFlash's loader names what is
-    # wrong with a file that turns out to be something else).
-    return not probe.path.startswith("target:")
+    # The fallback family (Family.fallback): the registry asks it only when no other family claims
+    # the checkpoint, whatever the order of FAMILIES; DFlash's loader then names what is wrong
+    # with a file that turns out to be something else. A target head is never a DFlash file.
+    return target_head_name(probe.path) is None
 
 
 def _overrides(config: Any) -> dict[str, Any]:
@@ -193,14 +206,6 @@ def module_drafter(
     return drafter, loaded
 
 
-def category_of(cache: CacheView, row: int) -> str | None:
-    """The index's ``category`` of ``row`` (None when the cache has no categories)."""
-    if "category" not in cache.index.column_names:
-        return None
-    value = cache.index.column("category")[row].as_py()
-    return None if value is None else str(value)
-
-
 def score_rows(
     drafter: DFlashDrafter,
     cache: CacheView,
@@ -212,21 +217,23 @@ def score_rows(
     ``on_sequence`` gets each result as it is done (progress)."""
     index = feature_index(drafter.config, cache.layer_ids)
     dtype = DTYPES[config.dtype]
-    # Per row, never the whole index as Python lists (a cache may index millions of sequences).
-    record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
     norm = getattr(drafter, "context_norm", None)  # the last layer as hidden_states[L] (features.py)
+
+    def features(sequence: CachedSequence) -> Any:
+        return sequence_features(sequence.hidden_states(), index, dtype, config.device, norm)
+
     if config.anchors == "chain":  # all rows' replays in lockstep: one head projection per step
         sequences = [
             {
-                "features": sequence_features(cache.hidden_states(row), index, dtype, config.device, norm),
-                "token_ids": cache.token_ids(row),
-                "target_argmax": cache.target_argmax(row),
-                "prompt_len": prompt_lens[row].as_py(),
-                "row": row,
-                "record_id": record_ids[row].as_py(),
-                "category": category_of(cache, row),
+                "features": features(seq),
+                "token_ids": seq.token_ids(),
+                "target_argmax": seq.target_argmax(),
+                "prompt_len": seq.prompt_len,
+                "row": seq.row,
+                "record_id": seq.record_id,
+                "category": seq.category,
             }
-            for row in rows
+            for seq in cached_sequences(cache, rows)
         ]
         results = score_sequences_chain(
             drafter,
@@ -239,28 +246,24 @@ def score_rows(
             for result in results:
                 on_sequence(result)
         return results
-    results = []
-    for row in rows:
-        features = sequence_features(cache.hidden_states(row), index, dtype, config.device, norm)
-        results.append(
-            score_sequence(
-                drafter,
-                features,
-                cache.token_ids(row),
-                cache.target_argmax(row),
-                prompt_lens[row].as_py(),
-                row=row,
-                record_id=record_ids[row].as_py(),
-                category=category_of(cache, row),
-                ddtree_budgets=tuple(config.ddtree),
-                max_blocks_per_forward=config.max_blocks_per_forward,
-                anchors=config.anchors,
-                memory_gb=config.memory_gb,
-            )
+
+    def score(seq: CachedSequence) -> SequenceResult:
+        return score_sequence(
+            drafter,
+            features(seq),
+            seq.token_ids(),
+            seq.target_argmax(),
+            seq.prompt_len,
+            row=seq.row,
+            record_id=seq.record_id,
+            category=seq.category,
+            ddtree_budgets=tuple(config.ddtree),
+            max_blocks_per_forward=config.max_blocks_per_forward,
+            anchors=config.anchors,
+            memory_gb=config.memory_gb,
         )
-        if on_sequence:
-            on_sequence(results[-1])
-    return results
+
+    return score_each(cache, rows, score, on_sequence)
 
 
 def target_fallbacks(target: Any) -> dict[str, Any]:
@@ -398,6 +401,37 @@ def time_round(
         return time.perf_counter() - t0, out
 
 
+# The EvalConfig fields a block drafter reads (DFlash2 reads the same).
+EVAL_OPTIONS = frozenset(
+    {
+        "block_size",
+        "ddtree",
+        "anchors",
+        "max_blocks_per_forward",
+        "target_layer_ids",
+        "mask_token_id",
+        "rope_theta",
+    }
+)
+
+
+def init(cache_path: str | Path, out: str | Path, **options: Any) -> DrafterConfig:
+    """``scorer init --family dflash``: a random DFlash drafter (init.py), its config."""
+    from scorer.families.dflash.init import init_drafter
+
+    return init_drafter(cache_path, out, **options)[0]
+
+
+def train(cache_path: str | Path, out: str | Path, **options: Any) -> dict[str, Any]:
+    """``scorer init --family dflash --train-steps N``: train.py's CPU trainer (with a progress
+    callback ``on_step``, no printed loss lines unless ``log_every`` asks for them)."""
+    from scorer.families.dflash.train import train_drafter
+
+    if "on_step" in options:
+        options.setdefault("log_every", 0)
+    return train_drafter(cache_path, out, **options)
+
+
 DFLASH = Family(
     name="dflash",
     layouts=(
@@ -413,4 +447,11 @@ DFLASH = Family(
     cost=cost,
     time_round=time_round,
     proposals=block_proposals,
+    display_name="DFlash",
+    eval_options=EVAL_OPTIONS,
+    init=init,
+    train=train,
+    init_options=("num_layers", "block_size", "eval_every", "on_eval"),
+    from_module=module_drafter,
+    fallback=True,
 )

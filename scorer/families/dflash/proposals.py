@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.features import feature_index, sequence_features
+from scorer.families.dflash.features import feature_index
+from scorer.sequences import sequence_features
 from scorer.served import head_log_q
 from scorer.verification import slot_tokens
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scorer.attention import (
+from scorer.families.dflash.attention import (
     AttentionBackend,
     block_sparse_mask,
     flex_attend,
@@ -29,7 +30,7 @@ from scorer.attention import (
     sdpa_attend,
     visible,
 )
-from scorer.config import DrafterConfig
+from scorer.families.dflash.config import DrafterConfig
 from scorer.layers import RMSNorm, SwiGLU, rotate_half
 
 __all__ = ["AttentionBackend", "DFlashDrafter"]
@@ -63,36 +64,34 @@ class _Attention(nn.Module):
         return _apply_rope(q, cos, sin)
 
 
-class _Layer(nn.Module):
+class DFlashLayer(nn.Module):
+    """One decoder layer of the drafter; a variant (DFlash2) subclasses it and overrides the
+    sublayer hooks (``attention_input``, ``attention_output``, ``mlp_block``)."""
+
     def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
-        # DFlash2 (scorer/families/dflash2) sets these to its in-block convolutions: ``prepare(x, B)``
-        # -> (convolved x, coefficients), ``finish(y, coefficients, B)``, around each sublayer.
-        # Instance attributes, not class ones: a class attribute would shadow the registered module.
-        self.attention_conv: Any = None
-        self.mlp_conv: Any = None
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
     def attention_input(self, h: torch.Tensor, B: int) -> tuple[torch.Tensor, Any]:
-        """The attention sublayer's input rows [M, H] (M = whole blocks of B) and what `finish`
-        needs back: input_layernorm(h), convolved within each block when the layer has a conv."""
-        x = self.input_layernorm(h)
-        return (x, None) if self.attention_conv is None else self.attention_conv.prepare(x, B)
+        """The attention sublayer's input rows [M, H] (M = whole blocks of B) and what
+        ``attention_output`` needs back: input_layernorm(h)."""
+        return self.input_layernorm(h), None
 
-    def finish(self, h: torch.Tensor, attn: torch.Tensor, conv: Any = None, B: int = 0) -> torch.Tensor:
+    def attention_output(self, out: torch.Tensor, state: Any, B: int) -> torch.Tensor:
+        """The attention sublayer's output rows [M, H] (after o_proj), before the residual add."""
+        return out
+
+    def mlp_block(self, x: torch.Tensor, B: int) -> torch.Tensor:
+        """The MLP sublayer on its normed input rows [M, H], before the residual add."""
+        return self.mlp(x)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor, state: Any = None, B: int = 0) -> torch.Tensor:
         """Residual adds after attention: h [M, H], attn [M, n_heads, D] -> [M, H]."""
-        out = self.self_attn.o_proj(attn.flatten(-2))
-        if self.attention_conv is not None:
-            out = self.attention_conv.finish(out, conv, B)
-        h = h + out
-        x = self.post_attention_layernorm(h)
-        if self.mlp_conv is None:
-            return h + self.mlp(x)
-        x, conv = self.mlp_conv.prepare(x, B)
-        return h + self.mlp_conv.finish(self.mlp(x), conv, B)
+        h = h + self.attention_output(self.self_attn.o_proj(attn.flatten(-2)), state, B)
+        return h + self.mlp_block(self.post_attention_layernorm(h), B)
 
 
 class DFlashDrafter(nn.Module):
@@ -103,13 +102,20 @@ class DFlashDrafter(nn.Module):
     `.to()` but stay out of `state_dict`.
     """
 
-    def __init__(self, config: DrafterConfig) -> None:
+    family = "dflash"
+    # Candidates kept per slot for a drafts' path (``choose_path``); 0: the draft of each slot is
+    # its argmax. A variant with a path selector (DFlash2) sets it.
+    path_candidates = 0
+
+    def __init__(
+        self, config: DrafterConfig, layer: Callable[[DrafterConfig], DFlashLayer] = DFlashLayer
+    ) -> None:
         super().__init__()
         self.config = config
         c = config
         self.fc = nn.Linear(c.num_features * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(_Layer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(layer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim  # [D/2]
         base = 1.0 / (c.rope_theta**exponents)
@@ -120,7 +126,7 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("lm_head_weight", None, persistent=False)
         self.register_buffer("draft_to_target", None, persistent=False)  # [Vd] target ids (reduced vocab)
         self.backend_used: str | None = None  # attention kernel(s) of the last block_hidden call
-        # Set by the loaders (scorer.features.context_norm): the final norm that turns the cached
+        # Set by the loaders (scorer.families.dflash.features.context_norm): the final norm that turns the cached
         # last-layer output into hidden_states[L] for this drafter's features, or None.
         self.context_norm: Any = None
         # Added to the block's RoPE positions only (the masks keep the true positions): 0 is the
@@ -196,6 +202,14 @@ class DFlashDrafter(nn.Module):
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         full[..., self.draft_to_target] = logits
         return full
+
+    def choose_path(
+        self, hidden: torch.Tensor, unary: torch.Tensor, candidate_ids: torch.Tensor, anchor_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The drafts [n, D] of blocks from their normed rows [n, D, H], each slot's top
+        ``path_candidates`` draft logits ``unary`` and token ids [n, D, k], and the anchor tokens
+        [n]: a variant's path selector (DFlash's own drafts are the per-slot argmax, no path)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts the per-slot argmax (path_candidates = 0)")
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)

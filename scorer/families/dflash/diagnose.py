@@ -20,12 +20,13 @@ import torch
 
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.config import DrafterConfig
 from scorer.diagnose import Hypothesis
-from scorer.features import context_norm, feature_index, sequence_features
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.features import context_norm, feature_index
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.families.dflash.score import score_sequence, score_sequences_chain
 from scorer.metrics import AcceptLen, request_totals
-from scorer.model import DFlashDrafter
-from scorer.score import score_sequence, score_sequences_chain
+from scorer.sequences import sequence_features
 
 __all__ = ["COMMON_ROPE_THETAS", "DFlashReplayer", "Setting", "candidates", "special_token_ids"]
 

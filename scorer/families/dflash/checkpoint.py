@@ -10,21 +10,26 @@ A separate draft config can be given (`config_path`, the CLI's `--config`). Pick
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from hscache.store.fsio import atomic_write_with, file_sha256
-from scorer.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
+from hscache.store.fsio import atomic_write_with
 from scorer.errors import CheckpointError
-from scorer.formats import speculators
+from scorer.families.dflash import speculators
+from scorer.families.dflash.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.formats.checkpoint_io import (
+    LoadReport,
+    check_state_dict,
+    state_dict_sha256,
+)
 from scorer.formats.files import (
     FORMAT_PICKLE,
     FORMAT_SPECFORGE,
@@ -34,18 +39,13 @@ from scorer.formats.files import (
     read_weights,
     resolve_files,
 )
-from scorer.model import DFlashDrafter
 
 __all__ = [
     "CheckpointVariant",
-    "LoadReport",
     "LoadedCheckpoint",
-    "combine_file_digests",
-    "file_digests",
     "in_memory_checkpoint",
     "load_checkpoint",
     "save_hf_checkpoint",
-    "state_dict_sha256",
 ]
 
 # Fixed strings: they are written into cache manifests and result files.
@@ -59,37 +59,6 @@ _DEFAULTS = {"block_size": 16, "rms_norm_eps": 1e-6, "rope_scaling": None, "atte
 # Fields that change the numbers and that nothing but a config or a flag can tell: without a
 # config they stop the run, naming the flag (issue: a block-8 drafter scored at block 16).
 _FLAG_FOR = {"block_size": "--block-size", "mask_token_id": "--mask-token-id"}
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What `load_checkpoint` read, inferred and changed.
-
-    `field_sources` maps each DrafterConfig field to "config" (config.json, or a trainer config
-    saved in the pickle), "config_file" (--config), "checkpoint" (SpecForge's resume contract
-    in training_state.pt), "shapes", "override",
-    "derived" (target_layer_ids from num_target_layers), "cache" or "default". `warnings` are
-    shown in the terminal, the JSON and the HTML report. `sha256` is the file's digest, or for
-    several files the sha256 of their sorted "name digest" lines; `weights_sha256` hashes the
-    final state_dict (names, dtypes, shapes, bytes), so it is the same across formats.
-    `stripped_prefixes` also lists vLLM renames as "old -> new"; `dropped_keys` are original names.
-    """
-
-    path: str
-    format: str
-    file_sha256: dict[str, str]
-    sha256: str
-    weights_sha256: str
-    field_sources: dict[str, str]
-    stripped_prefixes: tuple[str, ...]
-    dropped_keys: tuple[str, ...]
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    layout: str = "zlab"
-    warnings: tuple[str, ...] = field(default_factory=tuple)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (tuples become lists)."""
-        return json.loads(json.dumps(asdict(self)))
 
 
 @dataclass(frozen=True)
@@ -226,13 +195,11 @@ def load_checkpoint(
     )
     notes += more_notes
     _validate(state_dict, config, root)
-    file_sha = file_digests(root, files)
-    report = LoadReport(
-        path=str(root),
-        format=fmt,
-        file_sha256=file_sha,
-        sha256=combine_file_digests(file_sha),
-        weights_sha256=state_dict_sha256({**state_dict, **variant_state}),
+    report = LoadReport.of_files(
+        root,
+        fmt,
+        files,
+        {**state_dict, **variant_state},
         field_sources=sources,
         stripped_prefixes=stripped,
         dropped_keys=dropped,
@@ -487,49 +454,9 @@ def _warnings(
 
 def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | str) -> None:
     """Exactly the drafter's keys with the drafter's shapes, else one CheckpointError naming them."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in DFlashDrafter(config).state_dict().items()}
-    missing = sorted(expected.keys() - sd.keys())
-    unexpected = sorted(sd.keys() - expected.keys())
-    wrong = [
-        f"{k} {list(sd[k].shape)} (expected {list(expected[k])})"
-        for k in sorted(expected.keys() & sd.keys())
-        if tuple(sd[k].shape) != expected[k]
-    ]
-    wrong += [f"{k} dtype {v.dtype}" for k, v in sorted(sd.items()) if not v.is_floating_point()]
-    problems = [
-        f"{label} {few(keys)}"
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape/dtype", wrong))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError(
-            f"{root} is not a DFlash drafter checkpoint matching its config: {'; '.join(problems)}"
-        )
-
-
-def file_digests(root: Path, files: list[Path]) -> dict[str, str]:
-    """sha256 of each weight/config file, named relative to the checkpoint directory (a file: its name)."""
-    return {
-        str(f.relative_to(root) if root.is_dir() and f.is_relative_to(root) else f.name): file_sha256(f)
-        for f in files
-    }
-
-
-def combine_file_digests(file_sha: dict[str, str]) -> str:
-    if len(file_sha) == 1:
-        return next(iter(file_sha.values()))
-    lines = "".join(f"{name} {digest}\n" for name, digest in sorted(file_sha.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
-def state_dict_sha256(sd: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(sd):
-        t = sd[key].detach().contiguous().cpu()
-        h.update(f"{key} {t.dtype} {list(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
+    check_state_dict(
+        sd, lambda: DFlashDrafter(config), f"{root} is not a DFlash drafter checkpoint", floats=True
+    )
 
 
 def save_hf_checkpoint(

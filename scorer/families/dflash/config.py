@@ -1,6 +1,6 @@
 """A DFlash drafter's configuration and its mapping from published ``config.json`` layouts.
 
-`DrafterConfig` is what the model in `scorer.model` is built from; `hf_config_fields` reads the
+`DrafterConfig` is what the model in `scorer.families.dflash.model` is built from; `hf_config_fields` reads the
 fields a published config sets (and refuses, by name, the keys that change the math but are not
 implemented), so checkpoint loading can say where every field came from.
 """

@@ -1,4 +1,4 @@
-"""Attention masks and kernels of the batched drafter forward (scorer.model).
+"""Attention masks and kernels of the batched drafter forward (scorer.families.dflash.model).
 
 The masks are z-lab's ``_attention_mask`` (dflash/model.py) applied to many blocks at once:
 block i sees context keys before its anchor and its own block's keys, restricted per layer by

@@ -1,0 +1,83 @@
+"""``scorer init``: a fresh, randomly initialised DFlash drafter sized for a cache's target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import hscache
+from hscache.store.view import CacheView
+from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.errors import ScorerError
+from scorer.families.dflash.checkpoint import save_hf_checkpoint
+from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.model import DFlashDrafter
+from scorer.sequences import check_has_target
+from scorer.target_identity import IDENTITY_KEY, cache_target_identity
+
+__all__ = ["drafter_config_for_cache", "init_drafter"]
+
+
+def drafter_config_for_cache(
+    cache: CacheView, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
+) -> DrafterConfig:
+    """A Qwen3-style drafter config matching the cache's target (hidden size, vocab, rope, mask id)."""
+    check_has_target(cache, str(cache.path))
+    target = cache.target_config
+    hidden = int(target["hidden_size"])
+    heads = int(target.get("num_attention_heads", max(1, hidden // 64)))
+    head_dim = int(target.get("head_dim") or hidden // heads)
+    rope = target.get("rope_parameters") or {}
+    if cache.mask_token_id is None:
+        raise ScorerError(
+            f"{cache.path} has no mask token id (its tokenizer defines none); "
+            "pass --mask-token-id to choose one"
+        )
+    return DrafterConfig(
+        hidden_size=hidden,
+        intermediate_size=int(target.get("intermediate_size", 4 * hidden)),
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(target.get("num_key_value_heads", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(target.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(target.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=None,
+        vocab_size=cache.vocab_size,
+        attention_bias=False,
+        block_size=block_size,
+        mask_token_id=int(cache.mask_token_id),
+        target_layer_ids=tuple(layer_ids if layer_ids is not None else cache.layer_ids),
+        num_target_layers=int(target.get("num_hidden_layers", 0)) or None,
+    )
+
+
+def init_drafter(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    num_layers: int = 1,
+    block_size: int = 8,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> tuple[DrafterConfig, DFlashDrafter]:
+    """Write a random drafter for the cache at ``cache_path`` as an HF directory at ``out``.
+
+    ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``;
+    its config records the cache's target (``hscache_target``, scorer/target_identity.py).
+    """
+    check_drafter_dir(out, overwrite)
+    cache = hscache.open_cache(cache_path)
+    config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        drafter = DFlashDrafter(config)
+        for _name, param in drafter.named_parameters():
+            if param.ndim == 2:  # Linear weights; norms stay at 1
+                torch.nn.init.normal_(param, std=0.02)
+    with staged_drafter_dir(out, overwrite) as staging:
+        save_hf_checkpoint(
+            staging, config, drafter.state_dict(), extra_config={IDENTITY_KEY: cache_target_identity(cache)}
+        )
+    return config, drafter

@@ -1,0 +1,244 @@
+"""The n-gram proposer on the family seam: ``scorer eval ngram --num-speculative-tokens K``.
+
+No checkpoint and no weights: CKPT is the word ``ngram`` and the settings are vLLM's
+(``--num-speculative-tokens``, ``--prompt-lookup-min``, ``--prompt-lookup-max``). The chain
+replay is replay.py's (drafts only where the rounds go); per-position acceptance uses the drafts
+at every anchor (``NgramIndex.propose_at``, a short proposal padded with -1, which never matches).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hscache.store.view import CacheView
+from scorer.errors import CheckpointError
+from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
+from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
+from scorer.families.ngram.replay import NgramRounds, replay_ngram
+from scorer.formats.checkpoint_io import LoadReport
+from scorer.metrics import acceptance_counts, train_accept_len
+from scorer.sequences import CachedSequence, SequenceResult, result_from_parts, score_each
+
+__all__ = ["CHECKPOINT", "NgramDrafter", "claims", "load", "online", "score_rows", "summarize", "time_round"]
+
+CHECKPOINT = "ngram"  # the CKPT that names this family (it has no file)
+# The EvalConfig.overrides keys this family reads (the CLI's --prompt-lookup-min / -max).
+SETTINGS = ("prompt_lookup_min", "prompt_lookup_max")
+
+
+def claims(probe: CheckpointProbe) -> bool:
+    return probe.path == CHECKPOINT
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    """What the shared code reads off a drafter's config (``DrafterSettings``)."""
+
+    proposer: NgramConfig
+
+    @property
+    def block_size(self) -> int:  # K drafted slots + the bonus token
+        return self.proposer.num_speculative_tokens + 1
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:  # reads no hidden state
+        return ()
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """vLLM's speculative config of this proposer (``--speculative-config``)."""
+        return {"method": "ngram", **self.proposer.to_dict()}
+
+
+class NgramDrafter:
+    """The loaded proposer: its settings; no module, no parameters."""
+
+    family = "ngram"
+    backend_used = None
+
+    def __init__(self, proposer: NgramConfig) -> None:
+        self.config = NgramSettings(proposer)
+
+    def parameters(self) -> Iterator[Any]:
+        return iter(())
+
+
+class LoadedSettings:
+    """What the report reads from a load: ``.report`` (``.config``: the proposer's settings)."""
+
+    def __init__(self, config: NgramConfig, report: LoadReport) -> None:
+        self.config, self.report = config, report
+
+
+def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, LoadedSettings]:
+    """The proposer with vLLM's settings from the eval config.
+
+    Raises:
+        CheckpointError: no --num-speculative-tokens (vLLM has no default for ngram), a setting vLLM
+            refuses, or a flag of a weighted drafter (named).
+    """
+    refused = [
+        flag
+        for flag, given in (
+            ("--block-size", config.block_size is not None),
+            ("--tree", config.tree is not None),
+            ("--anchors chain", config.anchors == "chain"),
+            ("--config", config.config_path is not None),
+            *((f"--{key.replace('_', '-')}", True) for key in config.overrides if key not in SETTINGS),
+        )
+        if given
+    ]
+    if refused:
+        raise CheckpointError(
+            f"{checkpoint}: {', '.join(refused)} do not apply to the n-gram proposer (no weights, a chain "
+            "of K): pass --num-speculative-tokens K and --prompt-lookup-min/--prompt-lookup-max"
+        )
+    proposer, report = _settings(checkpoint, config.num_speculative_tokens, config.overrides)
+    return NgramDrafter(proposer), LoadedSettings(proposer, report)
+
+
+def _settings(checkpoint: str, k: int | None, overrides: dict[str, Any]) -> tuple[NgramConfig, LoadReport]:
+    """vLLM's settings from the flags, and the load report that names them."""
+    if k is None:
+        raise CheckpointError(
+            f"{checkpoint}: pass --num-speculative-tokens K (vLLM's ngram method has no default K)"
+        )
+    settings = {key: overrides.get(key) for key in SETTINGS}
+    proposer = NgramConfig.resolve(k, **settings)
+    described = json.dumps(proposer.to_dict(), sort_keys=True).encode()
+    sources = {"num_speculative_tokens": "override"}
+    sources.update({key: "override" if settings[key] is not None else "default" for key in SETTINGS})
+    report = LoadReport(
+        path=CHECKPOINT,
+        format="no_weights",
+        file_sha256={},
+        sha256=hashlib.sha256(described).hexdigest(),  # the settings name the proposer
+        weights_sha256=hashlib.sha256(b"").hexdigest(),
+        field_sources=sources,
+        stripped_prefixes=(),
+        dropped_keys=(),
+        notes=(
+            "vLLM ngram_proposer.py: the longest suffix n-gram that occurred earlier, its earliest match",
+        ),
+        layout="vllm",
+    )
+    return proposer, report
+
+
+def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, LoadReport]:
+    """``scorer online ngram``: the proposer over the verified tokens (it reads no hidden state;
+    the target's capture is asked for its first layer, which the proposer ignores)."""
+    unknown = sorted(key for key in options.overrides if key not in SETTINGS)
+    if unknown:
+        flags = ", ".join(f"--{key.replace('_', '-')}" for key in unknown)
+        raise CheckpointError(f"{checkpoint}: {flags} do not apply to the n-gram proposer")
+    proposer, report = _settings(checkpoint, options.num_speculative_tokens, options.overrides)
+
+    def draft(hidden: Any, ids: list[int], p: int) -> list[int]:
+        return propose(
+            ids[: p + 1],
+            proposer.prompt_lookup_min,
+            proposer.prompt_lookup_max,
+            proposer.num_speculative_tokens,
+            proposer.max_model_len,
+        )
+
+    return [0], draft, report
+
+
+def time_round(
+    drafter: NgramDrafter, features: Any, token_ids: Any, anchor: int, tau: float
+) -> tuple[float, list[int]]:
+    """One served round's proposal at ``anchor``: vLLM's lookup over the verified tokens (CPU)."""
+    import time
+
+    p = drafter.config.proposer
+    context = np.asarray(token_ids[: anchor + 1])
+    t0 = time.perf_counter()
+    out = propose(
+        context, p.prompt_lookup_min, p.prompt_lookup_max, p.num_speculative_tokens, p.max_model_len
+    )
+    return time.perf_counter() - t0, out
+
+
+def score_sequence_ngram(
+    proposer: NgramConfig, token_ids: Any, target_argmax: Any, prompt_len: int
+) -> tuple[tuple, NgramRounds]:
+    """The 7 parts of a SequenceResult (scorer.sequences) and the n-gram rounds of one sequence."""
+    x, a = np.asarray(token_ids), np.asarray(target_argmax)
+    rounds = replay_ngram(x, a, prompt_len, proposer)
+    k = proposer.num_speculative_tokens
+    anchors = np.arange(prompt_len, len(x) - 1)
+    index = NgramIndex(x, proposer.prompt_lookup_min, proposer.prompt_lookup_max)
+    drafts = (
+        index.propose_at(anchors, k, proposer.max_model_len)[0]
+        if len(anchors)
+        else np.zeros((0, k), np.int64)
+    )
+    visited = np.asarray([p - prompt_len for p in rounds.log.anchors], dtype=np.int64)
+    parts = (
+        rounds.log,
+        {},
+        {},
+        drafts[visited] if len(visited) else np.zeros((0, k), dtype=np.int64),
+        acceptance_counts(drafts, x, a, prompt_len),
+        train_accept_len(drafts, x, a, prompt_len),
+        len(drafts),  # every anchor's proposal (per-position acceptance needs them all)
+    )
+    return parts, rounds
+
+
+def score_rows(
+    drafter: NgramDrafter,
+    cache: CacheView,
+    rows: Sequence[int],
+    config: Any,
+    on_sequence: Callable[[SequenceResult], None] | None = None,
+) -> list[SequenceResult]:
+    """Score the cache's sequences ``rows``: token ids only (no hidden state is read)."""
+
+    def score(seq: CachedSequence) -> SequenceResult:
+        parts, rounds = score_sequence_ngram(
+            drafter.config.proposer,
+            np.asarray(seq.token_ids()),
+            np.asarray(seq.target_argmax()),
+            seq.prompt_len,
+        )
+        counts = {
+            "num_drafts": rounds.num_drafts,
+            "num_draft_tokens": rounds.num_draft_tokens,
+            "num_accepted_tokens": rounds.num_accepted_tokens,
+        }
+        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"ngram": counts})
+
+    return score_each(cache, rows, score, on_sequence)
+
+
+def summarize(results: list[SequenceResult]) -> dict[str, dict[str, Any]]:
+    """vLLM's spec-decode counters pooled over the sequences, as its logger pools an interval."""
+    totals = {key: sum(r.extras["ngram"][key] for r in results) for key in ("num_drafts", "num_draft_tokens")}
+    accepted = sum(r.extras["ngram"]["num_accepted_tokens"] for r in results)
+    drafts, drafted_tokens = totals["num_drafts"], totals["num_draft_tokens"]
+    return {
+        "mean_acceptance_length": {
+            "label": "vLLM mean_acceptance_length (rounds with a draft)",
+            "value": 1 + accepted / drafts if drafts else None,
+            "definition": "vLLM's 1 + accepted tokens / rounds that drafted (SpecDecodingLogging); "
+            "tau also counts the rounds with no n-gram match, as 1 token each",
+        },
+        "rounds_with_a_draft": {
+            "label": "rounds with a draft (vLLM num_drafts)",
+            "value": drafts,
+            "definition": "rounds in which the proposer found a match and drafted at least one token",
+        },
+        "draft_acceptance_rate": {
+            "label": "draft acceptance rate (accepted / drafted tokens)",
+            "value": accepted / drafted_tokens if drafted_tokens else None,
+            "definition": "vLLM's Avg Draft acceptance rate: accepted / proposed tokens over drafted rounds",
+        },
+    }
