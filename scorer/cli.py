@@ -55,6 +55,19 @@ class FiniteFloatRange(click.FloatRange):
 POSITIVE = FiniteFloatRange(min=0, min_open=True)
 SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
 TOKEN_ID = click.IntRange(min=0)
+# The sampling parameters' ranges (vLLM's SamplingParams._verify_args; hscache's validator refines
+# them, e.g. a temperature in (0, 1e-5)): one type per parameter, for eval's checks and online alike.
+SAMPLING_TYPES = {
+    "temperature": FiniteFloatRange(min=0),
+    "top_p": FiniteFloatRange(min=0, max=1, min_open=True),
+    "top_k": click.IntRange(min=-1),  # -1: vLLM's "disabled", which the validator refuses with its fix
+    "min_p": FiniteFloatRange(min=0, max=1),
+    "presence_penalty": FiniteFloatRange(min=-2, max=2),
+    "frequency_penalty": FiniteFloatRange(min=-2, max=2),
+    "repetition_penalty": FiniteFloatRange(min=0, max=2, min_open=True),
+}
+# vLLM's draft_sample_method names: greedy (argmax drafts, one-hot verification), probabilistic.
+DRAFT_SAMPLING = click.Choice(["greedy", "probabilistic"])
 
 
 def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
@@ -183,18 +196,18 @@ _drafting_flags = [
 # cache to hold. The cache records its own setting; these flags only check it (a cache cannot be
 # reweighted to another setting), so one that differs is refused before anything is scored.
 _SAMPLING_CHECKS = (
-    ("--temperature", "temperature", float),
-    ("--top-p", "top_p", float),
-    ("--sample-top-k", "top_k", int),
-    ("--min-p", "min_p", float),
-    ("--presence-penalty", "presence_penalty", float),
-    ("--frequency-penalty", "frequency_penalty", float),
-    ("--repetition-penalty", "repetition_penalty", float),
+    ("--temperature", "temperature", SAMPLING_TYPES["temperature"]),
+    ("--top-p", "top_p", SAMPLING_TYPES["top_p"]),
+    ("--sample-top-k", "top_k", SAMPLING_TYPES["top_k"]),
+    ("--min-p", "min_p", SAMPLING_TYPES["min_p"]),
+    ("--presence-penalty", "presence_penalty", SAMPLING_TYPES["presence_penalty"]),
+    ("--frequency-penalty", "frequency_penalty", SAMPLING_TYPES["frequency_penalty"]),
+    ("--repetition-penalty", "repetition_penalty", SAMPLING_TYPES["repetition_penalty"]),
 )
 _sampling_flags = [
     click.option(
         "--draft-sampling",
-        type=click.Choice(["greedy", "probabilistic"]),
+        type=DRAFT_SAMPLING,
         default="greedy",
         show_default=True,
         help="On a sampled cache: greedy = argmax drafts, one-hot verification (every engine's default); "
@@ -738,26 +751,50 @@ _online_sampling_flags = [
         help="Decode sampled: qwen-thinking, qwen-thinking-coding, qwen-instruct or generation-config "
         "(as hscache extract); flags below override a preset's field. Default: greedy.",
     ),
-    click.option("--temperature", type=float, default=None, help="0: greedy (default); else >= 1e-5."),
-    click.option("--top-p", type=float, default=None, help="In (0, 1] (default 1)."),
     click.option(
-        "--sample-top-k", type=int, default=None, help="Sampling top-k, >= 1 (required when sampling)."
+        "--temperature",
+        type=SAMPLING_TYPES["temperature"],
+        default=None,
+        help="0: greedy (default); else >= 1e-5.",
     ),
-    click.option("--min-p", type=float, default=None, help="In [0, 1] (default 0)."),
-    click.option("--presence-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
-    click.option("--frequency-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
-    click.option("--repetition-penalty", type=float, default=None, help="In (0, 2] (default 1)."),
-    click.option("--seed", type=int, default=None, help="Keys every run's random streams (default 0)."),
+    click.option("--top-p", type=SAMPLING_TYPES["top_p"], default=None, help="In (0, 1] (default 1)."),
+    click.option(
+        "--sample-top-k",
+        type=SAMPLING_TYPES["top_k"],
+        default=None,
+        help="Sampling top-k, >= 1 (required when sampling).",
+    ),
+    click.option("--min-p", type=SAMPLING_TYPES["min_p"], default=None, help="In [0, 1] (default 0)."),
+    click.option(
+        "--presence-penalty",
+        type=SAMPLING_TYPES["presence_penalty"],
+        default=None,
+        help="In [-2, 2] (default 0).",
+    ),
+    click.option(
+        "--frequency-penalty",
+        type=SAMPLING_TYPES["frequency_penalty"],
+        default=None,
+        help="In [-2, 2] (default 0).",
+    ),
+    click.option(
+        "--repetition-penalty",
+        type=SAMPLING_TYPES["repetition_penalty"],
+        default=None,
+        help="In (0, 2] (default 1).",
+    ),
+    click.option("--seed", type=SEED, default=None, help="Keys every run's random streams (default 0)."),
     click.option(
         "--runs",
-        type=int,
+        type=click.IntRange(min=1),
         default=None,
         help="Sampled only: decodings of every prompt, each seeded (default 64).",
     ),
     click.option(
         "--draft-sampling",
+        type=DRAFT_SAMPLING,
         default=None,
-        help="Sampled only: onehot (the drafter's argmax, vLLM's default) or probabilistic (drafts sampled "
+        help="Sampled only: greedy (the drafter's argmax, one-hot verification: vLLM's default) or probabilistic (drafts sampled "
         "from softmax(draft logits / T), vLLM's draft_sample_method=probabilistic).",
     ),
 ]
@@ -791,7 +828,8 @@ def _online_sampled_config(checkpoint: str, overrides: dict[str, Any], options: 
         checkpoint,
         setting,
         runs=64 if runs is None else runs,
-        draft_sampling=draft_sampling or "onehot",
+        # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
+        draft_sampling="probabilistic" if draft_sampling == "probabilistic" else "onehot",
         overrides=overrides,
         **options,
     ).validate()
@@ -897,7 +935,7 @@ def online(
     its interval (docs/sampling.md "The online reference").
 
     \b
-    Examples:
+    Example:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
       scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
     """

@@ -9,7 +9,6 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from scorer.families import display_name
 from scorer.report.served import render_served
 from scorer.report.text import readable
 
@@ -70,6 +69,9 @@ def _ci(pair: Any) -> str:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     tau = report["tau"]
+    # The registry imports every family (torch): imported here, so `scorer --help` stays torch-free.
+    from scorer.families import display_name
+
     family = display_name(report["drafter"].get("family", "dflash"))
     head = Table(
         title=f"{family} replay: {report['checkpoint']['path']} on {report['cache']['path']}",
