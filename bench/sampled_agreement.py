@@ -67,6 +67,15 @@ def pooled_with_se(tokens: np.ndarray, rounds: np.ndarray) -> tuple[float, float
     return tau, float(np.sqrt((residual**2).sum() / (n * (n - 1))) / rounds.mean())
 
 
+def z_score(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """(a - b) / sqrt(se_a^2 + se_b^2); two exact equal numbers (both SEs 0: a drafter that never
+    drafts right) give 0, two exact different ones +-inf."""
+    diff, se = a[0] - b[0], float(np.hypot(a[1], b[1]))
+    if se > 0:
+        return diff / se
+    return 0.0 if diff == 0 else float(np.copysign(np.inf, diff))
+
+
 def offline_tau(checkpoint: str, cache: Path, rule: str) -> tuple[float, float]:
     """tau as served on the sampled cache and its SE over sample indices."""
     served = tau_as_served(checkpoint, cache, rule=rule, config=EvalConfig(ddtree=(), n_boot=50))
@@ -179,8 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                 summary = summarise_runs(runs, n_boot=10)
                 on, se_on = summary["pooled"], summary["pooled_se"]
                 off, se_off = offline[rule]
-                z = (off - on) / np.hypot(se_off, se_on)
-                swapped = (offline[other][0] - on) / np.hypot(offline[other][1], se_on)
+                z, swapped = z_score(offline[rule], (on, se_on)), z_score(offline[other], (on, se_on))
                 print(
                     f"{family:8s} {rule:13s} {off:7.4f}±{se_off:.4f}  {on:7.4f}±{se_on:.4f} {z:+6.2f} "
                     f"{swapped:+9.2f} {time.process_time() - t0:6.1f}",
