@@ -147,3 +147,18 @@ def test_sampled_scoring_bench_quick(capsys):
     for name in ("dflash", "target:mtp"):
         assert f"{name}: one-hot sampled / greedy same shape = " in out, out
         assert f"{name}: probabilistic DP / --anchors all = " in out, out
+
+
+@pytest.mark.slow
+def test_sampled_agreement_bench_quick(capsys):
+    """bench/sampled_agreement.py --quick: DFlash, both rules, offline vs online with z and swapped z."""
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):  # the drafter training seeds torch
+        _bench("sampled_agreement").main(["--quick"])
+    assert torch.get_num_threads() == threads  # the bench pins one thread and gives it back
+    out = capsys.readouterr().out
+    assert "setting T 0.03 top-k 2, drafters' logits x 0.001" in out, out
+    rows = [line.split() for line in out.splitlines() if line.startswith("dflash ")]
+    assert [r[1] for r in rows] == ["one-hot", "probabilistic"], out
+    for row in rows:  # offline±se, online±se, z, swapped z, CPU-s: all numbers
+        assert all("±" in cell for cell in row[2:4]) and all(float(c) == float(c) for c in row[4:7]), out

@@ -1,0 +1,203 @@
+"""Offline tau as served equals ``scorer online``'s (issue 25, first "Done when"): every family x rule.
+
+For each family (DFlash, DFlash2, EAGLE-3, the target's MTP head) and each verification rule
+(one-hot: argmax drafts, every engine's default at T > 0; probabilistic: drafts ~ softmax(logits / T),
+min(1, p/q)), in chain mode:
+  offline: ``scorer.served_eval.tau_as_served`` on a cache SAMPLED at the setting, several
+           trajectories per prompt; SE by the delta method over sample indices (sample s of every
+           prompt is one unit, like one online run: the prompts are fixed on both sides);
+  online:  ``scorer.online_sampled.decode_runs``, >= 64 runs over the same prompts, the POOLED tau
+           (total tokens / total rounds) and its delta-method SE over runs (``summarise_runs``);
+  z = (offline - online) / sqrt(SE_off^2 + SE_on^2), and the swapped z: the OTHER rule's offline tau
+  against this rule's online runs (|z| > 3 there shows the check tells the rules apart).
+
+Drafters: DFlash (and DFlash2 started from it, NeMo's identity start) and EAGLE-3 trained briefly on
+a greedy cache of the same prompts (the tests' recipe), then TEMPERED (``--temper``: DFlash's final
+norm, EAGLE-3's lm_head x 0.001, so logits / 1000 with the same argmax and the same one-hot drafts);
+MTP: the built-in target's (random) head, as it is.
+The setting: T 0.03, top-k 2 on the built-in target, whose distributions are nearly flat (top-1 logit
+gaps ~0.05-0.4): at T 0.03 p(greedy token) is ~0.8-1, so sampled trajectories stay long on the greedy
+path the drafters learned (one-hot tau well above 1), while the tempered drafters' q = softmax(logits
+/ T) is nearly flat over the vocabulary (the probabilistic rule accepts almost nothing): the two rules
+differ by many SE. Untempered at a high temperature (``--temper 1 --temperature 3``) acceptance is
+rare (tau ~1.03-1.06): there the delta-method SE of a low draw is itself low, and z leans negative.
+
+    python bench/sampled_agreement.py [--runs 64] [--samples 64] [--prompts 2] [--new-tokens 12]
+        [--temperature 0.03] [--top-k 2] [--temper 0.001] [--seed 11] [--families dflash,dflash2,eagle3,mtp] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# bench/scorer.py would shadow the scorer package when this file runs as a script
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import numpy as np
+import torch
+
+import hscache
+from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+from hscache.store.sampling import SamplingSetting
+from scorer.families.base import OnlineOptions
+from scorer.online import open_online
+from scorer.online_sampled import DecodeSettings, decode_runs, summarise_runs
+from scorer.rows import EvalConfig
+from scorer.served_eval import tau_as_served
+
+FAMILIES = ("dflash", "dflash2", "eagle3", "mtp")
+RULES = {"one-hot": "onehot", "probabilistic": "probabilistic"}  # offline rule -> online draft_sampling
+MODEL = "builtin:tiny-qwen3.5"
+PROMPTS = "builtin:default"
+
+
+def pooled_with_se(tokens: np.ndarray, rounds: np.ndarray) -> tuple[float, float]:
+    """sum tokens / sum rounds over units, and the ratio estimator's delta-method SE (as
+    ``summarise_runs``' ``pooled_se``)."""
+    tokens, rounds = np.asarray(tokens, np.float64), np.asarray(rounds, np.float64)
+    n = len(tokens)
+    tau = float(tokens.sum() / rounds.sum())
+    residual = tokens - tau * rounds
+    return tau, float(np.sqrt((residual**2).sum() / (n * (n - 1))) / rounds.mean())
+
+
+def z_score(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """(a - b) / sqrt(se_a^2 + se_b^2); two exact equal numbers (both SEs 0: a drafter that never
+    drafts right) give 0, two exact different ones +-inf."""
+    diff, se = a[0] - b[0], float(np.hypot(a[1], b[1]))
+    if se > 0:
+        return diff / se
+    return 0.0 if diff == 0 else float(np.copysign(np.inf, diff))
+
+
+def offline_tau(checkpoint: str, cache: Path, rule: str) -> tuple[float, float]:
+    """tau as served on the sampled cache and its SE over sample indices."""
+    served = tau_as_served(checkpoint, cache, rule=rule, config=EvalConfig(ddtree=(), n_boot=50))
+    units: dict[int, list[float]] = {}
+    for s in served.sequences:
+        unit = units.setdefault(s.sample, [0.0, 0.0])
+        unit[0] += s.rounds.tokens
+        unit[1] += s.rounds.expected_rounds
+    tokens, rounds = np.asarray(list(units.values())).T
+    tau, se = pooled_with_se(tokens, rounds)
+    assert abs(tau - served.tau.tau) < 1e-9, (tau, served.tau.tau)  # the same pooled estimand
+    return tau, se
+
+
+def tempered(checkpoint: Path, out: Path, tensor: str, scale: float) -> Path:
+    """A copy of ``checkpoint`` with ``tensor`` (a final norm or lm_head: logits are linear in it) x ``scale``."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, out)
+    weights = load_file(out / "model.safetensors")
+    weights[tensor] = weights[tensor] * scale
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
+def drafters(work: Path, prompts: int, quick: bool, scale: float) -> dict[str, str]:
+    """The tests' recipe (tests/scorer/conftest.py) on a greedy cache of the same prompts, tempered."""
+    from scorer.families.dflash2.init import init_from_dflash
+    from scorer.families.eagle3.train import train_eagle3
+    from scorer.train import train_drafter
+
+    greedy = work / "greedy"
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(greedy), layers="1,3,7", max_new_tokens=24, dtype="fp32", limit=max(prompts, 6)
+        )
+    )
+    train_drafter(greedy, work / "trained-dflash", steps=40 if quick else 150, block_size=6, log_every=0)
+    dflash = tempered(work / "trained-dflash", work / "dflash", "norm.weight", scale)
+    out = {"dflash": str(dflash), "mtp": "target:mtp"}
+    if not quick:
+        train_eagle3(greedy, work / "trained-eagle3", steps=25, layer_ids=[1, 3, 7])
+        out["eagle3"] = str(tempered(work / "trained-eagle3", work / "eagle3", "lm_head.weight", scale))
+        out["dflash2"] = str(init_from_dflash(dflash, work / "dflash2", selector_rank=8))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=64)
+    parser.add_argument(
+        "--samples", type=int, default=64, help="trajectories per prompt in the offline cache"
+    )
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=12)
+    parser.add_argument("--temperature", type=float, default=0.03)
+    parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument(
+        "--temper", type=float, default=1e-3, help="scale of the drafters' logits (1: as trained)"
+    )
+    parser.add_argument("--seed", type=int, default=11, help="the sampled cache's seed (online: seed + 1)")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument(
+        "--quick", action="store_true", help="DFlash only, tiny sizes (the test suite runs it)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.samples, args.prompts, args.new_tokens, args.families = 4, 4, 1, 4, "dflash"
+    families = args.families.split(",")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two shared cores: more torch threads spin against each other
+    work = Path(tempfile.mkdtemp(prefix="hscache-sampled-agreement-"))
+    try:
+        t0 = time.process_time()
+        checkpoints = drafters(work, args.prompts, args.quick, args.temper)
+        setting = dict(temperature=args.temperature, top_k=args.top_k, top_p=1.0)
+        sampling = SamplingSetting.from_flags(**setting, samples_per_prompt=args.samples, seed=args.seed)
+        cache = work / "sampled"
+        hscache.extract(
+            hscache.ExtractConfig(
+                out=str(cache), layers="1,3,7", max_new_tokens=args.new_tokens, dtype="fp32",
+                limit=args.prompts, prompts=PROMPTS, sampling=sampling,
+            )
+        )  # fmt: skip
+        online_sampling = SamplingSetting.from_flags(
+            **setting, seed=args.seed + 1
+        )  # streams unlike the cache's
+        print(
+            f"setting T {args.temperature} top-k {args.top_k}, drafters' logits x {args.temper:g}, seed {args.seed}, "
+            f"{args.prompts} prompts x {args.new_tokens} tokens, "
+            f"offline {args.samples} trajectories per prompt, online {args.runs} runs; "
+            f"drafters and caches {time.process_time() - t0:.1f} CPU-s"
+        )
+        print(
+            f"{'family':8s} {'rule':13s} {'offline':>15s} {'online':>15s} {'z':>6s} {'swapped z':>9s} {'CPU-s':>6s}"
+        )
+        for family in families:
+            session = open_online(checkpoints[family], MODEL, "fp32", OnlineOptions(overrides={}))
+            records = list(iter_records(resolve_prompts(PROMPTS)))[: args.prompts]
+            prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
+            offline = {rule: offline_tau(checkpoints[family], cache, rule) for rule in RULES}
+            for rule, other in (("one-hot", "probabilistic"), ("probabilistic", "one-hot")):
+                t0 = time.process_time()
+                settings = DecodeSettings(online_sampling, RULES[rule], max_new_tokens=args.new_tokens)
+                runs = decode_runs(
+                    session.target, session.layer_ids, session.propose, prompts, settings, range(args.runs)
+                )
+                summary = summarise_runs(runs, n_boot=10)
+                on, se_on = summary["pooled"], summary["pooled_se"]
+                off, se_off = offline[rule]
+                z, swapped = z_score(offline[rule], (on, se_on)), z_score(offline[other], (on, se_on))
+                print(
+                    f"{family:8s} {rule:13s} {off:7.4f}±{se_off:.4f}  {on:7.4f}±{se_on:.4f} {z:+6.2f} "
+                    f"{swapped:+9.2f} {time.process_time() - t0:6.1f}",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    main()
