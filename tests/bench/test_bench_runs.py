@@ -128,3 +128,18 @@ def test_ngram_bench_quick(capsys):
         out.count("ngram propose_at vs scorer propose per anchor") == 2
         and out.count("replay_ngram (lazy") == 2
     )
+
+
+def test_diagnose_bench_quick(fp32_cache: Path, capsys, tmp_path):
+    """bench/diagnose.py --quick (2 sequences, an untrained drafter on the session's fp32 cache)
+    checks the shared pass replays what one independent pass per hypothesis does and prints both
+    ratios."""
+    _bench("diagnose").main(["--quick", "--cache", str(fp32_cache)])
+    out = capsys.readouterr().out
+    for line in (
+        "totals and accept lengths equal: shared pass vs one independent pass per hypothesis",
+        "ratio default / independent all-anchor passes (the previous --anchors all):",
+        "ratio default / --anchors chain (the previous default):",
+        "load average",
+    ):
+        assert line in out, out
