@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import numpy as np
+import torch
 
 from scorer.diagnose_run import DiagnoseConfig, prepare_diagnosis
 from scorer.metrics import AcceptLen, request_totals, tau_pooled_from_totals
@@ -108,8 +109,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--chain-settings", type=int, default=None, help="time --anchors chain on the first K settings only"
     )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)"
+    )
     parser.add_argument("--quick", action="store_true", help="2 sequences, one repeat, chain on 3 settings")
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.quick:
         args.limit, args.repeats = args.limit or 2, 1
         args.chain_settings = args.chain_settings or 3
@@ -121,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         load = os.getloadavg()
         print(
             f"diagnose bench: {len(positions)} sequences x {len(settings)} settings (baseline + "
-            f"{len(plan.settings)} hypotheses), load average {load[0]:.1f} / {load[1]:.1f} at the start"
+            f"{len(plan.settings)} hypotheses), {torch.get_num_threads()} torch thread(s), "
+            f"load average {load[0]:.1f} / {load[1]:.1f} at the start"
         )
         replayer = plan.replayer
         # warm-up, untimed: the first replay reads the target head, casts the weights and pays
