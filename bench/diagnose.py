@@ -15,11 +15,13 @@ in the last bit of a logit (other chunks), so its tau is printed beside. Time is
 this process (``resource.getrusage``: every thread, not the other processes of a shared machine)
 and wall seconds, each the best of ``--repeats``, with the load average printed.
 
-    python bench/diagnose.py [--cache DIR --drafter DIR] [--limit N] [--repeats 3] [--quick]
+    python bench/diagnose.py [--cache DIR --drafter DIR] [--limit N] [--repeats 3] [--chain-settings K]
+                             [--threads T] [--quick]
 
 Without ``--cache``/``--drafter`` it builds the README quickstart's (20 sequences of the built-in
 target, a drafter trained 300 steps) in a temporary directory; ``--quick`` replays 2 sequences
-once, with an untrained drafter unless ``--drafter`` (the suite runs it on a session cache).
+once on one thread, with an untrained drafter unless ``--drafter`` (the suite runs it on a session
+cache).
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)"
     )
-    parser.add_argument("--quick", action="store_true", help="2 sequences, one repeat, chain on 3 settings")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 sequences, one repeat, chain on 3 settings, one thread"
+    )
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()
     if args.threads:
@@ -124,9 +128,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    if args.quick:
+    if args.quick:  # small, and on one thread: two threads' waits are noise at this size
         args.limit, args.repeats = args.limit or 2, 1
-        args.chain_settings = args.chain_settings or 3
+        args.chain_settings, args.threads = args.chain_settings or 3, args.threads or 1
     with tempfile.TemporaryDirectory() as tmp:
         args.cache, args.drafter = _inputs(Path(tmp), args.cache, args.drafter, args.quick)
         plan = prepare_diagnosis(args.drafter, [args.cache], DiagnoseConfig(limit=args.limit))
