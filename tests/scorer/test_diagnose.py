@@ -406,3 +406,15 @@ def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limi
     assert [(h["kind"], h["value"], h["tau_pooled"]) for h in fixed["hypotheses"]] == [
         (h["kind"], h["value"], h["tau_pooled"]) for h in grown["hypotheses"]
     ]
+
+
+def test_on_too_few_sequences_a_plant_is_inconclusive_never_another_finding(planted_drafter, diagnose_cache):
+    """The final-norm plant (+0.83 on all 16 sequences) on 6: measured inconclusive between it and
+    the configured setting with --limit 12 (docs/diagnose.md); never a finding for anything else."""
+    report = _diagnose(planted_drafter("prenorm"), diagnose_cache, limit=6)
+    finding, open_ = report["finding"], report["inconclusive"]
+    if finding is not None:
+        assert (finding["kind"], finding["value"]) == ("final_norm", "pre"), report["verdict"]
+    else:
+        assert (open_["between"][0]["kind"], open_["between"][0]["value"]) == ("final_norm", "pre")
+        assert open_["limit"] > 6 and f"run with --limit {open_['limit']}" in report["verdict"]
