@@ -1,9 +1,12 @@
 """``scorer diagnose``: replay a drafter as configured, then once per hypothesis, and rank them.
 
-Named steps: load the drafter like ``scorer eval`` (same warnings) -> sample sequences (seeded,
-``DEFAULT_SAMPLE`` unless ``limit``) -> measure the second cache's drift, if any -> replay the
-baseline and every hypothesis of the drafter's family on the same sequences (chain anchors) ->
-rank (scorer/diagnose.py) -> the training-metric gap, ablation notes -> the JSON-ready report
+Named steps: load the drafter like ``scorer eval`` (same warnings) -> order the cache's sequences
+(a seeded permutation) -> measure the second cache's drift, if any -> replay the baseline and
+every hypothesis of the drafter's family on the first ``DEFAULT_SAMPLE`` (or ``limit``) of them,
+one shared drafter pass per sequence (scorer/families/dflash/diagnose.py) -> rank (scorer/diagnose.py) ->
+without ``limit``, grow the sample to what the observed variance says separates
+``RESOLUTION`` tau (at most ``MAX_SAMPLE``), replaying only the new sequences, and rank again ->
+the training-metric gap, ablation notes -> the JSON-ready report
 (``schemas/diagnose_report.schema.json``).
 """
 
@@ -31,6 +34,8 @@ from scorer.diagnose import (
     DEFAULT_ALPHA,
     DEFAULT_SAMPLE,
     FAMILY_HYPOTHESES,
+    MAX_SAMPLE,
+    RESOLUTION,
     Outcome,
     hypothesis_kinds,
     rank_outcomes,
@@ -41,12 +46,13 @@ from scorer.families import family_for, probe_checkpoint
 from scorer.families.dflash.diagnose import DFlashReplayer, Setting, candidates, special_token_ids
 from scorer.families.dflash.features import check_compatible
 from scorer.formats.files import read_training_state_contract
+from scorer.metrics import AcceptLen
 from scorer.rows import EvalConfig, load_drafter
 from scorer.sequences import check_scorable
 
-__all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "diagnose_checkpoint"]
+__all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "Plan", "diagnose_checkpoint", "prepare_diagnosis"]
 
-DIAGNOSE_SCHEMA_VERSION = 1
+DIAGNOSE_SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -56,14 +62,18 @@ class DiagnoseConfig:
     device: str = "cpu"
     dtype: str = "fp32"
     block_size: int | None = None
-    limit: int | None = None  # sequences sampled (default DEFAULT_SAMPLE)
+    limit: int | None = (
+        None  # sequences sampled (default: DEFAULT_SAMPLE, grown to what separates RESOLUTION)
+    )
     seed: int = 0
     n_boot: int = 1000
     alpha: float = DEFAULT_ALPHA
     train_metric: float | None = None
     max_blocks_per_forward: int = 64
     memory_gb: float = 2.0
-    anchors: str = "chain"  # "all": same tau, faster for tiny drafters on CPU (diagnose_dflash.py)
+    # "all": every anchor drafted once per distinct drafter input, shared by the hypotheses;
+    # "chain": only where each replay goes, one small forward per round (families/dflash/diagnose.py)
+    anchors: str = "all"
     trust_checkpoint: bool = False
     config_path: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -88,8 +98,9 @@ class DiagnoseConfig:
         return d
 
 
-def sample_rows(cache: CacheView, n: int, seed: int) -> list[int]:
-    """``n`` seeded rows with a generated region (T-1 > P), sorted; all of them when fewer."""
+def sample_order(cache: CacheView, seed: int) -> list[int]:
+    """Every row with a generated region (T-1 > P) in a seeded order: a sample of n is the first
+    n, so a sample that grows keeps the sequences it has replayed."""
     lengths = cache.index.column("length").to_numpy()
     prompts = cache.index.column("prompt_len").to_numpy()
     eligible = np.flatnonzero(lengths - 1 - prompts > 0)
@@ -97,9 +108,7 @@ def sample_rows(cache: CacheView, n: int, seed: int) -> list[int]:
         raise IncompatibleCacheError(
             f"{cache.path}: no sequence has a generated region to draft on (every length - 1 <= prompt_len)"
         )
-    if len(eligible) > n:
-        eligible = np.sort(np.random.default_rng(seed).choice(eligible, size=n, replace=False))
-    return [int(r) for r in eligible]
+    return [int(r) for r in np.random.default_rng(seed).permutation(eligible)]
 
 
 def _align(cache: CacheView, other: CacheView, rows: list[int]) -> tuple[list[int], list[int]]:
@@ -184,18 +193,36 @@ def _ablation_notes(rows: list[dict], base_tau: float, last_layer: int | None) -
     return notes
 
 
-def diagnose_checkpoint(
-    checkpoint: str | Path,
-    cache_paths: Sequence[str | Path],
-    config: DiagnoseConfig = DiagnoseConfig(),
-    on_hypothesis: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Diagnose ``checkpoint`` on the first cache (the second, if given, for the drift hypothesis).
+@dataclass
+class Plan:
+    """Everything a diagnosis replays, before any replay: the drafter as configured (``base``),
+    the tested hypotheses with their settings, the untested ones, and the ordered sequences."""
+
+    family: str
+    kinds: tuple[str, ...]
+    loaded: Any
+    cache: CacheView
+    second: str | None
+    replayer: DFlashReplayer
+    base: Setting
+    hypotheses: list
+    settings: list[Setting]
+    untested: list[Outcome]
+    available: int  # sequences with a generated region (in both caches with two)
+    first: int  # the first sample: --limit, else DEFAULT_SAMPLE (at most ``available``)
+    drift: dict[int, float] | None
+    last_layer: int | None
+
+
+def prepare_diagnosis(
+    checkpoint: str | Path, cache_paths: Sequence[str | Path], config: DiagnoseConfig = DiagnoseConfig()
+) -> Plan:
+    """Load the drafter like ``scorer eval``, order the sequences, measure the drift, list the
+    hypotheses (bench/diagnose.py times replays of this plan's settings).
 
     Raises:
         ScorerError subclasses with one-line messages (bad checkpoint, incompatible cache, flags).
     """
-    t0 = time.perf_counter()
     if not 1 <= len(cache_paths) <= 2:
         raise ScorerError(
             f"diagnose takes one --cache, or two to test the drift between them; got {len(cache_paths)}"
@@ -220,22 +247,24 @@ def diagnose_checkpoint(
         else None,
     )
     del drafter
-    n_sample = config.limit or DEFAULT_SAMPLE
-    rows = sample_rows(cache, n_sample, config.seed)
-    caches, row_sets, drift, notes = [cache], [rows], None, []
+    order = sample_order(cache, config.seed)
+    caches, row_sets, drift = [cache], [order], None
     second = str(cache_paths[1]) if len(cache_paths) == 2 else None
+    first = min(config.limit or DEFAULT_SAMPLE, len(order))
     if second is not None:
         other = hscache.open_cache(second)
         check_scorable(other, second)
         check_compatible(loaded.config, other, second)
-        rows, rows2 = _align(cache, other, rows)
-        if not rows:
+        order, order2 = _align(cache, other, order)
+        if not order:
             raise IncompatibleCacheError(
                 f"{second} holds none of the sampled records of {cache_paths[0]}; the drift comparison "
                 "needs the same record ids in both caches"
             )
-        drift = measure_drift(cache, other, rows, rows2, loaded.config.target_layer_ids)
-        caches, row_sets = [cache, other], [rows, rows2]
+        first = min(first, len(order))
+        # measured on the first sample: the drift-noise hypothesis needs it before any replay
+        drift = measure_drift(cache, other, order[:first], order2[:first], loaded.config.target_layer_ids)
+        caches, row_sets = [cache, other], [order, order2]
     replayer = DFlashReplayer(
         loaded,
         caches,
@@ -254,10 +283,7 @@ def diagnose_checkpoint(
     ):
         if extra is not None and 0 <= int(extra) < loaded.config.vocab_size:
             mask_ids.setdefault(int(extra), why)
-    if on_hypothesis:
-        on_hypothesis("baseline")
-    baseline, _ = replayer.replay(base)
-    outcomes, settings = [], []
+    hypotheses, untested, settings = [], [], []
     for hyp, setting in candidates(
         base,
         cache,
@@ -268,14 +294,65 @@ def diagnose_checkpoint(
         drift=tuple(sorted(drift.items())) if drift else (),
     ):
         if isinstance(setting, str):
-            outcomes.append(Outcome(hyp, untested=setting))
-            continue
+            untested.append(Outcome(hyp, untested=setting))
+        else:
+            hypotheses.append(hyp)
+            settings.append(setting)
+    return Plan(
+        family, kinds, loaded, cache, second, replayer, base, hypotheses, settings, untested,
+        len(order), first, drift, last_layer,
+    )  # fmt: skip
+
+
+def diagnose_checkpoint(
+    checkpoint: str | Path,
+    cache_paths: Sequence[str | Path],
+    config: DiagnoseConfig = DiagnoseConfig(),
+    on_hypothesis: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Diagnose ``checkpoint`` on the first cache (the second, if given, for the drift hypothesis).
+
+    Raises:
+        ScorerError subclasses with one-line messages (bad checkpoint, incompatible cache, flags).
+    """
+    t0 = time.perf_counter()
+    plan = prepare_diagnosis(checkpoint, cache_paths, config)
+    family, kinds, loaded, cache, second, drift = (
+        plan.family, plan.kinds, plan.loaded, plan.cache, plan.second, plan.drift
+    )  # fmt: skip
+    replayer, base, hypotheses, settings, untested = (
+        plan.replayer, plan.base, plan.hypotheses, plan.settings, plan.untested
+    )  # fmt: skip
+    available, first, notes = plan.available, plan.first, []
+    replayed = [(np.zeros((0, 2), dtype=np.int64), None) for _ in range(len(settings) + 1)]
+
+    def replay(upto: int) -> dict[str, Any]:
+        done = len(replayed[0][0])
         if on_hypothesis:
-            on_hypothesis(hyp.label)
-        outcomes.append(Outcome(hyp, totals=replayer.replay(setting)[0]))
-        settings.append((hyp, setting))
-    ranked = rank_outcomes(baseline, outcomes, n_boot=config.n_boot, seed=config.seed, alpha=config.alpha)
-    notes += _ablation_notes(ranked["hypotheses"], ranked["baseline"]["tau_pooled"], last_layer)
+            on_hypothesis(f"{upto - done} sequences x {len(settings) + 1} settings (baseline + hypotheses)")
+        new = replayer.replay_many([base, *settings], range(done, upto))
+        for j, (totals, accept) in enumerate(new):
+            old_totals, old_accept = replayed[j]
+            both = accept if old_accept is None or accept is None else old_accept + accept
+            replayed[j] = (np.concatenate([old_totals, totals]), both)
+        outcomes = [Outcome(h, totals=t) for h, (t, _) in zip(hypotheses, replayed[1:])] + untested
+        return rank_outcomes(
+            replayed[0][0],
+            outcomes,
+            n_boot=config.n_boot,
+            seed=config.seed,
+            alpha=config.alpha,
+            resolution=RESOLUTION,
+            available=available,
+        )
+
+    ranked = replay(first)
+    if config.limit is None:  # grow to the sample the first one's variance asks for
+        grown = min(ranked["sample_needed"], available, MAX_SAMPLE)
+        if grown > first:
+            ranked = replay(grown)
+    n_replayed = ranked["baseline"]["n_requests"]
+    notes += _ablation_notes(ranked["hypotheses"], ranked["baseline"]["tau_pooled"], plan.last_layer)
     report = {
         "schema_version": DIAGNOSE_SCHEMA_VERSION,
         "family": family,
@@ -283,10 +360,15 @@ def diagnose_checkpoint(
         **ranked,
         "verdict": verdict(ranked),
         "sample": {
-            "sequences": len(rows),
+            "sequences": n_replayed,
             "of": len(cache),
+            "first": first,
+            "needed": ranked["sample_needed"],
+            "limit": config.limit,
             "seed": config.seed,
             "default": DEFAULT_SAMPLE,
+            "max": MAX_SAMPLE,
+            "resolution": RESOLUTION,
             "anchors": config.anchors,
         },
         "drift": _drift_block(second, drift, ranked["hypotheses"]),
@@ -305,7 +387,11 @@ def diagnose_checkpoint(
         "created_at": utc_now(),
     }
     if config.train_metric is not None:
-        report["train_metric"] = _train_metric_block(config.train_metric, replayer, base, ranked, settings)
+        accept = [a for _, a in replayed]
+        if accept[0] is None:  # chain anchors draft only where the replay went: every anchor now
+            accept = [a for _, a in replayer.replay_many([base, *settings], range(n_replayed), anchors="all")]
+        pairs = list(zip(hypotheses, accept[1:]))
+        report["train_metric"] = _train_metric_block(config.train_metric, accept[0], ranked, pairs)
     report["seconds"] = time.perf_counter() - t0
     schemas.validate(report, "diagnose_report")
     return report
@@ -328,17 +414,14 @@ def _drift_block(second: str | None, drift: dict[int, float] | None, rows: list[
     }
 
 
-def _train_metric_block(
-    metric: float, replayer: DFlashReplayer, base: Setting, ranked: dict, settings: list
-) -> dict[str, Any]:
+def _train_metric_block(metric: float, base: AcceptLen, ranked: dict, pairs: list) -> dict[str, Any]:
     """The dashboard's accept length set against the same metric (every anchor) on this cache,
-    as configured and under the best fix."""
-    _, base_len = replayer.replay(base, all_anchors=True)
+    as configured and under the best fix: read off the drafts the replay already made."""
     best = ranked["finding"] or next((r for r in ranked["hypotheses"] if r["fix"]), None)
+    base_len = base.mean
     best_len = base_len
     if best is not None:
-        match = next(s for h, s in settings if h.kind == best["kind"] and h.value == best["value"])
-        _, best_len = replayer.replay(match, all_anchors=True)
+        best_len = next(a for h, a in pairs if h.kind == best["kind"] and h.value == best["value"]).mean
     return {
         "value": metric,
         "definition": "training-log accept length: leading correct slots over every anchor, no +1",

@@ -49,10 +49,22 @@ _HEADER = ["kind", "value", "hypothesis", "tau pooled", "gain", "interval", "sig
 
 def _summary(report: Mapping[str, Any]) -> str:
     sample = report["sample"]
+    if sample["limit"] is not None:
+        how = f"--limit {sample['limit']}"
+    elif sample["sequences"] > sample["first"]:
+        how = (
+            f"first {sample['first']}, grown to what the observed variance says separates "
+            f"{sample['resolution']} tau (needed {sample['needed']}, at most {sample['max']})"
+        )
+    else:
+        how = (
+            f"default {sample['default']}; {sample['needed']} needed to separate {sample['resolution']} tau "
+            "by the observed variance"
+        )
     return (
         f"baseline tau pooled {report['baseline']['tau_pooled']:.3f} (tokens per round incl. the bonus token, "
         f"all rounds pooled) on {sample['sequences']} of {sample['of']} sequences (seeded sample, seed "
-        f"{sample['seed']}; --limit N changes it, default {sample['default']}), anchors {sample['anchors']}; "
+        f"{sample['seed']}; {how}), anchors {sample['anchors']}; "
         f"intervals: paired bootstrap over requests at {report['level']:.2%} (95 % split over the "
         f"{len(report['hypotheses'])} hypotheses tried)"
     )
@@ -83,6 +95,12 @@ def _extra_lines(report: Mapping[str, Any]) -> list[str]:
             "the same metric on this cache: "
             f"{num(tm['train_accept_len'])} as configured (gap {num(tm['gap'])}), {num(tm['train_accept_len_best'])} "
             f"with the best alternative {tm['best_kind']}={_value(tm['best_value'], tm['best_kind'] or '')} (gap left {num(tm['gap_after_best'])})"
+        )
+    runner = report.get("runner_up")
+    if runner:
+        lines.append(
+            f"top fix against the runner-up {runner['label']}: {runner['delta']:+.3f} "
+            f"[{runner['ci'][0]:+.3f}, {runner['ci'][1]:+.3f}] (paired; a finding needs it above zero)"
         )
     lines += [f"untested {u['kind']}: {u['reason']}" for u in report["untested"]]
     return lines
@@ -125,8 +143,11 @@ def render_diagnose_html(report: Mapping[str, Any]) -> str:
         *[f"<p>{escape(line)}</p>" for line in _extra_lines(report)],
         *[f'<p class="note">{escape(n)}</p>' for n in report["notes"]],
         "<p>Each hypothesis replays the same sequences with one setting changed. A finding is the "
-        "hypothesis with the largest gain whose interval lies above zero; ablations and the second "
-        "cache are reported, never a finding.</p>",
+        "fix with the largest gain when its interval lies above zero against both the configured "
+        "setting and the runner-up fix (paired); otherwise the verdict names the two it could not "
+        "separate and the --limit estimated to separate them, or none when the best alternative's "
+        "interval rules out a gain of the resolution. Ablations and the second cache are reported, "
+        "never a finding.</p>",
     ]
     return html_page(title, body)
 

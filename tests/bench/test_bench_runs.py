@@ -162,3 +162,18 @@ def test_sampled_agreement_bench_quick(capsys):
     assert [r[1] for r in rows] == ["one-hot", "probabilistic"], out
     for row in rows:  # offline±se, online±se, z, swapped z, CPU-s: all numbers
         assert all("±" in cell for cell in row[2:4]) and all(float(c) == float(c) for c in row[4:7]), out
+
+
+def test_diagnose_bench_quick(fp32_cache: Path, capsys, tmp_path):
+    """bench/diagnose.py --quick (2 sequences, an untrained drafter on the session's fp32 cache)
+    checks the shared pass replays what one independent pass per hypothesis does and prints both
+    ratios."""
+    _bench("diagnose").main(["--quick", "--cache", str(fp32_cache)])
+    out = capsys.readouterr().out
+    for line in (
+        "totals and accept lengths equal: shared pass vs one independent pass per hypothesis",
+        "ratio default / independent all-anchor passes (the previous --anchors all):",
+        "ratio default / --anchors chain (the previous default), on 3 of",
+        "load average",
+    ):
+        assert line in out, out

@@ -20,7 +20,9 @@ from scorer.diagnose import (
     Hypothesis,
     Outcome,
     hypothesis_kinds,
+    paired_se,
     rank_outcomes,
+    sequences_needed,
     verdict,
 )
 from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint, measure_drift
@@ -65,6 +67,104 @@ def test_a_clear_fix_is_the_finding_and_rows_are_sorted_by_gain() -> None:
     assert ranked["level"] == pytest.approx(1 - 0.05 / 2)  # Bonferroni over the 2 tested
     line = verdict(ranked)
     assert line.startswith("shift +1: tau ") and f"{base_tau:.2f} -> " in line
+    # it beat the runner-up (the next fix) beyond their paired interval, and says so
+    assert ranked["runner_up"]["kind"] == "mask_token_id" and ranked["runner_up"]["ci"][0] > 0
+    assert "ahead of mask 7 by +" in line and ranked["inconclusive"] is None
+
+
+def test_a_top_hypothesis_that_does_not_beat_the_baseline_is_not_passed_over_for_a_lower_one() -> None:
+    """Issue 26 item 10: the true id ranked first with an interval reaching 0 while a lower-ranked id
+    was significant, and the lower one was named. Neither is: the verdict is inconclusive between
+    them, with a --limit from the observed variance (more than the cache holds here)."""
+    steady = BASE.copy()
+    steady[:, 0] += 3  # +3 tokens on every request: a small gain, a tight interval
+    lumpy = BASE.copy()
+    lumpy[[1, 4], 0] += 20  # +20 on two requests only: a larger gain, an interval down to 0
+    ranked = rank_outcomes(
+        BASE,
+        [
+            Outcome(Hypothesis("mask_token_id", 3, "mask token id 3"), lumpy),
+            Outcome(Hypothesis("mask_token_id", 2, "mask token id 2"), steady),
+        ],
+        available=8,
+    )
+    top, second = ranked["hypotheses"]
+    assert top["value"] == 3 and not top["significant"] and second["value"] == 2 and second["significant"]
+    assert ranked["finding"] is None
+    between = ranked["inconclusive"]["between"]
+    assert [b["value"] for b in between] == [3, 2]
+    limit = ranked["inconclusive"]["limit"]
+    assert limit > 2 * len(BASE)
+    # the sample that separates max(|observed|, 0.15) against the baseline and (the top gains
+    # 0.15 or more) against the runner-up, by the independent formula
+    level, runner = ranked["level"], ranked["runner_up"]
+    want = max(
+        sequences_needed(8, paired_se(BASE, lumpy), max(top["gain"], 0.15), level),
+        sequences_needed(8, paired_se(steady, lumpy), max(runner["delta"], 0.15), level),
+    )
+    assert top["gain"] >= 0.15 and ranked["sample_needed"] == want > 8
+    line = verdict(ranked)
+    assert (
+        line.startswith("inconclusive between mask token id 3 (gain +")
+        and " and mask token id 2 (gain +" in line
+    )
+    assert f"run with --limit {limit} (the cache has 8 sequences" in line and "extract more" in line
+
+
+def test_a_top_hypothesis_level_with_the_runner_up_is_inconclusive_between_them() -> None:
+    """Both beat the baseline; the top one is not ahead of the runner-up beyond their interval."""
+    one, two = BASE.copy(), BASE.copy()
+    one[:, 0] += 3
+    one[1::2, 0] += 1
+    one[0, 0] += 1
+    two[:, 0] += 3
+    two[::2, 0] += 1
+    ranked = rank_outcomes(
+        BASE,
+        [
+            Outcome(Hypothesis("position_offset", 1, "shift +1"), one),
+            Outcome(Hypothesis("position_offset", 2, "shift +2"), two),
+        ],
+        available=10_000,
+    )
+    assert all(r["significant"] for r in ranked["hypotheses"]) and ranked["finding"] is None
+    runner = ranked["runner_up"]
+    assert runner["value"] == 2 and runner["ci"][0] <= 0 < runner["delta"]
+    # the suggested limit is the independent formula on the paired spread and observed difference
+    want = sequences_needed(len(BASE), paired_se(two, one), runner["delta"], ranked["level"])
+    assert ranked["inconclusive"]["limit"] == max(want, 2 * len(BASE))
+    line = verdict(ranked)
+    assert line.startswith("inconclusive between shift +1") and line.endswith(f"--limit {want}")
+
+
+def test_a_gain_the_interval_cannot_rule_out_is_inconclusive_against_the_configured_setting() -> None:
+    lumpy = BASE.copy()
+    lumpy[[1, 4], 0] += 20
+    ranked = rank_outcomes(BASE, [Outcome(Hypothesis("rope_theta", 1e6, "rope_theta 1e+06"), lumpy)])
+    assert ranked["finding"] is None and ranked["hypotheses"][0]["ci"][1] >= ranked["resolution"]
+    assert ranked["inconclusive"]["between"][1] is None
+    assert verdict(ranked).startswith("inconclusive between rope_theta 1e+06 (gain +")
+    assert "and the configured setting (tau " in verdict(ranked)
+
+
+def test_paired_se_is_the_bootstrap_spread_and_sequences_needed_the_power_formula() -> None:
+    from scorer.metrics import tau_pooled_from_totals
+
+    rng = np.random.default_rng(1)
+    rounds = rng.integers(10, 40, size=400)
+    a = np.stack([rounds + rng.integers(0, 30, size=400), rounds], axis=1)
+    b = a.copy()
+    b[:, 0] += rng.integers(-3, 8, size=400)
+    boots = []
+    for _ in range(2000):
+        i = rng.integers(0, 400, size=400)
+        boots.append(tau_pooled_from_totals(b[i]) - tau_pooled_from_totals(a[i]))
+    assert paired_se(a, b) == pytest.approx(np.std(boots), rel=0.08)  # 2000 resamples: ~2 % noise
+    assert paired_se(a[:1], b[:1]) == float("inf")
+    # n * ((z_{1-(1-level)/2} + z_power) * se / margin)^2 with z = 1.95996 and 0.84162
+    assert sequences_needed(10, 0.1, 0.2, 0.95) == 20  # 10 * (2.80158 * 0.5)^2 = 19.6
+    assert sequences_needed(10, 0.0, 0.0, 0.95) is None  # identical replays: nothing separates them
+    assert sequences_needed(10, float("inf"), 0.2, 0.95) is None
 
 
 def test_noise_and_non_fixes_never_make_a_finding() -> None:
@@ -250,3 +350,71 @@ def test_a_second_cache_in_bf16_reports_its_drift_and_how_much_noise_explains(
         assert drift["explained_fraction"] == pytest.approx(
             rows["drift-noise"]["gain"] / rows[f"cache:{bf16_cache}"]["gain"]
         )
+
+
+# ---- the shared pass (issue 26 item 11) ---------------------------------------------------------
+
+
+def test_the_shared_pass_replays_what_one_independent_pass_per_hypothesis_does(scorer_cache, trained_drafter):
+    """Features and context shared across hypotheses change no number: every setting's totals and
+    training-log accept length equal scorer eval's all-anchor path run on that setting alone."""
+    from scorer.diagnose_run import prepare_diagnosis
+    from scorer.metrics import AcceptLen, request_totals
+    from scorer.families.dflash.score import score_sequence
+
+    plan = prepare_diagnosis(trained_drafter, [scorer_cache], DiagnoseConfig(limit=2))
+    settings = [plan.base, *plan.settings]
+    kinds = {h.kind for h in plan.hypotheses}
+    assert {"position_offset", "mask_token_id", "rope_theta", "dtype", "feature_ablation"} <= kinds
+    replayer = plan.replayer
+    shared = replayer.replay_many(settings, range(2))
+    for setting, (totals, accept) in zip(settings, shared):
+        drafter, logs, want_accept = replayer.drafter(setting), [], AcceptLen(0, 0)
+        for row in replayer.rows[0][:2]:
+            cache = replayer.caches[0]
+            result = score_sequence(
+                drafter, replayer.features(setting, row), cache.token_ids(row), cache.target_argmax(row),
+                cache.index.column("prompt_len")[row].as_py(), anchors="all",
+            )  # fmt: skip
+            logs.append(result.chain)
+            want_accept = want_accept + result.accept_len
+        assert np.array_equal(totals, request_totals(logs)) and accept == want_accept, setting
+
+
+def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limit(
+    planted_drafter, diagnose_cache, monkeypatch
+):
+    """Without --limit the first sample (DEFAULT_SAMPLE, 4 here) grows to ``sample_needed`` (9 here:
+    the ranking's estimate is tested on hand-made inputs above), replaying only the new sequences;
+    the grown sample is the first N of the same seeded order, so it replays what --limit N does."""
+    import scorer.diagnose_run as run
+
+    seen = []
+
+    def ranking(*args, **kwargs):
+        seen.append(len(args[0]))
+        return {**rank_outcomes(*args, **kwargs), "sample_needed": 9}
+
+    monkeypatch.setattr(run, "DEFAULT_SAMPLE", 4)
+    monkeypatch.setattr(run, "rank_outcomes", ranking)
+    grown = _diagnose(planted_drafter("mask2"), diagnose_cache, n_boot=200)
+    sample = grown["sample"]
+    assert seen == [4, 9] and sample["first"] == 4 and sample["limit"] is None
+    assert sample["sequences"] == 9 and grown["baseline"]["n_requests"] == 9
+    fixed = _diagnose(planted_drafter("mask2"), diagnose_cache, n_boot=200, limit=sample["sequences"])
+    assert fixed["baseline"] == grown["baseline"]
+    assert [(h["kind"], h["value"], h["tau_pooled"]) for h in fixed["hypotheses"]] == [
+        (h["kind"], h["value"], h["tau_pooled"]) for h in grown["hypotheses"]
+    ]
+
+
+def test_on_too_few_sequences_a_plant_is_inconclusive_never_another_finding(planted_drafter, diagnose_cache):
+    """The final-norm plant (+0.83 on all 16 sequences) on 6: measured inconclusive between it and
+    the configured setting with --limit 12 (docs/diagnose.md); never a finding for anything else."""
+    report = _diagnose(planted_drafter("prenorm"), diagnose_cache, limit=6)
+    finding, open_ = report["finding"], report["inconclusive"]
+    if finding is not None:
+        assert (finding["kind"], finding["value"]) == ("final_norm", "pre"), report["verdict"]
+    else:
+        assert (open_["between"][0]["kind"], open_["between"][0]["value"]) == ("final_norm", "pre")
+        assert open_["limit"] > 6 and f"run with --limit {open_['limit']}" in report["verdict"]

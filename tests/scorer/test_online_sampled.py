@@ -279,7 +279,10 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
         (["--seed", "3"], "--seed 3 does nothing at temperature 0"),
         (["--temperature", "0.7", "--sample-top-k", "0"], "--sample-top-k 0 must be -1"),
         (["--temperature", "0.7"], "pass --sample-top-k K"),
-        (["--temperature", "0.7", "--sample-top-k", "5", "--runs", "0"], "'--runs': 0 is not in the range x>=1"),
+        (
+            ["--temperature", "0.7", "--sample-top-k", "5", "--runs", "0"],
+            "'--runs': 0 is not in the range x>=1",
+        ),
         (["--sampling", "qwen-thinking", "--draft-sampling", "sometimes"], "'--draft-sampling': 'sometimes'"),
         (["--sampling", "hot"], "--sampling 'hot' is not a preset"),
     ],

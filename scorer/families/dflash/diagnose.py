@@ -4,28 +4,31 @@
 differently: block RoPE offset, last layer before/after the final norm, dtype, a layer ablated,
 drift noise, the second cache). `candidates` turns the baseline setting and what the cache knows
 into the hypotheses of ``scorer.diagnose.FAMILY_HYPOTHESES["dflash"]``; `DFlashReplayer` replays
-a setting on the sampled sequences with ``--anchors chain`` speed and returns per-request totals.
+every setting on the sampled sequences, sharing one drafter pass (features, context) among the
+hypotheses that keep the drafter's inputs, and returns per-request totals.
 Another drafter family provides the same three things in its own module.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from hscache.capture.forward import head_rows, row_chunks
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.diagnose import Hypothesis
 from scorer.families.dflash.config import DrafterConfig
 from scorer.families.dflash.features import context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.families.dflash.score import score_sequence, score_sequences_chain
-from scorer.metrics import AcceptLen, request_totals
+from scorer.families.dflash.score import score_sequences_chain
+from scorer.metrics import AcceptLen, request_totals, train_accept_len
+from scorer.replay import RoundLog, replay_chain
 from scorer.sequences import sequence_features
 
 __all__ = ["COMMON_ROPE_THETAS", "DFlashReplayer", "Setting", "candidates", "special_token_ids"]
@@ -190,7 +193,19 @@ def candidates(
 class DFlashReplayer:
     """Replays Settings over fixed sequences of one or two caches (rows aligned by record id).
 
-    The target head is read once per dtype and shared by every replayed drafter.
+    ``rows[c]`` lists the candidate rows of cache ``c`` in sampling order; a replay names the
+    positions in those lists it covers, so a sample can grow without replaying what it has.
+
+    ``anchors="all"`` (the default) is one drafter pass per distinct drafter input, shared by
+    every hypothesis that does not change it: sequence by sequence, the features are built once
+    per feature variant (layer ids, final norm, ablation, noise, dtype, cache), the context's
+    keys and values once per context variant (those and the RoPE settings: the position-offset,
+    mask-id and block-size hypotheses reuse the baseline's), then each setting drafts every anchor
+    in a few large forwards and both the chain replay and the training-log accept length are read
+    off those drafts. ``anchors="chain"`` drafts only where each replay goes, one small forward per
+    sequence per round (``scorer eval --anchors chain``): 1/tau of the block work, but thousands of
+    calls whose fixed cost dominates on CPU (docs/diagnose.md, bench/diagnose.py).
+    The target head and the drafter weights are held once per dtype and shared by every drafter.
     """
 
     def __init__(
@@ -203,8 +218,10 @@ class DFlashReplayer:
         memory_gb: float = 2.0,
         max_blocks_per_forward: int = 64,
         seed: int = 0,
-        anchors: str = "chain",
+        anchors: str = "all",
     ) -> None:
+        if anchors not in ("all", "chain"):
+            raise ValueError(f"anchors {anchors!r}; choose 'all' or 'chain'")
         self.anchors = anchors
         self.loaded, self.caches, self.rows = loaded, list(caches), [list(r) for r in rows]
         self.device, self.memory_gb, self.max_blocks, self.seed = (
@@ -214,6 +231,7 @@ class DFlashReplayer:
             seed,
         )
         self._heads: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        self._weights: dict[str, dict[str, torch.Tensor]] = {}
 
     def _head(self, dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if dtype not in self._heads:
@@ -231,10 +249,21 @@ class DFlashReplayer:
             self._heads[dtype] = (embed, lm_head, None if d2t is None else d2t.to(self.device))
         return self._heads[dtype]
 
+    def _state_dict(self, dtype: str) -> dict[str, torch.Tensor]:
+        # Cast once per dtype; every drafter of that dtype holds these tensors (load_state_dict
+        # with assign=True), so a dozen hypotheses cost one copy of the weights, not a dozen.
+        if dtype not in self._weights:
+            torch_dtype = DTYPES[dtype]
+            self._weights[dtype] = {
+                k: v.to(device=self.device, dtype=torch_dtype) if v.is_floating_point() else v.to(self.device)
+                for k, v in self.loaded.state_dict.items()
+            }
+        return self._weights[dtype]
+
     def drafter(self, setting: Setting) -> DFlashDrafter:
         """The drafter of ``setting``: the loaded weights under its config, head attached."""
         drafter = DFlashDrafter(setting.config)
-        drafter.load_state_dict(self.loaded.state_dict)
+        drafter.load_state_dict(self._state_dict(setting.dtype), assign=True)
         drafter = drafter.to(device=self.device, dtype=DTYPES[setting.dtype]).eval()
         drafter.attach_target(*self._head(setting.dtype))
         drafter.block_position_offset = setting.block_position_offset
@@ -267,51 +296,130 @@ class DFlashReplayer:
         return feats
 
     def replay(self, setting: Setting, *, all_anchors: bool | None = None) -> tuple[np.ndarray, float | None]:
-        """Per-request (tokens, rounds) ``[R, 2]`` in sample order, and with ``all_anchors`` the
-        training-log accept length over every anchor (else None).
+        """Per-request (tokens, rounds) ``[R, 2]`` over every row, and with all anchors drafted
+        the training-log accept length (else None). ``all_anchors`` overrides ``anchors``."""
+        anchors = self.anchors if all_anchors is None else ("all" if all_anchors else "chain")
+        ((totals, accept),) = self.replay_many(
+            [setting], range(len(self.rows[setting.cache])), anchors=anchors
+        )
+        return totals, None if accept is None else accept.mean
 
-        ``all_anchors`` (default: the replayer's ``anchors == "all"``) drafts every anchor in a few
-        large forwards per sequence: the same tau, more drafting work, fewer calls; faster for
-        small drafters on CPU, where per-call overhead dominates the chain's one-round steps.
+    def replay_many(
+        self,
+        settings: Sequence[Setting],
+        positions: Sequence[int],
+        *,
+        anchors: str | None = None,
+        on_sequence: Callable[[int, int], None] | None = None,
+    ) -> list[tuple[np.ndarray, AcceptLen | None]]:
+        """Replay every setting on the rows at ``positions`` (of each setting's cache row list).
+
+        Returns:
+            per setting, ``([len(positions), 2]`` (tokens, rounds) per request in position order,
+            the training-log AcceptLen summed over them, or None with chain anchors).
         """
-        all_anchors = self.anchors == "all" if all_anchors is None else all_anchors
+        anchors = anchors or self.anchors
+        positions = list(positions)
+        if anchors == "chain":
+            return [(self._replay_chain(s, positions), None) for s in settings]
+        drafters = [self.drafter(s) for s in settings]
+        logs: list[list[RoundLog]] = [[] for _ in settings]
+        accept = [AcceptLen(0, 0) for _ in settings]
+        by_features: dict[tuple, list[int]] = {}
+        for j, s in enumerate(settings):
+            by_features.setdefault(_features_key(s), []).append(j)
+        for n, i in enumerate(positions):
+            if on_sequence:
+                on_sequence(n, len(positions))
+            for members in by_features.values():
+                first = settings[members[0]]
+                cache, row = self.caches[first.cache], self.rows[first.cache][i]
+                token_ids = cache.token_ids(row)
+                x, a = token_ids.numpy(), cache.target_argmax(row).numpy()
+                prompt_len = cache.index.column("prompt_len")[row].as_py()
+                feats = self.features(first, row)
+                by_context: dict[tuple, list[int]] = {}
+                for j in members:
+                    by_context.setdefault(_context_key(settings[j]), []).append(j)
+                for group in by_context.values():
+                    context = None
+                    for j in group:
+                        if len(x) - 1 - prompt_len > 0 and context is None:
+                            # rows 0..T-3 are all any anchor (<= T-2) sees; as score.py's _Drafts
+                            context = drafters[j].context_kv(feats[: max(len(x) - 2, 1)])
+                        draft = self._draft_every_anchor(drafters[j], feats, token_ids, prompt_len, context)
+                        B = settings[j].config.block_size
+                        logs[j].append(replay_chain(draft, x, a, prompt_len, B))
+                        accept[j] = accept[j] + train_accept_len(draft, x, a, prompt_len)
+        return [(request_totals(log), acc) for log, acc in zip(logs, accept)]
+
+    def _draft_every_anchor(
+        self,
+        drafter: DFlashDrafter,
+        features: torch.Tensor,
+        token_ids: torch.Tensor,
+        prompt_len: int,
+        context: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    ) -> np.ndarray:
+        """Drafts ``[A, B-1]`` at anchors P..T-2, grouped and head-chunked exactly as
+        ``scorer.score.draft_all_anchors`` does (so the numbers are scorer eval's), from a context
+        computed once per context variant."""
+        c = drafter.config
+        B = c.block_size
+        anchors = np.arange(prompt_len, len(token_ids) - 1)
+        if len(anchors) == 0:
+            return np.zeros((0, B - 1), dtype=np.int64)
+        rows = head_rows(c.vocab_size, self.memory_gb)
+        group = self.max_blocks * max(1, rows // ((B - 1) * self.max_blocks))
+        ids = token_ids.to(features.device)
+        parts = []
+        for lo in range(0, len(anchors), group):
+            at = torch.as_tensor(anchors[lo : lo + group], dtype=torch.long, device=features.device)
+            blocks = torch.full((len(at), B), c.mask_token_id, dtype=torch.long, device=features.device)
+            blocks[:, 0] = ids[at]
+            hidden = drafter.block_hidden(
+                features, at, blocks, max_blocks_per_forward=self.max_blocks, context=context
+            )
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            for start, stop, new in row_chunks(flat.shape[0], rows):
+                parts.append(drafter.head(flat[start:stop])[new - start :].float().argmax(-1))
+        return torch.cat(parts).reshape(len(anchors), B - 1).cpu().numpy()
+
+    def _replay_chain(self, setting: Setting, positions: list[int]) -> np.ndarray:
         drafter = self.drafter(setting)
-        cache, rows = self.caches[setting.cache], self.rows[setting.cache]
+        cache = self.caches[setting.cache]
         prompt_lens = cache.index.column("prompt_len")
-        logs, accept = [], AcceptLen(0, 0)
+        logs: list[RoundLog] = []
         group: list[dict] = []
         tokens = 0
-
-        def flush() -> None:
-            nonlocal group, tokens
-            if group:
-                logs.extend(
-                    r.chain
-                    for r in score_sequences_chain(
-                        drafter, group, max_blocks_per_forward=self.max_blocks, memory_gb=self.memory_gb
-                    )
+        for n, i in enumerate(positions):
+            row = self.rows[setting.cache][i]
+            group.append(
+                {
+                    "features": self.features(setting, row),
+                    "token_ids": cache.token_ids(row),
+                    "target_argmax": cache.target_argmax(row),
+                    "prompt_len": prompt_lens[row].as_py(),
+                    "row": row,
+                }
+            )
+            tokens += len(group[-1]["token_ids"])
+            if tokens >= _TOKENS_PER_GROUP or n == len(positions) - 1:
+                results = score_sequences_chain(
+                    drafter, group, max_blocks_per_forward=self.max_blocks, memory_gb=self.memory_gb
                 )
-            group, tokens = [], 0
+                logs.extend(r.chain for r in results)
+                group, tokens = [], 0
+        return request_totals(logs)
 
-        for row in rows:
-            seq = {
-                "features": self.features(setting, row),
-                "token_ids": cache.token_ids(row),
-                "target_argmax": cache.target_argmax(row),
-                "prompt_len": prompt_lens[row].as_py(),
-                "row": row,
-            }
-            if all_anchors:
-                result = score_sequence(
-                    drafter, seq["features"], seq["token_ids"], seq["target_argmax"], seq["prompt_len"],
-                    row=row, max_blocks_per_forward=self.max_blocks, anchors="all", memory_gb=self.memory_gb,
-                )  # fmt: skip
-                logs.append(result.chain)
-                accept = accept + result.accept_len
-                continue
-            group.append(seq)
-            tokens += len(seq["token_ids"])
-            if tokens >= _TOKENS_PER_GROUP:
-                flush()
-        flush()
-        return request_totals(logs), accept.mean if all_anchors else None
+
+def _features_key(s: Setting) -> tuple:
+    """What the drafter's input features depend on: settings with equal keys share them."""
+    return (s.cache, tuple(s.config.target_layer_ids), s.last_layer_normed, s.ablate_layer, s.noise, s.dtype)
+
+
+def _context_key(s: Setting) -> tuple:
+    """What the context keys/values depend on besides the features: every config field but the
+    mask id and block size (block-only inputs); the RoPE offset applies to the block alone."""
+    fields = [(f.name, repr(getattr(s.config, f.name))) for f in dataclasses.fields(s.config)]
+    return (_features_key(s), tuple(kv for kv in fields if kv[0] not in ("mask_token_id", "block_size")))
