@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 import hscache
@@ -15,6 +16,13 @@ transformers.logging.set_verbosity_error()
 # Chunk checks stay in-process (store/verified_log.py off): a test must never trust, or write to, the
 # verification log in the user's home; the tests of the log point it at a temporary directory.
 os.environ["HSCACHE_VERIFIED_DIR"] = "off"
+# One intra-op thread in this process and every process it starts (CLI subprocesses, dask workers):
+# the tests' models are tiny, where a second thread only spins (measured: the suite's CPU time fell
+# from 544 to the README's figure), and on a busy 2-core machine it waits on the other jobs. A test
+# that needs a thread pool sets one itself (tests/scorer/test_round_four_scorer.py); OMP_NUM_THREADS
+# set by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
