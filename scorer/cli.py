@@ -539,7 +539,7 @@ def compare(
         from scorer.compare_settings import compare_settings, render_settings
 
         document = compare_settings(checkpoints, caches, config)
-        render_settings(document, Console())
+        render_settings(document, Console(), table_format)
         _write_json(json_out, document)
         if report_out:
             from scorer.report.served import write_settings_html
@@ -1163,8 +1163,11 @@ def init(
         from scorer.init import init_drafter
 
         config, what = init_drafter(cache, out, family=family, **options), "random"
+    # DFlash2 starts from the --from drafter's weights (its identity start), not from random ones.
+    start = f" at its identity start from {from_dir}" if from_dir and not train_steps else ""
+    what = "" if start else f"{what} "
     click.echo(
-        f"saved a {what} {chosen.display_name} drafter (hidden {config.hidden_size}, "
+        f"saved a {what}{chosen.display_name} drafter{start} (hidden {config.hidden_size}, "
         f"{config.num_hidden_layers} layer(s), drafting {config.block_size - 1} tokens a round, target layers "
         f"{list(config.target_layer_ids)}) to {out}"
     )

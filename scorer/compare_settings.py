@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from hscache import schemas
 from hscache.capture.provenance import git_commit, package_versions, utc_now
@@ -158,12 +157,14 @@ def settings_table(document: dict[str, Any]) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
-def render_settings(document: dict[str, Any], console: Console) -> None:
+def render_settings(document: dict[str, Any], console: Console, table_format: str = "auto") -> None:
+    """The side-by-side table, whole (``print_table``: boxes on a terminal, plain or markdown when
+    redirected), then each cache's setting and the warnings."""
+    from scorer.report.terminal import print_table
+
     header, rows = settings_table(document)
-    table = Table(*header, title="tau per sampling setting (pooled; #rank at that setting)")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    console.print("tau per sampling setting (pooled; #rank at that setting)")
+    print_table(header, rows, table_format, stream=console.file)
     for s in document["settings"]:
         console.print(f"{s['cache']}: {s['described']}; {s['prompts']} prompts, {s['sequences']} sequences")
     for warning in document["warnings"]:

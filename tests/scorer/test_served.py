@@ -307,6 +307,8 @@ def test_compare_across_settings_sets_taus_side_by_side_with_ranks(
         assert order == [d["checkpoint"] for d in by_tau]
     assert any("other prompts" in w for w in document["warnings"])  # 4 greedy prompts, 2 sampled
     assert "tau per sampling setting" in output and "tau per sampling setting" in page.read_text()
+    # Not a terminal: whole plain columns (issue 26 item 12), never rich's boxes cut at 80 columns.
+    assert "…" not in output and "┃" not in output and str(sampled_scorer_cache) in output
 
 
 def test_pooled_tau_of_real_valued_rounds_is_not_truncated():
