@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from scorer.diagnose_run import DiagnoseConfig, prepare_diagnosis
-from scorer.metrics import AcceptLen, request_totals, tau_pooled_from_totals
 from scorer.families.dflash.score import score_sequence
+from scorer.metrics import AcceptLen, request_totals, tau_pooled_from_totals
 
 
 def _cpu() -> float:

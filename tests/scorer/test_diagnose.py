@@ -359,8 +359,8 @@ def test_the_shared_pass_replays_what_one_independent_pass_per_hypothesis_does(s
     """Features and context shared across hypotheses change no number: every setting's totals and
     training-log accept length equal scorer eval's all-anchor path run on that setting alone."""
     from scorer.diagnose_run import prepare_diagnosis
-    from scorer.metrics import AcceptLen, request_totals
     from scorer.families.dflash.score import score_sequence
+    from scorer.metrics import AcceptLen, request_totals
 
     plan = prepare_diagnosis(trained_drafter, [scorer_cache], DiagnoseConfig(limit=2))
     settings = [plan.base, *plan.settings]
