@@ -19,7 +19,7 @@ from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES, SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
-from scorer.report.terminal import TABLE_FORMATS
+from scorer.report.tables import TABLE_FORMATS
 
 __all__ = ["main"]
 
@@ -525,7 +525,7 @@ def compare(
     from scorer.compare import compare_drafters
     from scorer.evaluate import EvalConfig
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
-    from scorer.report.terminal import print_table
+    from scorer.report.tables import print_table
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     sampling = _sampling_request(options)

@@ -160,7 +160,7 @@ def settings_table(document: dict[str, Any]) -> tuple[list[str], list[list[str]]
 def render_settings(document: dict[str, Any], console: Console, table_format: str = "auto") -> None:
     """The side-by-side table, whole (``print_table``: boxes on a terminal, plain or markdown when
     redirected), then each cache's setting and the warnings."""
-    from scorer.report.terminal import print_table
+    from scorer.report.tables import print_table
 
     header, rows = settings_table(document)
     console.print("tau per sampling setting (pooled; #rank at that setting)")
