@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from hscache.store.sampling import GREEDY, PRESETS, sampling_setting
+from hscache.store.sampling import GREEDY, PRESETS, SAMPLING_PARAMETERS, sampling_setting
 from hscache.store.view import CacheView
 from scorer.errors import ScorerError
 from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
@@ -76,15 +76,7 @@ RULE_DEFINITIONS = {
     "--speculative-use-rejection-sampling; spec/sampling.md 4.1 A, 4.4)",
 }
 # SamplingSetting fields an eval flag may name (checked against the cache, never applied).
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
+SAMPLING_FIELDS = SAMPLING_PARAMETERS
 _FLAG = {name: "--" + name.replace("_", "-") for name in SAMPLING_FIELDS} | {"top_k": "--sample-top-k"}
 
 

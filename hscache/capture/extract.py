@@ -64,7 +64,7 @@ from hscache.store.layout import DEFAULT_COMPRESSION, MANIFEST, array_specs, sam
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.run_log import encode_run_log, read_run_log
-from hscache.store.sampling import GREEDY, SamplingSetting
+from hscache.store.sampling import GREEDY, SAMPLING_PARAMETERS, SamplingSetting
 from hscache.store.shards import shard_path
 from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
@@ -685,8 +685,7 @@ def _wants_mtp(config: ExtractConfig) -> bool:
 
 
 def _parameters(setting: dict[str, Any]) -> dict[str, Any]:
-    keys = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
-    return {k: setting[k] for k in (*keys, "repetition_penalty", "seed") if k in setting}
+    return {k: setting[k] for k in (*SAMPLING_PARAMETERS, "seed") if k in setting}
 
 
 def auto_dtype(device: str) -> str:

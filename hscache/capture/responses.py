@@ -32,7 +32,7 @@ import numpy as np
 from hscache.capture.prompts import PromptRecord
 from hscache.errors import PromptFileError
 from hscache.store import jsonio
-from hscache.store.sampling import SamplingSetting
+from hscache.store.sampling import SAMPLING_PARAMETERS, SamplingSetting
 
 __all__ = [
     "ServedChoice",
@@ -48,16 +48,7 @@ _LOGPROB_FLOOR = -9999.0
 _MASS_TOLERANCE = 1e-4
 # Request fields -> setting fields, and vLLM's request defaults for those left out
 # (vllm/entrypoints/openai/completion/protocol.py _DEFAULT_SAMPLING_PARAMS; top_k 0 = disabled).
-_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-)
+_FIELDS = (*SAMPLING_PARAMETERS, "seed")
 _REQUEST_DEFAULTS = dict(
     temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
     repetition_penalty=1.0, seed=None,

@@ -29,11 +29,23 @@ __all__ = [
     "PRESETS",
     "PROCESSING_ORDER",
     "SAMPLING_EPS",
+    "SAMPLING_PARAMETERS",
     "SamplingSetting",
     "generation_config_values",
     "sampling_setting",
 ]
 
+# The processed distribution's parameters, vLLM's SamplingParams names (a request's fields, the
+# setting's fields, the flags' names with '-' for '_'; top_k is --sample-top-k on the command line).
+SAMPLING_PARAMETERS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 ENGINE = "vllm"  # the engine convention the processor implements (recorded in every sampled cache)
 PROCESSING_ORDER = (
     "repetition_penalty",  # prompt + generated tokens: positive logits / r, others * r
