@@ -33,8 +33,10 @@ __all__ = [
     "commit_round",
     "eos_ids",
     "open_online",
+    "request_row",
     "run_online",
     "speculative_decode",
+    "tau_of_requests",
 ]
 
 # Version of the result document (schemas/online_report.schema.json); bump on a breaking change.
@@ -157,6 +159,29 @@ def open_online(
     return OnlineSession(target, family, layer_ids, propose, report, target_check)
 
 
+def tau_of_requests(requests: list[OnlineRequest]) -> dict[str, Any]:
+    """The online report's ``tau`` (per request, pooled; None without a round) and ``rounds``."""
+    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
+    return {
+        "tau": {
+            "per_request": tau_per_request(with_rounds) if with_rounds else None,
+            "pooled": tau_pooled(with_rounds) if with_rounds else None,
+        },
+        "rounds": sum(len(r) for r in with_rounds),
+    }
+
+
+def request_row(request: OnlineRequest) -> dict[str, Any]:
+    """One request of the online report's ``per_request``."""
+    return {
+        "record_id": request.record_id,
+        "prompt_len": request.prompt_len,
+        "tau": request.tau,
+        "tokens_per_round": list(request.tokens_per_round),
+        "generated": len(request.token_ids) - request.prompt_len,
+    }
+
+
 def run_online(
     checkpoint: str | Path,
     model: str,
@@ -201,24 +226,10 @@ def run_online(
             prompt = prompt_token_ids(record, target.tokenizer)
             ids, rounds = speculative_decode(target, layer_ids, propose, prompt, max_new_tokens, max_length)
             requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
-    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
     result = {
         "schema_version": ONLINE_SCHEMA_VERSION,
-        "tau": {
-            "per_request": tau_per_request(with_rounds) if with_rounds else None,
-            "pooled": tau_pooled(with_rounds) if with_rounds else None,
-        },
-        "rounds": sum(len(r) for r in with_rounds),
-        "per_request": [
-            {
-                "record_id": r.record_id,
-                "prompt_len": r.prompt_len,
-                "tau": r.tau,
-                "tokens_per_round": list(r.tokens_per_round),
-                "generated": len(r.token_ids) - r.prompt_len,
-            }
-            for r in requests
-        ],
+        **tau_of_requests(requests),
+        "per_request": [request_row(r) for r in requests],
         "checkpoint": report.to_dict(),
         "family": family.name,
         "target_check": target_check.to_dict(),

@@ -44,8 +44,16 @@ from hscache.store.fsio import file_sha256
 from hscache.store.sampling import SamplingSetting
 from scorer.errors import ScorerError
 from scorer.families.base import OnlineOptions, Proposer
-from scorer.metrics import bootstrap_ci, tau_per_request, tau_pooled, tau_pooled_from_totals
-from scorer.online import ONLINE_SCHEMA_VERSION, OnlineRequest, commit_round, eos_ids, open_online
+from scorer.metrics import bootstrap_ci, tau_pooled_from_totals
+from scorer.online import (
+    ONLINE_SCHEMA_VERSION,
+    OnlineRequest,
+    commit_round,
+    eos_ids,
+    open_online,
+    request_row,
+    tau_of_requests,
+)
 from scorer.vllm_rejection import (
     RoundNoise,
     VerifiedRounds,
@@ -475,27 +483,11 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
             session.target, session.layer_ids, session.propose, prompts, settings, range(config.runs)
         )
     requests = [r for run in results for r in run.requests]
-    with_rounds = [list(r.tokens_per_round) for r in requests if r.tokens_per_round]
     seed = int(config.sampling.seed or 0)
     document = {
         "schema_version": ONLINE_SCHEMA_VERSION,
-        "tau": {
-            "per_request": tau_per_request(with_rounds) if with_rounds else None,
-            "pooled": tau_pooled(with_rounds) if with_rounds else None,
-        },
-        "rounds": sum(len(r) for r in with_rounds),
-        "per_request": [
-            {
-                "run": run.run,
-                "record_id": r.record_id,
-                "prompt_len": r.prompt_len,
-                "tau": r.tau,
-                "tokens_per_round": list(r.tokens_per_round),
-                "generated": len(r.token_ids) - r.prompt_len,
-            }
-            for run in results
-            for r in run.requests
-        ],
+        **tau_of_requests(requests),
+        "per_request": [{"run": run.run, **request_row(r)} for run in results for r in run.requests],
         "sampled": {
             "sampling": config.sampling.to_dict(),
             "rule": {
