@@ -284,3 +284,85 @@ def test_the_family_rule_sees_a_violation():
     assert {t for t in GRAPH["scorer.families"] if _family_of(t)} >= set(FAMILY_PACKAGES) - {
         "scorer.families.ngram"
     }
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    """What a class defines: its methods, class-level names and every ``self.X`` its methods set."""
+    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {
+        t.id
+        for n in cls.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Name)
+    }
+    for node in ast.walk(cls):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        names |= {
+            t.attr
+            for t in targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+        }
+    return names
+
+
+def _family_trees(family: str) -> list[ast.Module]:
+    return [ast.parse(path.read_text(), str(path)) for m, path in _modules().items() if _inside(m, family)]
+
+
+def _added_by_subclasses(family: str, base: str) -> dict[str, set[str]]:
+    """Per class of ``family`` that subclasses a class of ``base``: the members none of ``base``'s classes has."""
+    base_classes = [n for tree in _family_trees(base) for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    base_names = {n.name for n in base_classes}
+    base_members = set().union(*(_class_members(c) for c in base_classes))
+    return {
+        cls.name: _class_members(cls) - base_members
+        for tree in _family_trees(family)
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef)
+        and any(isinstance(b, ast.Name) and b.id in base_names for b in cls.bases)
+    }
+
+
+def _mentioned(tree: ast.AST) -> set[str]:
+    """Every attribute name, name and string constant in ``tree`` (``getattr(x, "name")`` included)."""
+    return {
+        n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name) else n.value
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Attribute, ast.Name))
+        or (isinstance(n, ast.Constant) and isinstance(n.value, str))
+    }
+
+
+def test_a_family_built_on_another_extends_it_by_subclassing():
+    """DFlash2 builds on DFlash by subclassing (issue 24): its layer's convolutions and its drafter's
+    selector override DFlash's methods, and DFlash's code never names what they add (no
+    ``getattr(drafter, "candidate_selector", None)`` sniffing for a variant's attribute)."""
+    bad = []
+    for family, bases in BUILDS_ON.items():
+        for base in bases:
+            added = _added_by_subclasses(family, base)
+            assert added, f"{family} subclasses none of {base}'s classes"
+            mine = set().union(*added.values())
+            bad += [
+                f"{m} names {name} of {family}"
+                for m, path in _modules().items()
+                if _inside(m, base)
+                for name in sorted(_mentioned(ast.parse(path.read_text(), str(path))) & mine)
+            ]
+    assert bad == []
+
+
+def test_the_subclassing_rule_sees_the_variant_and_a_sniff():
+    added = _added_by_subclasses("scorer.families.dflash2", "scorer.families.dflash")
+    assert {"attention_conv", "mlp_conv"} <= added["DFlash2Layer"]
+    assert "candidate_selector" in added["DFlash2Drafter"]
+    # what scorer/families/dflash/ did before DFlash2 overrode DFlashDrafter's drafting methods
+    sniff = 'selector = getattr(drafter, "candidate_selector", None)'
+    assert _mentioned(ast.parse(sniff)) & set().union(*added.values()) == {"candidate_selector"}

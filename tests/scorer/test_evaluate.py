@@ -26,7 +26,9 @@ class _StandIn:
     slot j at anchor p is whatever ``choose(p, j)`` says.
     """
 
-    path_candidates = 0  # the drafts are the per-slot argmax (no path selector)
+    # DFlash's drafting from the head: the per-slot argmax.
+    slot_candidates = DFlashDrafter.slot_candidates
+    path = DFlashDrafter.path
 
     def __init__(self, block_size: int, vocab: int, choose):
         self.config = SimpleNamespace(block_size=block_size, mask_token_id=0, vocab_size=vocab)

@@ -279,21 +279,6 @@ def target_fallbacks(target: Any) -> dict[str, Any]:
     }
 
 
-def _drawn_block(drafter: DFlashDrafter, rows: Any, anchor: Any, draw: DraftDraw) -> list[int]:
-    """A block drafted with ``draw``: DFlash's slots each from their own marginal (vLLM's probabilistic
-    drafting), DFlash2's by its selector walk over the same top-k candidates as its greedy path."""
-    import torch
-
-    with torch.no_grad():
-        flat = rows.reshape(-1, rows.shape[-1])
-        logits = drafter.head(flat).float()
-        selector = getattr(drafter, "candidate_selector", None)
-        if selector is None:
-            return [draw(row) for row in logits]
-        top = torch.topk(logits.to(flat.dtype), selector.top_k, dim=-1)  # as block_drafts takes them
-        return selector.walk(rows, top.values[None], top.indices[None], anchor, draw=draw)[0].tolist()
-
-
 def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -> Proposer:
     """DFlash's round: one block forward at the anchor (the last layer read after the final norm
     where the layout reads transformers' hidden_states[L])."""
@@ -316,8 +301,8 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
         block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
         block[0, 0] = ids[p]
         rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
-        if draw is not None:
-            return _drawn_block(drafter, rows, block[:, 0], draw)
+        if draw is not None:  # T > 0: the drafter draws the block (DFlashDrafter.drawn_block)
+            return drafter.drawn_block(rows, block[:, 0], draw)
         return block_drafts(drafter, rows, block[:, 0])[0].tolist()  # d_1..d_{B-1}
 
     return propose
@@ -397,7 +382,7 @@ def time_round(
         rows = drafter.block_hidden(
             features, torch.tensor([anchor], device=device), block, max_blocks_per_forward=1, context=context
         )
-        out = block_drafts(drafter, rows, block[:, 0])[0].tolist()  # argmax, or DFlash2's selector path
+        out = block_drafts(drafter, rows, block[:, 0])[0].tolist()  # the drafter's path
         return time.perf_counter() - t0, out
 
 

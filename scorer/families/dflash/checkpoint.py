@@ -78,7 +78,7 @@ class LoadedCheckpoint:
 
 @dataclass(frozen=True)
 class CheckpointVariant:
-    """A later DFlash variant in DFlash's layout (DFlash2: in-block convolutions, path selector):
+    """A later DFlash variant in DFlash's layout (DFlash2):
     its config keys and architecture names are taken out of every config before DFlash's parse
     (which refuses them by name) and its tensors out of the state dict before DFlash's checks;
     the variant's family reads them from ``LoadedCheckpoint.variant_config`` / ``variant_state``."""

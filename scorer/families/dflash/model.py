@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +33,7 @@ from scorer.families.dflash.attention import (
 )
 from scorer.families.dflash.config import DrafterConfig
 from scorer.layers import RMSNorm, SwiGLU, rotate_half
+from scorer.served import head_log_q
 
 __all__ = ["AttentionBackend", "DFlashDrafter"]
 
@@ -103,9 +105,6 @@ class DFlashDrafter(nn.Module):
     """
 
     family = "dflash"
-    # Candidates kept per slot for a drafts' path (``choose_path``); 0: the draft of each slot is
-    # its argmax. A variant with a path selector (DFlash2) sets it.
-    path_candidates = 0
 
     def __init__(
         self, config: DrafterConfig, layer: Callable[[DrafterConfig], DFlashLayer] = DFlashLayer
@@ -203,13 +202,47 @@ class DFlashDrafter(nn.Module):
         full[..., self.draft_to_target] = logits
         return full
 
-    def choose_path(
-        self, hidden: torch.Tensor, unary: torch.Tensor, candidate_ids: torch.Tensor, anchor_ids: torch.Tensor
+    # Drafting from the head. Callers project a block's rows through the head in row chunks (the
+    # vocabulary is large): ``slot_candidates`` keeps what the drafts need from one chunk's logits,
+    # ``path`` turns the chunks' candidates into the drafts. DFlash's draft of a slot is its own
+    # argmax, at T > 0 a draw from its own softmax (``drawn_block``, ``proposal_log_q``); a variant
+    # that drafts otherwise overrides these four.
+
+    def slot_candidates(self, logits: torch.Tensor, dtype: torch.dtype) -> Any:
+        """What the drafts need from head logits [m, V] (fp32; ``dtype`` the rows' own): the argmax [m]."""
+        return logits.argmax(-1)
+
+    def path(
+        self, hidden: torch.Tensor, candidates: Sequence[Any], anchor_tokens: torch.Tensor
     ) -> torch.Tensor:
-        """The drafts [n, D] of blocks from their normed rows [n, D, H], each slot's top
-        ``path_candidates`` draft logits ``unary`` and token ids [n, D, k], and the anchor tokens
-        [n]: a variant's path selector (DFlash's own drafts are the per-slot argmax, no path)."""
-        raise NotImplementedError(f"{type(self).__name__} drafts the per-slot argmax (path_candidates = 0)")
+        """The drafts [n, D] of blocks with normed rows ``hidden`` [n, D, H], from the
+        ``slot_candidates`` of their row chunks in order: each slot's argmax (the anchor tokens
+        [n], the blocks' slot-0 tokens, are not needed)."""
+        return torch.cat(list(candidates)).reshape(hidden.shape[:-1])
+
+    @torch.no_grad()
+    def drawn_block(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, draw: Callable[[torch.Tensor], int]
+    ) -> list[int]:
+        """One block drafted at T > 0 from its normed rows [1, D, H] and anchor token [1]: each
+        slot ``draw(logits)`` from its own marginal (vLLM's probabilistic drafting)."""
+        return [draw(row) for row in self.head(hidden.reshape(-1, hidden.shape[-1])).float()]
+
+    def proposal_log_q(
+        self,
+        hidden: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        want: np.ndarray,
+        temperature: float,
+        rows: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Drafts and log q(y) of blocks along a sampled trajectory (scorer.families.dflash.proposals):
+        normed rows [n, K, H], anchor tokens [n], the trajectory's tokens ``want`` [n, K] (-1 past
+        the end) -> (drafts [n, K], log q [n, K]). Slot j proposes from softmax(l_j / T) over the
+        whole vocabulary; the head projects ``rows`` rows at a time."""
+        n, k, h = hidden.shape
+        arg, log_q = head_log_q(self.head, hidden.reshape(-1, h), want.reshape(-1), temperature, rows)
+        return arg.reshape(n, k), log_q.reshape(n, k)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)
@@ -239,7 +272,7 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             causal, window = self.config.layer_attention(i)
             attn = layer.self_attn
-            x, conv = layer.attention_input(h, B)
+            x, state = layer.attention_input(h, B)
             q = attn.q(x, cos[p:], sin[p:]).transpose(0, 1)  # [heads, B, D]
             k, v = attn.kv(torch.cat([ctx, x]), cos, sin)  # [p+B, kv, D]; ctx is not input-normed
             k = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [heads, p+B, D]
@@ -248,7 +281,7 @@ class DFlashDrafter(nn.Module):
             if causal or window is not None:  # z-lab builds a mask only then (dflash/model.py)
                 scores = scores.masked_fill(~visible(q_pos, pos[None], causal, window), float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            h = layer.finish(h, (probs @ v).transpose(0, 1), conv, B)
+            h = layer.finish(h, (probs @ v).transpose(0, 1), state, B)
         return self.head(self.norm(h)[1:])
 
     def forward(
@@ -382,12 +415,12 @@ class DFlashDrafter(nn.Module):
                 build = flex_mask if use_flex else block_sparse_mask
                 masks[kind] = build(anchors, B, t_c, *kind)
             mask = masks[kind]
-            x, conv = layer.attention_input(h, B)
+            x, state = layer.attention_input(h, B)
             q = layer.self_attn.q(x, cos, sin)
             k_blk, v_blk = layer.self_attn.kv(x, cos, sin)
             k = torch.cat([k_ctx[:t_c], k_blk])  # [t_c + n*B, kv, D]
             v = torch.cat([v_ctx[:t_c], v_blk])
-            h = layer.finish(h, attend(q, k, v, mask), conv, B)
+            h = layer.finish(h, attend(q, k, v, mask), state, B)
         return self.norm(h).unflatten(0, (n, B))[:, 1:]
 
     def forward_blocks(

@@ -1,15 +1,12 @@
-"""DFlash and DFlash2 proposals along a sampled trajectory, for the probabilistic rule (scorer/served.py).
+"""Block drafters' proposals along a sampled trajectory, for the probabilistic rule (scorer/served.py).
 
-One block forward per anchor a gives the logits of all B-1 slots; they depend on the context up to
+One block forward per anchor a gives the rows of all B-1 slots; they depend on the context up to
 a and the mask tokens, never on the drafted values (spec/sampling.md 4.3), so the block drafted at
-a is the block along y:
-- DFlash: slot j proposes from q_{a,j} = softmax(l_{a,j} / T) over the whole vocabulary (vLLM
-  samples each slot from its own marginal); the draft is its argmax. A reduced draft vocabulary
-  (``draft_to_target``) has -inf logits outside it (``DFlashDrafter.head``): q = 0 there.
-- DFlash2 (vLLM MRV2's selector walk at T > 0): slot j proposes from the softmax over the
-  selector's ``top_k`` candidates of scores(prev, .) / T with prev = the previous drafted token,
-  which along y is y_{a+j-1} (the anchor token for j = 1); q = 0 off the candidates. The draft is
-  the candidate of the highest score (the greedy walk, fed y).
+a is the block along y. The drafter's ``proposal_log_q`` turns the rows into each slot's draft and
+log q_{a,j}(y_{a+j}). DFlash's: slot j proposes from q_{a,j} = softmax(l_{a,j} / T) over the whole
+vocabulary (vLLM samples each slot from its own marginal); the draft is its argmax. A reduced draft
+vocabulary (``draft_to_target``) has -inf logits outside it (``DFlashDrafter.head``): q = 0 there.
+A variant that drafts otherwise overrides ``proposal_log_q``.
 """
 
 from __future__ import annotations
@@ -18,14 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.dflash.features import feature_index
 from scorer.sequences import sequence_features
-from scorer.served import head_log_q
 from scorer.verification import slot_tokens
 
 __all__ = ["block_log_q", "block_proposals"]
@@ -34,10 +29,12 @@ __all__ = ["block_log_q", "block_proposals"]
 def block_proposals(
     drafter: Any, cache: CacheView, row: int, config: Any, temperature: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The ``Family.proposals`` of DFlash and DFlash2: (drafts [A, B-1], log q [A, B-1]) of ``row``."""
+    """The ``Family.proposals`` of DFlash and the variants built on it: (drafts [A, B-1],
+    log q [A, B-1]) of ``row``."""
     index = feature_index(drafter.config, cache.layer_ids)
-    norm = getattr(drafter, "context_norm", None)
-    features = sequence_features(cache.hidden_states(row), index, DTYPES[config.dtype], config.device, norm)
+    features = sequence_features(
+        cache.hidden_states(row), index, DTYPES[config.dtype], config.device, drafter.context_norm
+    )
     prompt_len = int(cache.index.column("prompt_len")[row].as_py())
     return block_log_q(
         drafter,
@@ -80,7 +77,6 @@ def block_log_q(
     rows = head_rows(drafter.config.vocab_size, memory_gb)
     context = drafter.context_kv(features[: max(seq_len - 2, 1)])
     group = max_blocks_per_forward * max(1, rows // (k * max_blocks_per_forward))
-    selector = getattr(drafter, "candidate_selector", None)
     for lo in range(0, len(anchors), group):
         at = torch.as_tensor(anchors[lo : lo + group], dtype=torch.long, device=device)
         blocks = torch.full((len(at), B), drafter.config.mask_token_id, dtype=torch.long, device=device)
@@ -88,52 +84,7 @@ def block_log_q(
         hidden = drafter.block_hidden(
             features, at, blocks, max_blocks_per_forward=max_blocks_per_forward, context=context
         )  # [n, B-1, H]
-        want = y[lo : lo + len(at)]
-        if selector is None:
-            arg, lq = head_log_q(
-                drafter.head, hidden.reshape(-1, hidden.shape[-1]), want.reshape(-1), temperature, rows
-            )
-            draft[lo : lo + len(at)] = arg.reshape(-1, k)
-            log_q[lo : lo + len(at)] = lq.reshape(-1, k)
-        else:
-            d, lq = _selector_log_q(drafter, selector, hidden, tokens[at], want, temperature, rows)
-            draft[lo : lo + len(at)] = d
-            log_q[lo : lo + len(at)] = lq
+        d, lq = drafter.proposal_log_q(hidden, tokens[at], y[lo : lo + len(at)], temperature, rows)
+        draft[lo : lo + len(at)] = d
+        log_q[lo : lo + len(at)] = lq
     return draft, log_q
-
-
-def _selector_log_q(
-    drafter: Any,
-    selector: Any,
-    hidden: torch.Tensor,
-    anchor_tokens: torch.Tensor,
-    want: np.ndarray,
-    temperature: float,
-    rows: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """DFlash2's walk fed y: per slot the candidates (``torch.topk`` of the draft logits in the
-    drafter's dtype, as ``CandidateSelector.walk`` is fed in scorer.score), scores with the
-    predecessor y_{a+j-1}, the argmax candidate and log softmax(scores / T) at y_{a+j}."""
-    from hscache.capture.forward import row_chunks
-
-    n, k, h = hidden.shape
-    flat = hidden.reshape(-1, h)
-    unary, candidates = [], []
-    for lo, hi, new in row_chunks(flat.shape[0], rows):
-        logits = drafter.head(flat[lo:hi])[new - lo :].float()
-        top = torch.topk(logits.to(flat.dtype), selector.top_k, dim=-1)
-        unary.append(top.values)
-        candidates.append(top.indices)
-    unary_t = torch.cat(unary).reshape(n, k, -1)
-    cand = torch.cat(candidates).reshape(n, k, -1)
-    wanted = torch.as_tensor(want, dtype=torch.long, device=hidden.device)  # [n, K], -1 past the end
-    # predecessors along y: the anchor token, then y_{a+1..a+K-1} (past the end: any valid id, unused)
-    prev = torch.cat([anchor_tokens[:, None], wanted[:, :-1].clamp(min=0)], dim=1)
-    gate_hidden = selector.hidden_projection(hidden)  # [n, K, r]
-    gate = F.embedding(prev, selector.predecessor_codebook) * gate_hidden
-    scores = unary_t + torch.einsum("bkr,bkcr->bkc", gate, F.embedding(cand, selector.successor_codebook))
-    draft = cand.gather(-1, scores.argmax(dim=-1, keepdim=True))[..., 0]
-    logq_all = torch.log_softmax(scores.float() / temperature, dim=-1)
-    hit = cand == wanted[..., None]
-    picked = torch.where(hit, logq_all, torch.full_like(logq_all, -torch.inf)).amax(dim=-1)
-    return draft.cpu().numpy(), picked.double().cpu().numpy()

@@ -76,7 +76,7 @@ class _Drafts:
 
 def block_drafts(drafter: DFlashDrafter, hidden: torch.Tensor, anchor_tokens: torch.Tensor) -> np.ndarray:
     """The drafted tokens ``[n, B-1]`` of blocks whose final normed rows are ``hidden``
-    ``[n, B-1, H]``: the per-slot argmax, or a DFlash2 drafter's selector path from ``anchor_tokens``."""
+    ``[n, B-1, H]`` and whose slot-0 tokens are ``anchor_tokens`` ``[n]`` (``DFlashDrafter.path``)."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     return _project(drafter, flat, max(1, flat.shape[0]), 0, anchor_tokens)[0]
 
@@ -86,37 +86,23 @@ def _project(
     flat: torch.Tensor,
     rows: int,
     tree_k: int,
-    anchor_tokens: torch.Tensor | None = None,
+    anchor_tokens: torch.Tensor,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Head rows ``[n*(B-1), H]`` -> argmax ``[n, B-1]`` (+ top-K log-probs), in row chunks of ``rows``.
+    """Head rows ``[n*(B-1), H]`` -> drafts ``[n, B-1]`` (+ top-K log-probs), in row chunks of ``rows``.
 
-    A drafter with ``path_candidates`` (DFlash2's selector) drafts its path instead of the
-    per-slot argmax: each slot's top candidates are kept from the same chunks, then
-    ``choose_path`` walks from ``anchor_tokens`` [n] (the blocks' slot-0 tokens).
+    The drafts are the drafter's ``path`` through the ``slot_candidates`` of each chunk (DFlash: the
+    per-slot argmax) from ``anchor_tokens`` [n] (the blocks' slot-0 tokens).
     """
-    top_k = drafter.path_candidates
-    drafts, vals, ids, unary, candidates = [], [], [], [], []
+    candidates, vals, ids = [], [], []
     for lo, hi, new in row_chunks(flat.shape[0], rows):
         logits = drafter.head(flat[lo:hi])[new - lo :].float()
-        drafts.append(logits.argmax(-1))
-        if top_k:  # NeMo walk: torch.topk of the draft logits, in the drafter's dtype
-            top = torch.topk(logits.to(flat.dtype), top_k, dim=-1)
-            unary.append(top.values)
-            candidates.append(top.indices)
+        candidates.append(drafter.slot_candidates(logits, flat.dtype))
         if tree_k:
             top = torch.topk(torch.log_softmax(logits, dim=-1), k=min(tree_k, logits.shape[-1]), dim=-1)
             vals.append(top.values)
             ids.append(top.indices)
     shape = (flat.shape[0] // (drafter.config.block_size - 1), drafter.config.block_size - 1)
-    if top_k and flat.shape[0]:
-        path = drafter.choose_path(
-            flat.reshape(*shape, -1),
-            torch.cat(unary).reshape(*shape, -1),
-            torch.cat(candidates).reshape(*shape, -1),
-            anchor_tokens.to(flat.device),
-        )
-        drafts = [path.reshape(-1)]
-    draft = torch.cat(drafts).reshape(shape).cpu().numpy()
+    draft = drafter.path(flat.reshape(*shape, -1), candidates, anchor_tokens.to(flat.device)).cpu().numpy()
     if not tree_k:
         return draft, None, None
     return (

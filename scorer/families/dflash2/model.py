@@ -14,22 +14,26 @@ draft_qwen3_dflash2.py`` (nemo-automodel 0.7.0):
   hidden projection) and the path walks from the anchor token, taking the best successor of the
   token it just chose at each slot.
 
-The backbone is scorer.families.dflash.model.DFlashDrafter; its layers call the convolutions through
-``attention_input`` / ``finish``. Parameter names are NeMo's checkpoint keys
+The backbone is scorer.families.dflash.model.DFlashDrafter, subclassed: `DFlash2Layer` overrides
+DFlash's sublayer hooks (``attention_input``, ``attention_output``, ``mlp_block``) with the
+convolutions, `DFlash2Drafter` DFlash's drafting from the head (``slot_candidates``, ``path``,
+``drawn_block``, ``proposal_log_q``) with the selector. Parameter names are NeMo's checkpoint keys
 (``layers.N.{attention,mlp}_conv.{base_kernel,kernel_projection.weight}``,
 ``candidate_selector.{predecessor_codebook,successor_codebook,hidden_projection.weight}``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hscache.capture.forward import row_chunks
 from scorer.families.dflash.config import DrafterConfig
 from scorer.families.dflash.model import DFlashDrafter, DFlashLayer
 
@@ -149,6 +153,21 @@ class CandidateSelector(nn.Module):
             path.append(predecessor)
         return torch.stack(path, dim=1)
 
+    def teacher_forced_scores(
+        self,
+        hidden: torch.Tensor,
+        unary: torch.Tensor,
+        candidate_ids: torch.Tensor,
+        predecessors: torch.Tensor,
+    ) -> torch.Tensor:
+        """The pair scores S_t(prev_t, b) of every slot at once, the predecessors given instead of
+        walked: hidden [n, D, H], ``unary`` and ``candidate_ids`` [n, D, k], predecessors [n, D]
+        -> [n, D, k]."""
+        gate = F.embedding(predecessors, self.predecessor_codebook) * self.hidden_projection(hidden)
+        return unary + torch.einsum(
+            "bkr,bkcr->bkc", gate, F.embedding(candidate_ids, self.successor_codebook)
+        )
+
 
 class DFlash2Layer(DFlashLayer):
     """A DFlash layer with DFlash2's in-block convolutions around each sublayer."""
@@ -182,11 +201,62 @@ class DFlash2Drafter(DFlashDrafter):
             c.vocab_size, c.hidden_size, c.selector_rank, c.selector_top_k
         )
 
-    @property
-    def path_candidates(self) -> int:  # type: ignore[override]
-        return self.candidate_selector.top_k
+    # DFlash's drafting from the head (DFlashDrafter.slot_candidates ...), drafted by the selector:
+    # each slot keeps its top ``selector_top_k`` candidates, the walk picks the path through them.
 
-    def choose_path(
-        self, hidden: torch.Tensor, unary: torch.Tensor, candidate_ids: torch.Tensor, anchor_ids: torch.Tensor
+    def slot_candidates(self, logits: torch.Tensor, dtype: torch.dtype) -> Any:
+        """Each row's top ``selector_top_k`` draft logits and token ids (``torch.return_types.topk``),
+        NeMo's walk input: ``torch.topk`` of the draft logits in the drafter's ``dtype``."""
+        return torch.topk(logits.to(dtype), self.candidate_selector.top_k, dim=-1)
+
+    def path(
+        self, hidden: torch.Tensor, candidates: Sequence[Any], anchor_tokens: torch.Tensor
     ) -> torch.Tensor:
-        return self.candidate_selector.walk(hidden, unary, candidate_ids, anchor_ids)
+        """The selector's greedy walk from the anchor tokens [n] through the chunks' candidates."""
+        shape = (*hidden.shape[:-1], -1)
+        unary = torch.cat([top.values for top in candidates]).reshape(shape)
+        ids = torch.cat([top.indices for top in candidates]).reshape(shape)
+        return self.candidate_selector.walk(hidden, unary, ids, anchor_tokens)
+
+    @torch.no_grad()
+    def drawn_block(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, draw: Callable[[torch.Tensor], int]
+    ) -> list[int]:
+        """One block at T > 0: the selector's walk with ``draw`` over the same top-k candidates as
+        its greedy path (vLLM MRV2 runs it for DFlash2 at any T > 0)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        top = self.slot_candidates(self.head(flat).float(), flat.dtype)
+        return self.candidate_selector.walk(
+            hidden, top.values[None], top.indices[None], anchor_tokens, draw=draw
+        )[0].tolist()
+
+    def proposal_log_q(
+        self,
+        hidden: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        want: np.ndarray,
+        temperature: float,
+        rows: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """vLLM MRV2's selector walk at T > 0, fed the trajectory y: slot j proposes from the softmax
+        over its candidates (``slot_candidates``, the head projected ``rows`` rows at a time) of
+        scores(prev, .) / T with prev the previous drafted token, which along y is y_{a+j-1} (the
+        anchor token for j = 1); q = 0 off the candidates. The draft is the candidate of the highest
+        score (the greedy walk, fed y)."""
+        n, k, h = hidden.shape
+        flat = hidden.reshape(-1, h)
+        chunks = [
+            self.slot_candidates(self.head(flat[lo:hi])[new - lo :].float(), flat.dtype)
+            for lo, hi, new in row_chunks(flat.shape[0], rows)
+        ]
+        unary = torch.cat([top.values for top in chunks]).reshape(n, k, -1)
+        cand = torch.cat([top.indices for top in chunks]).reshape(n, k, -1)
+        wanted = torch.as_tensor(want, dtype=torch.long, device=hidden.device)  # [n, K], -1 past the end
+        # predecessors along y: the anchor token, then y_{a+1..a+K-1} (past the end: any valid id, unused)
+        prev = torch.cat([anchor_tokens[:, None], wanted[:, :-1].clamp(min=0)], dim=1)
+        scores = self.candidate_selector.teacher_forced_scores(hidden, unary, cand, prev)
+        draft = cand.gather(-1, scores.argmax(dim=-1, keepdim=True))[..., 0]
+        logq_all = torch.log_softmax(scores.float() / temperature, dim=-1)
+        hit = cand == wanted[..., None]
+        picked = torch.where(hit, logq_all, torch.full_like(logq_all, -torch.inf)).amax(dim=-1)
+        return draft.cpu().numpy(), picked.double().cpu().numpy()
