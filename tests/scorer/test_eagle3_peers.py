@@ -82,8 +82,18 @@ def peers():
     finally:
         torch._dynamo.config.disable = saved_dynamo
         sys.path[:] = saved_path
+        # Forget the peers' own modules and the stubs, nothing else: a library module their import
+        # pulled in (torch inductor's caches register themselves once per process) cannot be imported
+        # a second time, as NeMo's import in test_dflash2.py then would.
         for name in set(sys.modules) - set(saved_modules):
-            del sys.modules[name]
+            if name in _STUBBED or _from_peers(sys.modules[name]):
+                del sys.modules[name]
+
+
+def _from_peers(module: types.ModuleType) -> bool:
+    """The module (or package) lives under ``.peers/``."""
+    places = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
+    return any(place and Path(place).resolve().is_relative_to(PEERS.resolve()) for place in places)
 
 
 def _randomize(model: torch.nn.Module, embed: torch.Tensor, vocab: int) -> torch.Tensor:
