@@ -69,9 +69,55 @@ def check_no_writer(root: Path | str) -> None:
         raise _locked_error(Path(root), holder or None)
 
 
+def _make_directories(root: Path) -> list[Path]:
+    """Create ``root`` and its missing parents; the directories this call made, deepest first.
+
+    Raises:
+        InputError: a file is in the way (nothing made is left behind).
+    """
+    missing = []
+    for path in (root, *root.parents):
+        if path.is_dir():
+            break
+        missing.append(path)
+    made: list[Path] = []
+    try:
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError:  # another process made it meanwhile, or it is a file
+                if not path.is_dir():
+                    raise
+                continue
+            made.insert(0, path)
+    except (NotADirectoryError, FileExistsError):
+        _remove_empty(made)
+        blocker = next((p for p in root.parents if p.exists() and not p.is_dir()), root)
+        raise InputError(
+            f"{blocker} is a file, not a directory, so {root} cannot be created: choose another path"
+        ) from None
+    except OSError:
+        _remove_empty(made)
+        raise
+    return made
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Remove the directories a writer made (deepest first) that are still empty: what it wrote stays."""
+    for path in made:
+        try:
+            path.rmdir()
+        except OSError:
+            return  # not empty: nor are its parents
+
+
 @contextlib.contextmanager
 def writer_lock(root: Path | str, command: str) -> Iterator[None]:
     """Hold the cache's writer lock for the ``with`` block; create ``root`` if it does not exist.
+
+    The directories it creates (``root`` and missing parents) are removed again on the way out while
+    they are empty, so a writer refused or failed before it wrote anything leaves the filesystem as
+    it found it.
 
     Args:
         root: the cache directory.
@@ -84,14 +130,7 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise InputError(f"{root} is a file, not a directory; a cache is a directory: choose another path")
-    created = not root.exists()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except (NotADirectoryError, FileExistsError):
-        blocker = next((p for p in root.parents if p.exists() and not p.is_dir()), root)
-        raise InputError(
-            f"{blocker} is a file, not a directory, so {root} cannot be created: choose another path"
-        ) from None
+    created = _make_directories(root)
     path = root / WRITER_LOCK
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -100,6 +139,7 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
         except OSError as exc:
             info = _read_info(fd)
             os.close(fd)
+            _remove_empty(created)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             raise _locked_error(root, info) from None
@@ -127,9 +167,7 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             path.unlink()
         os.close(fd)
-        if created:  # a writer refused before it wrote anything leaves no empty directory behind
-            with contextlib.suppress(OSError):
-                root.rmdir()
+        _remove_empty(created)  # a writer refused before it wrote anything leaves no directory behind
 
 
 def current_writer(root: Path | str) -> dict[str, Any] | None:

@@ -75,6 +75,16 @@ def test_a_refused_writer_that_created_the_directory_leaves_nothing_and_a_file_i
         pass
 
 
+def test_a_writer_removes_the_parents_it_made_while_they_stay_empty(tmp_path):
+    root = tmp_path / "a" / "b" / "cache"
+    with writer_lock(root, "wrote nothing"):
+        assert root.is_dir()
+    assert list(tmp_path.iterdir()) == []
+    with writer_lock(root, "wrote a file"):
+        (root / "data").write_text("x")
+    assert (root / "data").is_file() and not (root / WRITER_LOCK).exists()
+
+
 def test_a_finished_extract_leaves_no_lock(small_cache):
     assert not (small_cache.path / WRITER_LOCK).exists() and current_writer(small_cache.path) is None
 

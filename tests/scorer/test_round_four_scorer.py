@@ -92,6 +92,15 @@ def test_a_second_init_into_a_directory_being_written_is_refused_at_once(scorer_
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
 
 
+def test_a_refused_init_leaves_no_directory_it_made(tmp_path):
+    """Was: refused (no such cache), and a/ and a/b/ stayed behind: the writer lock made every missing
+    parent of the drafter directory and removed only the directory itself."""
+    out = tmp_path / "a" / "b" / "drafter"
+    result = CliRunner().invoke(main, ["init", str(out), "--cache", str(tmp_path / "no-cache")])
+    _one_line(result, "does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_init_holds_the_lock_while_it_trains(scorer_cache, tmp_path, monkeypatch):
     import scorer.train
     from hscache.store.lock import current_writer
