@@ -197,9 +197,9 @@ def online(
         raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
     sampled = _sampled_config(checkpoint, overrides, options)
     if sampled is None:
-        from scorer.online import run_online
+        from scorer.online import OnlineConfig, run_online
 
-        result = run_online(checkpoint, overrides=overrides, **options)
+        result = run_online(checkpoint, OnlineConfig(overrides=overrides, **options))
     else:
         from scorer.online_sampled import run_online_sampled
 

@@ -235,7 +235,7 @@ class TestEagle3Contract(FamilyContract):
 @pytest.mark.slow
 def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
     from scorer.families.eagle3.train import train_eagle3
-    from scorer.online import run_online
+    from scorer.online import OnlineConfig, run_online
 
     cache = tmp_path / "cache"
     hscache.extract(
@@ -251,7 +251,7 @@ def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
     drafter = tmp_path / "eagle3"
     train_eagle3(cache, drafter, steps=25, num_speculative_tokens=4)  # the engines' default layers 1,3,4
     offline = evaluate(drafter, cache, EvalConfig(n_boot=10))
-    online = run_online(drafter, "builtin:tiny-qwen3", "builtin:default", max_new_tokens=16, limit=2)
+    online = run_online(drafter, OnlineConfig(model="builtin:tiny-qwen3", max_new_tokens=16, limit=2))
     _assert_same_rounds(offline, online)
 
 
