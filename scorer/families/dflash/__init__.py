@@ -422,14 +422,25 @@ def init(cache_path: str | Path, out: str | Path, **options: Any) -> DrafterConf
     return init_drafter(cache_path, out, **options)[0]
 
 
-def train(cache_path: str | Path, out: str | Path, **options: Any) -> dict[str, Any]:
-    """``scorer init --family dflash --train-steps N``: train.py's CPU trainer (with a progress
-    callback ``on_step``, no printed loss lines unless ``log_every`` asks for them)."""
-    from scorer.families.dflash.train import train_drafter
+def train(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    on_step: Callable[[int, float], None] | None = None,
+    on_eval: Callable[[int, dict], None] | None = None,
+    evaluate: Callable[..., dict] | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """``scorer init --family dflash --train-steps N``: train.py's CPU trainer, ``settings`` its
+    DFlashTrainConfig's fields (with a progress callback ``on_step``, no printed loss lines unless
+    ``log_every`` asks for them)."""
+    from scorer.families.dflash.train import DFlashTrainConfig, train_drafter
 
-    if "on_step" in options:
-        options.setdefault("log_every", 0)
-    return train_drafter(cache_path, out, **options)
+    if on_step is not None:
+        settings.setdefault("log_every", 0)
+    return train_drafter(
+        cache_path, out, DFlashTrainConfig(**settings), on_step=on_step, on_eval=on_eval, evaluate=evaluate
+    )
 
 
 DFLASH = Family(
