@@ -102,7 +102,7 @@ def evaluate_module(
             is None; a target head it already has attached is reused, no cache read), or a
             state_dict with the checkpoint's keys.
         cache: a cache path/URL or an open ``CacheView`` (open it once outside the loop).
-        config: the drafter's ``DrafterConfig`` or HF config dict; required with a state_dict.
+        config: the drafter's ``DFlashConfig`` or HF config dict; required with a state_dict.
         eval_config: defaults to chain anchors and no DDTree (tau only, the cheapest replay).
         limit: only the first N sequences (wins over ``eval_config.limit``).
         family: the family of a state_dict (a module says its own: ``Drafter.family``).

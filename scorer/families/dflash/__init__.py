@@ -33,7 +33,7 @@ from scorer.families.dflash.checkpoint import (
     in_memory_checkpoint,
     load_checkpoint,
 )
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -174,11 +174,11 @@ def module_drafter(
         state_dict, attached = dict(module_or_state_dict), False
     if config is None:
         raise CheckpointError(
-            "evaluate_module needs the drafter's config (a DrafterConfig or HF dict) with a state_dict"
+            "evaluate_module needs the drafter's config (a DFlashConfig or HF dict) with a state_dict"
         )
-    if not isinstance(config, DrafterConfig):
+    if not isinstance(config, DFlashConfig):
         try:
-            config = DrafterConfig.from_hf_config(dict(config))
+            config = DFlashConfig.from_hf_config(dict(config))
         except ValueError as e:
             raise CheckpointError(f"evaluate_module config: {e}") from e
     if eval_config.block_size is not None:
@@ -415,7 +415,7 @@ EVAL_OPTIONS = frozenset(
 )
 
 
-def init(cache_path: str | Path, out: str | Path, **options: Any) -> DrafterConfig:
+def init(cache_path: str | Path, out: str | Path, **options: Any) -> DFlashConfig:
     """``scorer init --family dflash``: a random DFlash drafter (init.py), its config."""
     from scorer.families.dflash.init import init_drafter
 

@@ -23,7 +23,7 @@ from hscache.capture.forward import head_rows, row_chunks
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.diagnose import Hypothesis
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.score import score_sequences_chain
@@ -49,7 +49,7 @@ class Setting:
     relative L2) pairs of Gaussian noise added to the cached states (the drift hypothesis).
     """
 
-    config: DrafterConfig
+    config: DFlashConfig
     dtype: str
     block_position_offset: int = 0
     last_layer_normed: bool | None = None
