@@ -2,3 +2,5 @@
 #   git diff --name-only main...OTHER -- '*.py' '*.md' | xargs sed -i -E -f RENAMES.sed
 # (GNU sed, -E). Each line is one rename; see the notes for the two that need an eye.
 s/\bDrafterConfig\b/DFlashConfig/g
+s/\bscore_sequences_chain\b/score_dflash_sequences_chain/g
+s/\bscore_sequence\b/score_dflash_sequence/g

@@ -43,7 +43,7 @@ from scorer.families.dflash.features import (
 )
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.proposals import block_proposals
-from scorer.families.dflash.score import block_drafts, score_sequence, score_sequences_chain
+from scorer.families.dflash.score import block_drafts, score_dflash_sequence, score_dflash_sequences_chain
 from scorer.sequences import (
     CachedSequence,
     SequenceResult,
@@ -235,7 +235,7 @@ def score_rows(
             }
             for seq in cached_sequences(cache, rows)
         ]
-        results = score_sequences_chain(
+        results = score_dflash_sequences_chain(
             drafter,
             sequences,
             ddtree_budgets=tuple(config.ddtree),
@@ -248,7 +248,7 @@ def score_rows(
         return results
 
     def score(seq: CachedSequence) -> SequenceResult:
-        return score_sequence(
+        return score_dflash_sequence(
             drafter,
             features(seq),
             seq.token_ids(),

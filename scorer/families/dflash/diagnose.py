@@ -26,7 +26,7 @@ from scorer.diagnose import Hypothesis
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.families.dflash.score import score_sequences_chain
+from scorer.families.dflash.score import score_dflash_sequences_chain
 from scorer.metrics import AcceptLen, request_totals, train_accept_len
 from scorer.replay import RoundLog, replay_chain
 from scorer.sequences import sequence_features
@@ -405,7 +405,7 @@ class DFlashReplayer:
             )
             tokens += len(group[-1]["token_ids"])
             if tokens >= _TOKENS_PER_GROUP or n == len(positions) - 1:
-                results = score_sequences_chain(
+                results = score_dflash_sequences_chain(
                     drafter, group, max_blocks_per_forward=self.max_blocks, memory_gb=self.memory_gb
                 )
                 logs.extend(r.chain for r in results)
