@@ -4,3 +4,9 @@
 s/\bDrafterConfig\b/DFlashConfig/g
 s/\bscore_sequences_chain\b/score_dflash_sequences_chain/g
 s/\bscore_sequence\b/score_dflash_sequence/g
+s/\bdrafter_config_for_cache\b/dflash_config_for_cache/g
+# DFlash's own init / train functions (scorer.init.init_drafter and scorer.train.train_drafter, the
+# family-neutral entry points, keep their names): only on the import lines; a file that imported
+# DFlash's directly needs its calls renamed by hand (grep -n 'init_drafter\|train_drafter' in it).
+s/from scorer\.families\.dflash\.init import init_drafter\b/from scorer.families.dflash.init import init_dflash/g
+s/from scorer\.families\.dflash\.train import train_drafter\b/from scorer.families.dflash.train import train_dflash/g

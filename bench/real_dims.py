@@ -264,10 +264,10 @@ def _generate_part(args) -> None:
 
 
 def _scorer_part(args, cache_dir, tmp) -> None:
-    from scorer.families.dflash.init import init_drafter
+    from scorer.families.dflash.init import init_dflash
 
     ckpt = tmp / "drafter"
-    init_drafter(cache_dir, ckpt, num_layers=5, block_size=16)
+    init_dflash(cache_dir, ckpt, num_layers=5, block_size=16)
     cache = hscache.open_cache(cache_dir)
     config = EvalConfig(ddtree=(), dtype="bf16", n_boot=20, memory_gb=args.memory_gb)
     drafter, _ = load_drafter(ckpt, cache, config)

@@ -417,9 +417,9 @@ EVAL_OPTIONS = frozenset(
 
 def init(cache_path: str | Path, out: str | Path, **options: Any) -> DFlashConfig:
     """``scorer init --family dflash``: a random DFlash drafter (init.py), its config."""
-    from scorer.families.dflash.init import init_drafter
+    from scorer.families.dflash.init import init_dflash
 
-    return init_drafter(cache_path, out, **options)[0]
+    return init_dflash(cache_path, out, **options)[0]
 
 
 def train(
@@ -434,11 +434,11 @@ def train(
     """``scorer init --family dflash --train-steps N``: train.py's CPU trainer, ``settings`` its
     DFlashTrainConfig's fields (with a progress callback ``on_step``, no printed loss lines unless
     ``log_every`` asks for them)."""
-    from scorer.families.dflash.train import DFlashTrainConfig, train_drafter
+    from scorer.families.dflash.train import DFlashTrainConfig, train_dflash
 
     if on_step is not None:
         settings.setdefault("log_every", 0)
-    return train_drafter(
+    return train_dflash(
         cache_path, out, DFlashTrainConfig(**settings), on_step=on_step, on_eval=on_eval, evaluate=evaluate
     )
 

@@ -16,10 +16,10 @@ from scorer.families.dflash.model import DFlashDrafter
 from scorer.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
-__all__ = ["drafter_config_for_cache", "init_drafter"]
+__all__ = ["dflash_config_for_cache", "init_dflash"]
 
 
-def drafter_config_for_cache(
+def dflash_config_for_cache(
     cache: CacheView, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
 ) -> DFlashConfig:
     """A Qwen3-style drafter config matching the cache's target (hidden size, vocab, rope, mask id)."""
@@ -53,7 +53,7 @@ def drafter_config_for_cache(
     )
 
 
-def init_drafter(
+def init_dflash(
     cache_path: str | Path,
     out: str | Path,
     *,
@@ -69,7 +69,7 @@ def init_drafter(
     """
     check_drafter_dir(out, overwrite)
     cache = hscache.open_cache(cache_path)
-    config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
+    config = dflash_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         drafter = DFlashDrafter(config)

@@ -23,12 +23,12 @@ from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
 from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.features import attach_cache_head, context_norm, feature_index
-from scorer.families.dflash.init import drafter_config_for_cache
+from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.sequences import sequence_features
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
-__all__ = ["DFlashTrainConfig", "train_drafter"]
+__all__ = ["DFlashTrainConfig", "train_dflash"]
 
 
 def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
@@ -53,7 +53,7 @@ def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, g
 
 @dataclass(frozen=True)
 class DFlashTrainConfig:
-    """The settings of one ``train_drafter`` run (``scorer init --train-steps N``).
+    """The settings of one ``train_dflash`` run (``scorer init --train-steps N``).
 
     Attributes:
         steps: optimizer steps; lr: AdamW's learning rate; anchors_per_step: random anchors of one
@@ -62,7 +62,7 @@ class DFlashTrainConfig:
         log_every: print the loss every N steps (0: never).
         overwrite: replace a non-empty ``out``.
         eval_every: every N steps score the drafter in memory on the cache's first ``eval_limit``
-            sequences (0: never; needs ``train_drafter``'s ``evaluate``).
+            sequences (0: never; needs ``train_dflash``'s ``evaluate``).
         layer_ids, mask_token_id, block_position_offset, last_layer_normed: train under another
             convention than the spec's (what other trainers do by mistake), for `scorer diagnose`'s
             tests: ``layer_ids`` (default: every cached layer), ``mask_token_id`` (default: the
@@ -88,7 +88,7 @@ class DFlashTrainConfig:
     last_layer_normed: bool = True
 
 
-def train_drafter(
+def train_dflash(
     cache_path: str | Path,
     out: str | Path,
     config: DFlashTrainConfig = DFlashTrainConfig(),
@@ -113,7 +113,7 @@ def train_drafter(
     if config.eval_every and evaluate is None:
         raise ScorerError("eval_every needs the evaluate function (scorer.train.train_drafter passes it)")
     cache = hscache.open_cache(cache_path)
-    drafter_config = drafter_config_for_cache(
+    drafter_config = dflash_config_for_cache(
         cache, num_layers=config.num_layers, block_size=config.block_size, layer_ids=config.layer_ids
     )
     if config.mask_token_id is not None:
