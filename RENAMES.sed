@@ -10,3 +10,6 @@ s/\bdrafter_config_for_cache\b/dflash_config_for_cache/g
 # DFlash's directly needs its calls renamed by hand (grep -n 'init_drafter\|train_drafter' in it).
 s/from scorer\.families\.dflash\.init import init_drafter\b/from scorer.families.dflash.init import init_dflash/g
 s/from scorer\.families\.dflash\.train import train_drafter\b/from scorer.families.dflash.train import train_dflash/g
+s/\bscorer\.rows\b/scorer.scoring/g
+s/\bfrom scorer import rows\b/from scorer import scoring/g
+s/\bscorer\/rows\.py\b/scorer\/scoring.py/g

@@ -36,7 +36,7 @@ from hscache.store.integrity import check_expected_digest
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
-from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.scoring import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.sequences import SequenceResult
 
 __all__ = [

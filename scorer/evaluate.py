@@ -25,7 +25,7 @@ from scorer.errors import ScorerError
 from scorer.families import family_named
 from scorer.families.base import Drafter
 from scorer.report.build import build_report, compare_reports
-from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.scoring import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.sequences import SequenceResult
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
