@@ -13,3 +13,7 @@ s/from scorer\.families\.dflash\.train import train_drafter\b/from scorer.famili
 s/\bscorer\.rows\b/scorer.scoring/g
 s/\bfrom scorer import rows\b/from scorer import scoring/g
 s/\bscorer\/rows\.py\b/scorer\/scoring.py/g
+# scorer.metrics.diagnose (the report's pipeline warnings) no longer shares a name with `scorer diagnose`;
+# only where it is imported from scorer.metrics (the other `diagnose` names are the command's):
+/from scorer\.metrics import/,/\)/ s/\bdiagnose\b/pipeline_warnings/g
+s/\bDiagnoseThresholds\b/PipelineWarningThresholds/g
