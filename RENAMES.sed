@@ -17,3 +17,10 @@ s/\bscorer\/rows\.py\b/scorer\/scoring.py/g
 # only where it is imported from scorer.metrics (the other `diagnose` names are the command's):
 /from scorer\.metrics import/,/\)/ s/\bdiagnose\b/pipeline_warnings/g
 s/\bDiagnoseThresholds\b/PipelineWarningThresholds/g
+s/\bscorer\.ddtree\b/scorer.families.dflash.ddtree/g
+s/\bscorer\/ddtree\.py\b/scorer\/families\/dflash\/ddtree.py/g
+# replay_ddtree, replay_trees and tree_depth moved from scorer.replay to scorer.families.dflash.ddtree
+# (only DFlash replays DDTree); an import of them from scorer.replay is split by hand. scorer.replay's
+# _check_sequence / _check_rows / _replay are public now (the DDTree replays build on them):
+s/\b_check_sequence\b/check_sequence/g
+s/\b_check_rows\b/check_anchor_rows/g

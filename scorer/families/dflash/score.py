@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows, row_chunks
-from scorer.ddtree import build_tree, surrogate_tau
+from scorer.families.dflash.ddtree import build_tree, replay_ddtree, surrogate_tau, tree_depth
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import chain_depth, replay_chain, replay_ddtree, round_loop, tree_depth
+from scorer.replay import chain_depth, replay_chain, round_loop
 from scorer.sequences import ANCHOR_MODES, SequenceResult, result_from_parts
 
 __all__ = [
