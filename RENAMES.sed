@@ -21,6 +21,6 @@ s/\bscorer\.ddtree\b/scorer.families.dflash.ddtree/g
 s/\bscorer\/ddtree\.py\b/scorer\/families\/dflash\/ddtree.py/g
 # replay_ddtree, replay_trees and tree_depth moved from scorer.replay to scorer.families.dflash.ddtree
 # (only DFlash replays DDTree); an import of them from scorer.replay is split by hand. scorer.replay's
-# _check_sequence / _check_rows / _replay are public now (the DDTree replays build on them):
-s/\b_check_sequence\b/check_sequence/g
-s/\b_check_rows\b/check_anchor_rows/g
+# _check_sequence / _check_rows / _replay are public now (check_sequence, check_anchor_rows,
+# replay_walk: the DDTree replays build on them); only scorer/replay.py used them, and hscache has its
+# own _check_rows, so no sed line for them.
