@@ -1,6 +1,6 @@
 # Renames of branch `cli` (issue 24 item 4). Run over other branches' files after merging, e.g.
 #   git diff --name-only main...OTHER -- '*.py' '*.md' | xargs sed -i -E -f RENAMES.sed
-# (GNU sed, -E). Each line is one rename; see the notes for the two that need an eye.
+# (GNU sed, -E). Each line is one rename; the commented ones need an eye.
 s/\bDrafterConfig\b/DFlashConfig/g
 s/\bscore_sequences_chain\b/score_dflash_sequences_chain/g
 s/\bscore_sequence\b/score_dflash_sequence/g
@@ -15,7 +15,9 @@ s/\bfrom scorer import rows\b/from scorer import scoring/g
 s/\bscorer\/rows\.py\b/scorer\/scoring.py/g
 # scorer.metrics.diagnose (the report's pipeline warnings) no longer shares a name with `scorer diagnose`;
 # only where it is imported from scorer.metrics (the other `diagnose` names are the command's):
-/from scorer\.metrics import/,/\)/ s/\bdiagnose\b/pipeline_warnings/g
+# (calls of it in such a file are renamed by hand: grep -n 'diagnose(' in it)
+/^ *from scorer\.metrics import \($/,/^ *\)/ s/\bdiagnose\b/pipeline_warnings/g
+/^ *from scorer\.metrics import [^(]/ s/\bdiagnose\b/pipeline_warnings/g
 s/\bDiagnoseThresholds\b/PipelineWarningThresholds/g
 s/\bscorer\.ddtree\b/scorer.families.dflash.ddtree/g
 s/\bscorer\/ddtree\.py\b/scorer\/families\/dflash\/ddtree.py/g
