@@ -93,7 +93,7 @@ def _families() -> tuple[Any, ...]:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Train for N CPU steps on the cache (scorer.families.dflash.train) instead of random weights.",
+    help="Train for N CPU steps on the cache (the family's trainer, scorer.train) instead of random weights.",
 )
 @click.option(
     "--eval-every",
