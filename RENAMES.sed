@@ -26,3 +26,8 @@ s/\bscorer\/ddtree\.py\b/scorer\/families\/dflash\/ddtree.py/g
 # _check_sequence / _check_rows / _replay are public now (check_sequence, check_anchor_rows,
 # replay_walk: the DDTree replays build on them); only scorer/replay.py used them, and hscache has its
 # own _check_rows, so no sed line for them.
+# "block" is DFlash's draft block; a contiguous range of cache rows read once is a row range:
+s/\bhscache\.store\.blocks\b/hscache.store.row_ranges/g
+s/\bhscache\/store\/blocks\.py\b/hscache\/store\/row_ranges.py/g
+s/\bBlockView\b/RowRangeView/g
+s/\bRowBlock\b/RowRangeData/g

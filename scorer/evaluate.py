@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 import hscache
-from hscache.store.blocks import BlockView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
+from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
 from scorer.errors import ScorerError
@@ -50,10 +50,10 @@ def score_cache(
     (``check_other_arrays``): a report that carries the cache's digest vouches for every row it covers.
     """
     results = []
-    # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
+    # One slice per array per range of rows: per-sequence reads would decode each chunk many times.
     lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
     for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
-        results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
+        results += score_rows(drafter, RowRangeView(cache, read_rows(cache, rows)), rows, config, on_sequence)
         check_other_arrays(cache, rows)
     return results
 
