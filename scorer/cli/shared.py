@@ -174,10 +174,10 @@ def refuse_foreign_settings(checkpoint: str, config_path: str | None, names: Ite
     if not foreign:
         return
     flags = {p.name: p.opts[0] for p in click.get_current_context().command.params}
-    own = ", ".join(sorted(flags[n] for n in family.eval_options if n in flags)) or "none"
+    own = ", ".join(sorted(flags[n] for n in family.eval_options if n in flags)) or "no flag of this command"
     raise ScorerError(
-        f"{', '.join(flags[n] for n in foreign)} does not apply to {checkpoint}, a {family.display_name} "
-        f"drafter; the flags it reads: {own}"
+        f"{', '.join(flags[n] for n in foreign)} does not apply to {checkpoint}: the {family.display_name} "
+        f"family reads {own}"
     )
 
 
