@@ -5,7 +5,7 @@ In one run, on the same sequences and settings (the baseline and every tested hy
      features once per feature variant, the context's keys/values once per context variant,
      every anchor drafted in a few large forwards per setting, the chain replay and the
      training-log accept length read off those drafts;
-  2. one independent all-anchor pass per hypothesis: ``scorer.score.score_sequence(anchors="all")``
+  2. one independent all-anchor pass per hypothesis: ``scorer.families.dflash.score.score_dflash_sequence(anchors="all")``
      per setting and sequence, what ``scorer eval --anchors all`` does and what
      ``scorer diagnose --anchors all`` did before the shared pass;
   3. ``--anchors chain``: only the anchors each replay visits, one small forward per sequence per
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from scorer.diagnose_run import DiagnoseConfig, prepare_diagnosis
-from scorer.families.dflash.score import score_sequence
+from scorer.families.dflash.score import score_dflash_sequence
 from scorer.metrics import AcceptLen, request_totals, tau_pooled_from_totals
 
 
@@ -61,7 +61,7 @@ def _timed(repeats: int, fn) -> tuple[float, float, object]:
 
 
 def _independent(plan, settings, positions) -> list[tuple[np.ndarray, AcceptLen]]:
-    """One all-anchor pass per setting, scorer eval's path (score_sequence), nothing shared."""
+    """One all-anchor pass per setting, scorer eval's path (score_dflash_sequence), nothing shared."""
     replayer, out = plan.replayer, []
     for setting in settings:
         drafter = replayer.drafter(setting)
@@ -69,7 +69,7 @@ def _independent(plan, settings, positions) -> list[tuple[np.ndarray, AcceptLen]
         logs, accept = [], AcceptLen(0, 0)
         for i in positions:
             row = replayer.rows[setting.cache][i]
-            result = score_sequence(
+            result = score_dflash_sequence(
                 drafter, replayer.features(setting, row), cache.token_ids(row), cache.target_argmax(row),
                 cache.index.column("prompt_len")[row].as_py(), row=row, anchors="all",
                 max_blocks_per_forward=replayer.max_blocks, memory_gb=replayer.memory_gb,

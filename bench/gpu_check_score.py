@@ -57,9 +57,9 @@ def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, A
             "final_loss": result["final_loss"],
             "path": str(out),
         }
-    from scorer.families.dflash.init import init_drafter
+    from scorer.families.dflash.init import init_dflash
 
-    config, _ = init_drafter(cache, out, block_size=plan.block_size, overwrite=True)
+    config, _ = init_dflash(cache, out, block_size=plan.block_size, overwrite=True)
     return {"kind": "random init", "hidden_size": config.hidden_size, "path": str(out)}
 
 

@@ -40,7 +40,7 @@ import hscache
 from hscache.capture.forward import greedy_continuation, greedy_continuations, head_rows, row_chunks
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.dflash.features import feature_index
-from scorer.families.dflash.score import score_sequence, score_sequences_chain
+from scorer.families.dflash.score import score_dflash_sequence, score_dflash_sequences_chain
 from scorer.sequences import sequence_features
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,10 +264,10 @@ def _generate_part(args) -> None:
 
 
 def _scorer_part(args, cache_dir, tmp) -> None:
-    from scorer.families.dflash.init import init_drafter
+    from scorer.families.dflash.init import init_dflash
 
     ckpt = tmp / "drafter"
-    init_drafter(cache_dir, ckpt, num_layers=5, block_size=16)
+    init_dflash(cache_dir, ckpt, num_layers=5, block_size=16)
     cache = hscache.open_cache(cache_dir)
     config = EvalConfig(ddtree=(), dtype="bf16", n_boot=20, memory_gb=args.memory_gb)
     drafter, _ = load_drafter(ckpt, cache, config)
@@ -286,9 +286,11 @@ def _scorer_part(args, cache_dir, tmp) -> None:
                     {"features": f, "token_ids": x, "target_argmax": a, "prompt_len": P}
                     for f, x, a, P in seqs
                 ]
-                return score_sequences_chain(drafter, items, ddtree_budgets=budgets, memory_gb=args.memory_gb)
+                return score_dflash_sequences_chain(
+                    drafter, items, ddtree_budgets=budgets, memory_gb=args.memory_gb
+                )
             return [
-                score_sequence(
+                score_dflash_sequence(
                     drafter, f, x, a, P, ddtree_budgets=budgets, anchors=mode, memory_gb=args.memory_gb
                 )
                 for f, x, a, P in seqs

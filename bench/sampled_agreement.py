@@ -48,7 +48,7 @@ from hscache.store.sampling import SamplingSetting
 from scorer.families.base import OnlineOptions
 from scorer.online import open_online
 from scorer.online_sampled import DecodeSettings, decode_runs, summarise_runs
-from scorer.rows import EvalConfig
+from scorer.scoring import EvalConfig
 from scorer.served_eval import tau_as_served
 
 FAMILIES = ("dflash", "dflash2", "eagle3", "mtp")

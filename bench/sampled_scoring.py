@@ -35,7 +35,7 @@ from hscache.store.sampling import SamplingSetting
 from scorer.evaluate import EvalConfig, score_cache
 from scorer.init import init_drafter
 from scorer.report.build import build_report
-from scorer.rows import effective_config, load_drafter
+from scorer.scoring import effective_config, load_drafter
 
 
 class GreedyTwin:

@@ -38,7 +38,7 @@ from hscache.store.fsio import drop_page_cache
 from hscache.store.writer import SequenceRows, StoreWriter
 from scorer.distributed import DEFAULT_TASK_TOKENS, TaskOutput, score_task
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.families.dflash.init import init_drafter
+from scorer.families.dflash.init import init_dflash
 
 CONFIG = EvalConfig(ddtree=(8,), n_boot=10)
 
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         small = synthetic_cache(template_cache, tmp / "small", args.sequences, args.length)
         large = synthetic_cache(template_cache, tmp / "large", 4 * args.sequences, args.length, seed=1)
         drafter = tmp / "drafter"
-        init_drafter(template, drafter)
+        init_dflash(template, drafter)
         with cluster_client(scheduler=args.scheduler, workers=None if args.scheduler else 2) as client:
             throughput(client, drafter, small, args.tokens_per_task)
             memory(client, drafter, small, large, args.tokens_per_task)

@@ -27,7 +27,7 @@ import torch
 
 import hscache
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.families.dflash.init import init_drafter
+from scorer.families.dflash.init import init_dflash
 
 
 def _bare_forward_s(drafter, shapes: list[tuple[int, int]], k_features: int) -> float:
@@ -81,7 +81,7 @@ def main() -> None:
                 limit=args.sequences,
             )
         )
-        _, drafter = init_drafter(cache_dir, ckpt, block_size=16)
+        _, drafter = init_dflash(cache_dir, ckpt, block_size=16)
         cache = hscache.open_cache(cache_dir)
         head = cache.target_head()
         drafter.attach_target(head["embed_tokens"], head["lm_head"])

@@ -26,7 +26,7 @@ from scorer.errors import ScorerError
 from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
 from scorer.report.build import build_report, compare_reports
-from scorer.rows import EvalConfig, drafter_family, effective_config, load_drafter
+from scorer.scoring import EvalConfig, drafter_family, effective_config, load_drafter
 from scorer.sequences import SequenceResult
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 

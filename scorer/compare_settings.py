@@ -23,7 +23,7 @@ from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.sampling import sampling_setting
 from scorer.compare import compare_drafters
 from scorer.errors import ScorerError
-from scorer.rows import EvalConfig
+from scorer.scoring import EvalConfig
 
 __all__ = ["COMPARE_SETTINGS_SCHEMA_VERSION", "compare_settings", "render_settings", "settings_table"]
 

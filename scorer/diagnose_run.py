@@ -47,7 +47,7 @@ from scorer.families.dflash.diagnose import DFlashReplayer, Setting, candidates,
 from scorer.families.dflash.features import check_compatible
 from scorer.formats.files import read_training_state_contract
 from scorer.metrics import AcceptLen
-from scorer.rows import EvalConfig, load_drafter
+from scorer.scoring import EvalConfig, load_drafter
 from scorer.sequences import check_scorable
 
 __all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "Plan", "diagnose_checkpoint", "prepare_diagnosis"]

@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 import hscache
-from hscache.store.blocks import BlockView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
+from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
 from scorer.report.build import build_report, merge_results
-from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.scoring import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.sequences import SequenceResult
 
 __all__ = [
@@ -58,7 +58,7 @@ _MAX_CACHES = 4
 
 
 def plan_tasks(lengths: Sequence[int], tokens_per_task: int = DEFAULT_TASK_TOKENS) -> list[range]:
-    """Contiguous row ranges of about ``tokens_per_task`` tokens each (see ``hscache.store.blocks.plan_row_ranges``)."""
+    """Contiguous row ranges of about ``tokens_per_task`` tokens each (see ``hscache.store.row_ranges.plan_row_ranges``)."""
     return plan_row_ranges(lengths, tokens_per_task)
 
 
@@ -166,7 +166,7 @@ def score_task(spec: TaskSpec) -> TaskOutput:
     )
     t1 = time.perf_counter()
     rows = range(spec.start, spec.stop)
-    view = BlockView(cache, read_rows(cache, rows))
+    view = RowRangeView(cache, read_rows(cache, rows))
     check_other_arrays(cache, rows)  # as evaluate does: the report's digest vouches for these rows
     with torch.inference_mode():
         results = score_rows(drafter, view, rows, effective_config(drafter, spec.config))

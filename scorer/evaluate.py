@@ -17,15 +17,15 @@ from typing import Any
 import torch
 
 import hscache
-from hscache.store.blocks import BlockView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.integrity import check_expected_digest
+from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
 from scorer.distributed import evaluate_distributed
 from scorer.errors import ScorerError
 from scorer.families import family_named
 from scorer.families.base import Drafter
 from scorer.report.build import build_report, compare_reports
-from scorer.rows import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.scoring import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.sequences import SequenceResult
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
@@ -50,10 +50,10 @@ def score_cache(
     (``check_other_arrays``): a report that carries the cache's digest vouches for every row it covers.
     """
     results = []
-    # One slice per array per block of rows: per-sequence reads would decode each chunk many times.
+    # One slice per array per range of rows: per-sequence reads would decode each chunk many times.
     lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
     for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
-        results += score_rows(drafter, BlockView(cache, read_rows(cache, rows)), rows, config, on_sequence)
+        results += score_rows(drafter, RowRangeView(cache, read_rows(cache, rows)), rows, config, on_sequence)
         check_other_arrays(cache, rows)
     return results
 
@@ -102,7 +102,7 @@ def evaluate_module(
             is None; a target head it already has attached is reused, no cache read), or a
             state_dict with the checkpoint's keys.
         cache: a cache path/URL or an open ``CacheView`` (open it once outside the loop).
-        config: the drafter's ``DrafterConfig`` or HF config dict; required with a state_dict.
+        config: the drafter's ``DFlashConfig`` or HF config dict; required with a state_dict.
         eval_config: defaults to chain anchors and no DDTree (tau only, the cheapest replay).
         limit: only the first N sequences (wins over ``eval_config.limit``).
         family: the family of a state_dict (a module says its own: ``Drafter.family``).

@@ -27,7 +27,7 @@ __all__ = [
     "tau_pooled_from_totals", "bootstrap_ci", "DeltaCI", "paired_bootstrap_delta",
     "tokens_per_round_histogram", "AcceptanceCounts", "AcceptanceStats", "acceptance_counts",
     "acceptance_rates", "acceptance_per_position", "AcceptLen", "train_accept_len",
-    "DiagnoseThresholds", "diagnose", "CategoryTau", "per_category_tau",
+    "PipelineWarningThresholds", "pipeline_warnings", "CategoryTau", "per_category_tau",
 ]  # fmt: skip
 
 RoundsPerSeq = Sequence[RoundLog | Sequence[int]]  # per request: a RoundLog or its tokens per round
@@ -332,8 +332,8 @@ def train_accept_len(draft: Any, token_ids: Any, target_argmax: Any, prompt_len:
 
 
 @dataclass(frozen=True)
-class DiagnoseThresholds:
-    """Thresholds of ``diagnose``; the defaults are deliberately loose (warn on clear signals).
+class PipelineWarningThresholds:
+    """Thresholds of ``pipeline_warnings``; the defaults are deliberately loose (warn on clear signals).
 
     Attributes:
         min_count: anchors a slot needs (slot 1 and slot j) before rule 1 looks at it.
@@ -351,7 +351,7 @@ class DiagnoseThresholds:
     accept_len_floor: float = 1.0
 
 
-def _rising_slots(acc: AcceptanceStats, th: DiagnoseThresholds) -> list[int]:
+def _rising_slots(acc: AcceptanceStats, th: PipelineWarningThresholds) -> list[int]:
     c, u = acc.counts, acc.unconditional
     if not u or c.uncond_den[0] < th.min_count or u[0] is None:
         return []
@@ -367,14 +367,14 @@ def _rising_slots(acc: AcceptanceStats, th: DiagnoseThresholds) -> list[int]:
     return rising
 
 
-def diagnose(
+def pipeline_warnings(
     *,
     acceptance: AcceptanceStats | None = None,
     tau_pooled: float | None = None,
     train_accept_len: float | None = None,
     target_layer_ids: Sequence[int] | None = None,
     cache_layer_ids: Sequence[int] | None = None,
-    thresholds: DiagnoseThresholds = DiagnoseThresholds(),
+    thresholds: PipelineWarningThresholds = PipelineWarningThresholds(),
 ) -> list[str]:
     """Warnings that point at a broken pipeline rather than a weak drafter. Checks run only
     when their inputs are given.

@@ -9,7 +9,7 @@ round re-runs the target over the committed prefix plus the drafted block: slow,
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from scorer.target_identity import check_target, loaded_target_identity, recorde
 
 __all__ = [
     "ONLINE_SCHEMA_VERSION",
+    "OnlineConfig",
     "OnlineRequest",
     "OnlineSession",
     "commit_round",
@@ -182,24 +183,41 @@ def request_row(request: OnlineRequest) -> dict[str, Any]:
     }
 
 
-def run_online(
-    checkpoint: str | Path,
-    model: str,
-    prompts: str,
-    *,
-    max_new_tokens: int = 64,
-    max_length: int = 4096,
-    dtype: str = "fp32",
-    device: str = "cpu",
-    backend: str = "auto",
-    limit: int | None = None,
-    overrides: dict[str, Any] | None = None,
-    trust_checkpoint: bool = False,
-    config_path: str | None = None,
-    num_speculative_tokens: int | None = None,
-    id_from_line: bool = False,
-    allow_target_mismatch: bool = False,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Everything ``scorer online`` (greedy) takes besides the checkpoint; flags mirror the names.
+
+    Attributes:
+        model: the target, a local HF directory or ``builtin:...``.
+        prompts: a JSONL prompts file or ``builtin:default``.
+        max_new_tokens: tokens decoded per prompt; max_length: the longest sequence.
+        dtype, device: of the target and the drafter; backend: the target's linear-attention kernels.
+        limit: only the first N prompts.
+        overrides: drafter config overrides (target_layer_ids, mask_token_id, rope_theta, block_size,
+            a family's own settings such as n-gram's prompt_lookup_min / _max).
+        trust_checkpoint, config_path: as ``scorer eval``'s --trust-checkpoint / --config.
+        num_speculative_tokens: a chain drafter's K (default: its config's, else the engines').
+        id_from_line: number prompts without an "id" by their line (default: refuse them).
+        allow_target_mismatch: run a drafter that records another target than ``model``.
+    """
+
+    model: str = "builtin:tiny-qwen3.5"
+    prompts: str = "builtin:default"
+    max_new_tokens: int = 64
+    max_length: int = 4096
+    dtype: str = "fp32"
+    device: str = "cpu"
+    backend: str = "auto"
+    limit: int | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    trust_checkpoint: bool = False
+    config_path: str | None = None
+    num_speculative_tokens: int | None = None
+    id_from_line: bool = False
+    allow_target_mismatch: bool = False
+
+
+def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
 
     Returns the result document (schemas/online_report.schema.json): the numbers, the settings, and
@@ -207,24 +225,28 @@ def run_online(
     prompts' hash, package versions and the git commit.
     """
     t0 = time.perf_counter()
-    backend = resolve_backend(backend, device)
+    backend = resolve_backend(config.backend, config.device)
     options = OnlineOptions(
-        overrides=dict(overrides or {}),
-        trust_checkpoint=trust_checkpoint,
-        config_path=config_path,
-        num_speculative_tokens=num_speculative_tokens,
-        device=device,
+        overrides=dict(config.overrides),
+        trust_checkpoint=config.trust_checkpoint,
+        config_path=config.config_path,
+        num_speculative_tokens=config.num_speculative_tokens,
+        device=config.device,
     )
-    session = open_online(checkpoint, model, dtype, options, allow_target_mismatch)
+    session = open_online(checkpoint, config.model, config.dtype, options, config.allow_target_mismatch)
     target, family, layer_ids, propose = session.target, session.family, session.layer_ids, session.propose
     report, target_check = session.report, session.target_check
     requests = []
     with use_backend(target.model, backend):
-        for n, record in enumerate(iter_records(resolve_prompts(prompts), id_from_line=id_from_line)):
-            if limit is not None and n >= limit:
+        for n, record in enumerate(
+            iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
+        ):
+            if config.limit is not None and n >= config.limit:
                 break
             prompt = prompt_token_ids(record, target.tokenizer)
-            ids, rounds = speculative_decode(target, layer_ids, propose, prompt, max_new_tokens, max_length)
+            ids, rounds = speculative_decode(
+                target, layer_ids, propose, prompt, config.max_new_tokens, config.max_length
+            )
             requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
     result = {
         "schema_version": ONLINE_SCHEMA_VERSION,
@@ -233,16 +255,16 @@ def run_online(
         "checkpoint": report.to_dict(),
         "family": family.name,
         "target_check": target_check.to_dict(),
-        "model": model,
+        "model": config.model,
         "model_weights_sha256": target.weights_sha256,
-        "prompts": prompts,
-        "prompts_sha256": file_sha256(resolve_prompts(prompts)),
-        "dtype": dtype,
-        "device": device,
+        "prompts": config.prompts,
+        "prompts_sha256": file_sha256(resolve_prompts(config.prompts)),
+        "dtype": config.dtype,
+        "device": config.device,
         "backend": backend,
-        "max_new_tokens": max_new_tokens,
-        "max_length": max_length,
-        "limit": limit,
+        "max_new_tokens": config.max_new_tokens,
+        "max_length": config.max_length,
+        "limit": config.limit,
         **run_stamp(time.perf_counter() - t0),
     }
     schemas.validate(result, "online_report")

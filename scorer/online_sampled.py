@@ -91,12 +91,12 @@ class SampledOnlineConfig:
             keys every run's random streams.
         runs: independent decodings of every prompt (the interval is over runs).
         draft_sampling: ``onehot`` (the drafter's argmax, vLLM's default) or ``probabilistic``.
-        model, prompts, max_new_tokens, max_length, dtype, device, backend, limit: as ``run_online``.
+        model, prompts, max_new_tokens, max_length, dtype, device, backend, limit: as ``OnlineConfig``.
         lanes_per_forward: (run, prompt) sequences verified in one batched target forward; 1 runs
             each alone (the exact forward ``scorer online`` at T = 0 makes).
         n_boot: bootstrap resamples of the interval over runs.
         overrides, trust_checkpoint, config_path, num_speculative_tokens, id_from_line,
-            allow_target_mismatch: as ``run_online``.
+            allow_target_mismatch: as ``OnlineConfig``.
     """
 
     checkpoint: str

@@ -5,7 +5,8 @@ Data model, for one cached sequence of length T with prompt length P:
     so the target's greedy token at position p+j is g_{p+j} = a[p+j-1].
     The drafter runs once per anchor p in [P, T-2]; row r of its outputs is anchor p = P + r.
 
-The round loop (identical for chain and DDTree, only the per-round match count differs):
+The round loop (identical for a chain and a tree, e.g. DFlash's DDTree in
+scorer/families/dflash/ddtree.py; only the per-round match count differs):
 
     p = P                      # x_P, the first generated token, is the first bonus token
     while p < T - 1:
@@ -25,24 +26,22 @@ When the draft missed at that position the round ends there anyway and nothing i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from scorer.ddtree import Tree, build_tree, walk_tree
-
 __all__ = [
     "RoundLog",
     "RoundLoop",
     "chain_depth",
+    "check_anchor_rows",
+    "check_sequence",
     "replay_chain",
-    "replay_ddtree",
-    "replay_trees",
+    "replay_walk",
     "round_loop",
     "slot_matches",
-    "tree_depth",
 ]
 
 
@@ -115,7 +114,7 @@ def _as_int_array(name: str, value: Any, ndim: int) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _check_sequence(token_ids: Any, target_argmax: Any, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+def check_sequence(token_ids: Any, target_argmax: Any, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
     x = _as_int_array("token_ids", token_ids, 1)
     a = _as_int_array("target_argmax", target_argmax, 1)
     if x.shape != a.shape:
@@ -129,7 +128,7 @@ def _n_anchors(seq_len: int, prompt_len: int) -> int:
     return max(seq_len - 1 - prompt_len, 0)  # anchors p in [P, T-2]
 
 
-def _check_rows(name: str, rows: int, seq_len: int, prompt_len: int) -> None:
+def check_anchor_rows(name: str, rows: int, seq_len: int, prompt_len: int) -> None:
     expected = _n_anchors(seq_len, prompt_len)
     if rows != expected:
         raise ValueError(
@@ -156,9 +155,9 @@ def slot_matches(
     Raises:
         ValueError: on mismatched shapes or a wrong number of anchor rows.
     """
-    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
+    x, a = check_sequence(token_ids, target_argmax, prompt_len)
     d = _as_int_array("draft", draft, 2)
-    _check_rows("draft", d.shape[0], len(x), prompt_len)
+    check_anchor_rows("draft", d.shape[0], len(x), prompt_len)
     # pos[r, s] = p + j - 1 with p = P + r, j = s + 1: the index of a holding g_{p+j}.
     pos = prompt_len + np.arange(d.shape[0])[:, None] + np.arange(d.shape[1])[None, :]
     valid = pos <= len(x) - 2
@@ -217,10 +216,10 @@ class RoundLoop:
 
 def round_loop(token_ids: Any, target_argmax: Any, prompt_len: int) -> RoundLoop:
     """A checked ``RoundLoop`` over one cached sequence."""
-    return RoundLoop(*_check_sequence(token_ids, target_argmax, prompt_len), prompt_len)
+    return RoundLoop(*check_sequence(token_ids, target_argmax, prompt_len), prompt_len)
 
 
-def _replay(walk: Callable[[int, int], int], x: np.ndarray, a: np.ndarray, prompt_len: int) -> RoundLog:
+def replay_walk(walk: Callable[[int, int], int], x: np.ndarray, a: np.ndarray, prompt_len: int) -> RoundLog:
     """Run the round loop; ``walk(p, avail)`` gives the match depth at anchor p, ignoring data."""
     loop = RoundLoop(x, a, prompt_len)
     while not loop.done:
@@ -234,11 +233,6 @@ def chain_depth(draft_row: Any, target_argmax: np.ndarray, p: int) -> int:
     g = target_argmax[p : p + len(row)]
     miss = np.flatnonzero(row[: len(g)] != g)
     return int(miss[0]) if len(miss) else len(g)
-
-
-def tree_depth(tree: Tree, target_argmax: np.ndarray, p: int, avail: int) -> int:
-    """Nodes the greedy walk matches in the tree drafted at anchor ``p``."""
-    return _tree_walk(tree, target_argmax, p, avail)
 
 
 def replay_chain(
@@ -265,79 +259,6 @@ def replay_chain(
         raise ValueError(
             f"draft has {match.shape[1]} slot columns; block_size {block_size} needs {block_size - 1}"
         )
-    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
+    x, a = check_sequence(token_ids, target_argmax, prompt_len)
     lead = np.cumprod(match, axis=1).sum(axis=1).tolist()  # leading correct slots per anchor
-    return _replay(lambda p, avail: lead[p - prompt_len], x, a, prompt_len)
-
-
-def _tree_walk(tree: Tree, a: np.ndarray, p: int, avail: int) -> int:
-    # Depth j is checked against g_{p+j} = a[p+j-1], j = 1..avail.
-    return len(walk_tree(tree, a[p : p + avail].tolist()))
-
-
-def replay_trees(trees: Sequence[Tree], token_ids: Any, target_argmax: Any, prompt_len: int) -> RoundLog:
-    """Replay the DDTree round loop (spec section 4) with one prebuilt tree per anchor.
-
-    Args:
-        trees: A = T-1-P trees; ``trees[r]`` is the tree drafted at anchor P + r.
-        token_ids: [T] token ids x.
-        target_argmax: [T] target argmax a.
-        prompt_len: P.
-
-    Returns:
-        The RoundLog; acc is the number of nodes matched by the greedy walk (``walk_tree``).
-
-    Raises:
-        ValueError: on mismatched shapes.
-    """
-    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
-    _check_rows("trees", len(trees), len(x), prompt_len)
-    return _replay(lambda p, avail: _tree_walk(trees[p - prompt_len], a, p, avail), x, a, prompt_len)
-
-
-def replay_ddtree(
-    lp_vals: Any,
-    lp_ids: Any,
-    token_ids: Any,
-    target_argmax: Any,
-    prompt_len: int,
-    budget: int,
-    built: dict[int, Tree] | None = None,
-) -> RoundLog:
-    """Replay DDTree-``budget`` from per-slot top-K log-probs, building trees only where visited.
-
-    Args:
-        lp_vals: [A, B-1, K] float log-probs (log_softmax over the full vocabulary, sorted
-            descending per slot); row r is anchor P + r.
-        lp_ids: [A, B-1, K] token ids matching ``lp_vals``.
-        token_ids: [T] token ids x.
-        target_argmax: [T] target argmax a.
-        prompt_len: P.
-        budget: N tree nodes per round (root not counted).
-        built: if given, filled with the trees the replay built, keyed by anchor row r, so a
-            caller (e.g. the draft-only surrogate) can reuse them instead of building them again.
-
-    Returns:
-        The RoundLog, as ``replay_trees`` with ``build_tree(lp_vals[r], lp_ids[r], budget)``.
-
-    Raises:
-        ValueError: on mismatched shapes or a negative budget.
-    """
-    if hasattr(lp_vals, "detach"):
-        lp_vals, lp_ids = lp_vals.detach().cpu().numpy(), lp_ids.detach().cpu().numpy()
-    vals, ids = np.asarray(lp_vals), np.asarray(lp_ids)
-    x, a = _check_sequence(token_ids, target_argmax, prompt_len)
-    if vals.ndim != 3 or vals.shape != ids.shape:
-        raise ValueError(f"lp_vals {vals.shape} and lp_ids {ids.shape} must both be [A, B-1, K]")
-    _check_rows("lp_vals", vals.shape[0], len(x), prompt_len)
-    if budget < 0:
-        raise ValueError(f"budget {budget} is negative; pass the number of tree nodes N >= 0")
-
-    def walk(p: int, avail: int) -> int:
-        r = p - prompt_len
-        tree = build_tree(vals[r], ids[r], budget)
-        if built is not None:
-            built[r] = tree
-        return _tree_walk(tree, a, p, avail)
-
-    return _replay(walk, x, a, prompt_len)
+    return replay_walk(lambda p, avail: lead[p - prompt_len], x, a, prompt_len)

@@ -19,8 +19,8 @@ import hscache
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from scorer.errors import ScorerError
 from scorer.evaluate import score_cache
-from scorer.rows import EvalConfig, effective_config, load_drafter
 from scorer.sampled_tau import SampledTau, sampled_tau
+from scorer.scoring import EvalConfig, effective_config, load_drafter
 from scorer.verification import SequenceRounds
 
 __all__ = ["RULES", "ServedSequence", "ServedTau", "tau_as_served"]

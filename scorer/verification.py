@@ -11,7 +11,7 @@ Given y, every rule makes a slot continue with a known probability alpha[a, j] (
   existing greedy replay (scorer/replay.py) counts them exactly when it matches against
   ``sampled_match_targets(y)`` instead of the target's argmax;
 - deterministic trees (SGLang target-only, EAGLE repo): alpha = 1{y_{a+j} in the children of the
-  node reached along y}: the tree walks of scorer/ddtree.py and families/autoregressive.py, fed
+  node reached along y}: the tree walks of families/dflash/ddtree.py and families/autoregressive.py, fed
   ``sampled_match_targets(y)``;
 - probabilistic (vLLM draft_sample_method=probabilistic, SGLang --speculative-use-rejection-
   sampling, DFlash2 on vLLM MRV2): alpha = min(1, q_{a,j}(y_{a+j}) / p(y_{a+j})), q the drafter's

@@ -229,7 +229,7 @@ ABOVE_FAMILIES = (
     "scorer.init",
     "scorer.online",
     "scorer.report",
-    "scorer.rows",
+    "scorer.scoring",
     "scorer.sweep",
     "scorer.train",
     "scorer.families",  # the registry itself (its own module, not the shared base)

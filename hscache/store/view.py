@@ -1,7 +1,7 @@
 """``CacheView``: what every kind of cache offers its readers (the scorer, verify, diff).
 
 ``Cache`` (a local directory), ``RemoteCache`` (an fsspec URL), ``ShardedCache`` (a directory
-of shards) and ``BlockView`` (rows of any of them served from memory) all implement it; the
+of shards) and ``RowRangeView`` (rows of any of them served from memory) all implement it; the
 contract test (tests/hscache/test_cache_contract.py) reads the same data through each.
 Per-sequence accessors take a row number ``i`` of ``index`` and return torch tensors.
 """

@@ -1,7 +1,7 @@
 """What a drafter family plugs into the scorer: the seam shared by every family.
 
 The scorer owns ONE replay loop (scorer.replay: rounds, tau, off-greedy cuts), ONE report
-(scorer.report.build) and ONE loader entry point (scorer.rows.load_drafter). A family owns the
+(scorer.report.build) and ONE loader entry point (scorer.scoring.load_drafter). A family owns the
 rest, in its own module under scorer/families/: how a checkpoint of its layouts is recognised
 (`claims`), its config mapping and model (`load`), and how it drafts a cached sequence
 (`score_rows`, which hands per-anchor drafts to the shared replay).

@@ -24,7 +24,7 @@ __all__ = ["LoadReport", "check_state_dict", "combine_file_digests", "file_diges
 class LoadReport:
     """What `load_checkpoint` read, inferred and changed.
 
-    `field_sources` maps each DrafterConfig field to "config" (config.json, or a trainer config
+    `field_sources` maps each DFlashConfig field to "config" (config.json, or a trainer config
     saved in the pickle), "config_file" (--config), "checkpoint" (SpecForge's resume contract
     in training_state.pt), "shapes", "override",
     "derived" (target_layer_ids from num_target_layers), "cache" or "default". `warnings` are

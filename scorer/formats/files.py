@@ -40,7 +40,7 @@ _PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
 _NESTING_KEYS = ("model", "state_dict", "model_state_dict", "module", specforge.WEIGHTS_KEY)
 _CONFIG_KEYS = ("config", "args", "model_config")
 # Keys that make a dict found in a training pickle a drafter config: the HF config fields of the
-# families' drafters (DFlash's DrafterConfig fields) and the trainers' own names for them.
+# families' drafters (DFlashConfig's fields) and the trainers' own names for them.
 _CONFIG_HINTS = {
     "hidden_size",
     "intermediate_size",

@@ -30,7 +30,7 @@ def is_training_state(obj: Any) -> bool:
 
 
 def contract_fields(obj: Mapping) -> dict[str, Any]:
-    """DrafterConfig fields recorded in the resume contract (what the run trained with)."""
+    """DFlashConfig fields recorded in the resume contract (what the run trained with)."""
     out = {}
     for key, name in _CONTRACT.items():
         if obj.get(key) is not None:

@@ -21,9 +21,9 @@ from scorer.metrics import (
     AcceptLen,
     acceptance_rates,
     bootstrap_ci,
-    diagnose,
     paired_bootstrap_delta,
     per_category_tau,
+    pipeline_warnings,
     request_totals,
     tau_per_request_from_totals,
     tau_pooled_from_totals,
@@ -124,7 +124,7 @@ def build_report(
     accept_len = sum((r.accept_len for r in results), AcceptLen(0, 0)) if every_anchor else AcceptLen(0, 0)
     acceptance = acceptance_rates(counts) if counts is not None else None
     tau = _tau_block(chains, config.n_boot, config.seed)
-    warnings = diagnose(
+    warnings = pipeline_warnings(
         acceptance=acceptance,
         tau_pooled=tau["pooled"],
         train_accept_len=accept_len.mean,

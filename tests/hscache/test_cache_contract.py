@@ -1,5 +1,5 @@
 """One contract, four cache types: the same data read through ``Cache``, ``RemoteCache``,
-``ShardedCache`` and ``BlockView`` equals the local ``Cache`` bit for bit (after zarr-python's
+``ShardedCache`` and ``RowRangeView`` equals the local ``Cache`` bit for bit (after zarr-python's
 StoreTests: one base class of tests, one subclass per implementation).
 
 Every type views the session's ``scale_cache`` (4 sequences): uploaded to a moto S3 bucket,
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import hscache
-from hscache.store.blocks import BlockView, read_rows
 from hscache.store.layout import PROVENANCE, TARGET_DIR
 from hscache.store.remote import RemoteCache, upload_cache
+from hscache.store.row_ranges import RowRangeView, read_rows
 from hscache.store.sampling import GREEDY
 from hscache.store.shards import ShardedCache, shard_path
 from hscache.store.writer import SequenceRows, StoreWriter
@@ -150,9 +150,9 @@ class TestShardedCache(CacheViewContract):
 
 
 class TestBlockView(CacheViewContract):
-    kind = BlockView
+    kind = RowRangeView
 
     @pytest.fixture
     def view(self, local):
         # Rows 1..2 from memory, rows 0 and 3 through the wrapped cache: both paths are checked.
-        return BlockView(local, read_rows(local, range(1, 3)))
+        return RowRangeView(local, read_rows(local, range(1, 3)))

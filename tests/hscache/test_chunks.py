@@ -12,9 +12,9 @@ import torch
 import zarr
 
 import hscache
-from hscache.store.blocks import read_rows
 from hscache.store.chunks import chunk_reader
 from hscache.store.layout import array_specs, chunk_key
+from hscache.store.row_ranges import read_rows
 from hscache.store.writer import SequenceRows, StoreWriter
 
 LENGTHS = [300, 7, 1000, 1, 523]  # 1831 tokens: several 256-token chunks and a partial last chunk

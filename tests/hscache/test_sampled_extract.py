@@ -21,8 +21,8 @@ import hscache
 from hscache.cli import main
 from hscache.errors import ResumeMismatchError
 from hscache.store import integrity
-from hscache.store.blocks import BlockView, read_rows
 from hscache.store.layout import SAMPLED_ARRAYS
+from hscache.store.row_ranges import RowRangeView, read_rows
 from hscache.store.sampling import GREEDY, SamplingSetting
 from tests.conftest import SAMPLED_CACHE_CONFIG, SAMPLED_CACHE_FLAGS
 from tests.hscache.conftest import ONE_THREAD_ENV
@@ -91,8 +91,8 @@ def test_samples_are_index_rows_of_their_prompt(sampled_cache):
 def test_every_kind_of_view_reads_the_sampled_arrays(sampled_cache, tmp_path):
     cache = hscache.open_cache(sampled_cache)
     sharded = hscache.open_cache(split_into_shards(cache, tmp_path / "sharded", 2))
-    block = BlockView(cache, read_rows(cache, range(1, 3), SAMPLED_ARRAYS))
-    for view in (sharded, block):
+    in_memory = RowRangeView(cache, read_rows(cache, range(1, 3), SAMPLED_ARRAYS))
+    for view in (sharded, in_memory):
         assert view.sampling == cache.sampling
         for row in range(len(cache)):
             (ids, probs), (want_ids, want_probs) = view.sampled_support(row), cache.sampled_support(row)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import hscache
 from hscache.cli import main
-from hscache.store.blocks import read_rows
 from hscache.store.integrity import content_sha256
+from hscache.store.row_ranges import read_rows
 from hscache.store.shards import ShardedCache, merge_shards, parse_shard
 from pipelines.sharded_extract import sharded_extract
 

@@ -29,7 +29,7 @@ from scorer.cli import main
 from scorer.compare import compare_drafters
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.base import OnlineOptions
-from scorer.rows import drafter_family, load_drafter
+from scorer.scoring import drafter_family, load_drafter
 from scorer.sequences import sequence_features
 
 ROWS = 2  # sequences the cheaper checks score

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.families.dflash.checkpoint import LoadedCheckpoint, load_checkpoint, save_hf_checkpoint
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
 
 SHAPE_FIELDS = (
@@ -30,8 +30,8 @@ SHAPE_FIELDS = (
 )
 
 
-def _config(**changes) -> DrafterConfig:
-    base = DrafterConfig(
+def _config(**changes) -> DFlashConfig:
+    base = DFlashConfig(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -50,7 +50,7 @@ def _config(**changes) -> DrafterConfig:
     return dataclasses.replace(base, **changes)
 
 
-def _overrides(config: DrafterConfig) -> dict:
+def _overrides(config: DFlashConfig) -> dict:
     """What a caller supplies for a checkpoint without config: everything shapes cannot tell."""
     return {
         k: getattr(config, k)
@@ -65,7 +65,7 @@ def _overrides(config: DrafterConfig) -> dict:
     }
 
 
-def _weights(config: DrafterConfig, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def _weights(config: DFlashConfig, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     return {k: torch.randn_like(v).to(dtype) for k, v in DFlashDrafter(config).state_dict().items()}
 
@@ -114,7 +114,7 @@ def test_sharded_hf_directory_loads_the_same_weights(tmp_path: Path) -> None:
     assert plain.report.sha256 != loaded.report.sha256  # file hashes follow the container
 
 
-def _saved_unsharded(tmp_path: Path, config: DrafterConfig, weights: dict) -> Path:
+def _saved_unsharded(tmp_path: Path, config: DFlashConfig, weights: dict) -> Path:
     save_hf_checkpoint(tmp_path / "plain", config, weights)
     return tmp_path / "plain"
 

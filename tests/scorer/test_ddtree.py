@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from scorer.ddtree import ROOT, Tree, build_tree, surrogate_tau, walk_tree
+from scorer.families.dflash.ddtree import ROOT, Tree, build_tree, surrogate_tau, walk_tree
 
 
 def _random_lp(rng: np.random.Generator, depth: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from scorer.errors import CheckpointError
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.checkpoint import load_checkpoint
 from scorer.families.dflash2 import VARIANT, build_dflash2
-from scorer.rows import load_drafter, score_rows
+from scorer.scoring import load_drafter, score_rows
 from tests.scorer.family_contract import FamilyContract
 
 BLOCK = 4

@@ -359,7 +359,7 @@ def test_the_shared_pass_replays_what_one_independent_pass_per_hypothesis_does(s
     """Features and context shared across hypotheses change no number: every setting's totals and
     training-log accept length equal scorer eval's all-anchor path run on that setting alone."""
     from scorer.diagnose_run import prepare_diagnosis
-    from scorer.families.dflash.score import score_sequence
+    from scorer.families.dflash.score import score_dflash_sequence
     from scorer.metrics import AcceptLen, request_totals
 
     plan = prepare_diagnosis(trained_drafter, [scorer_cache], DiagnoseConfig(limit=2))
@@ -372,7 +372,7 @@ def test_the_shared_pass_replays_what_one_independent_pass_per_hypothesis_does(s
         drafter, logs, want_accept = replayer.drafter(setting), [], AcceptLen(0, 0)
         for row in replayer.rows[0][:2]:
             cache = replayer.caches[0]
-            result = score_sequence(
+            result = score_dflash_sequence(
                 drafter, replayer.features(setting, row), cache.token_ids(row), cache.target_argmax(row),
                 cache.index.column("prompt_len")[row].as_py(), anchors="all",
             )  # fmt: skip

@@ -98,7 +98,7 @@ def test_worker_errors_reach_the_client(dask_client, scale_cache, tmp_path):
 
 def test_a_worker_checks_the_rows_of_arrays_no_drafter_reads(drafter, scale_cache, tmp_path):
     """As in-process eval does: a damaged top-k chunk under the scored rows is refused, so a report
-    that carries the cache's digest vouches for them (hscache.store.blocks.check_other_arrays)."""
+    that carries the cache's digest vouches for them (hscache.store.row_ranges.check_other_arrays)."""
     import shutil
 
     import hscache

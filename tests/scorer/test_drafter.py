@@ -8,14 +8,14 @@ import re
 import pytest
 import torch
 
-from scorer.families.dflash.config import DrafterConfig, derive_target_layer_ids
+from scorer.families.dflash.config import DFlashConfig, derive_target_layer_ids
 from scorer.families.dflash.model import DFlashDrafter
 
 V, MASK = 100, 99
 
 
-def _config(**changes) -> DrafterConfig:
-    base = DrafterConfig(
+def _config(**changes) -> DFlashConfig:
+    base = DFlashConfig(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -35,7 +35,7 @@ def _config(**changes) -> DrafterConfig:
     return dataclasses.replace(base, **changes)
 
 
-def _drafter(config: DrafterConfig, seed: int = 0) -> DFlashDrafter:
+def _drafter(config: DFlashConfig, seed: int = 0) -> DFlashDrafter:
     """Random weights, norms included (all-ones norms would hide a misplaced norm)."""
     torch.manual_seed(seed)
     model = DFlashDrafter(config)
@@ -53,7 +53,7 @@ def _blocks(anchors: list[int], B: int, seed: int = 1) -> torch.Tensor:
     return tokens
 
 
-def _features(config: DrafterConfig, T: int, seed: int = 2) -> torch.Tensor:
+def _features(config: DFlashConfig, T: int, seed: int = 2) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(T, config.num_features * config.hidden_size, generator=g)
 
@@ -205,21 +205,21 @@ def test_config_round_trips_through_hf_json() -> None:
     hf = config.to_hf_config()
     assert hf["model_type"] == "qwen3" and hf["architectures"] == ["DFlashDraftModel"]
     assert hf["dflash_config"] == {"block_size": 4, "mask_token_id": MASK, "target_layer_ids": [1, 3]}
-    assert DrafterConfig.from_hf_config(hf) == config
+    assert DFlashConfig.from_hf_config(hf) == config
 
 
 def test_from_hf_config_precedence_and_transformers5_rope() -> None:
     hf = _config().to_hf_config()
     del hf["rope_theta"], hf["rope_scaling"], hf["dflash_config"]["target_layer_ids"]
     hf.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, block_size=8, num_target_layers=36)
-    config = DrafterConfig.from_hf_config(hf)
+    config = DFlashConfig.from_hf_config(hf)
     assert config.block_size == 4  # dflash_config.block_size wins over the top-level one
     assert config.rope_theta == 1e6 and config.rope_scaling is None
     assert config.target_layer_ids == (1, 33)  # derived from 36 target layers, 2 draft layers
     del hf["dflash_config"]["block_size"]
-    assert DrafterConfig.from_hf_config(hf).block_size == 8
+    assert DFlashConfig.from_hf_config(hf).block_size == 8
     del hf["block_size"]
-    assert DrafterConfig.from_hf_config(hf).block_size == 16
+    assert DFlashConfig.from_hf_config(hf).block_size == 16
 
 
 def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
@@ -230,7 +230,7 @@ def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
     hf = _config().to_hf_config()
     del hf["dflash_config"]["target_layer_ids"], hf["num_target_layers"], hf["vocab_size"]
     with pytest.raises(ValueError, match="config.json lacks vocab_size, target_layer_ids"):
-        DrafterConfig.from_hf_config(hf)
+        DFlashConfig.from_hf_config(hf)
 
 
 @pytest.mark.parametrize(
@@ -253,9 +253,9 @@ def test_config_rejects_unsupported_rope_and_missing_fields() -> None:
 def test_config_rejects_later_dflash_variants(change: dict, named: str) -> None:
     hf = {**_config().to_hf_config(), **change}
     with pytest.raises(ValueError, match=f"unsupported DFlash drafter variant \\({re.escape(named)}"):
-        DrafterConfig.from_hf_config(hf)
+        DFlashConfig.from_hf_config(hf)
     neutral = {**_config().to_hf_config(), "layer_types": ["full_attention"] * 2, "output_multiplier": 1.0}
-    assert DrafterConfig.from_hf_config(neutral) == _config()
+    assert DFlashConfig.from_hf_config(neutral) == _config()
 
 
 def test_auto_backend_falls_back_to_sdpa_when_flex_fails(monkeypatch) -> None:

@@ -199,7 +199,7 @@ def test_flags_that_do_not_fit_the_family_are_refused(scorer_cache, eagle3_draft
     )
     assert result.exit_code == 2 and "DFlash drafter drafts a block" in result.output
     result = runner.invoke(main, ["eval", "target:mtp", "--cache", str(scorer_cache), "--ddtree", "4"])
-    assert result.exit_code == 2 and "--ddtree is DFlash's tree" in result.output
+    assert result.exit_code == 2 and "--ddtree does not apply to target:mtp" in result.output
     result = runner.invoke(main, ["eval", "target:mtp", "--cache", str(scorer_cache)])
     assert result.exit_code == 0, result.output  # the MTP family exists (tests/scorer/test_mtp.py)
     result = runner.invoke(main, ["eval", "target:medusa", "--cache", str(scorer_cache)])
@@ -235,7 +235,7 @@ class TestEagle3Contract(FamilyContract):
 @pytest.mark.slow
 def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
     from scorer.families.eagle3.train import train_eagle3
-    from scorer.online import run_online
+    from scorer.online import OnlineConfig, run_online
 
     cache = tmp_path / "cache"
     hscache.extract(
@@ -251,7 +251,7 @@ def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
     drafter = tmp_path / "eagle3"
     train_eagle3(cache, drafter, steps=25, num_speculative_tokens=4)  # the engines' default layers 1,3,4
     offline = evaluate(drafter, cache, EvalConfig(n_boot=10))
-    online = run_online(drafter, "builtin:tiny-qwen3", "builtin:default", max_new_tokens=16, limit=2)
+    online = run_online(drafter, OnlineConfig(model="builtin:tiny-qwen3", max_new_tokens=16, limit=2))
     _assert_same_rounds(offline, online)
 
 
@@ -462,7 +462,9 @@ def test_an_explicit_ddtree_is_refused_by_name_for_eagle3_and_its_default_is_not
     refused = runner.invoke(main, [*args, "--ddtree", "8"])
     lines = refused.output.strip().splitlines()
     assert (
-        refused.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --ddtree is DFlash's tree")
+        refused.exit_code == 2
+        and len(lines) == 1
+        and lines[0].startswith("error: --ddtree does not apply to")
     )
     assert runner.invoke(main, args).exit_code == 0  # the default budgets: dropped for EAGLE-3, as reported
     assert runner.invoke(main, [*args, "--ddtree", ""]).exit_code == 0  # explicitly none: fine

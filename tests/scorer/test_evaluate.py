@@ -16,7 +16,7 @@ from scorer.errors import IncompatibleCacheError
 from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.dflash.checkpoint import load_checkpoint, save_hf_checkpoint
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.families.dflash.score import score_sequence
+from scorer.families.dflash.score import score_dflash_sequence
 
 
 class _StandIn:
@@ -61,11 +61,13 @@ def test_oracle_gets_the_maximum_tau_and_an_always_wrong_drafter_gets_one(scorer
         T = len(ids)
         g = lambda p, j, argmax=argmax, T=T: int(argmax[min(p + j - 1, T - 1)])
         feats = torch.zeros(T, 1)  # the stand-ins ignore features
-        oracle = score_sequence(_StandIn(B, V, g), feats, ids, argmax, P)
+        oracle = score_dflash_sequence(_StandIn(B, V, g), feats, ids, argmax, P)
         generated = T - 1 - P  # tokens after the first bonus token
         full, rest = divmod(generated, B)
         assert oracle.chain.tokens == tuple([B] * full + ([rest] if rest else []))
-        wrong = score_sequence(_StandIn(B, V, lambda p, j, g=g: (g(p, j) + 1) % V), feats, ids, argmax, P)
+        wrong = score_dflash_sequence(
+            _StandIn(B, V, lambda p, j, g=g: (g(p, j) + 1) % V), feats, ids, argmax, P
+        )
         assert wrong.chain.tau == 1.0 and wrong.chain.n_rounds == generated
 
 

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from scorer.errors import CheckpointError, UntrustedCheckpointError
 from scorer.families.dflash.checkpoint import load_checkpoint
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
 
 H, V, L = 32, 100, 8  # hidden, target vocabulary, target layers
@@ -62,7 +62,7 @@ def _specforge_config() -> dict:
 
 
 def _weights(n_features: int = 3, n_layers: int = 3) -> dict[str, torch.Tensor]:
-    config = DrafterConfig(
+    config = DFlashConfig(
         hidden_size=H, intermediate_size=64, num_hidden_layers=n_layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
         vocab_size=V, attention_bias=False, block_size=6, mask_token_id=99,
@@ -232,7 +232,7 @@ def test_zlab_assistant_layout(tmp_path: Path) -> None:
 
 # ---- warnings ----------------------------------------------------------------------------------
 def test_config_fields_not_read_and_another_target_are_warned(tmp_path: Path) -> None:
-    config = DrafterConfig(
+    config = DFlashConfig(
         hidden_size=H, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
         vocab_size=V, attention_bias=False, block_size=6, mask_token_id=99, target_layer_ids=(1, 3, 5),

@@ -11,13 +11,13 @@ import hscache
 from hscache.capture.final_norm import KINDS, describe_final_norm
 from hscache.capture.target import load_target
 from scorer.errors import IncompatibleCacheError
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import context_norm, feature_index
 from scorer.sequences import sequence_features
 
 
-def _config(layer_ids: tuple[int, ...], hidden: int) -> DrafterConfig:
-    return DrafterConfig(
+def _config(layer_ids: tuple[int, ...], hidden: int) -> DFlashConfig:
+    return DFlashConfig(
         hidden_size=hidden, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
         num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
         vocab_size=10, attention_bias=False, block_size=4, mask_token_id=1, target_layer_ids=layer_ids,

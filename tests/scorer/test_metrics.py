@@ -10,14 +10,14 @@ import pytest
 from scorer.metrics import (
     AcceptanceCounts,
     AcceptLen,
-    DiagnoseThresholds,
+    PipelineWarningThresholds,
     acceptance_counts,
     acceptance_per_position,
     acceptance_rates,
     bootstrap_ci,
-    diagnose,
     paired_bootstrap_delta,
     per_category_tau,
+    pipeline_warnings,
     request_totals,
     tau_per_request,
     tau_per_request_from_totals,
@@ -186,8 +186,8 @@ def _stats(uncond_num, uncond_den):
     return acceptance_rates(AcceptanceCounts(num, den, num, den))
 
 
-def test_diagnose_rising_accuracy() -> None:
-    warnings = diagnose(acceptance=_stats([50, 80, 30], [100, 100, 100]))
+def test_pipeline_warnings_rising_accuracy() -> None:
+    warnings = pipeline_warnings(acceptance=_stats([50, 80, 30], [100, 100, 100]))
     assert warnings == [
         "per-slot accuracy rises with position (slot 1: 0.500; slot 2: 0.800); drafts are usually "
         "best at slot 1, so check position ids and the draft-to-label alignment "
@@ -204,27 +204,29 @@ def test_diagnose_rising_accuracy() -> None:
         ([50, 30, 0], [100, 100, 0]),  # empty slot is skipped
     ],
 )
-def test_diagnose_quiet_on_healthy_or_thin_acceptance(num, den) -> None:
-    assert diagnose(acceptance=_stats(num, den)) == []
+def test_pipeline_warnings_quiet_on_healthy_or_thin_acceptance(num, den) -> None:
+    assert pipeline_warnings(acceptance=_stats(num, den)) == []
 
 
-def test_diagnose_tau_far_below_train_accept_len() -> None:
-    assert diagnose(tau_pooled=1.4, train_accept_len=1.5) == [
+def test_pipeline_warnings_tau_far_below_train_accept_len() -> None:
+    assert pipeline_warnings(tau_pooled=1.4, train_accept_len=1.5) == [
         "tau_pooled - 1 = 0.400 is below 0.5 x the training-log accept length 1.500; replay may "
         "not match training (features, layers, positions or mask; `scorer diagnose` tests each)"
     ]
-    assert diagnose(tau_pooled=2.0, train_accept_len=1.5) == []
-    assert diagnose(tau_pooled=1.0, train_accept_len=0.5) == []  # below the floor
-    assert diagnose(tau_pooled=1.0, train_accept_len=0.5, thresholds=DiagnoseThresholds(accept_len_floor=0.1))
+    assert pipeline_warnings(tau_pooled=2.0, train_accept_len=1.5) == []
+    assert pipeline_warnings(tau_pooled=1.0, train_accept_len=0.5) == []  # below the floor
+    assert pipeline_warnings(
+        tau_pooled=1.0, train_accept_len=0.5, thresholds=PipelineWarningThresholds(accept_len_floor=0.1)
+    )
 
 
-def test_diagnose_missing_layers() -> None:
-    assert diagnose(target_layer_ids=[1, 9, 17, 25, 33], cache_layer_ids=[25, 1, 9, 17]) == [
+def test_pipeline_warnings_missing_layers() -> None:
+    assert pipeline_warnings(target_layer_ids=[1, 9, 17, 25, 33], cache_layer_ids=[25, 1, 9, 17]) == [
         "drafter needs target layers [33] that the cache lacks (cache has [1, 9, 17, 25]); "
         "re-extract the cache with these layers"
     ]
-    assert diagnose(target_layer_ids=[1, 9], cache_layer_ids=[0, 1, 9]) == []
-    assert diagnose() == []
+    assert pipeline_warnings(target_layer_ids=[1, 9], cache_layer_ids=[0, 1, 9]) == []
+    assert pipeline_warnings() == []
 
 
 # ---------------------------------------------------------------- per category

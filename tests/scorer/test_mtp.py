@@ -36,7 +36,7 @@ from hscache.capture.builtin import build_builtin, builtin_mtp_weights
 from scorer.cli import main
 from scorer.errors import CheckpointError
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.rows import load_drafter
+from scorer.scoring import load_drafter
 from tests.scorer.family_contract import FamilyContract
 
 K = 3

@@ -114,3 +114,12 @@ class TestNgramContract(FamilyContract):
 
     def wrong_checkpoint(self, checkpoint, tmp_path):
         return ["ngram", "--block-size", "4"], "--block-size do not apply to the n-gram proposer"
+
+
+def test_an_explicit_ddtree_is_refused_naming_the_flags_the_family_reads(tmp_path):
+    """The refusal comes from the family seam (Family.eval_options), before any cache is opened."""
+    result = CliRunner().invoke(main, ["eval", "ngram", "--cache", str(tmp_path / "none"), "--ddtree", "8"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: --ddtree does not apply to ngram")
+    assert lines[0].endswith("reads --num-speculative-tokens, --prompt-lookup-max, --prompt-lookup-min")

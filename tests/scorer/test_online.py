@@ -6,7 +6,7 @@ import pytest
 
 import hscache
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.online import run_online
+from scorer.online import OnlineConfig, run_online
 from scorer.train import train_drafter
 from tests.scorer.family_contract import FamilyContract
 
@@ -23,7 +23,7 @@ def test_offline_tau_equals_online_tau(model, tmp_path):
     drafter = tmp_path / "drafter"
     train_drafter(cache, drafter, steps=120, block_size=5, log_every=0)
     offline = evaluate(drafter, cache, EvalConfig(ddtree=(), n_boot=20))
-    online = run_online(drafter, model, "builtin:default", max_new_tokens=20, limit=4)
+    online = run_online(drafter, OnlineConfig(model=model, max_new_tokens=20, limit=4))
     cached = hscache.open_cache(cache)
     assert offline["off_greedy"]["positions"] == 0  # fp32: the cache is the target's greedy path
     for i, (off, on) in enumerate(zip(offline["per_request"], online["per_request"])):
@@ -79,7 +79,7 @@ def test_sliding_window_drafter_online_equals_offline(scorer_cache, trained_draf
     (drafter / "config.json").write_text(json.dumps(config))
     offline = evaluate(drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, limit=2))
     assert offline["drafter"]["layer_types"] == ["sliding_attention"] * n
-    online = run_online(drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=24, limit=2)
+    online = run_online(drafter, OnlineConfig(model="builtin:tiny-qwen3.5", max_new_tokens=24, limit=2))
     for off, on in zip(offline["per_request"], online["per_request"]):
         tokens = [
             min(a + 1, on["generated"] + off["anchors"][0] - 1 - p)

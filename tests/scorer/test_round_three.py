@@ -257,7 +257,7 @@ def test_samples_show_whole_runs_under_a_heading(scorer_cache, trained_drafter, 
 def test_online_compares_the_recorded_target_with_the_model(trained_drafter, tmp_path):
     """Issue 20.2 for `scorer online`: the drafter's recorded target against --model."""
     from scorer.errors import IncompatibleCacheError
-    from scorer.online import run_online
+    from scorer.online import OnlineConfig, run_online
 
     other = tmp_path / "other"
     shutil.copytree(trained_drafter, other)
@@ -265,6 +265,8 @@ def test_online_compares_the_recorded_target_with_the_model(trained_drafter, tmp
     config["hscache_target"]["model_type"] = "llama"
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(IncompatibleCacheError, match="model_type: drafter llama, model qwen3_5_text"):
-        run_online(other, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=2, limit=1)
-    result = run_online(trained_drafter, "builtin:tiny-qwen3.5", "builtin:default", max_new_tokens=2, limit=1)
+        run_online(other, OnlineConfig(model="builtin:tiny-qwen3.5", max_new_tokens=2, limit=1))
+    result = run_online(
+        trained_drafter, OnlineConfig(model="builtin:tiny-qwen3.5", max_new_tokens=2, limit=1)
+    )
     assert result["target_check"]["status"] == "match"

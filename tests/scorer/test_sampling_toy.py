@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from scorer.ddtree import Tree
+from scorer.families.dflash.ddtree import Tree, replay_trees
 from scorer.online_rules import sglang_target_only_verify
-from scorer.replay import replay_chain, replay_trees
+from scorer.replay import replay_chain
 from scorer.verification import (
     all_anchor_acceptance,
     onehot_acceptance,

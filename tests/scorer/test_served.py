@@ -19,7 +19,7 @@ import hscache
 from scorer.cli import main
 from scorer.errors import ScorerError
 from scorer.evaluate import EvalConfig, evaluate
-from scorer.rows import load_drafter
+from scorer.scoring import load_drafter
 from scorer.served_eval import tau_as_served
 from scorer.verification import sequence_rounds, slot_acceptance
 

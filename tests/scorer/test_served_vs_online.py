@@ -19,7 +19,7 @@ from hscache.store.sampling import SamplingSetting
 from scorer.families.base import OnlineOptions
 from scorer.online import open_online
 from scorer.online_sampled import DecodeSettings, decode_runs, summarise_runs
-from scorer.rows import EvalConfig
+from scorer.scoring import EvalConfig
 from scorer.served_eval import tau_as_served
 
 # The setting (measured, see the test's docstring): top-k 2 at T 0.03 on the built-in target (top-1

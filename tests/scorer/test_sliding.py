@@ -15,15 +15,15 @@ import torch
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmbedding, rotate_half
 
 from scorer.families.dflash.attention import block_sparse_mask, flex_mask_mod
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
 
 V, MASK, W = 100, 99, 8
 SPECFORGE_TYPES = ["sliding_attention"] * 2 + ["full_attention"]  # qwen3.6-27b-dflash.json, 3 layers
 
 
-def _config(**changes) -> DrafterConfig:
-    base = DrafterConfig(
+def _config(**changes) -> DFlashConfig:
+    base = DFlashConfig(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=3,
@@ -44,7 +44,7 @@ def _config(**changes) -> DrafterConfig:
     return dataclasses.replace(base, **changes)
 
 
-def _drafter(config: DrafterConfig) -> DFlashDrafter:
+def _drafter(config: DFlashConfig) -> DFlashDrafter:
     torch.manual_seed(0)
     model = DFlashDrafter(config).double()
     with torch.no_grad():

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from scorer.ddtree import Tree, build_tree
 from scorer.families.autoregressive import greedy_walk
-from scorer.replay import replay_chain, replay_ddtree, replay_trees, round_loop
+from scorer.families.dflash.ddtree import Tree, build_tree, replay_ddtree, replay_trees
+from scorer.replay import replay_chain, round_loop
 from scorer.verification import (
     all_anchor_acceptance,
     depth_acceptance,

@@ -33,7 +33,7 @@ from scorer.families.dflash.checkpoint import (
     in_memory_checkpoint,
     load_checkpoint,
 )
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -43,7 +43,7 @@ from scorer.families.dflash.features import (
 )
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.proposals import block_proposals
-from scorer.families.dflash.score import block_drafts, score_sequence, score_sequences_chain
+from scorer.families.dflash.score import block_drafts, score_dflash_sequence, score_dflash_sequences_chain
 from scorer.sequences import (
     CachedSequence,
     SequenceResult,
@@ -174,11 +174,11 @@ def module_drafter(
         state_dict, attached = dict(module_or_state_dict), False
     if config is None:
         raise CheckpointError(
-            "evaluate_module needs the drafter's config (a DrafterConfig or HF dict) with a state_dict"
+            "evaluate_module needs the drafter's config (a DFlashConfig or HF dict) with a state_dict"
         )
-    if not isinstance(config, DrafterConfig):
+    if not isinstance(config, DFlashConfig):
         try:
-            config = DrafterConfig.from_hf_config(dict(config))
+            config = DFlashConfig.from_hf_config(dict(config))
         except ValueError as e:
             raise CheckpointError(f"evaluate_module config: {e}") from e
     if eval_config.block_size is not None:
@@ -235,7 +235,7 @@ def score_rows(
             }
             for seq in cached_sequences(cache, rows)
         ]
-        results = score_sequences_chain(
+        results = score_dflash_sequences_chain(
             drafter,
             sequences,
             ddtree_budgets=tuple(config.ddtree),
@@ -248,7 +248,7 @@ def score_rows(
         return results
 
     def score(seq: CachedSequence) -> SequenceResult:
-        return score_sequence(
+        return score_dflash_sequence(
             drafter,
             features(seq),
             seq.token_ids(),
@@ -400,21 +400,32 @@ EVAL_OPTIONS = frozenset(
 )
 
 
-def init(cache_path: str | Path, out: str | Path, **options: Any) -> DrafterConfig:
+def init(cache_path: str | Path, out: str | Path, **options: Any) -> DFlashConfig:
     """``scorer init --family dflash``: a random DFlash drafter (init.py), its config."""
-    from scorer.families.dflash.init import init_drafter
+    from scorer.families.dflash.init import init_dflash
 
-    return init_drafter(cache_path, out, **options)[0]
+    return init_dflash(cache_path, out, **options)[0]
 
 
-def train(cache_path: str | Path, out: str | Path, **options: Any) -> dict[str, Any]:
-    """``scorer init --family dflash --train-steps N``: train.py's CPU trainer (with a progress
-    callback ``on_step``, no printed loss lines unless ``log_every`` asks for them)."""
-    from scorer.families.dflash.train import train_drafter
+def train(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    on_step: Callable[[int, float], None] | None = None,
+    on_eval: Callable[[int, dict], None] | None = None,
+    evaluate: Callable[..., dict] | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """``scorer init --family dflash --train-steps N``: train.py's CPU trainer, ``settings`` its
+    DFlashTrainConfig's fields (with a progress callback ``on_step``, no printed loss lines unless
+    ``log_every`` asks for them)."""
+    from scorer.families.dflash.train import DFlashTrainConfig, train_dflash
 
-    if "on_step" in options:
-        options.setdefault("log_every", 0)
-    return train_drafter(cache_path, out, **options)
+    if on_step is not None:
+        settings.setdefault("log_every", 0)
+    return train_dflash(
+        cache_path, out, DFlashTrainConfig(**settings), on_step=on_step, on_eval=on_eval, evaluate=evaluate
+    )
 
 
 DFLASH = Family(

@@ -1,4 +1,4 @@
-"""Load any DFlash drafter checkpoint into (DrafterConfig, state_dict) and say what was inferred.
+"""Load any DFlash drafter checkpoint into (DFlashConfig, state_dict) and say what was inferred.
 
 Accepted (spec/dflash.md section 2, README "Drafter formats"): an HF directory (config.json +
 model.safetensors, or shards with `model.safetensors.index.json`, or pytorch_model.bin) in the
@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from hscache.store.fsio import atomic_write_with
 from scorer.errors import CheckpointError
 from scorer.families.dflash import speculators
-from scorer.families.dflash.config import DrafterConfig, derive_target_layer_ids, hf_config_fields
+from scorer.families.dflash.config import DFlashConfig, derive_target_layer_ids, hf_config_fields
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.formats.checkpoint_io import (
     LoadReport,
@@ -65,7 +65,7 @@ _FLAG_FOR = {"block_size": "--block-size", "mask_token_id": "--mask-token-id"}
 class LoadedCheckpoint:
     """A drafter ready for `DFlashDrafter(config).load_state_dict(state_dict)`."""
 
-    config: DrafterConfig
+    config: DFlashConfig
     state_dict: dict[str, torch.Tensor]
     report: LoadReport
     # The drafter's own output side, when its layout defines one (speculators): "embed_tokens"
@@ -120,7 +120,7 @@ def load_checkpoint(
 
     Args:
         path: HF directory, `.safetensors` file, or `.pt`/`.pth`/`.bin` pickle.
-        overrides: DrafterConfig field -> value for what the weights cannot tell (target_layer_ids
+        overrides: DFlashConfig field -> value for what the weights cannot tell (target_layer_ids
             or num_target_layers, mask_token_id, rope_theta, vocab_size, ...); wins over a config.
         fallbacks: values used only for fields that neither the config, the weights nor the
             overrides supply (the scorer passes what the hidden-state cache knows); source "cache".
@@ -217,7 +217,7 @@ def load_checkpoint(
     )
 
 
-def in_memory_checkpoint(config: DrafterConfig, state_dict: dict[str, torch.Tensor]) -> LoadedCheckpoint:
+def in_memory_checkpoint(config: DFlashConfig, state_dict: dict[str, torch.Tensor]) -> LoadedCheckpoint:
     """A LoadedCheckpoint for weights that never were a file (``scorer.evaluate_module``).
 
     Raises:
@@ -231,7 +231,7 @@ def in_memory_checkpoint(config: DrafterConfig, state_dict: dict[str, torch.Tens
         file_sha256={},
         sha256="",
         weights_sha256=state_dict_sha256(state_dict),
-        field_sources=dict.fromkeys(sorted(DrafterConfig.__dataclass_fields__), "config"),
+        field_sources=dict.fromkeys(sorted(DFlashConfig.__dataclass_fields__), "config"),
         stripped_prefixes=stripped,
         dropped_keys=dropped,
     )
@@ -302,12 +302,12 @@ def _resolve_config(
     overrides: dict[str, Any],
     root: Path,
     fallbacks: dict[str, Any] | None = None,
-) -> tuple[DrafterConfig, dict[str, str], list[str], list[str]]:
+) -> tuple[DFlashConfig, dict[str, str], list[str], list[str]]:
     """Merge config layers, weight shapes, overrides, cache and defaults.
 
     Returns the config, where each field came from, notes, and warnings for the report.
     """
-    names = set(DrafterConfig.__dataclass_fields__)
+    names = set(DFlashConfig.__dataclass_fields__)
     if unknown := sorted(set(overrides) - names):
         raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(names)}")
     fields: dict[str, Any] = {}
@@ -383,7 +383,7 @@ def _resolve_config(
                 "pass --target-layer-ids / --rope-theta or --config if the drafter was trained otherwise"
             )
     try:
-        return DrafterConfig(**fields), dict(sorted(sources.items())), notes, warnings
+        return DFlashConfig(**fields), dict(sorted(sources.items())), notes, warnings
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{root}: invalid drafter config: {e}") from e
 
@@ -452,7 +452,7 @@ def _warnings(
     return out
 
 
-def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | str) -> None:
+def _validate(sd: dict[str, torch.Tensor], config: DFlashConfig, root: Path | str) -> None:
     """Exactly the drafter's keys with the drafter's shapes, else one CheckpointError naming them."""
     check_state_dict(
         sd, lambda: DFlashDrafter(config), f"{root} is not a DFlash drafter checkpoint", floats=True
@@ -461,7 +461,7 @@ def _validate(sd: dict[str, torch.Tensor], config: DrafterConfig, root: Path | s
 
 def save_hf_checkpoint(
     directory: str | os.PathLike,
-    config: DrafterConfig,
+    config: DFlashConfig,
     state_dict: dict[str, torch.Tensor],
     *,
     max_shard_bytes: int | None = None,
@@ -474,7 +474,7 @@ def save_hf_checkpoint(
 
     Args:
         directory: created if missing.
-        config: written as the HF config.json (`DrafterConfig.to_hf_config`).
+        config: written as the HF config.json (`DFlashConfig.to_hf_config`).
         state_dict: exactly the drafter's keys.
         max_shard_bytes: shard when given; a tensor larger than this gets a shard of its own.
         extra_config: keys added to config.json (e.g. ``hscache_target``, the target's identity).

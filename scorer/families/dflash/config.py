@@ -1,6 +1,6 @@
 """A DFlash drafter's configuration and its mapping from published ``config.json`` layouts.
 
-`DrafterConfig` is what the model in `scorer.families.dflash.model` is built from; `hf_config_fields` reads the
+`DFlashConfig` is what the model in `scorer.families.dflash.model` is built from; `hf_config_fields` reads the
 fields a published config sets (and refuses, by name, the keys that change the math but are not
 implemented), so checkpoint loading can say where every field came from.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from hscache.capture.layers import dflash_layer_ids
 
-__all__ = ["DrafterConfig", "derive_target_layer_ids", "draft_value", "hf_config_fields"]
+__all__ = ["DFlashConfig", "derive_target_layer_ids", "draft_value", "hf_config_fields"]
 
 
 def derive_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -37,7 +37,7 @@ def _rope_type(rope_scaling: dict | None) -> str:
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DFlashConfig:
     """Architecture of a DFlash drafter; mirrors the HF `config.json` fields (spec section 1)."""
 
     hidden_size: int
@@ -129,7 +129,7 @@ class DrafterConfig:
         return len(self.target_layer_ids)
 
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> DrafterConfig:
+    def from_hf_config(cls, config: dict[str, Any]) -> DFlashConfig:
         """Build from an HF `config.json` dict.
 
         Args:
@@ -196,7 +196,7 @@ def draft_value(config: dict[str, Any], name: str, default: Any = None) -> Any:
 
 
 def hf_config_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The DrafterConfig fields present in an HF config dict (a partial parse; nothing defaulted).
+    """The DFlashConfig fields present in an HF config dict (a partial parse; nothing defaulted).
 
     Args:
         config: parsed `config.json`, or a trainer's config dict (`aux`/`aux_layer_ids` are read
@@ -212,7 +212,7 @@ def hf_config_fields(config: dict[str, Any]) -> dict[str, Any]:
     _reject_unsupported(config)
     dflash = config.get("dflash_config") or {}
     rope_params = config.get("rope_parameters") or {}
-    fields: dict[str, Any] = {k: config[k] for k in DrafterConfig.__dataclass_fields__ if k in config}
+    fields: dict[str, Any] = {k: config[k] for k in DFlashConfig.__dataclass_fields__ if k in config}
     if "rope_theta" not in fields and "rope_theta" in rope_params:
         fields["rope_theta"] = rope_params["rope_theta"]
     if "rope_scaling" not in fields and rope_params:

@@ -23,10 +23,10 @@ from hscache.capture.forward import head_rows, row_chunks
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.diagnose import Hypothesis
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.families.dflash.score import score_sequences_chain
+from scorer.families.dflash.score import score_dflash_sequences_chain
 from scorer.metrics import AcceptLen, request_totals, train_accept_len
 from scorer.replay import RoundLog, replay_chain
 from scorer.sequences import sequence_features
@@ -49,7 +49,7 @@ class Setting:
     relative L2) pairs of Gaussian noise added to the cached states (the drift hypothesis).
     """
 
-    config: DrafterConfig
+    config: DFlashConfig
     dtype: str
     block_position_offset: int = 0
     last_layer_normed: bool | None = None
@@ -405,7 +405,7 @@ class DFlashReplayer:
             )
             tokens += len(group[-1]["token_ids"])
             if tokens >= _TOKENS_PER_GROUP or n == len(positions) - 1:
-                results = score_sequences_chain(
+                results = score_dflash_sequences_chain(
                     drafter, group, max_blocks_per_forward=self.max_blocks, memory_gb=self.memory_gb
                 )
                 logs.extend(r.chain for r in results)

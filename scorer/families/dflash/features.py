@@ -12,7 +12,7 @@ import torch
 from hscache.capture.final_norm import KINDS, apply_final_norm
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.sequences import ContextNorm, check_fits, fit_problems
 
@@ -36,7 +36,7 @@ def cache_fallbacks(cache: CacheView) -> dict[str, Any]:
     }
 
 
-def check_compatible(config: DrafterConfig, cache: CacheView, cache_name: str = "the cache") -> None:
+def check_compatible(config: DFlashConfig, cache: CacheView, cache_name: str = "the cache") -> None:
     """Raise one IncompatibleCacheError naming every mismatch between drafter and cache."""
     layers, size, vocab = config.target_layer_ids, config.hidden_size, config.vocab_size
     problems = fit_problems(cache, cache_name, layer_ids=layers, feature_size=size, vocab_size=vocab)
@@ -47,7 +47,7 @@ def check_compatible(config: DrafterConfig, cache: CacheView, cache_name: str = 
     check_fits(problems)
 
 
-def feature_index(config: DrafterConfig, cache_layer_ids: list[int]) -> list[int]:
+def feature_index(config: DFlashConfig, cache_layer_ids: list[int]) -> list[int]:
     """Positions in the cache's K axis of the drafter's layers, in the drafter's order."""
     return [cache_layer_ids.index(i) for i in config.target_layer_ids]
 
@@ -68,7 +68,7 @@ def attach_cache_head(
     drafter.attach_target(embed, lm_head, None if d2t is None else d2t.to(device))
 
 
-def context_norm(config: DrafterConfig, cache: Any, layout: str = "zlab") -> ContextNorm | None:
+def context_norm(config: DFlashConfig, cache: Any, layout: str = "zlab") -> ContextNorm | None:
     """The final norm to apply to the drafter's last-target-layer feature, or None.
 
     z-lab and SpecForge read layer id i as transformers' ``hidden_states[i + 1]``: for the last

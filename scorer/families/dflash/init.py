@@ -11,17 +11,17 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
 from scorer.families.dflash.checkpoint import save_hf_checkpoint
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
-__all__ = ["drafter_config_for_cache", "init_drafter"]
+__all__ = ["dflash_config_for_cache", "init_dflash"]
 
 
-def drafter_config_for_cache(
+def dflash_config_for_cache(
     cache: CacheView, *, num_layers: int = 1, block_size: int = 8, layer_ids: list[int] | None = None
-) -> DrafterConfig:
+) -> DFlashConfig:
     """A Qwen3-style drafter config matching the cache's target (hidden size, vocab, rope, mask id)."""
     check_has_target(cache, str(cache.path))
     target = cache.target_config
@@ -34,7 +34,7 @@ def drafter_config_for_cache(
             f"{cache.path} has no mask token id (its tokenizer defines none); "
             "pass --mask-token-id to choose one"
         )
-    return DrafterConfig(
+    return DFlashConfig(
         hidden_size=hidden,
         intermediate_size=int(target.get("intermediate_size", 4 * hidden)),
         num_hidden_layers=num_layers,
@@ -53,7 +53,7 @@ def drafter_config_for_cache(
     )
 
 
-def init_drafter(
+def init_dflash(
     cache_path: str | Path,
     out: str | Path,
     *,
@@ -61,7 +61,7 @@ def init_drafter(
     block_size: int = 8,
     seed: int = 0,
     overwrite: bool = False,
-) -> tuple[DrafterConfig, DFlashDrafter]:
+) -> tuple[DFlashConfig, DFlashDrafter]:
     """Write a random drafter for the cache at ``cache_path`` as an HF directory at ``out``.
 
     ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``;
@@ -69,7 +69,7 @@ def init_drafter(
     """
     check_drafter_dir(out, overwrite)
     cache = hscache.open_cache(cache_path)
-    config = drafter_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
+    config = dflash_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         drafter = DFlashDrafter(config)

@@ -31,7 +31,7 @@ from scorer.families.dflash.attention import (
     sdpa_attend,
     visible,
 )
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.layers import RMSNorm, SwiGLU, rotate_half
 from scorer.served import head_log_q
 
@@ -44,7 +44,7 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 
 class _Attention(nn.Module):
-    def __init__(self, c: DrafterConfig) -> None:
+    def __init__(self, c: DFlashConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.q_proj = nn.Linear(c.hidden_size, self.n_heads * c.head_dim, bias=c.attention_bias)
@@ -70,7 +70,7 @@ class DFlashLayer(nn.Module):
     """One decoder layer of the drafter; a variant (DFlash2) subclasses it and overrides the
     sublayer hooks (``attention_input``, ``attention_output``, ``mlp_block``)."""
 
-    def __init__(self, c: DrafterConfig) -> None:
+    def __init__(self, c: DFlashConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c)
@@ -107,7 +107,7 @@ class DFlashDrafter(nn.Module):
     family = "dflash"
 
     def __init__(
-        self, config: DrafterConfig, layer: Callable[[DrafterConfig], DFlashLayer] = DFlashLayer
+        self, config: DFlashConfig, layer: Callable[[DFlashConfig], DFlashLayer] = DFlashLayer
     ) -> None:
         super().__init__()
         self.config = config

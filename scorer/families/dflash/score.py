@@ -21,17 +21,17 @@ import numpy as np
 import torch
 
 from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows, row_chunks
-from scorer.ddtree import build_tree, surrogate_tau
+from scorer.families.dflash.ddtree import build_tree, replay_ddtree, surrogate_tau, tree_depth
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import chain_depth, replay_chain, replay_ddtree, round_loop, tree_depth
+from scorer.replay import chain_depth, replay_chain, round_loop
 from scorer.sequences import ANCHOR_MODES, SequenceResult, result_from_parts
 
 __all__ = [
     "block_drafts",
     "draft_all_anchors",
-    "score_sequence",
-    "score_sequences_chain",
+    "score_dflash_sequence",
+    "score_dflash_sequences_chain",
 ]
 
 
@@ -248,7 +248,7 @@ def _score_chain(
     return state.parts(B)
 
 
-def score_sequence(
+def score_dflash_sequence(
     drafter: DFlashDrafter,
     features: torch.Tensor,
     token_ids: torch.Tensor,
@@ -289,7 +289,7 @@ def score_sequence(
     return result_from_parts(row, record_id, category, parts)
 
 
-def score_sequences_chain(
+def score_dflash_sequences_chain(
     drafter: DFlashDrafter,
     sequences: list[dict[str, Any]],
     *,
@@ -302,7 +302,7 @@ def score_sequences_chain(
 
     Args:
         sequences: dicts with ``features``, ``token_ids``, ``target_argmax``, ``prompt_len`` and
-            optionally ``row``, ``record_id``, ``category`` (as ``score_sequence`` takes them).
+            optionally ``row``, ``record_id``, ``category`` (as ``score_dflash_sequence`` takes them).
     """
     budgets = tuple(ddtree_budgets)
     B = drafter.config.block_size
@@ -326,7 +326,7 @@ def score_sequences_chain(
     for seq, state in zip(sequences, states):
         if state is None:  # nothing to draft: the one-sequence path handles the empty replay
             results.append(
-                score_sequence(
+                score_dflash_sequence(
                     drafter,
                     seq["features"],
                     seq["token_ids"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,12 +23,12 @@ from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
 from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.features import attach_cache_head, context_norm, feature_index
-from scorer.families.dflash.init import drafter_config_for_cache
+from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.sequences import sequence_features
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
-__all__ = ["train_drafter"]
+__all__ = ["DFlashTrainConfig", "train_dflash"]
 
 
 def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
@@ -50,74 +51,91 @@ def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, g
     return features, anchors, blocks, targets
 
 
-def train_drafter(
+@dataclass(frozen=True)
+class DFlashTrainConfig:
+    """The settings of one ``train_dflash`` run (``scorer init --train-steps N``).
+
+    Attributes:
+        steps: optimizer steps; lr: AdamW's learning rate; anchors_per_step: random anchors of one
+            random sequence per step; seed: of the weights and of the sampling.
+        num_layers, block_size: the drafter's shape (its other sizes are the cache's target's).
+        log_every: print the loss every N steps (0: never).
+        overwrite: replace a non-empty ``out``.
+        eval_every: every N steps score the drafter in memory on the cache's first ``eval_limit``
+            sequences (0: never; needs ``train_dflash``'s ``evaluate``).
+        layer_ids, mask_token_id, block_position_offset, last_layer_normed: train under another
+            convention than the spec's (what other trainers do by mistake), for `scorer diagnose`'s
+            tests: ``layer_ids`` (default: every cached layer), ``mask_token_id`` (default: the
+            cache's), ``block_position_offset`` (added to the block's RoPE positions),
+            ``last_layer_normed=False`` (feed the last target layer before the final norm). The saved
+            config.json records layer_ids and mask_token_id as trained; the other two have no config
+            field, as in the trainers that get them wrong.
+    """
+
+    steps: int = 300
+    num_layers: int = 1
+    block_size: int = 8
+    lr: float = 3e-3
+    anchors_per_step: int = 64
+    seed: int = 0
+    log_every: int = 50
+    overwrite: bool = False
+    eval_every: int = 0
+    eval_limit: int | None = 64
+    layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    block_position_offset: int = 0
+    last_layer_normed: bool = True
+
+
+def train_dflash(
     cache_path: str | Path,
     out: str | Path,
+    config: DFlashTrainConfig = DFlashTrainConfig(),
     *,
-    steps: int = 300,
-    num_layers: int = 1,
-    block_size: int = 8,
-    lr: float = 3e-3,
-    anchors_per_step: int = 64,
-    seed: int = 0,
-    log_every: int = 50,
-    layer_ids: list[int] | None = None,
-    mask_token_id: int | None = None,
-    block_position_offset: int = 0,
-    last_layer_normed: bool = True,
-    overwrite: bool = False,
     on_step: Callable[[int, float], None] | None = None,
-    eval_every: int = 0,
-    eval_limit: int | None = 64,
     on_eval: Callable[[int, dict], None] | None = None,
     evaluate: Callable[..., dict] | None = None,
 ) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
 
-    ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs ``overwrite``,
-    and its config records the cache's target (scorer/target_identity.py). ``on_step(step, loss)``
-    is called after every step (progress). ``eval_every`` N > 0: every N steps the drafter in memory
-    is scored on the cache's first ``eval_limit`` sequences with ``evaluate`` (``scorer.evaluate_module``,
+    ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs
+    ``config.overwrite``, and its config records the cache's target (scorer/target_identity.py).
+    ``on_step(step, loss)`` is called after every step (progress). With ``config.eval_every`` N > 0,
+    every N steps the drafter in memory is scored with ``evaluate`` (``scorer.evaluate_module``,
     which ``scorer.train.train_drafter`` passes: no file written; chain anchors, no DDTree) and
     ``on_eval(step, report)`` gets the eval report.
-
-    Four arguments train under another convention than the spec's (what other trainers do by
-    mistake), for `scorer diagnose`'s tests: ``layer_ids`` (default: every cached layer),
-    ``mask_token_id`` (default: the cache's), ``block_position_offset`` (added to the block's RoPE
-    positions), ``last_layer_normed=False`` (feed the last target layer before the final norm).
-    The saved config.json records layer_ids and mask_token_id as trained; the other two have
-    no config field, as in the trainers that get them wrong.
 
     Returns:
         {"config", "steps", "final_loss", "seconds", "tau_history": [(step, pooled tau), ...]}.
     """
-    check_drafter_dir(out, overwrite)  # before the training, not after it
-    if eval_every and evaluate is None:
+    check_drafter_dir(out, config.overwrite)  # before the training, not after it
+    if config.eval_every and evaluate is None:
         raise ScorerError("eval_every needs the evaluate function (scorer.train.train_drafter passes it)")
     cache = hscache.open_cache(cache_path)
-    config = drafter_config_for_cache(
-        cache, num_layers=num_layers, block_size=block_size, layer_ids=layer_ids
+    drafter_config = dflash_config_for_cache(
+        cache, num_layers=config.num_layers, block_size=config.block_size, layer_ids=config.layer_ids
     )
-    if mask_token_id is not None:
-        config = dataclasses.replace(config, mask_token_id=mask_token_id)
-    torch.manual_seed(seed)
-    drafter = DFlashDrafter(config)
+    if config.mask_token_id is not None:
+        drafter_config = dataclasses.replace(drafter_config, mask_token_id=config.mask_token_id)
+    torch.manual_seed(config.seed)
+    drafter = DFlashDrafter(drafter_config)
     for param in drafter.parameters():
         if param.ndim == 2:
             torch.nn.init.normal_(param, std=0.02)
     attach_cache_head(drafter, cache, torch.float32, "cpu")
-    drafter.context_norm = context_norm(config, cache) if last_layer_normed else None
-    drafter.block_position_offset = block_position_offset
-    index = feature_index(config, cache.layer_ids)
+    drafter.context_norm = context_norm(drafter_config, cache) if config.last_layer_normed else None
+    drafter.block_position_offset = config.block_position_offset
+    index = feature_index(drafter_config, cache.layer_ids)
     # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
     data = SequenceDataset(cache_path)
     rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
-    slot_weight = torch.exp(-torch.arange(block_size - 1) / block_size)
-    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0)
+    slot_weight = torch.exp(-torch.arange(config.block_size - 1) / config.block_size)
+    gen = torch.Generator().manual_seed(config.seed)
     t0, loss, tau_history = time.perf_counter(), torch.tensor(0.0), []
-    for step in range(1, steps + 1):
-        features, anchors, blocks, targets = _batch(data, rows, index, drafter, anchors_per_step, gen)
+    for step in range(1, config.steps + 1):
+        features, anchors, blocks, targets = _batch(data, rows, index, drafter, config.anchors_per_step, gen)
         logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
         per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
         weights = slot_weight[None] * (targets != -100)
@@ -125,23 +143,23 @@ def train_drafter(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if log_every and step % log_every == 0:
-            print(f"step {step}/{steps} loss {loss.item():.3f}", flush=True)
+        if config.log_every and step % config.log_every == 0:
+            print(f"step {step}/{config.steps} loss {loss.item():.3f}", flush=True)
         if on_step is not None:
             on_step(step, float(loss.detach()))
-        if eval_every and step % eval_every == 0:
-            report = evaluate(drafter, cache, limit=eval_limit)  # a copy, in eval mode
+        if config.eval_every and step % config.eval_every == 0:
+            report = evaluate(drafter, cache, limit=config.eval_limit)  # a copy, in eval mode
             tau_history.append((step, report["tau"]["pooled"]))
             if on_eval is not None:
                 on_eval(step, report)
     weights = {k: v.detach() for k, v in drafter.state_dict().items()}
-    with staged_drafter_dir(out, overwrite) as staging:
+    with staged_drafter_dir(out, config.overwrite) as staging:
         save_hf_checkpoint(
-            staging, config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
+            staging, drafter_config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
         )
     return {
-        "config": config,
-        "steps": steps,
+        "config": drafter_config,
+        "steps": config.steps,
         "final_loss": float(loss.detach()),
         "seconds": time.perf_counter() - t0,
         "tau_history": tau_history,

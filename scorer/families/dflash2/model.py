@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hscache.capture.forward import row_chunks
-from scorer.families.dflash.config import DrafterConfig
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter, DFlashLayer
 
 __all__ = ["CandidateSelector", "DFlash2Config", "DFlash2Drafter", "GroupedDynamicCausalConv"]
@@ -44,7 +44,7 @@ __all__ = ["CandidateSelector", "DFlash2Config", "DFlash2Drafter", "GroupedDynam
 class DFlash2Config:
     """DFlash's config plus DFlash2's four settings (``dflash_config`` keys; NeMo's defaults)."""
 
-    base: DrafterConfig
+    base: DFlashConfig
     conv_kernel_size: int = 2
     conv_group_size: int = 16
     selector_rank: int = 256
@@ -172,7 +172,7 @@ class CandidateSelector(nn.Module):
 class DFlash2Layer(DFlashLayer):
     """A DFlash layer with DFlash2's in-block convolutions around each sublayer."""
 
-    def __init__(self, c: DrafterConfig, kernel_size: int, group_size: int) -> None:
+    def __init__(self, c: DFlashConfig, kernel_size: int, group_size: int) -> None:
         super().__init__(c)
         self.attention_conv = GroupedDynamicCausalConv(c.hidden_size, kernel_size, group_size)
         self.mlp_conv = GroupedDynamicCausalConv(c.hidden_size, kernel_size, group_size)

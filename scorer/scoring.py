@@ -1,7 +1,8 @@
-"""Score rows of one cache with one drafter: the unit of work shared by local and distributed eval.
+"""Scoring one drafter on one cache: EvalConfig, the loader entry point (load_drafter) and the unit of
+work shared by local and distributed eval (score the given rows of a cache).
 
 `load_drafter` readies a checkpoint for a cache (config-less fields from the cache, checked against
-it); `score_rows` replays the given sequences (score.py). `scorer.evaluate` runs them in one
+it); `score_rows` replays the given sequences with the family's score_rows. `scorer.evaluate` runs them in one
 process, `scorer.distributed` ships them to dask workers.
 """
 

@@ -6,8 +6,8 @@ thousands of tokens, so reading a range of sequences one by one decodes each chu
 per-sequence tensors from memory: memory is the range's bytes (size ranges to a few chunks),
 and a scan in ranges reads every chunk exactly once.
 
-    >>> block = read_rows(cache, range(0, 64))                       # doctest: +SKIP
-    >>> view = BlockView(cache, block)                               # doctest: +SKIP
+    >>> rows = read_rows(cache, range(0, 64))                        # doctest: +SKIP
+    >>> view = RowRangeView(cache, rows)                             # doctest: +SKIP
     >>> view.hidden_states(3)  # == cache.hidden_states(3), from memory   # doctest: +SKIP
 """
 
@@ -25,16 +25,16 @@ from hscache.store.layout import SAMPLED_ARRAYS
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.view import CacheView
 
-__all__ = ["BlockView", "RowBlock", "check_other_arrays", "plan_row_ranges", "read_rows", "token_span"]
+__all__ = ["RowRangeView", "RowRangeData", "check_other_arrays", "plan_row_ranges", "read_rows", "token_span"]
 
 # The arrays the scorer reads per sequence; others stay lazy (read through the cache).
 DEFAULT_ARRAYS = ("hidden_states", "token_ids", "target_argmax")
 
 
 @dataclass
-class RowBlock:
+class RowRangeData:
     """The rows ``rows`` of some arrays, in memory: ``data[name]`` holds sequence ``i`` at
-    ``spans[i] = (start, stop)`` (positions inside the block, not the cache)."""
+    ``spans[i] = (start, stop)`` (positions inside the range read, not the cache)."""
 
     rows: range
     spans: dict[int, tuple[int, int]]
@@ -42,7 +42,7 @@ class RowBlock:
 
     def get(self, name: str, row: int) -> torch.Tensor:
         if row not in self.spans:
-            raise IndexError(f"row {row} is not in this block (rows {self.rows.start}-{self.rows.stop - 1})")
+            raise IndexError(f"row {row} is not in this range (rows {self.rows.start}-{self.rows.stop - 1})")
         start, stop = self.spans[row]
         return self.data[name][start:stop]
 
@@ -67,7 +67,7 @@ def token_span(cache: CacheView, rows: range) -> tuple[int, int]:
     return int(offsets[rows.start]), int(offsets[rows.stop - 1] + lengths[rows.stop - 1])
 
 
-def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowBlock:
+def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowRangeData:
     if rows and not (0 <= rows.start and rows.stop <= len(cache)):
         raise IndexError(
             f"rows {rows.start}-{rows.stop - 1} out of range for a cache of {len(cache)} sequences"
@@ -80,10 +80,10 @@ def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowB
         name: tensor_from_stored(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
         for name in arrays
     }
-    return RowBlock(rows, spans, data)
+    return RowRangeData(rows, spans, data)
 
 
-def _read_sharded(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowBlock:
+def _read_sharded(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowRangeData:
     """Global rows -> one contiguous local range per shard (round-robin: row g is shard g % N)."""
     n = len(cache.shards)
     spans: dict[int, tuple[int, int]] = {}
@@ -94,17 +94,17 @@ def _read_sharded(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> Row
         local = range(max(0, local.start), max(0, local.stop))
         if not local:
             continue
-        block = _read_single(shard, local, arrays)
-        for r, (a, b) in block.spans.items():
+        part = _read_single(shard, local, arrays)
+        for r, (a, b) in part.spans.items():
             spans[r * n + i] = (a + base, b + base)
         for name in arrays:
-            pieces[name].append(block.data[name])
-        base += len(block.data[arrays[0]]) if arrays else 0
+            pieces[name].append(part.data[name])
+        base += len(part.data[arrays[0]]) if arrays else 0
     data = {name: torch.cat(parts) if parts else torch.empty(0) for name, parts in pieces.items()}
-    return RowBlock(rows, spans, data)
+    return RowRangeData(rows, spans, data)
 
 
-def read_rows(cache: CacheView, rows: range, arrays: tuple[str, ...] = DEFAULT_ARRAYS) -> RowBlock:
+def read_rows(cache: CacheView, rows: range, arrays: tuple[str, ...] = DEFAULT_ARRAYS) -> RowRangeData:
     """Read sequences ``rows`` (a contiguous range of index rows) with one slice per array.
 
     Works on any object ``hscache.open_cache`` returns (a cache, a sharded view, a remote cache).
@@ -155,26 +155,26 @@ def plan_row_ranges(lengths: Sequence[int], tokens_per_task: int) -> list[range]
 
 
 def _delegated(name: str) -> property:
-    """A read-only attribute of ``BlockView`` that is the wrapped cache's ``name``."""
+    """A read-only attribute of ``RowRangeView`` that is the wrapped cache's ``name``."""
     return property(lambda self: getattr(self._cache, name), doc=f"The wrapped cache's ``{name}``.")
 
 
-class BlockView:
-    """A cache whose per-sequence accessors for the block's rows are served from memory.
+class RowRangeView:
+    """A cache whose per-sequence accessors for a range of rows read once are served from memory.
 
     Everything else (``index``, ``layer_ids``, ``target_head()``...) is the wrapped cache's: the
     ``CacheView`` members explicitly (so ``isinstance(view, CacheView)`` holds), the rest
     (``read_tokens``, ``shards``...) through ``__getattr__``.
     """
 
-    def __init__(self, cache: CacheView, block: RowBlock):
-        self._cache, self._block = cache, block
+    def __init__(self, cache: CacheView, rows: RowRangeData):
+        self._cache, self._rows = cache, rows
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cache, name)
 
     def __repr__(self) -> str:
-        return f"BlockView({self._cache!r}, rows={self._block.rows.start}-{self._block.rows.stop - 1})"
+        return f"RowRangeView({self._cache!r}, rows={self._rows.rows.start}-{self._rows.rows.stop - 1})"
 
     path = _delegated("path")
     index = _delegated("index")
@@ -212,8 +212,8 @@ class BlockView:
         return len(self._cache)
 
     def _get(self, name: str, row: int) -> torch.Tensor:
-        if name in self._block.data and row in self._block.spans:
-            return self._block.get(name, row)
+        if name in self._rows.data and row in self._rows.spans:
+            return self._rows.get(name, row)
         return getattr(self._cache, name)(row)
 
     def hidden_states(self, i: int) -> torch.Tensor:
@@ -231,11 +231,11 @@ class BlockView:
 
     def sampled_support(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids, probs = SAMPLED_ARRAYS[0], SAMPLED_ARRAYS[1]
-        if ids in self._block.data and probs in self._block.data and i in self._block.spans:
-            return self._block.get(ids, i).long(), self._block.get(probs, i)
+        if ids in self._rows.data and probs in self._rows.data and i in self._rows.spans:
+            return self._rows.get(ids, i).long(), self._rows.get(probs, i)
         return self._cache.sampled_support(i)
 
     def realised_prob(self, i: int) -> torch.Tensor:
-        if SAMPLED_ARRAYS[2] in self._block.data and i in self._block.spans:
-            return self._block.get(SAMPLED_ARRAYS[2], i)
+        if SAMPLED_ARRAYS[2] in self._rows.data and i in self._rows.spans:
+            return self._rows.get(SAMPLED_ARRAYS[2], i)
         return self._cache.realised_prob(i)

@@ -1,4 +1,5 @@
-"""DDTree: a draft tree built from ONE DFlash forward, its greedy walk, and a draft-only surrogate.
+"""DDTree: a draft tree built from ONE DFlash forward, its greedy walk, a draft-only surrogate, and
+the DDTree round loop replayed (on the shared round loop of scorer.replay).
 
 Spec section 4. The drafter gives per-slot distributions q_1..q_L (L = B-1, one per block
 slot; they are per-slot marginals, so every node at depth d has the same candidate children,
@@ -17,7 +18,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ROOT", "Tree", "build_tree", "walk_tree", "surrogate_tau"]
+from scorer.replay import RoundLog, check_anchor_rows, check_sequence, replay_walk
+
+__all__ = [
+    "ROOT",
+    "Tree",
+    "build_tree",
+    "replay_ddtree",
+    "replay_trees",
+    "surrogate_tau",
+    "tree_depth",
+    "walk_tree",
+]
 
 ROOT = -1  # parent index of depth-1 nodes: the root (the round's bonus token) is not a node
 
@@ -166,3 +178,81 @@ def surrogate_tau(tree: Tree) -> float:
     per-slot distributions were the truth. Label it as an estimate, never as tau.
     """
     return 1.0 + math.fsum(math.exp(c) for c in tree.cum_logprobs)
+
+
+def tree_depth(tree: Tree, target_argmax: np.ndarray, p: int, avail: int) -> int:
+    """Nodes the greedy walk matches in the tree drafted at anchor ``p``."""
+    return _tree_walk(tree, target_argmax, p, avail)
+
+
+def _tree_walk(tree: Tree, a: np.ndarray, p: int, avail: int) -> int:
+    # Depth j is checked against g_{p+j} = a[p+j-1], j = 1..avail.
+    return len(walk_tree(tree, a[p : p + avail].tolist()))
+
+
+def replay_trees(trees: Sequence[Tree], token_ids: Any, target_argmax: Any, prompt_len: int) -> RoundLog:
+    """Replay the DDTree round loop (spec section 4) with one prebuilt tree per anchor.
+
+    Args:
+        trees: A = T-1-P trees; ``trees[r]`` is the tree drafted at anchor P + r.
+        token_ids: [T] token ids x.
+        target_argmax: [T] target argmax a.
+        prompt_len: P.
+
+    Returns:
+        The RoundLog; acc is the number of nodes matched by the greedy walk (``walk_tree``).
+
+    Raises:
+        ValueError: on mismatched shapes.
+    """
+    x, a = check_sequence(token_ids, target_argmax, prompt_len)
+    check_anchor_rows("trees", len(trees), len(x), prompt_len)
+    return replay_walk(lambda p, avail: _tree_walk(trees[p - prompt_len], a, p, avail), x, a, prompt_len)
+
+
+def replay_ddtree(
+    lp_vals: Any,
+    lp_ids: Any,
+    token_ids: Any,
+    target_argmax: Any,
+    prompt_len: int,
+    budget: int,
+    built: dict[int, Tree] | None = None,
+) -> RoundLog:
+    """Replay DDTree-``budget`` from per-slot top-K log-probs, building trees only where visited.
+
+    Args:
+        lp_vals: [A, B-1, K] float log-probs (log_softmax over the full vocabulary, sorted
+            descending per slot); row r is anchor P + r.
+        lp_ids: [A, B-1, K] token ids matching ``lp_vals``.
+        token_ids: [T] token ids x.
+        target_argmax: [T] target argmax a.
+        prompt_len: P.
+        budget: N tree nodes per round (root not counted).
+        built: if given, filled with the trees the replay built, keyed by anchor row r, so a
+            caller (e.g. the draft-only surrogate) can reuse them instead of building them again.
+
+    Returns:
+        The RoundLog, as ``replay_trees`` with ``build_tree(lp_vals[r], lp_ids[r], budget)``.
+
+    Raises:
+        ValueError: on mismatched shapes or a negative budget.
+    """
+    if hasattr(lp_vals, "detach"):
+        lp_vals, lp_ids = lp_vals.detach().cpu().numpy(), lp_ids.detach().cpu().numpy()
+    vals, ids = np.asarray(lp_vals), np.asarray(lp_ids)
+    x, a = check_sequence(token_ids, target_argmax, prompt_len)
+    if vals.ndim != 3 or vals.shape != ids.shape:
+        raise ValueError(f"lp_vals {vals.shape} and lp_ids {ids.shape} must both be [A, B-1, K]")
+    check_anchor_rows("lp_vals", vals.shape[0], len(x), prompt_len)
+    if budget < 0:
+        raise ValueError(f"budget {budget} is negative; pass the number of tree nodes N >= 0")
+
+    def walk(p: int, avail: int) -> int:
+        r = p - prompt_len
+        tree = build_tree(vals[r], ids[r], budget)
+        if built is not None:
+            built[r] = tree
+        return _tree_walk(tree, a, p, avail)
+
+    return replay_walk(walk, x, a, prompt_len)

@@ -1,0 +1,33 @@
+# Renames of branch `cli` (issue 24 item 4). Run over other branches' files after merging, e.g.
+#   git diff --name-only main...OTHER -- '*.py' '*.md' | xargs sed -i -E -f RENAMES.sed
+# (GNU sed, -E). Each line is one rename; the commented ones need an eye.
+s/\bDrafterConfig\b/DFlashConfig/g
+s/\bscore_sequences_chain\b/score_dflash_sequences_chain/g
+s/\bscore_sequence\b/score_dflash_sequence/g
+s/\bdrafter_config_for_cache\b/dflash_config_for_cache/g
+# DFlash's own init / train functions (scorer.init.init_drafter and scorer.train.train_drafter, the
+# family-neutral entry points, keep their names): only on the import lines; a file that imported
+# DFlash's directly needs its calls renamed by hand (grep -n 'init_drafter\|train_drafter' in it).
+s/from scorer\.families\.dflash\.init import init_drafter\b/from scorer.families.dflash.init import init_dflash/g
+s/from scorer\.families\.dflash\.train import train_drafter\b/from scorer.families.dflash.train import train_dflash/g
+s/\bscorer\.rows\b/scorer.scoring/g
+s/\bfrom scorer import rows\b/from scorer import scoring/g
+s/\bscorer\/rows\.py\b/scorer\/scoring.py/g
+# scorer.metrics.diagnose (the report's pipeline warnings) no longer shares a name with `scorer diagnose`;
+# only where it is imported from scorer.metrics (the other `diagnose` names are the command's):
+# (calls of it in such a file are renamed by hand: grep -n 'diagnose(' in it)
+/^ *from scorer\.metrics import \($/,/^ *\)/ s/\bdiagnose\b/pipeline_warnings/g
+/^ *from scorer\.metrics import [^(]/ s/\bdiagnose\b/pipeline_warnings/g
+s/\bDiagnoseThresholds\b/PipelineWarningThresholds/g
+s/\bscorer\.ddtree\b/scorer.families.dflash.ddtree/g
+s/\bscorer\/ddtree\.py\b/scorer\/families\/dflash\/ddtree.py/g
+# replay_ddtree, replay_trees and tree_depth moved from scorer.replay to scorer.families.dflash.ddtree
+# (only DFlash replays DDTree); an import of them from scorer.replay is split by hand. scorer.replay's
+# _check_sequence / _check_rows / _replay are public now (check_sequence, check_anchor_rows,
+# replay_walk: the DDTree replays build on them); only scorer/replay.py used them, and hscache has its
+# own _check_rows, so no sed line for them.
+# "block" is DFlash's draft block; a contiguous range of cache rows read once is a row range:
+s/\bhscache\.store\.blocks\b/hscache.store.row_ranges/g
+s/\bhscache\/store\/blocks\.py\b/hscache\/store\/row_ranges.py/g
+s/\bBlockView\b/RowRangeView/g
+s/\bRowBlock\b/RowRangeData/g

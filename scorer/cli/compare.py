@@ -1,0 +1,128 @@
+"""``scorer compare``: several drafters on the same rounds of one cache (scorer.compare), or on caches
+of several sampling settings side by side (scorer.compare_settings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from scorer.cli.shared import (
+    SEED,
+    budgets,
+    check_outputs,
+    drafting_flags,
+    friendly_errors,
+    limit_option,
+    lookup_settings,
+    sampling_check_flags,
+    sampling_request,
+    scoring_dtype_option,
+    write_json,
+)
+from scorer.report.tables import TABLE_FORMATS
+
+__all__ = ["compare"]
+
+
+@click.command()
+@click.argument("checkpoints", nargs=-1, required=True)
+@click.option(
+    "--cache",
+    "caches",
+    multiple=True,
+    required=True,
+    help="The cache every drafter is scored on (same rounds for all); repeat it with caches of the same "
+    "prompts at other sampling settings (greedy/, t07/) to see each drafter's tau per setting side by side.",
+)
+@click.option("--device", default="cpu", show_default=True, help="Torch device the drafters run on.")
+@scoring_dtype_option
+@click.option(
+    "--ddtree",
+    default="",
+    show_default=True,
+    callback=budgets,
+    help="DDTree budgets for block (DFlash) drafters; '' for none.",
+)
+@limit_option
+@click.option(
+    "--seed", type=SEED, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
+)
+@click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
+@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@click.option(
+    "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
+)
+@click.option(
+    "--format",
+    "table_format",
+    type=click.Choice(TABLE_FORMATS),
+    default="auto",
+    show_default=True,
+    help="The tables on stdout: auto (boxes on a terminal, plain columns when redirected), plain, "
+    "or markdown; never cut to the terminal's width.",
+)
+@drafting_flags
+@sampling_check_flags
+@friendly_errors
+def compare(
+    checkpoints: tuple[str, ...],
+    caches: tuple[str, ...],
+    json_out: str | None,
+    report_out: str | None,
+    table_format: str,
+    **options: Any,
+) -> None:
+    """Score several drafters (any family; target:mtp too) on one cache: one table, the same rounds.
+
+    \b
+    Example:
+      scorer compare drafter/ eagle3/ target:mtp --cache cache/ --json compare.json
+    """
+    from hscache.progress import StepProgress
+    from scorer.compare import compare_drafters
+    from scorer.evaluate import EvalConfig
+    from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+    from scorer.report.tables import print_table
+
+    check_outputs(json=json_out, report=report_out)  # before scoring, not after it
+    sampling = sampling_request(options)
+    config = EvalConfig(overrides=lookup_settings(options), sampling=sampling, **options)
+    if len(caches) > 1:
+        from rich.console import Console
+
+        from scorer.compare_settings import compare_settings, render_settings
+
+        document = compare_settings(checkpoints, caches, config)
+        render_settings(document, Console(), table_format)
+        write_json(json_out, document)
+        if report_out:
+            from scorer.report.served import write_settings_html
+
+            click.echo(f"wrote {write_settings_html(document, report_out)}", err=True)
+        return
+    rounds = tokens = drafters = 0
+
+    def started(checkpoint: str, sequences: int) -> None:
+        nonlocal rounds, tokens, drafters
+        rounds, tokens, drafters = 0, 0, drafters + 1
+        progress.start(sequences, note=f"drafter {drafters} of {len(checkpoints)}: {checkpoint}")
+
+    def scored(result: Any) -> None:
+        nonlocal rounds, tokens
+        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
+        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
+
+    with StepProgress("compare", "sequences") as progress:
+        document = compare_drafters(checkpoints, caches[0], config, on_sequence=scored, on_start=started)
+    names = drafter_names(document)
+    for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
+        print_table(header, rows, table_format)
+    for name, row in zip(names, document["drafters"]):
+        for warning in row["warnings"]:
+            click.echo(f"warning: {name}: {warning}", err=True)
+    write_json(json_out, document)
+    if report_out:
+        from scorer.report.compare_html import write_compare_html
+
+        click.echo(f"wrote {write_compare_html(document, report_out)}", err=True)

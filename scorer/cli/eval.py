@@ -1,0 +1,173 @@
+"""``scorer eval``: one drafter replayed against one or more caches (scorer.evaluate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from scorer.cli.shared import (
+    DROPPED_QUIETLY,
+    POSITIVE,
+    SEED,
+    budgets,
+    check_outputs,
+    checkpoint_flags,
+    cluster_flags,
+    drafting_flags,
+    friendly_errors,
+    given_on_command_line,
+    limit_option,
+    lookup_settings,
+    maybe_cluster,
+    overrides_of,
+    refuse_foreign_settings,
+    sampling_check_flags,
+    sampling_request,
+    scoring_dtype_option,
+    write_json,
+)
+
+__all__ = ["eval_command"]
+
+
+@click.command("eval")
+@click.argument("checkpoint")
+@click.option(
+    "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
+)
+@scoring_dtype_option
+@click.option(
+    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@click.option(
+    "--ddtree",
+    default="8,32,128",
+    show_default=True,
+    callback=budgets,
+    help="DDTree budgets (node counts); '' for none.",
+)
+@limit_option
+@click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
+@click.option(
+    "--report",
+    "report_out",
+    default=None,
+    help="Write a self-contained HTML page here: tau per cache, deltas, per-position acceptance.",
+)
+@click.option(
+    "--anchors",
+    type=click.Choice(["all", "chain"]),
+    default="all",
+    show_default=True,
+    help="all: draft every anchor (per-slot acceptance, train_accept_len); chain: only the anchors the "
+    "chain and DDTree replays visit (same tau, ~tau x less work).",
+)
+@click.option(
+    "--memory-gb",
+    type=POSITIVE,
+    default=2.0,
+    show_default=True,
+    help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
+)
+@click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
+@click.option(
+    "--seed",
+    type=SEED,
+    default=0,
+    show_default=True,
+    help="Seed of the bootstrap intervals and the --samples draw.",
+)
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Score a drafter whose config records another target than the cache's (the report warns).",
+)
+@click.option(
+    "--expect-digest",
+    "expect_digests",
+    multiple=True,
+    help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs; "
+    "one per --cache, in order.",
+)
+@click.option(
+    "--allow-unsealed",
+    is_flag=True,
+    help="Score a cache without checksums (written before them); its files cannot be checked.",
+)
+@cluster_flags
+@drafting_flags
+@sampling_check_flags
+@checkpoint_flags
+@friendly_errors
+def eval_command(
+    checkpoint: str,
+    caches: tuple[str, ...],
+    json_out: str | None,
+    report_out: str | None,
+    target_layer_ids: tuple[int, ...],
+    mask_token_id: int | None,
+    rope_theta: float | None,
+    scheduler: str | None,
+    workers: int | None,
+    expect_digests: tuple[str, ...],
+    **options: Any,
+) -> None:
+    """Replay CHECKPOINT against cached hidden states: tau, per-position acceptance, DDTree.
+
+    A cache extracted with sampling is scored as served at its setting (docs/sampling.md).
+
+    \b
+    Example:
+      scorer eval drafter/ --cache cache/ --samples 2 --json report.json
+    """
+    from rich.console import Console
+
+    from hscache.progress import StepProgress
+    from scorer.evaluate import EvalConfig, evaluate_many
+    from scorer.report.terminal import render_comparison, render_report
+
+    sampling = sampling_request(options)
+    overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
+    config = EvalConfig(overrides=overrides, sampling=sampling, **options)
+    refuse_foreign_settings(checkpoint, config.config_path, given_on_command_line(DROPPED_QUIETLY))
+    check_outputs(json=json_out, report=report_out)  # before scoring, not after it
+    console = Console(stderr=False)
+    rounds = tokens = 0
+
+    def scored(result: Any) -> None:
+        nonlocal rounds, tokens
+        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
+        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
+
+    def started(path: str, sequences: int) -> None:
+        nonlocal rounds, tokens
+        rounds = tokens = 0
+        label = f"cache {caches.index(path) + 1} of {len(caches)}: {path}" if len(caches) > 1 else None
+        progress.start(sequences, note=label)
+
+    with (
+        maybe_cluster(scheduler, workers) as client,
+        StepProgress("eval", "sequences") as progress,
+    ):
+        result = evaluate_many(
+            checkpoint,
+            caches,
+            config,
+            on_sequence=scored,
+            client=client,
+            on_start=started,
+            expect_digests=expect_digests,
+        )
+    for report in result["reports"]:
+        render_report(report, console)
+    if len(result["reports"]) > 1:
+        render_comparison(result, console)
+    write_json(json_out, result["reports"][0] if len(caches) == 1 else result)
+    if report_out:
+        from scorer.report.html import write_eval_html
+
+        click.echo(f"wrote {write_eval_html(result, report_out)}", err=True)

@@ -1,0 +1,233 @@
+"""``scorer online``: real speculative decoding, the target verifying (scorer.online, and
+scorer.online_sampled at T > 0)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from hscache.capture import BACKENDS
+from hscache.store.dtypes import DTYPE_NAMES
+from scorer.cli.shared import (
+    DRAFT_SAMPLING,
+    SAMPLING_PARAMETER_FLAGS,
+    SEED,
+    apply_options,
+    check_outputs,
+    checkpoint_flags,
+    drafting_flags,
+    friendly_errors,
+    lookup_settings,
+    overrides_of,
+    sampling_parameter_flags,
+    write_json,
+)
+from scorer.errors import ScorerError
+
+__all__ = ["online"]
+
+# ``scorer online`` at T > 0: the sampling flags of ``hscache extract`` (same names, same validator).
+online_sampling_flags = apply_options(
+    [
+        click.option(
+            "--sampling",
+            default=None,
+            metavar="PRESET",
+            help="Decode sampled: qwen-thinking, qwen-thinking-coding, qwen-instruct or generation-config "
+            "(as hscache extract); flags below override a preset's field. Default: greedy.",
+        ),
+        sampling_parameter_flags(lambda words, allowed: f"Decode at this {words}: {allowed}."),
+        click.option("--seed", type=SEED, default=None, help="Keys every run's random streams (default 0)."),
+        click.option(
+            "--runs",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Sampled only: decodings of every prompt, each seeded (default 64).",
+        ),
+        click.option(
+            "--draft-sampling",
+            type=DRAFT_SAMPLING,
+            default=None,
+            help="Sampled only: greedy (the drafter's argmax, one-hot verification: vLLM's default) or "
+            "probabilistic (drafts sampled from softmax(draft logits / T), vLLM's "
+            "draft_sample_method=probabilistic).",
+        ),
+    ]
+)
+
+
+def _sampled_config(checkpoint: str, overrides: dict[str, Any], options: dict[str, Any]) -> Any:
+    """Pop the sampling flags from ``options``: None (greedy) or a validated SampledOnlineConfig."""
+    from hscache.store.sampling import SamplingSetting
+
+    preset, runs, draft_sampling = options.pop("sampling"), options.pop("runs"), options.pop("draft_sampling")
+    flags = {name: options.pop(name) for name in (*(f[1] for f in SAMPLING_PARAMETER_FLAGS), "seed")}
+    setting = SamplingSetting.from_flags(preset, model=options["model"], **flags)  # one line, before torch
+    if setting.greedy:
+        given = [f for f, v in (("--runs", runs), ("--draft-sampling", draft_sampling)) if v is not None]
+        if given:
+            raise ScorerError(
+                f"{given[0]} applies to sampled decoding only; pass --temperature T > 0 or --sampling PRESET"
+            )
+        return None
+    from scorer.online_sampled import SampledOnlineConfig
+
+    return SampledOnlineConfig(
+        checkpoint,
+        setting,
+        runs=64 if runs is None else runs,
+        # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
+        draft_sampling="probabilistic" if draft_sampling == "probabilistic" else "onehot",
+        overrides=overrides,
+        **options,
+    ).validate()
+
+
+def _echo_sampled(result: dict[str, Any]) -> None:
+    s = result["sampled"]
+    tau = s["tau"]
+    for run in s["per_run"]:
+        value = "-" if run["tau"] is None else f"{run['tau']:.3f}"
+        click.echo(f"run {run['run']:<4} tau {value}  rounds {run['rounds']}")
+    from hscache.store.sampling import SamplingSetting
+
+    click.echo(f"sampling: {SamplingSetting.from_dict(s['sampling']).describe()}")
+    click.echo(f"rule: {s['rule']['description']}")
+    if tau["mean"] is None:
+        click.echo(
+            "online tau: no rounds (every request ended before its first draft); raise --max-new-tokens"
+        )
+        return
+    se = "-" if tau["se"] is None else f"{tau['se']:.4f}"
+    pooled_se = "-" if tau["pooled_se"] is None else f"{tau['pooled_se']:.4f}"
+    lo, hi = tau["interval"]
+    plo, phi = tau["pooled_interval"]
+    click.echo(
+        f"online tau: pooled {tau['pooled']:.4f} (se {pooled_se}, 95% bootstrap [{plo:.4f}, {phi:.4f}]) over "
+        f"{result['rounds']} rounds; mean over {s['runs']} runs {tau['mean']:.4f} (se {se}, [{lo:.4f}, {hi:.4f}]); "
+        f"seed {s['seed']}"
+    )
+
+
+@click.command()
+@click.argument("checkpoint")
+@click.option(
+    "--model",
+    default="builtin:tiny-qwen3.5",
+    show_default=True,
+    help="The target: a local HF directory or builtin:...",
+)
+@click.option(
+    "--prompts", default="builtin:default", show_default=True, help="JSONL prompts file or builtin:default."
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Tokens to decode per prompt.",
+)
+@click.option(
+    "--max-length", type=click.IntRange(min=2), default=4096, show_default=True, help="Longest sequence."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(list(DTYPE_NAMES)),
+    default="fp32",
+    show_default=True,
+    help="Target and drafter dtype.",
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Where both models run: cpu, cuda or cuda:N."
+)
+@click.option(
+    "--backend",
+    type=click.Choice(list(BACKENDS)),
+    default="auto",
+    show_default=True,
+    help="The target's linear-attention kernels: fla (CUDA), torch, or auto.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@click.option("--json", "json_out", default=None, help="Write the result as JSON here.")
+@click.option(
+    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
+)
+@drafting_flags
+@click.option(
+    "--id-from-line",
+    is_flag=True,
+    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
+)
+@click.option(
+    "--allow-target-mismatch",
+    is_flag=True,
+    help="Run a drafter whose config records another target than --model (the output says so).",
+)
+@checkpoint_flags
+@online_sampling_flags
+@friendly_errors
+def online(
+    checkpoint: str,
+    json_out: str | None,
+    tree: tuple[int, int, int] | None,
+    target_layer_ids: tuple[int, ...],
+    mask_token_id: int | None,
+    rope_theta: float | None,
+    block_size: int | None,
+    **options: Any,
+) -> None:
+    """Real speculative decoding with the target verifying: the online tau per request.
+
+    Greedy by default. With a temperature (--temperature T or --sampling PRESET) the target samples
+    and verifies by vLLM's MRV2 rule, --runs times with seeded random streams: mean tau over runs and
+    its interval (docs/sampling.md "The online reference").
+
+    \b
+    Example:
+      scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
+      scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
+    """
+
+    check_outputs(json=json_out)  # before decoding, not after it
+    overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
+    if block_size is not None:
+        overrides["block_size"] = block_size
+    if tree:
+        raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
+    sampled = _sampled_config(checkpoint, overrides, options)
+    if sampled is None:
+        from scorer.online import OnlineConfig, run_online
+
+        result = run_online(checkpoint, OnlineConfig(overrides=overrides, **options))
+    else:
+        from scorer.online_sampled import run_online_sampled
+
+        result = run_online_sampled(sampled)
+    for warning in result["checkpoint"].get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
+    from scorer.target_identity import TargetCheck
+
+    message = TargetCheck(**result["target_check"]).message()
+    if message:
+        click.echo(
+            f"{'warning' if result['target_check']['status'] == 'mismatch' else 'note'}: {message}", err=True
+        )
+    if sampled is not None:
+        _echo_sampled(result)
+        write_json(json_out, result)
+        return
+    for row in result["per_request"]:
+        tau = "-" if row["tau"] is None else f"{row['tau']:.3f}"
+        click.echo(f"{row['record_id']:<24} tau {tau}  rounds {len(row['tokens_per_round'])}")
+    tau = result["tau"]
+    if tau["per_request"] is None:
+        click.echo(
+            "online tau: no rounds (every request ended before its first draft); raise --max-new-tokens"
+        )
+    else:
+        click.echo(
+            f"online tau: per request {tau['per_request']:.4f}, pooled {tau['pooled']:.4f} "
+            f"over {result['rounds']} rounds"
+        )
+    write_json(json_out, result)

@@ -1,0 +1,361 @@
+"""What the ``scorer`` commands share: option declarations, range checks, output helpers.
+
+Every flag two commands take is declared here once (the sampling parameters of eval / compare /
+sweep, which check a cache's setting, and of online, which decodes at it, included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hscache.cli import error_boundary
+from hscache.errors import HscacheError
+from hscache.store.dtypes import SCORER_DTYPES
+from hscache.store.fsio import atomic_write_bytes
+from scorer.errors import ScorerError
+
+__all__ = [
+    "DRAFT_SAMPLING",
+    "DROPPED_QUIETLY",
+    "POSITIVE",
+    "SAMPLING_PARAMETER_FLAGS",
+    "SEED",
+    "TOKEN_ID",
+    "FiniteFloatRange",
+    "apply_options",
+    "budgets",
+    "check_outputs",
+    "checkpoint_flags",
+    "cluster_flags",
+    "drafting_flags",
+    "friendly_errors",
+    "given_on_command_line",
+    "int_list",
+    "limit_option",
+    "lookup_settings",
+    "maybe_cluster",
+    "overrides_of",
+    "refuse_foreign_settings",
+    "sampling_check_flags",
+    "sampling_parameter_flags",
+    "sampling_request",
+    "scoring_dtype_option",
+    "write_json",
+]
+
+
+# Expected errors (bad checkpoint, incompatible cache, bad flags): one line, exit 2.
+friendly_errors = error_boundary(ScorerError, HscacheError)
+
+
+def int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
+    """A comma-separated list of integers (``"8,32"``), each at least ``minimum``; () for none."""
+    if not text:
+        return ()
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers") from None
+    if minimum is not None and any(v < minimum for v in values):
+        raise click.BadParameter(f"{text!r}: every value must be at least {minimum}")
+    return values
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (nan compares false with every bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+# Ranges of the numeric flags every command shares: a value that cannot be right is refused with
+# the flag's name before anything loads, never scored (--rope-theta -5 gave tau 1.000, exit 0).
+POSITIVE = FiniteFloatRange(min=0, min_open=True)
+SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
+TOKEN_ID = click.IntRange(min=0)
+# vLLM's draft_sample_method names: greedy (argmax drafts, one-hot verification), probabilistic.
+DRAFT_SAMPLING = click.Choice(["greedy", "probabilistic"])
+
+
+def apply_options(options: Iterable[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
+    """One decorator applying click ``options`` in the order listed (the first is shown first)."""
+    options = list(options)
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
+    """Every output path of a command checked before its work (hscache's one definition,
+    ``check_output_path``): ``flag=path`` pairs, e.g. ``json=...`` for ``--json``; the flags named
+    in ``directories`` take a directory, the others a file."""
+    from hscache.store.fsio import check_output_path
+
+    for flag, path in paths.items():
+        if path:
+            check_output_path(path, "--" + flag.replace("_", "-"), directory=flag in directories)
+
+
+def write_json(path: str | None, document: dict) -> None:
+    """Write ``document`` to ``path`` (atomically) and say so on stderr; nothing without a path."""
+    if path:
+        atomic_write_bytes(Path(path), (json.dumps(document, indent=2) + "\n").encode())
+        click.echo(f"wrote {path}", err=True)
+
+
+def budgets(_ctx: click.Context, _param: click.Parameter, text: str | None) -> tuple[int, ...]:
+    """A click callback: a bad value is then reported with the option's name (--ddtree)."""
+    return int_list(text, minimum=1)
+
+
+def _tree(_ctx: click.Context, _param: click.Parameter, text: str | None) -> tuple[int, int, int] | None:
+    """A click callback: --tree STEPS,TOPK,TOKENS (or 'sglang') as EvalConfig.tree."""
+    if not text:
+        return None
+    if text == "sglang":  # SGLang's auto_choose_speculative_params for non-DeepSeek targets
+        return (5, 4, 8)
+    values = int_list(text, minimum=1)
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected STEPS,TOPK,TOKENS (SGLang's EAGLE tree), e.g. 5,4,8")
+    return values  # type: ignore[return-value]
+
+
+def overrides_of(
+    target_layer_ids: tuple[int, ...], mask_token_id: int | None, rope_theta: float | None
+) -> dict[str, Any]:
+    """The checkpoint override flags given (not empty / None) as EvalConfig.overrides."""
+    overrides: dict[str, Any] = {}
+    if target_layer_ids:
+        overrides["target_layer_ids"] = target_layer_ids
+    if mask_token_id is not None:
+        overrides["mask_token_id"] = mask_token_id
+    if rope_theta is not None:
+        overrides["rope_theta"] = rope_theta
+    return overrides
+
+
+def lookup_settings(options: dict[str, Any]) -> dict[str, int]:
+    """Take the n-gram family's --prompt-lookup-* out of ``options``: its settings, passed as
+    EvalConfig.overrides like a drafter config's."""
+    settings = {key: options.pop(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
+    return {key: value for key, value in settings.items() if value is not None}
+
+
+# Settings that have a default a family that does not read them drops quietly
+# (``Family.effective_config``: DDTree budgets for a chain drafter); given on the command line for
+# such a family they are refused by name (``refuse_foreign_settings``).
+DROPPED_QUIETLY = ("ddtree",)
+
+
+def refuse_foreign_settings(checkpoint: str, config_path: str | None, names: Iterable[str]) -> None:
+    """Refuse, by flag, the settings ``names`` (parameter names of the current command, given on its
+    command line) that the checkpoint's family does not read (``Family.eval_options``)."""
+    from scorer.families import family_for, probe_checkpoint
+
+    try:
+        family = family_for(probe_checkpoint(checkpoint, config_path))
+    except ScorerError:
+        return  # a bad checkpoint: the loader names what is wrong with it, as without these flags
+    foreign = [name for name in names if name not in family.eval_options]
+    if not foreign:
+        return
+    flags = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+    own = ", ".join(sorted(flags[n] for n in family.eval_options if n in flags)) or "no flag of this command"
+    raise ScorerError(
+        f"{', '.join(flags[n] for n in foreign)} does not apply to {checkpoint}: the {family.display_name} "
+        f"family reads {own}"
+    )
+
+
+def given_on_command_line(names: Iterable[str]) -> list[str]:
+    """The parameters among ``names`` the user typed (not their defaults) with a value."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    return [
+        name
+        for name in names
+        if context.params.get(name) and context.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ]
+
+
+# Options that eval, compare, sweep and diagnose declare alike.
+scoring_dtype_option = click.option(
+    "--dtype",
+    type=click.Choice(list(SCORER_DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+)
+limit_option = click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences."
+)
+
+checkpoint_flags = apply_options(
+    [
+        click.option(
+            "--target-layer-ids",
+            default=None,
+            callback=lambda _ctx, _param, text: int_list(text, minimum=0),
+            help="Override: comma-separated target layer ids.",
+        ),
+        click.option("--mask-token-id", type=TOKEN_ID, default=None, help="Override the mask token id."),
+        click.option("--rope-theta", type=POSITIVE, default=None, help="Override the drafter's rope theta."),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(exists=True, dir_okay=False),
+            default=None,
+            help="A separate draft config JSON (e.g. SpecForge's model.draft_model_config for a "
+            "{run}-stepN/training_state.pt); replaces a config.json beside the weights.",
+        ),
+        click.option(
+            "--trust-checkpoint",
+            is_flag=True,
+            help="Allow full unpickling of a .pt that weights_only refuses (runs its code!).",
+        ),
+    ]
+)
+
+drafting_flags = apply_options(
+    [
+        click.option(
+            "--num-speculative-tokens",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
+            "num_speculative_tokens). Default: the checkpoint's config, else the engines' default.",
+        ),
+        click.option(
+            "--tree",
+            default=None,
+            callback=_tree,
+            metavar="STEPS,TOPK,TOKENS",
+            help="Autoregressive families: SGLang's EAGLE tree (--speculative-num-steps, "
+            "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
+            "'sglang' = SGLang's default 5,4,8.",
+        ),
+        click.option(
+            "--prompt-lookup-min",
+            type=click.IntRange(min=1),
+            default=None,
+            help="ngram (CKPT 'ngram', vLLM's prompt lookup): the shortest suffix n-gram matched; with "
+            "--prompt-lookup-max unset both default to vLLM's (5), one given sets the other.",
+        ),
+        click.option(
+            "--prompt-lookup-max",
+            type=click.IntRange(min=1),
+            default=None,
+            help="ngram: the longest suffix n-gram tried (the longest that occurred earlier wins).",
+        ),
+    ]
+)
+
+# The sampling parameters' flags, declared once: (flag, parameter name, range, what the range
+# allows). Their ranges are vLLM's SamplingParams._verify_args; hscache's validator refines them
+# (e.g. a temperature in (0, 1e-5)). eval, compare and sweep check a cache's recorded setting
+# against them (a cache cannot be reweighted to another setting); online decodes at them.
+SAMPLING_PARAMETER_FLAGS: tuple[tuple[str, str, click.ParamType, str], ...] = (
+    ("--temperature", "temperature", FiniteFloatRange(min=0), "0: greedy, the default; else >= 1e-5"),
+    ("--top-p", "top_p", FiniteFloatRange(min=0, max=1, min_open=True), "in (0, 1], default 1"),
+    # -1: vLLM's "disabled", which the validator refuses with its fix
+    ("--sample-top-k", "top_k", click.IntRange(min=-1), ">= 1, required when sampling"),
+    ("--min-p", "min_p", FiniteFloatRange(min=0, max=1), "in [0, 1], default 0"),
+    ("--presence-penalty", "presence_penalty", FiniteFloatRange(min=-2, max=2), "in [-2, 2], default 0"),
+    ("--frequency-penalty", "frequency_penalty", FiniteFloatRange(min=-2, max=2), "in [-2, 2], default 0"),
+    (
+        "--repetition-penalty",
+        "repetition_penalty",
+        FiniteFloatRange(min=0, max=2, min_open=True),
+        "in (0, 2], default 1",
+    ),
+)
+
+
+def sampling_parameter_flags(help_text: Callable[[str, str], str]) -> Callable[[Callable], Callable]:
+    """The sampling parameters' flags (``SAMPLING_PARAMETER_FLAGS``), each described by
+    ``help_text(parameter in words, its range)``; every one defaults to None (not given)."""
+    return apply_options(
+        click.option(flag, name, type=kind, default=None, help=help_text(name.replace("_", " "), allowed))
+        for flag, name, kind, allowed in SAMPLING_PARAMETER_FLAGS
+    )
+
+
+# Scoring at T > 0 (scorer/served.py, docs/sampling.md): the rule, and the setting the user expects the
+# cache to hold. The cache records its own setting; these flags only check it, so one that differs is
+# refused before anything is scored.
+sampling_check_flags = apply_options(
+    [
+        click.option(
+            "--draft-sampling",
+            type=DRAFT_SAMPLING,
+            default="greedy",
+            show_default=True,
+            help="On a sampled cache: greedy = argmax drafts, one-hot verification (every engine's default); "
+            "probabilistic = drafts ~ softmax(logits / T), min(1, p/q) (vLLM draft_sample_method=probabilistic, "
+            "SGLang --speculative-use-rejection-sampling): chains, E[rounds | y] by the exact DP.",
+        ),
+        click.option(
+            "--sampling",
+            "sampling_preset",
+            default=None,
+            metavar="PRESET",
+            help="Check that the cache was sampled at this preset (greedy, qwen-thinking, qwen-thinking-coding, "
+            "qwen-instruct); the cache's own setting is what is scored.",
+        ),
+        sampling_parameter_flags(
+            lambda words, _allowed: (
+                f"Check that the cache was sampled at this {words} (refused if it differs)."
+            )
+        ),
+    ]
+)
+
+
+def sampling_request(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop the sampling check flags from a command's options: EvalConfig.sampling."""
+    given = {name: options.pop(name) for _, name, _, _ in SAMPLING_PARAMETER_FLAGS}
+    preset = options.pop("sampling_preset")
+    request = {k: v for k, v in given.items() if v is not None}
+    return {**({"preset": preset} if preset else {}), **request}
+
+
+cluster_flags = apply_options(
+    [
+        click.option(
+            "--scheduler", default=None, help="Address of a running dask scheduler (tcp://host:8786)."
+        ),
+        click.option(
+            "--workers",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Start a local dask cluster of N single-threaded worker processes for this run.",
+        ),
+    ]
+)
+
+
+@contextlib.contextmanager
+def maybe_cluster(scheduler: str | None, workers: int | None) -> Iterator[Any]:
+    """A dask client when --scheduler or --workers is given, else None (score in this process)."""
+    if scheduler is None and workers is None:
+        yield None
+        return
+    from hscache.cluster import cluster_client
+
+    with cluster_client(scheduler=scheduler, workers=workers) as client:
+        yield client
