@@ -9,23 +9,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hscache.capture.final_norm import KINDS, apply_final_norm
+
 __all__ = ["RMSNorm", "SwiGLU", "rotate_half"]
 
 
 class RMSNorm(nn.Module):
-    """Qwen3 / Llama RMSNorm: normalise in fp32, cast back, then scale by ``weight`` (ones at init).
+    """RMSNorm of either kind a target's own norms use (``hscache.capture.final_norm.KINDS``), op
+    for op the same formula: ``"rms_weight"`` (Qwen3 / Llama: normalise in fp32, cast back, then
+    scale by ``weight``, ones at init) or ``"rms_one_plus_weight"`` (Qwen3.5, the MTP head: scale
+    by (1 + weight) in fp32, then cast back; zeros at init). Both are the identity scale at init."""
 
-    Not Qwen3.5's norm, which scales by (1 + weight) in fp32 (the MTP head has its own)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, kind: str = "rms_weight") -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        if kind not in KINDS:
+            raise ValueError(f"unknown RMSNorm kind {kind!r}; known: {', '.join(KINDS)}")
+        self.weight = nn.Parameter(torch.ones(dim) if kind == "rms_weight" else torch.zeros(dim))
         self.eps = eps
+        self.kind = kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return apply_final_norm(self.kind, self.weight, self.eps, x)
 
 
 class SwiGLU(nn.Module):
