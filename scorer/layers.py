@@ -5,13 +5,18 @@ MLP and the rotary half-rotation. Attribute names are the checkpoints' (``weight
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hscache.capture.final_norm import KINDS, apply_final_norm
 
-__all__ = ["RMSNorm", "SwiGLU", "rotate_half"]
+__all__ = ["RMSNorm", "SwiGLU", "rotate_half", "seeded_init"]
+
+M = TypeVar("M", bound=nn.Module)
 
 
 class RMSNorm(nn.Module):
@@ -49,3 +54,20 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """The rotary embedding's (-x2, x1) over the last dimension's two halves (neox style)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def seeded_init(
+    make: Callable[[], M], seed: int, std: float, norm_range: tuple[float, float] | None = None
+) -> M:
+    """``make()`` built and initialised from ``seed`` alone (a fresh drafter for ``scorer init``), the
+    caller's global RNG left as it was: every 2-D parameter (Linear weights) N(0, std); the others
+    (norms, biases) U(norm_range) when given, else as ``make`` built them."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = make()
+        for param in module.parameters():
+            if param.ndim == 2:
+                torch.nn.init.normal_(param, std=std)
+            elif norm_range is not None:
+                torch.nn.init.uniform_(param, *norm_range)
+    return module
