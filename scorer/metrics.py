@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -434,13 +434,7 @@ class CategoryTau:
     tau_pooled: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_requests": self.n_requests,
-            "n_rounds": self.n_rounds,
-            "n_tokens": self.n_tokens,
-            "tau_per_request": self.tau_per_request,
-            "tau_pooled": self.tau_pooled,
-        }
+        return asdict(self)
 
 
 def per_category_tau(rounds_per_seq: RoundsPerSeq, categories: Sequence[str]) -> dict[str, CategoryTau]:

@@ -10,7 +10,7 @@ together, exactly as ``scorer.metrics.bootstrap_ci`` resamples requests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -97,15 +97,7 @@ class SampledTau:
     served_acceptance: tuple[float, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "tau": self.tau,
-            "lo": self.lo,
-            "hi": self.hi,
-            "n_prompts": self.n_prompts,
-            "n_sequences": self.n_sequences,
-            "expected_rounds": self.expected_rounds,
-            "served_acceptance": list(self.served_acceptance),
-        }
+        return {**asdict(self), "served_acceptance": list(self.served_acceptance)}
 
 
 def sampled_tau(

@@ -2,7 +2,7 @@
 
 One definition each of what the families had copied: the per-sequence result (`SequenceResult`),
 the per-row loop (`score_each`: a cache's rows -> one family's per-sequence scoring -> results,
-with progress), the result's parts of a family drafting a chain at every anchor (`chain_parts`,
+with progress; `score_rows_with`: a family's ``score_rows`` from its per-sequence scoring alone), the result's parts of a family drafting a chain at every anchor (`chain_parts`,
 `result_from_parts`), the cache
 checks (`check_scorable`, `fit_problems`) and the drafter's features in its layer order
 (`sequence_features`).
@@ -26,7 +26,9 @@ __all__ = [
     "ANCHOR_MODES",
     "CachedSequence",
     "ContextNorm",
+    "OnSequence",
     "SequenceResult",
+    "SequenceScorer",
     "category_of",
     "cached_sequences",
     "chain_parts",
@@ -38,6 +40,7 @@ __all__ = [
     "result_from_parts",
     "result_summary",
     "score_each",
+    "score_rows_with",
     "sequence_features",
 ]
 
@@ -119,11 +122,18 @@ def cached_sequences(cache: CacheView, rows: Sequence[int]) -> list[CachedSequen
     ]
 
 
+# (drafter, cache, eval config) -> how one of the cache's sequences is scored: what a family writes
+# when it scores its sequences one at a time (`score_rows_with`); built once per call, so the layer
+# index and dtype are looked up once for all the rows.
+SequenceScorer = Callable[[Any, CacheView, Any], Callable[[CachedSequence], SequenceResult]]
+OnSequence = Callable[[SequenceResult], None]
+
+
 def score_each(
     cache: CacheView,
     rows: Sequence[int],
     score: Callable[[CachedSequence], SequenceResult],
-    on_sequence: Callable[[SequenceResult], None] | None = None,
+    on_sequence: OnSequence | None = None,
 ) -> list[SequenceResult]:
     """The per-row loop of every family: ``score`` each of the cache's ``rows`` in order;
     ``on_sequence`` gets each result as it is done (progress)."""
@@ -133,6 +143,23 @@ def score_each(
         if on_sequence:
             on_sequence(results[-1])
     return results
+
+
+def score_rows_with(sequence_scorer: SequenceScorer) -> Callable[..., list[SequenceResult]]:
+    """A family's ``score_rows`` (drafter, cache, rows, eval config, on_sequence) -> results, from
+    how it scores one sequence: the per-row loop is `score_each`'s, the docstring the scorer's."""
+
+    def score_rows(
+        drafter: Any,
+        cache: CacheView,
+        rows: Sequence[int],
+        config: Any,
+        on_sequence: OnSequence | None = None,
+    ) -> list[SequenceResult]:
+        return score_each(cache, rows, sequence_scorer(drafter, cache, config), on_sequence)
+
+    score_rows.__doc__ = sequence_scorer.__doc__
+    return score_rows
 
 
 def chain_parts(draft: np.ndarray, x: np.ndarray, a: np.ndarray, prompt_len: int) -> tuple:

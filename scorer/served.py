@@ -58,6 +58,7 @@ __all__ = [
     "probabilistic_request",
     "probabilistic_rounds",
     "probabilistic_tau_block",
+    "proposal_arrays",
     "score_rows",
     "served_section",
     "target_logp",
@@ -293,6 +294,13 @@ def score_rows(
     for result in results:
         result.extras["served"] = _onehot_rounds(result, k, config)
     return results
+
+
+def proposal_arrays(prompt_len: int, seq_len: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a family's ``proposals`` fills in: (anchors [A] int64 = P..T-2, drafts [A, K] int64
+    zeros, log q [A, K] float64 -inf); A = 0 for a sequence with nothing generated to draft."""
+    anchors = np.arange(prompt_len, seq_len - 1)
+    return anchors, np.zeros((len(anchors), k), dtype=np.int64), np.full((len(anchors), k), -np.inf)
 
 
 def head_log_q(

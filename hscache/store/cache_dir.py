@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hscache import schemas
-from hscache.errors import CacheFormatError, InputError
+from hscache.errors import InputError
 from hscache.store import fsio, jsonio
 from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE, WRITER_LOCK
 from hscache.store.paths import drafter_files
@@ -93,13 +93,7 @@ def read_provenance(root: Path) -> dict[str, Any]:
     path = Path(root) / PROVENANCE
     if not path.is_file():
         return {}
-    try:
-        provenance = jsonio.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CacheFormatError(f"{path} is not valid JSON ({exc}); the cache is damaged") from exc
-    if not isinstance(provenance, dict):
-        raise CacheFormatError(f"{path} is not a JSON object; the cache is damaged")
-    return provenance
+    return jsonio.load_cache_object(path.read_bytes(), path)
 
 
 def write_provenance(writer: StoreWriter, provenance: dict[str, Any]) -> None:

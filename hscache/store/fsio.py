@@ -23,6 +23,7 @@ __all__ = [
     "file_sha256",
     "fsync_dir",
     "fsync_file",
+    "fsync_file_and_parents",
     "match_umask",
     "TEMP_MARK",
 ]
@@ -91,6 +92,17 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fsync_file_and_parents(path: Path, top: Path) -> None:
+    """Make ``path`` durable, and its entry in each directory from its own up to ``top``: a file
+    written into new nested directories (a chunk's ``c/<i>/0/...``) is lost on a crash unless each
+    new directory is durable in its parent too."""
+    fsync_file(path)
+    for parent in path.parents:
+        fsync_dir(parent)
+        if parent == top:
+            break
 
 
 def atomic_write_with(path: Path, write: Callable[[Path], object]) -> Path:

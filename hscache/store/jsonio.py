@@ -2,15 +2,19 @@
 
 ``json.loads`` raises ``RecursionError`` on input nested a few thousand levels deep (100,000
 levels of ``[`` is a 100 KB file): that is bad input, not a bug, so it becomes the same
-``json.JSONDecodeError`` every caller already turns into one line.
+``json.JSONDecodeError`` every caller already turns into one line. `load_cache_object` is that line
+for the JSON objects a cache holds (manifest, provenance, the target's config).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["loads"]
+from hscache.errors import CacheFormatError
+
+__all__ = ["load_cache_object", "loads"]
 
 
 def loads(text: str | bytes) -> Any:
@@ -25,3 +29,18 @@ def loads(text: str | bytes) -> Any:
     except RecursionError:
         doc = text if isinstance(text, str) else text[:64].decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply to parse", doc, 0) from None
+
+
+def load_cache_object(data: bytes, where: str | Path) -> dict[str, Any]:
+    """The JSON object in ``data``, the bytes of the cache file ``where`` (named in the error).
+
+    Raises:
+        CacheFormatError: not JSON (or not UTF-8), or JSON but not an object: the cache is damaged.
+    """
+    try:
+        value = loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CacheFormatError(f"{where} is not valid JSON ({exc}); the cache is damaged") from exc
+    if not isinstance(value, dict):
+        raise CacheFormatError(f"{where} is not a JSON object; the cache is damaged")
+    return value

@@ -7,7 +7,6 @@ index part paths are checked to stay inside the cache.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -65,12 +64,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise not_a_cache(root)
-    try:
-        manifest = jsonio.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CacheFormatError(f"{path} is not valid JSON ({exc}); the cache is damaged") from exc
-    if not isinstance(manifest, dict):
-        raise CacheFormatError(f"{path} is not a JSON object; the cache is damaged")
+    manifest = jsonio.load_cache_object(path.read_bytes(), path)
     if manifest.get("format") != FORMAT_NAME:
         raise CacheFormatError(f"{path} names format {manifest.get('format')!r}, expected {FORMAT_NAME!r}")
     if manifest.get("format_version") != FORMAT_VERSION:

@@ -173,12 +173,7 @@ def _convert_array(
             continue
         _write_chunk(target, read, index * ct, min((index + 1) * ct, source.shape[0]))
     for index in range(chunks):
-        path = staged / chunk_key(spec, index)
-        fsio.fsync_file(path)
-        for parent in path.parents:
-            fsio.fsync_dir(parent)
-            if parent == staged:
-                break
+        fsio.fsync_file_and_parents(staged / chunk_key(spec, index), staged)
     fsio.fsync_file(staged / "zarr.json")
     fsio.fsync_dir(work)
     announce(staged / "zarr.json")

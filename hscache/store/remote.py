@@ -182,15 +182,12 @@ def mirror_remote(url: str) -> Path:
     for folder in (TARGET_DIR, INDEX_DIR, ARRAYS_GROUP):
         fs.invalidate_cache(f"{root}/{folder}")
     try:
-        manifest = jsonio.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        manifest_bytes = fs.cat_file(f"{root}/{MANIFEST}")
     except FileNotFoundError as exc:
         raise CacheNotFoundError(
             f"{url} is not an hscache cache (no {MANIFEST}); create one with `hscache extract --out {url}`"
         ) from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CacheFormatError(f"{url}/{MANIFEST} is not valid JSON ({exc}); the cache is damaged") from exc
-    if not isinstance(manifest, dict):
-        raise CacheFormatError(f"{url}/{MANIFEST} is not a JSON object; the cache is damaged")
+    manifest = jsonio.load_cache_object(manifest_bytes, f"{url}/{MANIFEST}")
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
     mirror, stamps = _local_root() / "mirrors" / key, _local_root() / "mirrors" / f"{key}.stamps"
     parts = manifest.get("index_parts") if isinstance(manifest, dict) else None

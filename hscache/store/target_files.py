@@ -169,13 +169,7 @@ def read_target_config(root: Path) -> dict[str, Any]:
         CacheFormatError: not a JSON object (one line).
     """
     path = Path(root) / TARGET_DIR / "config.json"
-    try:
-        config = jsonio.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CacheFormatError(f"{path} is not valid JSON ({exc}); the cache is damaged") from exc
-    if not isinstance(config, dict):
-        raise CacheFormatError(f"{path} is not a JSON object; the cache is damaged")
-    return config
+    return jsonio.load_cache_object(path.read_bytes(), path)
 
 
 def read_target_head(root: Path) -> dict[str, torch.Tensor]:

@@ -330,13 +330,7 @@ class StoreWriter:
 
     def _fsync_chunk(self, name: str, spec: ArraySpec, chunk_index: int) -> None:
         array_dir = self.root / ARRAYS_GROUP / name
-        path = array_dir / chunk_key(spec, chunk_index)
-        fsio.fsync_file(path)
-        # New chunk directories (c/<i>/0/...) must be durable entries in their parents too.
-        for parent in path.parents:
-            fsio.fsync_dir(parent)
-            if parent == array_dir:
-                break
+        fsio.fsync_file_and_parents(array_dir / chunk_key(spec, chunk_index), array_dir)
 
     def _record_array_metadata(self) -> None:
         """Record each array's zarr.json (less its growing row count) and the group's zarr.json."""

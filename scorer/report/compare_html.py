@@ -14,20 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hscache.report.html import acceptance_chart, html_page, html_table
+from scorer.report.html import format_ci, format_delta, format_number
 
 __all__ = ["drafter_names", "render_compare_html", "write_compare_html"]
-
-
-def _num(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def _ci(pair: Sequence[float] | None) -> str:
-    return "" if not pair else f" [{pair[0]:.2f}, {pair[1]:.2f}]"
-
-
-def _delta(d: Mapping[str, Any] | None) -> str:
-    return "-" if d is None else f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
 
 
 def _tree(tree: Mapping[str, Any] | None) -> str:
@@ -35,7 +24,7 @@ def _tree(tree: Mapping[str, Any] | None) -> str:
         return "-"
     tau = tree["tau"]
     shape = f"{tree['steps']},{tree['topk']},{tree['draft_tokens']}"
-    return f"{_num(tau['pooled'])}{_ci(tau['pooled_ci95'])} ({shape})"
+    return f"{format_number(tau['pooled'])}{format_ci(tau['pooled_ci95'])} ({shape})"
 
 
 def drafter_names(document: Mapping[str, Any]) -> list[str]:
@@ -56,13 +45,13 @@ def tau_rows(document: Mapping[str, Any], names: Sequence[str]) -> list[list[str
                 name,
                 f"{drafting['mode']} {drafting['draft_slots']} ({drafting['source'] or '-'})",
                 f"{row['requests']} / {row['rounds']}",
-                _num(tau["per_request"]) + _ci(tau["per_request_ci95"]),
-                _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
-                _delta(delta["per_request"]) if delta else "(reference)",
-                _delta(delta["pooled"]) if delta else "(reference)",
+                format_number(tau["per_request"]) + format_ci(tau["per_request_ci95"]),
+                format_number(tau["pooled"]) + format_ci(tau["pooled_ci95"]),
+                format_delta(delta["per_request"]) if delta else "(reference)",
+                format_delta(delta["pooled"]) if delta else "(reference)",
                 _tree(row.get("tree")),
-                _num(row["train_accept_len"], 2),
-                _num((row.get("teacher_forced") or {}).get("accept_len"), 2),
+                format_number(row["train_accept_len"], 2),
+                format_number((row.get("teacher_forced") or {}).get("accept_len"), 2),
             ]
         )
     return rows
@@ -111,7 +100,7 @@ def cost_rows(document: Mapping[str, Any], names: Sequence[str]) -> list[list[st
                 f"{cost['draft_params']:,}",
                 "-" if cost["draft_forwards_per_round"] is None else str(cost["draft_forwards_per_round"]),
                 "-" if flops is None else f"{flops / 1e9:.4f}",
-                _num(cost.get("tau_per_gflop"), 1),
+                format_number(cost.get("tau_per_gflop"), 1),
                 _draft_ms(cost),
                 "-" if per_round is None else f"{per_round * 1e3:.3f}",
             ]

@@ -21,18 +21,30 @@ from typing import Any
 from hscache.report.html import acceptance_chart, html_page, html_table
 from scorer.report.served import served_html
 
-__all__ = ["acceptance_section", "cache_names", "render_eval_html", "tau_table", "write_eval_html"]
+__all__ = [
+    "acceptance_section",
+    "cache_names",
+    "format_ci",
+    "format_delta",
+    "format_number",
+    "render_eval_html",
+    "tau_table",
+    "write_eval_html",
+]
 
 
-def _num(x: float | None, digits: int = 3) -> str:
+def format_number(x: float | None, digits: int = 3) -> str:
+    """A report cell: ``x`` to ``digits`` decimals, "-" when there is none."""
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _ci(pair: Sequence[float] | None) -> str:
+def format_ci(pair: Sequence[float] | None) -> str:
+    """A confidence interval after its number (" [lo, hi]"), "" when there is none."""
     return "" if not pair else f" [{pair[0]:.2f}, {pair[1]:.2f}]"
 
 
-def _delta(d: Mapping[str, Any] | None) -> str:
+def format_delta(d: Mapping[str, Any] | None) -> str:
+    """A paired difference with its interval ("+0.123 [-0.010, +0.250]"), "-" when there is none."""
     return "-" if d is None else f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
 
 
@@ -67,10 +79,10 @@ def tau_table(result: Mapping[str, Any], names: Sequence[str] | None = None) -> 
                 names[i],
                 f"{settings.get('dtype', '?')} / {settings.get('backend', '?')}",
                 f"{report['requests']} / {report['rounds']}",
-                _num(tau["per_request"]) + _ci(tau["per_request_ci95"]),
-                _num(tau["pooled"]) + _ci(tau["pooled_ci95"]),
-                _delta(comp["delta"]["per_request"]) if comp else "-",
-                _delta(comp["delta"]["pooled"]) if comp else "-",
+                format_number(tau["per_request"]) + format_ci(tau["per_request_ci95"]),
+                format_number(tau["pooled"]) + format_ci(tau["pooled_ci95"]),
+                format_delta(comp["delta"]["per_request"]) if comp else "-",
+                format_delta(comp["delta"]["pooled"]) if comp else "-",
                 changed,
                 f"{report['off_greedy']['positions']} / {report['off_greedy']['rounds_cut_short']}",
             ]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 import hscache
 from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
@@ -13,6 +11,7 @@ from scorer.errors import ScorerError
 from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
+from scorer.layers import seeded_init
 from scorer.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
@@ -70,12 +69,7 @@ def init_dflash(
     check_drafter_dir(out, overwrite)
     cache = hscache.open_cache(cache_path)
     config = dflash_config_for_cache(cache, num_layers=num_layers, block_size=block_size)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        drafter = DFlashDrafter(config)
-        for _name, param in drafter.named_parameters():
-            if param.ndim == 2:  # Linear weights; norms stay at 1
-                torch.nn.init.normal_(param, std=0.02)
+    drafter = seeded_init(lambda: DFlashDrafter(config), seed, std=0.02)  # norms stay at 1
     with staged_drafter_dir(out, overwrite) as staging:
         save_hf_checkpoint(
             staging, config, drafter.state_dict(), extra_config={IDENTITY_KEY: cache_target_identity(cache)}

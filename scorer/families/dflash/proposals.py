@@ -21,6 +21,7 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.dflash.features import feature_index
 from scorer.sequences import sequence_features
+from scorer.served import proposal_arrays
 from scorer.verification import slot_tokens
 
 __all__ = ["block_log_q", "block_proposals"]
@@ -66,12 +67,10 @@ def block_log_q(
     B = drafter.config.block_size
     k = B - 1
     seq_len = len(token_ids)
-    anchors = np.arange(prompt_len, seq_len - 1)
-    y = slot_tokens(token_ids, prompt_len, k)  # [A, K], -1 past the end
-    draft = np.zeros((len(anchors), k), dtype=np.int64)
-    log_q = np.full((len(anchors), k), -np.inf)
+    anchors, draft, log_q = proposal_arrays(prompt_len, seq_len, k)
     if not len(anchors):
         return draft, log_q
+    y = slot_tokens(token_ids, prompt_len, k)  # [A, K], -1 past the end
     device = features.device
     tokens = token_ids.to(device)
     rows = head_rows(drafter.config.vocab_size, memory_gb)

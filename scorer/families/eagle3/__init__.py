@@ -4,7 +4,7 @@ batched drafting (drafting.py), scored on the shared replay loop and report."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from scorer.sequences import (
     SequenceResult,
     chain_parts,
     result_from_parts,
-    score_each,
+    score_rows_with,
     sequence_features,
 )
 
@@ -81,13 +81,9 @@ def score_sequence_eagle3(
     return result_from_parts(row, record_id, category, chain_parts(draft, x, a, prompt_len), extras)
 
 
-def score_rows(
-    drafter: Eagle3Drafter,
-    cache: CacheView,
-    rows: Sequence[int],
-    config: Any,
-    on_sequence: Callable[[SequenceResult], None] | None = None,
-) -> list[SequenceResult]:
+def _sequence_scorer(
+    drafter: Eagle3Drafter, cache: CacheView, config: Any
+) -> Callable[[CachedSequence], SequenceResult]:
     """Score the cache's sequences ``rows``: features in the drafter's layer order, raw layer outputs
     (vLLM captures aux states as ``hidden_states + residual``, before any final norm)."""
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
@@ -107,7 +103,10 @@ def score_rows(
             tree=config.tree,
         )
 
-    return score_each(cache, rows, score, on_sequence)
+    return score
+
+
+score_rows = score_rows_with(_sequence_scorer)
 
 
 def _effective(config: Any) -> Any:

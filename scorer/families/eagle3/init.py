@@ -21,6 +21,7 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.layers import seeded_init
 from scorer.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
@@ -189,14 +190,8 @@ def init_eagle3(
     config = eagle3_config_for_cache(
         cache, draft_vocab_size=draft_vocab_size, layout=layout, **config_options
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        drafter = Eagle3Drafter(config)
-        for _name, param in drafter.named_parameters():
-            if param.ndim == 2:
-                torch.nn.init.normal_(param, std=0.05)
-            else:  # norms: near 1, but not exactly, so a swapped norm shows in the numbers
-                torch.nn.init.uniform_(param, 0.8, 1.2)
+    # Norms near 1, but not exactly, so a swapped norm shows in the numbers.
+    drafter = seeded_init(lambda: Eagle3Drafter(config), seed, std=0.05, norm_range=(0.8, 1.2))
     d2t = None
     if config.draft_vocab_size < config.vocab_size:
         ids = torch.arange(config.draft_vocab_size) * (config.vocab_size // config.draft_vocab_size)

@@ -19,7 +19,7 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.autoregressive import rows_per_chunk
 from scorer.sequences import sequence_features
-from scorer.served import head_log_q
+from scorer.served import head_log_q, proposal_arrays
 from scorer.verification import slot_tokens, target_to_draft_index
 
 __all__ = ["eagle3_log_q", "eagle3_proposals"]
@@ -51,10 +51,9 @@ def eagle3_log_q(
     """Teacher-forced drafts and log q_{a,j}(y_{a+j}) at every anchor of one sequence."""
     K = drafter.config.num_speculative_tokens
     seq_len = len(token_ids)
-    anchors = seq_len - 1 - prompt_len
-    draft = np.zeros((max(anchors, 0), K), dtype=np.int64)
-    log_q = np.full((max(anchors, 0), K), -np.inf)
-    if anchors <= 0:
+    at, draft, log_q = proposal_arrays(prompt_len, seq_len, K)
+    anchors = len(at)
+    if not anchors:
         return draft, log_q
     device = drafter.fc.weight.device
     tokens = token_ids.to(device)

@@ -19,6 +19,7 @@ from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import IncompatibleCacheError
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
+from scorer.layers import seeded_init
 from scorer.sequences import check_has_target, layer_fit_problem
 
 __all__ = ["train_eagle3"]
@@ -56,32 +57,27 @@ def train_eagle3(
         )
         for row in range(len(cache))
     ]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        drafter = Eagle3Drafter(config)
-        for _name, param in drafter.named_parameters():
-            if param.ndim == 2:
-                torch.nn.init.normal_(param, std=0.05)
-        drafter.attach_embedding(head["embed_tokens"].float(), None)
-        optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
-        loss = torch.tensor(0.0)
-        for step in range(steps):
-            features, x, a = sequences[step % len(sequences)]
-            rows = len(x) - 2
-            normed, fed, kv0 = drafter.step0(features, x, rows)
-            index_rows = torch.arange(rows)
-            loss = F.cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
-            own: list[list] = [[] for _ in drafter.layers]
-            for j in range(1, ttt_steps):
-                tokens = x[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
-                normed, fed = drafter.step(index_rows, tokens, fed, j, kv0, own)
-                target = a[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
-                valid = index_rows + 1 + j <= len(x) - 1
-                loss = loss + F.cross_entropy(drafter.head_logits(normed)[valid], target[valid])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if on_step is not None:
-                on_step(step + 1, float(loss.detach()))
+    drafter = seeded_init(lambda: Eagle3Drafter(config), seed, std=0.05)
+    drafter.attach_embedding(head["embed_tokens"].float(), None)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
+    loss = torch.tensor(0.0)
+    for step in range(steps):
+        features, x, a = sequences[step % len(sequences)]
+        rows = len(x) - 2
+        normed, fed, kv0 = drafter.step0(features, x, rows)
+        index_rows = torch.arange(rows)
+        loss = F.cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
+        own: list[list] = [[] for _ in drafter.layers]
+        for j in range(1, ttt_steps):
+            tokens = x[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
+            normed, fed = drafter.step(index_rows, tokens, fed, j, kv0, own)
+            target = a[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
+            valid = index_rows + 1 + j <= len(x) - 1
+            loss = loss + F.cross_entropy(drafter.head_logits(normed)[valid], target[valid])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if on_step is not None:
+            on_step(step + 1, float(loss.detach()))
     publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout)
     return {"final_loss": float(loss.detach()), "config": config}

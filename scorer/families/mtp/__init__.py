@@ -8,7 +8,7 @@ checked, drafts for every anchor handed to the shared replay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -38,7 +38,7 @@ from scorer.families.mtp.proposal import mtp_log_q
 from scorer.formats.checkpoint_io import LoadReport, state_dict_sha256
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import round_loop
-from scorer.sequences import CachedSequence, SequenceResult, chain_parts, result_from_parts, score_each
+from scorer.sequences import CachedSequence, SequenceResult, chain_parts, result_from_parts, score_rows_with
 
 __all__ = [
     "HEADS",
@@ -376,13 +376,9 @@ def score_sequence_mtp(
     return chain_parts(draft, x, a, prompt_len), extras
 
 
-def score_rows(
-    head: MtpHead,
-    cache: CacheView,
-    rows: Sequence[int],
-    config: Any,
-    on_sequence: Callable[[SequenceResult], None] | None = None,
-) -> list[SequenceResult]:
+def _sequence_scorer(
+    head: MtpHead, cache: CacheView, config: Any
+) -> Callable[[CachedSequence], SequenceResult]:
     """Score the cache's sequences ``rows`` with the MTP head (the distributed unit of work)."""
     dtype = DTYPES[config.dtype]
 
@@ -393,7 +389,10 @@ def score_rows(
         )
         return result_from_parts(seq.row, seq.record_id, seq.category, parts, extras)
 
-    return score_each(cache, rows, score, on_sequence)
+    return score
+
+
+score_rows = score_rows_with(_sequence_scorer)
 
 
 def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, LoadReport]:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scorer.layers import SwiGLU, rotate_half
+from scorer.layers import RMSNorm, SwiGLU, rotate_half
 
 __all__ = ["MtpConfig", "MtpHead"]
 
@@ -102,18 +102,9 @@ class MtpConfig:
         }
 
 
-class _Norm(nn.Module):
+def _norm(dim: int, eps: float) -> RMSNorm:
     """Qwen3_5RMSNorm: normalise in fp32, scale by (1 + w) in fp32, cast back."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).type_as(x)
+    return RMSNorm(dim, eps, kind="rms_one_plus_weight")
 
 
 class _Attention(nn.Module):
@@ -124,8 +115,8 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
-        self.q_norm = _Norm(c.head_dim, c.rms_norm_eps)
-        self.k_norm = _Norm(c.head_dim, c.rms_norm_eps)
+        self.q_norm = _norm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = _norm(c.head_dim, c.rms_norm_eps)
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -156,9 +147,9 @@ class MtpLayer(nn.Module):
 
     def __init__(self, c: MtpConfig) -> None:
         super().__init__()
-        self.input_layernorm = _Norm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = _norm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = _Attention(c)
-        self.post_attention_layernorm = _Norm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = _norm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -175,11 +166,11 @@ class MtpHead(nn.Module):
         super().__init__()
         self.config = config
         H = config.hidden_size
-        self.pre_fc_norm_embedding = _Norm(H, config.rms_norm_eps)
-        self.pre_fc_norm_hidden = _Norm(H, config.rms_norm_eps)
+        self.pre_fc_norm_embedding = _norm(H, config.rms_norm_eps)
+        self.pre_fc_norm_hidden = _norm(H, config.rms_norm_eps)
         self.fc = nn.Linear(2 * H, H, bias=False)
         self.layers = nn.ModuleList(MtpLayer(config) for _ in range(config.num_mtp_layers))
-        self.norm = _Norm(H, config.rms_norm_eps)
+        self.norm = _norm(H, config.rms_norm_eps)
         r = config.rotary_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
         self.register_buffer("inv_freq", inv_freq, persistent=False)

@@ -14,7 +14,7 @@ import torch
 
 from hscache.capture.forward import head_rows
 from scorer.families.mtp.draft import chain_outputs, mtp_context
-from scorer.served import head_log_q
+from scorer.served import head_log_q, proposal_arrays
 from scorer.verification import slot_tokens
 
 __all__ = ["mtp_log_q"]
@@ -34,9 +34,7 @@ def mtp_log_q(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Teacher-forced drafts and log q_{a,j}(y_{a+j}) at every anchor p in [P, T-2]."""
     K = head.config.num_speculative_tokens
-    anchors = np.arange(prompt_len, len(token_ids) - 1)
-    draft = np.zeros((len(anchors), K), dtype=np.int64)
-    log_q = np.full((len(anchors), K), -np.inf)
+    anchors, draft, log_q = proposal_arrays(prompt_len, len(token_ids), K)
     if not len(anchors):
         return draft, log_q
     device = hidden.device

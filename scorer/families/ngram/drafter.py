@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
 from scorer.formats.checkpoint_io import LoadReport
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.sequences import CachedSequence, SequenceResult, result_from_parts, score_each
+from scorer.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
 __all__ = ["CHECKPOINT", "NgramDrafter", "claims", "load", "online", "score_rows", "summarize", "time_round"]
 
@@ -193,13 +193,9 @@ def score_sequence_ngram(
     return parts, rounds
 
 
-def score_rows(
-    drafter: NgramDrafter,
-    cache: CacheView,
-    rows: Sequence[int],
-    config: Any,
-    on_sequence: Callable[[SequenceResult], None] | None = None,
-) -> list[SequenceResult]:
+def _sequence_scorer(
+    drafter: NgramDrafter, cache: CacheView, config: Any
+) -> Callable[[CachedSequence], SequenceResult]:
     """Score the cache's sequences ``rows``: token ids only (no hidden state is read)."""
 
     def score(seq: CachedSequence) -> SequenceResult:
@@ -216,7 +212,10 @@ def score_rows(
         }
         return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"ngram": counts})
 
-    return score_each(cache, rows, score, on_sequence)
+    return score
+
+
+score_rows = score_rows_with(_sequence_scorer)
 
 
 def summarize(results: list[SequenceResult]) -> dict[str, dict[str, Any]]:

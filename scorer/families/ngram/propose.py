@@ -30,7 +30,7 @@ verified with a tree mask. It is not this chain proposer, and it is not what thi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -102,12 +102,7 @@ class NgramConfig:
         return cls(num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, max_model_len)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "prompt_lookup_min": self.prompt_lookup_min,
-            "prompt_lookup_max": self.prompt_lookup_max,
-            "max_model_len": self.max_model_len,
-        }
+        return asdict(self)
 
 
 def _as_tokens(value: Any, name: str) -> np.ndarray:
