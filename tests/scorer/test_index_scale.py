@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pyarrow as pa
 
 import hscache
-import hscache.store.reader as reader_module
+from hscache.store import jsonio
 from scorer.evaluate import EvalConfig, evaluate
 
 
@@ -61,8 +60,9 @@ class _GuardedIndex:
 def test_large_index_opens_parsing_only_distinct_metadata(scorer_cache, tmp_path, monkeypatch):
     path = synthetic_index(scorer_cache, tmp_path / "big", _N)
     calls = []
-    real = json.loads
-    monkeypatch.setattr(reader_module, "json", type("J", (), {"loads": lambda s: calls.append(s) or real(s)}))
+    real = jsonio.loads
+    # Every JSON the store parses goes through jsonio.loads (manifest, index metadata, ...).
+    monkeypatch.setattr(jsonio, "loads", lambda s: calls.append(s) or real(s))
     cache = hscache.open_cache(path)
     assert len(cache) == _N
     assert len(calls) <= 4  # the manifest aside, 3 distinct metadata strings
