@@ -87,7 +87,7 @@ class DiagnoseConfig:
             block_size=self.block_size,
             num_speculative_tokens=self.num_speculative_tokens,
             ddtree=(),
-            anchors="chain",
+            anchors="all",  # for the loader only: the replays take ``anchors`` (chain families refuse "chain")
             memory_gb=self.memory_gb,
             max_blocks_per_forward=self.max_blocks_per_forward,
             trust_checkpoint=self.trust_checkpoint,
