@@ -234,6 +234,8 @@ ABOVE_FAMILIES = (
     "scorer.train",
     "scorer.families",  # the registry itself (its own module, not the shared base)
 )
+
+
 def _family_of(module: str) -> str | None:
     return next((f for f in FAMILY_PACKAGES if _inside(module, f)), None)
 
