@@ -249,10 +249,12 @@ def prepare_diagnosis(
     if second is not None:
         other = hscache.open_cache(second)
         check_scorable(other, second)
-        if sampling_setting(other) != sampling_setting(cache):
+        if is_sampled(cache) or is_sampled(other):
             raise IncompatibleCacheError(
-                f"{second} was drawn at {sampling_setting(other).describe()}, {cache_paths[0]} at "
-                f"{sampling_setting(cache).describe()}: the drift comparison needs two caches of one setting"
+                f"the drift comparison pairs the two caches' sequences by record id over their common token "
+                f"prefix, and {second if is_sampled(other) else cache_paths[0]} was sampled "
+                f"({sampling_setting(other if is_sampled(other) else cache).describe()}): its trajectories part "
+                "from the other cache's at the first sampled token; measure drift between greedy caches"
             )
         check_fits([p for p in [layer_fit_problem(layer_ids, other, second)] if p])
         order, order2 = _align(cache, other, order)
@@ -314,6 +316,13 @@ def diagnose_checkpoint(
         plan.replay_many, plan.base, plan.hypotheses, plan.settings, plan.untested
     )  # fmt: skip
     available, first, notes = plan.available, plan.first, list(plan.notes)
+    per_prompt = sampling_setting(cache).samples_per_prompt
+    if per_prompt > 1:
+        notes.append(
+            f"the cache holds {per_prompt} sampled trajectories per prompt; the intervals resample trajectories, "
+            "not prompts (scorer eval's sampled tau resamples prompts), so with correlated trajectories they "
+            "are somewhat narrower than by prompt"
+        )
     replayed = [(np.zeros((0, 2), dtype=np.int64), None) for _ in range(len(settings) + 1)]
 
     def replay(upto: int) -> dict[str, Any]:

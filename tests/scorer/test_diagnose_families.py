@@ -26,10 +26,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rich.console import Console
 from safetensors.torch import load_file, save_file
 
 import hscache
 from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint, prepare_diagnosis
+from scorer.errors import IncompatibleCacheError
+from scorer.report.diagnose import render_diagnose
 
 
 def _diagnose(checkpoint, cache, **options) -> dict:
@@ -199,14 +202,13 @@ def test_on_a_sampled_cache_the_replay_matches_the_sampled_tokens(trained_drafte
     sampling = report["sampling"]
     assert sampling["rule"] == "one-hot" and "sampled" in sampling["definition"]
     assert sampling["setting"]["temperature"] == 0.6 and sampling["setting"]["top_k"] == 20
-    from rich.console import Console
-
-    from scorer.report.diagnose import render_diagnose
-
     console = Console(record=True, width=4000)
     render_diagnose(report, console)
     text = console.export_text()
     assert "the one-hot rule" in text and sampling["described"] in text
+    assert any("2 sampled trajectories per prompt" in note for note in report["notes"])
+    with pytest.raises(IncompatibleCacheError, match="measure drift between greedy caches"):
+        prepare_diagnosis(trained_drafter, [sampled_scorer_cache] * 2)
     plan = prepare_diagnosis(trained_drafter, [sampled_scorer_cache], DiagnoseConfig(limit=4))
     replayer, positions = plan.replayer, range(4)
     ((onehot, _),) = replayer.replay_many([plan.base], positions)
