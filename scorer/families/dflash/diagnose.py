@@ -2,11 +2,12 @@
 
 `Setting` is one way to replay the drafter (its config plus the knobs a trainer may have set
 differently: block RoPE offset, last layer before/after the final norm, dtype, a layer ablated,
-drift noise, the second cache, DFlash2's selector). `candidates` turns the baseline setting and
+drift noise, the second cache, a variant's own knob). `candidates` turns the baseline setting and
 what the cache knows into the hypotheses of the family's ``diagnose_kinds``; `DFlashReplayer`
 replays every setting on the sampled sequences, sharing one drafter pass (features, context) among
 the hypotheses that keep the drafter's inputs, and returns per-request totals. `diagnose` is the
-family's hook (``Family.diagnose``): DFlash2 calls it with its own drafter builder and weights.
+family's hook (``Family.diagnose``): a family built on DFlash (DFlash2) calls it with its own
+drafter builder, weights, block drafting and extra hypotheses, and DFlash names none of its members.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from scorer.diagnose import DiagnosisInputs, FamilyDiagnosis, Hypothesis
 from scorer.families.dflash.config import DrafterConfig
 from scorer.families.dflash.features import check_compatible, context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.families.dflash.score import block_drafts, score_sequences_chain
+from scorer.families.dflash.score import score_sequences_chain
 from scorer.formats.files import read_training_state_contract
 from scorer.metrics import AcceptLen, request_totals, train_accept_len
 from scorer.replay import RoundLog, replay_chain
@@ -50,7 +51,6 @@ COMMON_ROPE_THETAS = (10_000.0, 1_000_000.0)  # Llama/Qwen2 and Qwen3 defaults
 POSITION_SHIFTS = (-2, -1, 1, 2)
 LAYER_SHIFTS = (-1, 1)  # z-lab ids vs vLLM/speculators ids (+1)
 MAX_MASK_CANDIDATES = 32
-SELECTOR_TOP_K = 16  # NeMo Automodel's selector_top_k default (DFlash2 trains with it)
 _TOKENS_PER_GROUP = 2048  # sequences scored in lockstep per forward group (memory bound)
 # The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.HYPOTHESIS_KINDS order.
 DFLASH_KINDS = (
@@ -72,8 +72,9 @@ class Setting:
     ``last_layer_normed``: the last target layer read after (True) or before (False) the target's
     final norm; None when the drafter does not read the last layer. ``noise``: (target layer id,
     relative L2) pairs of Gaussian noise added to the cached states (the drift hypothesis).
-    ``selector_top_k``: DFlash2's path selector with this many candidates per slot, 0 for the
-    per-slot argmax (no selector), None as built.
+    ``variant``: a family built on DFlash, its own knob (DFlash2: the selector), read by the build
+    and block-drafting functions it hands `DFlashReplayer`; it must change only how a block's drafts
+    are read off its hidden rows (no sharing key includes it).
     """
 
     config: DrafterConfig
@@ -83,7 +84,7 @@ class Setting:
     ablate_layer: int | None = None
     noise: tuple[tuple[int, float], ...] = ()
     cache: int = 0
-    selector_top_k: int | None = None
+    variant: Any = None
 
 
 def special_token_ids(tokenizer: Any, vocab_size: int) -> dict[int, str]:
@@ -112,7 +113,6 @@ def candidates(
     block_sizes: Sequence[int] = (),
     second_cache: str | None = None,
     drift: tuple[tuple[int, float], ...] = (),
-    selector_top_k: int | None = None,
 ) -> Iterator[tuple[Hypothesis, Setting | str]]:
     """The hypotheses of ``kinds`` for this drafter and cache, each with its Setting, or with a
     sentence saying why it cannot be tested here (and what would test it).
@@ -121,7 +121,6 @@ def candidates(
         mask_ids: id -> token text of the mask candidates (special tokens, recorded ids).
         block_sizes: block sizes recorded somewhere other than where the configured one came from.
         second_cache: the ``--cache C2`` path, if any; ``drift`` its measured per-layer relative L2.
-        selector_top_k: DFlash2's configured selector candidates per slot (the selector hypotheses).
     """
     c = base.config
     n_layers = cache.target_config.get("num_hidden_layers")
@@ -198,20 +197,6 @@ def candidates(
                 Hypothesis("block_size", b, f"block size {b}"),
                 replace(base, config=replace(c, block_size=b)),
             )
-    if "selector" in kinds and selector_top_k is not None:
-        yield (
-            Hypothesis("selector", "off", "the per-slot argmax drafted, without the path selector"),
-            replace(base, selector_top_k=0),
-        )
-        if selector_top_k != SELECTOR_TOP_K and SELECTOR_TOP_K <= c.vocab_size:
-            yield (
-                Hypothesis(
-                    "selector",
-                    SELECTOR_TOP_K,
-                    f"the selector walking its top {SELECTOR_TOP_K} (NeMo's default)",
-                ),
-                replace(base, selector_top_k=SELECTOR_TOP_K),
-            )
     if "dtype" in kinds:
         other = "bf16" if base.dtype != "bf16" else "fp32"
         yield Hypothesis("dtype", other, f"replayed in {other}"), replace(base, dtype=other)
@@ -263,8 +248,10 @@ class DFlashReplayer:
         max_blocks_per_forward: int = 64,
         seed: int = 0,
         anchors: str = "all",
-        build: Callable[[DrafterConfig], DFlashDrafter] = DFlashDrafter,
+        build: Callable[[Setting], DFlashDrafter] | None = None,
         weights: dict[str, torch.Tensor] | None = None,
+        draft_blocks: Callable[[Setting, DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor]
+        | None = None,
     ) -> None:
         if anchors not in ("all", "chain"):
             raise ValueError(f"anchors {anchors!r}; choose 'all' or 'chain'")
@@ -276,7 +263,11 @@ class DFlashReplayer:
             max_blocks_per_forward,
             seed,
         )
-        self.build = build  # config -> an unloaded drafter (DFlash2: its own class around the backbone)
+        # setting -> an unloaded drafter (a family built on DFlash: its own class around the backbone)
+        self.build = build or (lambda setting: DFlashDrafter(setting.config))
+        # (setting, drafter, block hidden rows [n, B-1, H], slot-0 tokens [n]) -> drafts [n, B-1]; None:
+        # the per-slot argmax (DFlash), in head chunks as scorer eval drafts it
+        self.draft_blocks = draft_blocks
         self.weights = loaded.state_dict if weights is None else weights
         self._heads: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
         self._weights: dict[str, dict[str, torch.Tensor]] = {}
@@ -310,10 +301,8 @@ class DFlashReplayer:
 
     def drafter(self, setting: Setting) -> DFlashDrafter:
         """The drafter of ``setting``: the loaded weights under its config, head attached."""
-        drafter = self.build(setting.config)
+        drafter = self.build(setting)
         drafter.load_state_dict(self._state_dict(setting.dtype), assign=True)
-        if setting.selector_top_k is not None:  # DFlash2: 0 drafts the per-slot argmax
-            drafter.candidate_selector.top_k = setting.selector_top_k
         drafter = drafter.to(device=self.device, dtype=DTYPES[setting.dtype]).eval()
         drafter.attach_target(*self._head(setting.dtype))
         drafter.block_position_offset = setting.block_position_offset
@@ -370,7 +359,7 @@ class DFlashReplayer:
         """
         anchors = anchors or self.anchors
         positions = list(positions)
-        if anchors == "chain":
+        if anchors == "chain" and self.draft_blocks is None:  # a variant's drafting: every anchor
             return [(self._replay_chain(s, positions), None) for s in settings]
         drafters = [self.drafter(s) for s in settings]
         logs: list[list[RoundLog]] = [[] for _ in settings]
@@ -397,7 +386,9 @@ class DFlashReplayer:
                         if len(x) - 1 - prompt_len > 0 and context is None:
                             # rows 0..T-3 are all any anchor (<= T-2) sees; as score.py's _Drafts
                             context = drafters[j].context_kv(feats[: max(len(x) - 2, 1)])
-                        draft = self._draft_every_anchor(drafters[j], feats, token_ids, prompt_len, context)
+                        draft = self._draft_every_anchor(
+                            drafters[j], feats, token_ids, prompt_len, context, settings[j]
+                        )
                         B = settings[j].config.block_size
                         logs[j].append(replay_chain(draft, x, a, prompt_len, B))
                         accept[j] = accept[j] + train_accept_len(draft, x, a, prompt_len)
@@ -410,6 +401,7 @@ class DFlashReplayer:
         token_ids: torch.Tensor,
         prompt_len: int,
         context: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        setting: Setting | None = None,
     ) -> np.ndarray:
         """Drafts ``[A, B-1]`` at anchors P..T-2, grouped and head-chunked exactly as
         ``scorer.score.draft_all_anchors`` does (so the numbers are scorer eval's), from a context
@@ -430,8 +422,8 @@ class DFlashReplayer:
             hidden = drafter.block_hidden(
                 features, at, blocks, max_blocks_per_forward=self.max_blocks, context=context
             )
-            if drafter.path_candidates:  # DFlash2's selector path, as score.py drafts it
-                parts.append(torch.as_tensor(block_drafts(drafter, hidden, blocks[:, 0])).reshape(-1))
+            if self.draft_blocks is not None:  # a variant's own drafting (DFlash2: its selector)
+                parts.append(self.draft_blocks(setting, drafter, hidden, blocks[:, 0]).reshape(-1))
                 continue
             flat = hidden.reshape(-1, hidden.shape[-1])
             for start, stop, new in row_chunks(flat.shape[0], rows):
@@ -496,13 +488,15 @@ def diagnose(
     inputs: DiagnosisInputs,
     *,
     kinds: Sequence[str] = DFLASH_KINDS,
-    build: Callable[[DrafterConfig], DFlashDrafter] = DFlashDrafter,
+    build: Callable[[Setting], DFlashDrafter] | None = None,
     weights: dict[str, torch.Tensor] | None = None,
-    selector_top_k: int | None = None,
+    draft_blocks: Callable[[Setting, DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    variant_candidates: Callable[[Setting], Iterator[tuple[Hypothesis, Setting | str]]] | None = None,
 ) -> FamilyDiagnosis:
-    """``Family.diagnose`` of DFlash (DFlash2 passes its ``kinds``, ``build``, ``weights`` and
-    ``selector_top_k``): the drafter as loaded, the mask ids the tokenizer and a training state
-    suggest, the block sizes recorded elsewhere, and the replayer over the sampled rows.
+    """``Family.diagnose`` of DFlash; a family built on it passes its ``kinds``, ``build``,
+    ``weights``, ``draft_blocks`` (see `DFlashReplayer`) and ``variant_candidates`` (its own
+    hypotheses, from the configured setting). The drafter as loaded, the mask ids the tokenizer and
+    a training state suggest, the block sizes recorded elsewhere, and the replayer over the rows.
 
     Raises:
         IncompatibleCacheError: the second cache does not fit the drafter.
@@ -529,6 +523,7 @@ def diagnose(
         anchors=options.anchors,
         build=build,
         weights=weights,
+        draft_blocks=draft_blocks,
     )
     contract = (
         read_training_state_contract(_checkpoint_dir(inputs.checkpoint), options.trust_checkpoint)[0] or {}
@@ -548,9 +543,9 @@ def diagnose(
         block_sizes=recorded_block_sizes(inputs.checkpoint, contract),
         second_cache=inputs.second_cache,
         drift=inputs.drift,
-        selector_top_k=selector_top_k,
     )
-    return FamilyDiagnosis(base, list(found), replayer.replay_many, replayer)
+    more = list(variant_candidates(base)) if variant_candidates is not None else []
+    return FamilyDiagnosis(base, [*found, *more], replayer.replay_many, replayer)
 
 
 def _features_key(s: Setting) -> tuple:

@@ -16,9 +16,9 @@ from scorer.errors import CheckpointError
 from scorer.families import dflash
 from scorer.families.base import CheckpointProbe, Family, OnlineOptions, Proposer
 from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
-from scorer.families.dflash.diagnose import DFLASH_KINDS
-from scorer.families.dflash.diagnose import diagnose as diagnose_dflash
 from scorer.families.dflash.proposals import block_proposals
+from scorer.families.dflash2.diagnose import DFLASH2_KINDS
+from scorer.families.dflash2.diagnose import diagnose as diagnose_dflash2
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
 
 __all__ = ["DFLASH2", "VARIANT", "build_dflash2"]
@@ -123,24 +123,6 @@ def init(cache_path: str | Path, out: str | Path, *, from_dir: str | Path, **opt
     return build_dflash2(load_checkpoint(path, variant=VARIANT)).config
 
 
-# DFlash's hypotheses plus the path selector (scorer.diagnose.HYPOTHESIS_KINDS order).
-DIAGNOSE_KINDS = (*DFLASH_KINDS[:6], "selector", *DFLASH_KINDS[6:])
-
-
-def diagnose(inputs: Any) -> Any:
-    """``Family.diagnose``: DFlash's replays of a DFlash2 drafter (its convolutions and selector
-    built around each hypothesis's backbone config), plus the selector hypotheses."""
-    built: DFlash2Drafter = inputs.drafter
-    loaded = inputs.loaded
-    return diagnose_dflash(
-        inputs,
-        kinds=DIAGNOSE_KINDS,
-        build=lambda config: DFlash2Drafter(replace(built.config, base=config)),
-        weights={**loaded.state_dict, **loaded.variant_state},
-        selector_top_k=built.candidate_selector.top_k,
-    )
-
-
 DFLASH2 = Family(
     name="dflash2",
     layouts=(
@@ -159,6 +141,6 @@ DFLASH2 = Family(
     eval_options=dflash.EVAL_OPTIONS,
     init=init,
     init_options=("from_dir",),
-    diagnose_kinds=DIAGNOSE_KINDS,
-    diagnose=diagnose,
+    diagnose_kinds=DFLASH2_KINDS,
+    diagnose=diagnose_dflash2,
 )
