@@ -49,10 +49,12 @@ __all__ = [
     "FamilyDiagnosis",
     "Hypothesis",
     "Outcome",
+    "final_norm_alternative",
     "paired_se",
     "rank_outcomes",
     "replay_anchor_drafts",
     "sequences_needed",
+    "shifted_layer_ids",
     "verdict",
 ]
 
@@ -99,6 +101,32 @@ class Outcome:
     hypothesis: Hypothesis
     totals: np.ndarray | None = None
     untested: str | None = None
+
+
+def shifted_layer_ids(ids: Sequence[int], shift: int, cache: Any) -> tuple[int, ...] | str:
+    """Target layer ``ids`` shifted by ``shift`` (the layer-id hypotheses of every family), or why
+    they cannot be replayed on ``cache``: outside the target, or missing from the cache (with the
+    ``--layers`` to re-extract with)."""
+    shifted = tuple(int(i) + shift for i in ids)
+    n_layers = cache.target_config.get("num_hidden_layers")
+    if min(shifted) < 0 or (n_layers is not None and max(shifted) >= n_layers):
+        return f"layer ids {list(shifted)} fall outside the target's 0..{(n_layers or 1) - 1}"
+    if missing := [i for i in shifted if i not in cache.layer_ids]:
+        have = sorted(set(cache.layer_ids) | set(shifted))
+        return f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} to test it"
+    return shifted
+
+
+def final_norm_alternative(normed: bool, cache: Any, what: str) -> tuple[Hypothesis, bool | str]:
+    """The ``final_norm`` hypothesis of a drafter that reads the target's last layer (``what``, as
+    the label names it) after (``normed``) or before the final norm: the other one, or why it cannot
+    be replayed (reading it after the norm needs the norm the cache saved)."""
+    alt = not normed
+    where = "after" if alt else "before"
+    hyp = Hypothesis("final_norm", "post" if alt else "pre", f"{what} read {where} the final norm")
+    if alt and "final_norm.weight" not in cache.target_head():
+        return hyp, "the cache saved no final norm; re-extract it with this hscache"
+    return hyp, alt
 
 
 @dataclass

@@ -26,7 +26,13 @@ from hscache.capture.forward import head_rows, row_chunks
 from hscache.store import jsonio
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.diagnose import DiagnosisInputs, FamilyDiagnosis, Hypothesis
+from scorer.diagnose import (
+    DiagnosisInputs,
+    FamilyDiagnosis,
+    Hypothesis,
+    final_norm_alternative,
+    shifted_layer_ids,
+)
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import check_compatible, context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
@@ -131,19 +137,11 @@ def candidates(
             yield hyp, replace(base, block_position_offset=base.block_position_offset + k)
     if "layer_ids" in kinds:
         for k in LAYER_SHIFTS:
-            ids = tuple(i + k for i in c.target_layer_ids)
-            hyp = Hypothesis("layer_ids", k, _shift_label(k, "target layer ids") + f" ({list(ids)})")
-            if min(ids) < 0 or (n_layers is not None and max(ids) >= n_layers):
-                yield hyp, f"layer ids {list(ids)} fall outside the target's 0..{(n_layers or 1) - 1}"
-            elif missing := [i for i in ids if i not in cache.layer_ids]:
-                have = sorted(set(cache.layer_ids) | set(ids))
-                yield (
-                    hyp,
-                    (
-                        f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} "
-                        "to test it"
-                    ),
-                )
+            ids = shifted_layer_ids(c.target_layer_ids, k, cache)
+            shown = [i + k for i in c.target_layer_ids]
+            hyp = Hypothesis("layer_ids", k, _shift_label(k, "target layer ids") + f" ({shown})")
+            if isinstance(ids, str):
+                yield hyp, ids
             else:
                 normed = base.last_layer_normed if n_layers is None or n_layers - 1 in ids else None
                 if normed is None and n_layers is not None and n_layers - 1 in ids:
@@ -154,15 +152,8 @@ def candidates(
             hyp = Hypothesis("final_norm", None, "last target layer before/after the final norm")
             yield hyp, f"the drafter does not read the last target layer ({(n_layers or 0) - 1})"
         else:
-            alt = not base.last_layer_normed
-            where = "after" if alt else "before"
-            hyp = Hypothesis(
-                "final_norm", "post" if alt else "pre", f"last target layer read {where} the final norm"
-            )
-            if alt and "final_norm.weight" not in cache.target_head():
-                yield hyp, "the cache saved no final norm; re-extract it with this hscache"
-            else:
-                yield hyp, replace(base, last_layer_normed=alt)
+            hyp, alt = final_norm_alternative(base.last_layer_normed, cache, "last target layer")
+            yield hyp, alt if isinstance(alt, str) else replace(base, last_layer_normed=alt)
     if "mask_token_id" in kinds:
         others = [i for i in mask_ids if i != c.mask_token_id][:MAX_MASK_CANDIDATES]
         if not others:

@@ -28,7 +28,14 @@ import numpy as np
 import torch
 
 from hscache.store.dtypes import DTYPES
-from scorer.diagnose import DiagnosisInputs, FamilyDiagnosis, Hypothesis, replay_anchor_drafts
+from scorer.diagnose import (
+    DiagnosisInputs,
+    FamilyDiagnosis,
+    Hypothesis,
+    final_norm_alternative,
+    replay_anchor_drafts,
+    shifted_layer_ids,
+)
 from scorer.families.eagle3.config import Eagle3Config
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.model import Eagle3Drafter
@@ -78,36 +85,21 @@ def candidates(
         else:
             yield hyp, replace(base, step_position_offset=base.step_position_offset + k)
     for k in LAYER_SHIFTS:
-        ids = tuple(i + k for i in c.target_layer_ids)
+        ids = shifted_layer_ids(c.target_layer_ids, k, cache)
+        shown = [i + k for i in c.target_layer_ids]
         hyp = Hypothesis(
             "layer_ids",
             k,
-            f"aux layer ids shifted by {k:+d} (eagle_aux_hidden_state_layer_ids {_aux_ids(ids)}; "
-            f"layer outputs {list(ids)})",
+            f"aux layer ids shifted by {k:+d} (eagle_aux_hidden_state_layer_ids {_aux_ids(shown)}; "
+            f"layer outputs {shown})",
         )
-        if min(ids) < 0 or (last is not None and max(ids) > last):
-            yield hyp, f"layer ids {list(ids)} fall outside the target's 0..{last}"
-        elif missing := [i for i in ids if i not in cache.layer_ids]:
-            have = sorted(set(cache.layer_ids) | set(ids))
-            yield (
-                hyp,
-                f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} to test it",
-            )
-        else:
-            yield hyp, replace(base, config=replace(c, target_layer_ids=ids))
+        yield hyp, ids if isinstance(ids, str) else replace(base, config=replace(c, target_layer_ids=ids))
     if last is None or last not in c.target_layer_ids:
         hyp = Hypothesis("final_norm", None, "last aux layer before/after the target's final norm")
         yield hyp, f"the drafter does not read the target's last layer ({last})"
     else:
-        alt = not base.last_layer_normed
-        where = "after" if alt else "before"
-        hyp = Hypothesis(
-            "final_norm", "post" if alt else "pre", f"last aux layer ({last}) read {where} the final norm"
-        )
-        if alt and cache_final_norm(cache) is None:
-            yield hyp, "the cache saved no final norm; re-extract it with this hscache"
-        else:
-            yield hyp, replace(base, last_layer_normed=alt)
+        hyp, alt = final_norm_alternative(base.last_layer_normed, cache, f"last aux layer ({last})")
+        yield hyp, alt if isinstance(alt, str) else replace(base, last_layer_normed=alt)
     rope = cache.target_config.get("rope_parameters") or {}
     target = cache.target_config.get("rope_theta", rope.get("rope_theta"))
     for theta in sorted(

@@ -22,7 +22,13 @@ import numpy as np
 import torch
 
 from hscache.store.dtypes import DTYPES
-from scorer.diagnose import DiagnosisInputs, FamilyDiagnosis, Hypothesis, replay_anchor_drafts
+from scorer.diagnose import (
+    DiagnosisInputs,
+    FamilyDiagnosis,
+    Hypothesis,
+    final_norm_alternative,
+    replay_anchor_drafts,
+)
 from scorer.families.mtp.draft import draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpHead
 from scorer.sequences import cache_final_norm
@@ -51,17 +57,9 @@ def candidates(base: MtpSetting, cache: Any, K: int) -> Iterator[tuple[Hypothesi
             yield hyp, "one drafted token per round: no later step to place (pass --num-speculative-tokens 3)"
         else:
             yield hyp, dataclasses.replace(base, step_position_offset=base.step_position_offset + k)
-    alt = not base.post_norm
-    where = "after" if alt else "before"
-    hyp = Hypothesis(
-        "final_norm",
-        "post" if alt else "pre",
-        f"the target's last layer read {where} the final norm ({_CKPT[alt]})",
-    )
-    if alt and cache_final_norm(cache) is None:
-        yield hyp, "the cache saved no final norm; re-extract it with this hscache"
-    else:
-        yield hyp, dataclasses.replace(base, post_norm=alt)
+    hyp, alt = final_norm_alternative(base.post_norm, cache, "the target's last layer")
+    hyp = dataclasses.replace(hyp, label=f"{hyp.label} ({_CKPT[not base.post_norm]})")
+    yield hyp, alt if isinstance(alt, str) else dataclasses.replace(base, post_norm=alt)
 
 
 class MtpReplayer:
