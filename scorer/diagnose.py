@@ -1,8 +1,10 @@
 """``scorer diagnose``, the pure part: which hypotheses a drafter family gets, how counterfactual
 replays are ranked against the baseline, which one (if any) is the finding, and the one verdict line.
 
-A hypothesis is one setting changed before the same sequences are replayed again (see
-``scorer/families/dflash/diagnose.py`` for how DFlash applies each kind). Ranking is by the gain in
+A hypothesis is one setting changed before the same sequences are replayed again. Each drafter
+family declares the kinds that apply to it (``Family.diagnose_kinds``) and applies them in its own
+``diagnose`` hook (``scorer/families/<family>/diagnose.py``), which gets a `DiagnosisInputs` and
+returns a `FamilyDiagnosis`: the configured setting, the candidate hypotheses and a replayer. Ranking is by the gain in
 pooled tau over the baseline, with a paired bootstrap over requests (``metrics.paired_bootstrap_delta``:
 the same resampled requests for both, so per-request difficulty cancels). ``significant`` means
 the interval's lower end is above zero at a Bonferroni-corrected level (``1 - alpha / tested``):
@@ -20,29 +22,39 @@ beats the configured one" when the best alternative's interval rules out a gain 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from scorer.metrics import paired_bootstrap_delta, tau_pooled_from_totals
+from scorer.metrics import (
+    AcceptLen,
+    paired_bootstrap_delta,
+    request_totals,
+    tau_pooled_from_totals,
+    train_accept_len,
+)
+from scorer.replay import RoundLog, replay_chain
 
 __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_SAMPLE",
-    "FAMILY_HYPOTHESES",
     "HYPOTHESIS_KINDS",
     "MAX_SAMPLE",
     "POWER",
     "RESOLUTION",
+    "DiagnosisInputs",
+    "FamilyDiagnosis",
     "Hypothesis",
     "Outcome",
-    "hypothesis_kinds",
+    "final_norm_alternative",
     "paired_se",
     "rank_outcomes",
+    "replay_anchor_drafts",
     "sequences_needed",
+    "shifted_layer_ids",
     "verdict",
 ]
 
@@ -54,37 +66,20 @@ RESOLUTION = 0.15  # tau difference the default sample is sized to separate; sma
 POWER = 0.8  # chance the suggested --limit separates a difference of the observed size
 DEFAULT_ALPHA = 0.05  # family-wise: each interval is at level 1 - alpha / (hypotheses tested)
 
-# Every kind the diagnosis knows, in the order the terminal explains them.
+# Every kind the diagnosis knows, in the order the terminal explains them. A family declares the
+# ones that apply to it (``Family.diagnose_kinds``); kinds it does not list are never tried.
 HYPOTHESIS_KINDS = (
-    "position_offset",  # value: shift added to the block's RoPE positions
+    "position_offset",  # value: shift added to the drafted positions (DFlash: the block's; chains: steps >= 1)
     "layer_ids",  # value: shift added to every target layer id
     "final_norm",  # value: "pre" / "post" (last target layer before / after the final norm)
     "mask_token_id",  # value: the candidate id
     "rope_theta",  # value: the candidate theta
     "block_size",  # value: the candidate block size
+    "d2t",  # value: how draft ids map to target ids ("identity", "absolute")
+    "selector",  # value: DFlash2's path selector "off" (per-slot argmax) or another top-k
     "dtype",  # value: "fp32" / "bf16" replay, or "cache:<path>" / "drift-noise" (not fixes)
     "feature_ablation",  # value: the target layer id replaced by its mean (not a fix)
 )
-
-# Which kinds apply to which drafter family. A new family adds its row (and a module that
-# applies them, like scorer/families/dflash/diagnose.py); kinds it does not list are never tried.
-FAMILY_HYPOTHESES: dict[str, tuple[str, ...]] = {
-    "dflash": HYPOTHESIS_KINDS,
-}
-
-
-def hypothesis_kinds(family: str) -> tuple[str, ...]:
-    """The hypothesis kinds declared for ``family``.
-
-    Raises:
-        ValueError: the family declares none.
-    """
-    if family not in FAMILY_HYPOTHESES:
-        raise ValueError(
-            f"no diagnosis hypotheses declared for drafter family {family!r}; "
-            f"known: {', '.join(sorted(FAMILY_HYPOTHESES))}"
-        )
-    return FAMILY_HYPOTHESES[family]
 
 
 @dataclass(frozen=True)
@@ -106,6 +101,113 @@ class Outcome:
     hypothesis: Hypothesis
     totals: np.ndarray | None = None
     untested: str | None = None
+
+
+def shifted_layer_ids(ids: Sequence[int], shift: int, cache: Any) -> tuple[int, ...] | str:
+    """Target layer ``ids`` shifted by ``shift`` (the layer-id hypotheses of every family), or why
+    they cannot be replayed on ``cache``: outside the target, or missing from the cache (with the
+    ``--layers`` to re-extract with)."""
+    shifted = tuple(int(i) + shift for i in ids)
+    n_layers = cache.target_config.get("num_hidden_layers")
+    if min(shifted) < 0 or (n_layers is not None and max(shifted) >= n_layers):
+        return f"layer ids {list(shifted)} fall outside the target's 0..{(n_layers or 1) - 1}"
+    if missing := [i for i in shifted if i not in cache.layer_ids]:
+        have = sorted(set(cache.layer_ids) | set(shifted))
+        return f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} to test it"
+    return shifted
+
+
+def final_norm_alternative(normed: bool, cache: Any, what: str) -> tuple[Hypothesis, bool | str]:
+    """The ``final_norm`` hypothesis of a drafter that reads the target's last layer (``what``, as
+    the label names it) after (``normed``) or before the final norm: the other one, or why it cannot
+    be replayed (reading it after the norm needs the norm the cache saved)."""
+    alt = not normed
+    where = "after" if alt else "before"
+    hyp = Hypothesis("final_norm", "post" if alt else "pre", f"{what} read {where} the final norm")
+    if alt and "final_norm.weight" not in cache.target_head():
+        return hyp, "the cache saved no final norm; re-extract it with this hscache"
+    return hyp, alt
+
+
+@dataclass
+class DiagnosisInputs:
+    """What ``scorer diagnose`` hands a family's ``diagnose`` hook (``scorer.families.base.Family``).
+
+    Attributes:
+        checkpoint: the CKPT as given (a path, or ``target:<head>``).
+        drafter, loaded: what the family's loader returned for ``caches[0]`` (as ``scorer eval``).
+        caches: one cache, or two (the second for the drift hypotheses); on a SAMPLED cache a view
+            whose ``target_argmax`` is the cached sampled next token (``scorer.served.SampledView``).
+        rows: per cache, its rows in sampling order (aligned by record id with two caches).
+        second_cache: the second ``--cache`` path, or None; ``drift`` its measured per-layer
+            relative L2 as ((layer, rel), ...).
+        options: the run's ``DiagnoseConfig`` (device, dtype, seed, anchors, memory_gb,
+            max_blocks_per_forward, trust_checkpoint, ...), read by attribute.
+    """
+
+    checkpoint: str
+    drafter: Any
+    loaded: Any
+    caches: list[Any]
+    rows: list[list[int]]
+    options: Any
+    second_cache: str | None = None
+    drift: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def last_layer(self) -> int | None:
+        """The target's last layer id, or None when the cache's target config does not say."""
+        n_layers = self.caches[0].target_config.get("num_hidden_layers")
+        return None if n_layers is None else int(n_layers) - 1
+
+
+@dataclass
+class FamilyDiagnosis:
+    """What a family's ``diagnose`` hook returns: the drafter as configured (``base``, a setting of
+    the family's own kind), every hypothesis of its declared kinds with its setting or a sentence
+    saying why it is untested here, and ``replay_many(settings, positions, *, anchors=None)`` ->
+    per setting ``([len(positions), 2]`` (tokens, rounds) per request, the training-log AcceptLen
+    over them or None)`` on the rows at ``positions`` of ``DiagnosisInputs.rows``; ``replayer``
+    the object behind it (benches and tests reach its parts); ``notes`` lines for the report."""
+
+    base: Any
+    candidates: list[tuple[Hypothesis, Any]]
+    replay_many: Callable[..., list[tuple[np.ndarray, AcceptLen | None]]]
+    replayer: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def replay_anchor_drafts(
+    settings: Sequence[Any],
+    caches: Sequence[Any],
+    rows: Sequence[Sequence[int]],
+    positions: Sequence[int],
+    drafts_of_row: Callable[[Sequence[Any], Any, int], list[np.ndarray]],
+    slots: Callable[[Any], int],
+    cache_of: Callable[[Any], int] = lambda setting: 0,
+) -> list[tuple[np.ndarray, AcceptLen]]:
+    """The shared replay of a family that drafts every anchor at once (chains, blocks).
+
+    ``drafts_of_row(settings, cache, row)`` gives, per setting, its drafts ``[A, K]`` at anchors
+    P..T-2 of one row (a family shares what settings have in common there); each is replayed as
+    ``scorer eval`` replays it (``replay_chain`` with ``slots(setting)`` = K + 1 slots) and its
+    training-log accept length read off the same drafts.
+    """
+    logs: list[list[RoundLog]] = [[] for _ in settings]
+    accept = [AcceptLen(0, 0) for _ in settings]
+    by_cache: dict[int, list[int]] = {}
+    for j, s in enumerate(settings):
+        by_cache.setdefault(cache_of(s), []).append(j)
+    for i in positions:
+        for c, members in by_cache.items():
+            cache, row = caches[c], rows[c][i]
+            x, a = cache.token_ids(row).numpy(), cache.target_argmax(row).numpy()
+            prompt_len = int(cache.index.column("prompt_len")[row].as_py())
+            drafts = drafts_of_row([settings[j] for j in members], cache, row)
+            for j, draft in zip(members, drafts):
+                logs[j].append(replay_chain(draft, x, a, prompt_len, slots(settings[j])))
+                accept[j] = accept[j] + train_accept_len(draft, x, a, prompt_len)
+    return [(request_totals(log), acc) for log, acc in zip(logs, accept)]
 
 
 def paired_se(a_totals: Any, b_totals: Any) -> float:

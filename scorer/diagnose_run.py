@@ -1,18 +1,22 @@
 """``scorer diagnose``: replay a drafter as configured, then once per hypothesis, and rank them.
 
 Named steps: load the drafter like ``scorer eval`` (same warnings) -> order the cache's sequences
-(a seeded permutation) -> measure the second cache's drift, if any -> replay the baseline and
-every hypothesis of the drafter's family on the first ``DEFAULT_SAMPLE`` (or ``limit``) of them,
-one shared drafter pass per sequence (scorer/families/dflash/diagnose.py) -> rank (scorer/diagnose.py) ->
+(a seeded permutation) -> measure the second cache's drift, if any -> the family's ``diagnose``
+hook (scorer.families.base.Family) lists its hypotheses and gives the replayer -> replay the
+baseline and every hypothesis on the first ``DEFAULT_SAMPLE`` (or ``limit``) of them, sharing the
+drafter passes the family can share -> rank (scorer/diagnose.py) ->
 without ``limit``, grow the sample to what the observed variance says separates
 ``RESOLUTION`` tau (at most ``MAX_SAMPLE``), replaying only the new sequences, and rank again ->
 the training-metric gap, ablation notes -> the JSON-ready report
 (``schemas/diagnose_report.schema.json``).
+
+On a SAMPLED cache (extracted at T > 0) every replay runs on ``scorer.served.SampledView``: drafts
+along the cached sampled trajectory, matched against the cached sampled tokens (the one-hot rule
+every engine serves by default), and the report's ``sampling`` block says so.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,32 +31,29 @@ import torch
 import hscache
 from hscache import schemas
 from hscache.capture.provenance import utc_now
-from hscache.store import jsonio
 from hscache.store.integrity import cache_digest
+from hscache.store.sampling import sampling_setting
 from hscache.store.view import CacheView
 from scorer.diagnose import (
     DEFAULT_ALPHA,
     DEFAULT_SAMPLE,
-    FAMILY_HYPOTHESES,
     MAX_SAMPLE,
     RESOLUTION,
+    DiagnosisInputs,
     Outcome,
-    hypothesis_kinds,
     rank_outcomes,
     verdict,
 )
 from scorer.errors import IncompatibleCacheError, ScorerError
-from scorer.families import family_for, probe_checkpoint
-from scorer.families.dflash.diagnose import DFlashReplayer, Setting, candidates, special_token_ids
-from scorer.families.dflash.features import check_compatible
-from scorer.formats.files import read_training_state_contract
+from scorer.families import FAMILIES, family_for, probe_checkpoint
 from scorer.metrics import AcceptLen
 from scorer.scoring import EvalConfig, load_drafter
-from scorer.sequences import check_scorable
+from scorer.sequences import check_fits, check_scorable, layer_fit_problem
+from scorer.served import RULE_DEFINITIONS, SampledView, is_sampled
 
 __all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "Plan", "diagnose_checkpoint", "prepare_diagnosis"]
 
-DIAGNOSE_SCHEMA_VERSION = 2
+DIAGNOSE_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class DiagnoseConfig:
     # "all": every anchor drafted once per distinct drafter input, shared by the hypotheses;
     # "chain": only where each replay goes, one small forward per round (families/dflash/diagnose.py)
     anchors: str = "all"
+    num_speculative_tokens: int | None = None  # chain families (EAGLE-3, MTP): K drafted per round
     trust_checkpoint: bool = False
     config_path: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -83,8 +85,9 @@ class DiagnoseConfig:
             device=self.device,
             dtype=self.dtype,
             block_size=self.block_size,
+            num_speculative_tokens=self.num_speculative_tokens,
             ddtree=(),
-            anchors="chain",
+            anchors="all",  # for the loader only: the replays take ``anchors`` (chain families refuse "chain")
             memory_gb=self.memory_gb,
             max_blocks_per_forward=self.max_blocks_per_forward,
             trust_checkpoint=self.trust_checkpoint,
@@ -147,32 +150,6 @@ def measure_drift(
     return {layer: (num[layer] / den[layer]) ** 0.5 if den[layer] else 0.0 for layer in layer_ids}
 
 
-def _checkpoint_dir(checkpoint: str | Path) -> Path:
-    root = Path(checkpoint)
-    return root if root.is_dir() else root.parent
-
-
-def recorded_block_sizes(checkpoint: str | Path, contract: dict | None = None) -> list[int]:
-    """Block sizes a checkpoint records besides the configured one: config.json's top-level and
-    ``dflash_config`` values and a SpecForge training_state.pt contract (read here unless given)."""
-    root = _checkpoint_dir(checkpoint)
-    sizes = []
-    config_file = root / "config.json"
-    if config_file.is_file():
-        try:
-            config = jsonio.loads(config_file.read_bytes())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            config = {}
-        for value in (config.get("block_size"), (config.get("dflash_config") or {}).get("block_size")):
-            if isinstance(value, int) and value >= 2:
-                sizes.append(value)
-    if contract is None:
-        contract, _ = read_training_state_contract(root, trust=False)
-    if contract and contract.get("block_size"):
-        sizes.append(int(contract["block_size"]))
-    return sizes
-
-
 def _ablation_notes(rows: list[dict], base_tau: float, last_layer: int | None) -> list[str]:
     drops = sorted(((-r["gain"], r["value"]) for r in rows if r["kind"] == "feature_ablation"), reverse=True)
     if not drops or base_tau <= 1:
@@ -196,29 +173,49 @@ def _ablation_notes(rows: list[dict], base_tau: float, last_layer: int | None) -
 @dataclass
 class Plan:
     """Everything a diagnosis replays, before any replay: the drafter as configured (``base``),
-    the tested hypotheses with their settings, the untested ones, and the ordered sequences."""
+    the tested hypotheses with their settings, the untested ones, and the ordered sequences;
+    ``replay_many`` and ``replayer`` are the family's (scorer.diagnose.FamilyDiagnosis)."""
 
     family: str
     kinds: tuple[str, ...]
     loaded: Any
     cache: CacheView
     second: str | None
-    replayer: DFlashReplayer
-    base: Setting
+    replay_many: Callable[..., list[tuple[np.ndarray, AcceptLen | None]]]
+    replayer: Any
+    base: Any
     hypotheses: list
-    settings: list[Setting]
+    settings: list
     untested: list[Outcome]
     available: int  # sequences with a generated region (in both caches with two)
     first: int  # the first sample: --limit, else DEFAULT_SAMPLE (at most ``available``)
     drift: dict[int, float] | None
     last_layer: int | None
+    sampling: dict[str, Any]
+    notes: list[str]
+
+
+def _sampling_block(cache: CacheView) -> dict[str, Any]:
+    """How the replays match drafts: the one-hot rule along a sampled cache's trajectory, or the
+    target's argmax on a greedy cache (the report's ``sampling``)."""
+    setting = sampling_setting(cache)
+    sampled = not setting.greedy
+    return {
+        "setting": setting.to_dict(),
+        "described": setting.describe(),
+        "rule": "one-hot" if sampled else "greedy",
+        "definition": RULE_DEFINITIONS["one-hot"]
+        if sampled
+        else "drafts are the drafter's argmax along the cached greedy path; a round accepts the longest "
+        "prefix of drafts equal to the target's argmax, plus one token",
+    }
 
 
 def prepare_diagnosis(
     checkpoint: str | Path, cache_paths: Sequence[str | Path], config: DiagnoseConfig = DiagnoseConfig()
 ) -> Plan:
-    """Load the drafter like ``scorer eval``, order the sequences, measure the drift, list the
-    hypotheses (bench/diagnose.py times replays of this plan's settings).
+    """Load the drafter like ``scorer eval``, order the sequences, measure the drift, and let the
+    drafter's family list its hypotheses (bench/diagnose.py times replays of this plan's settings).
 
     Raises:
         ScorerError subclasses with one-line messages (bad checkpoint, incompatible cache, flags).
@@ -229,32 +226,37 @@ def prepare_diagnosis(
         )
     cache = hscache.open_cache(cache_paths[0])
     eval_config = config.eval_config()
-    family = family_for(probe_checkpoint(checkpoint, eval_config.config_path)).name
-    if family not in FAMILY_HYPOTHESES:
+    family = family_for(probe_checkpoint(checkpoint, eval_config.config_path))
+    if family.diagnose is None:
+        known = ", ".join(f.name for f in FAMILIES if f.diagnose is not None)
         raise ScorerError(
-            f"{checkpoint} is a {family} drafter; scorer diagnose tests the hypotheses of "
-            f"{', '.join(sorted(FAMILY_HYPOTHESES))} drafters so far: score it with scorer eval / scorer compare"
+            f"{checkpoint} is a {family.name} drafter; scorer diagnose tests the hypotheses of {known} "
+            "drafters so far: score it with scorer eval / scorer compare"
+        )
+    second = str(cache_paths[1]) if len(cache_paths) == 2 else None
+    if second is not None and "dtype" not in family.diagnose_kinds:
+        raise ScorerError(
+            f"a second --cache tests the drift between two caches, a hypothesis {family.name} drafters do not "
+            "declare; diagnose it on one --cache"
         )
     drafter, loaded = load_drafter(checkpoint, cache, eval_config)
-    kinds = hypothesis_kinds(family)
+    layer_ids = list(drafter.config.target_layer_ids)
     n_layers = cache.target_config.get("num_hidden_layers")
     last_layer = None if n_layers is None else n_layers - 1
-    base = Setting(
-        config=loaded.config,
-        dtype=config.dtype,
-        last_layer_normed=(drafter.context_norm is not None)
-        if last_layer in loaded.config.target_layer_ids
-        else None,
-    )
-    del drafter
     order = sample_order(cache, config.seed)
     caches, row_sets, drift = [cache], [order], None
-    second = str(cache_paths[1]) if len(cache_paths) == 2 else None
     first = min(config.limit or DEFAULT_SAMPLE, len(order))
     if second is not None:
         other = hscache.open_cache(second)
         check_scorable(other, second)
-        check_compatible(loaded.config, other, second)
+        if is_sampled(cache) or is_sampled(other):
+            raise IncompatibleCacheError(
+                f"the drift comparison pairs the two caches' sequences by record id over their common token "
+                f"prefix, and {second if is_sampled(other) else cache_paths[0]} was sampled "
+                f"({sampling_setting(other if is_sampled(other) else cache).describe()}): its trajectories part "
+                "from the other cache's at the first sampled token; measure drift between greedy caches"
+            )
+        check_fits([p for p in [layer_fit_problem(layer_ids, other, second)] if p])
         order, order2 = _align(cache, other, order)
         if not order:
             raise IncompatibleCacheError(
@@ -263,44 +265,34 @@ def prepare_diagnosis(
             )
         first = min(first, len(order))
         # measured on the first sample: the drift-noise hypothesis needs it before any replay
-        drift = measure_drift(cache, other, order[:first], order2[:first], loaded.config.target_layer_ids)
+        drift = measure_drift(cache, other, order[:first], order2[:first], layer_ids)
         caches, row_sets = [cache, other], [order, order2]
-    replayer = DFlashReplayer(
-        loaded,
-        caches,
-        row_sets,
-        device=config.device,
-        memory_gb=config.memory_gb,
-        max_blocks_per_forward=config.max_blocks_per_forward,
-        seed=config.seed,
-        anchors=config.anchors,
+    # A sampled cache is replayed along its sampled trajectory: target_argmax is the next token.
+    views = [SampledView(c) if is_sampled(c) else c for c in caches]
+    diagnosis = family.diagnose(
+        DiagnosisInputs(
+            checkpoint=str(checkpoint),
+            drafter=drafter,
+            loaded=loaded,
+            caches=views,
+            rows=row_sets,
+            options=config,
+            second_cache=second,
+            drift=tuple(sorted(drift.items())) if drift else (),
+        )
     )
-    contract = read_training_state_contract(_checkpoint_dir(checkpoint), config.trust_checkpoint)[0] or {}
-    mask_ids = special_token_ids(cache.tokenizer(), loaded.config.vocab_size)
-    for extra, why in (
-        (cache.mask_token_id, "the cache's mask"),
-        (contract.get("mask_token_id"), "training_state.pt"),
-    ):
-        if extra is not None and 0 <= int(extra) < loaded.config.vocab_size:
-            mask_ids.setdefault(int(extra), why)
+    del drafter
     hypotheses, untested, settings = [], [], []
-    for hyp, setting in candidates(
-        base,
-        cache,
-        kinds,
-        mask_ids=mask_ids,
-        block_sizes=recorded_block_sizes(checkpoint, contract),
-        second_cache=second,
-        drift=tuple(sorted(drift.items())) if drift else (),
-    ):
+    for hyp, setting in diagnosis.candidates:
         if isinstance(setting, str):
             untested.append(Outcome(hyp, untested=setting))
         else:
             hypotheses.append(hyp)
             settings.append(setting)
     return Plan(
-        family, kinds, loaded, cache, second, replayer, base, hypotheses, settings, untested,
-        len(order), first, drift, last_layer,
+        family.name, family.diagnose_kinds, loaded, cache, second, diagnosis.replay_many, diagnosis.replayer,
+        diagnosis.base, hypotheses, settings, untested, len(order), first, drift, last_layer,
+        _sampling_block(cache), list(diagnosis.notes),
     )  # fmt: skip
 
 
@@ -320,17 +312,24 @@ def diagnose_checkpoint(
     family, kinds, loaded, cache, second, drift = (
         plan.family, plan.kinds, plan.loaded, plan.cache, plan.second, plan.drift
     )  # fmt: skip
-    replayer, base, hypotheses, settings, untested = (
-        plan.replayer, plan.base, plan.hypotheses, plan.settings, plan.untested
+    replay_many, base, hypotheses, settings, untested = (
+        plan.replay_many, plan.base, plan.hypotheses, plan.settings, plan.untested
     )  # fmt: skip
-    available, first, notes = plan.available, plan.first, []
+    available, first, notes = plan.available, plan.first, list(plan.notes)
+    per_prompt = sampling_setting(cache).samples_per_prompt
+    if per_prompt > 1:
+        notes.append(
+            f"the cache holds {per_prompt} sampled trajectories per prompt; the intervals resample trajectories, "
+            "not prompts (scorer eval's sampled tau resamples prompts), so with correlated trajectories they "
+            "are somewhat narrower than by prompt"
+        )
     replayed = [(np.zeros((0, 2), dtype=np.int64), None) for _ in range(len(settings) + 1)]
 
     def replay(upto: int) -> dict[str, Any]:
         done = len(replayed[0][0])
         if on_hypothesis:
             on_hypothesis(f"{upto - done} sequences x {len(settings) + 1} settings (baseline + hypotheses)")
-        new = replayer.replay_many([base, *settings], range(done, upto))
+        new = replay_many([base, *settings], range(done, upto))
         for j, (totals, accept) in enumerate(new):
             old_totals, old_accept = replayed[j]
             both = accept if old_accept is None or accept is None else old_accept + accept
@@ -372,6 +371,7 @@ def diagnose_checkpoint(
             "anchors": config.anchors,
         },
         "drift": _drift_block(second, drift, ranked["hypotheses"]),
+        "sampling": plan.sampling,
         "train_metric": None,
         "notes": notes,
         "warnings": list(loaded.report.warnings),
@@ -389,7 +389,7 @@ def diagnose_checkpoint(
     if config.train_metric is not None:
         accept = [a for _, a in replayed]
         if accept[0] is None:  # chain anchors draft only where the replay went: every anchor now
-            accept = [a for _, a in replayer.replay_many([base, *settings], range(n_replayed), anchors="all")]
+            accept = [a for _, a in replay_many([base, *settings], range(n_replayed), anchors="all")]
         pairs = list(zip(hypotheses, accept[1:]))
         report["train_metric"] = _train_metric_block(config.train_metric, accept[0], ranked, pairs)
     report["seconds"] = time.perf_counter() - t0

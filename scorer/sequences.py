@@ -29,6 +29,7 @@ __all__ = [
     "OnSequence",
     "SequenceResult",
     "SequenceScorer",
+    "cache_final_norm",
     "category_of",
     "cached_sequences",
     "chain_parts",
@@ -50,6 +51,20 @@ ANCHOR_MODES = ("all", "chain")
 # (slot in the drafter's K order, the target's final norm): turns the cached pre-norm output of
 # the last target layer into transformers' hidden_states[L], what z-lab/SpecForge drafters read.
 ContextNorm = tuple[int, Callable[[torch.Tensor], torch.Tensor]]
+
+
+def cache_final_norm(cache: CacheView) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The target's final norm as the cache saved it (``target/head``: kind, weight, eps), or None
+    when the cache saved none (an older hscache, or a norm it could not identify)."""
+    from functools import partial
+
+    from hscache.capture.final_norm import KINDS, apply_final_norm
+
+    head = cache.target_head()
+    if "final_norm.weight" not in head:
+        return None
+    kind = KINDS[int(head["final_norm.kind"][0])]
+    return partial(apply_final_norm, kind, head["final_norm.weight"], float(head["final_norm.eps"][0]))
 
 
 @dataclass

@@ -234,13 +234,6 @@ ABOVE_FAMILIES = (
     "scorer.train",
     "scorer.families",  # the registry itself (its own module, not the shared base)
 )
-# Modules outside scorer/families/ that still reach into DFlash's package, and why (each one is
-# a debt: it goes when the seam carries what it needs).
-FAMILY_IMPORT_DEBTS = {
-    # `scorer diagnose` replays DFlash's counterfactuals; it dispatches per family when the
-    # families declare their hypotheses on the seam (issue 24 item 7, in progress on another branch).
-    "scorer.diagnose_run": ("scorer.families.dflash",),
-}
 
 
 def _family_of(module: str) -> str | None:
@@ -257,7 +250,7 @@ def test_only_the_registry_imports_a_family():
         for m, targets in GRAPH.items()
         if _family_of(m) is None and m != "scorer.families"
         for t in targets
-        if _family_of(t) is not None and not any(_inside(t, d) for d in FAMILY_IMPORT_DEBTS.get(m, ()))
+        if _family_of(t) is not None
     )
     assert bad == []
 

@@ -64,6 +64,12 @@ __all__ = ["diagnose"]
     "where each replay goes, one small forward per round (1/tau of the block work, slow on CPU).",
 )
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="EAGLE-3, MTP: the chain of K tokens per round replayed (default: the checkpoint's, else the engines').",
+)
 @checkpoint_flags
 @friendly_errors
 def diagnose(

@@ -13,8 +13,9 @@ convention: the OUTPUT of decoder layer i) and ``to_hf_config()`` (written into 
 ``drafter``).
 
 A family also owns how a drafter of it is made (``init`` / ``train``: what ``scorer init --family
-F`` runs, with the family's own ``init_options``), its name on screen (``display_name``) and the
-``scorer eval`` settings it reads (``eval_options``): a flag outside them is refused by name.
+F`` runs, with the family's own ``init_options``), its name on screen (``display_name``), the
+``scorer eval`` settings it reads (``eval_options``: a flag outside them is refused by name) and
+its ``scorer diagnose`` hypotheses (``diagnose_kinds`` and the ``diagnose`` hook).
 """
 
 from __future__ import annotations
@@ -152,6 +153,12 @@ class Family:
             nothing of it (n-gram): the target identity matches by construction, nothing recorded.
         fallback: asked only when no other family claims a checkpoint (DFlash, whose loader names
             what is wrong with any other file); the registry holds one.
+        diagnose_kinds: the ``scorer diagnose`` hypothesis kinds that apply to this family (names
+            from ``scorer.diagnose.HYPOTHESIS_KINDS``); kinds it does not list are never tried.
+        diagnose: (``scorer.diagnose.DiagnosisInputs``) -> ``scorer.diagnose.FamilyDiagnosis``: the
+            configured setting, the hypotheses of ``diagnose_kinds`` with their settings (or why
+            each is untested) and the replayer; ranking, verdict and report are shared. None:
+            ``scorer diagnose`` refuses the family by name.
     """
 
     name: str
@@ -174,6 +181,8 @@ class Family:
     summarize: Callable[[list[Any]], dict[str, dict[str, Any]]] | None = None
     bound_to_target: bool = False
     fallback: bool = False
+    diagnose_kinds: tuple[str, ...] = ()
+    diagnose: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.display_name:

@@ -61,12 +61,19 @@ def _summary(report: Mapping[str, Any]) -> str:
             f"default {sample['default']}; {sample['needed']} needed to separate {sample['resolution']} tau "
             "by the observed variance"
         )
+    sampling = report.get("sampling")
+    matched = ""
+    if sampling and sampling["rule"] == "one-hot":
+        matched = (
+            f"; a sampled cache ({sampling['described']}): drafts along the sampled trajectory matched "
+            "against the cached sampled tokens (the one-hot rule, as served)"
+        )
     return (
         f"baseline tau pooled {report['baseline']['tau_pooled']:.3f} (tokens per round incl. the bonus token, "
         f"all rounds pooled) on {sample['sequences']} of {sample['of']} sequences (seeded sample, seed "
         f"{sample['seed']}; {how}), anchors {sample['anchors']}; "
         f"intervals: paired bootstrap over requests at {report['level']:.2%} (95 % split over the "
-        f"{len(report['hypotheses'])} hypotheses tried)"
+        f"{len(report['hypotheses'])} hypotheses tried){matched}"
     )
 
 

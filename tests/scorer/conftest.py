@@ -105,3 +105,15 @@ def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def diagnose_eagle3(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-layer EAGLE-3 (speculators layout, layers 1,3,7, K=3) trained 200 steps on
+    ``diagnose_cache``: tau 3.47 there, clear of the rope-theta and d2t plants of test_diagnose_families
+    (2.5 CPU-s; 25 steps, ``eagle3_drafter``'s, leave tau 1.16, too close to 1 for any plant)."""
+    from scorer.families.eagle3.train import train_eagle3
+
+    out = tmp_path_factory.mktemp("diagnose") / "eagle3"
+    train_eagle3(diagnose_cache, out, steps=200, layer_ids=[1, 3, 7], num_speculative_tokens=3)
+    return out

@@ -15,11 +15,9 @@ from click.testing import CliRunner
 from hscache import schemas
 from scorer.cli import main
 from scorer.diagnose import (
-    FAMILY_HYPOTHESES,
     HYPOTHESIS_KINDS,
     Hypothesis,
     Outcome,
-    hypothesis_kinds,
     paired_se,
     rank_outcomes,
     sequences_needed,
@@ -185,12 +183,20 @@ def test_noise_and_non_fixes_never_make_a_finding() -> None:
     assert "no setting tried beats the configured one" in verdict(ranked)
 
 
-def test_every_family_declares_known_kinds_and_an_unknown_family_is_named() -> None:
-    assert set(hypothesis_kinds("dflash")) == set(HYPOTHESIS_KINDS)
-    for kinds in FAMILY_HYPOTHESES.values():
-        assert set(kinds) <= set(HYPOTHESIS_KINDS)
-    with pytest.raises(ValueError, match="no diagnosis hypotheses declared for drafter family 'eagle3'"):
-        hypothesis_kinds("eagle3")
+def test_every_family_declares_known_kinds_on_the_seam() -> None:
+    from scorer.families import FAMILIES, family_named
+
+    for family in FAMILIES:  # kinds in the shared order, a hook exactly when there are kinds
+        assert list(family.diagnose_kinds) == [k for k in HYPOTHESIS_KINDS if k in family.diagnose_kinds]
+        assert (family.diagnose is None) == (not family.diagnose_kinds), family.name
+    assert set(family_named("dflash").diagnose_kinds) == set(HYPOTHESIS_KINDS) - {"d2t", "selector"}
+    assert set(family_named("dflash2").diagnose_kinds) == set(family_named("dflash").diagnose_kinds) | {
+        "selector"
+    }
+    assert {"layer_ids", "final_norm", "rope_theta", "position_offset", "d2t"} == set(
+        family_named("eagle3").diagnose_kinds
+    )
+    assert {"final_norm", "position_offset"} == set(family_named("mtp").diagnose_kinds)
 
 
 class _FakeCache:
@@ -248,7 +254,10 @@ def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
     assert report["finding"] is None, report["verdict"]
     assert report["baseline"]["tau_pooled"] > 3  # a real drafter, not a flat one nobody could fix
     kinds = {h["kind"] for h in report["hypotheses"]} | {u["kind"] for u in report["untested"]}
-    assert kinds == set(HYPOTHESIS_KINDS)  # every hypothesis was tried or said why not
+    assert kinds == set(HYPOTHESIS_KINDS) - {
+        "d2t",
+        "selector",
+    }  # every DFlash hypothesis tried or said why not
     # layer 7 is the last target layer: +1 leaves the target, and the message says so
     assert any(
         u["kind"] == "layer_ids" and "outside the target's 0..7" in u["reason"] for u in report["untested"]
@@ -295,11 +304,11 @@ def test_cli_bad_input_is_one_line(planted_drafter, diagnose_cache, tmp_path):
     assert result.output.strip().startswith("error:") and len(result.output.strip().splitlines()) == 1
 
 
-def test_a_family_without_declared_hypotheses_is_refused_by_name(eagle3_drafter, scorer_cache):
-    result = CliRunner().invoke(main, ["diagnose", str(eagle3_drafter), "--cache", str(scorer_cache)])
+def test_a_family_without_declared_hypotheses_is_refused_by_name(scorer_cache):
+    result = CliRunner().invoke(main, ["diagnose", "ngram", "--cache", str(scorer_cache)])
     lines = result.output.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1, result.output
-    assert "is a eagle3 drafter" in lines[0] and "scorer compare" in lines[0]
+    assert "is a ngram drafter" in lines[0] and "scorer compare" in lines[0]
 
 
 def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter):
@@ -324,7 +333,7 @@ def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter)
 
 
 def test_block_sizes_recorded_besides_the_configured_one_are_candidates(tmp_path):
-    from scorer.diagnose_run import recorded_block_sizes
+    from scorer.families.dflash.diagnose import recorded_block_sizes
 
     (tmp_path / "config.json").write_text(json.dumps({"block_size": 16, "dflash_config": {"block_size": 8}}))
     torch.save({"dflash_block_size": 10}, tmp_path / "training_state.pt")

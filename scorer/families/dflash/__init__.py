@@ -34,6 +34,8 @@ from scorer.families.dflash.checkpoint import (
     load_checkpoint,
 )
 from scorer.families.dflash.config import DFlashConfig
+from scorer.families.dflash.diagnose import DFLASH_KINDS
+from scorer.families.dflash.diagnose import diagnose as diagnose_dflash
 from scorer.families.dflash.features import (
     attach_cache_head,
     cache_fallbacks,
@@ -450,4 +452,6 @@ DFLASH = Family(
     init_options=("num_layers", "block_size", "eval_every", "on_eval"),
     from_module=module_drafter,
     fallback=True,
+    diagnose_kinds=DFLASH_KINDS,
+    diagnose=diagnose_dflash,
 )

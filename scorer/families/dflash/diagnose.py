@@ -2,42 +2,73 @@
 
 `Setting` is one way to replay the drafter (its config plus the knobs a trainer may have set
 differently: block RoPE offset, last layer before/after the final norm, dtype, a layer ablated,
-drift noise, the second cache). `candidates` turns the baseline setting and what the cache knows
-into the hypotheses of ``scorer.diagnose.FAMILY_HYPOTHESES["dflash"]``; `DFlashReplayer` replays
-every setting on the sampled sequences, sharing one drafter pass (features, context) among the
-hypotheses that keep the drafter's inputs, and returns per-request totals.
-Another drafter family provides the same three things in its own module.
+drift noise, the second cache, a variant's own knob). `candidates` turns the baseline setting and
+what the cache knows into the hypotheses of the family's ``diagnose_kinds``; `DFlashReplayer`
+replays every setting on the sampled sequences, sharing one drafter pass (features, context) among
+the hypotheses that keep the drafter's inputs, and returns per-request totals. `diagnose` is the
+family's hook (``Family.diagnose``): a family built on DFlash (DFlash2) calls it with its own
+drafter builder, weights, block drafting and extra hypotheses, and DFlash names none of its members.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from hscache.capture.forward import head_rows, row_chunks
+from hscache.store import jsonio
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.diagnose import Hypothesis
+from scorer.diagnose import (
+    DiagnosisInputs,
+    FamilyDiagnosis,
+    Hypothesis,
+    final_norm_alternative,
+    shifted_layer_ids,
+)
 from scorer.families.dflash.config import DFlashConfig
-from scorer.families.dflash.features import context_norm, feature_index
+from scorer.families.dflash.features import check_compatible, context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.score import score_dflash_sequences_chain
+from scorer.formats.files import read_training_state_contract
 from scorer.metrics import AcceptLen, request_totals, train_accept_len
 from scorer.replay import RoundLog, replay_chain
 from scorer.sequences import sequence_features
 
-__all__ = ["COMMON_ROPE_THETAS", "DFlashReplayer", "Setting", "candidates", "special_token_ids"]
+__all__ = [
+    "COMMON_ROPE_THETAS",
+    "DFLASH_KINDS",
+    "DFlashReplayer",
+    "Setting",
+    "candidates",
+    "diagnose",
+    "recorded_block_sizes",
+    "special_token_ids",
+]
 
 COMMON_ROPE_THETAS = (10_000.0, 1_000_000.0)  # Llama/Qwen2 and Qwen3 defaults
 POSITION_SHIFTS = (-2, -1, 1, 2)
 LAYER_SHIFTS = (-1, 1)  # z-lab ids vs vLLM/speculators ids (+1)
 MAX_MASK_CANDIDATES = 32
 _TOKENS_PER_GROUP = 2048  # sequences scored in lockstep per forward group (memory bound)
+# The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.HYPOTHESIS_KINDS order.
+DFLASH_KINDS = (
+    "position_offset",
+    "layer_ids",
+    "final_norm",
+    "mask_token_id",
+    "rope_theta",
+    "block_size",
+    "dtype",
+    "feature_ablation",
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +78,9 @@ class Setting:
     ``last_layer_normed``: the last target layer read after (True) or before (False) the target's
     final norm; None when the drafter does not read the last layer. ``noise``: (target layer id,
     relative L2) pairs of Gaussian noise added to the cached states (the drift hypothesis).
+    ``variant``: a family built on DFlash, its own knob (DFlash2: the selector), read by the build
+    and block-drafting functions it hands `DFlashReplayer`; it must change only how a block's drafts
+    are read off its hidden rows (no sharing key includes it).
     """
 
     config: DFlashConfig
@@ -56,6 +90,7 @@ class Setting:
     ablate_layer: int | None = None
     noise: tuple[tuple[int, float], ...] = ()
     cache: int = 0
+    variant: Any = None
 
 
 def special_token_ids(tokenizer: Any, vocab_size: int) -> dict[int, str]:
@@ -102,19 +137,11 @@ def candidates(
             yield hyp, replace(base, block_position_offset=base.block_position_offset + k)
     if "layer_ids" in kinds:
         for k in LAYER_SHIFTS:
-            ids = tuple(i + k for i in c.target_layer_ids)
-            hyp = Hypothesis("layer_ids", k, _shift_label(k, "target layer ids") + f" ({list(ids)})")
-            if min(ids) < 0 or (n_layers is not None and max(ids) >= n_layers):
-                yield hyp, f"layer ids {list(ids)} fall outside the target's 0..{(n_layers or 1) - 1}"
-            elif missing := [i for i in ids if i not in cache.layer_ids]:
-                have = sorted(set(cache.layer_ids) | set(ids))
-                yield (
-                    hyp,
-                    (
-                        f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} "
-                        "to test it"
-                    ),
-                )
+            ids = shifted_layer_ids(c.target_layer_ids, k, cache)
+            shown = [i + k for i in c.target_layer_ids]
+            hyp = Hypothesis("layer_ids", k, _shift_label(k, "target layer ids") + f" ({shown})")
+            if isinstance(ids, str):
+                yield hyp, ids
             else:
                 normed = base.last_layer_normed if n_layers is None or n_layers - 1 in ids else None
                 if normed is None and n_layers is not None and n_layers - 1 in ids:
@@ -125,15 +152,8 @@ def candidates(
             hyp = Hypothesis("final_norm", None, "last target layer before/after the final norm")
             yield hyp, f"the drafter does not read the last target layer ({(n_layers or 0) - 1})"
         else:
-            alt = not base.last_layer_normed
-            where = "after" if alt else "before"
-            hyp = Hypothesis(
-                "final_norm", "post" if alt else "pre", f"last target layer read {where} the final norm"
-            )
-            if alt and "final_norm.weight" not in cache.target_head():
-                yield hyp, "the cache saved no final norm; re-extract it with this hscache"
-            else:
-                yield hyp, replace(base, last_layer_normed=alt)
+            hyp, alt = final_norm_alternative(base.last_layer_normed, cache, "last target layer")
+            yield hyp, alt if isinstance(alt, str) else replace(base, last_layer_normed=alt)
     if "mask_token_id" in kinds:
         others = [i for i in mask_ids if i != c.mask_token_id][:MAX_MASK_CANDIDATES]
         if not others:
@@ -219,6 +239,10 @@ class DFlashReplayer:
         max_blocks_per_forward: int = 64,
         seed: int = 0,
         anchors: str = "all",
+        build: Callable[[Setting], DFlashDrafter] | None = None,
+        weights: dict[str, torch.Tensor] | None = None,
+        draft_blocks: Callable[[Setting, DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor]
+        | None = None,
     ) -> None:
         if anchors not in ("all", "chain"):
             raise ValueError(f"anchors {anchors!r}; choose 'all' or 'chain'")
@@ -230,6 +254,12 @@ class DFlashReplayer:
             max_blocks_per_forward,
             seed,
         )
+        # setting -> an unloaded drafter (a family built on DFlash: its own class around the backbone)
+        self.build = build or (lambda setting: DFlashDrafter(setting.config))
+        # (setting, drafter, block hidden rows [n, B-1, H], slot-0 tokens [n]) -> drafts [n, B-1]; None:
+        # the per-slot argmax (DFlash), in head chunks as scorer eval drafts it
+        self.draft_blocks = draft_blocks
+        self.weights = loaded.state_dict if weights is None else weights
         self._heads: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
         self._weights: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -256,13 +286,13 @@ class DFlashReplayer:
             torch_dtype = DTYPES[dtype]
             self._weights[dtype] = {
                 k: v.to(device=self.device, dtype=torch_dtype) if v.is_floating_point() else v.to(self.device)
-                for k, v in self.loaded.state_dict.items()
+                for k, v in self.weights.items()
             }
         return self._weights[dtype]
 
     def drafter(self, setting: Setting) -> DFlashDrafter:
         """The drafter of ``setting``: the loaded weights under its config, head attached."""
-        drafter = DFlashDrafter(setting.config)
+        drafter = self.build(setting)
         drafter.load_state_dict(self._state_dict(setting.dtype), assign=True)
         drafter = drafter.to(device=self.device, dtype=DTYPES[setting.dtype]).eval()
         drafter.attach_target(*self._head(setting.dtype))
@@ -320,7 +350,7 @@ class DFlashReplayer:
         """
         anchors = anchors or self.anchors
         positions = list(positions)
-        if anchors == "chain":
+        if anchors == "chain" and self.draft_blocks is None:  # a variant's drafting: every anchor
             return [(self._replay_chain(s, positions), None) for s in settings]
         drafters = [self.drafter(s) for s in settings]
         logs: list[list[RoundLog]] = [[] for _ in settings]
@@ -347,7 +377,9 @@ class DFlashReplayer:
                         if len(x) - 1 - prompt_len > 0 and context is None:
                             # rows 0..T-3 are all any anchor (<= T-2) sees; as score.py's _Drafts
                             context = drafters[j].context_kv(feats[: max(len(x) - 2, 1)])
-                        draft = self._draft_every_anchor(drafters[j], feats, token_ids, prompt_len, context)
+                        draft = self._draft_every_anchor(
+                            drafters[j], feats, token_ids, prompt_len, context, settings[j]
+                        )
                         B = settings[j].config.block_size
                         logs[j].append(replay_chain(draft, x, a, prompt_len, B))
                         accept[j] = accept[j] + train_accept_len(draft, x, a, prompt_len)
@@ -360,6 +392,7 @@ class DFlashReplayer:
         token_ids: torch.Tensor,
         prompt_len: int,
         context: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        setting: Setting | None = None,
     ) -> np.ndarray:
         """Drafts ``[A, B-1]`` at anchors P..T-2, grouped and head-chunked exactly as
         ``scorer.score.draft_all_anchors`` does (so the numbers are scorer eval's), from a context
@@ -380,6 +413,9 @@ class DFlashReplayer:
             hidden = drafter.block_hidden(
                 features, at, blocks, max_blocks_per_forward=self.max_blocks, context=context
             )
+            if self.draft_blocks is not None:  # a variant's own drafting (DFlash2: its selector)
+                parts.append(self.draft_blocks(setting, drafter, hidden, blocks[:, 0]).reshape(-1))
+                continue
             flat = hidden.reshape(-1, hidden.shape[-1])
             for start, stop, new in row_chunks(flat.shape[0], rows):
                 parts.append(drafter.head(flat[start:stop])[new - start :].float().argmax(-1))
@@ -411,6 +447,96 @@ class DFlashReplayer:
                 logs.extend(r.chain for r in results)
                 group, tokens = [], 0
         return request_totals(logs)
+
+
+def _checkpoint_dir(checkpoint: str | Path) -> Path:
+    root = Path(checkpoint)
+    return root if root.is_dir() else root.parent
+
+
+def recorded_block_sizes(checkpoint: str | Path, contract: dict | None = None) -> list[int]:
+    """Block sizes a checkpoint records besides the configured one: config.json's top-level and
+    ``dflash_config`` values and a SpecForge training_state.pt contract (read here unless given)."""
+    root = _checkpoint_dir(checkpoint)
+    sizes = []
+    config_file = root / "config.json"
+    if config_file.is_file():
+        try:
+            config = jsonio.loads(config_file.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            config = {}
+        for value in (config.get("block_size"), (config.get("dflash_config") or {}).get("block_size")):
+            if isinstance(value, int) and value >= 2:
+                sizes.append(value)
+    if contract is None:
+        contract, _ = read_training_state_contract(root, trust=False)
+    if contract and contract.get("block_size"):
+        sizes.append(int(contract["block_size"]))
+    return sizes
+
+
+def diagnose(
+    inputs: DiagnosisInputs,
+    *,
+    kinds: Sequence[str] = DFLASH_KINDS,
+    build: Callable[[Setting], DFlashDrafter] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+    draft_blocks: Callable[[Setting, DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    variant_candidates: Callable[[Setting], Iterator[tuple[Hypothesis, Setting | str]]] | None = None,
+) -> FamilyDiagnosis:
+    """``Family.diagnose`` of DFlash; a family built on it passes its ``kinds``, ``build``,
+    ``weights``, ``draft_blocks`` (see `DFlashReplayer`) and ``variant_candidates`` (its own
+    hypotheses, from the configured setting). The drafter as loaded, the mask ids the tokenizer and
+    a training state suggest, the block sizes recorded elsewhere, and the replayer over the rows.
+
+    Raises:
+        IncompatibleCacheError: the second cache does not fit the drafter.
+    """
+    loaded, options, cache = inputs.loaded, inputs.options, inputs.caches[0]
+    if inputs.second_cache is not None:
+        check_compatible(loaded.config, inputs.caches[1], inputs.second_cache)
+    last_layer = inputs.last_layer
+    base = Setting(
+        config=loaded.config,
+        dtype=options.dtype,
+        last_layer_normed=(inputs.drafter.context_norm is not None)
+        if last_layer in loaded.config.target_layer_ids
+        else None,
+    )
+    replayer = DFlashReplayer(
+        loaded,
+        inputs.caches,
+        inputs.rows,
+        device=options.device,
+        memory_gb=options.memory_gb,
+        max_blocks_per_forward=options.max_blocks_per_forward,
+        seed=options.seed,
+        anchors=options.anchors,
+        build=build,
+        weights=weights,
+        draft_blocks=draft_blocks,
+    )
+    contract = (
+        read_training_state_contract(_checkpoint_dir(inputs.checkpoint), options.trust_checkpoint)[0] or {}
+    )
+    mask_ids = special_token_ids(cache.tokenizer(), loaded.config.vocab_size)
+    for extra, why in (
+        (cache.mask_token_id, "the cache's mask"),
+        (contract.get("mask_token_id"), "training_state.pt"),
+    ):
+        if extra is not None and 0 <= int(extra) < loaded.config.vocab_size:
+            mask_ids.setdefault(int(extra), why)
+    found = candidates(
+        base,
+        cache,
+        kinds,
+        mask_ids=mask_ids,
+        block_sizes=recorded_block_sizes(inputs.checkpoint, contract),
+        second_cache=inputs.second_cache,
+        drift=inputs.drift,
+    )
+    more = list(variant_candidates(base)) if variant_candidates is not None else []
+    return FamilyDiagnosis(base, [*found, *more], replayer.replay_many, replayer)
 
 
 def _features_key(s: Setting) -> tuple:

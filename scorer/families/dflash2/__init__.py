@@ -17,6 +17,8 @@ from scorer.families import dflash
 from scorer.families.base import CheckpointProbe, Family, OnlineOptions, Proposer
 from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
 from scorer.families.dflash.proposals import block_proposals
+from scorer.families.dflash2.diagnose import DFLASH2_KINDS
+from scorer.families.dflash2.diagnose import diagnose as diagnose_dflash2
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
 
 __all__ = ["DFLASH2", "VARIANT", "build_dflash2"]
@@ -139,4 +141,6 @@ DFLASH2 = Family(
     eval_options=dflash.EVAL_OPTIONS,
     init=init,
     init_options=("from_dir",),
+    diagnose_kinds=DFLASH2_KINDS,
+    diagnose=diagnose_dflash2,
 )

@@ -15,6 +15,8 @@ from hscache.store.view import CacheView
 from scorer.families.autoregressive import check_tree, tree_depths
 from scorer.families.base import CheckpointProbe, Family, attention_flops, linear_params
 from scorer.families.eagle3.config import is_eagle3_config
+from scorer.families.eagle3.diagnose import EAGLE3_KINDS
+from scorer.families.eagle3.diagnose import diagnose as diagnose_eagle3
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
@@ -202,4 +204,6 @@ EAGLE3 = Family(
     init=init,
     train=train,
     init_options=("layout", "num_layers", "num_speculative_tokens"),
+    diagnose_kinds=EAGLE3_KINDS,
+    diagnose=diagnose_eagle3,
 )

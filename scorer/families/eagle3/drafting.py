@@ -30,6 +30,7 @@ def draft_every_anchor(
     teacher_forced: bool = False,
     memory_gb: float = DEFAULT_MEMORY_GB,
     max_rows: int = 1024,
+    step0: tuple | None = None,
 ) -> np.ndarray:
     """Target-id drafts ``[A, K]`` for anchors P..T-2 (A = T-1-P), chain of K = ``num_tokens``.
 
@@ -38,6 +39,8 @@ def draft_every_anchor(
         token_ids: ``[T]`` cached tokens.
         teacher_forced: training-style steps > 0 (ground-truth tokens in), for the beside-number.
         max_rows: at most this many anchors per chunk of later steps (attention is [rows, T]).
+        step0: ``drafter.step0(features, token_ids, T - 2)`` when already computed (``scorer
+            diagnose`` shares it among settings that change only the later steps).
     """
     seq_len = len(token_ids)
     anchors = seq_len - 1 - prompt_len
@@ -45,7 +48,7 @@ def draft_every_anchor(
         return np.zeros((0, num_tokens), dtype=np.int64)
     device = drafter.fc.weight.device
     token_ids = token_ids.to(device)
-    normed0, fed0, kv0 = drafter.step0(features.to(device), token_ids, seq_len - 2)
+    normed0, fed0, kv0 = step0 or drafter.step0(features.to(device), token_ids, seq_len - 2)
     chunk = rows_per_chunk(drafter, seq_len, memory_gb, max_rows)
     out = np.zeros((anchors, num_tokens), dtype=np.int64)
     for lo in range(0, anchors, chunk):

@@ -127,6 +127,9 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("embed_weight", None, persistent=False)
         self.register_buffer("draft_to_target", torch.arange(c.draft_vocab_size), persistent=False)
         self.backend_used: str | None = "eager"
+        # Added to the positions of steps j >= 1 only (step 0 keeps the target's 0..p-1): vLLM
+        # places step j at p-1+j; `scorer diagnose` replays a trainer that placed them elsewhere.
+        self.step_position_offset = 0
 
     # ---- target attachments -------------------------------------------------------------------
     def attach_embedding(self, embed_weight: torch.Tensor, d2t: torch.Tensor | None) -> None:
@@ -266,7 +269,7 @@ class Eagle3Drafter(nn.Module):
         c = self.config
         rep = c.num_attention_heads // c.num_key_value_heads
         embeds = self._embed(tokens)
-        cos, sin = self._cos_sin(rows + j, fed.dtype)
+        cos, sin = self._cos_sin(rows + j + self.step_position_offset, fed.dtype)
         h = fed
         scale = 1.0 / math.sqrt(c.head_dim)
         for n, layer in enumerate(self.layers):

@@ -32,6 +32,8 @@ from scorer.families.base import (
     linear_params,
     target_head_name,
 )
+from scorer.families.mtp.diagnose import MTP_KINDS
+from scorer.families.mtp.diagnose import diagnose as diagnose_mtp
 from scorer.families.mtp.draft import TreeSteps, chain_outputs, draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpConfig, MtpHead
 from scorer.families.mtp.proposal import mtp_log_q
@@ -463,4 +465,6 @@ MTP = Family(
     display_name="MTP head",
     bound_to_target=True,
     eval_options=frozenset({"num_speculative_tokens", "tree"}),
+    diagnose_kinds=MTP_KINDS,
+    diagnose=diagnose_mtp,
 )

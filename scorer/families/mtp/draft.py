@@ -102,7 +102,7 @@ def _step(
     p-1+j, attending to context keys at positions < p and the anchor's own steps 1..j."""
     layer = head.layers[0]
     x = head.fuse(prev_token, prev_out)
-    cos, sin = head.cos_sin(at - 1 + j, x.dtype)
+    cos, sin = head.cos_sin(at - 1 + j + head.step_position_offset, x.dtype)
     q, gate, k, v = layer.self_attn.project(layer.input_layernorm(x), cos, sin)
     own.append((k, v))
     heads, kv_heads, D = q.shape[1], k.shape[1], q.shape[2]

@@ -174,6 +174,8 @@ class MtpHead(nn.Module):
         r = config.rotary_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # Added to the positions of steps j >= 1 only (vLLM: p-1+j); `scorer diagnose` replays others.
+        self.step_position_offset = 0
         self.embed_tokens: torch.Tensor | None = None
         self.lm_head: torch.Tensor | None = None
 
