@@ -415,15 +415,18 @@ def decode_runs(
         target: the live target.
         layer_ids, propose: the family's online proposer (``open_online``).
         prompts: (record id, prompt token ids).
-        settings: the sampling setting (its seed keys the streams), the drafting rule, the budget.
+        settings: the sampling setting (its seed keys the streams), the drafting rule, the budget, and
+            ``tree`` (SGLang's EAGLE tree and target-only rule, module docstring) or None (chains).
         runs: the run indices to decode (run r draws from ``run_streams(seed, r, record id)``).
-        on_round: called with a ``RoundRecord`` after every verified round (tests), or None.
+        on_round: called with a ``RoundRecord`` (with ``settings.tree``: a ``TreeRoundRecord``) after
+            every verified round (tests), or None.
 
     Returns:
         One RunResult per run, in ``runs`` order, requests in ``prompts`` order.
 
     Raises:
-        ScorerError: a proposer refuses probabilistic drafting, or the processed support overflows.
+        ScorerError: a proposer refuses probabilistic drafting, the processed support overflows, or
+            ``check_tree_request`` refuses the tree request.
     """
     s = settings.sampling
     check_tree_request(settings.tree, settings.draft_sampling, s)
