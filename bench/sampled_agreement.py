@@ -22,8 +22,20 @@ path the drafters learned (one-hot tau well above 1), while the tempered drafter
 differ by many SE. Untempered at a high temperature (``--temper 1 --temperature 3``) acceptance is
 rare (tau ~1.03-1.06): there the delta-method SE of a low draw is itself low, and z leans negative.
 
+Tree mode (``--tree STEPS,TOPK,TOKENS``, default 1,3,4; off with ``--tree none``): SGLang's EAGLE tree,
+for the families that draft it online (EAGLE-3, MTP; ``scorer online`` has no DDTree for DFlash, at any
+temperature), one-hot rule only (no engine verifies a tree with probabilistic drafts). On a second cache
+sampled at ``--tree-temperature`` (default 0.01, top-k as above): offline ``tau_as_served(mode="tree")``
+against ``decode_runs(..., tree=...)`` (SGLang's target-only rule), and the swapped z: the offline CHAIN
+of the tree's depth (K = STEPS, the chain rule) against the same online tree runs. The EAGLE-3 drafter
+is the trained one UNTEMPERED (SGLang ranks candidates by cumulative softmax scores: tempering would
+flatten them into a breadth-first tree); at T 0.01 its trajectories stay near the greedy path it
+learned, where its top-1 is often wrong and its 2nd or 3rd choice right, so the tree differs from the
+chain by many SE.
+
     python bench/sampled_agreement.py [--runs 64] [--samples 64] [--prompts 2] [--new-tokens 12]
         [--temperature 0.03] [--top-k 2] [--temper 0.001] [--seed 11] [--families dflash,dflash2,eagle3,mtp] [--quick]
+        [--tree 1,3,4 | none] [--tree-temperature 0.01] [--modes chain,tree]
 """
 
 from __future__ import annotations
@@ -76,9 +88,12 @@ def z_score(a: tuple[float, float], b: tuple[float, float]) -> float:
     return 0.0 if diff == 0 else float(np.copysign(np.inf, diff))
 
 
-def offline_tau(checkpoint: str, cache: Path, rule: str) -> tuple[float, float]:
-    """tau as served on the sampled cache and its SE over sample indices."""
-    served = tau_as_served(checkpoint, cache, rule=rule, config=EvalConfig(ddtree=(), n_boot=50))
+def offline_tau(
+    checkpoint: str, cache: Path, rule: str, mode: str = "chain", config: EvalConfig | None = None
+) -> tuple[float, float]:
+    """tau as served on the sampled cache (``mode``: chain or tree) and its SE over sample indices."""
+    config = config or EvalConfig(ddtree=(), n_boot=50)
+    served = tau_as_served(checkpoint, cache, rule=rule, mode=mode, config=config)
     units: dict[int, list[float]] = {}
     for s in served.sequences:
         unit = units.setdefault(s.sample, [0.0, 0.0])
@@ -119,6 +134,7 @@ def drafters(work: Path, prompts: int, quick: bool, scale: float) -> dict[str, s
     if not quick:
         train_eagle3(greedy, work / "trained-eagle3", steps=25, layer_ids=[1, 3, 7])
         out["eagle3"] = str(tempered(work / "trained-eagle3", work / "eagle3", "lm_head.weight", scale))
+        out["eagle3-tree"] = str(work / "trained-eagle3")  # untempered: SGLang's tree scores need its softmax
         out["dflash2"] = str(init_from_dflash(dflash, work / "dflash2", selector_rank=8))
     return out
 
@@ -143,6 +159,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="DFlash only, tiny sizes (the test suite runs it)"
     )
+    parser.add_argument("--tree", default="1,3,4", help="SGLang's EAGLE tree STEPS,TOPK,TOKENS, or none")
+    parser.add_argument("--tree-temperature", type=float, default=0.01)
+    parser.add_argument("--modes", default="chain,tree", help="chain, tree or both (comma-separated)")
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.samples, args.prompts, args.new_tokens, args.families = 4, 4, 1, 4, "dflash"
@@ -174,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{'family':8s} {'rule':13s} {'offline':>15s} {'online':>15s} {'z':>6s} {'swapped z':>9s} {'CPU-s':>6s}"
         )
-        for family in families:
+        for family in families if "chain" in args.modes.split(",") else []:
             session = open_online(checkpoints[family], MODEL, "fp32", OnlineOptions(overrides={}))
             records = list(iter_records(resolve_prompts(PROMPTS)))[: args.prompts]
             prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
@@ -194,9 +213,63 @@ def main(argv: list[str] | None = None) -> None:
                     f"{swapped:+9.2f} {time.process_time() - t0:6.1f}",
                     flush=True,
                 )
+        if "tree" in args.modes.split(",") and args.tree != "none" and not args.quick:
+            tree_rows(args, work, checkpoints, [f for f in families if f in TREE_FAMILIES])
     finally:
         shutil.rmtree(work, ignore_errors=True)
         torch.set_num_threads(threads)
+
+
+TREE_FAMILIES = {"eagle3": "eagle3-tree", "mtp": "mtp"}  # family -> its tree drafter in ``drafters``
+
+
+def tree_rows(args: argparse.Namespace, work: Path, checkpoints: dict[str, str], families: list[str]) -> None:
+    """SGLang's EAGLE tree, one-hot: offline tree tau vs the online tree runs; swapped: the chain of
+    the tree's depth offline."""
+    tree = tuple(int(v) for v in args.tree.split(","))
+    setting = dict(temperature=args.tree_temperature, top_k=args.top_k, top_p=1.0)
+    cache = work / "sampled-tree"
+    t0 = time.process_time()
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(cache), layers="1,3,7", max_new_tokens=args.new_tokens, dtype="fp32", limit=args.prompts,
+            prompts=PROMPTS,
+            sampling=SamplingSetting.from_flags(**setting, samples_per_prompt=args.samples, seed=args.seed),
+        )
+    )  # fmt: skip
+    print(
+        f"tree {args.tree} at T {args.tree_temperature} top-k {args.top_k} (drafters untempered), "
+        f"cache {time.process_time() - t0:.1f} CPU-s"
+    )
+    print(
+        f"{'family':8s} {'mode':13s} {'offline':>15s} {'online':>15s} {'z':>6s} {'chain z':>9s} {'CPU-s':>6s}"
+    )
+    online_sampling = SamplingSetting.from_flags(**setting, seed=args.seed + 1)
+    for family in families:
+        checkpoint = checkpoints[TREE_FAMILIES[family]]
+        t0 = time.process_time()
+        off = offline_tau(checkpoint, cache, "one-hot", "tree", EvalConfig(ddtree=(), n_boot=50, tree=tree))
+        chain = offline_tau(
+            checkpoint,
+            cache,
+            "one-hot",
+            config=EvalConfig(ddtree=(), n_boot=50, num_speculative_tokens=tree[0]),
+        )
+        session = open_online(checkpoint, MODEL, "fp32", OnlineOptions(overrides={}))
+        records = list(iter_records(resolve_prompts(PROMPTS)))[: args.prompts]
+        prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
+        settings = DecodeSettings(online_sampling, "onehot", max_new_tokens=args.new_tokens, tree=tree)
+        runs = decode_runs(
+            session.target, session.layer_ids, session.propose, prompts, settings, range(args.runs)
+        )
+        summary = summarise_runs(runs, n_boot=10)
+        on = (summary["pooled"], summary["pooled_se"])
+        print(
+            f"{family:8s} {'tree ' + args.tree:13s} {off[0]:7.4f}±{off[1]:.4f}  {on[0]:7.4f}±{on[1]:.4f} "
+            f"{z_score(off, on):+6.2f} {z_score(chain, on):+9.2f} {time.process_time() - t0:6.1f}   "
+            f"(chain K={tree[0]} offline {chain[0]:.4f}±{chain[1]:.4f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

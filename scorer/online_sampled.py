@@ -16,6 +16,15 @@ random coins, many seeded runs. Each round at anchor p (tokens 0..p committed):
    cited there file + line) accepts or rejects, with the acceptance uniforms and the residual /
    bonus Gumbel noise from TWO generators (vLLM #54282), and a third for the drafts' samples.
 
+With ``tree`` (SGLang's EAGLE tree, ``--tree STEPS,TOPK,TOKENS``; EAGLE-3 and MTP) a round instead
+drafts the family's tree (``scorer.families.autoregressive.eagle_tree``: the construction the offline
+tree replay uses), runs the target over every root-to-leaf path as its own sequence (a hybrid target's
+recurrent state rules out a tree attention mask; each path's rows are exact), and verifies by SGLang's
+target-only tree rule (``scorer.online_rules.sglang_target_only_verify``, thresholds 1): one coin per
+node from the ``accept`` stream, the final token's coin from ``residual``. Only the one-hot drafts exist
+there: SGLang's rejection sampling takes topk 1 (a chain), and vLLM's rejection samplers verify a flat
+chain of drafts (no tree parents), so no engine runs a probabilistic tree rule.
+
 Every (run, record) has its own three generators, keyed by the seed, the run and the record id, so
 a run's result does not depend on the other runs or on how lanes are batched into target forwards
 beyond the forward's last-bit numerics. tau of a run is pooled over its requests (tokens / rounds);
@@ -25,6 +34,7 @@ the report gives the mean over runs, its standard error and a bootstrap interval
 from __future__ import annotations
 
 import hashlib
+import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +64,7 @@ from scorer.online import (
     request_row,
     tau_of_requests,
 )
+from scorer.online_rules import TreeRounds, sglang_target_only_verify
 from scorer.vllm_rejection import (
     RoundNoise,
     VerifiedRounds,
@@ -66,18 +77,22 @@ from scorer.vllm_rejection import (
 __all__ = [
     "DRAFT_SAMPLING",
     "RULE",
+    "TREE_RULE",
     "DecodeSettings",
     "RoundRecord",
     "RunResult",
+    "TreeRoundRecord",
     "SampledOnlineConfig",
     "decode_runs",
     "run_online_sampled",
+    "check_tree_request",
     "run_streams",
     "summarise_runs",
 ]
 
 DRAFT_SAMPLING = ("onehot", "probabilistic")
 RULE = "vllm-mrv2"  # scorer.vllm_rejection.mrv2_verify
+TREE_RULE = "sglang-target-only"  # scorer.online_rules.sglang_target_only_verify (--tree)
 _STREAM_DOMAIN = "hscache-online-v1"
 
 
@@ -91,6 +106,8 @@ class SampledOnlineConfig:
             keys every run's random streams.
         runs: independent decodings of every prompt (the interval is over runs).
         draft_sampling: ``onehot`` (the drafter's argmax, vLLM's default) or ``probabilistic``.
+        tree: (steps, topk, tokens): SGLang's EAGLE tree verified by SGLang's target-only rule instead
+            of a chain by vLLM's (EAGLE-3, MTP; one-hot drafts only, no penalties, no min_p).
         model, prompts, max_new_tokens, max_length, dtype, device, backend, limit: as ``OnlineConfig``.
         lanes_per_forward: (run, prompt) sequences verified in one batched target forward; 1 runs
             each alone (the exact forward ``scorer online`` at T = 0 makes).
@@ -103,6 +120,7 @@ class SampledOnlineConfig:
     sampling: SamplingSetting
     runs: int = 64
     draft_sampling: str = "onehot"
+    tree: tuple[int, int, int] | None = None
     model: str = "builtin:tiny-qwen3.5"
     prompts: str = "builtin:default"
     max_new_tokens: int = 64
@@ -141,7 +159,47 @@ class SampledOnlineConfig:
                 raise ScorerError(f"--{name.replace('_', '-')} {value!r} must be an integer >= {low}")
         if self.n_boot < 1:
             raise ScorerError(f"n_boot {self.n_boot} must be at least 1")
+        check_tree_request(self.tree, self.draft_sampling, self.sampling)
         return self
+
+
+def check_tree_request(
+    tree: tuple[int, int, int] | None, draft_sampling: str, sampling: SamplingSetting
+) -> None:
+    """Refuse, in one line, a tree round no engine serves or this loop does not transcribe.
+
+    - probabilistic drafting: SGLang's ``--speculative-use-rejection-sampling`` requires
+      ``speculative_eagle_topk == 1`` (a chain) and vLLM's rejection samplers verify a flat chain
+      (no tree parents), so no engine verifies a tree with min(1, p/q);
+    - a penalty: SGLang adds one pre-round penalty vector to every node (spec 1.2), not transcribed;
+    - min_p: SGLang applies it after top-p, this loop's processor (vLLM's order) before.
+
+    Raises:
+        ScorerError: naming the flag and the fix.
+    """
+    if tree is None:
+        return
+    if draft_sampling == "probabilistic":
+        raise ScorerError(
+            "--draft-sampling probabilistic with --tree: no engine verifies a tree with probabilistic drafts "
+            "(SGLang's --speculative-use-rejection-sampling takes speculative_eagle_topk 1, vLLM verifies chains); "
+            "drop --tree or --draft-sampling"
+        )
+    given = [
+        f"--{name.replace('_', '-')} {getattr(sampling, name):g}"
+        for name, neutral in (
+            ("presence_penalty", 0.0),
+            ("frequency_penalty", 0.0),
+            ("repetition_penalty", 1.0),
+            ("min_p", 0.0),
+        )
+        if getattr(sampling, name) != neutral
+    ]
+    if given:
+        raise ScorerError(
+            f"--tree runs SGLang's rule, and {', '.join(given)} is not transcribed for it (SGLang applies "
+            "penalties once per round to every node, and min_p after top-p): drop the flag"
+        )
 
 
 @dataclass(frozen=True)
@@ -153,6 +211,7 @@ class DecodeSettings:
     max_new_tokens: int = 64
     max_length: int = 4096
     lanes_per_forward: int = 64
+    tree: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +236,30 @@ class RoundRecord:
     draft_probs: torch.Tensor | None
     noise: RoundNoise
     verified: VerifiedRounds
+
+
+@dataclass(frozen=True)
+class TreeRoundRecord:
+    """One verified tree round (``decode_runs``' ``on_round`` with ``settings.tree``).
+
+    Attributes:
+        run, record_id: which lane.
+        token_ids: the committed tokens 0..p before the round.
+        tree: the drafted ``EagleTree`` (tokens, parents; a parent precedes its children).
+        target_probs: [M+1, V] float32 processed target distribution at the root and at each node.
+        coins: [M+1] float64 the acceptance coin among the root's children (0) and node i's (i + 1).
+        final_coin: [1] float64 the final (recovered or bonus) token's coin.
+        verified: what ``sglang_target_only_verify`` returned (one row).
+    """
+
+    run: int
+    record_id: str
+    token_ids: tuple[int, ...]
+    tree: Any
+    target_probs: torch.Tensor
+    coins: torch.Tensor
+    final_coin: torch.Tensor
+    verified: TreeRounds
 
 
 @dataclass(frozen=True)
@@ -332,17 +415,21 @@ def decode_runs(
         target: the live target.
         layer_ids, propose: the family's online proposer (``open_online``).
         prompts: (record id, prompt token ids).
-        settings: the sampling setting (its seed keys the streams), the drafting rule, the budget.
+        settings: the sampling setting (its seed keys the streams), the drafting rule, the budget, and
+            ``tree`` (SGLang's EAGLE tree and target-only rule, module docstring) or None (chains).
         runs: the run indices to decode (run r draws from ``run_streams(seed, r, record id)``).
-        on_round: called with a ``RoundRecord`` after every verified round (tests), or None.
+        on_round: called with a ``RoundRecord`` (with ``settings.tree``: a ``TreeRoundRecord``) after
+            every verified round (tests), or None.
 
     Returns:
         One RunResult per run, in ``runs`` order, requests in ``prompts`` order.
 
     Raises:
-        ScorerError: a proposer refuses probabilistic drafting, or the processed support overflows.
+        ScorerError: a proposer refuses probabilistic drafting, the processed support overflows, or
+            ``check_tree_request`` refuses the tree request.
     """
     s = settings.sampling
+    check_tree_request(settings.tree, settings.draft_sampling, s)
     eos = eos_ids(target)
     vocab = target.model.get_output_embeddings().weight.shape[0]
     lanes = [
@@ -370,6 +457,9 @@ def decode_runs(
         lane.hidden = first[k][0]
         lane.ids.append(int(gumbel_argmax(p0[k], draw_gumbel((vocab,), lane.streams["residual"]))))
     while active := [lane for lane in lanes if not lane.done(eos)]:
+        if settings.tree is not None:
+            _tree_rounds(target, layer_ids, propose, active, settings, vocab, eos, on_round)
+            continue
         drafts, qs = [], []
         for lane in active:
             p = len(lane.ids) - 1
@@ -405,6 +495,80 @@ def decode_runs(
             OnlineRequest(lane.record_id, lane.prompt_len, tuple(lane.ids), tuple(lane.rounds))
         )
     return [RunResult(run, tuple(by_run[run])) for run in runs]
+
+
+def _tree_paths(parents: np.ndarray) -> list[list[int]]:
+    """Every root-to-leaf path of a tree (node indices, root's child first); [[]] for an empty tree."""
+    inner = {int(q) for q in parents if q >= 0}
+    paths = []
+    for leaf in (i for i in range(len(parents)) if i not in inner):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(int(parents[path[-1]]))
+        paths.append(path[::-1])
+    return paths or [[]]
+
+
+def _tree_rounds(
+    target: Target,
+    layer_ids: list[int],
+    propose: Proposer,
+    active: Sequence[_Lane],
+    settings: DecodeSettings,
+    vocab: int,
+    eos: set[int],
+    on_round: Any,
+) -> None:
+    """One SGLang tree round of every active lane (module docstring): the family's tree, one target
+    sequence per root-to-leaf path (batched ``lanes_per_forward`` sequences a forward), the target-only
+    rule, the emitted tokens committed and the next round's states taken from the path it accepted."""
+    s, width = settings.sampling, settings.lanes_per_forward
+    trees, owners, extras, paths_of = [], [], [], []
+    for lane in active:
+        p = len(lane.ids) - 1
+        tree = propose(lane.hidden[:p], lane.ids, p, tree=settings.tree)
+        trees.append(tree)
+        paths_of.append(_tree_paths(tree.parents))
+        for path in paths_of[-1]:
+            owners.append(lane)
+            extras.append([int(tree.tokens[i]) for i in path])
+    verify = _forward(target, layer_ids, owners, extras, width)
+    path_probs: list[torch.Tensor] = []
+    for lo in range(0, len(owners), width):
+        rows = torch.cat([r for _, r in verify[lo : lo + width]])
+        part = list(zip(owners[lo : lo + width], extras[lo : lo + width]))
+        path_probs += _processed(rows, part, s, vocab).split([len(x) + 1 for _, x in part])
+    first = 0
+    for lane, tree, paths in zip(active, trees, paths_of):
+        m = len(tree.tokens)
+        probs = torch.zeros((m + 1, vocab), dtype=torch.float32)
+        state_of = {-1: first}  # node -> a path sequence through it (its states hold the node's position)
+        for n, path in enumerate(paths):
+            probs[0] = path_probs[first + n][0]
+            for depth, node in enumerate(path):
+                probs[node + 1] = path_probs[first + n][depth + 1]
+                state_of[node] = first + n
+        coins = torch.rand(m + 1, generator=lane.streams["accept"], dtype=torch.float64)
+        final = torch.rand(1, generator=lane.streams["residual"], dtype=torch.float64)
+        verified = sglang_target_only_verify(
+            probs[None],
+            torch.as_tensor(tree.parents, dtype=torch.long)[None],
+            torch.as_tensor(tree.tokens, dtype=torch.long)[None],
+            coins[None],
+            final,
+        )
+        if on_round is not None:
+            on_round(
+                TreeRoundRecord(
+                    lane.run, lane.record_id, tuple(lane.ids), tree, probs, coins, final, verified
+                )
+            )
+        accepted = int(verified.accepted[0])
+        last = int(verified.path[0, accepted - 1]) if accepted else -1
+        p = len(lane.ids) - 1
+        lane.rounds.append(commit_round(lane.ids, verified.emitted(0), p, lane.limit, eos))
+        lane.hidden = verify[state_of[last]][0]
+        first += len(paths)
 
 
 def summarise_runs(results: Sequence[RunResult], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -477,7 +641,13 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         config.max_new_tokens,
         config.max_length,
         config.lanes_per_forward,
+        config.tree,
     )
+    if config.tree is not None and "tree" not in inspect.signature(session.propose).parameters:
+        raise ScorerError(
+            f"--tree is SGLang's EAGLE tree, drafted online by the EAGLE-3 and MTP families; the "
+            f"{session.family.name} family's online proposer drafts none: drop --tree"
+        )
     with use_backend(session.target.model, backend):
         results = decode_runs(
             session.target, session.layer_ids, session.propose, prompts, settings, range(config.runs)
@@ -491,9 +661,10 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         "sampled": {
             "sampling": config.sampling.to_dict(),
             "rule": {
-                "name": RULE,
+                "name": RULE if config.tree is None else TREE_RULE,
                 "draft_sampling": config.draft_sampling,
-                "description": _describe_rule(config.draft_sampling),
+                "description": _describe_rule(config.draft_sampling, config.tree),
+                **({} if config.tree is None else {"tree": list(config.tree)}),
             },
             "seed": seed,
             "runs": config.runs,
@@ -529,7 +700,17 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
     return document
 
 
-def _describe_rule(draft_sampling: str) -> str:
+def _describe_rule(draft_sampling: str, tree: tuple[int, int, int] | None = None) -> str:
+    if tree is not None:
+        steps, topk, tokens = tree
+        return (
+            f"SGLang EAGLE tree (steps {steps}, topk {topk}, {tokens} draft tokens) of the drafter's top-k, "
+            "verified by SGLang's TreeSpeculativeSamplingTargetOnly (scorer.online_rules."
+            "sglang_target_only_verify, thresholds 1): one coin per node, the first child c with coin <= "
+            "sum of tried p, else the final token from p minus the tried siblings; all accepted: bonus ~ p; "
+            "the target run over every root-to-leaf path; node coins and the final coin from separate seeded "
+            "streams per (run, record)"
+        )
     drafts = (
         "drafts = the drafter's argmax (q one-hot): accept d_j iff u_j < p(d_j), else sample p without d_j"
         if draft_sampling == "onehot"

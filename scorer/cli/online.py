@@ -57,8 +57,14 @@ online_sampling_flags = apply_options(
 )
 
 
-def _sampled_config(checkpoint: str, overrides: dict[str, Any], options: dict[str, Any]) -> Any:
-    """Pop the sampling flags from ``options``: None (greedy) or a validated SampledOnlineConfig."""
+def _sampled_config(
+    checkpoint: str,
+    overrides: dict[str, Any],
+    options: dict[str, Any],
+    tree: tuple[int, int, int] | None = None,
+) -> Any:
+    """Pop the sampling flags from ``options``: None (greedy) or a validated SampledOnlineConfig
+    (``tree``: SGLang's EAGLE tree verified by its target-only rule instead of vLLM's chain)."""
     from hscache.store.sampling import SamplingSetting
 
     preset, runs, draft_sampling = options.pop("sampling"), options.pop("runs"), options.pop("draft_sampling")
@@ -79,6 +85,7 @@ def _sampled_config(checkpoint: str, overrides: dict[str, Any], options: dict[st
         runs=64 if runs is None else runs,
         # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
         draft_sampling="probabilistic" if draft_sampling == "probabilistic" else "onehot",
+        tree=tree,
         overrides=overrides,
         **options,
     ).validate()
@@ -181,7 +188,8 @@ def online(
 
     Greedy by default. With a temperature (--temperature T or --sampling PRESET) the target samples
     and verifies by vLLM's MRV2 rule, --runs times with seeded random streams: mean tau over runs and
-    its interval (docs/sampling.md "The online reference").
+    its interval (docs/sampling.md "The online reference"). With --tree (EAGLE-3, MTP) it drafts
+    SGLang's EAGLE tree and verifies by SGLang's target-only tree rule.
 
     \b
     Example:
@@ -193,9 +201,12 @@ def online(
     overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
-    if tree:
-        raise click.UsageError("--tree: scorer online verifies chains only; score trees with scorer eval")
-    sampled = _sampled_config(checkpoint, overrides, options)
+    sampled = _sampled_config(checkpoint, overrides, options, tree)
+    if tree and sampled is None:
+        raise ScorerError(
+            "--tree: scorer online verifies SGLang's tree at temperature > 0 (--temperature T or --sampling "
+            "PRESET); at temperature 0 score trees with scorer eval"
+        )
     if sampled is None:
         from scorer.online import OnlineConfig, run_online
 

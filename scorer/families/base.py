@@ -95,7 +95,9 @@ DraftDraw = Callable[[Any], int]
 # (``scorer online``). Without ``draw`` each slot is the argmax; with it, each slot's token is
 # ``draw(slot logits)`` and a chain drafter feeds THAT token to its next step (vLLM's probabilistic
 # ``draft_sample_method``). A proposer that cannot draw this way raises ScorerError when given one.
-Proposer = Callable[..., list[int]]
+# A proposer that takes ``tree`` (steps, topk, tokens) returns SGLang's EAGLE tree at p instead
+# (``scorer.families.autoregressive.EagleTree``, ``scorer online --tree``): EAGLE-3 and MTP.
+Proposer = Callable[..., Any]
 
 
 @dataclass(frozen=True)

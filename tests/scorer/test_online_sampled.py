@@ -285,6 +285,24 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
         ),
         (["--sampling", "qwen-thinking", "--draft-sampling", "sometimes"], "'--draft-sampling': 'sometimes'"),
         (["--sampling", "hot"], "--sampling 'hot' is not a preset"),
+        (["--tree", "2,2,4"], "--tree: scorer online verifies SGLang's tree at temperature > 0"),
+        (
+            [
+                "--temperature",
+                "0.7",
+                "--sample-top-k",
+                "5",
+                "--tree",
+                "2,2,4",
+                "--draft-sampling",
+                "probabilistic",
+            ],
+            "no engine verifies a tree with probabilistic drafts",
+        ),
+        (
+            ["--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4", "--presence-penalty", "1"],
+            "--presence-penalty 1 is not transcribed",
+        ),
     ],
 )
 def test_bad_sampling_flags_are_one_line_exit_2(args, message, tmp_path):

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from scorer.errors import CheckpointError, IncompatibleCacheError
+from scorer.families.autoregressive import EagleTree, eagle_tree
 from scorer.families.base import DraftDraw, OnlineOptions, Proposer
 from scorer.families.eagle3.layouts import read_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
@@ -16,10 +17,19 @@ __all__ = ["eagle3_proposer", "online"]
 
 
 def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
-    """One round at anchor p: ``Eagle3Drafter.draft_one_anchor`` on the verified prefix's features."""
+    """One round at anchor p: ``Eagle3Drafter.draft_one_anchor`` on the verified prefix's features,
+    or with ``tree`` SGLang's EAGLE tree there (``autoregressive.eagle_tree``, the offline replay's)."""
 
-    def propose(hidden: torch.Tensor, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+    def propose(
+        hidden: torch.Tensor,
+        ids: list[int],
+        p: int,
+        draw: DraftDraw | None = None,
+        tree: tuple[int, int, int] | None = None,
+    ) -> list[int] | EagleTree:
         features = hidden.reshape(p, -1).to(drafter.fc.weight.dtype)  # raw layer outputs, as vLLM captures
+        if tree is not None:
+            return eagle_tree(drafter, features, torch.tensor(ids), p, tree)
         K = drafter.config.num_speculative_tokens
         return drafter.draft_one_anchor(features, torch.tensor(ids), p, K, draw=draw)
 

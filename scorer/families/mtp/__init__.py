@@ -269,9 +269,10 @@ def online_proposer(
 ) -> tuple[list[int], Callable[..., list[int]], LoadReport]:
     """The live target's own MTP head for ``scorer online``: (layers it reads, propose, report).
 
-    ``propose(ids, states, draw=None)`` drafts K tokens after ``ids`` (tokens 0..p verified) from the
-    target's pre-norm last layer ``states`` [p, 1, H], through the same `mtp_context` /
-    `draft_anchors` as the offline replay (``draw``: see scorer.families.base.DraftDraw).
+    ``propose(ids, states, draw=None, tree=None)`` drafts K tokens after ``ids`` (tokens 0..p verified)
+    from the target's pre-norm last layer ``states`` [p, 1, H], through the same `mtp_context` /
+    `draft_anchors` as the offline replay (``draw``: see scorer.families.base.DraftDraw); with
+    ``tree`` (steps, topk, tokens) SGLang's EAGLE tree there instead (an ``EagleTree``).
 
     Raises:
         CheckpointError: an unknown head name, or a target without an MTP head.
@@ -298,9 +299,18 @@ def online_proposer(
     final_norm = final_norm_module(target.model) if head.config.hidden_source == "post_norm" else None
     K = head.config.num_speculative_tokens
 
-    def propose(ids: list[int], states: torch.Tensor, draw: DraftDraw | None = None) -> list[int]:
+    def propose(
+        ids: list[int],
+        states: torch.Tensor,
+        draw: DraftDraw | None = None,
+        tree: tuple[int, int, int] | None = None,
+    ) -> Any:
         with torch.no_grad():
             hidden = states[:, 0] if final_norm is None else final_norm(states[:, 0])
+            if tree is not None:  # SGLang's EAGLE tree over the head, the offline replay's construction
+                from scorer.families.autoregressive import eagle_tree
+
+                return eagle_tree(TreeSteps(head), hidden, torch.tensor(ids), len(ids) - 1, tree)
             context = mtp_context(head, hidden, torch.tensor(ids, device=hidden.device))
             return draft_anchors(head, context, np.asarray([len(ids) - 1]), K, draw=draw)[0].tolist()
 
@@ -403,8 +413,14 @@ def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[i
         target, str(checkpoint), options.num_speculative_tokens, options.overrides
     )
 
-    def proposer(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
-        return propose(ids[: p + 1], hidden, draw)
+    def proposer(
+        hidden: Any,
+        ids: list[int],
+        p: int,
+        draw: DraftDraw | None = None,
+        tree: tuple[int, int, int] | None = None,
+    ) -> Any:
+        return propose(ids[: p + 1], hidden, draw, tree)
 
     return layer_ids, proposer, report
 
