@@ -25,6 +25,10 @@ node from the ``accept`` stream, the final token's coin from ``residual``. Only 
 there: SGLang's rejection sampling takes topk 1 (a chain), and vLLM's rejection samplers verify a flat
 chain of drafts (no tree parents), so no engine runs a probabilistic tree rule.
 
+With ``ddtree`` (``--ddtree N``, DFlash) the round is the same tree round with DFlash's DDTree of N
+nodes in place of the EAGLE tree: the proposer builds it from the block's per-slot top-K exactly as the
+offline DDTree replay does (``scorer.families.dflash.score.block_tree``) and returns (tokens, parents).
+
 Every (run, record) has its own three generators, keyed by the seed, the run and the record id, so
 a run's result does not depend on the other runs or on how lanes are batched into target forwards
 beyond the forward's last-bit numerics. tau of a run is pooled over its requests (tokens / rounds);
@@ -108,6 +112,7 @@ class SampledOnlineConfig:
         draft_sampling: ``onehot`` (the drafter's argmax, vLLM's default) or ``probabilistic``.
         tree: (steps, topk, tokens): SGLang's EAGLE tree verified by SGLang's target-only rule instead
             of a chain by vLLM's (EAGLE-3, MTP; one-hot drafts only, no penalties, no min_p).
+        ddtree: N: DFlash's DDTree of N nodes verified by the same SGLang target-only rule (as ``tree``).
         model, prompts, max_new_tokens, max_length, dtype, device, backend, limit: as ``OnlineConfig``.
         lanes_per_forward: (run, prompt) sequences verified in one batched target forward; 1 runs
             each alone (the exact forward ``scorer online`` at T = 0 makes).
@@ -121,6 +126,7 @@ class SampledOnlineConfig:
     runs: int = 64
     draft_sampling: str = "onehot"
     tree: tuple[int, int, int] | None = None
+    ddtree: int | None = None
     model: str = "builtin:tiny-qwen3.5"
     prompts: str = "builtin:default"
     max_new_tokens: int = 64
@@ -159,14 +165,18 @@ class SampledOnlineConfig:
                 raise ScorerError(f"--{name.replace('_', '-')} {value!r} must be an integer >= {low}")
         if self.n_boot < 1:
             raise ScorerError(f"n_boot {self.n_boot} must be at least 1")
-        check_tree_request(self.tree, self.draft_sampling, self.sampling)
+        check_tree_request(self.tree, self.draft_sampling, self.sampling, self.ddtree)
         return self
 
 
 def check_tree_request(
-    tree: tuple[int, int, int] | None, draft_sampling: str, sampling: SamplingSetting
+    tree: tuple[int, int, int] | None,
+    draft_sampling: str,
+    sampling: SamplingSetting,
+    ddtree: int | None = None,
 ) -> None:
-    """Refuse, in one line, a tree round no engine serves or this loop does not transcribe.
+    """Refuse, in one line, a tree round no engine serves or this loop does not transcribe
+    (``tree``: SGLang's EAGLE tree; ``ddtree``: DFlash's DDTree of that many nodes, the same rule).
 
     - probabilistic drafting: SGLang's ``--speculative-use-rejection-sampling`` requires
       ``speculative_eagle_topk == 1`` (a chain) and vLLM's rejection samplers verify a flat chain
@@ -177,13 +187,20 @@ def check_tree_request(
     Raises:
         ScorerError: naming the flag and the fix.
     """
-    if tree is None:
+    if tree is not None and ddtree is not None:
+        raise ScorerError(
+            "--tree is SGLang's EAGLE tree (EAGLE-3, MTP) and --ddtree DFlash's DDTree: pass one of them"
+        )
+    if ddtree is not None and (not isinstance(ddtree, int) or ddtree < 1):
+        raise ScorerError(f"--ddtree {ddtree!r} must be an integer >= 1 (the tree's node budget)")
+    if tree is None and ddtree is None:
         return
+    flag = "--tree" if ddtree is None else "--ddtree"
     if draft_sampling == "probabilistic":
         raise ScorerError(
-            "--draft-sampling probabilistic with --tree: no engine verifies a tree with probabilistic drafts "
+            f"--draft-sampling probabilistic with {flag}: no engine verifies a tree with probabilistic drafts "
             "(SGLang's --speculative-use-rejection-sampling takes speculative_eagle_topk 1, vLLM verifies chains); "
-            "drop --tree or --draft-sampling"
+            f"drop {flag} or --draft-sampling"
         )
     given = [
         f"--{name.replace('_', '-')} {getattr(sampling, name):g}"
@@ -197,7 +214,7 @@ def check_tree_request(
     ]
     if given:
         raise ScorerError(
-            f"--tree runs SGLang's rule, and {', '.join(given)} is not transcribed for it (SGLang applies "
+            f"{flag} runs SGLang's rule, and {', '.join(given)} is not transcribed for it (SGLang applies "
             "penalties once per round to every node, and min_p after top-p): drop the flag"
         )
 
@@ -212,6 +229,7 @@ class DecodeSettings:
     max_length: int = 4096
     lanes_per_forward: int = 64
     tree: tuple[int, int, int] | None = None
+    ddtree: int | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +263,8 @@ class TreeRoundRecord:
     Attributes:
         run, record_id: which lane.
         token_ids: the committed tokens 0..p before the round.
-        tree: the drafted ``EagleTree`` (tokens, parents; a parent precedes its children).
+        tree: the drafted ``EagleTree`` (tokens, parents; a parent precedes its children): SGLang's EAGLE
+            tree, or with ``settings.ddtree`` DFlash's DDTree.
         target_probs: [M+1, V] float32 processed target distribution at the root and at each node.
         coins: [M+1] float64 the acceptance coin among the root's children (0) and node i's (i + 1).
         final_coin: [1] float64 the final (recovered or bonus) token's coin.
@@ -429,7 +448,7 @@ def decode_runs(
             ``check_tree_request`` refuses the tree request.
     """
     s = settings.sampling
-    check_tree_request(settings.tree, settings.draft_sampling, s)
+    check_tree_request(settings.tree, settings.draft_sampling, s, settings.ddtree)
     eos = eos_ids(target)
     vocab = target.model.get_output_embeddings().weight.shape[0]
     lanes = [
@@ -457,7 +476,7 @@ def decode_runs(
         lane.hidden = first[k][0]
         lane.ids.append(int(gumbel_argmax(p0[k], draw_gumbel((vocab,), lane.streams["residual"]))))
     while active := [lane for lane in lanes if not lane.done(eos)]:
-        if settings.tree is not None:
+        if settings.tree is not None or settings.ddtree is not None:
             _tree_rounds(target, layer_ids, propose, active, settings, vocab, eos, on_round)
             continue
         drafts, qs = [], []
@@ -526,7 +545,8 @@ def _tree_rounds(
     trees, owners, extras, paths_of = [], [], [], []
     for lane in active:
         p = len(lane.ids) - 1
-        tree = propose(lane.hidden[:p], lane.ids, p, tree=settings.tree)
+        shape = {"tree": settings.tree} if settings.ddtree is None else {"ddtree": settings.ddtree}
+        tree = propose(lane.hidden[:p], lane.ids, p, **shape)
         trees.append(tree)
         paths_of.append(_tree_paths(tree.parents))
         for path in paths_of[-1]:
@@ -642,11 +662,17 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         config.max_length,
         config.lanes_per_forward,
         config.tree,
+        config.ddtree,
     )
     if config.tree is not None and "tree" not in inspect.signature(session.propose).parameters:
         raise ScorerError(
             f"--tree is SGLang's EAGLE tree, drafted online by the EAGLE-3 and MTP families; the "
             f"{session.family.name} family's online proposer drafts none: drop --tree"
+        )
+    if config.ddtree is not None and "ddtree" not in inspect.signature(session.propose).parameters:
+        raise ScorerError(
+            f"--ddtree is DFlash's DDTree, drafted online by the DFlash family; the {session.family.name} "
+            "family's online proposer drafts none: drop --ddtree"
         )
     with use_backend(session.target.model, backend):
         results = decode_runs(
@@ -661,10 +687,11 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         "sampled": {
             "sampling": config.sampling.to_dict(),
             "rule": {
-                "name": RULE if config.tree is None else TREE_RULE,
+                "name": RULE if config.tree is None and config.ddtree is None else TREE_RULE,
                 "draft_sampling": config.draft_sampling,
-                "description": _describe_rule(config.draft_sampling, config.tree),
+                "description": _describe_rule(config.draft_sampling, config.tree, config.ddtree),
                 **({} if config.tree is None else {"tree": list(config.tree)}),
+                **({} if config.ddtree is None else {"ddtree": config.ddtree}),
             },
             "seed": seed,
             "runs": config.runs,
@@ -700,11 +727,17 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
     return document
 
 
-def _describe_rule(draft_sampling: str, tree: tuple[int, int, int] | None = None) -> str:
-    if tree is not None:
-        steps, topk, tokens = tree
+def _describe_rule(
+    draft_sampling: str, tree: tuple[int, int, int] | None = None, ddtree: int | None = None
+) -> str:
+    if tree is not None or ddtree is not None:
+        if ddtree is not None:
+            shape = f"DFlash DDTree of {ddtree} nodes (the block's per-slot top-K, best-first by product probability)"
+        else:
+            steps, topk, tokens = tree
+            shape = f"SGLang EAGLE tree (steps {steps}, topk {topk}, {tokens} draft tokens) of the drafter's top-k"
         return (
-            f"SGLang EAGLE tree (steps {steps}, topk {topk}, {tokens} draft tokens) of the drafter's top-k, "
+            f"{shape}, "
             "verified by SGLang's TreeSpeculativeSamplingTargetOnly (scorer.online_rules."
             "sglang_target_only_verify, thresholds 1): one coin per node, the first child c with coin <= "
             "sum of tried p, else the final token from p minus the tried siblings; all accepted: bonus ~ p; "

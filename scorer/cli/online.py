@@ -3,6 +3,7 @@ scorer.online_sampled at T > 0)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -160,6 +161,14 @@ def _echo_sampled(result: dict[str, Any]) -> None:
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
 )
+@click.option(
+    "--ddtree",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Sampled only, DFlash: draft DFlash's DDTree of N nodes (one budget of scorer eval --ddtree) and "
+    "verify it by SGLang's target-only tree rule, as --tree does for EAGLE-3 and MTP.",
+)
 @drafting_flags
 @click.option(
     "--id-from-line",
@@ -189,24 +198,30 @@ def online(
     Greedy by default. With a temperature (--temperature T or --sampling PRESET) the target samples
     and verifies by vLLM's MRV2 rule, --runs times with seeded random streams: mean tau over runs and
     its interval (docs/sampling.md "The online reference"). With --tree (EAGLE-3, MTP) it drafts
-    SGLang's EAGLE tree and verifies by SGLang's target-only tree rule.
+    SGLang's EAGLE tree and verifies by SGLang's target-only tree rule; --ddtree N (DFlash) the same
+    with DFlash's DDTree of N nodes.
 
     \b
     Example:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
       scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
+      scorer online drafter/ --temperature 0.7 --sample-top-k 20 --ddtree 8 --runs 64 --limit 2
     """
 
     check_outputs(json=json_out)  # before decoding, not after it
     overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
+    ddtree = options.pop("ddtree")
     sampled = _sampled_config(checkpoint, overrides, options, tree)
-    if tree and sampled is None:
+    if (tree or ddtree) and sampled is None:
+        flag, what = ("--tree", "SGLang's tree") if tree else ("--ddtree", "DDTree by SGLang's tree rule")
         raise ScorerError(
-            "--tree: scorer online verifies SGLang's tree at temperature > 0 (--temperature T or --sampling "
+            f"{flag}: scorer online verifies {what} at temperature > 0 (--temperature T or --sampling "
             "PRESET); at temperature 0 score trees with scorer eval"
         )
+    if ddtree is not None:
+        sampled = dataclasses.replace(sampled, ddtree=ddtree).validate()
     if sampled is None:
         from scorer.online import OnlineConfig, run_online
 

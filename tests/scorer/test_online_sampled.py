@@ -287,6 +287,31 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
         (["--sampling", "hot"], "--sampling 'hot' is not a preset"),
         (["--tree", "2,2,4"], "--tree: scorer online verifies SGLang's tree at temperature > 0"),
         (
+            ["--ddtree", "4"],
+            "--ddtree: scorer online verifies DDTree by SGLang's tree rule at temperature > 0",
+        ),
+        (
+            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "0"],
+            "'--ddtree': 0 is not in the range",
+        ),
+        (
+            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "4", "--tree", "2,2,4"],
+            "--tree is SGLang's EAGLE tree (EAGLE-3, MTP) and --ddtree DFlash's DDTree: pass one of them",
+        ),
+        (
+            [
+                "--temperature",
+                "0.7",
+                "--sample-top-k",
+                "5",
+                "--ddtree",
+                "4",
+                "--draft-sampling",
+                "probabilistic",
+            ],
+            "--draft-sampling probabilistic with --ddtree: no engine verifies a tree with probabilistic drafts",
+        ),
+        (
             [
                 "--temperature",
                 "0.7",

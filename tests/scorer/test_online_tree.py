@@ -7,6 +7,7 @@ The offline-equals-online comparison of tree tau is in tests/scorer/test_served_
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -77,6 +78,58 @@ def test_online_tree_is_the_offline_replays_tree_at_every_anchor(family, eagle3_
     assert siblings > 0  # the root's second child was kept somewhere: a tree, not a chain
 
 
+def test_online_ddtree_is_the_offline_replays_ddtree_at_every_anchor(trained_drafter, scorer_cache):
+    """``scorer online --ddtree N``: DFlash's proposer, given the verified prefix only, builds at anchor p
+    exactly the DDTree the offline replay builds from the whole cached sequence (``draft_all_anchors``'
+    per-slot top-K, then ``build_tree``): same tokens, same parents, in the heap's order."""
+    from scorer.families.dflash.ddtree import build_tree
+    from scorer.families.dflash.features import feature_index
+    from scorer.families.dflash.score import draft_all_anchors
+
+    budget = 8
+    view = hscache.open_cache(scorer_cache)
+    row = 0
+    prompt_len = int(view.index.column("prompt_len")[row].as_py())
+    drafter, _ = load_drafter(str(trained_drafter), view, EvalConfig(ddtree=(budget,)))
+    index = feature_index(drafter.config, view.layer_ids)
+    features = sequence_features(view.hidden_states(row), index, torch.float32, "cpu", drafter.context_norm)
+    tokens = view.token_ids(row)
+    with torch.no_grad():
+        _, lp_vals, lp_ids = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=budget)
+    session = open_online(str(trained_drafter), MODEL, "fp32", OnlineOptions(overrides={}))
+    hidden = view.hidden_states(row)[:, [view.layer_ids.index(i) for i in session.layer_ids]]
+    ids = tokens.tolist()
+    branched = 0
+    for r, p in enumerate(range(prompt_len, len(ids) - 1)):
+        online = session.propose(hidden[:p], ids[: p + 1], p, ddtree=budget)
+        offline = build_tree(lp_vals[r], lp_ids[r], budget)
+        assert online.tokens.tolist() == list(offline.token_ids), p
+        assert online.parents.tolist() == list(offline.parents), p
+        branched += int(len(set(offline.parents)) < budget)  # a node with two children: a tree
+    assert branched > 0
+
+
+def test_cli_ddtree_run_writes_the_tree_rule_and_budget_into_a_valid_report(trained_drafter, tmp_path):
+    from click.testing import CliRunner
+
+    from scorer.cli import main
+
+    out = tmp_path / "online.json"
+    args = ["online", str(trained_drafter), "--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "3"]
+    result = CliRunner().invoke(
+        main, [*args, "--runs", "2", "--limit", "1", "--max-new-tokens", "4", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    schemas.validate(document, "online_report")
+    rule = document["sampled"]["rule"]
+    assert rule["name"] == "sglang-target-only" and rule["ddtree"] == 3 and "tree" not in rule
+    assert "DFlash DDTree of 3 nodes" in rule["description"] in result.output
+    rounds = [r["tokens_per_round"] for r in document["per_request"]]
+    assert len(rounds) == 2 and all(1 <= t <= 4 for run in rounds for t in run)  # 3 nodes: <= 4 a round
+    assert sum(np.concatenate(rounds)) == sum(r["generated"] - 1 for r in document["per_request"])
+
+
 def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
     from click.testing import CliRunner
 
@@ -98,12 +151,34 @@ def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
     assert sum(np.concatenate(rounds)) == sum(r["generated"] - 1 for r in document["per_request"])
 
 
-def test_a_family_without_an_online_tree_is_refused_by_name(trained_drafter):
+@pytest.mark.parametrize(
+    "checkpoint,shape,message",
+    [
+        ("dflash", {"tree": (2, 2, 4)}, "the dflash family's online proposer drafts none: drop --tree"),
+        (
+            "target:mtp",
+            {"ddtree": 4},
+            "--ddtree is DFlash's DDTree, drafted online by the DFlash family; the mtp",
+        ),
+        ("dflash2", {"ddtree": 4}, "the dflash2 family's online proposer drafts none: drop --ddtree"),
+    ],
+)
+def test_a_family_without_an_online_tree_is_refused_by_name(
+    checkpoint, shape, message, trained_drafter, tmp_path
+):
+    """--tree is EAGLE-3's and MTP's, --ddtree DFlash's; DFlash2 drafts its selector's walk (a chain), and
+    its per-slot top-K DDTree would be another drafter than the one it serves (no engine runs it)."""
     from hscache.store.sampling import SamplingSetting
     from scorer.errors import ScorerError
     from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
 
+    if checkpoint == "dflash":
+        checkpoint = str(trained_drafter)
+    elif checkpoint == "dflash2":
+        from scorer.families.dflash2.init import init_from_dflash
+
+        checkpoint = str(init_from_dflash(trained_drafter, tmp_path / "dflash2", selector_rank=8))
     setting = SamplingSetting.from_flags(temperature=0.7, top_k=5, seed=1)
-    config = SampledOnlineConfig(str(trained_drafter), setting, runs=1, tree=(2, 2, 4), limit=1)
-    with pytest.raises(ScorerError, match="the dflash family's online proposer drafts none: drop --tree"):
+    config = SampledOnlineConfig(checkpoint, setting, runs=1, limit=1, **shape)
+    with pytest.raises(ScorerError, match=re.escape(message)):
         run_online_sampled(config)

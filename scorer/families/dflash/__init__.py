@@ -17,6 +17,7 @@ from hscache.capture.target import check_device
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError, ScorerError
+from scorer.families.autoregressive import EagleTree
 from scorer.families.base import (
     CheckpointProbe,
     DraftDraw,
@@ -45,7 +46,12 @@ from scorer.families.dflash.features import (
 )
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.proposals import block_proposals
-from scorer.families.dflash.score import block_drafts, score_dflash_sequence, score_dflash_sequences_chain
+from scorer.families.dflash.score import (
+    block_drafts,
+    block_tree,
+    score_dflash_sequence,
+    score_dflash_sequences_chain,
+)
 from scorer.sequences import (
     CachedSequence,
     SequenceResult,
@@ -281,9 +287,15 @@ def target_fallbacks(target: Any) -> dict[str, Any]:
     }
 
 
-def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -> Proposer:
+def dflash_proposer(
+    target: Any, drafter: DFlashDrafter, layout: str = "zlab", ddtree: bool = True
+) -> Proposer:
     """DFlash's round: one block forward at the anchor (the last layer read after the final norm
-    where the layout reads transformers' hidden_states[L])."""
+    where the layout reads transformers' hidden_states[L]). With ``ddtree`` the proposer also takes
+    ``ddtree=N`` (``scorer online --ddtree N``): the DDTree of N nodes built from that block's per-slot
+    top-K (``score.block_tree``, the offline replay's construction), returned as the (tokens, parents)
+    tree the SGLang tree loop verifies (``EagleTree``)."""
+    import numpy as np
     import torch
 
     config = drafter.config
@@ -293,7 +305,7 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
     base = target.model.model
     final_norm = getattr(getattr(base, "language_model", base), "norm", None)
 
-    def propose(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+    def block_rows(hidden: Any, ids: list[int], p: int) -> tuple[Any, Any]:
         features = hidden  # [p, K, H] pre-norm layer outputs
         if last_slot is not None:  # z-lab reads the last layer as hidden_states[L]: after the final norm
             features = features.clone()
@@ -302,12 +314,24 @@ def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -
         features = features.reshape(p, -1).to(drafter.fc.weight.dtype)
         block = torch.full((1, config.block_size), config.mask_token_id, dtype=torch.long)
         block[0, 0] = ids[p]
-        rows = drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1)
+        return drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1), block
+
+    def propose(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+        rows, block = block_rows(hidden, ids, p)
         if draw is not None:  # T > 0: the drafter draws the block (DFlashDrafter.drawn_block)
             return drafter.drawn_block(rows, block[:, 0], draw)
         return block_drafts(drafter, rows, block[:, 0])[0].tolist()  # d_1..d_{B-1}
 
-    return propose
+    def propose_or_tree(
+        hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None, ddtree: int | None = None
+    ) -> list[int] | EagleTree:
+        if ddtree is None:
+            return propose(hidden, ids, p, draw)
+        with torch.no_grad():
+            tree = block_tree(drafter, block_rows(hidden, ids, p)[0], ids[p], ddtree)
+        return EagleTree(np.asarray(tree.token_ids, dtype=np.int64), np.asarray(tree.parents, dtype=np.int64))
+
+    return propose_or_tree if ddtree else propose
 
 
 def online(
@@ -316,8 +340,11 @@ def online(
     options: OnlineOptions,
     variant: CheckpointVariant | None = None,
     build: Callable[[LoadedCheckpoint], DFlashDrafter] = _plain,
+    ddtree: bool = True,
 ) -> tuple[list[int], Proposer, Any]:
-    """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head)."""
+    """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head);
+    ``ddtree``: the proposer drafts DDTree too (``dflash_proposer``; a variant whose drafts are not
+    the per-slot argmax, DFlash2, passes False)."""
     loaded = load_checkpoint(
         checkpoint,
         overrides=options.overrides,
@@ -339,7 +366,7 @@ def online(
         else target.model.get_output_embeddings().weight.detach(),
         own["d2t"].to(device) if "d2t" in own else None,
     )
-    propose = dflash_proposer(target, drafter, loaded.report.layout)
+    propose = dflash_proposer(target, drafter, loaded.report.layout, ddtree)
     return list(loaded.config.target_layer_ids), propose, loaded.report
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows, row_chunks
-from scorer.families.dflash.ddtree import build_tree, replay_ddtree, surrogate_tau, tree_depth
+from scorer.families.dflash.ddtree import Tree, build_tree, replay_ddtree, surrogate_tau, tree_depth
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.replay import chain_depth, replay_chain, round_loop
@@ -29,6 +29,7 @@ from scorer.sequences import ANCHOR_MODES, SequenceResult, result_from_parts
 
 __all__ = [
     "block_drafts",
+    "block_tree",
     "draft_all_anchors",
     "score_dflash_sequence",
     "score_dflash_sequences_chain",
@@ -79,6 +80,17 @@ def block_drafts(drafter: DFlashDrafter, hidden: torch.Tensor, anchor_tokens: to
     ``[n, B-1, H]`` and whose slot-0 tokens are ``anchor_tokens`` ``[n]`` (``DFlashDrafter.path``)."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     return _project(drafter, flat, max(1, flat.shape[0]), 0, anchor_tokens)[0]
+
+
+def block_tree(drafter: DFlashDrafter, hidden: torch.Tensor, anchor_token: int, budget: int) -> Tree:
+    """The DDTree of ``budget`` nodes of ONE block whose final normed rows are ``hidden`` [1, B-1, H]
+    and whose slot-0 token is ``anchor_token`` (``scorer online --ddtree``): the per-slot top-K
+    log-probs of the head exactly as the offline replay takes them (``draft_all_anchors`` with
+    ``tree_k``), then ``build_tree``."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    anchor = torch.tensor([int(anchor_token)], device=flat.device)
+    _, vals, ids = _project(drafter, flat, max(1, flat.shape[0]), budget, anchor)
+    return build_tree(vals[0], ids[0], budget)
 
 
 def _project(

@@ -90,7 +90,8 @@ def load(checkpoint: str | Path, cache: Any, config: Any) -> tuple[DFlash2Drafte
 
 
 def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
-    return dflash.online(checkpoint, target, options, variant=VARIANT, build=build_dflash2)
+    # No online DDTree (scorer online --ddtree), for the reason _effective gives offline.
+    return dflash.online(checkpoint, target, options, variant=VARIANT, build=build_dflash2, ddtree=False)
 
 
 def _effective(config: Any) -> Any:
