@@ -23,19 +23,22 @@ differ by many SE. Untempered at a high temperature (``--temper 1 --temperature 
 rare (tau ~1.03-1.06): there the delta-method SE of a low draw is itself low, and z leans negative.
 
 Tree mode (``--tree STEPS,TOPK,TOKENS``, default 1,3,4; off with ``--tree none``): SGLang's EAGLE tree,
-for the families that draft it online (EAGLE-3, MTP; ``scorer online`` has no DDTree for DFlash, at any
-temperature), one-hot rule only (no engine verifies a tree with probabilistic drafts). On a second cache
+for the families that draft it online (EAGLE-3, MTP), and DFlash's DDTree of ``--ddtree N`` nodes
+(default 2; ``scorer online --ddtree``), one-hot rule only (no engine verifies a tree with probabilistic
+drafts; DFlash2 drafts its selector's walk, a chain, and has no DDTree). On a second cache
 sampled at ``--tree-temperature`` (default 0.01, top-k as above): offline ``tau_as_served(mode="tree")``
 against ``decode_runs(..., tree=...)`` (SGLang's target-only rule), and the swapped z: the offline CHAIN
 of the tree's depth (K = STEPS, the chain rule) against the same online tree runs. The EAGLE-3 drafter
 is the trained one UNTEMPERED (SGLang ranks candidates by cumulative softmax scores: tempering would
 flatten them into a breadth-first tree); at T 0.01 its trajectories stay near the greedy path it
 learned, where its top-1 is often wrong and its 2nd or 3rd choice right, so the tree differs from the
-chain by many SE.
+chain by many SE. DFlash's row: offline ``tau_as_served(mode="ddtree-N")`` against ``decode_runs(...,
+ddtree=N)``; the swap is the offline DFlash BLOCK (``mode="chain"``, the block the tree is drafted from),
+the drafter the trained one untempered (DDTree ranks prefixes by product probability).
 
     python bench/sampled_agreement.py [--runs 64] [--samples 64] [--prompts 2] [--new-tokens 12]
         [--temperature 0.03] [--top-k 2] [--temper 0.001] [--seed 11] [--families dflash,dflash2,eagle3,mtp] [--quick]
-        [--tree 1,3,4 | none] [--tree-temperature 0.01] [--modes chain,tree]
+        [--tree 1,3,4 | none] [--ddtree 2] [--tree-temperature 0.01] [--modes chain,tree]
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ def drafters(work: Path, prompts: int, quick: bool, scale: float) -> dict[str, s
         train_eagle3(greedy, work / "trained-eagle3", steps=25, layer_ids=[1, 3, 7])
         out["eagle3"] = str(tempered(work / "trained-eagle3", work / "eagle3", "lm_head.weight", scale))
         out["eagle3-tree"] = str(work / "trained-eagle3")  # untempered: SGLang's tree scores need its softmax
+        out["dflash-tree"] = str(work / "trained-dflash")  # untempered: DDTree ranks by product probability
         out["dflash2"] = str(init_from_dflash(dflash, work / "dflash2", selector_rank=8))
     return out
 
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         "--quick", action="store_true", help="DFlash only, tiny sizes (the test suite runs it)"
     )
     parser.add_argument("--tree", default="1,3,4", help="SGLang's EAGLE tree STEPS,TOPK,TOKENS, or none")
+    parser.add_argument("--ddtree", type=int, default=2, help="DFlash's DDTree node budget (tree mode)")
     parser.add_argument("--tree-temperature", type=float, default=0.01)
     parser.add_argument("--modes", default="chain,tree", help="chain, tree or both (comma-separated)")
     args = parser.parse_args(argv)
@@ -220,12 +225,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(threads)
 
 
-TREE_FAMILIES = {"eagle3": "eagle3-tree", "mtp": "mtp"}  # family -> its tree drafter in ``drafters``
+# family -> its tree drafter in ``drafters``
+TREE_FAMILIES = {"eagle3": "eagle3-tree", "mtp": "mtp", "dflash": "dflash-tree"}
 
 
 def tree_rows(args: argparse.Namespace, work: Path, checkpoints: dict[str, str], families: list[str]) -> None:
-    """SGLang's EAGLE tree, one-hot: offline tree tau vs the online tree runs; swapped: the chain of
-    the tree's depth offline."""
+    """SGLang's EAGLE tree (DFlash: DDTree), one-hot: offline tree tau vs the online tree runs; swapped:
+    the chain of the tree's depth offline (DFlash: its block)."""
     tree = tuple(int(v) for v in args.tree.split(","))
     setting = dict(temperature=args.tree_temperature, top_k=args.top_k, top_p=1.0)
     cache = work / "sampled-tree"
@@ -248,26 +254,34 @@ def tree_rows(args: argparse.Namespace, work: Path, checkpoints: dict[str, str],
     for family in families:
         checkpoint = checkpoints[TREE_FAMILIES[family]]
         t0 = time.process_time()
-        off = offline_tau(checkpoint, cache, "one-hot", "tree", EvalConfig(ddtree=(), n_boot=50, tree=tree))
-        chain = offline_tau(
-            checkpoint,
-            cache,
-            "one-hot",
-            config=EvalConfig(ddtree=(), n_boot=50, num_speculative_tokens=tree[0]),
-        )
+        if family == "dflash":
+            label, shape, swap = f"ddtree {args.ddtree}", {"ddtree": args.ddtree}, "block"
+            off = offline_tau(checkpoint, cache, "one-hot", f"ddtree-{args.ddtree}")
+            chain = offline_tau(checkpoint, cache, "one-hot")
+        else:
+            label, shape, swap = "tree " + args.tree, {"tree": tree}, f"chain K={tree[0]}"
+            off = offline_tau(
+                checkpoint, cache, "one-hot", "tree", EvalConfig(ddtree=(), n_boot=50, tree=tree)
+            )
+            chain = offline_tau(
+                checkpoint,
+                cache,
+                "one-hot",
+                config=EvalConfig(ddtree=(), n_boot=50, num_speculative_tokens=tree[0]),
+            )
         session = open_online(checkpoint, MODEL, "fp32", OnlineOptions(overrides={}))
         records = list(iter_records(resolve_prompts(PROMPTS)))[: args.prompts]
         prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
-        settings = DecodeSettings(online_sampling, "onehot", max_new_tokens=args.new_tokens, tree=tree)
+        settings = DecodeSettings(online_sampling, "onehot", max_new_tokens=args.new_tokens, **shape)
         runs = decode_runs(
             session.target, session.layer_ids, session.propose, prompts, settings, range(args.runs)
         )
         summary = summarise_runs(runs, n_boot=10)
         on = (summary["pooled"], summary["pooled_se"])
         print(
-            f"{family:8s} {'tree ' + args.tree:13s} {off[0]:7.4f}±{off[1]:.4f}  {on[0]:7.4f}±{on[1]:.4f} "
+            f"{family:8s} {label:13s} {off[0]:7.4f}±{off[1]:.4f}  {on[0]:7.4f}±{on[1]:.4f} "
             f"{z_score(off, on):+6.2f} {z_score(chain, on):+9.2f} {time.process_time() - t0:6.1f}   "
-            f"(chain K={tree[0]} offline {chain[0]:.4f}±{chain[1]:.4f})",
+            f"({swap} offline {chain[0]:.4f}±{chain[1]:.4f})",
             flush=True,
         )
 
