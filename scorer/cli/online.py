@@ -57,14 +57,9 @@ online_sampling_flags = apply_options(
 )
 
 
-def _sampled_config(
-    checkpoint: str,
-    overrides: dict[str, Any],
-    options: dict[str, Any],
-    tree: tuple[int, int, int] | None = None,
-) -> Any:
-    """Pop the sampling flags from ``options``: None (greedy) or a validated SampledOnlineConfig
-    (``tree``: SGLang's EAGLE tree verified by its target-only rule instead of vLLM's chain)."""
+def _sampled_setting(options: dict[str, Any]) -> tuple[Any, int, str] | None:
+    """Pop the sampling flags from ``options``: None (greedy), or the validated SamplingSetting, the
+    runs and the drafting rule of a SampledOnlineConfig (checked before torch is imported)."""
     from hscache.store.sampling import SamplingSetting
 
     preset, runs, draft_sampling = options.pop("sampling"), options.pop("runs"), options.pop("draft_sampling")
@@ -77,18 +72,12 @@ def _sampled_config(
                 f"{given[0]} applies to sampled decoding only; pass --temperature T > 0 or --sampling PRESET"
             )
         return None
-    from scorer.online_sampled import SampledOnlineConfig
-
-    return SampledOnlineConfig(
-        checkpoint,
+    # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
+    return (
         setting,
-        runs=64 if runs is None else runs,
-        # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
-        draft_sampling="probabilistic" if draft_sampling == "probabilistic" else "onehot",
-        tree=tree,
-        overrides=overrides,
-        **options,
-    ).validate()
+        64 if runs is None else runs,
+        "probabilistic" if draft_sampling == "probabilistic" else "onehot",
+    )
 
 
 def _echo_sampled(result: dict[str, Any]) -> None:
@@ -201,20 +190,24 @@ def online(
     overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
-    sampled = _sampled_config(checkpoint, overrides, options, tree)
+    sampled = _sampled_setting(options)
     if tree and sampled is None:
         raise ScorerError(
             "--tree: scorer online verifies SGLang's tree at temperature > 0 (--temperature T or --sampling "
             "PRESET); at temperature 0 score trees with scorer eval"
         )
+    from scorer.online import OnlineConfig, run_online
+
+    config = OnlineConfig(overrides=overrides, **options)
     if sampled is None:
-        from scorer.online import OnlineConfig, run_online
-
-        result = run_online(checkpoint, OnlineConfig(overrides=overrides, **options))
+        result = run_online(checkpoint, config)
     else:
-        from scorer.online_sampled import run_online_sampled
+        from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
 
-        result = run_online_sampled(sampled)
+        setting, runs, draft_sampling = sampled
+        result = run_online_sampled(
+            SampledOnlineConfig(checkpoint, setting, runs, draft_sampling, tree, online=config)
+        )
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
     from scorer.target_identity import TargetCheck
