@@ -7,19 +7,26 @@ from typing import Any
 
 import click
 
-from hscache.capture import BACKENDS
+from hscache.cli_options import (
+    backend_option,
+    decode_length_options,
+    id_from_line_option,
+    model_option,
+    prompt_limit_option,
+    prompts_option,
+)
 from hscache.store.dtypes import DTYPE_NAMES
 from scorer.cli.shared import (
     DRAFT_SAMPLING,
     SAMPLING_PARAMETER_FLAGS,
     SEED,
     apply_options,
+    block_size_option,
     check_outputs,
     checkpoint_flags,
     drafting_flags,
     friendly_errors,
     lookup_settings,
-    overrides_of,
     sampling_parameter_flags,
     write_json,
 )
@@ -108,25 +115,9 @@ def _echo_sampled(result: dict[str, Any]) -> None:
 
 @click.command()
 @click.argument("checkpoint")
-@click.option(
-    "--model",
-    default="builtin:tiny-qwen3.5",
-    show_default=True,
-    help="The target: a local HF directory or builtin:...",
-)
-@click.option(
-    "--prompts", default="builtin:default", show_default=True, help="JSONL prompts file or builtin:default."
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Tokens to decode per prompt.",
-)
-@click.option(
-    "--max-length", type=click.IntRange(min=2), default=4096, show_default=True, help="Longest sequence."
-)
+@model_option
+@prompts_option
+@decode_length_options
 @click.option(
     "--dtype",
     type=click.Choice(list(DTYPE_NAMES)),
@@ -137,24 +128,12 @@ def _echo_sampled(result: dict[str, Any]) -> None:
 @click.option(
     "--device", default="cpu", show_default=True, help="Where both models run: cpu, cuda or cuda:N."
 )
-@click.option(
-    "--backend",
-    type=click.Choice(list(BACKENDS)),
-    default="auto",
-    show_default=True,
-    help="The target's linear-attention kernels: fla (CUDA), torch, or auto.",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@backend_option
+@prompt_limit_option
 @click.option("--json", "json_out", default=None, help="Write the result as JSON here.")
-@click.option(
-    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
-)
+@block_size_option
 @drafting_flags
-@click.option(
-    "--id-from-line",
-    is_flag=True,
-    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
-)
+@id_from_line_option
 @click.option(
     "--allow-target-mismatch",
     is_flag=True,
@@ -167,9 +146,7 @@ def online(
     checkpoint: str,
     json_out: str | None,
     tree: tuple[int, int, int] | None,
-    target_layer_ids: tuple[int, ...],
-    mask_token_id: int | None,
-    rope_theta: float | None,
+    overrides: dict[str, Any],
     block_size: int | None,
     **options: Any,
 ) -> None:
@@ -187,7 +164,7 @@ def online(
     """
 
     check_outputs(json=json_out)  # before decoding, not after it
-    overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
+    overrides = {**overrides, **lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
     sampled = _sampled_setting(options)
