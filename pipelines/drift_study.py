@@ -42,9 +42,16 @@ from hscache.cli_options import (
 )
 from hscache.diff.compare import DEFAULT_POSITION_BUCKETS, diff_caches
 from hscache.diff.report import DiffReport, save_json
-from hscache.store.dtypes import DTYPES, SCORER_DTYPES
+from hscache.store.dtypes import DTYPES
 from hscache.store.fsio import atomic_write_bytes, atomic_write_json
-from scorer.cli.shared import ddtree_option, int_list, seed_option
+from scorer.cli.shared import (
+    ddtree_option,
+    int_list,
+    scoring_dtype_option,
+    seed_option,
+    train_steps_option,
+    written_block_size_option,
+)
 from scorer.evaluate import EvalConfig, evaluate_many
 
 __all__ = ["DriftStudyConfig", "DriftStudyError", "Setting", "parse_settings", "run_drift_study"]
@@ -384,30 +391,12 @@ def run_drift_study(config: DriftStudyConfig) -> dict[str, Any]:
 @click.option(
     "--checkpoint", "checkpoints", multiple=True, help="Drafter checkpoint to score; repeat for several."
 )
-@click.option(
-    "--train-steps",
-    type=click.IntRange(min=0),
-    default=300,
-    show_default=True,
-    help="Without --checkpoint: train a tiny drafter on the reference cache for N steps.",
-)
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=2),
-    default=8,
-    show_default=True,
-    help="Block of the trained drafter.",
-)
+@train_steps_option(300, "Without --checkpoint: train a tiny drafter on the reference cache for N steps.")
+@written_block_size_option
 @click.option(
     "--eval-device", default=_EVAL.device, show_default=True, help="Device scoring runs on (cpu, cuda)."
 )
-@click.option(
-    "--eval-dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default=_EVAL.dtype,
-    show_default=True,
-    help="Drafter dtype while scoring.",
-)
+@scoring_dtype_option(flag="--eval-dtype")
 @ddtree_option("")
 @click.option(
     "--n-boot",

@@ -56,6 +56,8 @@ __all__ = [
     "sampling_parameter_flags",
     "sampling_request",
     "scoring_dtype_option",
+    "train_steps_option",
+    "written_block_size_option",
     "seed_option",
     "write_json",
 ]
@@ -225,10 +227,11 @@ block_size_option = click.option(
 
 def scoring_dtype_option(
     help_text: str = "Drafter dtype while scoring (the cache is read in its own dtype).",
+    flag: str = "--dtype",
 ) -> Callable[[Callable], Callable]:
-    """--dtype: the drafter's dtype while it replays (EvalConfig.dtype)."""
+    """--dtype (or ``flag``): the drafter's dtype while it replays (EvalConfig.dtype)."""
     return click.option(
-        "--dtype", type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True, help=help_text
+        flag, type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True, help=help_text
     )
 
 
@@ -255,9 +258,36 @@ def anchors_option(help_text: str) -> Callable[[Callable], Callable]:
     )
 
 
-def num_speculative_tokens_option(help_text: str) -> Callable[[Callable], Callable]:
-    """--num-speculative-tokens K of a chain drafter (EvalConfig.num_speculative_tokens); None: its config's."""
-    return click.option("--num-speculative-tokens", type=click.IntRange(min=1), default=None, help=help_text)
+def num_speculative_tokens_option(
+    help_text: str, default: int | None = None
+) -> Callable[[Callable], Callable]:
+    """--num-speculative-tokens: the K tokens a chain drafter drafts per round; None (scoring): the
+    checkpoint's config's, else the engines' default; a default given (init) is shown."""
+    return click.option(
+        "--num-speculative-tokens",
+        type=click.IntRange(min=1),
+        default=default,
+        show_default=None if default is None else True,
+        help=help_text,
+    )
+
+
+# What ``scorer init`` and the drift study (which trains a DFlash drafter when given no checkpoint)
+# declare alike: the training steps and the block size of the drafter written.
+def train_steps_option(default: int, help_text: str) -> Callable[[Callable], Callable]:
+    """--train-steps N (scorer.train), ``default`` shown."""
+    return click.option(
+        "--train-steps", type=click.IntRange(min=0), default=default, show_default=True, help=help_text
+    )
+
+
+written_block_size_option = click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="DFlash: tokens per draft block of the drafter written (the anchor + block size - 1 drafted).",
+)
 
 
 _checkpoint_options = apply_options(
