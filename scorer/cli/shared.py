@@ -56,10 +56,10 @@ __all__ = [
     "sampling_parameter_flags",
     "sampling_request",
     "scoring_dtype_option",
-    "train_steps_option",
-    "written_block_size_option",
     "seed_option",
+    "train_steps_option",
     "write_json",
+    "written_block_size_option",
 ]
 
 
