@@ -46,8 +46,8 @@ from hscache.store.dtypes import DTYPES
 from hscache.store.fsio import atomic_write_bytes, atomic_write_json
 from scorer.cli.shared import (
     ddtree_option,
+    drafter_dtype_option,
     int_list,
-    scoring_dtype_option,
     seed_option,
     train_steps_option,
     written_block_size_option,
@@ -396,7 +396,7 @@ def run_drift_study(config: DriftStudyConfig) -> dict[str, Any]:
 @click.option(
     "--eval-device", default=_EVAL.device, show_default=True, help="Device scoring runs on (cpu, cuda)."
 )
-@scoring_dtype_option(flag="--eval-dtype")
+@drafter_dtype_option(flag="--eval-dtype")
 @ddtree_option("")
 @click.option(
     "--n-boot",

@@ -38,7 +38,7 @@ __all__ = ["compare"]
     "prompts at other sampling settings (greedy/, t07/) to see each drafter's tau per setting side by side.",
 )
 @device_option
-@scoring_dtype_option()
+@scoring_dtype_option
 @ddtree_option("")
 @limit_option
 @seed_option("Seed of the paired-bootstrap intervals.")

@@ -14,9 +14,9 @@ from scorer.cli.shared import (
     check_outputs,
     checkpoint_flags,
     device_option,
+    drafter_dtype_option,
     friendly_errors,
     num_speculative_tokens_option,
-    scoring_dtype_option,
     seed_option,
     write_json,
 )
@@ -48,7 +48,7 @@ __all__ = ["diagnose"]
 )
 @report_outputs("the report")
 @device_option
-@scoring_dtype_option("Baseline replay dtype (the other one is a hypothesis).")
+@drafter_dtype_option("Baseline replay dtype (the other one is a hypothesis).")
 @block_size_option
 @anchors_option(
     "all: every anchor drafted once per distinct drafter input, shared by the hypotheses; chain: only "

@@ -40,7 +40,7 @@ __all__ = ["eval_command"]
     "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
 )
 @device_option
-@scoring_dtype_option()
+@scoring_dtype_option
 @block_size_option
 @ddtree_option("8,32,128")
 @limit_option

@@ -42,6 +42,7 @@ __all__ = [
     "cluster_flags",
     "ddtree_option",
     "device_option",
+    "drafter_dtype_option",
     "drafting_flags",
     "friendly_errors",
     "given_on_command_line",
@@ -225,7 +226,7 @@ block_size_option = click.option(
 )
 
 
-def scoring_dtype_option(
+def drafter_dtype_option(
     help_text: str = "Drafter dtype while scoring (the cache is read in its own dtype).",
     flag: str = "--dtype",
 ) -> Callable[[Callable], Callable]:
@@ -233,6 +234,9 @@ def scoring_dtype_option(
     return click.option(
         flag, type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True, help=help_text
     )
+
+
+scoring_dtype_option = drafter_dtype_option()
 
 
 def ddtree_option(default: str) -> Callable[[Callable], Callable]:

@@ -32,7 +32,7 @@ __all__ = ["sweep"]
     "--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results."
 )
 @device_option
-@scoring_dtype_option()
+@scoring_dtype_option
 @ddtree_option("8,32,128")
 @limit_option
 @seed_option("Seed of the bootstrap intervals.")
