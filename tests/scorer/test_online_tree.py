@@ -101,9 +101,12 @@ def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
 def test_a_family_without_an_online_tree_is_refused_by_name(trained_drafter):
     from hscache.store.sampling import SamplingSetting
     from scorer.errors import ScorerError
+    from scorer.online import OnlineConfig
     from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
 
     setting = SamplingSetting.from_flags(temperature=0.7, top_k=5, seed=1)
-    config = SampledOnlineConfig(str(trained_drafter), setting, runs=1, tree=(2, 2, 4), limit=1)
+    config = SampledOnlineConfig(
+        str(trained_drafter), setting, runs=1, tree=(2, 2, 4), online=OnlineConfig(limit=1)
+    )
     with pytest.raises(ScorerError, match="the dflash family's online proposer drafts none: drop --tree"):
         run_online_sampled(config)
