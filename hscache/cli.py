@@ -18,6 +18,16 @@ from typing import Any
 import click
 
 from hscache.capture import BACKENDS
+from hscache.cli_options import (
+    apply_options,
+    backend_option,
+    id_from_line_option,
+    layers_option,
+    model_option,
+    prompt_limit_option,
+    prompts_option,
+    report_outputs,
+)
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
 from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
@@ -113,9 +123,9 @@ _SAMPLING_FLAGS = {
 }
 
 
-def sampling_options(fn: Callable) -> Callable:
-    """The sampling flags of ``hscache extract`` (docs/extract.md "Sampled extraction")."""
-    options = [
+# The sampling flags of ``hscache extract`` (docs/extract.md "Sampled extraction").
+sampling_options = apply_options(
+    [
         click.option(
             "--sampling",
             default=None,
@@ -153,9 +163,7 @@ def sampling_options(fn: Callable) -> Callable:
             "processed top logprobs), teacher-forced as they are; the sampling setting is read from the requests.",
         ),
     ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+)
 
 
 def _sampling_setting(options: dict[str, Any]) -> Any:
@@ -193,24 +201,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option(
-    "--model",
-    default="builtin:tiny-qwen3.5",
-    show_default=True,
-    help="Local Hugging Face directory, or builtin:tiny-qwen3.5 / builtin:tiny-qwen3.",
-)
-@click.option(
-    "--prompts",
-    default="builtin:default",
-    show_default=True,
-    help="JSONL file ({id, prompt|messages|conversations|input_ids, ...metadata}) or builtin:default.",
-)
-@click.option(
-    "--layers",
-    default="dflash:3",
-    show_default=True,
-    help="0-based decoder-layer ids (1,9,17) or dflash:N for the DFlash rule.",
-)
+@model_option
+@prompts_option
+@layers_option
 @click.option("--out", required=True, help="Cache directory (created, or resumed when it holds a cache).")
 @click.option(
     "--max-new-tokens",
@@ -226,13 +219,7 @@ def main() -> None:
     show_default=True,
     help="auto: bf16 on CUDA, fp32 on CPU (bf16 is 2-3x slower there).",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(list(BACKENDS)),
-    default="auto",
-    show_default=True,
-    help="Linear-attention kernels: fla (CUDA), torch fallback, or auto.",
-)
+@backend_option
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
 @click.option(
     "--max-length",
@@ -292,7 +279,7 @@ def main() -> None:
     type=click.FloatRange(min=0),
     help="Seconds between durable commits (0: after every batch).",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@prompt_limit_option
 @click.option(
     "--shard",
     default=None,
@@ -311,11 +298,7 @@ def main() -> None:
     is_flag=True,
     help="Rename a repeated record id to ID#2, ID#3, ... (default: refuse the prompts file).",
 )
-@click.option(
-    "--id-from-line",
-    is_flag=True,
-    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
-)
+@id_from_line_option
 @click.option(
     "--mtp/--no-mtp",
     default=True,
@@ -415,8 +398,7 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
 @main.command()
 @click.argument("cache_a")
 @click.argument("cache_b")
-@click.option("--json", "json_path", default=None, help="Also write the full report as JSON here.")
-@click.option("--report", "report_path", default=None, help="Also write a self-contained HTML report here.")
+@report_outputs("the full report")
 @click.option(
     "--intersect", is_flag=True, help="Compare only the sequences both caches hold with identical token ids."
 )
@@ -437,8 +419,8 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
 def diff(
     cache_a: str,
     cache_b: str,
-    json_path: str | None,
-    report_path: str | None,
+    json_out: str | None,
+    report_out: str | None,
     intersect: bool,
     position_buckets: tuple[int, ...],
     allow_target_mismatch: bool,
@@ -454,7 +436,7 @@ def diff(
 
     for path in (cache_a, cache_b):
         check_cache_path(path)  # before torch is imported
-    for flag, path in (("--json", json_path), ("--report", report_path)):
+    for flag, path in (("--json", json_out), ("--report", report_out)):
         if path:
             check_output_path(path, flag)  # before the diff, not after it
     from hscache.diff.compare import diff_caches
@@ -472,10 +454,10 @@ def diff(
             allow_target_mismatch=allow_target_mismatch,
         )
     click.echo(format_report(result))
-    if json_path:
-        click.echo(f"wrote {save_json(result, json_path)}")
-    if report_path:
-        click.echo(f"wrote {write_report(result, report_path)}")
+    if json_out:
+        click.echo(f"wrote {save_json(result, json_out)}")
+    if report_out:
+        click.echo(f"wrote {write_report(result, report_out)}")
 
 
 @main.command()

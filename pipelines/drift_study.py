@@ -33,10 +33,25 @@ import click
 
 import hscache
 from hscache.capture import BACKENDS
+from hscache.cli_options import (
+    decode_length_options,
+    layers_option,
+    model_option,
+    prompt_limit_option,
+    prompts_option,
+)
 from hscache.diff.compare import DEFAULT_POSITION_BUCKETS, diff_caches
 from hscache.diff.report import DiffReport, save_json
-from hscache.store.dtypes import DTYPES, SCORER_DTYPES
+from hscache.store.dtypes import DTYPES
 from hscache.store.fsio import atomic_write_bytes, atomic_write_json
+from scorer.cli.shared import (
+    ddtree_option,
+    drafter_dtype_option,
+    int_list,
+    seed_option,
+    train_steps_option,
+    written_block_size_option,
+)
 from scorer.evaluate import EvalConfig, evaluate_many
 
 __all__ = ["DriftStudyConfig", "DriftStudyError", "Setting", "parse_settings", "run_drift_study"]
@@ -350,13 +365,6 @@ def run_drift_study(config: DriftStudyConfig) -> dict[str, Any]:
     return document
 
 
-def _int_tuple(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers") from None
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--out", required=True, help="Study directory: caches/, diffs/, scores/, drift_study.json and .html."
@@ -375,58 +383,21 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     show_default=True,
     help="Index in --settings of the reference (its greedy text is the one every cache holds).",
 )
-@click.option(
-    "--model", default=_EXTRACT.model, show_default=True, help="Target: a local HF directory or builtin:...."
-)
-@click.option(
-    "--prompts", default=_EXTRACT.prompts, show_default=True, help="JSONL prompts file or builtin:default."
-)
-@click.option(
-    "--layers", default=_EXTRACT.layers, show_default=True, help="Layer ids to cache (1,9,17) or dflash:N."
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=_EXTRACT.max_new_tokens,
-    show_default=True,
-    help="Greedy tokens the reference setting generates per prompt.",
-)
-@click.option(
-    "--max-length",
-    type=click.IntRange(min=2),
-    default=_EXTRACT.max_length,
-    show_default=True,
-    help="Longest sequence (prompt + generated tokens).",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@model_option
+@prompts_option
+@layers_option
+@decode_length_options
+@prompt_limit_option
 @click.option(
     "--checkpoint", "checkpoints", multiple=True, help="Drafter checkpoint to score; repeat for several."
 )
-@click.option(
-    "--train-steps",
-    type=click.IntRange(min=0),
-    default=300,
-    show_default=True,
-    help="Without --checkpoint: train a tiny drafter on the reference cache for N steps.",
-)
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=2),
-    default=8,
-    show_default=True,
-    help="Block of the trained drafter.",
-)
+@train_steps_option(300, "Without --checkpoint: train a tiny drafter on the reference cache for N steps.")
+@written_block_size_option
 @click.option(
     "--eval-device", default=_EVAL.device, show_default=True, help="Device scoring runs on (cpu, cuda)."
 )
-@click.option(
-    "--eval-dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default=_EVAL.dtype,
-    show_default=True,
-    help="Drafter dtype while scoring.",
-)
-@click.option("--ddtree", default="", help="DDTree budgets to score too, e.g. 8,32 (default: none).")
+@drafter_dtype_option(flag="--eval-dtype")
+@ddtree_option("")
 @click.option(
     "--n-boot",
     type=click.IntRange(min=10),
@@ -434,9 +405,7 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     show_default=True,
     help="Bootstrap resamples for the 95% intervals.",
 )
-@click.option(
-    "--seed", type=int, default=_EVAL.seed, show_default=True, help="Seed of the bootstrap and the training."
-)
+@seed_option("Seed of the bootstrap and the training.")
 @click.option(
     "--position-buckets",
     default=",".join(map(str, DEFAULT_POSITION_BUCKETS)),
@@ -444,9 +413,7 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     help="Token positions where the drift-by-position buckets start.",
 )
 @click.option("--overwrite", is_flag=True, help="Rebuild caches whose settings differ instead of refusing.")
-def main(
-    settings_text: str, checkpoints: tuple[str, ...], ddtree: str, position_buckets: str, **options: Any
-) -> None:
+def main(settings_text: str, checkpoints: tuple[str, ...], position_buckets: str, **options: Any) -> None:
     """Build caches of one target under several settings, diff them, score drafters, write one report.
 
     \b
@@ -460,8 +427,7 @@ def main(
         config = DriftStudyConfig(
             settings=parse_settings(settings_text),
             checkpoints=checkpoints,
-            ddtree=_int_tuple(ddtree),
-            position_buckets=_int_tuple(position_buckets),
+            position_buckets=int_list(position_buckets),
             **options,
         )
         document = run_drift_study(config)

@@ -19,9 +19,9 @@ from typing import Any
 from rich.console import Console
 
 from hscache import schemas
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.store.sampling import sampling_setting
 from scorer.compare import compare_drafters
+from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.scoring import EvalConfig
 
@@ -124,10 +124,7 @@ def compare_settings(
         },
         "warnings": warnings,
         "compares": compares,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t0,
-        "created_at": utc_now(),
+        **run_stamp(time.perf_counter() - t0),
     }
     schemas.validate(document, "compare_settings_report")
     return document

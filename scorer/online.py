@@ -216,6 +216,47 @@ class OnlineConfig:
     id_from_line: bool = False
     allow_target_mismatch: bool = False
 
+    def open(self, checkpoint: str | Path) -> OnlineSession:
+        """``open_online`` at this config's target, dtype, device and drafter settings."""
+        options = OnlineOptions(
+            overrides=dict(self.overrides),
+            trust_checkpoint=self.trust_checkpoint,
+            config_path=self.config_path,
+            num_speculative_tokens=self.num_speculative_tokens,
+            device=self.device,
+        )
+        return open_online(checkpoint, self.model, self.dtype, options, self.allow_target_mismatch)
+
+    def prompts_of(self, tokenizer: Any) -> list[tuple[str, list[int]]]:
+        """(record id, prompt token ids) of the first ``limit`` prompts, tokenized by ``tokenizer``."""
+        prompts = []
+        for n, record in enumerate(
+            iter_records(resolve_prompts(self.prompts), id_from_line=self.id_from_line)
+        ):
+            if self.limit is not None and n >= self.limit:
+                break
+            prompts.append((record.record_id, prompt_token_ids(record, tokenizer)))
+        return prompts
+
+    def describe(self, session: OnlineSession, backend: str) -> dict[str, Any]:
+        """The online report's fields that say what ran: the drafter, the target and the prompts (with
+        their hashes), and this config's decoding settings (``backend``: the resolved kernels)."""
+        return {
+            "checkpoint": session.report.to_dict(),
+            "family": session.family.name,
+            "target_check": session.target_check.to_dict(),
+            "model": self.model,
+            "model_weights_sha256": session.target.weights_sha256,
+            "prompts": self.prompts,
+            "prompts_sha256": file_sha256(resolve_prompts(self.prompts)),
+            "dtype": self.dtype,
+            "device": self.device,
+            "backend": backend,
+            "max_new_tokens": self.max_new_tokens,
+            "max_length": self.max_length,
+            "limit": self.limit,
+        }
+
 
 def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) -> dict[str, Any]:
     """Speculative decoding of every prompt; per-request and pooled online tau.
@@ -226,45 +267,24 @@ def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) ->
     """
     t0 = time.perf_counter()
     backend = resolve_backend(config.backend, config.device)
-    options = OnlineOptions(
-        overrides=dict(config.overrides),
-        trust_checkpoint=config.trust_checkpoint,
-        config_path=config.config_path,
-        num_speculative_tokens=config.num_speculative_tokens,
-        device=config.device,
-    )
-    session = open_online(checkpoint, config.model, config.dtype, options, config.allow_target_mismatch)
-    target, family, layer_ids, propose = session.target, session.family, session.layer_ids, session.propose
-    report, target_check = session.report, session.target_check
+    session = config.open(checkpoint)
     requests = []
-    with use_backend(target.model, backend):
-        for n, record in enumerate(
-            iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
-        ):
-            if config.limit is not None and n >= config.limit:
-                break
-            prompt = prompt_token_ids(record, target.tokenizer)
+    with use_backend(session.target.model, backend):
+        for record_id, prompt in config.prompts_of(session.target.tokenizer):
             ids, rounds = speculative_decode(
-                target, layer_ids, propose, prompt, config.max_new_tokens, config.max_length
+                session.target,
+                session.layer_ids,
+                session.propose,
+                prompt,
+                config.max_new_tokens,
+                config.max_length,
             )
-            requests.append(OnlineRequest(record.record_id, len(prompt), tuple(ids), tuple(rounds)))
+            requests.append(OnlineRequest(record_id, len(prompt), tuple(ids), tuple(rounds)))
     result = {
         "schema_version": ONLINE_SCHEMA_VERSION,
         **tau_of_requests(requests),
         "per_request": [request_row(r) for r in requests],
-        "checkpoint": report.to_dict(),
-        "family": family.name,
-        "target_check": target_check.to_dict(),
-        "model": config.model,
-        "model_weights_sha256": target.weights_sha256,
-        "prompts": config.prompts,
-        "prompts_sha256": file_sha256(resolve_prompts(config.prompts)),
-        "dtype": config.dtype,
-        "device": config.device,
-        "backend": backend,
-        "max_new_tokens": config.max_new_tokens,
-        "max_length": config.max_length,
-        "limit": config.limit,
+        **config.describe(session, backend),
         **run_stamp(time.perf_counter() - t0),
     }
     schemas.validate(result, "online_report")

@@ -50,21 +50,19 @@ import torch
 from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
-from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
-from hscache.capture.provenance import git_commit, package_versions, utc_now
 from hscache.capture.sampling import SAMPLING_BYTES_PER_LOGIT, penalise_dense, processed_support
 from hscache.capture.target import Target
-from hscache.store.fsio import file_sha256
 from hscache.store.sampling import SamplingSetting
+from scorer.documents import run_stamp
 from scorer.errors import ScorerError
-from scorer.families.base import OnlineOptions, Proposer
+from scorer.families.base import Proposer
 from scorer.metrics import bootstrap_ci, tau_pooled_from_totals
 from scorer.online import (
     ONLINE_SCHEMA_VERSION,
+    OnlineConfig,
     OnlineRequest,
     commit_round,
     eos_ids,
-    open_online,
     request_row,
     tau_of_requests,
 )
@@ -113,12 +111,11 @@ class SampledOnlineConfig:
         tree: (steps, topk, tokens): SGLang's EAGLE tree verified by SGLang's target-only rule instead
             of a chain by vLLM's (EAGLE-3, MTP; one-hot drafts only, no penalties, no min_p).
         ddtree: N: DFlash's DDTree of N nodes verified by the same SGLang target-only rule (as ``tree``).
-        model, prompts, max_new_tokens, max_length, dtype, device, backend, limit: as ``OnlineConfig``.
+        online: what greedy ``scorer online`` takes too (``OnlineConfig``: the target, the prompts,
+            the lengths, dtype, device, backend, limit and the drafter's settings), decoded alike.
         lanes_per_forward: (run, prompt) sequences verified in one batched target forward; 1 runs
             each alone (the exact forward ``scorer online`` at T = 0 makes).
         n_boot: bootstrap resamples of the interval over runs.
-        overrides, trust_checkpoint, config_path, num_speculative_tokens, id_from_line,
-            allow_target_mismatch: as ``OnlineConfig``.
     """
 
     checkpoint: str
@@ -127,22 +124,9 @@ class SampledOnlineConfig:
     draft_sampling: str = "onehot"
     tree: tuple[int, int, int] | None = None
     ddtree: int | None = None
-    model: str = "builtin:tiny-qwen3.5"
-    prompts: str = "builtin:default"
-    max_new_tokens: int = 64
-    max_length: int = 4096
-    dtype: str = "fp32"
-    device: str = "cpu"
-    backend: str = "auto"
-    limit: int | None = None
+    online: OnlineConfig = field(default_factory=OnlineConfig)
     lanes_per_forward: int = 64
     n_boot: int = 1000
-    overrides: dict[str, Any] = field(default_factory=dict)
-    trust_checkpoint: bool = False
-    config_path: str | None = None
-    num_speculative_tokens: int | None = None
-    id_from_line: bool = False
-    allow_target_mismatch: bool = False
 
     def validate(self) -> SampledOnlineConfig:
         """Refuse what cannot run, in one line each; return ``self``.
@@ -635,31 +619,17 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         ScorerError: an invalid config (``SampledOnlineConfig.validate``), or what loading refuses.
     """
     config.validate()
+    online = config.online
     t0 = time.perf_counter()
-    backend = resolve_backend(config.backend, config.device)
-    options = OnlineOptions(
-        overrides=dict(config.overrides),
-        trust_checkpoint=config.trust_checkpoint,
-        config_path=config.config_path,
-        num_speculative_tokens=config.num_speculative_tokens,
-        device=config.device,
-    )
-    session = open_online(
-        config.checkpoint, config.model, config.dtype, options, config.allow_target_mismatch
-    )
+    backend = resolve_backend(online.backend, online.device)
+    session = online.open(config.checkpoint)
     config.sampling.validate(session.target.vocab_size)  # top_k against the vocabulary, now it is known
-    prompts = []
-    for n, record in enumerate(
-        iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
-    ):
-        if config.limit is not None and n >= config.limit:
-            break
-        prompts.append((record.record_id, prompt_token_ids(record, session.target.tokenizer)))
+    prompts = online.prompts_of(session.target.tokenizer)
     settings = DecodeSettings(
         config.sampling,
         config.draft_sampling,
-        config.max_new_tokens,
-        config.max_length,
+        online.max_new_tokens,
+        online.max_length,
         config.lanes_per_forward,
         config.tree,
         config.ddtree,
@@ -705,23 +675,8 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
             ],
             "lanes_per_forward": config.lanes_per_forward,
         },
-        "checkpoint": session.report.to_dict(),
-        "family": session.family.name,
-        "target_check": session.target_check.to_dict(),
-        "model": config.model,
-        "model_weights_sha256": session.target.weights_sha256,
-        "prompts": config.prompts,
-        "prompts_sha256": file_sha256(resolve_prompts(config.prompts)),
-        "dtype": config.dtype,
-        "device": config.device,
-        "backend": backend,
-        "max_new_tokens": config.max_new_tokens,
-        "max_length": config.max_length,
-        "limit": config.limit,
-        "versions": package_versions(),
-        "hscache_git_commit": git_commit(),
-        "seconds": time.perf_counter() - t0,
-        "created_at": utc_now(),
+        **online.describe(session, backend),
+        **run_stamp(time.perf_counter() - t0),
     }
     schemas.validate(document, "online_report")
     return document

@@ -30,3 +30,21 @@ def test_every_option_is_described_and_the_help_shows_an_example(name, command):
     text = command.get_help(click.Context(command, info_name=name))
     example = text.split("Example:", 1)[-1] if "Example:" in text else ""
     assert re.search(rf"\n\s+{name.split()[0]} ", example), text
+
+
+def test_shared_flags_default_to_what_the_python_api_defaults_to():
+    """The target / prompt flags are declared once (hscache/cli_options.py) for extract, online and the
+    drift study; each command's defaults must still be its config's, so `hscache extract` and
+    `hscache.ExtractConfig`, `scorer online` and `OnlineConfig` decode the same when given nothing."""
+    import hscache
+    from scorer.online import OnlineConfig
+
+    fields = ("model", "prompts", "layers", "max_new_tokens", "max_length", "limit", "backend")
+    for command, config in (
+        (hscache_main.commands["extract"], hscache.ExtractConfig(out="")),
+        (drift_main, hscache.ExtractConfig(out="")),
+        (scorer_main.commands["online"], OnlineConfig()),
+    ):
+        defaults = {p.name: p.default for p in command.params if p.name in fields}
+        assert len(defaults) >= 5, (command.name, defaults)
+        assert defaults == {name: getattr(config, name) for name in defaults}, command.name

@@ -7,10 +7,11 @@ from typing import Any
 
 import click
 
+from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
-    SEED,
-    budgets,
     check_outputs,
+    ddtree_option,
+    device_option,
     drafting_flags,
     friendly_errors,
     limit_option,
@@ -18,6 +19,7 @@ from scorer.cli.shared import (
     sampling_check_flags,
     sampling_request,
     scoring_dtype_option,
+    seed_option,
     write_json,
 )
 from scorer.report.tables import TABLE_FORMATS
@@ -35,21 +37,12 @@ __all__ = ["compare"]
     help="The cache every drafter is scored on (same rounds for all); repeat it with caches of the same "
     "prompts at other sampling settings (greedy/, t07/) to see each drafter's tau per setting side by side.",
 )
-@click.option("--device", default="cpu", show_default=True, help="Torch device the drafters run on.")
+@device_option
 @scoring_dtype_option
-@click.option(
-    "--ddtree",
-    default="",
-    show_default=True,
-    callback=budgets,
-    help="DDTree budgets for block (DFlash) drafters; '' for none.",
-)
+@ddtree_option("")
 @limit_option
-@click.option(
-    "--seed", type=SEED, default=0, show_default=True, help="Seed of the paired-bootstrap intervals."
-)
-@click.option("--json", "json_out", default=None, help="Write the comparison as JSON here.")
-@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
+@seed_option("Seed of the paired-bootstrap intervals.")
+@report_outputs("the comparison")
 @click.option(
     "--trust-checkpoint", is_flag=True, help="Allow full unpickling of .pt files (runs their code!)."
 )

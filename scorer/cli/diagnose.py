@@ -6,14 +6,18 @@ from typing import Any
 
 import click
 
-from hscache.store.dtypes import SCORER_DTYPES
+from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
-    SEED,
     FiniteFloatRange,
+    anchors_option,
+    block_size_option,
     check_outputs,
     checkpoint_flags,
+    device_option,
+    drafter_dtype_option,
     friendly_errors,
-    overrides_of,
+    num_speculative_tokens_option,
+    seed_option,
     write_json,
 )
 
@@ -42,33 +46,17 @@ __all__ = ["diagnose"]
     help="Sequences replayed per hypothesis (a seeded sample; default: 32, grown to what the observed "
     "variance says separates a 0.15 tau gain, at most 256).",
 )
-@click.option("--json", "json_out", default=None, help="Write the report as JSON here.")
-@click.option("--report", "report_out", default=None, help="Write a self-contained HTML page here.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device to replay on.")
-@click.option(
-    "--dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default="fp32",
-    show_default=True,
-    help="Baseline replay dtype (the other one is a hypothesis).",
+@report_outputs("the report")
+@device_option
+@drafter_dtype_option("Baseline replay dtype (the other one is a hypothesis).")
+@block_size_option
+@anchors_option(
+    "all: every anchor drafted once per distinct drafter input, shared by the hypotheses; chain: only "
+    "where each replay goes, one small forward per round (1/tau of the block work, slow on CPU)."
 )
-@click.option(
-    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
-)
-@click.option(
-    "--anchors",
-    type=click.Choice(["all", "chain"]),
-    default="all",
-    show_default=True,
-    help="all: every anchor drafted once per distinct drafter input, shared by the hypotheses; chain: only "
-    "where each replay goes, one small forward per round (1/tau of the block work, slow on CPU).",
-)
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the sample and the bootstrap.")
-@click.option(
-    "--num-speculative-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="EAGLE-3, MTP: the chain of K tokens per round replayed (default: the checkpoint's, else the engines').",
+@seed_option("Seed of the sample and the bootstrap.")
+@num_speculative_tokens_option(
+    "EAGLE-3, MTP: the chain of K tokens per round replayed (default: the checkpoint's, else the engines')."
 )
 @checkpoint_flags
 @friendly_errors
@@ -77,9 +65,6 @@ def diagnose(
     caches: tuple[str, ...],
     json_out: str | None,
     report_out: str | None,
-    target_layer_ids: tuple[int, ...],
-    mask_token_id: int | None,
-    rope_theta: float | None,
     **options: Any,
 ) -> None:
     """Name the setting behind a low tau: replay CHECKPOINT as configured, then once per hypothesis.
@@ -94,7 +79,7 @@ def diagnose(
     from scorer.report.diagnose import render_diagnose
 
     check_outputs(json=json_out, report=report_out)  # before the replays, not after them
-    config = DiagnoseConfig(overrides=overrides_of(target_layer_ids, mask_token_id, rope_theta), **options)
+    config = DiagnoseConfig(**options)  # overrides included (checkpoint_flags)
     report = diagnose_checkpoint(
         checkpoint, caches, config, on_hypothesis=lambda what: click.echo(f"replaying: {what}", err=True)
     )

@@ -6,25 +6,28 @@ from typing import Any
 
 import click
 
+from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
     DROPPED_QUIETLY,
     POSITIVE,
-    SEED,
-    budgets,
+    anchors_option,
+    block_size_option,
     check_outputs,
     checkpoint_flags,
     cluster_flags,
+    ddtree_option,
+    device_option,
     drafting_flags,
     friendly_errors,
     given_on_command_line,
     limit_option,
     lookup_settings,
     maybe_cluster,
-    overrides_of,
     refuse_foreign_settings,
     sampling_check_flags,
     sampling_request,
     scoring_dtype_option,
+    seed_option,
     write_json,
 )
 
@@ -36,35 +39,15 @@ __all__ = ["eval_command"]
 @click.option(
     "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
 )
-@click.option(
-    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
-)
+@device_option
 @scoring_dtype_option
-@click.option(
-    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
-)
-@click.option(
-    "--ddtree",
-    default="8,32,128",
-    show_default=True,
-    callback=budgets,
-    help="DDTree budgets (node counts); '' for none.",
-)
+@block_size_option
+@ddtree_option("8,32,128")
 @limit_option
-@click.option("--json", "json_out", default=None, help="Write the full report as JSON here.")
-@click.option(
-    "--report",
-    "report_out",
-    default=None,
-    help="Write a self-contained HTML page here: tau per cache, deltas, per-position acceptance.",
-)
-@click.option(
-    "--anchors",
-    type=click.Choice(["all", "chain"]),
-    default="all",
-    show_default=True,
-    help="all: draft every anchor (per-slot acceptance, train_accept_len); chain: only the anchors the "
-    "chain and DDTree replays visit (same tau, ~tau x less work).",
+@report_outputs("the full report", "tau per cache, deltas, per-position acceptance")
+@anchors_option(
+    "all: draft every anchor (per-slot acceptance, train_accept_len); chain: only the anchors the "
+    "chain and DDTree replays visit (same tau, ~tau x less work)."
 )
 @click.option(
     "--memory-gb",
@@ -74,13 +57,7 @@ __all__ = ["eval_command"]
     help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
 )
 @click.option("--samples", type=click.IntRange(min=0), default=0, help="Show N rounds side by side.")
-@click.option(
-    "--seed",
-    type=SEED,
-    default=0,
-    show_default=True,
-    help="Seed of the bootstrap intervals and the --samples draw.",
-)
+@seed_option("Seed of the bootstrap intervals and the --samples draw.")
 @click.option(
     "--allow-target-mismatch",
     is_flag=True,
@@ -108,9 +85,7 @@ def eval_command(
     caches: tuple[str, ...],
     json_out: str | None,
     report_out: str | None,
-    target_layer_ids: tuple[int, ...],
-    mask_token_id: int | None,
-    rope_theta: float | None,
+    overrides: dict[str, Any],
     scheduler: str | None,
     workers: int | None,
     expect_digests: tuple[str, ...],
@@ -131,8 +106,7 @@ def eval_command(
     from scorer.report.terminal import render_comparison, render_report
 
     sampling = sampling_request(options)
-    overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
-    config = EvalConfig(overrides=overrides, sampling=sampling, **options)
+    config = EvalConfig(overrides={**overrides, **lookup_settings(options)}, sampling=sampling, **options)
     refuse_foreign_settings(checkpoint, config.config_path, given_on_command_line(DROPPED_QUIETLY))
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     console = Console(stderr=False)

@@ -11,7 +11,13 @@ from typing import Any
 
 import click
 
-from scorer.cli.shared import SEED, friendly_errors
+from scorer.cli.shared import (
+    friendly_errors,
+    num_speculative_tokens_option,
+    seed_option,
+    train_steps_option,
+    written_block_size_option,
+)
 from scorer.errors import ScorerError
 
 __all__ = ["init"]
@@ -73,27 +79,11 @@ def _families() -> tuple[Any, ...]:
 @click.option(
     "--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True, help="Drafter layers."
 )
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=2),
-    default=8,
-    show_default=True,
-    help="DFlash only: tokens per draft block (the anchor + block size - 1 drafted).",
-)
-@click.option(
-    "--num-speculative-tokens",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="EAGLE-3 only: the K written into its config.",
-)
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the weights and the training.")
-@click.option(
-    "--train-steps",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Train for N CPU steps on the cache (the family's trainer, scorer.train) instead of random weights.",
+@written_block_size_option
+@num_speculative_tokens_option("EAGLE-3 only: the K written into its config.", default=3)
+@seed_option("Seed of the weights and the training.")
+@train_steps_option(
+    0, "Train for N CPU steps on the cache (the family's trainer, scorer.train) instead of random weights."
 )
 @click.option(
     "--eval-every",

@@ -3,24 +3,30 @@ scorer.online_sampled at T > 0)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import click
 
-from hscache.capture import BACKENDS
+from hscache.cli_options import (
+    backend_option,
+    decode_length_options,
+    id_from_line_option,
+    model_option,
+    prompt_limit_option,
+    prompts_option,
+)
 from hscache.store.dtypes import DTYPE_NAMES
 from scorer.cli.shared import (
     DRAFT_SAMPLING,
     SAMPLING_PARAMETER_FLAGS,
     SEED,
     apply_options,
+    block_size_option,
     check_outputs,
     checkpoint_flags,
     drafting_flags,
     friendly_errors,
     lookup_settings,
-    overrides_of,
     sampling_parameter_flags,
     write_json,
 )
@@ -58,14 +64,9 @@ online_sampling_flags = apply_options(
 )
 
 
-def _sampled_config(
-    checkpoint: str,
-    overrides: dict[str, Any],
-    options: dict[str, Any],
-    tree: tuple[int, int, int] | None = None,
-) -> Any:
-    """Pop the sampling flags from ``options``: None (greedy) or a validated SampledOnlineConfig
-    (``tree``: SGLang's EAGLE tree verified by its target-only rule instead of vLLM's chain)."""
+def _sampled_setting(options: dict[str, Any]) -> tuple[Any, int, str] | None:
+    """Pop the sampling flags from ``options``: None (greedy), or the validated SamplingSetting, the
+    runs and the drafting rule of a SampledOnlineConfig (checked before torch is imported)."""
     from hscache.store.sampling import SamplingSetting
 
     preset, runs, draft_sampling = options.pop("sampling"), options.pop("runs"), options.pop("draft_sampling")
@@ -78,18 +79,12 @@ def _sampled_config(
                 f"{given[0]} applies to sampled decoding only; pass --temperature T > 0 or --sampling PRESET"
             )
         return None
-    from scorer.online_sampled import SampledOnlineConfig
-
-    return SampledOnlineConfig(
-        checkpoint,
+    # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
+    return (
         setting,
-        runs=64 if runs is None else runs,
-        # vLLM's "greedy" draft_sample_method is the one-hot rule (online_sampled's name for it).
-        draft_sampling="probabilistic" if draft_sampling == "probabilistic" else "onehot",
-        tree=tree,
-        overrides=overrides,
-        **options,
-    ).validate()
+        64 if runs is None else runs,
+        "probabilistic" if draft_sampling == "probabilistic" else "onehot",
+    )
 
 
 def _echo_sampled(result: dict[str, Any]) -> None:
@@ -120,25 +115,9 @@ def _echo_sampled(result: dict[str, Any]) -> None:
 
 @click.command()
 @click.argument("checkpoint")
-@click.option(
-    "--model",
-    default="builtin:tiny-qwen3.5",
-    show_default=True,
-    help="The target: a local HF directory or builtin:...",
-)
-@click.option(
-    "--prompts", default="builtin:default", show_default=True, help="JSONL prompts file or builtin:default."
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Tokens to decode per prompt.",
-)
-@click.option(
-    "--max-length", type=click.IntRange(min=2), default=4096, show_default=True, help="Longest sequence."
-)
+@model_option
+@prompts_option
+@decode_length_options
 @click.option(
     "--dtype",
     type=click.Choice(list(DTYPE_NAMES)),
@@ -149,18 +128,10 @@ def _echo_sampled(result: dict[str, Any]) -> None:
 @click.option(
     "--device", default="cpu", show_default=True, help="Where both models run: cpu, cuda or cuda:N."
 )
-@click.option(
-    "--backend",
-    type=click.Choice(list(BACKENDS)),
-    default="auto",
-    show_default=True,
-    help="The target's linear-attention kernels: fla (CUDA), torch, or auto.",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
+@backend_option
+@prompt_limit_option
 @click.option("--json", "json_out", default=None, help="Write the result as JSON here.")
-@click.option(
-    "--block-size", type=click.IntRange(min=2), default=None, help="Override the drafter's block size."
-)
+@block_size_option
 @click.option(
     "--ddtree",
     type=click.IntRange(min=1),
@@ -170,11 +141,7 @@ def _echo_sampled(result: dict[str, Any]) -> None:
     "verify it by SGLang's target-only tree rule, as --tree does for EAGLE-3 and MTP.",
 )
 @drafting_flags
-@click.option(
-    "--id-from-line",
-    is_flag=True,
-    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
-)
+@id_from_line_option
 @click.option(
     "--allow-target-mismatch",
     is_flag=True,
@@ -187,9 +154,7 @@ def online(
     checkpoint: str,
     json_out: str | None,
     tree: tuple[int, int, int] | None,
-    target_layer_ids: tuple[int, ...],
-    mask_token_id: int | None,
-    rope_theta: float | None,
+    overrides: dict[str, Any],
     block_size: int | None,
     **options: Any,
 ) -> None:
@@ -209,27 +174,29 @@ def online(
     """
 
     check_outputs(json=json_out)  # before decoding, not after it
-    overrides = {**overrides_of(target_layer_ids, mask_token_id, rope_theta), **lookup_settings(options)}
+    overrides = {**overrides, **lookup_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
     ddtree = options.pop("ddtree")
-    sampled = _sampled_config(checkpoint, overrides, options, tree)
+    sampled = _sampled_setting(options)
     if (tree or ddtree) and sampled is None:
         flag, what = ("--tree", "SGLang's tree") if tree else ("--ddtree", "DDTree by SGLang's tree rule")
         raise ScorerError(
             f"{flag}: scorer online verifies {what} at temperature > 0 (--temperature T or --sampling "
             "PRESET); at temperature 0 score trees with scorer eval"
         )
-    if ddtree is not None:
-        sampled = dataclasses.replace(sampled, ddtree=ddtree).validate()
+    from scorer.online import OnlineConfig, run_online
+
+    config = OnlineConfig(overrides=overrides, **options)
     if sampled is None:
-        from scorer.online import OnlineConfig, run_online
-
-        result = run_online(checkpoint, OnlineConfig(overrides=overrides, **options))
+        result = run_online(checkpoint, config)
     else:
-        from scorer.online_sampled import run_online_sampled
+        from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
 
-        result = run_online_sampled(sampled)
+        setting, runs, draft_sampling = sampled
+        result = run_online_sampled(
+            SampledOnlineConfig(checkpoint, setting, runs, draft_sampling, tree, ddtree, online=config)
+        )
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
     from scorer.target_identity import TargetCheck

@@ -1,12 +1,15 @@
 """What the ``scorer`` commands share: option declarations, range checks, output helpers.
 
 Every flag two commands take is declared here once (the sampling parameters of eval / compare /
-sweep, which check a cache's setting, and of online, which decodes at it, included).
+sweep, which check a cache's setting, and of online, which decodes at it, included); the options
+they share with ``hscache extract`` and the drift study (the target, the prompts, --json / --report)
+are in hscache/cli_options.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +19,7 @@ from typing import Any
 import click
 
 from hscache.cli import error_boundary
+from hscache.cli_options import apply_options
 from hscache.errors import HscacheError
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
@@ -29,11 +33,16 @@ __all__ = [
     "SEED",
     "TOKEN_ID",
     "FiniteFloatRange",
+    "anchors_option",
     "apply_options",
+    "block_size_option",
     "budgets",
     "check_outputs",
     "checkpoint_flags",
     "cluster_flags",
+    "ddtree_option",
+    "device_option",
+    "drafter_dtype_option",
     "drafting_flags",
     "friendly_errors",
     "given_on_command_line",
@@ -41,13 +50,17 @@ __all__ = [
     "limit_option",
     "lookup_settings",
     "maybe_cluster",
+    "num_speculative_tokens_option",
     "overrides_of",
     "refuse_foreign_settings",
     "sampling_check_flags",
     "sampling_parameter_flags",
     "sampling_request",
     "scoring_dtype_option",
+    "seed_option",
+    "train_steps_option",
     "write_json",
+    "written_block_size_option",
 ]
 
 
@@ -85,18 +98,6 @@ SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
 TOKEN_ID = click.IntRange(min=0)
 # vLLM's draft_sample_method names: greedy (argmax drafts, one-hot verification), probabilistic.
 DRAFT_SAMPLING = click.Choice(["greedy", "probabilistic"])
-
-
-def apply_options(options: Iterable[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
-    """One decorator applying click ``options`` in the order listed (the first is shown first)."""
-    options = list(options)
-
-    def decorate(fn: Callable) -> Callable:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return decorate
 
 
 def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
@@ -148,6 +149,22 @@ def overrides_of(
     return overrides
 
 
+def _passing_overrides(command: Callable) -> Callable:
+    """Call ``command`` with the override flags' values gathered into ``overrides`` (overrides_of)."""
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: Any,
+        target_layer_ids: tuple[int, ...],
+        mask_token_id: int | None,
+        rope_theta: float | None,
+        **kwargs: Any,
+    ) -> Any:
+        return command(*args, overrides=overrides_of(target_layer_ids, mask_token_id, rope_theta), **kwargs)
+
+    return wrapper
+
+
 def lookup_settings(options: dict[str, Any]) -> dict[str, int]:
     """Take the n-gram family's --prompt-lookup-* out of ``options``: its settings, passed as
     EvalConfig.overrides like a drafter config's."""
@@ -193,19 +210,91 @@ def given_on_command_line(names: Iterable[str]) -> list[str]:
     ]
 
 
-# Options that eval, compare, sweep and diagnose declare alike.
-scoring_dtype_option = click.option(
-    "--dtype",
-    type=click.Choice(list(SCORER_DTYPES)),
-    default="fp32",
-    show_default=True,
-    help="Drafter dtype while scoring (the cache is read in its own dtype).",
+# Options that eval, compare, sweep and diagnose (some also online and init) declare alike; where
+# a command says more about one, the option takes that command's help.
+device_option = click.option(
+    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
 )
 limit_option = click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Only the first N sequences."
 )
+block_size_option = click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Override the drafter's block size (gives one to a checkpoint without a config).",
+)
 
-checkpoint_flags = apply_options(
+
+def drafter_dtype_option(
+    help_text: str = "Drafter dtype while scoring (the cache is read in its own dtype).",
+    flag: str = "--dtype",
+) -> Callable[[Callable], Callable]:
+    """--dtype (or ``flag``): the drafter's dtype while it replays (EvalConfig.dtype)."""
+    return click.option(
+        flag, type=click.Choice(list(SCORER_DTYPES)), default="fp32", show_default=True, help=help_text
+    )
+
+
+scoring_dtype_option = drafter_dtype_option()
+
+
+def ddtree_option(default: str) -> Callable[[Callable], Callable]:
+    """--ddtree: the DDTree budgets scored beside the chain (EvalConfig.ddtree), ``default`` shown."""
+    return click.option(
+        "--ddtree",
+        default=default,
+        show_default=True,
+        callback=budgets,
+        help="DDTree budgets (node counts) of block (DFlash) drafters; '' for none.",
+    )
+
+
+def seed_option(help_text: str) -> Callable[[Callable], Callable]:
+    """--seed, 0 by default: ``help_text`` says what it seeds in this command."""
+    return click.option("--seed", type=SEED, default=0, show_default=True, help=help_text)
+
+
+def anchors_option(help_text: str) -> Callable[[Callable], Callable]:
+    """--anchors all|chain: which anchors the drafter drafts (EvalConfig.anchors)."""
+    return click.option(
+        "--anchors", type=click.Choice(["all", "chain"]), default="all", show_default=True, help=help_text
+    )
+
+
+def num_speculative_tokens_option(
+    help_text: str, default: int | None = None
+) -> Callable[[Callable], Callable]:
+    """--num-speculative-tokens: the K tokens a chain drafter drafts per round; None (scoring): the
+    checkpoint's config's, else the engines' default; a default given (init) is shown."""
+    return click.option(
+        "--num-speculative-tokens",
+        type=click.IntRange(min=1),
+        default=default,
+        show_default=None if default is None else True,
+        help=help_text,
+    )
+
+
+# What ``scorer init`` and the drift study (which trains a DFlash drafter when given no checkpoint)
+# declare alike: the training steps and the block size of the drafter written.
+def train_steps_option(default: int, help_text: str) -> Callable[[Callable], Callable]:
+    """--train-steps N (scorer.train), ``default`` shown."""
+    return click.option(
+        "--train-steps", type=click.IntRange(min=0), default=default, show_default=True, help=help_text
+    )
+
+
+written_block_size_option = click.option(
+    "--block-size",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="DFlash: tokens per draft block of the drafter written (the anchor + block size - 1 drafted).",
+)
+
+
+_checkpoint_options = apply_options(
     [
         click.option(
             "--target-layer-ids",
@@ -231,14 +320,18 @@ checkpoint_flags = apply_options(
     ]
 )
 
+
+def checkpoint_flags(command: Callable) -> Callable:
+    """The checkpoint flags (overrides, --config, --trust-checkpoint); ``command`` takes the three
+    override flags as one ``overrides`` dict (EvalConfig.overrides)."""
+    return _checkpoint_options(_passing_overrides(command))
+
+
 drafting_flags = apply_options(
     [
-        click.option(
-            "--num-speculative-tokens",
-            type=click.IntRange(min=1),
-            default=None,
-            help="Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
-            "num_speculative_tokens). Default: the checkpoint's config, else the engines' default.",
+        num_speculative_tokens_option(
+            "Autoregressive families (EAGLE-3, MTP): draft a chain of K tokens per round (vLLM's "
+            "num_speculative_tokens). Default: the checkpoint's config, else the engines' default."
         ),
         click.option(
             "--tree",

@@ -8,16 +8,18 @@ from typing import Any
 import click
 
 from scorer.cli.shared import (
-    SEED,
-    budgets,
+    block_size_option,
     check_outputs,
     cluster_flags,
+    ddtree_option,
+    device_option,
     friendly_errors,
     limit_option,
     maybe_cluster,
     sampling_check_flags,
     sampling_request,
     scoring_dtype_option,
+    seed_option,
 )
 
 __all__ = ["sweep"]
@@ -29,25 +31,12 @@ __all__ = ["sweep"]
 @click.option(
     "--out", default=None, help="Output directory (default: RUN_DIR/sweep); reports are kept in OUT/results."
 )
-@click.option(
-    "--device", default="cpu", show_default=True, help="Where the drafter runs: cpu, cuda or cuda:N."
-)
+@device_option
 @scoring_dtype_option
-@click.option(
-    "--ddtree",
-    default="8,32,128",
-    show_default=True,
-    callback=budgets,
-    help="DDTree budgets (node counts); '' for none.",
-)
+@ddtree_option("8,32,128")
 @limit_option
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap intervals.")
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=2),
-    default=None,
-    help="Block size for checkpoints without a config (overrides a config's value too).",
-)
+@seed_option("Seed of the bootstrap intervals.")
+@block_size_option
 @click.option(
     "--tokens-per-task",
     type=click.IntRange(min=1),

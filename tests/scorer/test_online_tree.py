@@ -170,6 +170,7 @@ def test_a_family_without_an_online_tree_is_refused_by_name(
     its per-slot top-K DDTree would be another drafter than the one it serves (no engine runs it)."""
     from hscache.store.sampling import SamplingSetting
     from scorer.errors import ScorerError
+    from scorer.online import OnlineConfig
     from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
 
     if checkpoint == "dflash":
@@ -179,6 +180,6 @@ def test_a_family_without_an_online_tree_is_refused_by_name(
 
         checkpoint = str(init_from_dflash(trained_drafter, tmp_path / "dflash2", selector_rank=8))
     setting = SamplingSetting.from_flags(temperature=0.7, top_k=5, seed=1)
-    config = SampledOnlineConfig(checkpoint, setting, runs=1, limit=1, **shape)
+    config = SampledOnlineConfig(checkpoint, setting, runs=1, online=OnlineConfig(limit=1), **shape)
     with pytest.raises(ScorerError, match=re.escape(message)):
         run_online_sampled(config)

@@ -1,0 +1,110 @@
+"""Click options that mean the same in ``hscache extract``, ``scorer online`` and the drift study
+(pipelines/drift_study.py): the target, its prompts and how it decodes them, declared once.
+
+hscache imports nothing from scorer or pipelines, so what both stages' commands share lives here;
+the scorer's own shared options are in scorer/cli/shared.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import click
+
+from hscache.capture import BACKENDS, BUILTIN_TARGETS
+
+__all__ = [
+    "apply_options",
+    "backend_option",
+    "decode_length_options",
+    "id_from_line_option",
+    "layers_option",
+    "model_option",
+    "prompt_limit_option",
+    "prompts_option",
+    "report_outputs",
+]
+
+
+def apply_options(options: Iterable[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
+    """One decorator applying click ``options`` in the order listed (the first is shown first)."""
+    options = list(options)
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+model_option = click.option(
+    "--model",
+    default=BUILTIN_TARGETS[0],
+    show_default=True,
+    help=f"The target: a local Hugging Face directory, or {' / '.join(BUILTIN_TARGETS)}.",
+)
+prompts_option = click.option(
+    "--prompts",
+    default="builtin:default",
+    show_default=True,
+    help="JSONL file ({id, prompt|messages|conversations|input_ids, ...metadata}) or builtin:default.",
+)
+layers_option = click.option(
+    "--layers",
+    default="dflash:3",
+    show_default=True,
+    help="0-based decoder-layer ids (1,9,17) or dflash:N for the DFlash rule.",
+)
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(list(BACKENDS)),
+    default="auto",
+    show_default=True,
+    help="The target's linear-attention kernels: fla (CUDA), torch fallback, or auto.",
+)
+prompt_limit_option = click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts."
+)
+id_from_line_option = click.option(
+    "--id-from-line",
+    is_flag=True,
+    help='Number records that have no "id" by their line in the prompts file (default: refuse them).',
+)
+
+# A decode that must generate (scorer online, the drift study's reference extraction): at least one
+# new token. ``hscache extract`` declares its own, since it also caches prompts as they are (0 new).
+decode_length_options = apply_options(
+    [
+        click.option(
+            "--max-new-tokens",
+            type=click.IntRange(min=1),
+            default=64,
+            show_default=True,
+            help="Tokens the target generates per prompt.",
+        ),
+        click.option(
+            "--max-length",
+            type=click.IntRange(min=2),
+            default=4096,
+            show_default=True,
+            help="Longest sequence (prompt + generated tokens).",
+        ),
+    ]
+)
+
+
+def report_outputs(document: str, page: str = "") -> Callable[[Callable], Callable]:
+    """``--json`` (``json_out``) and ``--report`` (``report_out``): where a command writes its
+    ``document`` as JSON and a self-contained HTML page (``page``: what the page shows, if said)."""
+    return apply_options(
+        [
+            click.option("--json", "json_out", default=None, help=f"Write {document} as JSON here."),
+            click.option(
+                "--report",
+                "report_out",
+                default=None,
+                help=f"Write a self-contained HTML page here{': ' + page if page else ''}.",
+            ),
+        ]
+    )
