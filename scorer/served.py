@@ -115,7 +115,8 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
       ``--tree`` (SGLang's rejection sampling drafts chains, topk 1), or for a family that gives
       no proposal probabilities;
     - SGLang's rule (``--tree``) on a cache sampled with a penalty (SGLang's in-round penalties are
-      not lossless: spec 4.6.4; measure it online).
+      not lossless: spec 4.6.4; measure it online) or with min_p (SGLang applies it after top-k/top-p,
+      the cache's vLLM order before them: spec 1.2).
 
     Raises:
         ScorerError: naming the flag, the cache's value and the fix.
@@ -156,6 +157,12 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
         for n, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0))
         if getattr(setting, n) != neutral
     ]
+    if getattr(config, "tree", None) is not None and setting.min_p > 0:
+        raise ScorerError(
+            f"--tree is SGLang's rule, and {where} was sampled with {_FLAG['min_p']} {setting.min_p:g}: SGLang "
+            "applies min_p after top-k and top-p (min_p_renorm_prob), vLLM (the cache's order) before them, so "
+            "the cache's trajectories are not SGLang's; score a cache sampled without --min-p"
+        )
     if getattr(config, "tree", None) is not None and penalties:
         raise ScorerError(
             f"--tree is SGLang's rule, and {where} was sampled with {', '.join(penalties)}: SGLang applies "

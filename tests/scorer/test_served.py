@@ -354,3 +354,26 @@ def test_probabilistic_eagle3_reduced_vocabulary(sampled_scorer_cache, tmp_path)
         np.testing.assert_allclose(log_q[:, 0], want.numpy(), rtol=1e-5, atol=1e-5)
         outside += int(np.isneginf(log_q[:, 0]).sum())
     assert outside > 0  # some sampled tokens fall outside the reduced vocabulary: q = 0 there
+
+
+def test_sglang_tree_on_a_min_p_cache_is_refused_by_name_and_vllm_chains_are_not():
+    """SGLang renormalises min_p after top-k / top-p, the cache's vLLM order before them: the cached
+    trajectories are not SGLang's, so its tree rule is refused there (as online --tree refuses
+    --min-p); a chain (vLLM's rule, the cache's own order) is scored."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from hscache.store.sampling import PRESETS, SamplingSetting
+    from scorer.families import family_named
+    from scorer.served import check_request
+
+    base = SamplingSetting.from_dict({**PRESETS["qwen-thinking-coding"], "seed": 0})
+    for min_p, refused in ((0.05, True), (0.0, False)):
+        cache = SimpleNamespace(settings={"sampling": dataclasses.replace(base, min_p=min_p).to_dict()})
+        tree, chain = EvalConfig(tree=(2, 2, 4)), EvalConfig()
+        check_request(cache, chain, family_named("eagle3"), "the cache")  # never refused
+        if refused:
+            with pytest.raises(ScorerError, match=r"--tree is SGLang's rule.*--min-p 0\.05"):
+                check_request(cache, tree, family_named("eagle3"), "the cache")
+        else:
+            check_request(cache, tree, family_named("eagle3"), "the cache")
