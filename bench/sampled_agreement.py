@@ -67,7 +67,7 @@ from scorer.scoring import EvalConfig
 from scorer.served_eval import tau_as_served
 
 FAMILIES = ("dflash", "dflash2", "eagle3", "mtp")
-RULES = {"one-hot": "onehot", "probabilistic": "probabilistic"}  # offline rule -> online draft_sampling
+RULES = {"one-hot": "greedy", "probabilistic": "probabilistic"}  # offline rule -> online draft_sampling
 MODEL = "builtin:tiny-qwen3.5"
 PROMPTS = "builtin:default"
 
@@ -272,7 +272,7 @@ def tree_rows(args: argparse.Namespace, work: Path, checkpoints: dict[str, str],
         session = open_online(checkpoint, MODEL, "fp32", OnlineOptions(overrides={}))
         records = list(iter_records(resolve_prompts(PROMPTS)))[: args.prompts]
         prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
-        settings = DecodeSettings(online_sampling, "onehot", max_new_tokens=args.new_tokens, **shape)
+        settings = DecodeSettings(online_sampling, "greedy", max_new_tokens=args.new_tokens, **shape)
         runs = decode_runs(
             session.target, session.layer_ids, session.propose, prompts, settings, range(args.runs)
         )

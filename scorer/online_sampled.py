@@ -92,7 +92,7 @@ __all__ = [
     "summarise_runs",
 ]
 
-DRAFT_SAMPLING = ("onehot", "probabilistic")
+DRAFT_SAMPLING = ("greedy", "probabilistic")  # as --draft-sampling (vLLM draft_sample_method)
 RULE = "vllm-mrv2"  # scorer.vllm_rejection.mrv2_verify
 TREE_RULE = "sglang-target-only"  # scorer.online_rules.sglang_target_only_verify (--tree)
 _STREAM_DOMAIN = "hscache-online-v1"
@@ -107,7 +107,7 @@ class SampledOnlineConfig:
         sampling: the served setting, temperature > 0 (``SamplingSetting.from_flags``); its ``seed``
             keys every run's random streams.
         runs: independent decodings of every prompt (the interval is over runs).
-        draft_sampling: ``onehot`` (the drafter's argmax, vLLM's default) or ``probabilistic``.
+        draft_sampling: ``greedy`` (the drafter's argmax: the one-hot rule, vLLM's default) or ``probabilistic``.
         tree: (steps, topk, tokens): SGLang's EAGLE tree verified by SGLang's target-only rule instead
             of a chain by vLLM's (EAGLE-3, MTP; one-hot drafts only, no penalties, no min_p).
         ddtree: N: DFlash's DDTree of N nodes verified by the same SGLang target-only rule (as ``tree``).
@@ -121,7 +121,7 @@ class SampledOnlineConfig:
     checkpoint: str
     sampling: SamplingSetting
     runs: int = 64
-    draft_sampling: str = "onehot"
+    draft_sampling: str = "greedy"
     tree: tuple[int, int, int] | None = None
     ddtree: int | None = None
     online: OnlineConfig = field(default_factory=OnlineConfig)
@@ -208,7 +208,7 @@ class DecodeSettings:
     """What ``decode_runs`` needs besides the target and the proposer."""
 
     sampling: SamplingSetting
-    draft_sampling: str = "onehot"
+    draft_sampling: str = "greedy"
     max_new_tokens: int = 64
     max_length: int = 4096
     lanes_per_forward: int = 64
@@ -701,7 +701,7 @@ def _describe_rule(
         )
     drafts = (
         "drafts = the drafter's argmax (q one-hot): accept d_j iff u_j < p(d_j), else sample p without d_j"
-        if draft_sampling == "onehot"
+        if draft_sampling == "greedy"
         else "drafts ~ q = softmax(draft logits / T), full draft vocabulary: accept iff u_j * q(d_j) < p(d_j), "
         "else sample norm(max(p - q, 0))"
     )

@@ -83,7 +83,7 @@ def _sampled_setting(options: dict[str, Any]) -> tuple[Any, int, str] | None:
     return (
         setting,
         64 if runs is None else runs,
-        "probabilistic" if draft_sampling == "probabilistic" else "onehot",
+        "probabilistic" if draft_sampling == "probabilistic" else "greedy",
     )
 
 

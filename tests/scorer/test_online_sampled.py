@@ -88,7 +88,7 @@ def test_one_token_top_k_equals_greedy_online_exactly(family, trained_drafter, e
     ]
     setting = SamplingSetting(temperature=0.8, top_k=1, presence_penalty=0.0, seed=5)
     for lanes in (1, 64) if family == "dflash" else (1,):
-        settings = DecodeSettings(setting, "onehot", 12, 4096, lanes_per_forward=lanes)
+        settings = DecodeSettings(setting, "greedy", 12, 4096, lanes_per_forward=lanes)
         runs = decode_runs(session.target, session.layer_ids, session.propose, prompts, settings, [0, 1])
         for run in runs:
             assert [list(r.token_ids) for r in run.requests] == [ids for ids, _ in greedy]
@@ -101,7 +101,7 @@ def test_one_token_top_k_equals_greedy_online_exactly(family, trained_drafter, e
 @pytest.mark.parametrize(
     "family,draft_sampling",
     [
-        ("dflash", "onehot"),
+        ("dflash", "greedy"),
         ("dflash", "probabilistic"),
         ("dflash2", "probabilistic"),
         ("eagle3", "probabilistic"),
@@ -143,7 +143,7 @@ def test_rounds_equal_an_independent_processor_and_the_kernel(
         torch.testing.assert_close(rec.target_probs.double(), expected, atol=1e-4, rtol=0)
         assert (rec.target_probs > 0).sum(-1).max() <= s.top_k
         q = rec.draft_probs
-        if draft_sampling == "onehot":
+        if draft_sampling == "greedy":
             assert q is None
             # spec 4.1 B: given the emitted tokens the round is deterministic, the matched prefix of the
             # drafts (the recovered token never equals the rejected draft): what the offline replay counts
@@ -218,7 +218,7 @@ def test_emitted_tokens_follow_the_processed_target_distribution():
             logits[token] = s.temperature * np.log(q)
         return [draw(logits), draw(logits)]
 
-    for rule, propose in (("onehot", onehot), ("probabilistic", probabilistic)):
+    for rule, propose in (("greedy", onehot), ("probabilistic", probabilistic)):
         settings = DecodeSettings(s, rule, max_new_tokens=2, max_length=64, lanes_per_forward=200)
         runs = decode_runs(target, [1], propose, [("p", prompt)], settings, range(400))
         first = np.array([r.requests[0].token_ids[5] for r in runs])
@@ -369,7 +369,7 @@ def test_cli_sampled_run_writes_a_valid_report(trained_drafter, tmp_path):
     schemas.validate(document, "online_report")
     sampled = document["sampled"]
     assert sampled["seed"] == 9 and sampled["runs"] == 3 and len(sampled["per_run"]) == 3
-    assert sampled["rule"]["name"] == "vllm-mrv2" and sampled["rule"]["draft_sampling"] == "onehot"
+    assert sampled["rule"]["name"] == "vllm-mrv2" and sampled["rule"]["draft_sampling"] == "greedy"
     assert (
         sampled["sampling"]["temperature"] == 0.6 and sampled["sampling"]["preset"] == "qwen-thinking-coding"
     )

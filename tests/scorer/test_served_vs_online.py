@@ -31,7 +31,7 @@ from scorer.served_eval import tau_as_served
 SETTING = dict(temperature=0.03, top_k=2, top_p=1.0)
 TEMPER = 1e-3
 PROMPTS, NEW, RUNS, SAMPLES = 1, 8, 64, 64
-ONLINE = {"one-hot": "onehot", "probabilistic": "probabilistic"}
+ONLINE = {"one-hot": "greedy", "probabilistic": "probabilistic"}
 
 
 def _pooled_with_se(tokens, rounds) -> tuple[float, float]:
@@ -160,7 +160,7 @@ def tree_agreement(eagle3_drafter, tree_cache):
         records = list(iter_records(resolve_prompts("builtin:default")))[:PROMPTS]
         prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
         settings = DecodeSettings(
-            SamplingSetting.from_flags(**TREE_SETTING, seed=5), "onehot", max_new_tokens=NEW, tree=TREE
+            SamplingSetting.from_flags(**TREE_SETTING, seed=5), "greedy", max_new_tokens=NEW, tree=TREE
         )
         rounds = []
         runs = decode_runs(
@@ -223,7 +223,7 @@ def ddtree_agreement(trained_drafter, tree_cache):
         records = list(iter_records(resolve_prompts("builtin:default")))[:PROMPTS]
         prompts = [(r.record_id, prompt_token_ids(r, session.target.tokenizer)) for r in records]
         settings = DecodeSettings(
-            SamplingSetting.from_flags(**TREE_SETTING, seed=5), "onehot", max_new_tokens=NEW, ddtree=DDTREE
+            SamplingSetting.from_flags(**TREE_SETTING, seed=5), "greedy", max_new_tokens=NEW, ddtree=DDTREE
         )
         rounds = []
         runs = decode_runs(
