@@ -126,7 +126,7 @@ def diagnose_eagle3(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
 # ``diagnose_cache`` whose target is the same function reparametrised (final norm (1 + w) = s per
 # channel, non-unit; lm_head = embed / s: the logits, so every cached argmax, are the same up to
 # rounding, which the fixture checks) and whose target/mtp.safetensors is the head trained on it.
-MTP_NORM_SPREAD = 1.0  # s = exp(N(0, 1)): channels scaled 0.1-10x, as real final norms' outliers are
+MTP_NORM_SPREAD = 1.0  # s = exp(N(0, 1)): channels scaled 0.07-30x (seed 0)
 MTP_TRAIN_STEPS = 50  # step 0 only (K = 1): 2.3 CPU-s; loss 22 -> 0.05, tau 1.94 of at most 2
 
 
@@ -208,21 +208,17 @@ def train_mtp_head(root: Path, *, post_norm: bool, steps: int, lr: float = 3e-3)
             .transpose(1, 2)
         )
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for _ in range(steps):
-            x = head.fuse(fed.flatten(), hidden.flatten(0, 1))
-            q, gate, k, v = layer.self_attn.project(
-                layer.input_layernorm(x), *head.cos_sin(positions, x.dtype)
-            )
-            attn = F.scaled_dot_product_attention(
-                per_sequence(q), per_sequence(k), per_sequence(v), is_causal=True
-            )
-            out = head.norm(layer.finish(x, attn.transpose(1, 2).flatten(0, 1), gate))
-            loss = F.cross_entropy(head.logits(out), labels.flatten())
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+    for _ in range(steps):  # full batch, no dropout, no new weights: deterministic
+        x = head.fuse(fed.flatten(), hidden.flatten(0, 1))
+        q, gate, k, v = layer.self_attn.project(layer.input_layernorm(x), *head.cos_sin(positions, x.dtype))
+        attn = F.scaled_dot_product_attention(
+            per_sequence(q), per_sequence(k), per_sequence(v), is_causal=True
+        )
+        out = head.norm(layer.finish(x, attn.transpose(1, 2).flatten(0, 1), gate))
+        loss = F.cross_entropy(head.logits(out), labels.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
     return {f"mtp.{k}": v.detach().contiguous() for k, v in head.state_dict().items()}
 
 
