@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import hscache
+from hscache.capture.final_norm import KINDS
 from scorer.train import train_drafter
 
 
@@ -116,4 +117,135 @@ def diagnose_eagle3(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
 
     out = tmp_path_factory.mktemp("diagnose") / "eagle3"
     train_eagle3(diagnose_cache, out, steps=200, layer_ids=[1, 3, 7], num_speculative_tokens=3)
+    return out
+
+
+# ---- scorer diagnose: the target's MTP head, trained ---------------------------------------------
+# The built-in head is random (tau 1.01) and the built-in final norm has unit weights, so neither a
+# trained-vs-served convention nor anything else can show on it. ``trained_mtp_cache`` is a copy of
+# ``diagnose_cache`` whose target is the same function reparametrised (final norm (1 + w) = s per
+# channel, non-unit; lm_head = embed / s: the logits, so every cached argmax, are the same up to
+# rounding, which the fixture checks) and whose target/mtp.safetensors is the head trained on it.
+MTP_NORM_SPREAD = 1.0  # s = exp(N(0, 1)): channels scaled 0.07-30x (seed 0)
+MTP_TRAIN_STEPS = 50  # step 0 only (K = 1): 2.3 CPU-s; loss 22 -> 0.05, tau 1.94 of at most 2
+
+
+def reparametrise_final_norm(root: Path, spread: float, seed: int = 0) -> None:
+    """Give the cache's target at ``root`` a final norm with non-unit weights s and the head E / s
+    (untied): the target's logits are unchanged; then reseal the manifest over target/."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    head = hscache.open_cache(root).target_head()
+    assert KINDS[int(head["final_norm.kind"][0])] == "rms_one_plus_weight"  # Qwen3.5: n * (1 + w)
+    embed = head["embed_tokens"]
+    s = torch.exp(spread * torch.randn(embed.shape[1], generator=torch.Generator().manual_seed(seed)))
+    tensors = {
+        "embed_tokens": embed.contiguous(),
+        "lm_head": (embed / s).contiguous(),
+        "final_norm.weight": s - 1,
+        "final_norm.eps": head["final_norm.eps"],
+        "final_norm.kind": head["final_norm.kind"],
+    }
+    save_file(tensors, str(root / "target" / "head.safetensors"), metadata={"tied": "false"})
+    config = json.loads((root / "target" / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (root / "target" / "config.json").write_text(json.dumps(config, indent=2))
+    reseal_target(root)
+
+
+def reseal_target(root: Path) -> None:
+    """Record target/'s rewritten files in the manifest and reseal it (as re-extracting would)."""
+    import json
+
+    from hscache.store import integrity
+
+    manifest = json.loads((root / "manifest.json").read_text())
+    for rel in [r for r in manifest["checksums"] if r.startswith("target/")]:
+        manifest["checksums"][rel] = integrity.digest_file(root / rel)
+    integrity.seal(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def train_mtp_head(root: Path, *, post_norm: bool, steps: int, lr: float = 3e-3) -> dict:
+    """Fit the cache's MTP head (``mtp.*`` tensors) where ``target:mtp`` drafts its first token:
+    row i of a sequence pairs the target's last layer at i (after the final norm when
+    ``post_norm``, as vLLM serves it; before it otherwise, as speculators trains) with token i + 1 at
+    position i, causally over the sequence, and is labelled with the target's argmax at i + 1 (the
+    token at i + 2). Full batch (every row of every sequence, padded), Adam; the embedding and
+    lm_head are the target's and stay fixed. An independent batched forward of the head's own
+    modules (scorer/families/mtp/draft.py's ``mtp_context`` is one sequence at a time)."""
+    import torch
+    import torch.nn.functional as F
+
+    from scorer.scoring import EvalConfig, load_drafter
+    from scorer.sequences import cache_final_norm
+
+    cache = hscache.open_cache(root)
+    head, _ = load_drafter("target:mtp", cache, EvalConfig(num_speculative_tokens=1))
+    final_norm = cache_final_norm(cache)
+    last = cache.layer_ids.index(head.config.num_target_layers - 1)
+    S, L = len(cache), max(len(cache.token_ids(r)) for r in range(len(cache)))
+    hidden = torch.zeros(S, L, head.config.hidden_size)
+    fed = torch.zeros(S, L, dtype=torch.long)  # token i + 1 at row i
+    labels = torch.full((S, L), -100, dtype=torch.long)  # argmax at i + 1; -100 past the end
+    for r in range(S):
+        states, tokens, argmax = cache.hidden_states(r)[:, last], cache.token_ids(r), cache.target_argmax(r)
+        n = len(tokens) - 1
+        hidden[r, :n] = (final_norm(states) if post_norm else states)[:n]
+        fed[r, :n], labels[r, :n] = tokens[1:], argmax[1:]
+    layer, D = head.layers[0], head.config.head_dim
+    positions = torch.arange(L).repeat(S)
+    head.train()
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
+
+    def per_sequence(t: torch.Tensor) -> torch.Tensor:  # [S * L, h, D] -> [S, h, L, D], kv expanded
+        return (
+            t.repeat_interleave(head.config.num_attention_heads // t.shape[1], 1)
+            .view(S, L, -1, D)
+            .transpose(1, 2)
+        )
+
+    for _ in range(steps):  # full batch, no dropout, no new weights: deterministic
+        x = head.fuse(fed.flatten(), hidden.flatten(0, 1))
+        q, gate, k, v = layer.self_attn.project(layer.input_layernorm(x), *head.cos_sin(positions, x.dtype))
+        attn = F.scaled_dot_product_attention(
+            per_sequence(q), per_sequence(k), per_sequence(v), is_causal=True
+        )
+        out = head.norm(layer.finish(x, attn.transpose(1, 2).flatten(0, 1), gate))
+        loss = F.cross_entropy(head.logits(out), labels.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {f"mtp.{k}": v.detach().contiguous() for k, v in head.state_dict().items()}
+
+
+@pytest.fixture(scope="session")
+def trained_mtp_cache(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``diagnose_cache`` copied with its target's final norm reparametrised to non-unit weights
+    (the same target function) and its MTP head trained on the target's last layer AFTER the final
+    norm, as vLLM serves it: ``target:mtp`` is this head as trained, ``target:mtp-prenorm`` the
+    same weights fed the layer before the norm (the plant)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from scorer.sequences import cache_final_norm
+
+    out = tmp_path_factory.mktemp("diagnose") / "trained_mtp"
+    shutil.copytree(diagnose_cache, out)
+    reparametrise_final_norm(out, MTP_NORM_SPREAD)
+    cache = hscache.open_cache(out)
+    final_norm, lm_head = cache_final_norm(cache), cache.target_head()["lm_head"]
+    last = cache.layer_ids.index(cache.target_config["num_hidden_layers"] - 1)
+    for r in range(len(cache)):  # the same target: its logits still give every cached argmax
+        logits = final_norm(cache.hidden_states(r)[:, last]) @ lm_head.T
+        assert torch.equal(logits.argmax(-1), cache.target_argmax(r))
+    save_file(
+        train_mtp_head(out, post_norm=True, steps=MTP_TRAIN_STEPS), str(out / "target" / "mtp.safetensors")
+    )
+    reseal_target(out)
     return out

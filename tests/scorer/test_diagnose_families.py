@@ -10,9 +10,11 @@ value), and the drafter as trained must get ``finding: null``. Measured on ``dia
   draft id one too far -> ``d2t identity``. Its aux-layer and step-position hypotheses replay
   correctly but this tiny drafter barely reads its features (aux ids shifted by -1 cost 0.07 tau,
   inside the interval), so a layer plant is below this test's resolution.
-- MTP: the built-in target's MTP head is random (tau 1.01 either way), so no plant can be found;
-  the test shows the ``final_norm`` counterfactual of ``target:mtp-prenorm`` drafts exactly what
-  ``target:mtp`` drafts, and the clean head gets no finding.
+- MTP (``trained_mtp_cache``: the built-in target reparametrised to a non-unit final norm, its
+  MTP head trained 50 steps on the layer after that norm, tau 1.94 at K = 1): scored as
+  ``target:mtp-prenorm`` -> ``final_norm post`` (+0.34 [+0.31, +0.38]). A step-position plant is
+  below resolution: a head trained with its steps j >= 1 one position late, scored at vLLM's
+  positions, gains -0.01 [-0.03, +0.00] from the +1 replay (docs/diagnose.md).
 - DFlash2 (DFlash2's identity start around the clean DFlash drafter, tau 5.77): a selector whose
   codebooks are not the trained ones (random) -> ``selector off`` (+4.70).
 """
@@ -106,19 +108,17 @@ def test_eagle3_a_d2t_of_another_vocabulary_is_named(diagnose_eagle3, diagnose_c
 # ---- MTP ----------------------------------------------------------------------------------------
 
 
-def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(diagnose_cache):
+def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(trained_mtp_cache):
     """target:mtp-prenorm's "post" replay drafts what target:mtp drafts, its baseline what
     target:mtp-prenorm drafts (scorer eval's path for each, row by row), and a step-position shift
-    changes the later steps only; the clean head gets no finding. On the built-in target the two
-    heads draft alike: its final norm has unit weights and the head's own pre_fc_norm_hidden is an
-    RMSNorm (scale-invariant), so only eps separates them; the built-in head is random besides
-    (tau 1.01 under every setting): nothing here can be found, only replayed exactly."""
+    changes the later steps only. On ``trained_mtp_cache`` (the final norm's weights are not unit)
+    the two heads draft differently, so the equalities are not those of one head with itself."""
     from scorer.families.mtp import mtp_hidden
     from scorer.families.mtp.draft import draft_anchors, mtp_context
     from scorer.scoring import EvalConfig, load_drafter
 
     config = DiagnoseConfig(num_speculative_tokens=3, limit=2)
-    plan = prepare_diagnosis("target:mtp-prenorm", [diagnose_cache], config)
+    plan = prepare_diagnosis("target:mtp-prenorm", [trained_mtp_cache], config)
     assert plan.family == "mtp" and not plan.base.post_norm
     by_kind = {(h.kind, h.value): s for h, s in zip(plan.hypotheses, plan.settings)}
     post, shifted = by_kind[("final_norm", "post")], by_kind[("position_offset", 1)]
@@ -126,12 +126,12 @@ def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(diagnos
         plan.replayer.drafter(post).final_norm is not None
         and plan.replayer.drafter(plan.base).final_norm is None
     )
-    cache = hscache.open_cache(diagnose_cache)
+    cache = hscache.open_cache(trained_mtp_cache)
     heads = {
         n: load_drafter(n, cache, EvalConfig(num_speculative_tokens=3))[0]
         for n in ("target:mtp", "target:mtp-prenorm")
     }
-    later_steps_moved = 0
+    later_steps_moved = heads_differ = 0
     for row in plan.replayer.rows[0][:4]:
         P = cache.index.column("prompt_len")[row].as_py()
         tokens = cache.token_ids(row)
@@ -148,14 +148,26 @@ def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(diagnos
         )
         assert np.array_equal(as_shifted[:, 0], base[:, 0])  # step 0 keeps the target's positions
         later_steps_moved += int((as_shifted != base).sum())
-    assert later_steps_moved > 0
-    report = _diagnose("target:mtp", diagnose_cache, num_speculative_tokens=3)
-    assert report["family"] == "mtp" and report["finding"] is None, report["verdict"]
-    assert {(h["kind"], h["value"]) for h in report["hypotheses"]} == {
-        ("final_norm", "pre"),
+        heads_differ += int((served["target:mtp"] != served["target:mtp-prenorm"]).sum())
+    assert later_steps_moved > 0 and heads_differ > 0
+
+
+def test_mtp_a_head_fed_the_other_side_of_the_final_norm_is_named(trained_mtp_cache):
+    """The head trained on the last layer after the final norm (as vLLM serves it): as trained
+    (``target:mtp``) no finding; scored as ``target:mtp-prenorm`` (the layer before the norm, as
+    speculators trains) the diagnosis names ``final_norm post``, and that row replays exactly what
+    ``target:mtp`` scores. Measured: tau 1.94 vs 1.60, +0.34 [+0.31, +0.38] (K = 1, 16 sequences)."""
+    clean = _diagnose("target:mtp", trained_mtp_cache)
+    assert clean["family"] == "mtp" and clean["finding"] is None, clean["verdict"]
+    assert clean["baseline"]["tau_pooled"] > 1.5  # trained: step 0 mostly right (at most 2 at K = 1)
+    assert {(h["kind"], h["value"]) for h in clean["hypotheses"]} == {("final_norm", "pre")}
+    assert {(u["kind"], u["value"]) for u in clean["untested"]} == {
         ("position_offset", -1),
         ("position_offset", 1),
     }
+    planted = _diagnose("target:mtp-prenorm", trained_mtp_cache)
+    assert _finding(planted) == ("final_norm", "post")
+    assert planted["finding"]["tau_pooled"] == pytest.approx(clean["baseline"]["tau_pooled"], rel=1e-12)
 
 
 # ---- DFlash2 ------------------------------------------------------------------------------------
