@@ -113,8 +113,8 @@ def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(diagnos
     heads draft alike: its final norm has unit weights and the head's own pre_fc_norm_hidden is an
     RMSNorm (scale-invariant), so only eps separates them; the built-in head is random besides
     (tau 1.01 under every setting): nothing here can be found, only replayed exactly."""
-    from scorer.families.mtp import mtp_hidden
     from scorer.families.mtp.draft import draft_anchors, mtp_context
+    from scorer.families.mtp.seam import mtp_hidden
     from scorer.scoring import EvalConfig, load_drafter
 
     config = DiagnoseConfig(num_speculative_tokens=3, limit=2)
