@@ -60,6 +60,7 @@ __all__ = [
     "num_speculative_tokens_option",
     "overrides_of",
     "refuse_foreign_settings",
+    "registered_flags",
     "sampling_check_flags",
     "sampling_parameter_flags",
     "sampling_request",
@@ -180,14 +181,15 @@ def registered_flags() -> tuple[FamilyFlag, ...]:
     """
     import scorer.families as registry  # read when asked: a family registered later counts
 
-    flags: dict[str, FamilyFlag] = {}
+    flags: dict[str, tuple[FamilyFlag, str]] = {}
     for family in registry.FAMILIES:
         for flag in family.flags:
-            if flags.setdefault(flag.name, flag) != flag:
+            known, owner = flags.setdefault(flag.name, (flag, family.name))
+            if known != flag:
                 raise ValueError(
-                    f"{flag.flag} is declared differently by two families ({family.name} and another)"
+                    f"{flag.flag} is declared differently by the {owner} and {family.name} families"
                 )
-    return tuple(flags.values())
+    return tuple(flag for flag, _ in flags.values())
 
 
 def family_flag_names() -> tuple[str, ...]:
@@ -250,7 +252,8 @@ class ScoringCommand(click.Command):
                     params += [self._options.setdefault(f, _family_option(f)) for f in flags]
                 else:
                     params.append(param)
-            clashes = sorted({p.name for p in params if [q.name for q in params].count(p.name) > 1})
+            names = [p.name for p in params]
+            clashes = sorted({name for name in names if names.count(name) > 1})
             if clashes:
                 raise ValueError(f"{self.name}: a family flag takes the name of another option: {clashes}")
             self._expanded = (flags, params)

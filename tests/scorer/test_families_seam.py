@@ -5,6 +5,7 @@ to DFlash)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
@@ -163,3 +164,15 @@ def test_a_rows_functions_are_bound_lazily_under_their_own_names():
     assert NGRAM.load.__wrapped__ is drafter.load and NGRAM.load.__doc__ == drafter.load.__doc__
     assert pickle.loads(pickle.dumps(NGRAM.load)).__wrapped__ is drafter.load
     assert {"prompt_lookup_min", "prompt_lookup_max"} <= NGRAM.eval_options  # a family reads its flags
+
+
+def test_two_families_declaring_one_flag_differently_is_refused(monkeypatch):
+    from scorer.cli.shared import registered_flags
+
+    one = _throwaway_family([])
+    other = dataclasses.replace(one, name="other", flags=(FamilyFlag("draft_width", float, "Other."),))
+    monkeypatch.setattr(registry, "FAMILIES", (*FAMILIES, one, dataclasses.replace(one, name="same")))
+    assert [f.name for f in registered_flags()] == ["prompt_lookup_min", "prompt_lookup_max", "draft_width"]
+    monkeypatch.setattr(registry, "FAMILIES", (*FAMILIES, one, other))
+    with pytest.raises(ValueError, match="--draft-width is declared differently by the throwaway and other"):
+        registered_flags()
