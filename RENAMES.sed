@@ -31,3 +31,13 @@ s/\bhscache\.store\.blocks\b/hscache.store.row_ranges/g
 s/\bhscache\/store\/blocks\.py\b/hscache\/store\/row_ranges.py/g
 s/\bBlockView\b/RowRangeView/g
 s/\bRowBlock\b/RowRangeData/g
+# Renames of branch `flags`: a family's package is now its Family row only (plain data, functions bound
+# lazily, no torch); what dflash/dflash2/eagle3/mtp's __init__.py held is in <family>/seam.py, and
+# each seam's _claims / _effective are public there as claims / effective_config. An import of a seam
+# function from the package moves to .seam (the rows, *_KINDS and EVAL_OPTIONS stay in the package, and
+# a submodule imported by name is left alone; `import online` from eagle3 meant the function: check it):
+/\b(DFLASH2?|EAGLE3|MTP|[A-Z0-9]+_KINDS|EVAL_OPTIONS)\b|import (attention|checkpoint|config|ddtree|diagnose|draft|drafting|features|init|layouts|model|proposal|proposals|score|seam|speculators|train)\b/! s/\bfrom scorer\.families\.(dflash|dflash2|eagle3|mtp) import /from scorer.families.\1.seam import /g
+s/\bfrom scorer\.families import dflash\b/from scorer.families.dflash import seam as dflash/g
+# scorer.cli.shared.lookup_settings (n-gram's two flags) is family_settings (every family's Family.flags);
+# a command using drafting_flags needs @click.command(cls=ScoringCommand) (its family flags' place):
+s/\blookup_settings\b/family_settings/g

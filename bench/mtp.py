@@ -27,8 +27,8 @@ import torch
 
 import hscache
 from scorer.evaluate import EvalConfig, load_drafter
-from scorer.families.mtp import mtp_hidden
 from scorer.families.mtp.draft import draft_anchors, mtp_context
+from scorer.families.mtp.seam import mtp_hidden
 
 
 @torch.no_grad()

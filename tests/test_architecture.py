@@ -43,12 +43,38 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in _python_files(ROOT / pkg)}
 
 
+def _lazy_target(node: ast.Call, constants: dict[str, str]) -> str | None:
+    """The module of a ``lazy("pkg.mod", "name")`` call (scorer.families.base.lazy: a family's row
+    binding a function it imports on first call), its first argument a string or a module-level name
+    bound to one; else None."""
+    func = node.func
+    if not (isinstance(func, ast.Name) and func.id == "lazy") or not node.args:
+        return None
+    first = node.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return constants.get(first.id) if isinstance(first, ast.Name) else None
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its body (``from pkg import mod`` -> pkg.mod)."""
+    """The project modules ``name`` imports anywhere in its body (``from pkg import mod`` -> pkg.mod),
+    and those its ``lazy(...)`` bindings import when called."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+    tree = ast.parse(path.read_text(), str(path))
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (lazy_module := _lazy_target(node, constants)) is not None:
+            targets = [lazy_module]
+        elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -184,6 +210,9 @@ def test_the_checker_sees_lazy_imports_and_cycles():
     assert tree_imports == {"hscache.store"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "hscache.store.fsio" in GRAPH["hscache.store.writer"]
+    # a family's row binds its functions by name (lazy): those count as its imports
+    assert "scorer.families.mtp.seam" in GRAPH["scorer.families.mtp"]
+    assert "scorer.families.dflash.seam" in GRAPH["scorer.families.dflash2"]
 
 
 def _private_imports(path: Path, source: str) -> list[str]:

@@ -50,3 +50,15 @@ def test_help_does_not_import_torch(module, args):
 )
 def test_early_errors_do_not_import_torch(args):
     assert _heavy_imports("hscache.cli", args) == (2, "-")
+
+
+def test_the_family_registry_does_not_import_torch():
+    """The families' rows are plain data with their functions bound lazily: the scoring commands
+    read the families' flags from the registry for --help (issue 24)."""
+    probe = (
+        "import sys, scorer.families; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

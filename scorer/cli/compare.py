@@ -9,13 +9,14 @@ import click
 
 from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
+    ScoringCommand,
     check_outputs,
     ddtree_option,
     device_option,
     drafting_flags,
+    family_settings,
     friendly_errors,
     limit_option,
-    lookup_settings,
     sampling_check_flags,
     sampling_request,
     scoring_dtype_option,
@@ -27,7 +28,7 @@ from scorer.report.tables import TABLE_FORMATS
 __all__ = ["compare"]
 
 
-@click.command()
+@click.command(cls=ScoringCommand)
 @click.argument("checkpoints", nargs=-1, required=True)
 @click.option(
     "--cache",
@@ -80,7 +81,7 @@ def compare(
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     sampling = sampling_request(options)
-    config = EvalConfig(overrides=lookup_settings(options), sampling=sampling, **options)
+    config = EvalConfig(overrides=family_settings(options), sampling=sampling, **options)
     if len(caches) > 1:
         from rich.console import Console
 

@@ -10,6 +10,7 @@ from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
     DROPPED_QUIETLY,
     POSITIVE,
+    ScoringCommand,
     anchors_option,
     block_size_option,
     check_outputs,
@@ -18,10 +19,11 @@ from scorer.cli.shared import (
     ddtree_option,
     device_option,
     drafting_flags,
+    family_flag_names,
+    family_settings,
     friendly_errors,
     given_on_command_line,
     limit_option,
-    lookup_settings,
     maybe_cluster,
     refuse_foreign_settings,
     sampling_check_flags,
@@ -34,7 +36,7 @@ from scorer.cli.shared import (
 __all__ = ["eval_command"]
 
 
-@click.command("eval")
+@click.command("eval", cls=ScoringCommand)
 @click.argument("checkpoint")
 @click.option(
     "--cache", "caches", multiple=True, required=True, help="Cache directory; repeat to compare caches."
@@ -106,8 +108,10 @@ def eval_command(
     from scorer.report.terminal import render_comparison, render_report
 
     sampling = sampling_request(options)
-    config = EvalConfig(overrides={**overrides, **lookup_settings(options)}, sampling=sampling, **options)
-    refuse_foreign_settings(checkpoint, config.config_path, given_on_command_line(DROPPED_QUIETLY))
+    config = EvalConfig(overrides={**overrides, **family_settings(options)}, sampling=sampling, **options)
+    refuse_foreign_settings(
+        checkpoint, config.config_path, given_on_command_line((*DROPPED_QUIETLY, *family_flag_names()))
+    )
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     console = Console(stderr=False)
     rounds = tokens = 0

@@ -20,13 +20,17 @@ from scorer.cli.shared import (
     DRAFT_SAMPLING,
     SAMPLING_PARAMETER_FLAGS,
     SEED,
+    ScoringCommand,
     apply_options,
     block_size_option,
     check_outputs,
     checkpoint_flags,
     drafting_flags,
+    family_flag_names,
+    family_settings,
     friendly_errors,
-    lookup_settings,
+    given_on_command_line,
+    refuse_foreign_settings,
     sampling_parameter_flags,
     write_json,
 )
@@ -113,7 +117,7 @@ def _echo_sampled(result: dict[str, Any]) -> None:
     )
 
 
-@click.command()
+@click.command(cls=ScoringCommand)
 @click.argument("checkpoint")
 @model_option
 @prompts_option
@@ -174,7 +178,8 @@ def online(
     """
 
     check_outputs(json=json_out)  # before decoding, not after it
-    overrides = {**overrides, **lookup_settings(options)}
+    refuse_foreign_settings(checkpoint, options["config_path"], given_on_command_line(family_flag_names()))
+    overrides = {**overrides, **family_settings(options)}
     if block_size is not None:
         overrides["block_size"] = block_size
     ddtree = options.pop("ddtree")

@@ -3,7 +3,9 @@
 Every flag two commands take is declared here once (the sampling parameters of eval / compare /
 sweep, which check a cache's setting, and of online, which decodes at it, included); the options
 they share with ``hscache extract`` and the drift study (the target, the prompts, --json / --report)
-are in hscache/cli_options.py.
+are in hscache/cli_options.py. A family's own flags (``Family.flags``, e.g. the n-gram proposer's
+--prompt-lookup-min) are declared in its row; the scoring commands (`ScoringCommand`) take them
+from the registry.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ from hscache.errors import HscacheError
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
+from scorer.families.base import FamilyFlag
 
 __all__ = [
     "DRAFT_SAMPLING",
     "DROPPED_QUIETLY",
+    "FAMILY_FLAGS",
     "POSITIVE",
     "SAMPLING_PARAMETER_FLAGS",
     "SEED",
     "TOKEN_ID",
     "FiniteFloatRange",
+    "ScoringCommand",
     "anchors_option",
     "apply_options",
     "block_size_option",
@@ -44,15 +49,18 @@ __all__ = [
     "device_option",
     "drafter_dtype_option",
     "drafting_flags",
+    "family_flag_names",
+    "family_flags",
+    "family_settings",
     "friendly_errors",
     "given_on_command_line",
     "int_list",
     "limit_option",
-    "lookup_settings",
     "maybe_cluster",
     "num_speculative_tokens_option",
     "overrides_of",
     "refuse_foreign_settings",
+    "registered_flags",
     "sampling_check_flags",
     "sampling_parameter_flags",
     "sampling_request",
@@ -165,11 +173,95 @@ def _passing_overrides(command: Callable) -> Callable:
     return wrapper
 
 
-def lookup_settings(options: dict[str, Any]) -> dict[str, int]:
-    """Take the n-gram family's --prompt-lookup-* out of ``options``: its settings, passed as
-    EvalConfig.overrides like a drafter config's."""
-    settings = {key: options.pop(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
-    return {key: value for key, value in settings.items() if value is not None}
+def registered_flags() -> tuple[FamilyFlag, ...]:
+    """Every registered family's flags (``Family.flags``), in registry order, each once.
+
+    Raises:
+        ValueError: two families declare the same flag differently (a bug in one of their rows).
+    """
+    import scorer.families as registry  # read when asked: a family registered later counts
+
+    flags: dict[str, tuple[FamilyFlag, str]] = {}
+    for family in registry.FAMILIES:
+        for flag in family.flags:
+            known, owner = flags.setdefault(flag.name, (flag, family.name))
+            if known != flag:
+                raise ValueError(
+                    f"{flag.flag} is declared differently by the {owner} and {family.name} families"
+                )
+    return tuple(flag for flag, _ in flags.values())
+
+
+def family_flag_names() -> tuple[str, ...]:
+    """The parameter names of every registered family's flags (``prompt_lookup_min``, ...)."""
+    return tuple(flag.name for flag in registered_flags())
+
+
+def family_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """Take every registered family's flags out of ``options``: those given, passed as
+    EvalConfig.overrides like a drafter config's (a family reads its own, Family.eval_options)."""
+    settings = {name: options.pop(name) for name in family_flag_names()}
+    return {name: value for name, value in settings.items() if value is not None}
+
+
+def _family_option(flag: FamilyFlag) -> click.Option:
+    """The click option of a family's flag: its type and lower bound, default None (not given)."""
+    if flag.type is int:
+        kind: Any = click.IntRange(min=flag.minimum)
+    elif flag.type is float:
+        kind = FiniteFloatRange(min=flag.minimum)
+    else:
+        kind = flag.type
+    return click.Option([flag.flag, flag.name], type=kind, default=None, help=flag.help)
+
+
+class _FamilyFlagsSlot:
+    """Where a `ScoringCommand` puts the families' flags among its declared options."""
+
+
+FAMILY_FLAGS = _FamilyFlagsSlot()
+
+
+def family_flags(command: Callable) -> Callable:
+    """Every registered family's flags, here among ``command``'s options (a `ScoringCommand`:
+    ``@click.command(cls=ScoringCommand)``), in registry order."""
+    # click.command collects the parameters its decorators leave here (the last applied first)
+    command.__click_params__ = [*getattr(command, "__click_params__", []), FAMILY_FLAGS]  # type: ignore[attr-defined]
+    return command
+
+
+class ScoringCommand(click.Command):
+    """A command that scores a drafter of any family (eval, compare, online): its options include
+    every registered family's flags (``Family.flags``) where `family_flags` stands, read from the
+    registry whenever the command's parameters are, so a family's row alone declares them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._declared: list[Any] = []
+        self._expanded: tuple[tuple[FamilyFlag, ...], list[click.Parameter]] | None = None
+        self._options: dict[FamilyFlag, click.Option] = {}
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def params(self) -> list[click.Parameter]:
+        flags = registered_flags()
+        if self._expanded is None or self._expanded[0] != flags:
+            # one list while the registry stands: click appends its --help option to it and pops it
+            params: list[click.Parameter] = []
+            for param in self._declared:
+                if param is FAMILY_FLAGS:
+                    params += [self._options.setdefault(f, _family_option(f)) for f in flags]
+                else:
+                    params.append(param)
+            names = [p.name for p in params]
+            clashes = sorted({name for name in names if names.count(name) > 1})
+            if clashes:
+                raise ValueError(f"{self.name}: a family flag takes the name of another option: {clashes}")
+            self._expanded = (flags, params)
+        return self._expanded[1]
+
+    @params.setter
+    def params(self, value: list[click.Parameter]) -> None:
+        self._declared, self._expanded = list(value), None
 
 
 # Settings that have a default a family that does not read them drops quietly
@@ -180,9 +272,13 @@ DROPPED_QUIETLY = ("ddtree",)
 
 def refuse_foreign_settings(checkpoint: str, config_path: str | None, names: Iterable[str]) -> None:
     """Refuse, by flag, the settings ``names`` (parameter names of the current command, given on its
-    command line) that the checkpoint's family does not read (``Family.eval_options``)."""
+    command line) that the checkpoint's family does not read (``Family.eval_options``): a setting
+    that defaults quietly (``DROPPED_QUIETLY``) or another family's flag (``Family.flags``)."""
     from scorer.families import family_for, probe_checkpoint
 
+    names = list(names)
+    if not names:
+        return
     try:
         family = family_for(probe_checkpoint(checkpoint, config_path))
     except ScorerError:
@@ -327,6 +423,7 @@ def checkpoint_flags(command: Callable) -> Callable:
     return _checkpoint_options(_passing_overrides(command))
 
 
+# How a command drafts: chain length, SGLang's tree, and every family's own flags (a ScoringCommand).
 drafting_flags = apply_options(
     [
         num_speculative_tokens_option(
@@ -342,19 +439,7 @@ drafting_flags = apply_options(
             "--speculative-eagle-topk, --speculative-num-draft-tokens), scored beside the chain; "
             "'sglang' = SGLang's default 5,4,8.",
         ),
-        click.option(
-            "--prompt-lookup-min",
-            type=click.IntRange(min=1),
-            default=None,
-            help="ngram (CKPT 'ngram', vLLM's prompt lookup): the shortest suffix n-gram matched; with "
-            "--prompt-lookup-max unset both default to vLLM's (5), one given sets the other.",
-        ),
-        click.option(
-            "--prompt-lookup-max",
-            type=click.IntRange(min=1),
-            default=None,
-            help="ngram: the longest suffix n-gram tried (the longest that occurred earlier wins).",
-        ),
+        family_flags,
     ]
 )
 

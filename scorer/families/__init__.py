@@ -3,6 +3,10 @@
 The only module outside a family's folder that imports it (tests/test_architecture.py). Order
 does not matter: exactly one family claims a checkpoint, or none and the fallback (DFlash) reads
 it. A new family is its folder plus its row in FAMILIES.
+
+Importing the registry imports no torch (tests/test_lazy_imports.py): each family's package is its
+row in plain data with its functions bound lazily (scorer.families.base.lazy), so the command line
+reads the families' flags (``Family.flags``) for ``--help`` without loading a model library.
 """
 
 from __future__ import annotations

@@ -14,12 +14,18 @@ convention: the OUTPUT of decoder layer i) and ``to_hf_config()`` (written into 
 
 A family also owns how a drafter of it is made (``init`` / ``train``: what ``scorer init --family
 F`` runs, with the family's own ``init_options``), its name on screen (``display_name``), the
-``scorer eval`` settings it reads (``eval_options``: a flag outside them is refused by name) and
+``scorer eval`` settings it reads (``eval_options``: a flag outside them is refused by name), the
+command-line settings only it reads (``flags``: the scoring commands take them from the registry) and
 its ``scorer diagnose`` hypotheses (``diagnose_kinds`` and the ``diagnose`` hook).
+
+A family's package (``scorer/families/<name>/__init__.py``) declares its row with plain data and binds
+its functions with `lazy`, so importing the registry imports no torch (``scorer --help`` reads the
+rows' flags without loading a model library).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +39,13 @@ __all__ = [
     "Drafter",
     "DrafterSettings",
     "Family",
+    "FamilyFlag",
+    "LazyFunction",
     "OnlineOptions",
     "Proposer",
     "TARGET_PREFIX",
     "attention_flops",
+    "lazy",
     "linear_params",
     "target_head_name",
 ]
@@ -111,6 +120,69 @@ class OnlineOptions:
     device: str = "cpu"
 
 
+class LazyFunction:
+    """A family's function named by module and attribute, imported on its first call.
+
+    It keeps the function's name (``__name__``, ``__qualname__``, ``__module__``) without importing
+    it; its docstring and signature (``__doc__``, ``__wrapped__``) import it when asked for.
+    """
+
+    def __init__(self, module: str, name: str) -> None:
+        self.__module__, self.__name__, self.__qualname__ = module, name, name
+        self._function: Callable[..., Any] | None = None
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:  # functools.wraps' name: inspect.signature follows it
+        if self._function is None:
+            self._function = getattr(importlib.import_module(self.__module__), self.__name__)
+        return self._function
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        return self.__wrapped__.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__wrapped__(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:  # pickled by its name, never its module
+        return (LazyFunction, (self.__module__, self.__name__))
+
+    def __repr__(self) -> str:
+        return f"lazy({self.__module__!r}, {self.__name__!r})"
+
+
+def lazy(module: str, name: str) -> LazyFunction:
+    """``module``'s function ``name``, imported when first called: how a family's row binds the
+    functions of its heavy modules (torch and the model code) without importing them."""
+    return LazyFunction(module, name)
+
+
+@dataclass(frozen=True)
+class FamilyFlag:
+    """A command-line setting that one family reads (the n-gram proposer's ``--prompt-lookup-min``).
+
+    The scoring commands (eval, compare, online) take it as ``--<name with dashes>``, default None (not
+    given), and pass a value given to the family as ``EvalConfig.overrides[name]``; a family that does
+    not list it refuses it by name. Plain data: the CLI makes the click option (scorer.cli.shared).
+
+    Attributes:
+        name: the setting's name, an ``EvalConfig.overrides`` key (``prompt_lookup_min``).
+        type: ``int``, ``float`` or ``str``.
+        help: the option's help text.
+        minimum: the smallest value allowed (numbers only), None for no bound.
+    """
+
+    name: str
+    type: type
+    help: str
+    minimum: int | float | None = None
+
+    @property
+    def flag(self) -> str:
+        """The option as typed on the command line (``--prompt-lookup-min``)."""
+        return "--" + self.name.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class Family:
     """One drafter family.
@@ -138,7 +210,10 @@ class Family:
             family is scored with the one-hot rule only.
         display_name: the family's name on screen and in reports' titles ("EAGLE-3").
         eval_options: the family's own EvalConfig settings: fields (``num_speculative_tokens``) and
-            ``EvalConfig.overrides`` keys (``scorer compare`` passes a family only its own overrides).
+            ``EvalConfig.overrides`` keys (``scorer compare`` passes a family only its own overrides);
+            the names of its ``flags`` are added to them.
+        flags: the command-line settings only this family reads (`FamilyFlag`): options of the scoring
+            commands, their values passed as ``EvalConfig.overrides``; another family refuses them.
         init: (cache path, out, **options) -> the written drafter's config: a fresh drafter sized
             for the cache's target (``scorer init --family F``); None when there is nothing to
             write (the head ships inside the target, or the family has no weights).
@@ -185,10 +260,13 @@ class Family:
     fallback: bool = False
     diagnose_kinds: tuple[str, ...] = ()
     diagnose: Callable[[Any], Any] | None = None
+    flags: tuple[FamilyFlag, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.display_name:
             object.__setattr__(self, "display_name", self.name)
+        # a family reads the settings it declares flags for
+        object.__setattr__(self, "eval_options", self.eval_options | {f.name for f in self.flags})
 
 
 def linear_params(module: Any) -> int:

@@ -23,7 +23,7 @@ import hscache
 from scorer.errors import CheckpointError
 from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.checkpoint import load_checkpoint
-from scorer.families.dflash2 import VARIANT, build_dflash2
+from scorer.families.dflash2.seam import VARIANT, build_dflash2
 from scorer.scoring import load_drafter, score_rows
 from tests.scorer.family_contract import FamilyContract
 
@@ -178,7 +178,7 @@ def _online_equals_offline(cache_path, drafter_path, model):
     from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
     from hscache.capture.target import load_target
     from scorer.families.base import OnlineOptions
-    from scorer.families.dflash2 import online
+    from scorer.families.dflash2.seam import online
     from scorer.online import speculative_decode
 
     cache = hscache.open_cache(cache_path)

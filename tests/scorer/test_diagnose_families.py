@@ -113,8 +113,8 @@ def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(trained
     target:mtp-prenorm drafts (scorer eval's path for each, row by row), and a step-position shift
     changes the later steps only. On ``trained_mtp_cache`` (the final norm's weights are not unit)
     the two heads draft differently, so the equalities are not those of one head with itself."""
-    from scorer.families.mtp import mtp_hidden
     from scorer.families.mtp.draft import draft_anchors, mtp_context
+    from scorer.families.mtp.seam import mtp_hidden
     from scorer.scoring import EvalConfig, load_drafter
 
     config = DiagnoseConfig(num_speculative_tokens=3, limit=2)

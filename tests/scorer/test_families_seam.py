@@ -1,18 +1,22 @@
 """The seam owns what is per family (issue 24): the order of the registry does not decide a
-checkpoint's family, ``scorer init`` refuses another family's flag by name, and a loaded drafter of
-every family says its family (no fallback to DFlash)."""
+checkpoint's family, ``scorer init`` refuses another family's flag by name, a family's row alone
+declares its command-line flags, and a loaded drafter of every family says its family (no fallback
+to DFlash)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 
 import pytest
 from click.testing import CliRunner
 
 import scorer.families as registry
 from scorer.cli import main
+from scorer.errors import CheckpointError
 from scorer.families import FAMILIES, display_name, family_for, probe_checkpoint
-from scorer.families.base import CheckpointProbe, Drafter, target_head_name
+from scorer.families.base import CheckpointProbe, Drafter, Family, FamilyFlag, target_head_name
 
 
 def _probes(trained_drafter, eagle3_drafter) -> list[CheckpointProbe]:
@@ -111,3 +115,64 @@ def test_every_loaded_drafter_is_a_drafter_of_its_family(scorer_cache, trained_d
         drafter, _ = load_drafter(checkpoint, cache, config)
         assert isinstance(drafter, Drafter) and drafter.family == family
         assert isinstance(drafter.config.to_hf_config(), dict) and drafter.config.block_size >= 2
+
+
+def _throwaway_family(overrides_seen: list[dict]) -> Family:
+    """A family registered by a test only: the checkpoint ``throwaway``, one flag ``--draft-width``;
+    its loader records the overrides it was given and stops the run."""
+
+    def load(checkpoint, cache, config):
+        overrides_seen.append(dict(config.overrides))
+        raise CheckpointError("throwaway: loaded, stopping here")
+
+    return Family(
+        name="throwaway",
+        layouts=("the word throwaway",),
+        claims=lambda probe: probe.path == "throwaway",
+        load=load,
+        score_rows=lambda *args, **kwargs: [],
+        display_name="Throwaway",
+        flags=(FamilyFlag("draft_width", int, "Throwaway: how wide it drafts.", minimum=2),),
+    )
+
+
+def test_a_familys_flags_come_from_its_row_alone(scorer_cache, monkeypatch):
+    seen: list[dict] = []
+    monkeypatch.setattr(registry, "FAMILIES", (*FAMILIES, _throwaway_family(seen)))
+    for command in ("eval", "compare", "online"):  # every scoring command takes it
+        shown = CliRunner().invoke(main, [command, "--help"]).output
+        assert "--draft-width" in shown and "Throwaway: how wide it drafts." in shown, command
+    run = ["eval", "throwaway", "--cache", str(scorer_cache), "--ddtree", ""]
+    result = CliRunner().invoke(main, [*run, "--draft-width", "3"])
+    assert result.exit_code == 2 and "throwaway: loaded, stopping here" in result.output, result.output
+    assert seen == [{"draft_width": 3}]  # the value reached the family as an override
+    low = CliRunner().invoke(main, [*run, "--draft-width", "1"])  # its declared minimum
+    assert low.exit_code == 2 and "--draft-width" in low.output and seen == [{"draft_width": 3}]
+    # another family refuses it by name, before anything is read
+    other = CliRunner().invoke(main, ["eval", "ngram", "--cache", "/nonexistent", "--draft-width", "3"])
+    lines = other.output.strip().splitlines()
+    assert other.exit_code == 2 and len(lines) == 1, other.output
+    assert lines[0].startswith("error: --draft-width does not apply to ngram: the n-gram")
+    monkeypatch.setattr(registry, "FAMILIES", FAMILIES)  # without its row, the flag is gone
+    assert "--draft-width" not in CliRunner().invoke(main, ["eval", "--help"]).output
+
+
+def test_a_rows_functions_are_bound_lazily_under_their_own_names():
+    from scorer.families.ngram import NGRAM, drafter
+
+    assert (NGRAM.load.__module__, NGRAM.load.__name__) == ("scorer.families.ngram.drafter", "load")
+    assert NGRAM.load.__wrapped__ is drafter.load and NGRAM.load.__doc__ == drafter.load.__doc__
+    assert pickle.loads(pickle.dumps(NGRAM.load)).__wrapped__ is drafter.load
+    assert {"prompt_lookup_min", "prompt_lookup_max"} <= NGRAM.eval_options  # a family reads its flags
+
+
+def test_two_families_declaring_one_flag_differently_is_refused(monkeypatch):
+    from scorer.cli.shared import registered_flags
+
+    one = _throwaway_family([])
+    other = dataclasses.replace(one, name="other", flags=(FamilyFlag("draft_width", float, "Other."),))
+    monkeypatch.setattr(registry, "FAMILIES", (*FAMILIES, one, dataclasses.replace(one, name="same")))
+    assert [f.name for f in registered_flags()] == ["prompt_lookup_min", "prompt_lookup_max", "draft_width"]
+    monkeypatch.setattr(registry, "FAMILIES", (*FAMILIES, one, other))
+    with pytest.raises(ValueError, match="--draft-width is declared differently by the throwaway and other"):
+        registered_flags()

@@ -180,12 +180,12 @@ def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
     served = out.hidden_states[-1][0]
     hidden = served if head_name == "target:mtp" else cache.hidden_states(row)[:, cache.layer_ids.index(7)]
     if head_name == "target:mtp":  # the cache's pre-norm last layer + stored norm rebuild it
-        from scorer.families.mtp import mtp_hidden
+        from scorer.families.mtp.seam import mtp_hidden
 
         rebuilt = mtp_hidden(head, cache.hidden_states(row), cache.layer_ids, torch.float32, "cpu")
         torch.testing.assert_close(rebuilt, served, rtol=1e-5, atol=1e-5)  # fp32, two forwards
-    from scorer.families.mtp import score_sequence_mtp
     from scorer.families.mtp.draft import chain_outputs, draft_anchors, mtp_context
+    from scorer.families.mtp.seam import score_sequence_mtp
 
     P = cache.index.column("prompt_len")[row].as_py()
     anchors = np.arange(P, len(token_ids) - 1)
@@ -242,7 +242,7 @@ def test_mtp_eval_report_and_prenorm_differ(scorer_cache):
 
 
 def test_mtp_refusals_name_the_problem(scorer_cache):
-    from scorer.families.mtp import ready_head
+    from scorer.families.mtp.seam import ready_head
 
     cache = hscache.open_cache(scorer_cache)
     stored = cache.target_mtp()

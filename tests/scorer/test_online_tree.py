@@ -43,8 +43,8 @@ def _offline_trees(family: str, checkpoint: str, view, row: int, prompt_len: int
         steps = drafter
         inputs = sequence_features(view.hidden_states(row), index, torch.float32, "cpu", None)
     else:
-        from scorer.families.mtp import mtp_hidden
         from scorer.families.mtp.draft import TreeSteps
+        from scorer.families.mtp.seam import mtp_hidden
 
         steps = TreeSteps(drafter)
         inputs = mtp_hidden(drafter, view.hidden_states(row), view.layer_ids, torch.float32, "cpu")

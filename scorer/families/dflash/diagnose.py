@@ -33,6 +33,7 @@ from scorer.diagnose import (
     final_norm_alternative,
     shifted_layer_ids,
 )
+from scorer.families.dflash import DFLASH_KINDS
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import check_compatible, context_norm, feature_index
 from scorer.families.dflash.model import DFlashDrafter
@@ -58,17 +59,6 @@ POSITION_SHIFTS = (-2, -1, 1, 2)
 LAYER_SHIFTS = (-1, 1)  # z-lab ids vs vLLM/speculators ids (+1)
 MAX_MASK_CANDIDATES = 32
 _TOKENS_PER_GROUP = 2048  # sequences scored in lockstep per forward group (memory bound)
-# The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.HYPOTHESIS_KINDS order.
-DFLASH_KINDS = (
-    "position_offset",
-    "layer_ids",
-    "final_norm",
-    "mask_token_id",
-    "rope_theta",
-    "block_size",
-    "dtype",
-    "feature_ablation",
-)
 
 
 @dataclass(frozen=True)

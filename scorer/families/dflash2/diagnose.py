@@ -20,15 +20,14 @@ from collections.abc import Iterator
 import torch
 
 from scorer.diagnose import DiagnosisInputs, FamilyDiagnosis, Hypothesis
-from scorer.families.dflash.diagnose import DFLASH_KINDS, Setting
+from scorer.families.dflash.diagnose import Setting
 from scorer.families.dflash.diagnose import diagnose as diagnose_dflash
 from scorer.families.dflash.score import block_drafts
+from scorer.families.dflash2 import DFLASH2_KINDS
 from scorer.families.dflash2.model import DFlash2Drafter
 
 __all__ = ["DFLASH2_KINDS", "SELECTOR_TOP_K", "diagnose"]
 
-# DFlash's hypotheses plus the path selector (scorer.diagnose.HYPOTHESIS_KINDS order).
-DFLASH2_KINDS = (*DFLASH_KINDS[:6], "selector", *DFLASH_KINDS[6:])
 SELECTOR_TOP_K = 16  # NeMo Automodel's selector_top_k default (DFlash2 trains with it)
 OFF = "off"
 

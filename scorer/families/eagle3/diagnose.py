@@ -36,6 +36,7 @@ from scorer.diagnose import (
     replay_anchor_drafts,
     shifted_layer_ids,
 )
+from scorer.families.eagle3 import EAGLE3_KINDS
 from scorer.families.eagle3.config import Eagle3Config
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.model import Eagle3Drafter
@@ -43,8 +44,6 @@ from scorer.sequences import cache_final_norm, sequence_features
 
 __all__ = ["EAGLE3_KINDS", "Eagle3Replayer", "Eagle3Setting", "candidates", "diagnose"]
 
-# scorer.diagnose.HYPOTHESIS_KINDS order.
-EAGLE3_KINDS = ("position_offset", "layer_ids", "final_norm", "rope_theta", "d2t")
 COMMON_ROPE_THETAS = (10_000.0, 1_000_000.0)
 POSITION_SHIFTS = (-1, 1)
 LAYER_SHIFTS = (-1, 1)

@@ -29,13 +29,13 @@ from scorer.diagnose import (
     final_norm_alternative,
     replay_anchor_drafts,
 )
+from scorer.families.mtp import MTP_KINDS
 from scorer.families.mtp.draft import draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpHead
 from scorer.sequences import cache_final_norm
 
 __all__ = ["MTP_KINDS", "MtpReplayer", "MtpSetting", "candidates", "diagnose"]
 
-MTP_KINDS = ("position_offset", "final_norm")  # scorer.diagnose.HYPOTHESIS_KINDS order
 POSITION_SHIFTS = (-1, 1)
 _CKPT = {True: "target:mtp, as vLLM serves it", False: "target:mtp-prenorm, as speculators trains it"}
 

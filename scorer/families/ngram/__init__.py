@@ -4,6 +4,9 @@ propose.py is the proposer (vLLM ``ngram_proposer.py``), replay.py its rounds on
 through the shared round loop, drafter.py its place on the seam (load, score_rows, summarize).
 ``scorer eval ngram --cache C --num-speculative-tokens K --prompt-lookup-min N --prompt-lookup-max M``;
 in ``scorer compare`` it is the free baseline a trained drafter should beat.
+
+This module is the family's row: plain data, its functions bound lazily (importing the registry
+imports no torch); its flags are declared here and become options of the scoring commands.
 """
 
 from __future__ import annotations
@@ -11,10 +14,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scorer.families.base import Family
-from scorer.families.ngram import drafter
+from scorer.families.base import Family, FamilyFlag, lazy
 
-__all__ = ["NGRAM"]
+__all__ = ["FLAGS", "NGRAM"]
+
+# vLLM's names; EvalConfig.overrides keys, read by drafter.py.
+FLAGS = (
+    FamilyFlag(
+        "prompt_lookup_min",
+        int,
+        "ngram (CKPT 'ngram', vLLM's prompt lookup): the shortest suffix n-gram matched; with "
+        "--prompt-lookup-max unset both default to vLLM's (5), one given sets the other.",
+        minimum=1,
+    ),
+    FamilyFlag(
+        "prompt_lookup_max",
+        int,
+        "ngram: the longest suffix n-gram tried (the longest that occurred earlier wins).",
+        minimum=1,
+    ),
+)
+_DRAFTER = "scorer.families.ngram.drafter"
 
 
 def _effective(config: Any) -> Any:
@@ -26,15 +46,16 @@ def _effective(config: Any) -> Any:
 NGRAM = Family(
     name="ngram",
     layouts=("no checkpoint: the word ngram, with vLLM's settings as flags",),
-    claims=drafter.claims,
-    load=drafter.load,
-    score_rows=drafter.score_rows,
+    claims=lazy(_DRAFTER, "claims"),
+    load=lazy(_DRAFTER, "load"),
+    score_rows=lazy(_DRAFTER, "score_rows"),
     effective_config=_effective,
     autoregressive=True,
     display_name="n-gram (vLLM prompt lookup)",
-    eval_options=frozenset({"num_speculative_tokens", *drafter.SETTINGS}),
-    summarize=drafter.summarize,
-    online=drafter.online,
-    time_round=drafter.time_round,
+    eval_options=frozenset({"num_speculative_tokens"}),
+    flags=FLAGS,
+    summarize=lazy(_DRAFTER, "summarize"),
+    online=lazy(_DRAFTER, "online"),
+    time_round=lazy(_DRAFTER, "time_round"),
     bound_to_target=True,
 )

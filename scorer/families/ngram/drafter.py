@@ -19,6 +19,7 @@ import numpy as np
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
 from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
+from scorer.families.ngram import FLAGS
 from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
 from scorer.formats.checkpoint_io import LoadReport
@@ -28,8 +29,8 @@ from scorer.sequences import CachedSequence, SequenceResult, result_from_parts, 
 __all__ = ["CHECKPOINT", "NgramDrafter", "claims", "load", "online", "score_rows", "summarize", "time_round"]
 
 CHECKPOINT = "ngram"  # the CKPT that names this family (it has no file)
-# The EvalConfig.overrides keys this family reads (the CLI's --prompt-lookup-min / -max).
-SETTINGS = ("prompt_lookup_min", "prompt_lookup_max")
+# The EvalConfig.overrides keys this family reads (its flags, --prompt-lookup-min / -max).
+SETTINGS = tuple(flag.name for flag in FLAGS)
 
 
 def claims(probe: CheckpointProbe) -> bool:
