@@ -9,14 +9,18 @@ import click
 
 from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
+    DROPPED_QUIETLY,
     ScoringCommand,
     check_outputs,
     ddtree_option,
     device_option,
     drafting_flags,
+    family_flag_names,
     family_settings,
     friendly_errors,
+    given_on_command_line,
     limit_option,
+    refuse_foreign_settings,
     sampling_check_flags,
     sampling_request,
     scoring_dtype_option,
@@ -82,6 +86,9 @@ def compare(
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     sampling = sampling_request(options)
     config = EvalConfig(overrides=family_settings(options), sampling=sampling, **options)
+    refuse_foreign_settings(
+        checkpoints, config.config_path, given_on_command_line((*DROPPED_QUIETLY, *family_flag_names()))
+    )
     if len(caches) > 1:
         from rich.console import Console
 

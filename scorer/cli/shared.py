@@ -14,7 +14,7 @@ import contextlib
 import functools
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -270,27 +270,39 @@ class ScoringCommand(click.Command):
 DROPPED_QUIETLY = ("ddtree",)
 
 
-def refuse_foreign_settings(checkpoint: str, config_path: str | None, names: Iterable[str]) -> None:
+def refuse_foreign_settings(
+    checkpoint: str | Sequence[str], config_path: str | None, names: Iterable[str]
+) -> None:
     """Refuse, by flag, the settings ``names`` (parameter names of the current command, given on its
     command line) that the checkpoint's family does not read (``Family.eval_options``): a setting
-    that defaults quietly (``DROPPED_QUIETLY``) or another family's flag (``Family.flags``)."""
+    that defaults quietly (``DROPPED_QUIETLY``) or another family's flag (``Family.flags``). Given
+    several checkpoints (``scorer compare``), a setting is refused when none of their families reads it
+    (each family is passed only its own settings)."""
     from scorer.families import family_for, probe_checkpoint
 
     names = list(names)
     if not names:
         return
-    try:
-        family = family_for(probe_checkpoint(checkpoint, config_path))
-    except ScorerError:
-        return  # a bad checkpoint: the loader names what is wrong with it, as without these flags
-    foreign = [name for name in names if name not in family.eval_options]
+    checkpoints = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    families = []
+    for one in checkpoints:
+        try:
+            families.append(family_for(probe_checkpoint(one, config_path)))
+        except ScorerError:
+            return  # a bad checkpoint: the loader names what is wrong with it, as without these flags
+    foreign = [name for name in names if not any(name in family.eval_options for family in families)]
     if not foreign:
         return
     flags = {p.name: p.opts[0] for p in click.get_current_context().command.params}
-    own = ", ".join(sorted(flags[n] for n in family.eval_options if n in flags)) or "no flag of this command"
+    read = sorted({flags[n] for family in families for n in family.eval_options if n in flags})
+    if len(checkpoints) == 1:
+        where, who = checkpoints[0], f"the {families[0].display_name} family reads"
+    else:
+        where = "any of " + ", ".join(checkpoints)
+        who = "their families (" + ", ".join(dict.fromkeys(f.display_name for f in families)) + ") read"
     raise ScorerError(
-        f"{', '.join(flags[n] for n in foreign)} does not apply to {checkpoint}: the {family.display_name} "
-        f"family reads {own}"
+        f"{', '.join(flags[n] for n in foreign)} does not apply to {where}: {who} "
+        f"{', '.join(read) or 'no flag of this command'}"
     )
 
 

@@ -123,3 +123,19 @@ def test_an_explicit_ddtree_is_refused_naming_the_flags_the_family_reads(tmp_pat
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert lines[0].startswith("error: --ddtree does not apply to ngram")
     assert lines[0].endswith("reads --num-speculative-tokens, --prompt-lookup-max, --prompt-lookup-min")
+
+
+def test_compare_refuses_a_family_flag_none_of_its_drafters_reads(trained_drafter, tmp_path):
+    """scorer compare passes each family its own flags; one that no compared drafter reads is refused
+    by name (it used to be dropped silently), before any cache is opened."""
+    missing = str(tmp_path / "none")
+    result = CliRunner().invoke(
+        main, ["compare", str(trained_drafter), "target:mtp", "--cache", missing, "--prompt-lookup-max", "2"]
+    )
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(
+        f"error: --prompt-lookup-max does not apply to any of {trained_drafter}, target:mtp:"
+    )
+    assert "their families (DFlash, MTP head) read --ddtree, " in lines[0], lines[0]
+    # with the n-gram proposer among them, the flag reaches it (test_scorer_compare_ngram_is_the_free_baseline)
