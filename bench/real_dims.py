@@ -3,7 +3,7 @@
 The target has the real vocabulary (248,320), head dims and layer pattern of Qwen3.6-27B
 (24 query / 4 KV heads of 256, Gated DeltaNet 16 key / 48 value heads of 128, conv 4, layers
 [linear, linear, linear, full], untied head); hidden size and depth are reduced to what a
-2-core CPU holds (--hidden, default 512; 4 layers). The drafter: 5 layers, block 16, the
+2-core CPU holds (--hidden, default 512; 4 layers). The drafter: 5 layers (--drafter-layers), block 16, the
 target's head dims and vocabulary (scorer.init, random weights).
 
 Prints, each a ratio of two sides measured in this run:
@@ -14,7 +14,7 @@ Prints, each a ratio of two sides measured in this run:
   5. peak RSS beyond the weights of extract and of eval, against --memory-gb
   6. opening a 1,000,000-sequence index: seconds and RSS
 
-    python bench/real_dims.py [--hidden 512] [--sequences 2] [--seq-len 160] [--quick]
+    python bench/real_dims.py [--hidden 512] [--sequences 2] [--seq-len 160] [--drafter-layers 5] [--quick]
 """
 
 from __future__ import annotations
@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index-rows", type=int, default=1_000_000)
     parser.add_argument("--memory-gb", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--drafter-layers", type=int, default=5)
     parser.add_argument(
         "--parts",
         default="extract,generate,scorer,index",
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 48
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000
+        args.drafter_layers = 1  # every line is printed with one layer as with five
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="hscache-real-"))
     parts = set(args.parts.split(","))
@@ -323,7 +325,7 @@ def _scorer_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
     from scorer.families.dflash.init import init_dflash
 
     ckpt = tmp / "drafter"
-    init_dflash(cache_dir, ckpt, num_layers=5, block_size=16)
+    init_dflash(cache_dir, ckpt, num_layers=args.drafter_layers, block_size=16)
     cache = hscache.open_cache(cache_dir)
     config = EvalConfig(ddtree=(), dtype="bf16", n_boot=20, memory_gb=args.memory_gb)
     drafter, _ = load_drafter(ckpt, cache, config)
