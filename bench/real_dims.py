@@ -3,7 +3,7 @@
 The target has the real vocabulary (248,320), head dims and layer pattern of Qwen3.6-27B
 (24 query / 4 KV heads of 256, Gated DeltaNet 16 key / 48 value heads of 128, conv 4, layers
 [linear, linear, linear, full], untied head); hidden size and depth are reduced to what a
-2-core CPU holds (--hidden, default 512; 4 layers). The drafter: 5 layers, block 16, the
+2-core CPU holds (--hidden, default 512; 4 layers). The drafter: 5 layers (--drafter-layers), block 16, the
 target's head dims and vocabulary (scorer.init, random weights).
 
 Prints, each a ratio of two sides measured in this run:
@@ -14,7 +14,7 @@ Prints, each a ratio of two sides measured in this run:
   5. peak RSS beyond the weights of extract and of eval, against --memory-gb
   6. opening a 1,000,000-sequence index: seconds and RSS
 
-    python bench/real_dims.py [--hidden 512] [--sequences 2] [--seq-len 160] [--quick]
+    python bench/real_dims.py [--hidden 512] [--sequences 2] [--seq-len 160] [--drafter-layers 5] [--quick]
 """
 
 from __future__ import annotations
@@ -129,26 +129,79 @@ def _bare_forward_s(model: Path, prompts: Path, memory_gb: float) -> float:
     return time.perf_counter() - t0
 
 
-def _child_peak(code: str) -> dict:
-    """Run ``code`` in a fresh interpreter; it prints a JSON dict. Adds its peak RSS (bytes)."""
-    prelude = (
-        "import json, resource, sys\n"
-        "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
-        "import torch, hscache, scorer.evaluate\n"
-        "base = rss()\n"
-    )
-    epilogue = "\nprint(json.dumps({**out, 'base': base, 'peak': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))\n"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", prelude + code + epilogue],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if done.returncode:
-        raise RuntimeError(done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+# One interpreter imports torch, hscache and the scorer once, then forks a child per measurement:
+# each child starts with the parent's resident set (its peak RSS counter starts there too), so its
+# peak minus its starting RSS is what a fresh interpreter would add after the same imports, at the
+# cost of one import instead of one per measurement. The parent never runs a torch op before a fork
+# (a forked OpenMP pool would hang). Linux only, as /proc is.
+_PROBE_SERVER = r"""
+import json, os, sys, traceback
+import torch, hscache, scorer.evaluate
+
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096
+
+def peak():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) * 1024
+
+for line in sys.stdin:
+    code = json.loads(line)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stdout carries the replies
+        try:
+            scope = {'rss': rss, 'hscache': hscache, 'torch': torch, 'base': rss()}
+            exec(code, scope)
+            reply = {**scope['out'], 'base': scope['base'], 'peak': peak()}
+        except BaseException:
+            reply = {'error': traceback.format_exc()[-3000:]}
+        with os.fdopen(w, 'w') as f:
+            f.write(json.dumps(reply))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        reply = f.read()
+    os.waitpid(pid, 0)
+    print(reply or json.dumps({'error': 'the measurement child died'}), flush=True)
+"""
+
+
+class _RssProbe:
+    """Peak RSS of code run after ``import torch, hscache, scorer.evaluate``, one fork each."""
+
+    def __init__(self) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", _PROBE_SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+
+    def peak(self, code: str) -> dict:
+        """Run ``code`` (it sets ``out``, a dict; ``base = rss()`` moves the start) in a forked child;
+        ``out`` plus its starting RSS (``base``) and peak RSS (``peak``), bytes."""
+        self.server.stdin.write(json.dumps(code) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        if not line:
+            self.stderr.seek(0)
+            raise RuntimeError(self.stderr.read().decode()[-3000:])
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def close(self) -> None:
+        self.server.stdin.close()
+        self.server.wait()
+        self.stderr.close()
 
 
 def _planted(drafter, features: torch.Tensor, x0: torch.Tensor, P: int, accept: int) -> tuple:
@@ -193,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index-rows", type=int, default=1_000_000)
     parser.add_argument("--memory-gb", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--drafter-layers", type=int, default=5)
     parser.add_argument(
         "--parts",
         default="extract,generate,scorer,index",
@@ -203,33 +257,37 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 48
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000
+        args.drafter_layers = 1  # every line is printed with one layer as with five
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="hscache-real-"))
+    parts = set(args.parts.split(","))
+    probe = _RssProbe() if parts & {"extract", "scorer", "index"} else None  # imports while we build
     try:
         model = build_target(tmp / "target", args.vocab, args.hidden)
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         prompts = _prompts(tmp / "p.jsonl", args.sequences, args.seq_len, args.vocab)
         cache_dir = tmp / "cache"
         tokens = args.sequences * args.seq_len
-        parts = set(args.parts.split(","))
         # The first extract also builds the cache every later part uses.
         ours = _best(
             lambda: hscache.extract(_extract_config(model, prompts, cache_dir, args.memory_gb)), args.repeats
         )
         if "extract" in parts:
-            _extract_part(args, model, prompts, tmp, tokens, ours, weights)
+            _extract_part(args, model, prompts, tmp, tokens, ours, weights, probe)
         if "generate" in parts:
             _generate_part(args)
         if "scorer" in parts:
-            _scorer_part(args, cache_dir, tmp)
+            _scorer_part(args, cache_dir, tmp, probe)
         if "index" in parts:
-            _index_part(args, cache_dir, tmp)
+            _index_part(args, cache_dir, tmp, probe)
     finally:
+        if probe is not None:
+            probe.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _extract_part(
-    args, model: Path, prompts: Path, tmp: Path, tokens: int, ours: float, weights: int
+    args, model: Path, prompts: Path, tmp: Path, tokens: int, ours: float, weights: int, probe: _RssProbe
 ) -> None:
     """1. extract vs a bare forward; 5a. extract's peak RSS beyond the weights."""
     bare = _best(lambda: _bare_forward_s(model, prompts, args.memory_gb), args.repeats)
@@ -239,7 +297,7 @@ def _extract_part(
         "the bare side excludes loading the model)"
     )
     cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb)
-    rss = _child_peak(  # the config's repr names SamplingSetting (its sampling field)
+    rss = probe.peak(  # the config's repr names SamplingSetting (its sampling field)
         f"from hscache import SamplingSetting\nout = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))"
     )
     print(
@@ -263,11 +321,11 @@ def _generate_part(args) -> None:
     )
 
 
-def _scorer_part(args, cache_dir, tmp) -> None:
+def _scorer_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
     from scorer.families.dflash.init import init_dflash
 
     ckpt = tmp / "drafter"
-    init_dflash(cache_dir, ckpt, num_layers=5, block_size=16)
+    init_dflash(cache_dir, ckpt, num_layers=args.drafter_layers, block_size=16)
     cache = hscache.open_cache(cache_dir)
     config = EvalConfig(ddtree=(), dtype="bf16", n_boot=20, memory_gb=args.memory_gb)
     drafter, _ = load_drafter(ckpt, cache, config)
@@ -323,7 +381,7 @@ def _scorer_part(args, cache_dir, tmp) -> None:
     )
     drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
     head_bytes = sum(f.stat().st_size for f in (cache_dir / "target").glob("head.safetensors"))
-    rss = _child_peak(
+    rss = probe.peak(
         f"from scorer.evaluate import EvalConfig, evaluate\n"
         f"evaluate({str(ckpt)!r}, {str(cache_dir)!r}, EvalConfig(ddtree=(8,), dtype='bf16', n_boot=20, "
         f"memory_gb={args.memory_gb}))\nout = {{}}"
@@ -335,9 +393,9 @@ def _scorer_part(args, cache_dir, tmp) -> None:
     )
 
 
-def _index_part(args, cache_dir, tmp) -> None:
+def _index_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
     big = _synthetic_index(cache_dir, tmp / "big", args.index_rows)
-    rss = _child_peak(
+    rss = probe.peak(
         f"import time\nhscache.open_cache({str(cache_dir)!r})\nbase = rss()\n"  # imports warm
         f"t0 = time.perf_counter()\nc = hscache.open_cache({str(big)!r})\n"
         "out = {'s': time.perf_counter() - t0, 'n': len(c)}"

@@ -97,8 +97,20 @@ def sampled_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def dask_client():
     """One LocalCluster (2 single-threaded worker processes) for every test that needs dask:
-    starting one takes ~10 s on a 2-core machine."""
+    starting one takes ~10 s on a 2-core machine.
+
+    The workers are forked by a forkserver that imported torch, hscache and the scorer once
+    (~3 CPU-s), where each spawned worker (distributed's default) imports them itself (~3.5 CPU-s
+    each); they are still separate processes that receive their tasks pickled, as spawned ones."""
+    import dask
+    from distributed.utils import get_mp_context
+
     from hscache.cluster import cluster_client
 
-    with cluster_client(workers=2) as client:
-        yield client
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        # distributed sets its preload list on its first call; this one (a superset) replaces it.
+        get_mp_context().set_forkserver_preload(
+            ["distributed", "dask", "numpy", "torch", "hscache", "scorer.evaluate", "scorer.distributed"]
+        )
+        with cluster_client(workers=2) as client:
+            yield client

@@ -194,8 +194,9 @@ def zarr_json_sha256(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _inside(root: Path, path: Path) -> bool:
-    resolved_root = Path(root).resolve()
+def _inside(resolved_root: Path, path: Path) -> bool:
+    """``path`` resolves (symlinks followed) to the cache root or below it. The caller resolves the
+    root once per check: resolving it again for every file was half of what opening a cache cost."""
     resolved = path.resolve()
     return resolved == resolved_root or resolved_root in resolved.parents
 
@@ -207,12 +208,17 @@ def _expected_codecs(compression: str) -> list[str] | None:
 
 
 def _array_problems(
-    root: Path, name: str, spec: ArraySpec, entry: dict[str, Any], manifest: dict[str, Any]
+    root: Path,
+    resolved_root: Path,
+    name: str,
+    spec: ArraySpec,
+    entry: dict[str, Any],
+    manifest: dict[str, Any],
 ) -> str | None:
     """What is wrong with array ``name``'s directory and zarr.json, or None (one line)."""
     array_dir = Path(root) / ARRAYS_GROUP / name
     for path in (Path(root) / ARRAYS_GROUP, array_dir, array_dir / "c", array_dir / "zarr.json"):
-        if (path.exists() or path.is_symlink()) and not _inside(root, path):
+        if (path.exists() or path.is_symlink()) and not _inside(resolved_root, path):
             return f"{path.relative_to(root).as_posix()} leads outside the cache directory (a symlink)"
     meta_path = array_dir / "zarr.json"
     rel = meta_path.relative_to(root).as_posix()
@@ -288,6 +294,7 @@ def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]
     an exception, and a claimed shape of 10^12 rows costs nothing."""
     problems = []
     committed = int(manifest["committed"]["tokens"])
+    resolved_root = Path(root).resolve()
     for name, entry in manifest["arrays"].items():
         try:
             spec = ArraySpec.from_dict(name, entry)
@@ -300,7 +307,7 @@ def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(Mismatch("manifest.json", f"manifest.json array {name} is malformed ({exc})"))
             continue
-        message = _array_problems(Path(root), name, spec, entry, manifest)
+        message = _array_problems(Path(root), resolved_root, name, spec, entry, manifest)
         if message:
             problems.append(Mismatch(f"{ARRAYS_GROUP}/{name}/zarr.json", message))
         hashes = chunk_sha256_of(manifest, name)
@@ -374,19 +381,20 @@ def check_cache(
         entries.append((RUN_LOG, manifest["run_log"]))
     elif (Path(root) / RUN_LOG).is_file():
         problems.append(Mismatch(RUN_LOG, f"{RUN_LOG} is not covered by a checksum recorded at commit"))
+    resolved_root = Path(root).resolve()
     for rel, entry in entries:
-        problem = _file_problem(Path(root), rel, entry, digests)
+        problem = _file_problem(Path(root), resolved_root, rel, entry, digests)
         if problem is not None:
             problems.append(problem)
     return problems
 
 
-def _file_problem(root: Path, rel: str, entry: Any, digests: str) -> Mismatch | None:
+def _file_problem(root: Path, resolved_root: Path, rel: str, entry: Any, digests: str) -> Mismatch | None:
     """How the file ``rel`` disagrees with its recorded checksum ``entry``, or None."""
     path = root / rel
     if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
         return Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed")
-    if not _inside(root, path):
+    if not _inside(resolved_root, path):
         return Mismatch(rel, f"{rel} leads outside the cache directory")
     if not path.is_file():
         return Mismatch(rel, f"{rel} is missing (recorded at commit)")

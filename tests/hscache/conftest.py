@@ -7,6 +7,7 @@ tiny model is ~7x faster on one thread than on two contended ones).
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import urllib.request
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import hscache
+from tests.hscache.forked_cli import CliServer
 
 # One subprocess environment for every CLI run of these tests (see module docstring).
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -92,6 +94,14 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
     finally:
         torch.set_num_threads(before)
     return SmallCache(out, config)
+
+
+@pytest.fixture(scope="session")
+def cli_server(tmp_path_factory: pytest.TempPathFactory):
+    """Forks ``hscache`` CLI runs (in ONE_THREAD_ENV) from one warm interpreter: see forked_cli."""
+    server = CliServer({**os.environ, **ONE_THREAD_ENV}, tmp_path_factory.mktemp("cli-runs"))
+    yield server
+    server.close()
 
 
 def _free_port() -> int:

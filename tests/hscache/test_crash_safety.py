@@ -28,6 +28,7 @@ from hscache.store.writer import SequenceRows, StoreWriter
 from hscache.verify import VerifyConfig, verify_cache
 from tests.conftest import write_jsonl
 from tests.hscache.conftest import ONE_THREAD_ENV
+from tests.hscache.forked_cli import ForkedRun
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -77,17 +78,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "hscache.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **ONE_THREAD_ENV},
-    )
-
-
-def _kill_when(proc: subprocess.Popen, condition, timeout: float = 120) -> bool:
+def _kill_when(proc: ForkedRun, condition, timeout: float = 120) -> bool:
     """SIGKILL ``proc`` as soon as ``condition()`` holds; False if it exited first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
@@ -117,14 +108,14 @@ class _DiskFull:
 
 
 @pytest.mark.slow
-def test_kill9_at_several_points_then_resume_is_bit_identical(tmp_path, small_cache):
+def test_kill9_at_several_points_then_resume_is_bit_identical(tmp_path, small_cache, cli_server):
     out = tmp_path / "c"
     args = small_cache.cli_args(out)
     reference = hscache.open_cache(small_cache.path)
     rng = random.Random(20260521)
     at_kill = []
     # 1) a random early moment: most likely before the first manifest (target/ being staged).
-    proc = _start(args)
+    proc = cli_server.start(args)
     early = {"t": None}
 
     def early_moment() -> bool:
@@ -140,7 +131,7 @@ def test_kill9_at_several_points_then_resume_is_bit_identical(tmp_path, small_ca
         if _committed(out) >= 0:  # whatever a kill left, a reader sees a correct committed prefix
             _assert_prefix_of(hscache.open_cache(out), reference)
         if n + 1 < len(conditions):
-            proc = _start(args)  # the same command resumes
+            proc = cli_server.start(args)  # the same command resumes
     # The last resume runs in-process (same settings as the command; saves an interpreter start).
     print(f"committed sequences at each kill -9: {at_kill}")  # -1: killed before the first manifest
     result = hscache.extract(small_cache.config_for(out))
@@ -152,11 +143,11 @@ def test_kill9_at_several_points_then_resume_is_bit_identical(tmp_path, small_ca
 
 
 @pytest.mark.slow
-def test_reader_during_extraction_sees_only_committed_correct_sequences(tmp_path, small_cache):
+def test_reader_during_extraction_sees_only_committed_correct_sequences(tmp_path, small_cache, cli_server):
     out = tmp_path / "c"
     args = [a if a != "0.0" else "0.15" for a in small_cache.cli_args(out)]  # commit every 0.15 s
     reference = hscache.open_cache(small_cache.path)
-    proc = _start(args)
+    proc = cli_server.start(args)
     sizes = set()
     while proc.poll() is None:
         if _committed(out) < 0:
@@ -170,7 +161,7 @@ def test_reader_during_extraction_sees_only_committed_correct_sequences(tmp_path
         running = verify_cache(out)  # verify reads the committed prefix of a running extraction too
         assert running.ok, running.problems
         time.sleep(0.05)  # leave the CPU to the extraction
-    assert proc.wait() == 0, proc.stderr.read()
+    assert proc.wait() == 0, proc.communicate()[1]
     assert any(0 < n < 12 for n in sizes), sizes  # really read while it was running
     _assert_identical(out, small_cache.path)
 
@@ -410,12 +401,12 @@ def test_mismatched_resume_is_refused_naming_the_difference(tmp_path, small_cach
 
 
 @pytest.mark.slow
-def test_sigterm_commits_captured_batches_then_resumes_identically(tmp_path, small_cache):
+def test_sigterm_commits_captured_batches_then_resumes_identically(tmp_path, small_cache, cli_server):
     """A pre-empted node gets SIGTERM first: the batches captured so far must be committed."""
     out = tmp_path / "c"
     args = small_cache.cli_args(out)
     args[args.index("--commit-every-s") + 1] = "1000"  # nothing would be committed before the end
-    proc = _start(args)
+    proc = cli_server.start(args)
     chunks = out / "arrays" / "hidden_states" / "c"
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not any(chunks.rglob("*")):

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +22,6 @@ from hscache.store.layout import SAMPLED_ARRAYS
 from hscache.store.row_ranges import RowRangeView, read_rows
 from hscache.store.sampling import GREEDY, SamplingSetting
 from tests.conftest import SAMPLED_CACHE_CONFIG, SAMPLED_CACHE_FLAGS
-from tests.hscache.conftest import ONE_THREAD_ENV
 from tests.hscache.test_cache_contract import split_into_shards
 from tests.hscache.test_sampling_processor import vllm_processed
 
@@ -131,7 +127,7 @@ def test_a_greedy_cache_records_nothing_new(fp32_cache):
 
 
 @pytest.mark.slow
-def test_kill9_then_resume_gives_the_same_cache_as_one_run(tmp_path, sampled_cache):
+def test_kill9_then_resume_gives_the_same_cache_as_one_run(tmp_path, sampled_cache, cli_server):
     out = tmp_path / "c"
     flags = []
     for key, value in SAMPLED_CACHE_CONFIG.items():
@@ -142,12 +138,7 @@ def test_kill9_then_resume_gives_the_same_cache_as_one_run(tmp_path, sampled_cac
         else:
             flags += [f"--{key.replace('_', '-')}", str(value)]
     args = ["extract", "--out", str(out), *flags, *SAMPLED_CACHE_FLAGS, "--quiet"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hscache.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **ONE_THREAD_ENV},
-    )
+    proc = cli_server.start(args)  # its own process (forked warm: no torch import to pay)
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         try:
