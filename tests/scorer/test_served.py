@@ -256,8 +256,14 @@ def test_refusals_are_one_line_and_write_nothing(sampled_scorer_cache, sampled_c
             ],
             "drop --tree",
         ),
-        (["eval", "target:mtp", "--cache", str(sampled_cache), "--tree", "2,2,4"], "measure it online"),
-        (["compare", "target:mtp", "--cache", str(sampled_cache), "--tree", "2,2,4"], "measure it online"),
+        (
+            ["eval", "target:mtp", "--cache", str(sampled_cache), "--tree", "2,2,4"],
+            "measure it on the SGLang server",
+        ),
+        (
+            ["compare", "target:mtp", "--cache", str(sampled_cache), "--tree", "2,2,4"],
+            "measure it on the SGLang server",
+        ),
     ]
     for args, message in cases:
         code, output = _invoke([*args, "--json", str(out)])
