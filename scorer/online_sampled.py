@@ -19,7 +19,9 @@ random coins, many seeded runs. Each round at anchor p (tokens 0..p committed):
 With ``tree`` (SGLang's EAGLE tree, ``--tree STEPS,TOPK,TOKENS``; EAGLE-3 and MTP) a round instead
 drafts the family's tree (``scorer.families.autoregressive.eagle_tree``: the construction the offline
 tree replay uses), runs the target over every root-to-leaf path as its own sequence (a hybrid target's
-recurrent state rules out a tree attention mask; each path's rows are exact), and verifies by SGLang's
+recurrent state rules out a tree attention mask; each path's rows are exact), processes every row with
+SGLang's relaxed penalties (``SGLANG_PENALTY``: one pre-round vector for every node and the bonus row,
+from the tokens SGLang's penalizers were fed, ``sglang_penalty_history``) and verifies by SGLang's
 target-only tree rule (``scorer.online_rules.sglang_target_only_verify``, thresholds 1): one coin per
 node from the ``accept`` stream, the final token's coin from ``residual``. Only the one-hot drafts exist
 there: SGLang's rejection sampling takes topk 1 (a chain), and vLLM's rejection samplers verify a flat
@@ -89,12 +91,43 @@ __all__ = [
     "run_online_sampled",
     "check_tree_request",
     "run_streams",
+    "RowBlock",
+    "SGLANG_PENALTY",
+    "VLLM_PENALTY",
+    "processed_rows",
+    "sglang_penalty_history",
     "summarise_runs",
 ]
 
 DRAFT_SAMPLING = ("greedy", "probabilistic")  # as --draft-sampling (vLLM draft_sample_method)
 RULE = "vllm-mrv2"  # scorer.vllm_rejection.mrv2_verify
 TREE_RULE = "sglang-target-only"  # scorer.online_rules.sglang_target_only_verify (--tree)
+# SGLang's penalties in tree verification, as read in sgl-project/sglang (the EAGLE worker, v1):
+# - python/sglang/srt/speculative/eagle_info.py @ 0007d13b0099d8b0b42b74b19fc4b16b8ce1dd3a,
+#   EagleVerifyInput.verify L230-241, line numbers counted in the stored copy ("This is a relaxed version of penalties for speculative decoding"):
+#   linear_penalty = zeros(bs, V); sampling_info.apply_logits_bias(linear_penalty);
+#   next_token_logits.add_(repeat_interleave(linear_penalty, draft_token_num)): ONE additive vector per
+#   request, the same for every node and the bonus row; then /T, softmax, top_k_renorm_prob,
+#   top_p_renorm_prob (L273-292; no min_p in that verify).
+# - the vector: python/sglang/srt/sampling/sampling_batch_info.py @ 009db01a7c0d5460611d543516401eb497641918,
+#   apply_logits_bias -> penalizer_orchestrator.apply, whose penalizers are {Frequency, MinNewTokens,
+#   Presence} (no repetition penalizer: from_schedule_batch); penaltylib/presence_penalty.py
+#   @ 0a39d72aa8f04acbf3f97ba67d8b6b67c88903e7 (_cumulate_output_tokens: scatter_ of the penalty at each fed
+#   token; _apply: logits.sub_) and frequency_penalty.py @ 0eaa70667ecaf8c8974101f8dc39aaefab0b0e0b
+#   (scatter_add_ per fed token; logits.sub_): -presence * [fed] - frequency * count(fed). The counters
+#   start at zero (no prompt token). Even a multiplicative repetition penalizer (older commits) would map
+#   the zero vector to zero: SGLang's tree verification never applies --repetition-penalty.
+# - which tokens are fed: eagle_worker.py @ 00559eacbf0841146db7e27e445d1971e35e6294,
+#   _draft_preprocess_decode ("Accumulate penalty ... relaxed version"): cumulate_output_tokens(
+#   spec_info.verified_id) once per round, before drafting; verified_id is then ONE token per request:
+#   eagle_info.py @ 0007d13b EagleDraftInput.prepare_extend_after_decode -> create_extend_after_decode_spec_info
+#   stores verified_id[accept_len_cumsum + accept_len - 1], the round's last (bonus / recovered) token;
+#   before the first round, the prefill's token (forward_draft_extend: verified_id=next_token_ids).
+#   So the history of a round is the anchor token of every round so far, this one included: accepted
+#   drafts are never counted, in their round or later (sglang_penalty_history). Newer SGLang (multi-token
+#   cumulation, DFlash block penalty state) counts more: this transcribes the commits above.
+SGLANG_PENALTY = "sglang-relaxed"
+VLLM_PENALTY = "vllm-in-round"  # the generated tokens and the drafts before each row (spec 1.1)
 _STREAM_DOMAIN = "hscache-online-v1"
 
 
@@ -109,7 +142,8 @@ class SampledOnlineConfig:
         runs: independent decodings of every prompt (the interval is over runs).
         draft_sampling: ``greedy`` (the drafter's argmax: the one-hot rule, vLLM's default) or ``probabilistic``.
         tree: (steps, topk, tokens): SGLang's EAGLE tree verified by SGLang's target-only rule instead
-            of a chain by vLLM's (EAGLE-3, MTP; one-hot drafts only, no penalties, no min_p).
+            of a chain by vLLM's (EAGLE-3, MTP; one-hot drafts only; presence / frequency penalties by SGLang's
+            relaxed rule, no repetition penalty, no min_p: ``check_tree_request``).
         ddtree: N: DFlash's DDTree of N nodes verified by the same SGLang target-only rule (as ``tree``).
         online: what greedy ``scorer online`` takes too (``OnlineConfig``: the target, the prompts,
             the lengths, dtype, device, backend, limit and the drafter's settings), decoded alike.
@@ -165,8 +199,11 @@ def check_tree_request(
     - probabilistic drafting: SGLang's ``--speculative-use-rejection-sampling`` requires
       ``speculative_eagle_topk == 1`` (a chain) and vLLM's rejection samplers verify a flat chain
       (no tree parents), so no engine verifies a tree with min(1, p/q);
-    - a penalty: SGLang adds one pre-round penalty vector to every node (spec 1.2), not transcribed;
-    - min_p: SGLang applies it after top-p, this loop's processor (vLLM's order) before.
+    - ``--repetition-penalty``: SGLang's tree verification builds its penalty as one additive vector
+      from zeros (``SGLANG_PENALTY``'s sources), so it never applies the multiplicative repetition
+      penalty; presence and frequency penalties run SGLang's relaxed rule (``processed_rows``);
+    - min_p: SGLang's verify of the commit transcribed applies none (newer ones after top-p), this
+      loop's processor (vLLM's order) before top-k.
 
     Raises:
         ScorerError: naming the flag and the fix.
@@ -186,20 +223,18 @@ def check_tree_request(
             "(SGLang's --speculative-use-rejection-sampling takes speculative_eagle_topk 1, vLLM verifies chains); "
             f"drop {flag} or --draft-sampling"
         )
-    given = [
-        f"--{name.replace('_', '-')} {getattr(sampling, name):g}"
-        for name, neutral in (
-            ("presence_penalty", 0.0),
-            ("frequency_penalty", 0.0),
-            ("repetition_penalty", 1.0),
-            ("min_p", 0.0),
-        )
-        if getattr(sampling, name) != neutral
-    ]
-    if given:
+    if sampling.repetition_penalty != 1.0:
         raise ScorerError(
-            f"{flag} runs SGLang's rule, and {', '.join(given)} is not transcribed for it (SGLang applies "
-            "penalties once per round to every node, and min_p after top-p): drop the flag"
+            f"{flag} runs SGLang's rule, and --repetition-penalty {sampling.repetition_penalty:g} is not part of "
+            "it (SGLang's tree verification adds one additive penalty vector built from zeros, which a "
+            "multiplicative penalty leaves at zero): drop --repetition-penalty (presence and frequency "
+            "penalties are applied)"
+        )
+    if sampling.min_p != 0.0:
+        raise ScorerError(
+            f"{flag} runs SGLang's rule, and --min-p {sampling.min_p:g} is not transcribed for it (SGLang's "
+            "tree verification applies min_p after top-p or not at all, this loop's processor before top-k): "
+            "drop --min-p"
         )
 
 
@@ -348,27 +383,82 @@ class _Lane:
     def done(self, eos: set[int]) -> bool:
         return len(self.ids) >= self.limit or self.ids[-1] in eos
 
+    def block(self, extra: list[int], in_round: bool) -> RowBlock:
+        """This lane's round rows over ``extra``: vLLM's history (every generated token, the extras
+        in-round) or SGLang's (``sglang_penalty_history``, the same for every row)."""
+        prompt = self.ids[: self.prompt_len]
+        if in_round:
+            return RowBlock(self.ids[self.prompt_len :], prompt, extra, True)
+        return RowBlock(sglang_penalty_history(self.ids, self.prompt_len, self.rounds), prompt, extra, False)
 
-def _processed(
-    logits: torch.Tensor, lanes_rows: Sequence[tuple[_Lane, list[int]]], setting: SamplingSetting, vocab: int
+
+def sglang_penalty_history(ids: Sequence[int], prompt_len: int, tokens_per_round: Sequence[int]) -> list[int]:
+    """The tokens SGLang's penalizers were fed before a round (``SGLANG_PENALTY``'s sources): the first
+    token after the prompt, then each finished round's last emitted token, i.e. every round's anchor,
+    the current one included; the accepted drafts before a round's last token are never counted.
+
+    Args:
+        ids: the committed tokens (prompt + generated) at the round's start.
+        prompt_len: the prompt's length (``ids[prompt_len]`` is the first generated token).
+        tokens_per_round: the tokens each finished round committed (``commit_round``).
+    """
+    history, at = [], prompt_len
+    if at < len(ids):
+        history.append(int(ids[at]))
+    for n in tokens_per_round:
+        at += n
+        history.append(int(ids[at]))
+    return history
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """The rows of one round's sequence (its first row predicts the token after the anchor, row j + 1
+    the token after ``extra[j]``) and what their penalties count.
+
+    Attributes:
+        history: the output tokens counted at the first row (never the prompt: vLLM and SGLang count
+            generated tokens for presence and frequency).
+        prompt: the prompt (vLLM's repetition penalty covers it too).
+        extra: the drafts (a chain) or a tree path after the anchor.
+        in_round: vLLM's rule (row j counts ``extra[:j]`` as well, spec 1.1) if true; SGLang's relaxed
+            rule (every row the same ``history``, spec 1.2) if false.
+    """
+
+    history: Sequence[int]
+    prompt: Sequence[int]
+    extra: Sequence[int]
+    in_round: bool = True
+
+
+def processed_rows(
+    logits: torch.Tensor, blocks: Sequence[RowBlock], setting: SamplingSetting, vocab: int
 ) -> torch.Tensor:
-    """Dense processed distributions [R, V] float32 of stacked rows: row i of a lane's block has the
-    penalty history = the lane's generated tokens + the block's extra tokens before it."""
+    """Dense processed distributions [R, V] float32 of stacked round rows (``len(extra) + 1`` rows a
+    block, in ``blocks`` order): penalties with each block's counts (``RowBlock``), then /T, min_p,
+    top-k, top-p (hscache.capture.sampling's processor: ``penalise_dense``, ``processed_support``).
+
+    SGLang adds ``-presence * [seen] - frequency * count`` as one vector before /T; vLLM subtracts the
+    same two terms from the logits: one ``penalise_dense`` serves both, the rules differ in the counts.
+
+    Raises:
+        ScorerError: more tokens tie at the top-k boundary than the support holds.
+    """
     counts = torch.zeros((len(logits), vocab), dtype=torch.int32, device=logits.device)
     prompt_mask = None
     if setting.repetition_penalty != 1.0:
         prompt_mask = torch.zeros((len(logits), vocab), dtype=torch.bool, device=logits.device)
     row = 0
-    for lane, extra in lanes_rows:
-        history = torch.tensor(lane.ids[lane.prompt_len :], dtype=torch.long)
-        base = torch.bincount(history, minlength=vocab).int()
-        block = base.repeat(len(extra) + 1, 1)
-        for j, token in enumerate(extra):
-            block[j + 1 :, token] += 1
-        counts[row : row + len(block)] = block.to(counts.device)
+    for block in blocks:
+        base = torch.bincount(torch.tensor(list(block.history), dtype=torch.long), minlength=vocab).int()
+        rows = base.repeat(len(block.extra) + 1, 1)
+        if block.in_round:
+            for j, token in enumerate(block.extra):
+                rows[j + 1 :, token] += 1
+        counts[row : row + len(rows)] = rows.to(counts.device)
         if prompt_mask is not None:
-            prompt_mask[row : row + len(block), torch.tensor(lane.ids[: lane.prompt_len])] = True
-        row += len(block)
+            prompt_mask[row : row + len(rows), torch.tensor(list(block.prompt), dtype=torch.long)] = True
+        row += len(rows)
     ids, probs, overflow = processed_support(penalise_dense(logits, counts, prompt_mask, setting), setting)
     if bool(overflow.any()):
         raise ScorerError(
@@ -454,7 +544,9 @@ def decode_runs(
     # (empty penalty history). Every run of a prompt shares that forward: one per prompt.
     heads = lanes[: len(prompts)]  # run runs[0]'s lanes, one per prompt, in prompts order
     first = _forward(target, layer_ids, heads, [[] for _ in heads], width)
-    p0 = _processed(torch.cat([rows for _, rows in first]), [(lane, []) for lane in heads], s, vocab)
+    p0 = processed_rows(
+        torch.cat([rows for _, rows in first]), [lane.block([], True) for lane in heads], s, vocab
+    )
     for n, lane in enumerate(lanes):
         k = n % len(prompts)
         lane.hidden = first[k][0]
@@ -477,8 +569,8 @@ def decode_runs(
         target_probs: list[torch.Tensor] = []
         for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
             rows = torch.cat([r for _, r in verify[lo : lo + width]])
-            part = list(zip(active[lo : lo + width], drafts[lo : lo + width]))
-            target_probs += _processed(rows, part, s, vocab).split([len(d) + 1 for _, d in part])
+            part = [lane.block(d, True) for lane, d in zip(active[lo : lo + width], drafts[lo : lo + width])]
+            target_probs += processed_rows(rows, part, s, vocab).split([len(b.extra) + 1 for b in part])
         for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
             x = torch.tensor([draft], dtype=torch.long)
             noise = draw_round_noise(
@@ -540,8 +632,9 @@ def _tree_rounds(
     path_probs: list[torch.Tensor] = []
     for lo in range(0, len(owners), width):
         rows = torch.cat([r for _, r in verify[lo : lo + width]])
-        part = list(zip(owners[lo : lo + width], extras[lo : lo + width]))
-        path_probs += _processed(rows, part, s, vocab).split([len(x) + 1 for _, x in part])
+        # SGLang's relaxed penalties: one pre-round vector for the root row and every node (SGLANG_PENALTY)
+        part = [lane.block(x, False) for lane, x in zip(owners[lo : lo + width], extras[lo : lo + width])]
+        path_probs += processed_rows(rows, part, s, vocab).split([len(b.extra) + 1 for b in part])
     first = 0
     for lane, tree, paths in zip(active, trees, paths_of):
         m = len(tree.tokens)
@@ -659,7 +752,12 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
             "rule": {
                 "name": RULE if config.tree is None and config.ddtree is None else TREE_RULE,
                 "draft_sampling": config.draft_sampling,
-                "description": _describe_rule(config.draft_sampling, config.tree, config.ddtree),
+                "description": _describe_rule(
+                    config.draft_sampling, config.tree, config.ddtree, config.sampling
+                ),
+                "penalties": VLLM_PENALTY
+                if config.tree is None and config.ddtree is None
+                else SGLANG_PENALTY,
                 **({} if config.tree is None else {"tree": list(config.tree)}),
                 **({} if config.ddtree is None else {"ddtree": config.ddtree}),
             },
@@ -683,9 +781,23 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
 
 
 def _describe_rule(
-    draft_sampling: str, tree: tuple[int, int, int] | None = None, ddtree: int | None = None
+    draft_sampling: str,
+    tree: tuple[int, int, int] | None = None,
+    ddtree: int | None = None,
+    sampling: SamplingSetting | None = None,
 ) -> str:
+    penalised = sampling is not None and (
+        sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0
+    )
     if tree is not None or ddtree is not None:
+        penalties = (
+            f"; penalties SGLang's relaxed way (presence {sampling.presence_penalty:g}, frequency "
+            f"{sampling.frequency_penalty:g}): one vector from the tokens SGLang's penalizers were fed before "
+            "the round (every round's anchor token: accepted drafts never count) added to every node's and "
+            "the bonus row's logits"
+            if penalised
+            else ""
+        )
         if ddtree is not None:
             shape = f"DFlash DDTree of {ddtree} nodes (the block's per-slot top-K, best-first by product probability)"
         else:
@@ -697,7 +809,7 @@ def _describe_rule(
             "sglang_target_only_verify, thresholds 1): one coin per node, the first child c with coin <= "
             "sum of tried p, else the final token from p minus the tried siblings; all accepted: bonus ~ p; "
             "the target run over every root-to-leaf path; node coins and the final coin from separate seeded "
-            "streams per (run, record)"
+            f"streams per (run, record){penalties}"
         )
     drafts = (
         "drafts = the drafter's argmax (q one-hot): accept d_j iff u_j < p(d_j), else sample p without d_j"
