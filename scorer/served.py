@@ -115,7 +115,7 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
       ``--tree`` (SGLang's rejection sampling drafts chains, topk 1), or for a family that gives
       no proposal probabilities;
     - SGLang's rule (``--tree``) on a cache sampled with a penalty (SGLang's in-round penalties are
-      not lossless: spec 4.6.4; measure it on the server) or with min_p (SGLang applies it after top-k/top-p,
+      not lossless: spec 4.6.4; measure it online, ``scorer online --tree``) or with min_p (SGLang applies it after top-k/top-p,
       the cache's vLLM order before them: spec 1.2).
 
     Raises:
@@ -164,11 +164,17 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
             "the cache's trajectories are not SGLang's; score a cache sampled without --min-p"
         )
     if getattr(config, "tree", None) is not None and penalties:
+        advice = (
+            "measure it online (scorer online --tree ... with the same sampling flags: it runs SGLang's relaxed "
+            "penalties)"
+            if setting.repetition_penalty == 1.0
+            else "SGLang's tree verification never applies --repetition-penalty (scorer online --tree refuses "
+            "it): measure it on the SGLang server"
+        )
         raise ScorerError(
             f"--tree is SGLang's rule, and {where} was sampled with {', '.join(penalties)}: SGLang applies "
             "penalties from the history before each round to every slot of it, which is not lossless, so no "
-            "cache gives its tau (and scorer online --tree does not transcribe that either): measure it on the SGLang "
-            "server, or score a cache sampled without penalties"
+            f"cache gives its tau: {advice}, or score a cache sampled without penalties"
         )
 
 

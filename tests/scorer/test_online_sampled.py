@@ -325,8 +325,12 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             "no engine verifies a tree with probabilistic drafts",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4", "--presence-penalty", "1"],
-            "--presence-penalty 1 is not transcribed",
+            ["--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4", "--repetition-penalty", "1.2"],
+            "--repetition-penalty 1.2 is not part of it",
+        ),
+        (
+            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "4", "--min-p", "0.1"],
+            "--ddtree runs SGLang's rule, and --min-p 0.1 is not transcribed",
         ),
     ],
 )
@@ -370,6 +374,7 @@ def test_cli_sampled_run_writes_a_valid_report(trained_drafter, tmp_path):
     sampled = document["sampled"]
     assert sampled["seed"] == 9 and sampled["runs"] == 3 and len(sampled["per_run"]) == 3
     assert sampled["rule"]["name"] == "vllm-mrv2" and sampled["rule"]["draft_sampling"] == "greedy"
+    assert sampled["rule"]["penalties"] == "vllm-in-round"
     assert (
         sampled["sampling"]["temperature"] == 0.6 and sampled["sampling"]["preset"] == "qwen-thinking-coding"
     )

@@ -131,12 +131,15 @@ def test_cli_ddtree_run_writes_the_tree_rule_and_budget_into_a_valid_report(trai
 
 
 def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
+    """With a presence penalty (SGLang's relaxed rule): the report records the rule, the penalty rule
+    and the penalty."""
     from click.testing import CliRunner
 
     from scorer.cli import main
 
     out = tmp_path / "online.json"
     args = ["online", "target:mtp", "--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4"]
+    args += ["--presence-penalty", "1.5"]
     result = CliRunner().invoke(
         main, [*args, "--runs", "2", "--limit", "1", "--max-new-tokens", "4", "--json", str(out)]
     )
@@ -145,7 +148,11 @@ def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
     schemas.validate(document, "online_report")
     rule = document["sampled"]["rule"]
     assert rule["name"] == "sglang-target-only" and rule["tree"] == [2, 2, 4]
+    assert (
+        rule["penalties"] == "sglang-relaxed" and document["sampled"]["sampling"]["presence_penalty"] == 1.5
+    )
     assert "TreeSpeculativeSamplingTargetOnly" in rule["description"] in result.output
+    assert "penalties SGLang's relaxed way (presence 1.5, frequency 0)" in rule["description"]
     rounds = [r["tokens_per_round"] for r in document["per_request"]]
     assert len(rounds) == 2 and all(1 <= t <= 3 for run in rounds for t in run)  # depth 2: <= 3 a round
     assert sum(np.concatenate(rounds)) == sum(r["generated"] - 1 for r in document["per_request"])
@@ -183,3 +190,100 @@ def test_a_family_without_an_online_tree_is_refused_by_name(
     config = SampledOnlineConfig(checkpoint, setting, runs=1, online=OnlineConfig(limit=1), **shape)
     with pytest.raises(ScorerError, match=re.escape(message)):
         run_online_sampled(config)
+
+
+def _sglang_processed(logits: torch.Tensor, fed: list[int], s) -> torch.Tensor:
+    """SGLang's tree verification of one row, written here from its source (scorer.online_sampled.SGLANG_PENALTY):
+    linear_penalty = zeros; the presence penalizer subtracts its value at every fed token (scatter), the
+    frequency one its value times the count (scatter_add); logits + linear_penalty; softmax(/T);
+    top_k_renorm_prob; top_p_renorm_prob (the smallest top prefix reaching p, renormalised)."""
+    fed_ids = torch.tensor(fed, dtype=torch.long)
+    presence = torch.zeros(len(logits), dtype=torch.float64).scatter_(0, fed_ids, s.presence_penalty)
+    frequency = torch.zeros(len(logits), dtype=torch.float64).index_add_(
+        0, fed_ids, torch.full((len(fed),), s.frequency_penalty, dtype=torch.float64)
+    )
+    linear_penalty = torch.zeros(len(logits), dtype=torch.float64) - presence - frequency
+    probs = torch.softmax((logits.double() + linear_penalty) / s.temperature, -1)
+    probs = torch.where(probs >= torch.sort(probs, descending=True).values[s.top_k - 1], probs, 0.0)
+    probs = probs / probs.sum()
+    ordered, order = torch.sort(probs, descending=True)
+    before = torch.cumsum(ordered, -1) - ordered  # the mass above each token
+    probs[order[before >= s.top_p]] = 0.0
+    return probs / probs.sum()
+
+
+def test_sglang_relaxed_penalty_is_one_pre_round_vector_for_every_node():
+    """A tree round's rows under SGLang's rule: every row gets the penalty of the tokens SGLang's penalizers
+    were fed before the round (every round's anchor: not the accepted draft), whatever the path; vLLM's
+    rule instead penalises a draft again at the rows after it, so a candidate repeating an in-round draft
+    keeps more probability under SGLang's."""
+    from hscache.store.sampling import SamplingSetting
+    from scorer.online_sampled import RowBlock, processed_rows, sglang_penalty_history
+
+    vocab = 12
+    s = SamplingSetting(
+        temperature=0.7, top_k=6, top_p=0.9, presence_penalty=1.5, frequency_penalty=0.4, seed=0
+    )
+    prompt = [3, 4, 11]
+    # generated: 7 (the prefill's token), round 1 committed [2, 9] (2 an accepted draft), round 2 [9]
+    ids = [*prompt, 7, 2, 9, 9]
+    fed = sglang_penalty_history(ids, len(prompt), [2, 1])
+    assert fed == [7, 9, 9]  # the anchors of rounds 1-3; the accepted draft 2 is never fed
+    path = [5, 5, 8]  # a root-to-leaf path whose second node repeats the first
+    logits = torch.randn((len(path) + 1, vocab), generator=torch.Generator().manual_seed(3))
+    logits[:, 5] += 2.0  # 5 stays in the top-k at every row
+    sglang = processed_rows(logits, [RowBlock(fed, prompt, path, in_round=False)], s, vocab)
+    expected = torch.stack([_sglang_processed(row, fed, s) for row in logits])
+    torch.testing.assert_close(sglang.double(), expected, atol=1e-6, rtol=0)
+    vllm = processed_rows(logits, [RowBlock(fed, prompt, path, in_round=True)], s, vocab)
+    torch.testing.assert_close(vllm[0], sglang[0])  # the root row: the same history under both rules
+    assert float(sglang[1, 5]) > float(vllm[1, 5]) > 0  # node 1 repeats draft 5: penalised only by vLLM
+    assert not torch.allclose(sglang[2], vllm[2])
+
+
+def test_tree_rounds_process_every_node_with_the_pre_round_penalty():
+    """Every tree round of the loop: the root's and every node's target row equal SGLang's processing
+    (written here) of a plain transformers forward over the committed tokens and the node's path, with
+    the penalty of the tokens SGLang feeds its penalizers: each round's anchor (its last committed token
+    before it), never an accepted draft. The drafts are an oracle's: the root's children are the whole
+    support of the root row, so every round accepts one and the two histories part from round 2 on;
+    top-k 20 keeps the accepted drafts inside later rows' support, where counting them would show."""
+    from types import SimpleNamespace
+
+    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+    from hscache.store.sampling import SamplingSetting
+    from scorer.online_sampled import DecodeSettings, decode_runs
+
+    session = open_online("target:mtp", MODEL, "fp32", OnlineOptions(overrides={}))
+    target = session.target
+    record = next(iter(iter_records(resolve_prompts("builtin:default"))))
+    prompts = [(record.record_id, prompt_token_ids(record, target.tokenizer))]
+    s = SamplingSetting(temperature=1.0, top_k=20, presence_penalty=0.8, frequency_penalty=0.3, seed=3)
+    fed: list[int] = []
+
+    def oracle(hidden, ids, p, tree):
+        fed.append(int(ids[-1]))  # SGLang feeds the round's anchor before drafting
+        with torch.no_grad():
+            logits = target.model(torch.tensor([list(ids)])).logits[0, -1].float()
+        support = torch.nonzero(_sglang_processed(logits, fed, s) > 0).flatten().numpy()
+        return SimpleNamespace(tokens=support, parents=np.full(len(support), -1))
+
+    records = []
+    settings = DecodeSettings(s, max_new_tokens=8, tree=TREE)
+    (run,) = decode_runs(target, session.layer_ids, oracle, prompts, settings, [0], records.append)
+    assert len(records) == len(run.requests[0].tokens_per_round) > 2
+    parted = 0
+    for n, rec in enumerate(records):
+        ids, p = list(rec.token_ids), len(rec.token_ids) - 1
+        anchors = [int(r.token_ids[-1]) for r in records[: n + 1]]
+        for node in range(-1, len(rec.tree.tokens)):
+            extra = [] if node < 0 else [int(rec.tree.tokens[node])]
+            with torch.no_grad():
+                logits = target.model(torch.tensor([ids + extra])).logits[0, p + len(extra)].float()
+            # fp32 logits of two forwards agree to ~1e-6
+            torch.testing.assert_close(
+                rec.target_probs[node + 1].double(), _sglang_processed(logits, anchors, s), atol=1e-4, rtol=0
+            )
+        assert int(rec.verified.accepted[0]) == 1  # the sampled token is always one of the children
+        parted += sorted(anchors) != sorted(ids[len(prompts[0][1]) :])
+    assert parted  # some round's generated tokens held an accepted draft that SGLang never fed

@@ -258,11 +258,11 @@ def test_refusals_are_one_line_and_write_nothing(sampled_scorer_cache, sampled_c
         ),
         (
             ["eval", "target:mtp", "--cache", str(sampled_cache), "--tree", "2,2,4"],
-            "measure it on the SGLang server",
+            "measure it online (scorer online --tree",
         ),
         (
             ["compare", "target:mtp", "--cache", str(sampled_cache), "--tree", "2,2,4"],
-            "measure it on the SGLang server",
+            "measure it online (scorer online --tree",
         ),
     ]
     for args, message in cases:
