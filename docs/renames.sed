@@ -1,5 +1,6 @@
-# Renames of branch `cli` (issue 24 item 4). Run over other branches' files after merging, e.g.
-#   git diff --name-only main...OTHER -- '*.py' '*.md' | xargs sed -i -E -f RENAMES.sed
+# The Python API renames of 2026-12-02 (issue 24: family seam, CLI package, names that say what they are).
+# Run over code that imports the old names, e.g.
+#   git ls-files "*.py" | xargs sed -i -E -f docs/renames.sed
 # (GNU sed, -E). Each line is one rename; the commented ones need an eye.
 s/\bDrafterConfig\b/DFlashConfig/g
 s/\bscore_sequences_chain\b/score_dflash_sequences_chain/g
