@@ -37,7 +37,7 @@ from scorer.errors import ScorerError
 from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
 from scorer.replay import replay_chain
 from scorer.sampled_tau import prompt_totals, sampled_tau
-from scorer.sequences import SequenceResult
+from scorer.sequences import SequenceResult, score_each
 from scorer.verification import (
     SequenceRounds,
     all_anchor_acceptance,
@@ -295,14 +295,14 @@ def score_rows(
     setting = sampling_setting(cache)
     where = str(getattr(cache, "url", cache.path))
     if getattr(config, "draft_sampling", "greedy") == "probabilistic":
-        results = []
-        for row in rows:
-            results.append(
-                _probabilistic_result(family, drafter, cache, row, config, setting.temperature, where)
-            )
-            if on_sequence:
-                on_sequence(results[-1])
-        return results
+        return score_each(
+            cache,
+            rows,
+            lambda seq: _probabilistic_result(
+                family, drafter, cache, seq.row, config, setting.temperature, where
+            ),
+            on_sequence,
+        )
     k = drafter.config.block_size - 1
     results = family.score_rows(drafter, SampledView(cache), rows, config, on_sequence)
     for result in results:
