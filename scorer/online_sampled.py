@@ -40,7 +40,6 @@ the report gives the mean over runs, its standard error and a bootstrap interval
 from __future__ import annotations
 
 import hashlib
-import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -727,12 +726,12 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         config.tree,
         config.ddtree,
     )
-    if config.tree is not None and "tree" not in inspect.signature(session.propose).parameters:
+    if config.tree is not None and "tree" not in session.family.online_trees:
         raise ScorerError(
             f"--tree is SGLang's EAGLE tree, drafted online by the EAGLE-3 and MTP families; the "
             f"{session.family.name} family's online proposer drafts none: drop --tree"
         )
-    if config.ddtree is not None and "ddtree" not in inspect.signature(session.propose).parameters:
+    if config.ddtree is not None and "ddtree" not in session.family.online_trees:
         raise ScorerError(
             f"--ddtree is DFlash's DDTree, drafted online by the DFlash family; the {session.family.name} "
             "family's online proposer drafts none: drop --ddtree"

@@ -198,6 +198,9 @@ class Family:
         autoregressive: drafts one token per forward (chain K / tree modes apply).
         online: (checkpoint, target, OnlineOptions) -> (target layer ids, Proposer, LoadReport) for
             ``scorer online`` (the target verifying); None when the family has no online path yet.
+        online_trees: the trees its online proposer drafts at T > 0, each a keyword of the proposer
+            (``propose(..., tree=(steps, topk, tokens))``: SGLang's EAGLE tree; ``ddtree=N``: DFlash's
+            DDTree); ``scorer online --tree`` / ``--ddtree`` refuses a family without it by name.
         cost: (drafter, tau, mean context length) -> {"draft_forwards_per_round",
             "flops_per_round"}: the serving work of one round, estimated from the shapes.
         time_round: (drafter, features [T, K*H], token ids [T], anchor p, tau) -> (seconds, drafts):
@@ -246,6 +249,7 @@ class Family:
     effective_config: Callable[[Any], Any] = lambda config: config
     autoregressive: bool = False
     online: Callable[..., tuple[list[int], Proposer, Any]] | None = None
+    online_trees: frozenset[str] = frozenset()
     cost: Callable[..., dict[str, Any]] | None = None
     time_round: Callable[..., tuple[float, list[int]]] | None = None
     proposals: Callable[..., tuple[Any, Any]] | None = None

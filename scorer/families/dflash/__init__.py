@@ -50,6 +50,7 @@ DFLASH = Family(
     load=lazy(_SEAM, "load"),
     score_rows=lazy(_SEAM, "score_rows"),
     online=lazy(_SEAM, "online"),
+    online_trees=frozenset({"ddtree"}),
     cost=lazy(_SEAM, "cost"),
     time_round=lazy(_SEAM, "time_round"),
     proposals=lazy("scorer.families.dflash.proposals", "block_proposals"),

@@ -297,14 +297,12 @@ def target_fallbacks(target: Any) -> dict[str, Any]:
     }
 
 
-def dflash_proposer(
-    target: Any, drafter: DFlashDrafter, layout: str = "zlab", ddtree: bool = True
-) -> Proposer:
+def dflash_proposer(target: Any, drafter: DFlashDrafter, layout: str = "zlab") -> Proposer:
     """DFlash's round: one block forward at the anchor (the last layer read after the final norm
-    where the layout reads transformers' hidden_states[L]). With ``ddtree`` the proposer also takes
-    ``ddtree=N`` (``scorer online --ddtree N``): the DDTree of N nodes built from that block's per-slot
-    top-K (``score.block_tree``, the offline replay's construction), returned as the (tokens, parents)
-    tree the SGLang tree loop verifies (``EagleTree``)."""
+    where the layout reads transformers' hidden_states[L]). With ``ddtree=N`` (``scorer online
+    --ddtree N``, the family's ``online_trees``) the proposer drafts the DDTree of N nodes built from
+    that block's per-slot top-K (``score.block_tree``, the offline replay's construction), returned as
+    the (tokens, parents) tree the SGLang tree loop verifies (``EagleTree``)."""
     import numpy as np
     import torch
 
@@ -326,22 +324,21 @@ def dflash_proposer(
         block[0, 0] = ids[p]
         return drafter.block_hidden(features, torch.tensor([p]), block, max_blocks_per_forward=1), block
 
-    def propose(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+    def propose(
+        hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None, ddtree: int | None = None
+    ) -> list[int] | EagleTree:
         rows, block = block_rows(hidden, ids, p)
+        if ddtree is not None:
+            with torch.no_grad():
+                tree = block_tree(drafter, rows[0], ids[p], ddtree)
+            return EagleTree(
+                np.asarray(tree.token_ids, dtype=np.int64), np.asarray(tree.parents, dtype=np.int64)
+            )
         if draw is not None:  # T > 0: the drafter draws the block (DFlashDrafter.drawn_block)
             return drafter.drawn_block(rows, block[:, 0], draw)
         return block_drafts(drafter, rows, block[:, 0])[0].tolist()  # d_1..d_{B-1}
 
-    def propose_or_tree(
-        hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None, ddtree: int | None = None
-    ) -> list[int] | EagleTree:
-        if ddtree is None:
-            return propose(hidden, ids, p, draw)
-        with torch.no_grad():
-            tree = block_tree(drafter, block_rows(hidden, ids, p)[0], ids[p], ddtree)
-        return EagleTree(np.asarray(tree.token_ids, dtype=np.int64), np.asarray(tree.parents, dtype=np.int64))
-
-    return propose_or_tree if ddtree else propose
+    return propose
 
 
 def online(
@@ -350,11 +347,8 @@ def online(
     options: OnlineOptions,
     variant: CheckpointVariant | None = None,
     build: Callable[[LoadedCheckpoint], DFlashDrafter] = _plain,
-    ddtree: bool = True,
 ) -> tuple[list[int], Proposer, Any]:
-    """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head);
-    ``ddtree``: the proposer drafts DDTree too (``dflash_proposer``; a variant whose drafts are not
-    the per-slot argmax, DFlash2, passes False)."""
+    """``scorer online``'s DFlash loader: the drafter against the live target (its embedding/head)."""
     loaded = load_checkpoint(
         checkpoint,
         overrides=options.overrides,
@@ -376,7 +370,7 @@ def online(
         else target.model.get_output_embeddings().weight.detach(),
         own["d2t"].to(device) if "d2t" in own else None,
     )
-    propose = dflash_proposer(target, drafter, loaded.report.layout, ddtree)
+    propose = dflash_proposer(target, drafter, loaded.report.layout)
     return list(loaded.config.target_layer_ids), propose, loaded.report
 
 

@@ -88,8 +88,8 @@ def load(checkpoint: str | Path, cache: Any, config: Any) -> tuple[DFlash2Drafte
 
 
 def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
-    # No online DDTree (scorer online --ddtree), for the reason effective_config gives offline.
-    return dflash.online(checkpoint, target, options, variant=VARIANT, build=build_dflash2, ddtree=False)
+    # No online DDTree (its row declares no online_trees), for the reason effective_config gives offline.
+    return dflash.online(checkpoint, target, options, variant=VARIANT, build=build_dflash2)
 
 
 def effective_config(config: Any) -> Any:

@@ -31,6 +31,7 @@ EAGLE3 = Family(
     effective_config=lazy(_SEAM, "effective_config"),
     autoregressive=True,
     online=lazy("scorer.families.eagle3.online", "online"),
+    online_trees=frozenset({"tree"}),
     cost=lazy(_SEAM, "cost"),
     time_round=lazy(_SEAM, "time_round"),
     proposals=lazy("scorer.families.eagle3.proposal", "eagle3_proposals"),

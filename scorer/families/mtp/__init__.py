@@ -28,6 +28,7 @@ MTP = Family(
     effective_config=lazy(_SEAM, "effective_config"),
     autoregressive=True,
     online=lazy(_SEAM, "online"),
+    online_trees=frozenset({"tree"}),
     cost=lazy(_SEAM, "cost"),
     time_round=lazy(_SEAM, "time_round"),
     proposals=lazy(_SEAM, "proposals"),
