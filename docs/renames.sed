@@ -42,3 +42,9 @@ s/\bfrom scorer\.families import dflash\b/from scorer.families.dflash import sea
 # scorer.cli.shared.lookup_settings (n-gram's two flags) is family_settings (every family's Family.flags);
 # a command using drafting_flags needs @click.command(cls=ScoringCommand) (its family flags' place):
 s/\blookup_settings\b/family_settings/g
+# The command-line renames of 2026-12-03 (issue 35 item 2), for scripts that call `hscache extract` /
+# `scorer online|eval|compare|sweep`: the stored-logits count first, then sampling's top-k (the engines'
+# name). Only over command lines of these tools (another tool's --top-k, e.g. vLLM's, is already right):
+#   sed -i -E -f docs/renames.sed run.sh
+/hscache extract/ s/(^|[^-[:alnum:]])--top-k\b/\1--logits-top-k/g
+s/--sample-top-k\b/--top-k/g

@@ -26,6 +26,7 @@ from hscache.cli_options import (
     model_option,
     prompt_limit_option,
     prompts_option,
+    renamed_sample_top_k,
     report_outputs,
 )
 from hscache.errors import HscacheError
@@ -109,7 +110,7 @@ class _ExtractProgress:
 
 # ----------------------------------------------------------------------------- extract's sampling flags
 
-# Flags -> SamplingSetting fields (--sample-top-k: extract's --top-k already names the logits it keeps).
+# Flags -> SamplingSetting fields (--top-k samples, as in the engines; the stored logits are --logits-top-k).
 _SAMPLING_FLAGS = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -138,12 +139,14 @@ sampling_options = apply_options(
         click.option("--temperature", type=float, default=None, help="0: greedy (default); else >= 1e-5."),
         click.option("--top-p", type=float, default=None, help="In (0, 1] (default 1)."),
         click.option(
-            "--sample-top-k",
+            "--top-k",
+            "sample_top_k",
             type=int,
             default=None,
-            help="Sampling top-k, >= 1 (required when sampling: the stored distribution is exact). "
-            "Not --top-k, which is how many target logits the cache keeps.",
+            help="Sampling top-k, >= 1 (required when sampling: the stored distribution is exact), as "
+            "vLLM's --top-k. The target logits the cache keeps are --logits-top-k.",
         ),
+        renamed_sample_top_k,
         click.option("--min-p", type=float, default=None, help="In [0, 1] (default 0)."),
         click.option("--presence-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
         click.option("--frequency-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
@@ -186,6 +189,13 @@ def _sampling_setting(options: dict[str, Any]) -> Any:
             pass
         click.echo(f"sampling: {setting.describe()} (from {options['responses_from']}'s requests)")
         return setting
+    if flags["top_k"] is not None and preset is None and not flags["temperature"]:
+        # --top-k meant the stored logits until 2026-12-03: said once, for one release
+        raise InputError(
+            f"--top-k {flags['top_k']} is the sampling top-k (as in vLLM), which does nothing at temperature "
+            f"0: to keep {flags['top_k']} target logits per token pass --logits-top-k {flags['top_k']} "
+            "(renamed from --top-k); to sample, add --temperature T or --sampling PRESET"
+        )
     setting = SamplingSetting.from_flags(preset, model=options["model"], **flags)
     if preset == "generation-config":
         path, values = generation_config_values(options["model"])
@@ -229,11 +239,13 @@ def main() -> None:
     help="Longest sequence, prompt + generated tokens (longer prompts are refused by name).",
 )
 @click.option(
-    "--top-k",
+    "--logits-top-k",
+    "top_k",
     default=64,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary.",
+    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary "
+    "(--top-k until 2026-12-03; --top-k is now sampling's).",
 )
 @click.option(
     "--batch-tokens",

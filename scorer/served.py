@@ -78,7 +78,7 @@ RULE_DEFINITIONS = {
 }
 # SamplingSetting fields an eval flag may name (checked against the cache, never applied).
 SAMPLING_FIELDS = SAMPLING_PARAMETERS
-_FLAG = {name: "--" + name.replace("_", "-") for name in SAMPLING_FIELDS} | {"top_k": "--sample-top-k"}
+_FLAG = {name: "--" + name.replace("_", "-") for name in SAMPLING_FIELDS}
 
 
 def is_sampled(cache: CacheView) -> bool:

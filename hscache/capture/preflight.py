@@ -5,7 +5,7 @@ Importing torch takes 6-25 s on a busy machine and loading a real target a minut
 that needs neither comes first, in one line. Torch-free by design (tests/test_lazy_imports.py):
 the CLI runs ``check_extract_request`` before it imports the extraction, and ``extract()`` runs it
 again for API callers (the prompts file is then parsed once per process, not twice). What needs
-the model (``--top-k`` against the vocabulary, layer ids against its depth, token counts) is checked
+the model (``--logits-top-k`` against the vocabulary, layer ids against its depth, token counts) is checked
 right after the load, still before anything is written (capture/extract.py).
 """
 

@@ -174,7 +174,7 @@ def online(
     Example:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
       scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
-      scorer online drafter/ --temperature 0.7 --sample-top-k 20 --ddtree 8 --runs 64 --limit 2
+      scorer online drafter/ --temperature 0.7 --top-k 20 --ddtree 8 --runs 64 --limit 2
     """
 
     check_outputs(json=json_out)  # before decoding, not after it

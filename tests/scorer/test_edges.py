@@ -50,3 +50,56 @@ def test_init_takes_the_mask_token_id_its_advice_names(maskless_cache: Path, tmp
     code, text = _scorer("init", tmp_path / "ok", "--cache", maskless_cache, "--mask-token-id", 7)
     assert code == 0, text
     assert json.loads((tmp_path / "ok" / "config.json").read_text())["dflash_config"]["mask_token_id"] == 7
+
+
+def _hscache(*args: str) -> tuple[int, str]:
+    from hscache.cli import main as hscache_main
+
+    result = CliRunner().invoke(hscache_main, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        # the old stored-logits spelling at greedy: the new name
+        (["--top-k", "32"], ["--logits-top-k 32", "renamed from --top-k"]),
+        # the old sampling spelling: refused by name, pointing to --top-k
+        (["--temperature", "0.7", "--sample-top-k", "20"], ["--sample-top-k was renamed", "--top-k 20"]),
+        # the engines' spelling samples: checked as sampling's top-k (its range)
+        (["--temperature", "0.7", "--top-p", "0.9", "--top-k", "0"], ["--top-k 0 must be -1"]),
+        (["--logits-top-k", "0"], ["--logits-top-k", "0"]),
+    ],
+)
+def test_extract_top_k_is_sampling_and_logits_top_k_the_stored_count(tmp_path: Path, args, needles):
+    # issue 35 item 2: --top-k is the engines' sampling top-k; the stored logits are --logits-top-k
+    code, text = _hscache("extract", "--out", tmp_path / "c", *args)
+    assert code == 2, text
+    assert all(n in text for n in needles), text
+    assert not (tmp_path / "c").exists()
+
+
+def test_extract_samples_with_the_engines_top_k_spelling():
+    from hscache.cli import _sampling_setting
+
+    options = {
+        "sampling": None,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "sample_top_k": 20,
+        **dict.fromkeys(
+            ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed"), None
+        ),
+        "samples_per_prompt": None,
+        "responses_from": None,
+        "model": "builtin:tiny-qwen3.5",
+    }
+    assert _sampling_setting(options).top_k == 20
+
+
+@pytest.mark.parametrize("command", ["online", "eval"])
+def test_scorer_refuses_the_old_sample_top_k_by_name(command: str, tmp_path: Path):
+    code, text = _scorer(command, tmp_path / "d", "--cache", tmp_path, "--sample-top-k", "5")
+    if command == "online":
+        code, text = _scorer(command, tmp_path / "d", "--temperature", "0.7", "--sample-top-k", "5")
+    _one_line_error(code, text, "--sample-top-k was renamed", "--top-k 5")
