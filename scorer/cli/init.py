@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from hscache.cli_options import renamed_flag
+
 from scorer.cli.shared import (
     TOKEN_ID,
     friendly_errors,
@@ -78,7 +80,18 @@ def _families() -> tuple[Any, ...]:
     help="EAGLE-3 only: speculators Eagle3Speculator, SpecForge LlamaForCausalLMEagle3, or the original release.",
 )
 @click.option(
-    "--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True, help="Drafter layers."
+    "--draft-layers",
+    "num_layers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The drafter's depth in decoder layers, at most its target's (the target layers it reads are "
+    "the cache's, hscache extract --layers).",
+)
+@renamed_flag(
+    "--layers",
+    "--draft-layers",
+    " (the drafter's depth; --layers names the target layers a cache holds, in hscache extract)",
 )
 @written_block_size_option
 @click.option(

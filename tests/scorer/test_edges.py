@@ -103,3 +103,27 @@ def test_scorer_refuses_the_old_sample_top_k_by_name(command: str, tmp_path: Pat
     if command == "online":
         code, text = _scorer(command, tmp_path / "d", "--temperature", "0.7", "--sample-top-k", "5")
     _one_line_error(code, text, "--sample-top-k was renamed", "--top-k 5")
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        # issue 35 item 11: the drafter's depth has its own name; the old one is refused with it
+        (["--layers", "99"], ["--layers was renamed", "--draft-layers 99"]),
+        # issue 36 item 8: every size bounded by the target or the cache, before anything is allocated
+        (["--draft-layers", "1000000"], ["deeper than its target (8 layers)", "at most 8"]),
+        (["--block-size", "100000"], ["--block-size 100000 is longer than the longest sequence"]),
+        (
+            ["--family", "eagle3", "--num-speculative-tokens", "1000000000", "--train-steps", "1"],
+            ["--num-speculative-tokens 1000000000", "longest sequence"],
+        ),
+        # issue 36 item 15 / 35 item 11: an untrained EAGLE-3 reading a layer the cache lacks (the
+        # engines' default [1, 3, 4]; the cache has 1, 3, 7), refused as training refuses it
+        (["--family", "eagle3"], ["need layers [4]", "re-extract with --layers 1,3,4,7"]),
+    ],
+)
+def test_init_refuses_what_eval_would_refuse_before_allocating(scorer_cache, tmp_path, args, needles):
+    out = tmp_path / "d"
+    code, text = _scorer("init", out, "--cache", scorer_cache, *args)
+    _one_line_error(code, text, *needles)
+    assert not out.exists()

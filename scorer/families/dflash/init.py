@@ -10,6 +10,7 @@ from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
 from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.config import DFlashConfig
+from scorer.families.base import check_new_drafter_sizes
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.layers import seeded_init
 from scorer.sequences import check_has_target
@@ -35,6 +36,7 @@ def dflash_config_for_cache(
             vocabulary.
     """
     check_has_target(cache, str(cache.path))
+    check_new_drafter_sizes(cache, num_layers=num_layers, block_size=block_size)
     target = cache.target_config
     hidden = int(target["hidden_size"])
     heads = int(target.get("num_attention_heads", max(1, hidden // 64)))
