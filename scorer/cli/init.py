@@ -12,7 +12,6 @@ from typing import Any
 import click
 
 from hscache.cli_options import renamed_flag
-
 from scorer.cli.shared import (
     TOKEN_ID,
     friendly_errors,

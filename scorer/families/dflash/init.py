@@ -8,9 +8,9 @@ import hscache
 from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
+from scorer.families.base import check_new_drafter_sizes
 from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.config import DFlashConfig
-from scorer.families.base import check_new_drafter_sizes
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.layers import seeded_init
 from scorer.sequences import check_has_target

@@ -19,11 +19,11 @@ import hscache
 from hscache.store.fsio import atomic_write_with
 from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.errors import IncompatibleCacheError
 from scorer.families.base import check_new_drafter_sizes
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
-from scorer.errors import IncompatibleCacheError
 from scorer.sequences import check_has_target, layer_fit_problem
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
