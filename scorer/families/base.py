@@ -36,6 +36,7 @@ from hscache.store import jsonio
 __all__ = [
     "CheckpointProbe",
     "check_new_drafter_sizes",
+    "check_scored_sizes",
     "longest_sequence",
     "DraftDraw",
     "Drafter",
@@ -316,6 +317,47 @@ def check_new_drafter_sizes(
             f"and the bonus token is longer than the longest sequence in {cache.path} ({longest} tokens), "
             f"so it could never be accepted whole (scorer eval refuses it): pass at most {longest - 1} "
             "(engines use 1-8)"
+        )
+
+
+def check_scored_sizes(
+    longest: int,
+    where: str,
+    *,
+    num_speculative_tokens: int | None = None,
+    prompt_lookup_max: int | None = None,
+    ddtree: tuple[int, ...] = (),
+    context: int | None = None,
+    k_source: str = "--num-speculative-tokens",
+) -> None:
+    """Bound the sizes a drafter is scored or run at before anything is allocated: a chain of K
+    drafts plus the bonus token, and the n-gram proposer's longest n-gram, no longer than the longest
+    sequence (``longest`` tokens, in ``where``: a cache, or --max-length when decoding); a DDTree of N
+    nodes, verified in one target forward of N + 1 tokens, within the target's ``context``
+    (max_position_embeddings).
+
+    Raises:
+        ScorerError: naming the flag (``k_source`` for K: a flag or a config field) and the bound.
+    """
+    from scorer.errors import ScorerError
+
+    if num_speculative_tokens is not None and num_speculative_tokens + 1 > longest:
+        raise ScorerError(
+            f"{k_source} {num_speculative_tokens}: a chain of {num_speculative_tokens} drafts and the bonus "
+            f"token is longer than the longest sequence in {where} ({longest} tokens), so it could never be "
+            f"accepted whole: pass at most {longest - 1} (engines use 1-8)"
+        )
+    if prompt_lookup_max is not None and prompt_lookup_max > longest:
+        raise ScorerError(
+            f"--prompt-lookup-max {prompt_lookup_max} is longer than the longest sequence in {where} "
+            f"({longest} tokens), so no such n-gram can occur: pass at most {longest} (vLLM's default 5)"
+        )
+    big = [n for n in ddtree if context and n + 1 > context]
+    if big:
+        raise ScorerError(
+            f"--ddtree {big[0]}: a tree of {big[0]} nodes is verified in one target forward of {big[0] + 1} "
+            f"tokens, more than the target's context of {context} (max_position_embeddings): pass budgets "
+            f"of at most {context - 1} (DDTree's are 8-256)"
         )
 
 

@@ -127,3 +127,30 @@ def test_init_refuses_what_eval_would_refuse_before_allocating(scorer_cache, tmp
     code, text = _scorer("init", out, "--cache", scorer_cache, *args)
     _one_line_error(code, text, *needles)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "checkpoint, args, needles",
+    [
+        # issue 36 item 8: sizes bounded by the cache or the target before any work (were 14 GiB,
+        # minutes, no answer)
+        (
+            "ngram",
+            ["--num-speculative-tokens", "1000000000"],
+            ["--num-speculative-tokens 1000000000", "longest"],
+        ),
+        (
+            "ngram",
+            ["--num-speculative-tokens", "3", "--prompt-lookup-max", "1000000000"],
+            ["--prompt-lookup-max 1000000000 is longer than the longest sequence"],
+        ),
+        ("dflash", ["--ddtree", "1000000000"], ["--ddtree 1000000000", "max_position_embeddings"]),
+        ("eagle3", ["--num-speculative-tokens", "1000000000"], ["--num-speculative-tokens 1000000000"]),
+    ],
+)
+def test_eval_bounds_every_size_flag_before_work(
+    scorer_cache, trained_drafter, eagle3_drafter, checkpoint, args, needles
+):
+    path = {"ngram": "ngram", "dflash": trained_drafter, "eagle3": eagle3_drafter}[checkpoint]
+    code, text = _scorer("eval", path, "--cache", scorer_cache, *args)
+    _one_line_error(code, text, *needles)
