@@ -251,15 +251,15 @@ BUILDS_ON = {"scorer.families.dflash2": ("scorer.families.dflash",)}
 # What sits above the families: they are called by these, never call them.
 ABOVE_FAMILIES = (
     "scorer.cli",
-    "scorer.compare",
-    "scorer.diagnose_run",
-    "scorer.distributed",
-    "scorer.evaluate",
+    "scorer.studies.compare",
+    "scorer.diagnose.run",
+    "scorer.studies.distributed",
+    "scorer.studies.evaluate",
     "scorer.init",
-    "scorer.online",
+    "scorer.online.greedy",
     "scorer.report",
-    "scorer.scoring",
-    "scorer.sweep",
+    "scorer.offline.scoring",
+    "scorer.studies.sweep",
     "scorer.train",
     "scorer.families",  # the registry itself (its own module, not the shared base)
 )

@@ -20,13 +20,13 @@ import hscache
 from hscache.store.integrity import check_expected_digest
 from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
-from scorer.distributed import evaluate_distributed
 from scorer.errors import ScorerError
 from scorer.families import family_named
 from scorer.families.base import Drafter
+from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
-from scorer.scoring import EvalConfig, effective_config, load_drafter, score_rows
-from scorer.sequences import SequenceResult
+from scorer.studies.distributed import evaluate_distributed
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
@@ -153,7 +153,7 @@ def evaluate_many(
     """Score one checkpoint on several caches: a report per cache plus paired deltas vs the first.
 
     Args:
-        client: a ``distributed.Client``: score on that cluster (scorer/distributed.py), same reports.
+        client: a ``distributed.Client``: score on that cluster (scorer/studies/distributed.py), same reports.
         on_start: ``on_start(cache_path, sequences)`` when scoring of a cache begins (progress).
         expect_digests: one pinned digest per cache (``--expect-digest``, in ``--cache`` order), or none.
 

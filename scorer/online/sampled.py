@@ -12,7 +12,7 @@ random coins, many seeded runs. Each round at anchor p (tokens 0..p committed):
    the round (j = 0..K) is processed in vLLM's order by hscache.capture.sampling's processor
    (``penalise_dense`` then ``processed_support``) with the penalty history = the generated tokens
    plus the drafts d_1..d_j (vLLM counts the in-round draft prefix, spec 1.1 / 4.6.4);
-3. ``scorer.vllm_rejection.mrv2_verify`` (vLLM MRV2 ``_rejection_kernel`` + ``_resample_kernel``,
+3. ``scorer.rules.vllm_chain.mrv2_verify`` (vLLM MRV2 ``_rejection_kernel`` + ``_resample_kernel``,
    cited there file + line) accepts or rejects, with the acceptance uniforms and the residual /
    bonus Gumbel noise from TWO generators (vLLM #54282), and a third for the drafts' samples.
 
@@ -22,7 +22,7 @@ tree replay uses), runs the target over every root-to-leaf path as its own seque
 recurrent state rules out a tree attention mask; each path's rows are exact), processes every row with
 SGLang's relaxed penalties (``SGLANG_PENALTY``: one pre-round vector for every node and the bonus row,
 from the tokens SGLang's penalizers were fed, ``sglang_penalty_history``) and verifies by SGLang's
-target-only tree rule (``scorer.online_rules.sglang_target_only_verify``, thresholds 1): one coin per
+target-only tree rule (``scorer.rules.sglang_tree.sglang_target_only_verify``, thresholds 1): one coin per
 node from the ``accept`` stream, the final token's coin from ``residual``. Only the one-hot drafts exist
 there: SGLang's rejection sampling takes topk 1 (a chain), and vLLM's rejection samplers verify a flat
 chain of drafts (no tree parents), so no engine runs a probabilistic tree rule.
@@ -58,7 +58,7 @@ from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.families.base import Proposer
 from scorer.metrics import bootstrap_ci, tau_pooled_from_totals
-from scorer.online import (
+from scorer.online.greedy import (
     ONLINE_SCHEMA_VERSION,
     OnlineConfig,
     OnlineRequest,
@@ -67,8 +67,8 @@ from scorer.online import (
     request_row,
     tau_of_requests,
 )
-from scorer.online_rules import TreeRounds, sglang_target_only_verify
-from scorer.vllm_rejection import (
+from scorer.rules.sglang_tree import TreeRounds, sglang_target_only_verify
+from scorer.rules.vllm_chain import (
     RoundNoise,
     VerifiedRounds,
     draw_gumbel,
@@ -99,8 +99,8 @@ __all__ = [
 ]
 
 DRAFT_SAMPLING = ("greedy", "probabilistic")  # as --draft-sampling (vLLM draft_sample_method)
-RULE = "vllm-mrv2"  # scorer.vllm_rejection.mrv2_verify
-TREE_RULE = "sglang-target-only"  # scorer.online_rules.sglang_target_only_verify (--tree)
+RULE = "vllm-mrv2"  # scorer.rules.vllm_chain.mrv2_verify
+TREE_RULE = "sglang-target-only"  # scorer.rules.sglang_tree.sglang_target_only_verify (--tree)
 # SGLang's penalties in tree verification, as read in sgl-project/sglang (the EAGLE worker, v1):
 # - python/sglang/srt/speculative/eagle_info.py @ 0007d13b0099d8b0b42b74b19fc4b16b8ce1dd3a,
 #   EagleVerifyInput.verify L230-241, line numbers counted in the stored copy ("This is a relaxed version of penalties for speculative decoding"):
@@ -804,7 +804,7 @@ def _describe_rule(
             shape = f"SGLang EAGLE tree (steps {steps}, topk {topk}, {tokens} draft tokens) of the drafter's top-k"
         return (
             f"{shape}, "
-            "verified by SGLang's TreeSpeculativeSamplingTargetOnly (scorer.online_rules."
+            "verified by SGLang's TreeSpeculativeSamplingTargetOnly (scorer.rules.sglang_tree."
             "sglang_target_only_verify, thresholds 1): one coin per node, the first child c with coin <= "
             "sum of tried p, else the final token from p minus the tried siblings; all accepted: bonus ~ p; "
             "the target run over every root-to-leaf path; node coins and the final coin from separate seeded "
@@ -817,7 +817,7 @@ def _describe_rule(
         "else sample norm(max(p - q, 0))"
     )
     return (
-        f"vLLM MRV2 _rejection_kernel + _resample_kernel (scorer.vllm_rejection.mrv2_verify); {drafts}; "
+        f"vLLM MRV2 _rejection_kernel + _resample_kernel (scorer.rules.vllm_chain.mrv2_verify); {drafts}; "
         "all accepted: bonus ~ p; acceptance uniforms, residual noise and draft samples from separate "
         "seeded streams per (run, record)"
     )
