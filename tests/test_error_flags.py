@@ -57,8 +57,8 @@ OWNERS = {
     "hscache/capture/preflight.py": {"hscache extract"},
     "hscache/capture/responses.py": {"hscache extract"},
     "hscache/store/recompress.py": {"hscache recompress"},
-    "scorer/online_sampled.py": {"scorer online"},
-    "scorer/online.py": {"scorer online"},
+    "scorer/online/sampled.py": {"scorer online"},
+    "scorer/online/greedy.py": {"scorer online"},
 }
 
 # The command modules: which module's functions belong to which commands (rule 2).

@@ -24,7 +24,7 @@ from scorer.families.base import check_new_drafter_sizes
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
-from scorer.sequences import check_has_target, layer_fit_problem
+from scorer.offline.sequences import check_has_target, layer_fit_problem
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["EAGLE3_LAYOUTS", "eagle3_config_for_cache", "init_eagle3", "save_eagle3"]
