@@ -79,22 +79,12 @@ def test_extract_top_k_is_sampling_and_logits_top_k_the_stored_count(tmp_path: P
     assert not (tmp_path / "c").exists()
 
 
-def test_extract_samples_with_the_engines_top_k_spelling():
-    from hscache.cli import _sampling_setting
-
-    options = {
-        "sampling": None,
-        "temperature": 0.7,
-        "top_p": 0.9,
-        "sample_top_k": 20,
-        **dict.fromkeys(
-            ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed"), None
-        ),
-        "samples_per_prompt": None,
-        "responses_from": None,
-        "model": "builtin:tiny-qwen3.5",
-    }
-    assert _sampling_setting(options).top_k == 20
+def test_extract_samples_with_the_engines_top_k_spelling(tmp_path: Path):
+    # a vLLM user's flags sample at top-k 20 (was: "sampling with top-k disabled"): the setting is
+    # valid, so the refusal that comes is the next one, about --max-new-tokens 0
+    args = ["--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--max-new-tokens", "0"]
+    code, text = _hscache("extract", "--out", tmp_path / "c", *args)
+    assert code == 2 and "top-k disabled" not in text and "sampling draws new tokens" in text, text
 
 
 @pytest.mark.parametrize("command", ["online", "eval"])
