@@ -16,9 +16,16 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from hscache.capture import BUILTIN_LAYERS, BUILTIN_TARGETS
+from hscache.capture import BUILTIN_CONTEXT, BUILTIN_LAYERS, BUILTIN_TARGETS
 from hscache.capture.layers import check_layer_syntax, parse_layer_spec
-from hscache.capture.prompts import DEFAULT_PROMPTS, first_records, iter_records, resolve_prompts, unique_ids
+from hscache.capture.prompts import (
+    DEFAULT_PROMPTS,
+    assistant_turn,
+    first_records,
+    iter_records,
+    resolve_prompts,
+    unique_ids,
+)
 from hscache.errors import InputError, ModelNotFoundError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import check_out_dir
 from hscache.store.layout import COMPRESSIONS
@@ -29,7 +36,7 @@ from hscache.store.sampling import SamplingSetting
 from hscache.store.shards import shard_path
 from hscache.store.urls import is_url
 
-__all__ = ["ExtractRequest", "check_extract_request", "check_model_name", "target_depth"]
+__all__ = ["ExtractRequest", "check_extract_request", "check_model_name", "target_context", "target_depth"]
 
 # Prompt files parsed in this process, by identity and selection: the CLI's early check and
 # extract()'s own then parse a file once. Keyed by (path, inode, size, mtime_ns, selection).
@@ -108,8 +115,19 @@ def check_model_name(name: str) -> None:
 def target_depth(model: str) -> int | None:
     """The target's decoder layers from its config.json (a built-in's from ``BUILTIN_LAYERS``),
     without torch; None when the file does not say (the load checks then)."""
-    if model in BUILTIN_LAYERS:
-        return BUILTIN_LAYERS[model]
+    return BUILTIN_LAYERS[model] if model in BUILTIN_LAYERS else _config_int(model, "num_hidden_layers")
+
+
+def target_context(model: str) -> int | None:
+    """The target's context (``max_position_embeddings``) from its config.json, without torch; None
+    when the file does not say."""
+    return (
+        BUILTIN_CONTEXT[model] if model in BUILTIN_CONTEXT else _config_int(model, "max_position_embeddings")
+    )
+
+
+def _config_int(model: str, key: str) -> int | None:
+    """A positive integer field of ``model``'s config.json (its text_config's for a multimodal one)."""
     try:
         config = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
@@ -117,8 +135,8 @@ def target_depth(model: str) -> int | None:
     if not isinstance(config, dict):
         return None
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    depth = text.get("num_hidden_layers", config.get("num_hidden_layers"))
-    return depth if isinstance(depth, int) and depth > 0 else None
+    value = text.get(key, config.get(key))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 # Settings of an existing cache a resume must match that are known before the model loads (the
@@ -250,10 +268,17 @@ def _check_prompt_file(config: ExtractRequest) -> None:
         config.limit,
         config.id_from_line,
         config.suffix_duplicate_ids,
+        config.max_new_tokens > 0,
     )
     if key in _PARSED:
         return
     records = iter_records(path, id_from_line=config.id_from_line)
-    for _ in first_records(unique_ids(records, config.suffix_duplicate_ids), config.limit):
-        pass
+    for record in first_records(unique_ids(records, config.suffix_duplicate_ids), config.limit):
+        if config.max_new_tokens > 0 and (turn := assistant_turn(record)) is not None:
+            raise PromptFileError(
+                f"record {record.record_id!r} (line {record.line_no}): its chat ends with an assistant turn "
+                f"({turn}), the dataset's answer, which is cached as is only with --max-new-tokens 0; with "
+                f"--max-new-tokens {config.max_new_tokens} the target would answer instead and the turn "
+                "would be dropped: pass --max-new-tokens 0, or drop the record's last turn"
+            )
     _PARSED.add(key)

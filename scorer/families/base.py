@@ -326,6 +326,7 @@ def check_scored_sizes(
     *,
     num_speculative_tokens: int | None = None,
     prompt_lookup_max: int | None = None,
+    block_size: int | None = None,
     ddtree: tuple[int, ...] = (),
     context: int | None = None,
     k_source: str = "--num-speculative-tokens",
@@ -351,6 +352,11 @@ def check_scored_sizes(
         raise ScorerError(
             f"--prompt-lookup-max {prompt_lookup_max} is longer than the longest sequence in {where} "
             f"({longest} tokens), so no such n-gram can occur: pass at most {longest} (vLLM's default 5)"
+        )
+    if block_size is not None and block_size > longest:
+        raise ScorerError(
+            f"--block-size {block_size} is longer than the longest sequence in {where} ({longest} tokens), "
+            f"so no block could ever be drafted: pass at most {longest} (drafters use 4-16)"
         )
     big = [n for n in ddtree if context and n + 1 > context]
     if big:

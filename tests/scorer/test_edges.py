@@ -144,3 +144,96 @@ def test_eval_bounds_every_size_flag_before_work(
     path = {"ngram": "ngram", "dflash": trained_drafter, "eagle3": eagle3_drafter}[checkpoint]
     code, text = _scorer("eval", path, "--cache", scorer_cache, *args)
     _one_line_error(code, text, *needles)
+
+
+def _prompts(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+CHAT_WITH_ANSWER = {
+    "id": "c",
+    "messages": [{"role": "user", "content": "Sky?"}, {"role": "assistant", "content": "Blue."}],
+}
+
+
+@pytest.mark.parametrize(
+    "records, needles",
+    [
+        # issue 35 item 9: hscache extract refuses duplicate ids; scorer online took them silently
+        ([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}], ["record id 'a' (line 2) is used before"]),
+        # issue 35 item 11: the assistant turn was dropped silently
+        ([CHAT_WITH_ANSWER], ["record 'c' (line 1) ends with an assistant turn ('Blue.')"]),
+    ],
+)
+def test_online_refuses_prompts_it_would_mishandle_before_the_model_loads(tmp_path, records, needles):
+    prompts = _prompts(tmp_path / "p.jsonl", records)
+    # a --model of config.json alone: a refusal after the load would be about its missing weights
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4}))
+    code, text = _scorer(
+        "online", "ngram", "--num-speculative-tokens", 2, "--prompts", prompts, "--model", model
+    )
+    _one_line_error(code, text, *needles)
+
+
+def test_extract_refuses_a_chat_whose_answer_it_would_drop(tmp_path):
+    prompts = _prompts(tmp_path / "p.jsonl", [CHAT_WITH_ANSWER])
+    code, text = _hscache("extract", "--prompts", prompts, "--out", tmp_path / "c", "--max-new-tokens", 4)
+    _one_line_error(code, text, "ends with an assistant turn ('Blue.')", "--max-new-tokens 0")
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_tokenizer_that_gives_no_ids_is_one_line():
+    # issue 35 item 9: was transformers' IndexError in generate()
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from hscache.capture.prompts import PromptRecord, prompt_token_ids
+    from hscache.errors import PromptFileError
+
+    # a BPE without an unknown token drops what it does not know: here, everything
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab={"a": 0}, merges=[])))
+    record = PromptRecord(3, "r", "prompt", "bbb", {}, None)
+    with pytest.raises(
+        PromptFileError, match=r"^record 'r' \(line 3\): the --model tokenizer gives no token ids"
+    ):
+        prompt_token_ids(record, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        # issue 36 item 8: bounded before the model loads (were 9 GiB, 14 GiB, minutes)
+        (
+            ["--temperature", "0.7", "--top-k", "5", "--runs", "1000000000"],
+            ["--runs 1000000000", "more than half of this machine's"],
+        ),
+        (["--num-speculative-tokens", "1000000000"], ["--num-speculative-tokens 1000000000", "--max-length"]),
+        (
+            ["--num-speculative-tokens", "2", "--prompt-lookup-max", "1000000000"],
+            ["--prompt-lookup-max 1000000000 is longer than the longest sequence in --max-length"],
+        ),
+    ],
+)
+def test_online_bounds_its_sizes_before_the_model_loads(tmp_path, args, needles):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4}))
+    code, text = _scorer("online", "ngram", "--model", model, *args)
+    _one_line_error(code, text, *needles)
+
+
+def test_online_ddtree_is_bounded_by_the_targets_context(trained_drafter):
+    code, text = _scorer("online", trained_drafter, "--temperature", "0.7", "--top-k", "5", "--ddtree", 10**9)
+    _one_line_error(code, text, "--ddtree 1000000000", "context of 4096")
+
+
+def test_online_prints_progress(tmp_path):
+    # issue 35 item 12: scorer online printed nothing until it ended
+    code, text = _scorer(
+        "online", "ngram", "--num-speculative-tokens", 2, "--limit", 1, "--max-new-tokens", 3
+    )
+    assert code == 0, text
+    assert "online: 1 prompts (decoding 1 prompts" in text and "online tau:" in text
