@@ -237,3 +237,18 @@ def test_online_prints_progress(tmp_path):
     )
     assert code == 0, text
     assert "online: 1 prompts (decoding 1 prompts" in text and "online tau:" in text
+
+
+def _with_layers(drafter: Path, out: Path, layer_ids: list[int]) -> Path:
+    shutil.copytree(drafter, out)
+    config = json.loads((out / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = layer_ids
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_compare_checks_every_drafter_before_scoring_the_first(scorer_cache, trained_drafter, tmp_path):
+    # issue 35 item 12: the second drafter's missing layer was found after the first was scored
+    other = _with_layers(trained_drafter, tmp_path / "other", [1, 3, 5])
+    code, text = _scorer("compare", trained_drafter, other, "--cache", scorer_cache)
+    _one_line_error(code, text, "need layers [5]")
