@@ -252,3 +252,41 @@ def test_compare_checks_every_drafter_before_scoring_the_first(scorer_cache, tra
     other = _with_layers(trained_drafter, tmp_path / "other", [1, 3, 5])
     code, text = _scorer("compare", trained_drafter, other, "--cache", scorer_cache)
     _one_line_error(code, text, "need layers [5]")
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        # issue 35 item 8: tau 1.05 without a word
+        (
+            ["--target-layer-ids", "7,3,1"],
+            "--target-layer-ids 7,3,1 reorders the layers the drafter's config states [1, 3, 7]",
+        ),
+        (["--target-layer-ids", "1,3,3"], "--target-layer-ids 1,3,3 replaces the layers"),
+        # issue 35 item 11: only "(override)" in the config dump
+        (
+            ["--block-size", "12"],
+            "--block-size 12 overrides the drafter's trained block size 6 (its config): it drafts slots 6-11",
+        ),
+    ],
+)
+def test_an_override_of_what_the_drafter_was_trained_with_is_said(
+    scorer_cache, trained_drafter, tmp_path, args, needle
+):
+    report = tmp_path / "r.json"
+    code, text = _scorer(
+        "eval",
+        trained_drafter,
+        "--cache",
+        scorer_cache,
+        "--ddtree",
+        "",
+        "--limit",
+        1,
+        "--json",
+        report,
+        *args,
+    )
+    assert code == 0, text
+    assert needle in " ".join(text.split()), text  # the terminal (rich may wrap it)
+    assert any(needle in w for w in json.loads(report.read_text())["warnings"])
