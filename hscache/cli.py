@@ -606,8 +606,13 @@ _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
 @click.option("--format", "fmt", type=_INTEROP_FORMATS, required=True, help="The peer tool's offline format.")
 @click.option("--out", required=True, help="New or empty directory for the exported files.")
 @click.option("--layers", default=None, help="Export only these cached layers, in this order (default: all).")
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Export a cache whose extraction has not finished (its committed sequences only; refused by default).",
+)
 @friendly_errors
-def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
+def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None, allow_incomplete: bool) -> None:
     """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/).
 
     \b
@@ -618,6 +623,7 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     from hscache.store.paths import check_empty_out
 
     check_cache_path(cache_dir)  # before torch is imported
+    _check_complete(cache_dir, allow_incomplete)
     check_empty_out(out)
     if fmt == "speculators":
         from hscache.interop.speculators import export_speculators as export
@@ -629,6 +635,26 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     with StepProgress("export", "sequences") as progress:
         count = export(cache_dir, out, parse_layer_ids(layers, "--layers"), progress=progress)
     click.echo(f"exported {count} sequences from {cache_dir} to {out} ({fmt} format)")
+
+
+def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
+    """An export of a cache whose extraction is unfinished (killed, or still running) writes only the
+    sequences committed so far: refused unless ``--allow-incomplete``, and said either way."""
+    from hscache.errors import InputError
+    from hscache.store.info import cache_completeness
+    from hscache.store.open import open_cache
+
+    state = cache_completeness(open_cache(cache_dir))
+    if state["complete"]:
+        return
+    of = f" of {state['expected_sequences']}" if state["expected_sequences"] else ""
+    held = f"{cache_dir} is incomplete: {state['committed_sequences']}{of} sequences committed"
+    if not allow_incomplete:
+        how = (
+            "wait for its writer to finish" if state["writer"] else "resume its extraction (the same command)"
+        )
+        raise InputError(f"{held}; {how}, or pass --allow-incomplete to export only those")
+    click.echo(f"warning: {held}; exporting only those (--allow-incomplete)", err=True)
 
 
 @main.command("import")

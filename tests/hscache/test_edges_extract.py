@@ -64,3 +64,26 @@ def test_a_settings_mismatch_with_an_existing_cache_is_refused_before_the_model_
     assert code == 2 and "was built with --max-new-tokens 12 but this run has --max-new-tokens 5" in text, (
         text
     )
+
+
+def test_export_of_an_incomplete_cache_is_refused_unless_allowed(small_cache, tmp_path):
+    # issue 35 item 11: an export of a killed extraction wrote 7 of 20 sequences without a word
+    from hscache.store.writer import publish_manifest
+
+    cache = small_cache.copy(tmp_path / "killed")
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["complete"] = False  # as an extraction killed before its last commit leaves it
+    publish_manifest(cache, manifest)
+    result = CliRunner().invoke(
+        main, ["export", str(cache), "--format", "speculators", "--out", str(tmp_path / "x")]
+    )
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert f"{cache} is incomplete: 12 of " in result.output and "--allow-incomplete" in result.output
+    assert not (tmp_path / "x").exists()
+    result = CliRunner().invoke(
+        main,
+        ["export", str(cache), "--format", "specforge", "--out", str(tmp_path / "y"), "--allow-incomplete"],
+    )
+    assert result.exit_code == 0 and "exporting only those (--allow-incomplete)" in result.output, (
+        result.output
+    )
