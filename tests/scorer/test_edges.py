@@ -290,3 +290,21 @@ def test_an_override_of_what_the_drafter_was_trained_with_is_said(
     assert code == 0, text
     assert needle in " ".join(text.split()), text  # the terminal (rich may wrap it)
     assert any(needle in w for w in json.loads(report.read_text())["warnings"])
+
+
+def test_diagnose_names_only_the_layer_ids_outside_the_target():
+    # issue 35 item 13: "[2, 4, 5, 8] fall outside 0..7" when only 8 does
+    from types import SimpleNamespace
+
+    from scorer.diagnose.ranking import shifted_layer_ids
+
+    cache = SimpleNamespace(target_config={"num_hidden_layers": 8}, layer_ids=list(range(8)))
+    said = shifted_layer_ids([1, 3, 4, 7], 1, cache)
+    assert said == "layer ids [2, 4, 5, 8]: 8 falls outside the target's 0..7"
+
+
+def test_dflash_tree_advice_on_a_penalty_cache_names_what_dflash_runs_online(sampled_cache, trained_drafter):
+    # issue 35 item 13: it advised `scorer online --tree`, which refuses DFlash
+    code, text = _scorer("eval", trained_drafter, "--cache", sampled_cache, "--tree", "2,2,4", "--ddtree", "")
+    _one_line_error(code, text, "scorer online --ddtree N")
+    assert "online --tree" not in text
