@@ -1,0 +1,86 @@
+"""Issue 36, faults and hostile input round five: the store's side.
+
+Each test failed before its fix. The caches are the session fixtures (tests/hscache/conftest.py,
+tests/conftest.py), copied where a test edits them; CLI runs are in-process (CliRunner) or forked
+from the warm server (tests/hscache/forked_cli.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+import hscache
+from scorer.cli import main as scorer_main
+from scorer.init import init_drafter
+
+
+def _lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.strip()]
+
+
+def _one_line_refusal(result, code: int = 2) -> bool:
+    lines = _lines(result)
+    return (
+        result.exit_code == code
+        and "Traceback" not in result.output
+        and len(lines) == 1
+        and lines[0].startswith("error: ")
+    )
+
+
+@pytest.fixture(scope="module")
+def drafter(small_cache, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("round-five") / "drafter"
+    init_drafter(small_cache.path, out, num_layers=1, block_size=4)
+    return out
+
+
+def _eval(drafter: Path, cache: Path, out: Path, *extra: str):
+    result = CliRunner().invoke(
+        scorer_main, ["eval", str(drafter), "--cache", str(cache), "--ddtree", "", "--json", str(out), *extra]
+    )
+    return result, json.loads(out.read_text()) if result.exit_code == 0 else None
+
+
+# 1. A target/ file swapped while eval runs: the bytes hashed at open are the bytes used.
+def test_a_target_file_swapped_after_open_is_not_scored_under_the_pinned_digest(
+    small_cache, drafter, tmp_path, monkeypatch
+):
+    root = small_cache.copy(tmp_path / "cache")
+    pinned = hscache.cache_digest(hscache.open_cache(root))
+    _, clean = _eval(drafter, root, tmp_path / "clean.json", "--expect-digest", pinned)
+    head = root / "target" / "head.safetensors"
+    original = load_file(str(head))
+    real_open = hscache.open_cache
+
+    def open_then_swap(path, **kwargs):
+        cache = real_open(path, **kwargs)
+        permuted = {k: v.flip(0).contiguous() for k, v in original.items()}  # same size, rows reversed
+        save_file(permuted, str(head.with_name("swap")), metadata={"tied": "true"})
+        head.with_name("swap").replace(head)
+        config = root / "target" / "config.json"
+        config.write_text(config.read_text().replace('"num_hidden_layers": ', '"num_hidden_layers": 1'))
+        return cache
+
+    monkeypatch.setattr(hscache, "open_cache", open_then_swap)
+    result, report = _eval(drafter, root, tmp_path / "swapped.json", "--expect-digest", pinned)
+    assert "Traceback" not in result.output
+    if result.exit_code == 0:  # scored: then from the bytes hashed at open, i.e. the clean scores
+        assert report["cache"]["digest"] == pinned
+        assert report["tau"] == clean["tau"], (report["tau"], clean["tau"])
+    else:
+        assert _one_line_refusal(result), result.output
+    # The Python API: every target file is what open_cache hashed, whatever is on disk now.
+    cache = real_open(small_cache.path)
+    swapped = real_open(small_cache.copy(tmp_path / "api"))
+    for rel in ("target/head.safetensors", "target/config.json", "target/tokenizer.json", "provenance.json"):
+        (swapped.path / rel).write_bytes(b"{}" if rel.endswith(".json") else (root / rel).read_bytes())
+    assert swapped.target_config == cache.target_config and swapped.provenance == cache.provenance
+    assert all((swapped.target_head()[k] == v).all() for k, v in cache.target_head().items())
+    assert swapped.vocab_size == cache.vocab_size
+    assert swapped.tokenizer()("hello world")["input_ids"] == cache.tokenizer()("hello world")["input_ids"]
