@@ -8,6 +8,7 @@ from the warm server (tests/hscache/forked_cli.py).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 import hscache
+from hscache.cli import main as hscache_main
 from scorer.cli import main as scorer_main
 from scorer.init import init_drafter
 
@@ -84,3 +86,46 @@ def test_a_target_file_swapped_after_open_is_not_scored_under_the_pinned_digest(
     assert all((swapped.target_head()[k] == v).all() for k, v in cache.target_head().items())
     assert swapped.vocab_size == cache.vocab_size
     assert swapped.tokenizer()("hello world")["input_ids"] == cache.tokenizer()("hello world")["input_ids"]
+
+
+# 3. A sampled cache: its intended NaN rows are not damage, and its distributions are checked.
+def _verify(root: Path, *flags: str):
+    result = CliRunner().invoke(hscache_main, ["verify", "--deep", "--json", *flags, str(root)])
+    return result, json.loads(result.output) if result.output.startswith("{") else None
+
+
+def test_verify_deep_passes_a_clean_sampled_cache_and_checks_its_distributions(sampled_cache, tmp_path):
+    import numpy as np
+    import zarr
+
+    from tests.hscache.tamper import reseal
+
+    clean, report = _verify(sampled_cache)
+    assert clean.exit_code == 0 and report["checks"]["sampling"] == "ok", clean.output[-2000:]
+    cache = hscache.open_cache(sampled_cache)
+    row, (start, _) = 1, cache.sequence_span(1)
+    t = start + int(cache.index["prompt_len"][row].as_py())  # a row whose next token was drawn
+
+    def tripled(root: Path) -> None:
+        array = zarr.open_array(str(root / "arrays" / "sampled_support_probs"), mode="r+")
+        array[t] = np.asarray(array[t]) * 3
+
+    def moved(root: Path) -> None:  # the drawn token's support entry renamed: drawn outside the support
+        ids = zarr.open_array(str(root / "arrays" / "sampled_support_ids"), mode="r+")
+        drawn = int(np.asarray(zarr.open_array(str(root / "arrays" / "token_ids"))[t + 1]))
+        row_ids = np.asarray(ids[t])
+        row_ids[row_ids == drawn] = max(int(row_ids.max()) + 1, drawn + 1)
+        ids[t] = row_ids
+
+    for name, edit in (("probabilities x3", tripled), ("drawn token moved out of the support", moved)):
+        root = shutil.copytree(sampled_cache, tmp_path / name.replace(" ", "-"))
+        edit(root)
+        reseal(root)
+        result, found = _verify(root)
+        assert result.exit_code == 1 and found["checks"]["sampling"] == "failed", (
+            name,
+            result.output[-1500:],
+        )
+        assert [b["record_id"] for b in found["bad_sequences"]] == [cache.index["record_id"][row].as_py()], (
+            name
+        )
