@@ -129,3 +129,21 @@ def test_verify_deep_passes_a_clean_sampled_cache_and_checks_its_distributions(s
         assert [b["record_id"] for b in found["bad_sequences"]] == [cache.index["record_id"][row].as_py()], (
             name
         )
+
+
+# 4. A directory of shards with another cache's files at its top level: verify what eval reads.
+def test_a_directory_with_shards_and_a_cache_of_its_own_is_refused_by_verify_and_eval(
+    small_cache, drafter, tmp_path
+):
+    from tests.hscache.test_cache_contract import split_into_shards
+
+    sharded = split_into_shards(hscache.open_cache(small_cache.path), tmp_path / "sharded", 2)
+    pinned = hscache.cache_digest(hscache.open_cache(sharded))
+    for path in small_cache.path.iterdir():  # another cache's files, copied into the top level
+        (shutil.copytree if path.is_dir() else shutil.copy2)(path, sharded / path.name)
+    verify = CliRunner().invoke(hscache_main, ["verify", "--deep", "--expect-digest", pinned, str(sharded)])
+    assert verify.exit_code != 0 and "Traceback" not in verify.output, verify.output[-1500:]
+    assert "holds both a cache of its own (manifest.json) and shard folders" in verify.output
+    scored, _ = _eval(drafter, sharded, tmp_path / "eval.json")
+    assert _one_line_refusal(scored), scored.output
+    assert "holds both a cache of its own (manifest.json) and shard folders" in scored.output
