@@ -29,7 +29,8 @@ def check_cache_path(path: str | Path) -> None:
     if is_url(path):
         return
     root = Path(path)
-    if not has_shards(root) and not (root / MANIFEST).is_file():
+    manifest = root / MANIFEST
+    if not has_shards(root) and not (manifest.exists() or manifest.is_symlink()):
         raise not_a_cache(root)
 
 

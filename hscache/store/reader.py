@@ -61,9 +61,20 @@ def read_manifest(root: Path) -> dict[str, Any]:
         CacheFormatError: unreadable, another format, or a newer format version.
     """
     path = Path(root) / MANIFEST
-    if not path.is_file():
+    if path.is_symlink() and Path(root).resolve() not in path.resolve().parents:
+        raise CacheFormatError(
+            f"{path} is a symlink that leads outside the cache directory; hscache never writes links: "
+            "copy the cache's own manifest into place, or re-extract"
+        )
+    if not path.exists() and not path.is_symlink():
         raise not_a_cache(root)
-    manifest = jsonio.load_cache_object(path.read_bytes(), path)
+    try:
+        data = bytes(fsio.read_regular(path))
+    except OSError as exc:
+        raise CacheFormatError(
+            f"{path} cannot be read ({exc.strerror or exc}); the cache is damaged"
+        ) from None
+    manifest = jsonio.load_cache_object(data, path)
     if manifest.get("format") != FORMAT_NAME:
         raise CacheFormatError(f"{path} names format {manifest.get('format')!r}, expected {FORMAT_NAME!r}")
     if manifest.get("format_version") != FORMAT_VERSION:

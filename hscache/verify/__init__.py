@@ -73,8 +73,10 @@ def _provenance(root: Path) -> dict[str, Any] | None:
 
 
 def _manifest_bytes(root: Path) -> bytes | None:
+    from hscache.store.fsio import read_regular
+
     try:
-        return (root / MANIFEST).read_bytes()
+        return bytes(read_regular(root / MANIFEST))  # a FIFO is refused, never waited on
     except OSError:
         return None
 

@@ -181,6 +181,9 @@ def _read(
     """Rows ``[start, stop)`` of array ``name`` (within one chunk), or None and a problem per sequence."""
     chunk = start // layout.specs[name].chunk_tokens
     try:
+        unsafe = layout.chunk_problem(name, chunk)
+        if unsafe is not None:
+            raise ValueError(unsafe)  # never handed to zarr: it would block on a FIFO, follow the link
         rows = np.asarray(layout.arrays[name][start:stop])
     except Exception as exc:  # zarr raises ValueError for a bad checksum, codec errors for truncation
         for seq in sequences_in(layout, start, stop):
@@ -318,6 +321,9 @@ def deep_decode(
             if start >= stop:
                 continue  # a stray file past the array's rows: no reader ever reads it
             try:
+                unsafe = layout.chunk_problem(name, chunk)
+                if unsafe is not None:
+                    raise ValueError(unsafe)  # see _read
                 rows = np.asarray(array[start:stop])
             except Exception as exc:  # see _read
                 _bad_chunk(layout, report, name, chunk, start, stop, exc)
