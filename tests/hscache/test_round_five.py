@@ -147,3 +147,155 @@ def test_a_directory_with_shards_and_a_cache_of_its_own_is_refused_by_verify_and
     scored, _ = _eval(drafter, sharded, tmp_path / "eval.json")
     assert _one_line_refusal(scored), scored.output
     assert "holds both a cache of its own (manifest.json) and shard folders" in scored.output
+
+
+class _Run:
+    def __init__(self, exit_code: int, output: str):
+        self.exit_code, self.output, self.exception = exit_code, output, None
+
+
+def _forked(args_of: dict, tmp: Path, seconds: float) -> dict:
+    """Each CLI run of ``args_of`` ({name: (main, args)}) in a fork of this process, killed after
+    ``seconds``: a hang (a FIFO opened for reading waits for a writer forever, in whichever thread)
+    is a result ("hung"), never a stalled suite. Forked, not started: no interpreter start-up."""
+    import os
+    import signal
+    import time
+
+    results = {}
+    for name, (main, args) in args_of.items():
+        out = tmp / f"forked-{name}.json"
+        pid = os.fork()
+        if pid == 0:  # the child: run the CLI in-process, write its result, leave without cleanup
+            try:
+                result = CliRunner().invoke(main, args)
+                text = result.output + (
+                    "".join(__import__("traceback").format_exception(result.exception))
+                    if result.exception and not isinstance(result.exception, SystemExit)
+                    else ""
+                )
+                out.write_text(json.dumps({"exit_code": result.exit_code, "output": text}))
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + seconds
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.05)
+        results[name] = _Run(**json.loads(out.read_text())) if out.exists() else None
+    return results
+
+
+def _eval_and_verify(drafter: Path, root: Path, pinned: str, tmp: Path, seconds: float = 60):
+    """verify --deep --expect-digest and eval --expect-digest of ``root``, each forked (``_forked``)."""
+    runs = _forked(
+        {
+            "verify": (hscache_main, ["verify", "--deep", "--expect-digest", pinned, str(root)]),
+            "eval": (
+                scorer_main,
+                ["eval", str(drafter), "--cache", str(root), "--ddtree", "", "--expect-digest", pinned],
+            ),
+        },
+        tmp,
+        seconds,
+    )
+    assert runs["verify"] is not None, f"verify of {root.name} hung"
+    assert runs["eval"] is not None, f"eval of {root.name} hung"
+    return runs["verify"], runs["eval"]
+
+
+# 5. Links out of the cache: refused by every reader, not only flagged by verify.
+@pytest.mark.parametrize(
+    "rel",
+    ["arrays/hidden_states/c/0/0/0", "arrays/token_ids/c/0", "arrays/hidden_states/c/1", "manifest.json"],
+)
+def test_a_link_out_of_the_cache_is_refused_by_eval_and_verify(small_cache, drafter, tmp_path, rel):
+    root = small_cache.copy(tmp_path / "cache")
+    pinned = hscache.cache_digest(hscache.open_cache(root))
+    outside = tmp_path / "outside"
+    (shutil.copytree if (root / rel).is_dir() else shutil.copy2)(root / rel, outside)  # the same bytes
+    (shutil.rmtree if (root / rel).is_dir() else Path.unlink)(root / rel)
+    (root / rel).symlink_to(outside)
+    verify, scored = _eval_and_verify(drafter, root, pinned, tmp_path)
+    assert verify.exit_code != 0 and "Traceback" not in verify.output, verify.output[-800:]
+    assert _one_line_refusal(scored), scored.output
+    assert "outside the cache" in scored.output, scored.output
+
+
+# 6. A FIFO (or another non-regular file) in place of a cache file: refused, never waited on.
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "arrays/hidden_states/c/0/0/0",
+        "arrays/token_ids/c/0",
+        "arrays/target_topk_values/c/0/0",
+        "target/head.safetensors",
+        "manifest.json",
+    ],
+)
+def test_a_fifo_in_place_of_a_cache_file_is_refused_without_waiting(small_cache, drafter, tmp_path, rel):
+    import os
+
+    root = small_cache.copy(tmp_path / "cache")
+    pinned = hscache.cache_digest(hscache.open_cache(root))
+    (root / rel).unlink()
+    os.mkfifo(root / rel)
+    verify, scored = _eval_and_verify(drafter, root, pinned, tmp_path, seconds=30)
+    assert verify.exit_code != 0 and "Traceback" not in verify.output, verify.output[-800:]
+    assert _one_line_refusal(scored), scored.output
+
+
+# 7. Decompression bombs in the SpecForge importer: sizes bounded before anything is allocated.
+def _zeros_into(stream, nbytes: int) -> None:
+    block = bytes(1 << 20)
+    for _ in range(nbytes >> 20):
+        stream.write(block)
+
+
+def test_specforge_decompression_bombs_are_refused_before_allocating(tmp_path):
+    import gzip
+    import io
+    import resource
+    import zipfile
+
+    import torch
+
+    bomb = 256 << 20  # inflates 1000x: real hidden states compress ~1.2x (docs/storage.md)
+    small = {
+        "input_ids": torch.arange(4),
+        "loss_mask": torch.ones(4, dtype=torch.int64),
+        "hidden_states": torch.zeros(1, 4, 8),
+    }
+    buffer = io.BytesIO()
+    torch.save(small, buffer)
+    gz = tmp_path / "gz" / "rows_0-2000" / "data_0.ckpt.gz"
+    gz.parent.mkdir(parents=True)
+    with gzip.open(gz, "wb", compresslevel=1) as f:
+        f.write(buffer.getvalue())
+        _zeros_into(f, bomb)  # trailing bytes a reader must inflate to find where the file ends
+    deflated = tmp_path / "zip" / "rows_0-2000" / "data_0.ckpt"
+    deflated.parent.mkdir(parents=True)
+    with (
+        zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as src,
+        zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as dst,
+    ):
+        for info in src.infolist():
+            if info.filename.endswith("/data/0"):  # the hidden states' storage, declared 256 MiB
+                with dst.open(info.filename, "w", force_zip64=True) as f:
+                    _zeros_into(f, bomb)
+            else:
+                dst.writestr(info.filename, src.read(info.filename))
+    for folder in ("gz", "zip"):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result = CliRunner().invoke(
+            hscache_main,
+            ["import", "--format", "specforge", str(tmp_path / folder), "--layer-ids", "1",
+             "--out", str(tmp_path / f"out-{folder}")],
+        )  # fmt: skip
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert _one_line_refusal(result), (folder, result.output[-1500:])
+        assert "inflates to more than" in result.output, result.output
+        assert grown_mb < 128, (folder, grown_mb)
+        assert not (tmp_path / f"out-{folder}" / "manifest.json").exists()  # only the restart mark
