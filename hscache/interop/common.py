@@ -449,7 +449,8 @@ def _write_imported(
             writer.commit()
     if writer is None:
         raise InputError(f"found no sequences to import for {out}; check the source folder")
-    writer.finish()
+    # Every file before the completion mark (issue 36): provenance.json and the run log are published
+    # first, then finish() marks the cache complete, so a complete cache never lacks one of them.
     provenance = {
         "schema_version": SCHEMA_VERSION,
         "imported": {
@@ -465,4 +466,5 @@ def _write_imported(
     # What this run did goes to the run log, outside the digest (store/run_log.py).
     run.update(finished_at=utc_now(), sequences_at_finish=count)
     writer.write_run_log(encode_run_log([run]))
+    writer.finish()
     return count, tokens

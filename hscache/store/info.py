@@ -83,7 +83,9 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
         "path": str(cache.path),
         "digest": cache_digest(cache),
         "complete": cache.complete,
-        "interrupted_import": (Path(cache.path) / IMPORTING_MARK).is_file(),
+        # A complete cache holds every file (its completion mark is written last): a mark left
+        # beside it by an import killed after that is stale, not an interrupted import.
+        "interrupted_import": not cache.complete and (Path(cache.path) / IMPORTING_MARK).is_file(),
         "expected_sequences": completeness["expected_sequences"],
         "writer": completeness["writer"],
         "sequences": len(cache),

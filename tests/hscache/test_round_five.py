@@ -299,3 +299,51 @@ def test_specforge_decompression_bombs_are_refused_before_allocating(tmp_path):
         assert "inflates to more than" in result.output, result.output
         assert grown_mb < 128, (folder, grown_mb)
         assert not (tmp_path / f"out-{folder}" / "manifest.json").exists()  # only the restart mark
+
+
+def _specforge_folder(root: Path, files: int = 2, tokens: int = 4) -> Path:
+    import torch
+
+    for i in range(files):
+        path = root / "rows_0-2000" / f"data_{i}.ckpt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "input_ids": torch.arange(tokens) + i,
+                "loss_mask": (torch.arange(tokens) >= 2).to(torch.int64),
+                "hidden_states": torch.randn(1, tokens, 8, generator=torch.Generator().manual_seed(i)),
+            },
+            path,
+        )
+    return root
+
+
+# 13. Complete means every file written; 15. a stray import mark beside a complete cache is stale.
+def test_an_import_killed_after_its_completion_mark_holds_every_file(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from hscache.store.writer import StoreWriter
+
+    source = _specforge_folder(tmp_path / "forge")
+    args = ["import", "--format", "specforge", str(source), "--layer-ids", "1", "--out"]
+    finished = CliRunner().invoke(hscache_main, [*args, str(tmp_path / "finished")])
+    assert finished.exit_code == 0, finished.output
+    real_finish = StoreWriter.finish
+
+    def finish_then_die(self):  # kill -9 the moment the cache is marked complete
+        real_finish(self)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(StoreWriter, "finish", finish_then_die)
+    assert (
+        _forked({"import": (hscache_main, [*args, str(tmp_path / "killed")])}, tmp_path, 60)["import"] is None
+    )
+    monkeypatch.undo()
+    killed = tmp_path / "killed"
+    assert (killed / ".hscache-importing").exists()  # killed before the import removed its mark
+    info = CliRunner().invoke(hscache_main, ["info", "--json", str(killed)])
+    summary = json.loads(info.output)
+    assert summary["complete"] and not summary["interrupted_import"], info.output
+    assert (killed / "provenance.json").is_file()
+    assert summary["digest"] == hscache.cache_digest(hscache.open_cache(tmp_path / "finished"))
