@@ -411,8 +411,9 @@ def _copy_shards(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> N
                 metadata_json=row["metadata_json"],
             )
         )
-    writer.finish()
+    # Every file before the completion mark: a merge killed after finish() is whole (issue 36).
     shutil.copytree(first.path / TARGET_DIR, dest / TARGET_DIR)
     shutil.copy2(first.path / PROVENANCE, dest / PROVENANCE)
     writer.record_files([TARGET_DIR, PROVENANCE])
+    writer.finish()
     fsio.atomic_write_json(dest / SHARDS_FILE, document)
