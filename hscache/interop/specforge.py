@@ -309,6 +309,12 @@ def import_specforge(
         "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
         "exported_from": (sidecar or {}).get("exported_from"),
     }
+    total = (sidecar or {}).get("num_target_layers")
+    if total is not None and any(not 0 <= i < total for i in ids):
+        raise InputError(
+            f"--layer-ids {','.join(map(str, ids))}: {max(ids)} is not a layer of the {total}-layer target the "
+            "sidecar records; pass the layers the files hold"
+        )
     record_ids = (sidecar or {}).get("record_ids")
     return write_imported_cache(
         Path(out),

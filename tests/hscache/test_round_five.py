@@ -347,3 +347,81 @@ def test_an_import_killed_after_its_completion_mark_holds_every_file(tmp_path, m
     assert summary["complete"] and not summary["interrupted_import"], info.output
     assert (killed / "provenance.json").is_file()
     assert summary["digest"] == hscache.cache_digest(hscache.open_cache(tmp_path / "finished"))
+
+
+# 9. Hostile speculators folders: one line each, no traceback, no probe outside the folder.
+def _text(rel: str, text: str):
+    return lambda root: (root / rel).write_text(text)
+
+
+def _sidecar(change):
+    def edit(root: Path) -> None:
+        path = root / "hscache_export.json"
+        document = json.loads(path.read_text())
+        change(document)
+        path.write_text(json.dumps(document))
+
+    return edit
+
+
+def _truncated(rel: str, keep: int):
+    def edit(root: Path) -> None:
+        data = (root / rel).read_bytes()
+        (root / rel).write_bytes(data[:keep])
+
+    return edit
+
+
+@pytest.fixture(scope="module")
+def speculators_folder(bf16_cache, tmp_path_factory) -> Path:
+    from hscache.interop.speculators import export_speculators
+
+    out = tmp_path_factory.mktemp("round-five-spec") / "speculators"
+    export_speculators(bf16_cache, out)
+    return out
+
+
+HOSTILE_SPECULATORS = {
+    "state.json nested 100,000 deep": _text("state.json", "[" * 100_000 + "]" * 100_000),
+    "state.json a list": _text("state.json", "[]"),
+    "state.json _data_files a string": _text("state.json", json.dumps({"_data_files": "data.arrow"})),
+    "state.json _data_files of numbers": _text("state.json", json.dumps({"_data_files": [5]})),
+    "state.json names a missing shard": _text(
+        "state.json", json.dumps({"_data_files": [{"filename": "x.arrow"}]})
+    ),
+    "arrow file truncated": _truncated("data-00000-of-00001.arrow", 100),
+    "arrow file garbage": _text("data-00000-of-00001.arrow", "not arrow at all"),
+    "hs_0 truncated": _truncated("hidden_states/hs_0.safetensors", 200),
+    "hs_0 empty": _truncated("hidden_states/hs_0.safetensors", 0),
+    "hs_0 header garbage": _text(
+        "hidden_states/hs_0.safetensors", "\x10\x00\x00\x00\x00\x00\x00\x00{not json}......"
+    ),
+    "sidecar a list": _text("hscache_export.json", "[1]"),
+    "sidecar record ids numbers": _sidecar(lambda d: d.update(record_ids=[1, 2, 3, 4])),
+    "sidecar record ids a string": _sidecar(lambda d: d.update(record_ids="abcd")),
+    "sidecar layer ids strings": _sidecar(lambda d: d.update(vllm_layer_ids=["a", "b", "c"])),
+    "sidecar layer ids past the target": _sidecar(lambda d: d.update(vllm_layer_ids=[2, 4, 20000])),
+    "sidecar files outside the folder": _sidecar(lambda d: d.update(files=["../../../../etc/hostname"])),
+}
+
+
+def test_hostile_speculators_folders_are_one_line_each(speculators_folder, tmp_path):
+    failures = []
+    for k, (name, edit) in enumerate(HOSTILE_SPECULATORS.items()):
+        source = shutil.copytree(speculators_folder, tmp_path / f"s{k}")
+        edit(source)
+        result = CliRunner().invoke(
+            hscache_main, ["import", "--format", "speculators", str(source), "--out", str(tmp_path / f"o{k}")]
+        )
+        if not _one_line_refusal(result):
+            failures.append(f"{name}: exit {result.exit_code}: {result.output[-400:]!r} {result.exception!r}")
+        elif "outside" in name and "which is not a path inside" not in result.output:
+            failures.append(f"{name}: probed the path instead of refusing it: {result.output!r}")
+    assert not failures, "\n".join(failures)
+    # --layer-ids past the target's layer count (the sidecar records it): refused, never a cache info cannot read
+    result = CliRunner().invoke(
+        hscache_main,
+        ["import", "--format", "speculators", str(speculators_folder), "--layer-ids", "2,4,20000",
+         "--out", str(tmp_path / "layers")],
+    )  # fmt: skip
+    assert _one_line_refusal(result) and "20000" in result.output, result.output
