@@ -108,7 +108,14 @@ def renamed_flag(old: str, new: str, why: str = "") -> Callable[[Callable], Call
 
     name = "renamed_" + old.lstrip("-").replace("-", "_")  # not the new flag's parameter, which may share it
     return click.option(
-        old, name, hidden=True, default=None, expose_value=False, is_eager=True, callback=refuse
+        old,
+        name,
+        hidden=True,
+        default=None,
+        expose_value=False,
+        is_eager=True,
+        callback=refuse,
+        help=f"Renamed: pass {new}.",
     )
 
 

@@ -265,6 +265,7 @@ def _prompts_path(config: ExtractConfig) -> Path:
 def _check_served(record: ServedRecord, prompt_len: int, max_length: int, vocab_size: int) -> None:
     for choice in record.choices:
         too_big = [t for t in choice.token_ids if t >= vocab_size]
+        too_big += [t for position in choice.support for t, _ in position if t >= vocab_size]
         if too_big:
             what = f"token id {too_big[0]} is outside the model's vocabulary of {vocab_size}"
         elif prompt_len + len(choice.token_ids) > max_length:

@@ -88,6 +88,11 @@ def _parse_line(path: Path, line_no: int, line: str, id_from_line: bool = False)
         ) from None
     if not isinstance(obj, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if (bad := jsonio.first_surrogate(obj)) is not None:
+        raise PromptFileError(
+            f"{where}: the string {bad!r} holds a lone surrogate (an escape such as \\ud800 that is not "
+            "text), which cannot be stored; fix the line"
+        )
     keys = [k for k in _CONTENT_KEYS if k in obj]
     if len(keys) != 1:
         raise PromptFileError(
@@ -111,7 +116,7 @@ def _parse_line(path: Path, line_no: int, line: str, id_from_line: bool = False)
             f'{where}: \'messages\' must be a non-empty list of {{"role": str, "content": str}} objects'
         )
     if keys[0] == "input_ids" and not (
-        isinstance(content, list) and content and all(isinstance(t, int) and t >= 0 for t in content)
+        isinstance(content, list) and content and all(type(t) is int and t >= 0 for t in content)
     ):
         raise PromptFileError(f"{where}: 'input_ids' must be a non-empty list of non-negative integers")
     content, response = _split_response(where, keys[0], content, obj)
