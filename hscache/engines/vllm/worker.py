@@ -159,7 +159,9 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
 
 class _Refused(Exception):
     def __init__(self, name: str, spec: Any, exc: BaseException) -> None:
-        cause = str(exc).strip().splitlines()
+        # The last line that says something (pydantic's ValidationError ends in a link to its docs).
+        cause = [line.strip() for line in str(exc).strip().splitlines()]
+        cause = [line for line in cause if line and not line.startswith("For further information")]
         method = (spec or {}).get("method", "none")
         super().__init__(
             f"vLLM refused the {name} engine (speculative method {method}): {type(exc).__name__}: "
