@@ -305,6 +305,10 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
         eval_config = replace(eval_config, block_size=config.num_speculative_tokens + 1)
         drafter, _ = load_drafter(checkpoint, cache, eval_config)
     eval_config = effective_config(drafter, eval_config)
+    if drafter.family in ("dflash", "eagle3"):  # its attention runs in vLLM CPU's kernels too
+        preflight_target(
+            drafter.config.to_hf_config(), cache.settings["dtype"], what=f"the drafter {checkpoint}"
+        )
     spec = speculative_config(drafter.family, checkpoint, drafter, int(drafter.config.block_size) - 1)
     if config.draft_sampling != "greedy":
         spec["draft_sample_method"] = config.draft_sampling
@@ -339,6 +343,7 @@ class Served:
     patches: list[str]
     engine_seconds: float
     seconds: float
+    refused: str | None = None  # vLLM would not build the engine: its one line (score_served raises it)
 
 
 def serve(
@@ -351,7 +356,8 @@ def serve(
     run per cache), and extract a served cache of each run's text under ``workdir``.
 
     Returns:
-        ``served[i][j]``: checkpoint i on cache j.
+        ``served[i][j]``: checkpoint i on cache j (``refused`` set where vLLM would not build its engine;
+        the other engines still ran).
 
     Raises:
         VllmUnavailableError / VllmVersionError / VllmTargetError / ScorerError: one line each; all but a
@@ -376,18 +382,19 @@ def serve(
     result = run_worker(WORKER, job, workdir / "engine", python=python)
     served = []
     for i, (checkpoint, engine) in enumerate(zip(checkpoints, result["engines"])):
-        if "error" in engine:
-            raise VllmTargetError(f"{checkpoint}: {engine['error']}")
         row = []
-        for j, (view, run) in enumerate(zip(views, engine["runs"])):
+        for j, (view, run) in enumerate(zip(views, engine.get("runs") or [None] * len(views))):
             drafter, spec, eval_config = loaded[i][j]
-            path = _served_cache(
-                view, prompts[j], run["requests"], runs[j]["sampling"], workdir / f"served-{i}-{j}"
-            )
+            path, requests = None, []
+            if run is not None:
+                requests = run["requests"]
+                path = _served_cache(
+                    view, prompts[j], requests, runs[j]["sampling"], workdir / f"served-{i}-{j}"
+                )
             row.append(Served(
                 str(checkpoint), str(caches[j]), drafter.family, spec, eval_config, configs[i],
-                [len(ids) for ids in runs[j]["prompts"]], run["requests"], path, version, result["patches"],
-                engine["seconds"], time.perf_counter() - t0,
+                [len(ids) for ids in runs[j]["prompts"]], requests, path, version, result["patches"],
+                engine.get("seconds", 0.0), time.perf_counter() - t0, engine.get("error"),
             ))  # fmt: skip
         served.append(row)
     return served
@@ -396,6 +403,8 @@ def serve(
 def score_served(served: Served, scored: str | None = None) -> dict[str, Any]:
     """Score a served cache offline (``scored``: the offline rule, default the one vLLM ran) and compare
     with vLLM's rounds; the JSON-ready report (schemas/served_report.schema.json)."""
+    if served.refused is not None:
+        raise VllmTargetError(f"{served.checkpoint}: {served.refused}")
     t0 = time.perf_counter()
     eval_config = served.eval_config
     config = served.config
