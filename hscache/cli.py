@@ -306,6 +306,14 @@ def main() -> None:
     help="Store the target's own MTP head (mtp.* weights) when its checkpoint has one, and the last "
     "layer it reads, so `scorer eval target:mtp` can score it (a resume follows the cache's choice).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["transformers", "vllm"]),
+    default="transformers",
+    show_default=True,
+    help="What runs the target: transformers, or vLLM (its own kernels and sampler, as served; needs vLLM "
+    'importable: docs/extract.md "Extracting with vLLM").',
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @sampling_options

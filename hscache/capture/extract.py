@@ -92,9 +92,10 @@ _RESUME_KEYS = (
     "shard",
     "mtp",
     "sampling",  # absent in a greedy cache (every cache written before sampling existed)
+    "engine",  # absent: transformers
 )
 # Caches written before a setting existed were made as its value here says.
-_LEGACY = {"generate_batch": 1, "mtp": False}
+_LEGACY = {"generate_batch": 1, "mtp": False, "engine": "transformers"}
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,9 @@ class ExtractConfig:
     sampling: SamplingSetting = GREEDY
     # A server's sampled completions (capture/responses.py), teacher-forced as they are (--max-new-tokens 0).
     responses_from: str | None = None
+    # What runs the target: "transformers" (hooks on its decoder layers) or "vllm" (the serving engine's
+    # own kernels and sampler, states through its hidden-states connector: hscache/engines/vllm/).
+    engine: str = "transformers"
 
 
 @dataclass
@@ -321,11 +325,12 @@ def _settings(
         **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
         # Greedy records nothing, so a greedy cache's manifest (and digest) is what it always was.
         **({} if config.sampling.greedy else {"sampling": config.sampling.to_dict()}),
+        **({} if config.engine == "transformers" else {"engine": config.engine}),  # likewise
     }
 
 
 def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path) -> None:
-    diffs = [k for k in _RESUME_KEYS if existing.get(k, _LEGACY.get(k)) != settings.get(k)]
+    diffs = [k for k in _RESUME_KEYS if existing.get(k, _LEGACY.get(k)) != settings.get(k, _LEGACY.get(k))]
     if diffs:
         key = diffs[0]
         more = (
@@ -465,7 +470,12 @@ _Sequence = tuple[PromptRecord, list[int], int, str]  # record, prompt + continu
 
 
 def _sequences(
-    config: ExtractConfig, target: Target, generate_batch: int, skip: int, progress: Progress | None = None
+    config: ExtractConfig,
+    target: Target,
+    generate_batch: int,
+    skip: int,
+    progress: Progress | None = None,
+    engine: Any = None,
 ) -> Iterator[_Sequence]:
     """Every selected record with its continuation, from record ``skip`` on, in prompt order.
 
@@ -479,10 +489,10 @@ def _sequences(
     for n, record in enumerate(expand_samples(_selected(config), config.sampling)):
         group.append((n, record))
         if len(group) == generate_batch:
-            yield from _continued(config, target, group, skip, progress)
+            yield from _continued(config, target, group, skip, progress, engine)
             group = []
     if group:
-        yield from _continued(config, target, group, skip, progress)
+        yield from _continued(config, target, group, skip, progress, engine)
 
 
 def _continued(
@@ -491,6 +501,7 @@ def _continued(
     group: list[tuple[int, PromptRecord]],
     skip: int,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> Iterator[_Sequence]:
     if group[-1][0] < skip:  # committed already: no model work
         return
@@ -508,7 +519,10 @@ def _continued(
     else:
         if progress is not None:
             progress.status(f"generating {len(group)} continuations of up to {config.max_new_tokens} tokens")
-        done = greedy_continuations(target, prompts, config.max_new_tokens, config.max_length)
+        if engine is not None:  # the serving engine's own greedy decode
+            done = engine.continuations(prompts, config.max_new_tokens)
+        else:
+            done = greedy_continuations(target, prompts, config.max_new_tokens, config.max_length)
     for (n, record), prompt, (ids, stop) in zip(group, prompts, done):
         if n >= skip:
             yield record, ids, len(prompt), stop
@@ -520,6 +534,7 @@ def _batches(
     settings: dict[str, Any],
     skip: int,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> Iterator[list[_Sequence]]:
     """Group sequences greedily up to ``batch_tokens`` padded tokens per capture forward.
 
@@ -527,7 +542,7 @@ def _batches(
     boundary) forms the same batches as an uninterrupted run.
     """
     batch: list[_Sequence] = []
-    for item in _sequences(config, target, settings["generate_batch"], skip, progress):
+    for item in _sequences(config, target, settings["generate_batch"], skip, progress, engine):
         width = max([len(item[1])] + [len(b[1]) for b in batch])
         if batch and width * (len(batch) + 1) > settings["batch_tokens"]:
             yield batch
@@ -560,9 +575,14 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     # before --overwrite empties the directory, until the last commit: one writer per cache.
     with writer_lock(Path(config.out), "hscache extract"):
         check_device(config.device)
-        backend = resolve_backend(config.backend, config.device)
+        backend = "vllm" if config.engine == "vllm" else resolve_backend(config.backend, config.device)
         progress.step(f"loading the target {config.model} ({config.dtype} on {config.device})")
-        target = load_target(config.model, config.dtype, config.device)
+        # With --engine vllm, transformers' copy gives the tokenizer, target/ and the checks, on the CPU.
+        target = load_target(config.model, config.dtype, "cpu" if config.engine == "vllm" else config.device)
+        if config.engine == "vllm":
+            from hscache.engines.vllm.runtime import preflight_target
+
+            preflight_target(target.text_config.to_dict(), config.dtype, config.device)
         layer_ids = parse_layer_spec(config.layers, target.num_layers)
         _check_flags(config, target)
         progress.step("checking the prompts against the tokenizer and --max-length")
@@ -598,30 +618,45 @@ def _extract_locked(
             mtp=bool(settings["mtp"]),
             unchanged=True,
         )
-    writer, done = _open_store(config, target, settings, mtp)
-    with use_backend(target.model, backend) as kernels:
+    with _engine_for(config, target, settings) as engine:  # an engine that fails to start writes nothing
+        writer, done = _open_store(config, target, settings, mtp)
+        return _capture_all(config, target, settings, engine, writer, done, prompts, progress, t0)
+
+
+def _engine_for(config: ExtractConfig, target: Target, settings: dict[str, Any]) -> Any:
+    """The vLLM engine of an ``--engine vllm`` run (a context manager), else a null context (None)."""
+    if config.engine != "vllm":
+        return contextlib.nullcontext()
+    from hscache.capture.forward import eos_token_ids
+    from hscache.engines.vllm.capture import VllmCapture, model_directory
+
+    directory = model_directory(config.model, target.weights_sha256)
+    return VllmCapture(
+        directory, config.dtype, settings["layer_ids"], config.top_k, config.max_length, eos_token_ids(target)
+    )
+
+
+def _capture_all(
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    engine: Any,
+    writer: StoreWriter,
+    done: int,
+    prompts: _PromptSummary,
+    progress: Progress,
+    t0: float,
+) -> ExtractResult:
+    out = Path(config.out)
+    bound = use_backend(target.model, settings["backend"]) if engine is None else None
+    with bound if bound is not None else contextlib.nullcontext(engine.kernel_bindings()) as kernels:
         with _disk_errors(out, done):
-            provenance, runs = _start_run(config, writer, target, settings, kernels, prompts)
+            provenance, runs = _start_run(config, writer, target, settings, kernels, prompts, engine)
         progress.start(prompts.records * config.sampling.samples_per_prompt, prompts.prompt_tokens, done)
         with WriterThread(writer, config.commit_every_s) as background:
-            for batch in _batches(config, target, settings, skip=done, progress=progress):
+            for batch in _batches(config, target, settings, skip=done, progress=progress, engine=engine):
                 progress.status("capturing hidden states")
-                builders = _support_builders(config, target, batch)
-                captured = capture_batch(
-                    target,
-                    [b[1] for b in batch],
-                    settings["layer_ids"],
-                    config.top_k,
-                    config.full_logits,
-                    memory_gb=config.memory_gb,
-                    on_logits=builders,
-                    extra_bytes_per_logit=SAMPLING_BYTES_PER_LOGIT if builders else 0,
-                )
-                if builders:
-                    captured = [attach(c, b) for c, b in zip(captured, builders)]
-                # On CUDA the copies to pinned host memory are queued now, before the next forward, and
-                # the writer thread waits for them alone: the GPU never waits for the disk.
-                captured, copied = to_host_async(captured)
+                captured, copied = _captured(config, target, settings, engine, batch)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
         if "sampling" in provenance:  # counted over the whole cache, a resumed run's first part included
@@ -644,6 +679,30 @@ def _extract_locked(
         provenance,
         mtp=bool(settings["mtp"]),
     )
+
+
+def _captured(
+    config: ExtractConfig, target: Target, settings: dict[str, Any], engine: Any, batch: list[_Sequence]
+) -> tuple[list[CapturedSequence], Any]:
+    """One batch's captured sequences, on the host or being copied there (the CUDA event to wait for)."""
+    if engine is not None:  # the serving engine: states from its connector, next-token data from logprobs
+        return engine.capture([b[1] for b in batch], target.vocab_size), None
+    builders = _support_builders(config, target, batch)
+    captured = capture_batch(
+        target,
+        [b[1] for b in batch],
+        settings["layer_ids"],
+        config.top_k,
+        config.full_logits,
+        memory_gb=config.memory_gb,
+        on_logits=builders,
+        extra_bytes_per_logit=SAMPLING_BYTES_PER_LOGIT if builders else 0,
+    )
+    if builders:
+        captured = [attach(c, b) for c, b in zip(captured, builders)]
+    # On CUDA the copies to pinned host memory are queued now, before the next forward, and
+    # the writer thread waits for them alone: the GPU never waits for the disk.
+    return to_host_async(captured)
 
 
 def _complete_with(config: ExtractConfig, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -731,6 +790,7 @@ def _start_run(
     settings: dict[str, Any],
     kernels: dict,
     prompts: _PromptSummary,
+    engine: Any = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Write provenance.json once (a resume keeps it: the same settings make the same content) and
     add this run to the run log; return both (the run's entry is the log's last)."""
@@ -739,6 +799,9 @@ def _start_run(
         provenance = build_provenance(
             target=target, settings=settings, kernels=kernels, num_records=prompts.records
         )
+        if engine is not None:  # what served the target is vLLM's, not transformers' (its copy only checks)
+            provenance["capture"]["engine"] = engine.describe()
+            provenance["capture"]["attn_implementation"] = "vllm"
         if "sampling" in settings:  # the realised-token counts are filled in when the cache is complete
             provenance["sampling"] = {
                 **settings["sampling"],
