@@ -78,6 +78,7 @@ _RESUME_KEYS = (
     "weights_sha256",
     "layer_ids",
     "dtype",
+    "engine",  # absent: transformers (named before --backend, which follows from it)
     "backend",
     "device",
     "tokenizer_sha256",
@@ -92,7 +93,6 @@ _RESUME_KEYS = (
     "shard",
     "mtp",
     "sampling",  # absent in a greedy cache (every cache written before sampling existed)
-    "engine",  # absent: transformers
 )
 # Caches written before a setting existed were made as its value here says.
 _LEGACY = {"generate_batch": 1, "mtp": False, "engine": "transformers"}
@@ -141,6 +141,9 @@ class ExtractConfig:
     # What runs the target: "transformers" (hooks on its decoder layers) or "vllm" (the serving engine's
     # own kernels and sampler, states through its hidden-states connector: hscache/engines/vllm/).
     engine: str = "transformers"
+    # --engine vllm: also keep the connector's per-request files here, as speculators names them
+    # (hs_<sequence>.safetensors); layout, not content (not a resume setting).
+    connector_dir: str | None = None
 
 
 @dataclass
@@ -339,8 +342,8 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
             else ""
         )
         raise ResumeMismatchError(
-            f"{out} was built with {_flag(key)} {_shown(existing.get(key), key)} but this run has "
-            f"{_flag(key)} {_shown(settings.get(key), key)}{more}; "
+            f"{out} was built with {_flag(key)} {_shown(existing.get(key, _LEGACY.get(key)), key)} but this run "
+            f"has {_flag(key)} {_shown(settings.get(key, _LEGACY.get(key)), key)}{more}; "
             "re-run with the original settings to resume, or pass --overwrite to start over"
         )
 
@@ -632,7 +635,13 @@ def _engine_for(config: ExtractConfig, target: Target, settings: dict[str, Any])
 
     directory = model_directory(config.model, target.weights_sha256)
     return VllmCapture(
-        directory, config.dtype, settings["layer_ids"], config.top_k, config.max_length, eos_token_ids(target)
+        directory,
+        config.dtype,
+        settings["layer_ids"],
+        config.top_k,
+        config.max_length,
+        eos_token_ids(target),
+        keep_files=Path(config.connector_dir) if config.connector_dir else None,
     )
 
 
@@ -653,12 +662,14 @@ def _capture_all(
         with _disk_errors(out, done):
             provenance, runs = _start_run(config, writer, target, settings, kernels, prompts, engine)
         progress.start(prompts.records * config.sampling.samples_per_prompt, prompts.prompt_tokens, done)
+        first = done
         with WriterThread(writer, config.commit_every_s) as background:
             for batch in _batches(config, target, settings, skip=done, progress=progress, engine=engine):
                 progress.status("capturing hidden states")
-                captured, copied = _captured(config, target, settings, engine, batch)
+                captured, copied = _captured(config, target, settings, engine, batch, first)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
+                first += len(batch)
         if "sampling" in provenance:  # counted over the whole cache, a resumed run's first part included
             with _disk_errors(out, writer.committed_sequences):
                 writer.commit()
@@ -682,11 +693,17 @@ def _capture_all(
 
 
 def _captured(
-    config: ExtractConfig, target: Target, settings: dict[str, Any], engine: Any, batch: list[_Sequence]
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    engine: Any,
+    batch: list[_Sequence],
+    first: int,
 ) -> tuple[list[CapturedSequence], Any]:
-    """One batch's captured sequences, on the host or being copied there (the CUDA event to wait for)."""
+    """One batch's captured sequences, on the host or being copied there (the CUDA event to wait for);
+    ``first``: the cache's sequence number of the batch's first."""
     if engine is not None:  # the serving engine: states from its connector, next-token data from logprobs
-        return engine.capture([b[1] for b in batch], target.vocab_size), None
+        return engine.capture([b[1] for b in batch], target.vocab_size, first=first), None
     builders = _support_builders(config, target, batch)
     captured = capture_batch(
         target,

@@ -124,6 +124,8 @@ def _check_engine(config: ExtractRequest) -> None:
     if engine not in ENGINES:
         raise InputError(f"--engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "transformers":
+        if getattr(config, "connector_dir", None):
+            raise InputError("--connector-dir keeps vLLM's files: it needs --engine vllm")
         return
     from hscache.engines.vllm.runtime import require_vllm
 

@@ -83,9 +83,11 @@ class VllmCapture:
         max_length: int,
         eos_ids: set[int],
         seed: int = 0,
+        keep_files: Path | None = None,
     ):
         self.model_dir, self.dtype, self.layer_ids = Path(model_dir), dtype, list(layer_ids)
         self.top_k, self.max_length, self.eos_ids, self.seed = top_k, max_length, sorted(eos_ids), seed
+        self.keep_files = keep_files  # where the capture pass's files go (hs_<n>.safetensors), else deleted
         self.llm: Any = None
         self.version = ""
         self.seconds_engine = 0.0
@@ -190,8 +192,11 @@ class VllmCapture:
             results[i] = (list(prompts[i]) + tokens, reason)
         return [r for r in results if r is not None]
 
-    def capture(self, sequences: Sequence[Sequence[int]], vocab_size: int) -> list[CapturedSequence]:
-        """One prefill per sequence: its states at ``layer_ids`` and the next-token top-k at every row."""
+    def capture(
+        self, sequences: Sequence[Sequence[int]], vocab_size: int, first: int = 0
+    ) -> list[CapturedSequence]:
+        """One prefill per sequence: its states at ``layer_ids`` and the next-token top-k at every row.
+        ``first``: the number of the first sequence (``keep_files`` names them by it)."""
         from vllm import SamplingParams
 
         k = self.top_k
@@ -201,8 +206,11 @@ class VllmCapture:
         )
         paths = self._flush(outputs)
         captured = []
-        for seq, out, path in zip(sequences, outputs, paths):
+        for n, (seq, out, path) in enumerate(zip(sequences, outputs, paths), start=first):
             read = read_connector_file(path, len(self.layer_ids), vocab_size)
+            if self.keep_files is not None:
+                self.keep_files.mkdir(parents=True, exist_ok=True)
+                path.replace(self.keep_files / f"hs_{n}.safetensors")
             _remove(path)
             if read.token_ids.tolist() != list(seq):
                 raise RuntimeError(f"vLLM wrote the states of other tokens to {path}; this is a bug")

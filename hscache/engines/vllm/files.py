@@ -32,6 +32,7 @@ from hscache.errors import InputError
 
 __all__ = [
     "ConnectorFile",
+    "check_connector_header",
     "connector_files",
     "hscache_ids",
     "read_connector_file",
@@ -155,15 +156,13 @@ def _header(path: Path) -> dict:
     return header
 
 
-def read_connector_file(
-    path: Path, num_layers: int | None = None, vocab_size: int | None = None, hidden_size: int | None = None
-) -> ConnectorFile:
-    """Read and check one file: ``num_layers`` slots, ``hidden_size`` wide, ids below ``vocab_size``.
+def check_connector_header(
+    path: Path, num_layers: int | None = None, hidden_size: int | None = None
+) -> tuple[list[int], str]:
+    """Check one file's header alone (no tensor is read): the states' shape ``[T, layers, H]`` and dtype.
 
     Raises:
-        InputError: a header that is truncated, hostile or names other tensors; shapes that disagree
-        (rows, layer slots, width); a dtype that is not bf16/fp16/fp32 (states) or int (ids);
-        NaN/Inf states; token ids outside the vocabulary.
+        InputError: as ``read_connector_file`` for everything but the values.
     """
     header = _header(path)
     hs, ids = header["hidden_states"], header["token_ids"]
@@ -184,6 +183,20 @@ def read_connector_file(
         )
     if hidden_size is not None and shape[2] != hidden_size:
         raise InputError(f"{path} is {shape[2]} wide but the target's hidden size is {hidden_size}")
+    return shape, hs["dtype"]
+
+
+def read_connector_file(
+    path: Path, num_layers: int | None = None, vocab_size: int | None = None, hidden_size: int | None = None
+) -> ConnectorFile:
+    """Read and check one file: ``num_layers`` slots, ``hidden_size`` wide, ids below ``vocab_size``.
+
+    Raises:
+        InputError: a header that is truncated, hostile or names other tensors; shapes that disagree
+        (rows, layer slots, width); a dtype that is not bf16/fp16/fp32 (states) or int (ids);
+        NaN/Inf states; token ids outside the vocabulary.
+    """
+    check_connector_header(path, num_layers, hidden_size)
     from safetensors.torch import load_file
 
     tensors = load_file(str(path))
