@@ -321,6 +321,13 @@ def main() -> None:
     help="With --engine vllm: also keep vLLM's own per-request hidden-state files in DIR "
     "(hs_<sequence>.safetensors, as speculators names them; `hscache import --format vllm` reads them).",
 )
+@click.option(
+    "--vllm-python",
+    default=None,
+    metavar="PATH",
+    help="With --engine vllm from a Python without vLLM: the interpreter that has it (default "
+    "$HSCACHE_VLLM_PYTHON); the extraction runs there.",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @sampling_options

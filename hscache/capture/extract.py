@@ -144,6 +144,9 @@ class ExtractConfig:
     # --engine vllm: also keep the connector's per-request files here, as speculators names them
     # (hs_<sequence>.safetensors); layout, not content (not a resume setting).
     connector_dir: str | None = None
+    # --engine vllm from an interpreter without vLLM: the one that has it (else $HSCACHE_VLLM_PYTHON);
+    # the whole extraction then runs there (engines/vllm/extract_worker.py). Not a content setting.
+    vllm_python: str | None = None
 
 
 @dataclass
@@ -564,6 +567,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     """
     if is_url(config.out):
         return _extract_to_url(config, progress)
+    if config.engine == "vllm" and _elsewhere(config):
+        return _extract_in_vllm_python(config, progress)
     progress = _Callbacks(progress) if progress is not None else Progress()
     t0 = time.perf_counter()
     check_extract_request(config)  # flags, --out, a live writer, the prompts' syntax: before torch work
@@ -783,6 +788,39 @@ def _check_flags(config: ExtractConfig, target: Target) -> None:
 def _check_sampling_flags(config: ExtractConfig, target: Target) -> None:
     """The sampling setting against the model (what needs no model was refused by preflight)."""
     config.sampling.validate(target.vocab_size)
+
+
+def _elsewhere(config: ExtractConfig) -> bool:
+    """Whether vLLM runs in another interpreter than this one (this one cannot import it)."""
+    import importlib.util
+    import sys
+
+    from hscache.engines.vllm.runtime import vllm_python
+
+    check_extract_request(config)  # one line, before another interpreter starts, for every refusal
+    return importlib.util.find_spec("vllm") is None and vllm_python(config.vllm_python) != sys.executable
+
+
+def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
+    """The whole extraction in the interpreter that has vLLM (``run_worker``: a JSON job, a JSON result)."""
+    import shutil
+    import tempfile
+
+    from hscache.engines.vllm.runtime import interpreter_version, run_worker, vllm_python
+
+    python = vllm_python(config.vllm_python)
+    interpreter_version(python)  # its vLLM's version, from its metadata: one line when it is not 0.32
+    if progress is not None and hasattr(progress, "step"):
+        progress.step(f"running the extraction in {python} (vLLM's interpreter)")
+    workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
+    job = {
+        k: getattr(config, k)
+        for k in ExtractConfig.__dataclass_fields__
+        if k not in ("sampling", "vllm_python")
+    }
+    result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
+    return ExtractResult(**{**result, "path": Path(result["path"])})
 
 
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:

