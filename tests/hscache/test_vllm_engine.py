@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 import hscache
 from hscache.capture.extract import ExtractConfig, extract
 from hscache.cli import main as hscache_main
+from hscache.diff.compare import diff_caches
 from hscache.engines.vllm.files import hscache_ids, read_connector_file, vllm_ids
 from hscache.engines.vllm.runtime import VllmTargetError, preflight_target
 from hscache.errors import InputError, ResumeMismatchError
@@ -113,6 +114,15 @@ def test_both_engines_give_the_same_tokens_and_states_on_fp32_qwen3(vllm_cache, 
         pb = (vb - b.target_logsumexp(row)[:, None]).exp()
         assert (pa - pb).abs().max() < 1e-6
         assert torch.all(b.target_logsumexp(row) == 0)
+
+
+@needs_vllm
+def test_diff_compares_logits_against_vllm_log_probabilities(vllm_cache, transformers_cache):
+    report = diff_caches(transformers_cache, vllm_cache[0])
+    assert report.next_token.argmax_agreement == 1.0 and report.next_token.kl_max < 1e-9
+    # values compared as log-probabilities: the logits' offset is no drift (it would flag every position)
+    assert report.next_token.margin_at_risk < 0.01
+    assert max(layer.max_abs for layer in report.hidden_states) < 1e-5
 
 
 @needs_vllm
