@@ -159,6 +159,7 @@ class ExtractResult:
     provenance: dict[str, Any] = field(repr=False, default_factory=dict)
     mtp: bool = False  # the target's MTP head stored in target/ (and its last layer among the layers)
     unchanged: bool = False  # the cache was complete with these settings: nothing written at all
+    engine_start_s: float = 0.0  # --engine vllm: seconds its engine took to start (within ``seconds``)
 
 
 class Progress:
@@ -694,6 +695,7 @@ def _capture_all(
         time.perf_counter() - t0,
         provenance,
         mtp=bool(settings["mtp"]),
+        engine_start_s=engine.seconds_engine if engine is not None else 0.0,
     )
 
 
