@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", default="1,3,7")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cuda: both engines on the GPU (bench/gpu_check.sh)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             dtype=args.dtype,
             limit=args.limit,
             mtp=False,
+            device=args.device,
         )
         runs = [_run(ExtractConfig(out=str(root / "tf"), **common))]
         files = root / "connector"
