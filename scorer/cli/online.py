@@ -1,5 +1,5 @@
-"""``scorer online``: real speculative decoding, the target verifying (scorer.online, and
-scorer.online_sampled at T > 0)."""
+"""``scorer online``: real speculative decoding, the target verifying (scorer.online.greedy, and
+scorer.online.sampled at T > 0)."""
 
 from __future__ import annotations
 
@@ -190,13 +190,13 @@ def online(
             f"{flag}: scorer online verifies {what} at temperature > 0 (--temperature T or --sampling "
             "PRESET); at temperature 0 score trees with scorer eval"
         )
-    from scorer.online import OnlineConfig, run_online
+    from scorer.online.greedy import OnlineConfig, run_online
 
     config = OnlineConfig(overrides=overrides, **options)
     if sampled is None:
         result = run_online(checkpoint, config)
     else:
-        from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
+        from scorer.online.sampled import SampledOnlineConfig, run_online_sampled
 
         setting, runs, draft_sampling = sampled
         result = run_online_sampled(

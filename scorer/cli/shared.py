@@ -485,7 +485,7 @@ def sampling_parameter_flags(help_text: Callable[[str, str], str]) -> Callable[[
     )
 
 
-# Scoring at T > 0 (scorer/served.py, docs/sampling.md): the rule, and the setting the user expects the
+# Scoring at T > 0 (scorer/offline/sampled_view.py, docs/sampling.md): the rule, and the setting the user expects the
 # cache to hold. The cache records its own setting; these flags only check it, so one that differs is
 # refused before anything is scored.
 sampling_check_flags = apply_options(

@@ -1,7 +1,7 @@
 """What a drafter family plugs into the scorer: the seam shared by every family.
 
-The scorer owns ONE replay loop (scorer.replay: rounds, tau, off-greedy cuts), ONE report
-(scorer.report.build) and ONE loader entry point (scorer.scoring.load_drafter). A family owns the
+The scorer owns ONE replay loop (scorer.offline.replay: rounds, tau, off-greedy cuts), ONE report
+(scorer.report.build) and ONE loader entry point (scorer.offline.scoring.load_drafter). A family owns the
 rest, in its own module under scorer/families/: how a checkpoint of its layouts is recognised
 (`claims`), its config mapping and model (`load`), and how it drafts a cached sequence
 (`score_rows`, which hands per-anchor drafts to the shared replay).
@@ -96,7 +96,7 @@ class CheckpointProbe:
 
 # draw(logits [V] of one draft slot over the TARGET's vocabulary, float32, -inf outside a reduced
 # draft vocabulary) -> the drafted token id. ``scorer online`` at T > 0 with probabilistic drafting
-# passes one (scorer.online_sampled: a sample of softmax(logits / T), q recorded for the verifier).
+# passes one (scorer.online.sampled: a sample of softmax(logits / T), q recorded for the verifier).
 DraftDraw = Callable[[Any], int]
 
 # propose(hidden [p, K, H] raw target layer outputs in the drafter's layer order for positions
@@ -209,7 +209,7 @@ class Family:
         proposals: (drafter, cache, row, eval config, temperature) -> (drafts [A, K] target ids,
             log q [A, K]) along the cached (sampled) path y, every anchor a in [P, T-2]: slot j fed
             y's tokens, q_{a,j} = softmax(draft logits / T) over the drafter's whole vocabulary,
-            log q of y_{a+j} (-inf outside it). The probabilistic rule (scorer/served.py); None: the
+            log q of y_{a+j} (-inf outside it). The probabilistic rule (scorer/offline/sampled_view.py); None: the
             family is scored with the one-hot rule only.
         display_name: the family's name on screen and in reports' titles ("EAGLE-3").
         eval_options: the family's own EvalConfig settings: fields (``num_speculative_tokens``) and
@@ -234,8 +234,8 @@ class Family:
         fallback: asked only when no other family claims a checkpoint (DFlash, whose loader names
             what is wrong with any other file); the registry holds one.
         diagnose_kinds: the ``scorer diagnose`` hypothesis kinds that apply to this family (names
-            from ``scorer.diagnose.HYPOTHESIS_KINDS``); kinds it does not list are never tried.
-        diagnose: (``scorer.diagnose.DiagnosisInputs``) -> ``scorer.diagnose.FamilyDiagnosis``: the
+            from ``scorer.diagnose.ranking.HYPOTHESIS_KINDS``); kinds it does not list are never tried.
+        diagnose: (``scorer.diagnose.ranking.DiagnosisInputs``) -> ``scorer.diagnose.ranking.FamilyDiagnosis``: the
             configured setting, the hypotheses of ``diagnose_kinds`` with their settings (or why
             each is untested) and the replayer; ranking, verdict and report are shared. None:
             ``scorer diagnose`` refuses the family by name.

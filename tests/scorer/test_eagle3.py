@@ -14,11 +14,11 @@ from click.testing import CliRunner
 import hscache
 from hscache import schemas
 from scorer.cli import main
-from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one
 from scorer.families.eagle3.init import init_eagle3, save_eagle3
 from scorer.families.eagle3.layouts import read_eagle3
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 from tests.scorer.family_contract import FamilyContract
 
 
@@ -235,7 +235,7 @@ class TestEagle3Contract(FamilyContract):
 @pytest.mark.slow
 def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
     from scorer.families.eagle3.train import train_eagle3
-    from scorer.online import OnlineConfig, run_online
+    from scorer.online.greedy import OnlineConfig, run_online
 
     cache = tmp_path / "cache"
     hscache.extract(

@@ -103,7 +103,7 @@ def test_scorer_init_eagle3_through_the_seam_says_what_it_wrote(scorer_cache, tm
 
 def test_every_loaded_drafter_is_a_drafter_of_its_family(scorer_cache, trained_drafter, eagle3_drafter):
     from hscache import open_cache
-    from scorer.evaluate import EvalConfig, load_drafter
+    from scorer.studies.evaluate import EvalConfig, load_drafter
 
     cache = open_cache(scorer_cache)
     for checkpoint, family, config in (

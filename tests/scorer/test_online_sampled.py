@@ -1,4 +1,4 @@
-"""``scorer online`` at temperature > 0 (scorer/online_sampled.py): the target verifying by vLLM's
+"""``scorer online`` at temperature > 0 (scorer/online/sampled.py): the target verifying by vLLM's
 MRV2 rule. Checked against independent computations: greedy online at a one-token top-k, a
 vLLM-order processor written here from a plain transformers forward, the pure kernel on the
 recorded noise, and the distribution of the emitted tokens."""
@@ -16,9 +16,9 @@ from hscache import schemas
 from hscache.capture.target import load_target
 from hscache.store.sampling import SamplingSetting
 from scorer.families.base import OnlineOptions
-from scorer.online import open_online, speculative_decode
-from scorer.online_sampled import DecodeSettings, RunResult, decode_runs, summarise_runs
-from scorer.vllm_rejection import mrv2_verify
+from scorer.online.greedy import open_online, speculative_decode
+from scorer.online.sampled import DecodeSettings, RunResult, decode_runs, summarise_runs
+from scorer.rules.vllm_chain import mrv2_verify
 from tests.scorer.sampling_stats import chi_square_pvalue
 
 MODEL = "builtin:tiny-qwen3.5"
@@ -248,7 +248,7 @@ def test_emitted_tokens_follow_the_processed_target_distribution():
 
 
 def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interval():
-    from scorer.online import OnlineRequest
+    from scorer.online.greedy import OnlineRequest
 
     runs = [
         RunResult(i, (OnlineRequest("a", 3, (1, 2, 3, 4), rounds),))

@@ -25,7 +25,7 @@ EVAL_OPTIONS = frozenset(
         "rope_theta",
     }
 )
-# The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.HYPOTHESIS_KINDS order.
+# The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.ranking.HYPOTHESIS_KINDS order.
 DFLASH_KINDS = (
     "position_offset",
     "layer_ids",

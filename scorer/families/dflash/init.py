@@ -12,7 +12,7 @@ from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.layers import seeded_init
-from scorer.sequences import check_has_target
+from scorer.offline.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["dflash_config_for_cache", "init_dflash"]

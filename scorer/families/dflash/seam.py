@@ -49,7 +49,7 @@ from scorer.families.dflash.score import (
     score_dflash_sequence,
     score_dflash_sequences_chain,
 )
-from scorer.sequences import (
+from scorer.offline.sequences import (
     CachedSequence,
     SequenceResult,
     cached_sequences,

@@ -25,7 +25,7 @@ from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.features import attach_cache_head, context_norm, feature_index
 from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["DFlashTrainConfig", "train_dflash"]

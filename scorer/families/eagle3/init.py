@@ -22,7 +22,7 @@ from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
-from scorer.sequences import check_has_target
+from scorer.offline.sequences import check_has_target
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["EAGLE3_LAYOUTS", "eagle3_config_for_cache", "init_eagle3", "save_eagle3"]

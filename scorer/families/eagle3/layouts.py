@@ -36,7 +36,7 @@ from scorer.formats.checkpoint_io import (
     check_state_dict,
 )
 from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
-from scorer.sequences import check_fits, fit_problems
+from scorer.offline.sequences import check_fits, fit_problems
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 

@@ -36,7 +36,7 @@ from scorer.metrics import (
     tau_pooled_from_totals,
     train_accept_len,
 )
-from scorer.replay import RoundLog, replay_chain
+from scorer.offline.replay import RoundLog, replay_chain
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -137,7 +137,7 @@ class DiagnosisInputs:
         checkpoint: the CKPT as given (a path, or ``target:<head>``).
         drafter, loaded: what the family's loader returned for ``caches[0]`` (as ``scorer eval``).
         caches: one cache, or two (the second for the drift hypotheses); on a SAMPLED cache a view
-            whose ``target_argmax`` is the cached sampled next token (``scorer.served.SampledView``).
+            whose ``target_argmax`` is the cached sampled next token (``scorer.offline.sampled_view.SampledView``).
         rows: per cache, its rows in sampling order (aligned by record id with two caches).
         second_cache: the second ``--cache`` path, or None; ``drift`` its measured per-layer
             relative L2 as ((layer, rel), ...).

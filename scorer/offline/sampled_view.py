@@ -35,10 +35,10 @@ from hscache.store.sampling import GREEDY, PRESETS, SAMPLING_PARAMETERS, samplin
 from hscache.store.view import CacheView
 from scorer.errors import ScorerError
 from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
-from scorer.replay import replay_chain
-from scorer.sampled_tau import prompt_totals, sampled_tau
-from scorer.sequences import SequenceResult, score_each
-from scorer.verification import (
+from scorer.offline.replay import replay_chain
+from scorer.offline.sampled_tau import prompt_totals, sampled_tau
+from scorer.offline.sequences import SequenceResult, score_each
+from scorer.rules.expectation import (
     SequenceRounds,
     all_anchor_acceptance,
     rounds_from_log,
@@ -333,7 +333,7 @@ def head_log_q(
     import torch
 
     from hscache.capture.forward import row_chunks
-    from scorer.verification import draft_log_q
+    from scorer.rules.expectation import draft_log_q
 
     n = hidden.shape[0]
     arg, lq = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)

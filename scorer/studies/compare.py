@@ -23,11 +23,11 @@ import hscache
 from hscache import schemas
 from scorer.documents import cache_block, run_stamp
 from scorer.errors import ScorerError
-from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
+from scorer.offline.scoring import EvalConfig, drafter_family, effective_config, load_drafter
+from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
-from scorer.scoring import EvalConfig, drafter_family, effective_config, load_drafter
-from scorer.sequences import SequenceResult
+from scorer.studies.evaluate import score_cache
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = [
@@ -109,7 +109,7 @@ def _time_rounds(
     if family.time_round is None:
         return None, None, 0
     from hscache.store.dtypes import DTYPES
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
 
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     norm = getattr(drafter, "context_norm", None)
