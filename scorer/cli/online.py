@@ -190,18 +190,22 @@ def online(
             f"{flag}: scorer online verifies {what} at temperature > 0 (--temperature T or --sampling "
             "PRESET); at temperature 0 score trees with scorer eval"
         )
+    from hscache.progress import StepProgress
     from scorer.online.greedy import OnlineConfig, run_online
 
     config = OnlineConfig(overrides=overrides, **options)
     if sampled is None:
-        result = run_online(checkpoint, config)
+        with StepProgress("online", "requests") as progress:
+            result = run_online(checkpoint, config, progress)
     else:
         from scorer.online.sampled import SampledOnlineConfig, run_online_sampled
 
         setting, runs, draft_sampling = sampled
-        result = run_online_sampled(
-            SampledOnlineConfig(checkpoint, setting, runs, draft_sampling, tree, ddtree, online=config)
-        )
+        with StepProgress("online", "tokens") as progress:
+            result = run_online_sampled(
+                SampledOnlineConfig(checkpoint, setting, runs, draft_sampling, tree, ddtree, online=config),
+                progress,
+            )
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
     from scorer.target_identity import TargetCheck

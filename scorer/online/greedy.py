@@ -18,6 +18,7 @@ from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
 from hscache.capture.target import Target, load_target
+from hscache.progress import NO_PROGRESS
 from hscache.store.fsio import file_sha256
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
@@ -258,8 +259,11 @@ class OnlineConfig:
         }
 
 
-def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) -> dict[str, Any]:
-    """Speculative decoding of every prompt; per-request and pooled online tau.
+def run_online(
+    checkpoint: str | Path, config: OnlineConfig = OnlineConfig(), progress: Any = NO_PROGRESS
+) -> dict[str, Any]:
+    """Speculative decoding of every prompt; per-request and pooled online tau. ``progress``
+    (hscache/progress.py) hears of each request decoded.
 
     Returns the result document (schemas/online_report.schema.json): the numbers, the settings, and
     what identifies the run like an eval report does: checkpoint and target weight hashes, the
@@ -269,8 +273,10 @@ def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) ->
     backend = resolve_backend(config.backend, config.device)
     session = config.open(checkpoint)
     requests = []
+    prompts = config.prompts_of(session.target.tokenizer)
+    progress.start(len(prompts))
     with use_backend(session.target.model, backend):
-        for record_id, prompt in config.prompts_of(session.target.tokenizer):
+        for record_id, prompt in prompts:
             ids, rounds = speculative_decode(
                 session.target,
                 session.layer_ids,
@@ -280,6 +286,12 @@ def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) ->
                 config.max_length,
             )
             requests.append(OnlineRequest(record_id, len(prompt), tuple(ids), tuple(rounds)))
+            rounds_so_far = sum(len(r.tokens_per_round) for r in requests)
+            tokens = sum(sum(r.tokens_per_round) for r in requests)
+            progress.advance(
+                1, status=f"{rounds_so_far} rounds, tau so far {tokens / max(1, rounds_so_far):.2f}"
+            )
+    progress.finish()
     result = {
         "schema_version": ONLINE_SCHEMA_VERSION,
         **tau_of_requests(requests),
