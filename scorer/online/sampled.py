@@ -53,6 +53,7 @@ from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
 from hscache.capture.sampling import SAMPLING_BYTES_PER_LOGIT, penalise_dense, processed_support
 from hscache.capture.target import Target
+from hscache.progress import NO_PROGRESS
 from hscache.store.sampling import SamplingSetting
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
@@ -500,6 +501,7 @@ def decode_runs(
     settings: DecodeSettings,
     runs: Sequence[int],
     on_round: Any = None,
+    progress: Any = NO_PROGRESS,
 ) -> list[RunResult]:
     """Decode every prompt once per run with sampled verification; the runs advance in lockstep, one
     round per (run, prompt) lane per step, their target forwards batched ``lanes_per_forward`` at a time.
@@ -513,6 +515,8 @@ def decode_runs(
         runs: the run indices to decode (run r draws from ``run_streams(seed, r, record id)``).
         on_round: called with a ``RoundRecord`` (with ``settings.tree``: a ``TreeRoundRecord``) after
             every verified round (tests), or None.
+        progress: hears of the tokens committed after every step of the lockstep (hscache/progress.py),
+            out of every lane's budget (lanes that stop at EOS leave the total unreached).
 
     Returns:
         One RunResult per run, in ``runs`` order, requests in ``prompts`` order.
@@ -540,6 +544,9 @@ def decode_runs(
     width = settings.lanes_per_forward
     if not lanes:
         return [RunResult(run, ()) for run in runs]
+    budget = sum(lane.limit - lane.prompt_len for lane in lanes)
+    note = f"{len(runs)} runs x {len(prompts)} prompts decoded in lockstep, {width} lanes per target forward"
+    progress.start(budget, note=note, unit="tokens")
     # Prefill: the first token after the prompt, drawn from the processed distribution at P - 1
     # (empty penalty history). Every run of a prompt shares that forward: one per prompt.
     heads = lanes[: len(prompts)]  # run runs[0]'s lanes, one per prompt, in prompts order
@@ -551,45 +558,69 @@ def decode_runs(
         k = n % len(prompts)
         lane.hidden = first[k][0]
         lane.ids.append(int(gumbel_argmax(p0[k], draw_gumbel((vocab,), lane.streams["residual"]))))
+    progress.advance(len(lanes), status="prefill: each lane's first token")
     while active := [lane for lane in lanes if not lane.done(eos)]:
-        if settings.tree is not None or settings.ddtree is not None:
-            _tree_rounds(target, layer_ids, propose, active, settings, vocab, eos, on_round)
-            continue
-        drafts, qs = [], []
-        for lane in active:
-            p = len(lane.ids) - 1
-            if settings.draft_sampling == "probabilistic":
-                draw = _ProposalDraw(s.temperature, lane.streams["draft"])
-                drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p, draw=draw)])
-                qs.append(torch.stack(draw.probs))
-            else:
-                drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p)])
-                qs.append(None)
-        verify = _forward(target, layer_ids, active, drafts, width)
-        target_probs: list[torch.Tensor] = []
-        for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
-            rows = torch.cat([r for _, r in verify[lo : lo + width]])
-            part = [lane.block(d, True) for lane, d in zip(active[lo : lo + width], drafts[lo : lo + width])]
-            target_probs += processed_rows(rows, part, s, vocab).split([len(b.extra) + 1 for b in part])
-        for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
-            x = torch.tensor([draft], dtype=torch.long)
-            noise = draw_round_noise(
-                1, len(draft), vocab, accept=lane.streams["accept"], residual=lane.streams["residual"]
-            )
-            verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
-            if on_round is not None:
-                on_round(
-                    RoundRecord(lane.run, lane.record_id, tuple(lane.ids), x[0], probs, q, noise, verified)
-                )
-            p = len(lane.ids) - 1
-            lane.rounds.append(commit_round(lane.ids, verified.emitted(0), p, lane.limit, eos))
-            lane.hidden = hidden
+        before = sum(len(lane.ids) for lane in active)
+        _step(target, layer_ids, propose, active, settings, vocab, eos, on_round)
+        rounds = sum(len(lane.rounds) for lane in lanes)
+        committed = sum(len(lane.ids) - lane.prompt_len - 1 for lane in lanes)
+        status = f"{len(lanes) - sum(not lane.done(eos) for lane in lanes)}/{len(lanes)} sequences done"
+        progress.advance(
+            sum(len(lane.ids) for lane in active) - before,
+            status=(f"{status}, tau so far {committed / max(1, rounds):.2f}"),
+        )
+    progress.finish()
     by_run: dict[int, list[OnlineRequest]] = {run: [] for run in runs}
     for lane in lanes:
         by_run[lane.run].append(
             OnlineRequest(lane.record_id, lane.prompt_len, tuple(lane.ids), tuple(lane.rounds))
         )
     return [RunResult(run, tuple(by_run[run])) for run in runs]
+
+
+def _step(
+    target: Target,
+    layer_ids: list[int],
+    propose: Proposer,
+    active: list[_Lane],
+    settings: DecodeSettings,
+    vocab: int,
+    eos: set[int],
+    on_round: Any,
+) -> None:
+    """One round of every active lane: draft, one batched verification forward per
+    ``lanes_per_forward`` lanes, the sampled rule, commit (trees: ``_tree_rounds``)."""
+    s, width = settings.sampling, settings.lanes_per_forward
+    if settings.tree is not None or settings.ddtree is not None:
+        _tree_rounds(target, layer_ids, propose, active, settings, vocab, eos, on_round)
+        return
+    drafts, qs = [], []
+    for lane in active:
+        p = len(lane.ids) - 1
+        if settings.draft_sampling == "probabilistic":
+            draw = _ProposalDraw(s.temperature, lane.streams["draft"])
+            drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p, draw=draw)])
+            qs.append(torch.stack(draw.probs))
+        else:
+            drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p)])
+            qs.append(None)
+    verify = _forward(target, layer_ids, active, drafts, width)
+    target_probs: list[torch.Tensor] = []
+    for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
+        rows = torch.cat([r for _, r in verify[lo : lo + width]])
+        part = [lane.block(d, True) for lane, d in zip(active[lo : lo + width], drafts[lo : lo + width])]
+        target_probs += processed_rows(rows, part, s, vocab).split([len(b.extra) + 1 for b in part])
+    for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
+        x = torch.tensor([draft], dtype=torch.long)
+        noise = draw_round_noise(
+            1, len(draft), vocab, accept=lane.streams["accept"], residual=lane.streams["residual"]
+        )
+        verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
+        if on_round is not None:
+            on_round(RoundRecord(lane.run, lane.record_id, tuple(lane.ids), x[0], probs, q, noise, verified))
+        p = len(lane.ids) - 1
+        lane.rounds.append(commit_round(lane.ids, verified.emitted(0), p, lane.limit, eos))
+        lane.hidden = hidden
 
 
 def _tree_paths(parents: np.ndarray) -> list[list[int]]:
@@ -729,11 +760,14 @@ def check_runs_fit(runs: int, prompts: int, max_length: int) -> None:
         )
 
 
-def run_online_sampled(config: SampledOnlineConfig, on_round: Any = None) -> dict[str, Any]:
+def run_online_sampled(
+    config: SampledOnlineConfig, on_round: Any = None, progress: Any = NO_PROGRESS
+) -> dict[str, Any]:
     """``scorer online`` at temperature > 0: ``config.runs`` seeded runs over the prompts; the result
     document (schemas/online_report.schema.json, with its ``sampled`` section). ``on_round`` is
     called after every verified round (progress; ``decode_runs``). The prompts, ``--runs`` and the
-    drafting sizes are checked before the model loads.
+    drafting sizes are checked before the model loads. ``progress`` (hscache/progress.py) hears of
+    the tokens committed out of every lane's budget (``decode_runs``).
 
     Raises:
         ScorerError: an invalid config (``SampledOnlineConfig.validate``), or what loading refuses.
@@ -775,6 +809,7 @@ def run_online_sampled(config: SampledOnlineConfig, on_round: Any = None) -> dic
             settings,
             range(config.runs),
             on_round,
+            progress=progress,
         )
     requests = [r for run in results for r in run.requests]
     seed = int(config.sampling.seed or 0)
