@@ -406,15 +406,9 @@ ROLE_FORBIDDEN = {
     "scorer.offline": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.cli"),
     "scorer.online": ("scorer.offline", "scorer.diagnose", "scorer.studies", "scorer.cli"),
 }
-# The imports of the code as it was moved (issue 32) that break the rules above, each one to be
-# removed by the issue's next step. The test fails when one goes away (strike its line here) and
-# when a new one appears.
-ROLE_ALLOWED = {
-    # RoundLog (the greedy round loop's per-round log) lives in offline/replay.py beside the greedy
-    # chain match (chain_depth, slot_matches, RoundLoop): the one-hot chain rule still buried in the
-    # replay. expectation.rounds_from_log reads it; it leaves with that rule for rules/.
-    "scorer.rules.expectation imports scorer.offline.replay",
-}
+# Imports that break the rules above, allowed by name: none is left (issue 32 moved RoundLog and the
+# one-hot chain match into rules/onehot_chain.py). The test fails when a new one appears.
+ROLE_ALLOWED: set[str] = set()
 
 
 def _role_violations(graph: dict[str, set[str]]) -> list[str]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scorer.offline.replay import RoundLog
+from scorer.rules.onehot_chain import RoundLog
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the replay path stays numpy-only
     import torch
