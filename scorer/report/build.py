@@ -34,7 +34,7 @@ from scorer.report.text import token_pieces
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2  # 2: sampling.modes.*.n_sequences -> n_requests (issue 32)
 TAU_DEFINITIONS = {
     "per_request": "tokens per round incl. the bonus token, mean per request then over requests (DFlash benchmarks)",
     "pooled": "total tokens / total rounds over all requests (vLLM / SGLang)",

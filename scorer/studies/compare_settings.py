@@ -27,7 +27,7 @@ from scorer.studies.compare import compare_drafters
 
 __all__ = ["COMPARE_SETTINGS_SCHEMA_VERSION", "compare_settings", "render_settings", "settings_table"]
 
-COMPARE_SETTINGS_SCHEMA_VERSION = 1
+COMPARE_SETTINGS_SCHEMA_VERSION = 2  # 2: settings[].sequences -> requests (issue 32)
 
 
 def _served_tau(report: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def compare_settings(
 
     Returns:
         The document (schemas/compare_settings_report.schema.json): ``settings`` (per cache: path,
-        setting, rule, prompts, sequences), ``drafters`` (per drafter: tau per setting and its rank
+        setting, rule, prompts, requests), ``drafters`` (per drafter: tau per setting and its rank
         there), ``ranking`` (per setting: the drafters best first), ``warnings`` and ``compares``
         (the per-cache compare documents, reports included).
 
@@ -81,7 +81,7 @@ def compare_settings(
                 "described": setting.describe(),
                 "rule": _served_tau(report)["rule"],
                 "prompts": len(_prompts(report)),
-                "sequences": report["requests"],
+                "requests": report["requests"],
             }
         )
     base = _prompts(compares[0]["reports"][0])
@@ -163,6 +163,6 @@ def render_settings(document: dict[str, Any], console: Console, table_format: st
     console.print("tau per sampling setting (pooled; #rank at that setting)")
     print_table(header, rows, table_format, stream=console.file)
     for s in document["settings"]:
-        console.print(f"{s['cache']}: {s['described']}; {s['prompts']} prompts, {s['sequences']} sequences")
+        console.print(f"{s['cache']}: {s['described']}; {s['prompts']} prompts, {s['requests']} requests")
     for warning in document["warnings"]:
         console.print(f"[bold yellow]warning:[/] {warning}")
