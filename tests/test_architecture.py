@@ -15,6 +15,7 @@ not remove it):
   (the replay over cached rows) and ``scorer/online/`` (the target in the loop) may import rules/,
   never each other, and neither imports the studies, the diagnosis, the report or the CLI above them;
   a rule imports only other rules, the error types and hscache's sampling setting and processor;
+  ``scorer/report/`` imports none of online/, diagnose/, studies/ or the CLI;
 - the sampled case is a rule chosen once (``scorer.offline.sampled_view.served_rule``): no other module
   of offline/, online/, report/ or studies/ calls ``is_sampled`` or builds a ``SampledView``.
 """
@@ -408,6 +409,8 @@ ROLE_FORBIDDEN = {
     ),
     "scorer.offline": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.report", "scorer.cli"),
     "scorer.online": ("scorer.offline", "scorer.diagnose", "scorer.studies", "scorer.report", "scorer.cli"),
+    # the report renders what the studies compute: it never calls back up into them
+    "scorer.report": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.cli"),
 }
 # What a rule may import at all: other rules, the error types, and the sampling setting and processor
 # the target's distribution is made by (hscache). No model, no cache, no metrics.
