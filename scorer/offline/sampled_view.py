@@ -39,6 +39,7 @@ from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
 from scorer.offline.replay import replay_chain
 from scorer.offline.sampled_tau import prompt_totals, sampled_tau
 from scorer.offline.sequences import SequenceResult, score_each
+from scorer.rules import DRAFT_SAMPLE_METHODS
 from scorer.rules.expectation import (
     SequenceRounds,
     all_anchor_acceptance,
@@ -70,7 +71,7 @@ __all__ = [
 ]
 
 # --draft-sampling: vLLM's draft_sample_method names.
-DRAFT_SAMPLING = ("greedy", "probabilistic")
+DRAFT_SAMPLING = DRAFT_SAMPLE_METHODS
 RULE_DEFINITIONS = {
     "one-hot": "drafts are the drafter's argmax along the cached sampled trajectory y; a round accepts the "
     "longest prefix of drafts equal to y (a tree: whose walk along y stays in the child sets), plus one "

@@ -67,6 +67,7 @@ from scorer.online.greedy import (
     request_row,
     tau_of_requests,
 )
+from scorer.rules import DRAFT_SAMPLE_METHODS
 from scorer.rules.penalties import (
     SGLANG_PENALTY,
     VLLM_PENALTY,
@@ -105,7 +106,7 @@ __all__ = [
     "summarise_runs",
 ]
 
-DRAFT_SAMPLING = ("greedy", "probabilistic")  # as --draft-sampling (vLLM draft_sample_method)
+DRAFT_SAMPLING = DRAFT_SAMPLE_METHODS  # as --draft-sampling (vLLM draft_sample_method)
 RULE = "vllm-mrv2"  # scorer.rules.vllm_chain.mrv2_verify
 TREE_RULE = "sglang-target-only"  # scorer.rules.sglang_tree.sglang_target_only_verify (--tree)
 _STREAM_DOMAIN = "hscache-online-v1"

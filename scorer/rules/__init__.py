@@ -14,3 +14,11 @@ expectation (the DP) of the one-hot and probabilistic rules over a sampled cache
 acceptance. The offline replay (scorer/offline/) and the online loop (scorer/online/) call these;
 nothing here imports a family, the offline replay or the online loop (tests/test_architecture.py).
 """
+
+__all__ = ["DRAFT_SAMPLE_METHODS"]
+
+# vLLM's draft_sample_method values (vllm/config/speculative.py L85 ``DraftSampleMethod = Literal["greedy",
+# "probabilistic"]``, default "greedy" L600; vllm 0.32.0): how the drafter draws; "greedy" (its argmax) is
+# verified by the one-hot rule (onehot_chain.py), "probabilistic" by the rejection sampler (vllm_chain.py).
+# The --draft-sampling values of scorer eval / compare / online.
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
