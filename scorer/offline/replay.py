@@ -40,6 +40,7 @@ from scorer.rules.onehot_chain import (
     chain_depth,
     check_anchor_rows,
     check_sequence,
+    leading_matches,
     slot_matches,
 )
 
@@ -143,5 +144,5 @@ def replay_chain(
             f"draft has {match.shape[1]} slot columns; block_size {block_size} needs {block_size - 1}"
         )
     x, a = check_sequence(token_ids, target_argmax, prompt_len)
-    lead = np.cumprod(match, axis=1).sum(axis=1).tolist()  # leading correct slots per anchor
+    lead = leading_matches(match).tolist()  # the one-hot chain rule: leading correct slots per anchor
     return replay_walk(lambda p, avail: lead[p - prompt_len], x, a, prompt_len)

@@ -11,9 +11,10 @@ per node (the tree walk: scorer/rules/onehot_tree.py). At T > 0 the same rule ho
 SAMPLED tokens (spec/sampling.md 4.1 B, C; ``scorer.rules.expectation.sampled_match_targets``).
 
 Pure functions over (drafts, the target's committed tokens): ``chain_depth`` (one round),
-``slot_matches`` (every anchor at once), and ``RoundLog``, the record of a sequence's rounds that the
-offline replay (scorer/offline/replay.py) writes and the metrics and the expectation read. The round
-loop itself (where rounds start, the off-greedy cut of a cached sequence) is the offline replay's.
+``slot_matches`` and ``leading_matches`` (every anchor at once), and ``RoundLog``, the record of a
+sequence's rounds that the offline replay (scorer/offline/replay.py) writes and the metrics and the
+expectation read. The round loop itself (where rounds start, the off-greedy cut of a cached
+sequence) is the offline replay's.
 
 Data model: token_ids x [T], target_argmax a [T] (a[t] is the target's token for t+1, so g_{p+j} =
 a[p+j-1]); the drafter runs once per anchor p in [P, T-2]; row r of its outputs is anchor p = P + r.
@@ -32,6 +33,7 @@ __all__ = [
     "chain_depth",
     "check_anchor_rows",
     "check_sequence",
+    "leading_matches",
     "n_anchors",
     "slot_matches",
 ]
@@ -163,3 +165,9 @@ def chain_depth(draft_row: Any, target_argmax: np.ndarray, p: int) -> int:
     g = target_argmax[p : p + len(row)]
     miss = np.flatnonzero(row[: len(g)] != g)
     return int(miss[0]) if len(miss) else len(g)
+
+
+def leading_matches(match: np.ndarray) -> np.ndarray:
+    """The one-hot chain rule at every anchor at once: per row of ``match`` (bool [A, K], e.g.
+    ``slot_matches``'s), the count of leading True slots, int64 [A] (``chain_depth`` of each row)."""
+    return np.cumprod(match, axis=1).sum(axis=1)
