@@ -117,7 +117,7 @@ def processed_rows(
     if bool(overflow.any()):
         raise ScorerError(
             f"more than {setting.support_width} target tokens tie at the top-k boundary (top_k {setting.top_k}): "
-            "the processed distribution is not exact; choose another --sample-top-k"
+            "the processed distribution is not exact; choose another --top-k"
         )
     dense = torch.zeros((len(logits), vocab), dtype=torch.float32, device=logits.device)
     return dense.scatter_add_(1, ids.clamp(min=0).long(), probs).cpu()  # id -1 carries probability 0
