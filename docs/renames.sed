@@ -67,3 +67,9 @@ s/\bscorer([./])served\b/scorer\1offline\1sampled_view/g
 s/\bfrom scorer import served\b/from scorer.offline import sampled_view as served/g
 s/\bscorer([./])served_eval\b/scorer\1studies\1tau_as_served/g
 s/\bscorer([./])(evaluate|compare|compare_settings|sweep|distributed)\b/scorer\1studies\1\2/g
+# The command-line renames of 2026-12-03 (issue 35 item 2), for scripts that call `hscache extract` /
+# `scorer online|eval|compare|sweep`: the stored-logits count first, then sampling's top-k (the engines'
+# name). Only over command lines of these tools (another tool's --top-k, e.g. vLLM's, is already right):
+#   sed -i -E -f docs/renames.sed run.sh
+/hscache extract/ s/(^|[^-[:alnum:]])--top-k\b/\1--logits-top-k/g
+s/--sample-top-k\b/--top-k/g

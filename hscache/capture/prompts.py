@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # transformers is imported only where a tokenizer is really u
 
 __all__ = [
     "DEFAULT_PROMPTS",
+    "assistant_turn",
     "cache_records",
     "cache_records_sha256",
     "first_records",
@@ -234,6 +235,15 @@ def unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[Prompt
         yield record
 
 
+def assistant_turn(record: PromptRecord) -> str | None:
+    """A chat record's final assistant turn (its dataset answer, ``record.response``) shortened for a
+    message, or None when the record carries none."""
+    if record.content_key != "messages" or not isinstance(record.response, dict):
+        return None
+    text = str(record.response.get("content", ""))
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
 def prompt_token_ids(
     record: PromptRecord, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None
 ) -> list[int]:
@@ -249,9 +259,18 @@ def prompt_token_ids(
     if record.content_key == "messages":
         if isinstance(record.response, dict):
             full, prompt = _chat_ids(record, tokenizer)
-            return full[: len(prompt)]
-        return _chat_prompt_ids(record.content, tokenizer)
-    return tokenizer(record.content, add_special_tokens=True)["input_ids"]
+            ids = full[: len(prompt)]
+        else:
+            ids = _chat_prompt_ids(record.content, tokenizer)
+    else:
+        ids = tokenizer(record.content, add_special_tokens=True)["input_ids"]
+    if not ids:  # was: transformers' IndexError deep in generate()
+        raise PromptFileError(
+            f"record {record.record_id!r} (line {record.line_no}): the --model tokenizer gives no token ids "
+            "for its prompt (it drops every character and adds no BOS), so there is nothing to condition "
+            "on: give the record text the tokenizer knows, or its input_ids"
+        )
+    return ids
 
 
 def response_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> list[int]:

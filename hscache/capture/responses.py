@@ -161,7 +161,7 @@ def responses_sampling(path: str | Path, flags: dict[str, Any] | None = None) ->
     clash = [k for k, v in flags.items() if k in first and first[k] != v]
     if clash:
         raise PromptFileError(
-            f"--{clash[0].replace('_', '-').replace('top-k', 'sample-top-k')} {flags[clash[0]]} contradicts "
+            f"--{clash[0].replace('_', '-')} {flags[clash[0]]} contradicts "
             f"{path}'s requests ({clash[0]} {first[clash[0]]}); drop the flag"
         )
     values = {**_REQUEST_DEFAULTS, **flags, **first}

@@ -155,7 +155,7 @@ def _check_same(root: Path, shards: list[Cache]) -> None:
         if shard.specs != first.specs:
             raise CacheFormatError(
                 f"shards of {root} differ in their arrays ({first.path.name} vs {shard.path.name}); "
-                "re-extract with the same --top-k, --full-logits and --chunk-mb"
+                "re-extract with the same --logits-top-k, --full-logits and --chunk-mb"
             )
 
 

@@ -88,6 +88,7 @@ __all__ = [
     "SampledOnlineConfig",
     "decode_runs",
     "run_online_sampled",
+    "check_runs_fit",
     "check_tree_request",
     "run_streams",
     "RowBlock",
@@ -462,7 +463,7 @@ def processed_rows(
     if bool(overflow.any()):
         raise ScorerError(
             f"more than {setting.support_width} target tokens tie at the top-k boundary (top_k {setting.top_k}): "
-            "the processed distribution is not exact; choose another --sample-top-k"
+            "the processed distribution is not exact; choose another --top-k"
         )
     dense = torch.zeros((len(logits), vocab), dtype=torch.float32, device=logits.device)
     return dense.scatter_add_(1, ids.clamp(min=0).long(), probs).cpu()  # id -1 carries probability 0
@@ -703,9 +704,36 @@ def summarise_runs(results: Sequence[RunResult], n_boot: int = 1000, seed: int =
     }
 
 
-def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
+def check_runs_fit(runs: int, prompts: int, max_length: int) -> None:
+    """Bound ``--runs`` by memory before anything is allocated: the runs x prompts sequences decode
+    in lockstep, each holding its three random streams (torch CPU generators, ~5 KB of state each)
+    and up to ``max_length`` token ids, and together they must fit half of this machine's memory
+    (``--runs 1e9`` allocated 9 GiB and then failed in C++).
+
+    Raises:
+        ScorerError: naming --runs, the bound and where it comes from.
+    """
+    import os
+
+    per_sequence = 3 * 5056 + 1024 + 8 * max_length  # streams' states, the lane, its token ids
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 16 << 30
+    most = max(1, memory // 2 // (per_sequence * max(1, prompts)))
+    if runs > most:
+        raise ScorerError(
+            f"--runs {runs}: {runs} runs x {prompts} prompts decode together, each holding its random streams "
+            f"and up to --max-length {max_length} tokens (~{per_sequence / 1024:.0f} KB), more than half of this "
+            f"machine's {memory / 2**30:.0f} GB: pass at most {most} (64 gives a 95% interval)"
+        )
+
+
+def run_online_sampled(config: SampledOnlineConfig, on_round: Any = None) -> dict[str, Any]:
     """``scorer online`` at temperature > 0: ``config.runs`` seeded runs over the prompts; the result
-    document (schemas/online_report.schema.json, with its ``sampled`` section).
+    document (schemas/online_report.schema.json, with its ``sampled`` section). ``on_round`` is
+    called after every verified round (progress; ``decode_runs``). The prompts, ``--runs`` and the
+    drafting sizes are checked before the model loads.
 
     Raises:
         ScorerError: an invalid config (``SampledOnlineConfig.validate``), or what loading refuses.
@@ -713,6 +741,8 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
     config.validate()
     online = config.online
     t0 = time.perf_counter()
+    check_runs_fit(config.runs, len(online.records()), online.max_length)
+    online.check_sizes(config.ddtree)
     backend = resolve_backend(online.backend, online.device)
     session = online.open(config.checkpoint)
     config.sampling.validate(session.target.vocab_size)  # top_k against the vocabulary, now it is known
@@ -738,7 +768,13 @@ def run_online_sampled(config: SampledOnlineConfig) -> dict[str, Any]:
         )
     with use_backend(session.target.model, backend):
         results = decode_runs(
-            session.target, session.layer_ids, session.propose, prompts, settings, range(config.runs)
+            session.target,
+            session.layer_ids,
+            session.propose,
+            prompts,
+            settings,
+            range(config.runs),
+            on_round,
         )
     requests = [r for run in results for r in run.requests]
     seed = int(config.sampling.seed or 0)

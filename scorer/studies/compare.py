@@ -179,10 +179,16 @@ def compare_drafters(
                 allow_mismatch=config.allow_target_mismatch,
                 where=str(getattr(cache, "url", cache.path)),
             )
-    reports, rows = [], []
+    # Every drafter loaded, and so checked against the cache (its layers, sizes, vocabulary), before
+    # the first is scored (a second drafter's missing layer was found only after the first's replay).
+    loaded_drafters = []
     for checkpoint in checkpoints:
         family = family_for(probe_checkpoint(checkpoint, config.config_path))
-        drafter, loaded = load_drafter(checkpoint, cache, _config_for(family, config))
+        loaded_drafters.append(
+            (checkpoint, family, *load_drafter(checkpoint, cache, _config_for(family, config)))
+        )
+    reports, rows = [], []
+    for checkpoint, family, drafter, loaded in loaded_drafters:
         used = effective_config(drafter, _config_for(family, config))
         if on_start is not None:
             on_start(str(checkpoint), min(len(cache), used.limit or len(cache)))

@@ -186,14 +186,14 @@ def test_requests_that_disagree_or_a_flag_that_contradicts_them_are_refused(resp
             "extract",
             "--responses-from",
             str(responses_file),
-            "--sample-top-k",
+            "--top-k",
             "5",
             "--out",
             str(tmp_path / "o"),
         ],
     )
     assert result.exit_code == 2 and result.output.strip() == (
-        f"error: --sample-top-k 5 contradicts {responses_file}'s requests (top_k 20); drop the flag"
+        f"error: --top-k 5 contradicts {responses_file}'s requests (top_k 20); drop the flag"
     )
     assert not np.any([(tmp_path / "o").exists()])
 

@@ -277,10 +277,10 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
         (["--runs", "4"], "--runs applies to sampled decoding only"),
         (["--draft-sampling", "probabilistic"], "--draft-sampling applies to sampled decoding only"),
         (["--seed", "3"], "--seed 3 does nothing at temperature 0"),
-        (["--temperature", "0.7", "--sample-top-k", "0"], "--sample-top-k 0 must be -1"),
-        (["--temperature", "0.7"], "pass --sample-top-k K"),
+        (["--temperature", "0.7", "--top-k", "0"], "--top-k 0 must be -1"),
+        (["--temperature", "0.7"], "pass --top-k K"),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--runs", "0"],
+            ["--temperature", "0.7", "--top-k", "5", "--runs", "0"],
             "'--runs': 0 is not in the range x>=1",
         ),
         (["--sampling", "qwen-thinking", "--draft-sampling", "sometimes"], "'--draft-sampling': 'sometimes'"),
@@ -291,18 +291,18 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             "--ddtree: scorer online verifies DDTree by SGLang's tree rule at temperature > 0",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "0"],
+            ["--temperature", "0.7", "--top-k", "5", "--ddtree", "0"],
             "'--ddtree': 0 is not in the range",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "4", "--tree", "2,2,4"],
+            ["--temperature", "0.7", "--top-k", "5", "--ddtree", "4", "--tree", "2,2,4"],
             "--tree is SGLang's EAGLE tree (EAGLE-3, MTP) and --ddtree DFlash's DDTree: pass one of them",
         ),
         (
             [
                 "--temperature",
                 "0.7",
-                "--sample-top-k",
+                "--top-k",
                 "5",
                 "--ddtree",
                 "4",
@@ -315,7 +315,7 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             [
                 "--temperature",
                 "0.7",
-                "--sample-top-k",
+                "--top-k",
                 "5",
                 "--tree",
                 "2,2,4",
@@ -325,11 +325,11 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             "no engine verifies a tree with probabilistic drafts",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4", "--repetition-penalty", "1.2"],
+            ["--temperature", "0.7", "--top-k", "5", "--tree", "2,2,4", "--repetition-penalty", "1.2"],
             "--repetition-penalty 1.2 is not part of it",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "4", "--min-p", "0.1"],
+            ["--temperature", "0.7", "--top-k", "5", "--ddtree", "4", "--min-p", "0.1"],
             "--ddtree runs SGLang's rule, and --min-p 0.1 is not transcribed",
         ),
     ],
