@@ -463,3 +463,14 @@ def test_a_lone_surrogate_in_a_prompt_or_an_id_is_refused_before_anything_is_wri
         )
         assert _one_line_refusal(result) and "lone surrogate" in result.output, result.output
         assert not (out / "manifest.json").exists()
+
+
+# 11. A shard that selects no record: refused before anything is written, never a shard that never completes.
+def test_a_shard_that_selects_no_record_is_refused_and_leaves_nothing(tmp_path):
+    out = tmp_path / "sharded"
+    result = CliRunner().invoke(
+        hscache_main,
+        ["extract", "--out", str(out), "--limit", "2", "--shard", "3/4", "--max-new-tokens", "2", "--quiet"],
+    )
+    assert _one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
+    assert not out.exists(), list(out.rglob("*"))
