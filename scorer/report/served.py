@@ -68,15 +68,17 @@ def render_served(report: Mapping[str, Any], console: Console) -> None:
     sampling = report.get("sampling")
     if not sampling:
         return
-    console.print(_headline(sampling))
-    table = Table(*SERVED_HEADER, title=f"tau as served ({sampling['rule']} rule)")
+    from rich.markup import escape as plain  # "E[rounds | y]" is text, not rich markup
+
+    console.print(plain(_headline(sampling)))
+    table = Table(*map(plain, SERVED_HEADER), title=f"tau as served ({sampling['rule']} rule)")
     for row in served_rows(sampling):
         table.add_row(*row)
     console.print(table)
     if sampling.get("all_anchor_acceptance"):
         values = " ".join("-" if a is None else f"{a:.3f}" for a in sampling["all_anchor_acceptance"])
         console.print(f"acceptance averaged over ALL anchors (a training dashboard's, not served): {values}")
-    console.print(f"[dim]{sampling['definition']}[/]")
+    console.print(f"[dim]{plain(sampling['definition'])}[/]")
 
 
 def served_html(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
