@@ -20,7 +20,10 @@ modes "chain", "ddtree-N", "tree"), and ``served_section`` makes the report's ``
 the rule, the setting, the trajectories, tau with a bootstrap interval over PROMPTS
 (``sampled_tau``), and acceptance over the rounds a server runs (not over all anchors).
 
-A greedy cache takes none of these paths: its scores are what they always were.
+The rule is chosen once per run, here only: ``served_rule(cache, config)`` returns a ``ServedRule``
+(greedy, one-hot or probabilistic: the view the families read, how rows are scored, what it adds to
+the report) that ``scorer.studies.evaluate`` hands to ``score_rows`` and ``build_report``. A greedy
+cache takes none of these paths: its scores are what they always were.
 """
 
 from __future__ import annotations
