@@ -21,9 +21,11 @@ from hscache.capture import BACKENDS
 from hscache.cli_options import (
     apply_options,
     backend_option,
+    compression_option,
     id_from_line_option,
     layers_option,
     model_option,
+    number_option,
     prompt_limit_option,
     prompts_option,
     renamed_sample_top_k,
@@ -31,7 +33,6 @@ from hscache.cli_options import (
 )
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
-from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = ["error_boundary", "main"]
 
@@ -215,12 +216,8 @@ def main() -> None:
 @prompts_option
 @layers_option
 @click.option("--out", required=True, help="Cache directory (created, or resumed when it holds a cache).")
-@click.option(
-    "--max-new-tokens",
-    default=64,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Greedy continuation length per prompt (0: cache the prompt text as is).",
+@number_option(
+    "--max-new-tokens", 64, "Greedy continuation length per prompt (0: cache the prompt text as is)."
 )
 @click.option(
     "--dtype",
@@ -231,66 +228,42 @@ def main() -> None:
 )
 @backend_option
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
-@click.option(
+@number_option(
     "--max-length",
-    default=4096,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Longest sequence, prompt + generated tokens (longer prompts are refused by name).",
+    4096,
+    "Longest sequence, prompt + generated tokens (longer prompts are refused by name).",
+    minimum=1,
 )
-@click.option(
+@number_option(
     "--logits-top-k",
-    "top_k",
-    default=64,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary "
+    64,
+    "Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary "
     "(--top-k until 2026-12-03; --top-k is now sampling's).",
+    minimum=1,
+    name="top_k",
 )
-@click.option(
-    "--batch-tokens",
-    default=0,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Padded tokens per forward (0: one sequence on CPU, 16384 on CUDA).",
+@number_option("--batch-tokens", 0, "Padded tokens per forward (0: one sequence on CPU, 16384 on CUDA).")
+@number_option(
+    "--generate-batch", 0, "Prompts per batched greedy generate, left-padded (0: 8 on CPU, 64 on CUDA)."
 )
-@click.option(
-    "--generate-batch",
-    default=0,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Prompts per batched greedy generate, left-padded (0: 8 on CPU, 64 on CUDA).",
-)
-@click.option(
+@number_option(
     "--memory-gb",
-    default=2.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
+    2.0,
+    "Working set for [rows, vocab] logits beyond the weights; the head is projected in row chunks.",
+    min_open=True,
 )
 @click.option("--full-logits", is_flag=True, help="Also store full [T, V] logits (small vocabularies).")
-@click.option(
-    "--compression",
-    type=click.Choice(list(COMPRESSIONS)),
-    default=DEFAULT_COMPRESSION,
-    show_default=True,
-    help="none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
+@compression_option(
+    "none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
     "zstd-1+shuffle, 20% smaller, slow to decode (docs/storage.md). `hscache recompress` converts later.",
 )
-@click.option(
+@number_option(
     "--chunk-mb",
-    default=8.0,
-    show_default=True,
-    type=click.FloatRange(min=0.001),
-    help="Target size of a stored chunk; lower it for random access to short sequences.",
+    8.0,
+    "Target size of a stored chunk; lower it for random access to short sequences.",
+    minimum=0.001,
 )
-@click.option(
-    "--commit-every-s",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(min=0),
-    help="Seconds between durable commits (0: after every batch).",
-)
+@number_option("--commit-every-s", 30.0, "Seconds between durable commits (0: after every batch).")
 @prompt_limit_option
 @click.option(
     "--shard",
@@ -497,25 +470,15 @@ def diff(
 @main.command()
 @click.argument("cache_dir")
 @click.option("--deep", is_flag=True, help="Also decode every stored chunk of every array (checksums).")
+@number_option("--recompute", 0, "Re-run N sampled sequences through the target and compare with the cache.")
+@click.option("--model", help="Target for --recompute (default: the cache's --model).")
+@click.option("--device", help="Device for --recompute (default: the cache's).")
 @click.option(
-    "--recompute",
-    default=0,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Re-run N sampled sequences through the target and compare with the cache.",
-)
-@click.option("--model", default=None, help="Target for --recompute (default: the cache's --model).")
-@click.option("--device", default=None, help="Device for --recompute (default: the cache's).")
-@click.option(
-    "--backend",
-    type=click.Choice(list(BACKENDS)),
-    default=None,
-    help="Backend for --recompute (default: the cache's).",
+    "--backend", type=click.Choice(BACKENDS), help="Backend for --recompute (default: the cache's)."
 )
 @click.option(
     "--tolerance",
     type=click.FloatRange(min=0),
-    default=None,
     help="Max relative error for --recompute (default: 0 when the re-run must be exact, else 0.02).",
 )
 @click.option("--seed", default=0, show_default=True, help="Which sequences --recompute samples.")
@@ -600,11 +563,8 @@ def merge(out: str, into: str | None) -> None:
 
 @main.command()
 @click.argument("cache_dir")
-@click.option(
-    "--compression",
-    type=click.Choice(COMPRESSIONS),
-    required=True,
-    help="The codec to convert every array to: none (training: memory-speed reads), fast, balanced.",
+@compression_option(
+    "The codec to convert every array to: none (training: memory-speed reads), fast, balanced.", required=True
 )
 @friendly_errors
 def recompress(cache_dir: str, compression: str) -> None:
@@ -620,15 +580,28 @@ def recompress(cache_dir: str, compression: str) -> None:
     click.echo(f"{cache_dir} now stores every array with compression {compression}")
 
 
-_INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
+_INTEROP_FORMATS = ("speculators", "specforge")
 # import also reads vLLM's own hidden-state files (its extract_hidden_states connector's, one per request).
-_IMPORT_FORMATS = click.Choice(["speculators", "specforge", "vllm"])
+_IMPORT_FORMATS = (*_INTEROP_FORMATS, "vllm")
+
+
+def _interop_options(
+    formats: tuple[str, ...], format_help: str, out_help: str
+) -> Callable[[Callable], Callable]:
+    """export's and import's ``--format`` (``fmt``, one of ``formats``) and ``--out``, both required."""
+    return apply_options(
+        [
+            click.option("--format", "fmt", type=click.Choice(formats), required=True, help=format_help),
+            click.option("--out", required=True, help=out_help),
+        ]
+    )
 
 
 @main.command("export")
 @click.argument("cache_dir")
-@click.option("--format", "fmt", type=_INTEROP_FORMATS, required=True, help="The peer tool's offline format.")
-@click.option("--out", required=True, help="New or empty directory for the exported files.")
+@_interop_options(
+    _INTEROP_FORMATS, "The peer tool's offline format.", "New or empty directory for the exported files."
+)
 @click.option("--layers", default=None, help="Export only these cached layers, in this order (default: all).")
 @click.option(
     "--allow-incomplete",
@@ -683,14 +656,11 @@ def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
 
 @main.command("import")
 @click.argument("source_dir")
-@click.option(
-    "--format",
-    "fmt",
-    type=_IMPORT_FORMATS,
-    required=True,
-    help="The peer tool's offline format, or vllm: the files of vLLM's hidden-states connector.",
+@_interop_options(
+    _IMPORT_FORMATS,
+    "The peer tool's offline format, or vllm: the files of vLLM's hidden-states connector.",
+    "New or empty directory for the cache.",
 )
-@click.option("--out", required=True, help="New or empty directory for the cache.")
 @click.option(
     "--layer-ids",
     default=None,
@@ -698,13 +668,7 @@ def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
     "dflash_config.target_layer_ids; vllm: the engine's eagle_aux_hidden_state_layer_ids, required). Not "
     "needed for a folder written by hscache export.",
 )
-@click.option(
-    "--compression",
-    type=click.Choice(list(COMPRESSIONS)),
-    default=DEFAULT_COMPRESSION,
-    show_default=True,
-    help="Hidden-state codec, as for extract (docs/storage.md).",
-)
+@compression_option("Hidden-state codec, as for extract (docs/storage.md).")
 @click.option(
     "--target",
     default=None,

@@ -13,14 +13,17 @@ from typing import Any
 import click
 
 from hscache.capture import BACKENDS, BUILTIN_TARGETS
+from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = [
     "apply_options",
     "backend_option",
+    "compression_option",
     "decode_length_options",
     "id_from_line_option",
     "layers_option",
     "model_option",
+    "number_option",
     "prompt_limit_option",
     "prompts_option",
     "renamed_flag",
@@ -39,6 +42,28 @@ def apply_options(options: Iterable[Callable[[Callable], Callable]]) -> Callable
         return fn
 
     return decorate
+
+
+def number_option(
+    flag: str, default: float, help: str, *, minimum: float = 0, min_open: bool = False, name: str = ""
+) -> Callable[[Callable], Callable]:
+    """A number ``flag`` whose --help shows its ``default``: an int when the default is one, else a
+    float, at least ``minimum`` (above it with ``min_open``); ``name``: the parameter, if not the flag's."""
+    kind = (
+        click.IntRange(min=int(minimum))
+        if isinstance(default, int)
+        else click.FloatRange(min=minimum, min_open=min_open)
+    )
+    return click.option(flag, *filter(None, [name]), default=default, show_default=True, type=kind, help=help)
+
+
+def compression_option(help: str, *, required: bool = False) -> Callable[[Callable], Callable]:
+    """``--compression``, the hidden-state codec (hscache/store/layout.py): ``required``, or
+    defaulting to the one extract writes."""
+    default = {} if required else {"default": DEFAULT_COMPRESSION, "show_default": True}
+    return click.option(
+        "--compression", type=click.Choice(list(COMPRESSIONS)), required=required, help=help, **default
+    )
 
 
 model_option = click.option(
@@ -79,20 +104,8 @@ id_from_line_option = click.option(
 # new token. ``hscache extract`` declares its own, since it also caches prompts as they are (0 new).
 decode_length_options = apply_options(
     [
-        click.option(
-            "--max-new-tokens",
-            type=click.IntRange(min=1),
-            default=64,
-            show_default=True,
-            help="Tokens the target generates per prompt.",
-        ),
-        click.option(
-            "--max-length",
-            type=click.IntRange(min=2),
-            default=4096,
-            show_default=True,
-            help="Longest sequence (prompt + generated tokens).",
-        ),
+        number_option("--max-new-tokens", 64, "Tokens the target generates per prompt.", minimum=1),
+        number_option("--max-length", 4096, "Longest sequence (prompt + generated tokens).", minimum=2),
     ]
 )
 
