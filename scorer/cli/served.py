@@ -14,7 +14,6 @@ from scorer.cli.shared import (
     family_flags,
     family_settings,
     friendly_errors,
-    limit_option,
     num_speculative_tokens_option,
     write_json,
 )
@@ -80,7 +79,7 @@ def _echo(report: dict[str, Any]) -> None:
     default=None,
     help="Score the offline side by this rule instead (shows the check failing when the rule is not vLLM's).",
 )
-@limit_option
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the cache's first N prompts.")
 @click.option(
     "--vllm-python",
     default=None,

@@ -25,7 +25,7 @@ def _extract(out: Path, sampling=None) -> Path:
 
     hscache.extract(
         hscache.ExtractConfig(
-            out=str(out), model=TARGET, layers="1,3,7", max_new_tokens=20, dtype="fp32", limit=4,
+            out=str(out), model=TARGET, layers="1,3,7", max_new_tokens=16, dtype="fp32", limit=4,
             sampling=sampling or GREEDY, mtp=False,
         )
     )  # fmt: skip
@@ -44,12 +44,25 @@ def judge_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A DFlash drafter trained briefly on the greedy cache (block 6: vLLM's K 5), and n-gram."""
+    """Drafters trained briefly on the greedy cache: DFlash (block 6: vLLM's K 5), EAGLE-3 (K 3), and
+    n-gram; ``refused``: the EAGLE-3 drafter as its export wrote it before vLLM could load it (no
+    ``max_position_embeddings`` in its layer config: vLLM 0.32.0 fails at models/qwen3.py:205), which
+    the offline scorer still reads."""
+    import json
+    import shutil
+
+    from scorer.families.eagle3.train import train_eagle3
     from scorer.train import train_drafter
 
-    out = tmp_path_factory.mktemp("judge") / "dflash"
-    train_drafter(judge_caches["t0"], out, steps=150, block_size=6, log_every=0)
-    return {"dflash": str(out), "ngram": "ngram"}
+    root = tmp_path_factory.mktemp("judge")
+    train_drafter(judge_caches["t0"], root / "dflash", steps=150, block_size=6, log_every=0)
+    train_eagle3(judge_caches["t0"], root / "eagle3", steps=25, layer_ids=[1, 3, 7])
+    shutil.copytree(root / "eagle3", root / "refused")
+    config = json.loads((root / "refused" / "config.json").read_text())
+    del config["transformer_layer_config"]["max_position_embeddings"]
+    (root / "refused" / "config.json").write_text(json.dumps(config))
+    return {"dflash": str(root / "dflash"), "eagle3": str(root / "eagle3"), "ngram": "ngram",
+            "refused": str(root / "refused")}  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -61,11 +74,11 @@ def served(judge_caches, judge_drafters, tmp_path_factory):
         )
     from scorer.studies.vllm_judge import ServedConfig, serve
 
-    families = ["dflash", "ngram"]
-    configs = [
-        ServedConfig(vllm_python=str(VLLM_PYTHON)),
-        ServedConfig(vllm_python=str(VLLM_PYTHON), **NGRAM),
-    ]
+    # The drafter vLLM refuses first: vLLM 0.32.0 cannot build an EAGLE-3 engine after another in one
+    # process ("'_lib_fn_wrapper' object has no attribute 'get'"), and a refused one then reads so too.
+    families = ["refused", "dflash", "eagle3", "ngram"]
+    plain = ServedConfig(vllm_python=str(VLLM_PYTHON))
+    configs = [plain, plain, plain, ServedConfig(vllm_python=str(VLLM_PYTHON), **NGRAM)]
     settings = list(judge_caches)
     rows = serve(
         [judge_drafters[f] for f in families],

@@ -14,7 +14,7 @@ from scorer.cli import main
 from scorer.studies.vllm_judge import ServedConfig, judge, score_served
 
 pytestmark = NEEDS_VLLM
-CASES = [(f, s) for f in ("dflash", "ngram") for s in ("t0", "t0.7")]
+CASES = [(f, s) for f in ("dflash", "eagle3", "ngram") for s in ("t0", "t0.7")]
 
 
 @pytest.mark.parametrize(("family", "setting"), CASES)
@@ -53,7 +53,7 @@ def test_offline_equals_vllm_round_for_round(served, family, setting):
 
 def test_the_families_accept_something(served):
     """Not vacuous: drafts were accepted on every setting (DFlash at T 0 accepts most of them)."""
-    for family in ("dflash", "ngram"):
+    for family in ("dflash", "eagle3", "ngram"):
         for setting in ("t0", "t0.7"):
             accepted = sum(a for r in served[family][setting].requests for a in r["rounds"]["accepted"])
             assert accepted > 0, (family, setting)
@@ -86,6 +86,14 @@ def test_a_swapped_rule_fails(served):
     assert report["tau"]["offline_report"]["pooled"] != pytest.approx(
         report["tau"]["vllm"]["pooled"], abs=1e-6
     )
+
+
+def test_a_drafter_vllm_refuses_is_one_line(served, judge_caches):
+    """The engine vLLM would not build is named with vLLM's own reason; the other engines still ran."""
+    for setting in ("t0", "t0.7"):
+        with pytest.raises(VllmTargetError, match=r"vLLM refused the 0:eagle3 engine \(speculative method eagle3\): "
+                           r"AttributeError: 'SpeculatorsConfig' object has no attribute 'max_position_embeddings'; the drafter does not load in vLLM as written"):  # fmt: skip
+            score_served(served["refused"][setting])
 
 
 def test_no_vllm_is_one_line_naming_the_fix(judge_caches, judge_drafters):
