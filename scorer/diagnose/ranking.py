@@ -109,8 +109,12 @@ def shifted_layer_ids(ids: Sequence[int], shift: int, cache: Any) -> tuple[int, 
     ``--layers`` to re-extract with)."""
     shifted = tuple(int(i) + shift for i in ids)
     n_layers = cache.target_config.get("num_hidden_layers")
-    if min(shifted) < 0 or (n_layers is not None and max(shifted) >= n_layers):
-        return f"layer ids {list(shifted)} fall outside the target's 0..{(n_layers or 1) - 1}"
+    outside = [i for i in shifted if i < 0 or (n_layers is not None and i >= n_layers)]
+    if outside:  # only the offending ids (was: every id, as if all fell outside)
+        return (
+            f"layer ids {list(shifted)}: {', '.join(map(str, outside))} "
+            f"{'falls' if len(outside) == 1 else 'fall'} outside the target's 0..{(n_layers or 1) - 1}"
+        )
     if missing := [i for i in shifted if i not in cache.layer_ids]:
         have = sorted(set(cache.layer_ids) | set(shifted))
         return f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} to test it"

@@ -415,10 +415,12 @@ def test_cli_online_takes_the_chain_length(eagle3_drafter, tmp_path):
     assert result.exit_code == 2 and "--block-size" in result.output
 
 
-def test_cli_init_writes_each_layout_the_loader_reads(scorer_cache, tmp_path):
+def test_cli_init_writes_each_layout_the_loader_reads(diagnose_cache, tmp_path):
+    # diagnose_cache holds every layer, the engines' default [1, 3, 4] included (init refuses a cache
+    # that lacks one, as training does)
     for layout, weights in (("specforge", "model.safetensors"), ("eagle_release", "pytorch_model.bin")):
         out = tmp_path / layout
-        args = ["init", str(out), "--cache", str(scorer_cache), "--family", "eagle3", "--layout", layout]
+        args = ["init", str(out), "--cache", str(diagnose_cache), "--family", "eagle3", "--layout", layout]
         result = CliRunner().invoke(main, [*args, "--num-speculative-tokens", "2"])
         assert result.exit_code == 0, result.output
         assert (out / weights).is_file() and "target layers [1, 3, 4]" in result.output

@@ -115,7 +115,7 @@ def test_cli_ddtree_run_writes_the_tree_rule_and_budget_into_a_valid_report(trai
     from scorer.cli import main
 
     out = tmp_path / "online.json"
-    args = ["online", str(trained_drafter), "--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "3"]
+    args = ["online", str(trained_drafter), "--temperature", "0.7", "--top-k", "5", "--ddtree", "3"]
     result = CliRunner().invoke(
         main, [*args, "--runs", "2", "--limit", "1", "--max-new-tokens", "4", "--json", str(out)]
     )
@@ -138,7 +138,7 @@ def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
     from scorer.cli import main
 
     out = tmp_path / "online.json"
-    args = ["online", "target:mtp", "--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4"]
+    args = ["online", "target:mtp", "--temperature", "0.7", "--top-k", "5", "--tree", "2,2,4"]
     args += ["--presence-penalty", "1.5"]
     result = CliRunner().invoke(
         main, [*args, "--runs", "2", "--limit", "1", "--max-new-tokens", "4", "--json", str(out)]

@@ -18,7 +18,13 @@ import numpy as np
 
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
-from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
+from scorer.families.base import (
+    CheckpointProbe,
+    OnlineOptions,
+    Proposer,
+    check_scored_sizes,
+    longest_sequence,
+)
 from scorer.families.ngram import FLAGS
 from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
@@ -100,6 +106,12 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, 
             "of K): pass --num-speculative-tokens K and --prompt-lookup-min/--prompt-lookup-max"
         )
     proposer, report = _settings(checkpoint, config.num_speculative_tokens, config.overrides)
+    check_scored_sizes(
+        longest_sequence(cache),
+        str(cache.path),
+        num_speculative_tokens=proposer.num_speculative_tokens,
+        prompt_lookup_max=proposer.prompt_lookup_max,
+    )
     return NgramDrafter(proposer), LoadedSettings(proposer, report)
 
 
