@@ -39,7 +39,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 import numpy as np
 import torch
 
-from scorer.diagnose_run import DiagnoseConfig, prepare_diagnosis
+from scorer.diagnose.run import DiagnoseConfig, prepare_diagnosis
 from scorer.families.dflash.score import score_dflash_sequence
 from scorer.metrics import AcceptLen, request_totals, tau_pooled_from_totals
 

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 import hscache
-from scorer.evaluate import EvalConfig, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one
 from scorer.families.eagle3.init import init_eagle3
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, load_drafter
 
 
 @torch.no_grad()

@@ -65,7 +65,7 @@ def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, A
 
 def eval_cache(plan: Plan, target: str, drafter: Path, cache: Path, device: str, out: Path) -> dict[str, Any]:
     """``scorer eval`` in fp32 on ``device``: tau, tokens/s and every round's accepted length."""
-    from scorer.evaluate import EvalConfig, evaluate
+    from scorer.studies.evaluate import EvalConfig, evaluate
 
     config = EvalConfig(
         device=device,
@@ -127,9 +127,9 @@ def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path) -> dict[str, Any]:
     import torch
 
     import hscache
-    from scorer.evaluate import EvalConfig, load_drafter
     from scorer.families.dflash.features import feature_index
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
+    from scorer.studies.evaluate import EvalConfig, load_drafter
 
     cache = hscache.open_cache(cache_path)
     result = {}

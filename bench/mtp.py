@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 import hscache
-from scorer.evaluate import EvalConfig, load_drafter
 from scorer.families.mtp.draft import draft_anchors, mtp_context
 from scorer.families.mtp.seam import mtp_hidden
+from scorer.studies.evaluate import EvalConfig, load_drafter
 
 
 @torch.no_grad()

@@ -38,10 +38,10 @@ import torch
 
 import hscache
 from hscache.capture.forward import greedy_continuation, greedy_continuations, head_rows, row_chunks
-from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.dflash.features import feature_index
 from scorer.families.dflash.score import score_dflash_sequence, score_dflash_sequences_chain
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
@@ -136,7 +136,7 @@ def _bare_forward_s(model: Path, prompts: Path, memory_gb: float) -> float:
 # (a forked OpenMP pool would hang). Linux only, as /proc is.
 _PROBE_SERVER = r"""
 import json, os, sys, traceback
-import torch, hscache, scorer.evaluate
+import torch, hscache, scorer.studies.evaluate
 
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * 4096
@@ -171,7 +171,7 @@ for line in sys.stdin:
 
 
 class _RssProbe:
-    """Peak RSS of code run after ``import torch, hscache, scorer.evaluate``, one fork each."""
+    """Peak RSS of code run after ``import torch, hscache, scorer.studies.evaluate``, one fork each."""
 
     def __init__(self) -> None:
         self.stderr = tempfile.TemporaryFile()
@@ -382,7 +382,7 @@ def _scorer_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
     drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
     head_bytes = sum(f.stat().st_size for f in (cache_dir / "target").glob("head.safetensors"))
     rss = probe.peak(
-        f"from scorer.evaluate import EvalConfig, evaluate\n"
+        f"from scorer.studies.evaluate import EvalConfig, evaluate\n"
         f"evaluate({str(ckpt)!r}, {str(cache_dir)!r}, EvalConfig(ddtree=(8,), dtype='bf16', n_boot=20, "
         f"memory_gb={args.memory_gb}))\nout = {{}}"
     )

@@ -3,10 +3,10 @@
 For each family (DFlash, DFlash2, EAGLE-3, the target's MTP head) and each verification rule
 (one-hot: argmax drafts, every engine's default at T > 0; probabilistic: drafts ~ softmax(logits / T),
 min(1, p/q)), in chain mode:
-  offline: ``scorer.served_eval.tau_as_served`` on a cache SAMPLED at the setting, several
+  offline: ``scorer.studies.tau_as_served.tau_as_served`` on a cache SAMPLED at the setting, several
            trajectories per prompt; SE by the delta method over sample indices (sample s of every
            prompt is one unit, like one online run: the prompts are fixed on both sides);
-  online:  ``scorer.online_sampled.decode_runs``, >= 64 runs over the same prompts, the POOLED tau
+  online:  ``scorer.online.sampled.decode_runs``, >= 64 runs over the same prompts, the POOLED tau
            (total tokens / total rounds) and its delta-method SE over runs (``summarise_runs``);
   z = (offline - online) / sqrt(SE_off^2 + SE_on^2), and the swapped z: the OTHER rule's offline tau
   against this rule's online runs (|z| > 3 there shows the check tells the rules apart).
@@ -61,10 +61,10 @@ import hscache
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
 from hscache.store.sampling import SamplingSetting
 from scorer.families.base import OnlineOptions
-from scorer.online import open_online
-from scorer.online_sampled import DecodeSettings, decode_runs, summarise_runs
-from scorer.scoring import EvalConfig
-from scorer.served_eval import tau_as_served
+from scorer.offline.scoring import EvalConfig
+from scorer.online.greedy import open_online
+from scorer.online.sampled import DecodeSettings, decode_runs, summarise_runs
+from scorer.studies.tau_as_served import tau_as_served
 
 FAMILIES = ("dflash", "dflash2", "eagle3", "mtp")
 RULES = {"one-hot": "greedy", "probabilistic": "probabilistic"}  # offline rule -> online draft_sampling

@@ -5,7 +5,7 @@ fresh DFlash drafter (``scorer.init``) and by the target's MTP head (``target:mt
   1. greedy: the same cache seen as greedy (its recorded setting hidden: the same tokens, lengths
      and chunks, so the shape is identical), the usual replay matched against the target's argmax;
   2. one-hot as served (the default on a sampled cache): the same replay matched against the
-     sampled tokens, plus the served rounds and the interval over prompts (scorer/served.py);
+     sampled tokens, plus the served rounds and the interval over prompts (scorer/offline/sampled_view.py);
   3. probabilistic (``--draft-sampling probabilistic``): log q at every anchor and the exact DP.
 Printed: one-hot / greedy (target <= 1.1) with the modes eval runs by default, and probabilistic /
 ``--anchors all`` greedy without DDTree (target <= 1.5); each the best of --repeats, interleaved.
@@ -32,10 +32,10 @@ import torch
 
 import hscache
 from hscache.store.sampling import SamplingSetting
-from scorer.evaluate import EvalConfig, score_cache
 from scorer.init import init_drafter
+from scorer.offline.scoring import effective_config, load_drafter
 from scorer.report.build import build_report
-from scorer.scoring import effective_config, load_drafter
+from scorer.studies.evaluate import EvalConfig, score_cache
 
 
 class GreedyTwin:

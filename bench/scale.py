@@ -36,9 +36,9 @@ import hscache
 from hscache.cluster import cluster_client
 from hscache.store.fsio import drop_page_cache
 from hscache.store.writer import SequenceRows, StoreWriter
-from scorer.distributed import DEFAULT_TASK_TOKENS, TaskOutput, score_task
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.init import init_dflash
+from scorer.studies.distributed import DEFAULT_TASK_TOKENS, TaskOutput, score_task
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 CONFIG = EvalConfig(ddtree=(8,), n_boot=10)
 
@@ -105,7 +105,7 @@ def _run(
 
 
 def _specs(drafter: Path, cache: Path, tokens_per_task: int):
-    from scorer.distributed import TaskSpec, checkpoint_fingerprint, plan_tasks
+    from scorer.studies.distributed import TaskSpec, checkpoint_fingerprint, plan_tasks
 
     c = hscache.open_cache(cache)
     lengths = np.asarray(c.index.column("length").to_numpy())

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 import hscache
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.init import init_dflash
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 
 def _bare_forward_s(drafter, shapes: list[tuple[int, int]], k_features: int) -> float:

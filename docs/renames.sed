@@ -42,3 +42,34 @@ s/\bfrom scorer\.families import dflash\b/from scorer.families.dflash import sea
 # scorer.cli.shared.lookup_settings (n-gram's two flags) is family_settings (every family's Family.flags);
 # a command using drafting_flags needs @click.command(cls=ScoringCommand) (its family flags' place):
 s/\blookup_settings\b/family_settings/g
+# The scorer by role (issue 32, 2026-12-03): the flat modules of scorer/ moved into rules/ (each engine's
+# verification rule), offline/ (the replay over cached rows), online/ (the target in the loop),
+# diagnose/ and studies/. scorer.online and scorer.diagnose are packages now: their old modules are
+# scorer.online.greedy and scorer.diagnose.ranking. These lines are idempotent. Kept one release:
+# scorer.evaluate, scorer.online_sampled, and `from scorer.online import OnlineConfig, run_online`.
+s/\bscorer\.online\.(greedy|sampled)\b/scorer.online@@\1/g
+s/\bscorer\.online\b([^@]|$)/scorer.online.greedy\1/g
+s/\bscorer\.online@@/scorer.online./g
+s/\bscorer\.online_sampled\b/scorer.online.sampled/g
+s/\bscorer\/online\.py\b/scorer\/online\/greedy.py/g
+s/\bscorer\/online_sampled\.py\b/scorer\/online\/sampled.py/g
+s/\bscorer\.diagnose\.(ranking|run)\b/scorer.diagnose@@\1/g
+s/\bscorer\.diagnose\b([^@]|$)/scorer.diagnose.ranking\1/g
+s/\bscorer\.diagnose@@/scorer.diagnose./g
+s/\bscorer\.diagnose_run\b/scorer.diagnose.run/g
+s/\bscorer\/diagnose\.py\b/scorer\/diagnose\/ranking.py/g
+s/\bscorer\/diagnose_run\.py\b/scorer\/diagnose\/run.py/g
+s/\bscorer([./])verification\b/scorer\1rules\1expectation/g
+s/\bscorer([./])vllm_rejection\b/scorer\1rules\1vllm_chain/g
+s/\bscorer([./])online_rules\b/scorer\1rules\1sglang_tree/g
+s/\bscorer([./])(replay|sequences|scoring|sampled_tau)\b/scorer\1offline\1\2/g
+s/\bscorer([./])served\b/scorer\1offline\1sampled_view/g
+s/\bfrom scorer import served\b/from scorer.offline import sampled_view as served/g
+s/\bscorer([./])served_eval\b/scorer\1studies\1tau_as_served/g
+s/\bscorer([./])(evaluate|compare|compare_settings|sweep|distributed)\b/scorer\1studies\1\2/g
+# The command-line renames of 2026-12-03 (issue 35 item 2), for scripts that call `hscache extract` /
+# `scorer online|eval|compare|sweep`: the stored-logits count first, then sampling's top-k (the engines'
+# name). Only over command lines of these tools (another tool's --top-k, e.g. vLLM's, is already right):
+#   sed -i -E -f docs/renames.sed run.sh
+/hscache extract/ s/(^|[^-[:alnum:]])--top-k\b/\1--logits-top-k/g
+s/--sample-top-k\b/--top-k/g

@@ -26,6 +26,7 @@ from hscache.cli_options import (
     model_option,
     prompt_limit_option,
     prompts_option,
+    renamed_sample_top_k,
     report_outputs,
 )
 from hscache.errors import HscacheError
@@ -109,7 +110,7 @@ class _ExtractProgress:
 
 # ----------------------------------------------------------------------------- extract's sampling flags
 
-# Flags -> SamplingSetting fields (--sample-top-k: extract's --top-k already names the logits it keeps).
+# Flags -> SamplingSetting fields (--top-k samples, as in the engines; the stored logits are --logits-top-k).
 _SAMPLING_FLAGS = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -138,12 +139,14 @@ sampling_options = apply_options(
         click.option("--temperature", type=float, default=None, help="0: greedy (default); else >= 1e-5."),
         click.option("--top-p", type=float, default=None, help="In (0, 1] (default 1)."),
         click.option(
-            "--sample-top-k",
+            "--top-k",
+            "sample_top_k",
             type=int,
             default=None,
-            help="Sampling top-k, >= 1 (required when sampling: the stored distribution is exact). "
-            "Not --top-k, which is how many target logits the cache keeps.",
+            help="Sampling top-k, >= 1 (required when sampling: the stored distribution is exact), as "
+            "vLLM's --top-k. The target logits the cache keeps are --logits-top-k.",
         ),
+        renamed_sample_top_k,
         click.option("--min-p", type=float, default=None, help="In [0, 1] (default 0)."),
         click.option("--presence-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
         click.option("--frequency-penalty", type=float, default=None, help="In [-2, 2] (default 0)."),
@@ -186,6 +189,13 @@ def _sampling_setting(options: dict[str, Any]) -> Any:
             pass
         click.echo(f"sampling: {setting.describe()} (from {options['responses_from']}'s requests)")
         return setting
+    if flags["top_k"] is not None and preset is None and not flags["temperature"]:
+        # --top-k meant the stored logits until 2026-12-03: said once, for one release
+        raise InputError(
+            f"--top-k {flags['top_k']} is the sampling top-k (as in vLLM), which does nothing at temperature "
+            f"0: to keep {flags['top_k']} target logits per token pass --logits-top-k {flags['top_k']} "
+            "(renamed from --top-k); to sample, add --temperature T or --sampling PRESET"
+        )
     setting = SamplingSetting.from_flags(preset, model=options["model"], **flags)
     if preset == "generation-config":
         path, values = generation_config_values(options["model"])
@@ -229,11 +239,13 @@ def main() -> None:
     help="Longest sequence, prompt + generated tokens (longer prompts are refused by name).",
 )
 @click.option(
-    "--top-k",
+    "--logits-top-k",
+    "top_k",
     default=64,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary.",
+    help="Target logits kept per token (sorted), with the exact log-sum-exp over the vocabulary "
+    "(--top-k until 2026-12-03; --top-k is now sampling's).",
 )
 @click.option(
     "--batch-tokens",
@@ -594,8 +606,13 @@ _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
 @click.option("--format", "fmt", type=_INTEROP_FORMATS, required=True, help="The peer tool's offline format.")
 @click.option("--out", required=True, help="New or empty directory for the exported files.")
 @click.option("--layers", default=None, help="Export only these cached layers, in this order (default: all).")
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Export a cache whose extraction has not finished (its committed sequences only; refused by default).",
+)
 @friendly_errors
-def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
+def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None, allow_incomplete: bool) -> None:
     """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/).
 
     \b
@@ -606,6 +623,7 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     from hscache.store.paths import check_empty_out
 
     check_cache_path(cache_dir)  # before torch is imported
+    _check_complete(cache_dir, allow_incomplete)
     check_empty_out(out)
     if fmt == "speculators":
         from hscache.interop.speculators import export_speculators as export
@@ -617,6 +635,26 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None) -> None:
     with StepProgress("export", "sequences") as progress:
         count = export(cache_dir, out, parse_layer_ids(layers, "--layers"), progress=progress)
     click.echo(f"exported {count} sequences from {cache_dir} to {out} ({fmt} format)")
+
+
+def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
+    """An export of a cache whose extraction is unfinished (killed, or still running) writes only the
+    sequences committed so far: refused unless ``--allow-incomplete``, and said either way."""
+    from hscache.errors import InputError
+    from hscache.store.info import cache_completeness
+    from hscache.store.open import open_cache
+
+    state = cache_completeness(open_cache(cache_dir))
+    if state["complete"]:
+        return
+    of = f" of {state['expected_sequences']}" if state["expected_sequences"] else ""
+    held = f"{cache_dir} is incomplete: {state['committed_sequences']}{of} sequences committed"
+    if not allow_incomplete:
+        how = (
+            "wait for its writer to finish" if state["writer"] else "resume its extraction (the same command)"
+        )
+        raise InputError(f"{held}; {how}, or pass --allow-incomplete to export only those")
+    click.echo(f"warning: {held}; exporting only those (--allow-incomplete)", err=True)
 
 
 @main.command("import")

@@ -8,6 +8,7 @@ the scorer's own shared options are in scorer/cli/shared.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import click
 
@@ -22,6 +23,8 @@ __all__ = [
     "model_option",
     "prompt_limit_option",
     "prompts_option",
+    "renamed_flag",
+    "renamed_sample_top_k",
     "report_outputs",
 ]
 
@@ -94,6 +97,38 @@ decode_length_options = apply_options(
             help="Longest sequence (prompt + generated tokens).",
         ),
     ]
+)
+
+
+def renamed_flag(old: str, new: str, why: str = "") -> Callable[[Callable], Callable]:
+    """A hidden ``old`` flag, refused by name with its ``new`` name (one line, exit 2), for the one
+    release after a rename (``why``: what the rename is for); it never reaches the command."""
+
+    def refuse(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            click.echo(f"error: {old} was renamed: pass {new} {value}{why}", err=True)
+            ctx.exit(2)
+
+    name = "renamed_" + old.lstrip("-").replace("-", "_")  # not the new flag's parameter, which may share it
+    return click.option(
+        old,
+        name,
+        hidden=True,
+        default=None,
+        expose_value=False,
+        is_eager=True,
+        callback=refuse,
+        help=f"Renamed: pass {new}.",
+    )
+
+
+# Sampling's top-k is --top-k, the engines' name (vLLM --top-k / top_k, SGLang, generation_config.json);
+# it was --sample-top-k until 2026-12-03, when hscache extract's --top-k (the target logits stored)
+# became --logits-top-k.
+renamed_sample_top_k = renamed_flag(
+    "--sample-top-k",
+    "--top-k",
+    " (the sampling top-k is --top-k, as in vLLM, SGLang and generation_config.json)",
 )
 
 

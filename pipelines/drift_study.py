@@ -52,7 +52,7 @@ from scorer.cli.shared import (
     train_steps_option,
     written_block_size_option,
 )
-from scorer.evaluate import EvalConfig, evaluate_many
+from scorer.studies.evaluate import EvalConfig, evaluate_many
 
 __all__ = ["DriftStudyConfig", "DriftStudyError", "Setting", "parse_settings", "run_drift_study"]
 
@@ -121,7 +121,7 @@ class DriftStudyConfig:
 
     ``checkpoints`` empty: a drafter is trained on the reference cache for ``train_steps`` steps
     (block size ``block_size``) so the study always shows a tau. ``eval_*``, ``ddtree``, ``n_boot``
-    and ``seed`` configure scoring (``scorer.evaluate.EvalConfig``).
+    and ``seed`` configure scoring (``scorer.studies.evaluate.EvalConfig``).
     """
 
     out: str

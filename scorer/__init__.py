@@ -11,7 +11,7 @@ __all__ = ["evaluate_module"]
 
 def __getattr__(name: str) -> Any:
     if name == "evaluate_module":
-        from scorer.evaluate import evaluate_module
+        from scorer.studies.evaluate import evaluate_module
 
         return evaluate_module
     raise AttributeError(f"module 'scorer' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from scorer.replay import RoundLog, slot_matches
+from scorer.offline.replay import RoundLog, slot_matches
 
 __all__ = [
     "RoundsPerSeq", "request_totals", "tau_per_request", "tau_pooled", "tau_per_request_from_totals",

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from scorer.errors import ScorerError
-from scorer.evaluate import evaluate_module
 from scorer.families import family_named
+from scorer.studies.evaluate import evaluate_module
 
 __all__ = ["train_drafter"]
 

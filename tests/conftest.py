@@ -110,7 +110,15 @@ def dask_client():
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
         # distributed sets its preload list on its first call; this one (a superset) replaces it.
         get_mp_context().set_forkserver_preload(
-            ["distributed", "dask", "numpy", "torch", "hscache", "scorer.evaluate", "scorer.distributed"]
+            [
+                "distributed",
+                "dask",
+                "numpy",
+                "torch",
+                "hscache",
+                "scorer.studies.evaluate",
+                "scorer.studies.distributed",
+            ]
         )
         with cluster_client(workers=2) as client:
             yield client

@@ -9,7 +9,11 @@ not remove it):
 - no import cycles among modules;
 - a drafter family is one place (docs/architecture.md "Adding a family"): no module outside
   ``scorer/families/`` imports a family's package (only the registry ``scorer.families`` does), and a
-  family imports only the shared layer (and a family it declares it builds on, as DFlash2 on DFlash).
+  family imports only the shared layer (and a family it declares it builds on, as DFlash2 on DFlash);
+- the scorer by role (docs/architecture.md "Layout"): ``scorer/rules/`` (each engine's verification
+  rule) imports no family and none of offline/, online/ or what sits above them; ``scorer/offline/``
+  (the replay over cached rows) and ``scorer/online/`` (the target in the loop) may import rules/,
+  never each other, and neither imports the studies, the diagnosis or the CLI above them.
 """
 
 from __future__ import annotations
@@ -251,15 +255,12 @@ BUILDS_ON = {"scorer.families.dflash2": ("scorer.families.dflash",)}
 # What sits above the families: they are called by these, never call them.
 ABOVE_FAMILIES = (
     "scorer.cli",
-    "scorer.compare",
-    "scorer.diagnose_run",
-    "scorer.distributed",
-    "scorer.evaluate",
+    "scorer.diagnose.run",
     "scorer.init",
+    "scorer.offline.scoring",
     "scorer.online",
     "scorer.report",
-    "scorer.scoring",
-    "scorer.sweep",
+    "scorer.studies",
     "scorer.train",
     "scorer.families",  # the registry itself (its own module, not the shared base)
 )
@@ -388,3 +389,62 @@ def test_the_subclassing_rule_sees_the_variant_and_a_sniff():
     # what scorer/families/dflash/ did before DFlash2 overrode DFlashDrafter's drafting methods
     sniff = 'selector = getattr(drafter, "candidate_selector", None)'
     assert _mentioned(ast.parse(sniff)) & set().union(*added.values()) == {"candidate_selector"}
+
+
+# The scorer by role: what each role folder must not import (every module inside it, lazy imports
+# included). rules/ is the bottom: pure functions over drafts and the target's distribution.
+ROLE_FORBIDDEN = {
+    "scorer.rules": (
+        "scorer.families",
+        "scorer.offline",
+        "scorer.online",
+        "scorer.diagnose",
+        "scorer.studies",
+        "scorer.report",
+        "scorer.cli",
+    ),
+    "scorer.offline": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.cli"),
+    "scorer.online": ("scorer.offline", "scorer.diagnose", "scorer.studies", "scorer.cli"),
+}
+# The imports of the code as it was moved (issue 32) that break the rules above, each one to be
+# removed by the issue's next step. The test fails when one goes away (strike its line here) and
+# when a new one appears.
+ROLE_ALLOWED = {
+    # RoundLog (the greedy round loop's per-round log) lives in offline/replay.py beside the greedy
+    # chain match (chain_depth, slot_matches, RoundLoop): the one-hot chain rule still buried in the
+    # replay. expectation.rounds_from_log reads it; it leaves with that rule for rules/.
+    "scorer.rules.expectation imports scorer.offline.replay",
+}
+
+
+def _role_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{m} imports {t}"
+        for role, forbidden in ROLE_FORBIDDEN.items()
+        for m, targets in graph.items()
+        if _inside(m, role)
+        for t in targets
+        if any(_inside(t, f) for f in forbidden)
+    )
+
+
+def test_the_role_folders_exist():
+    for role in ROLE_FORBIDDEN:
+        assert any(_inside(m, role) and m != role for m in GRAPH), f"{role} holds no module"
+
+
+def test_the_roles_import_only_what_sits_below_them():
+    assert set(_role_violations(GRAPH)) == ROLE_ALLOWED
+
+
+def test_the_role_rule_sees_a_violation():
+    """Not vacuous: a rule importing a family, and the offline replay importing the online loop, fail."""
+    graph = {m: set(ts) for m, ts in GRAPH.items()}
+    graph["scorer.rules.vllm_chain"].add("scorer.families.dflash")
+    graph["scorer.offline.sequences"].add("scorer.online.greedy")
+    graph["scorer.online.sampled"].add("scorer.offline.replay")
+    assert set(_role_violations(graph)) - ROLE_ALLOWED == {
+        "scorer.rules.vllm_chain imports scorer.families.dflash",
+        "scorer.offline.sequences imports scorer.online.greedy",
+        "scorer.online.sampled imports scorer.offline.replay",
+    }

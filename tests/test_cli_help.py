@@ -37,7 +37,7 @@ def test_shared_flags_default_to_what_the_python_api_defaults_to():
     drift study; each command's defaults must still be its config's, so `hscache extract` and
     `hscache.ExtractConfig`, `scorer online` and `OnlineConfig` decode the same when given nothing."""
     import hscache
-    from scorer.online import OnlineConfig
+    from scorer.online.greedy import OnlineConfig
 
     fields = ("model", "prompts", "layers", "max_new_tokens", "max_length", "limit", "backend")
     for command, config in (

@@ -50,7 +50,7 @@ def _options(program: str, command: str) -> set[str]:
     return {
         flag
         for param in cmd.params
-        if isinstance(param, click.Option)
+        if isinstance(param, click.Option) and not param.hidden  # a renamed flag, refused by name
         for flag in (*param.opts, *param.secondary_opts)
         if flag.startswith("--") and flag != "--help"
     }

@@ -265,6 +265,7 @@ def _prompts_path(config: ExtractConfig) -> Path:
 def _check_served(record: ServedRecord, prompt_len: int, max_length: int, vocab_size: int) -> None:
     for choice in record.choices:
         too_big = [t for t in choice.token_ids if t >= vocab_size]
+        too_big += [t for position in choice.support for t, _ in position if t >= vocab_size]
         if too_big:
             what = f"token id {too_big[0]} is outside the model's vocabulary of {vocab_size}"
         elif prompt_len + len(choice.token_ids) > max_length:
@@ -343,6 +344,7 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
 # Settings named as the user set them: flags, not Python field names.
 _FLAGS = {
     "layer_ids": "--layers",
+    "top_k": "--logits-top-k",
     "weights_sha256": "model weights sha256",
     "tokenizer_sha256": "tokenizer sha256",
     "prompts_sha256": "--prompts content sha256",
@@ -700,7 +702,7 @@ def _check_flags(config: ExtractConfig, target: Target) -> None:
     _check_sampling_flags(config, target)
     if not 1 <= config.top_k <= target.vocab_size:
         raise InputError(
-            f"--top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
+            f"--logits-top-k {config.top_k} must be between 1 and the model's vocabulary of {target.vocab_size}"
         )
 
 

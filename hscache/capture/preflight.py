@@ -5,20 +5,28 @@ Importing torch takes 6-25 s on a busy machine and loading a real target a minut
 that needs neither comes first, in one line. Torch-free by design (tests/test_lazy_imports.py):
 the CLI runs ``check_extract_request`` before it imports the extraction, and ``extract()`` runs it
 again for API callers (the prompts file is then parsed once per process, not twice). What needs
-the model (``--top-k`` against the vocabulary, layer ids against its depth, token counts) is checked
+the model (``--logits-top-k`` against the vocabulary, layer ids against its depth, token counts) is checked
 right after the load, still before anything is written (capture/extract.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Protocol
 
-from hscache.capture import BUILTIN_TARGETS
-from hscache.capture.layers import check_layer_syntax
-from hscache.capture.prompts import DEFAULT_PROMPTS, first_records, iter_records, resolve_prompts, unique_ids
-from hscache.errors import InputError, ModelNotFoundError, PromptFileError
+from hscache.capture import BUILTIN_CONTEXT, BUILTIN_LAYERS, BUILTIN_TARGETS
+from hscache.capture.layers import check_layer_syntax, parse_layer_spec
+from hscache.capture.prompts import (
+    DEFAULT_PROMPTS,
+    assistant_turn,
+    first_records,
+    iter_records,
+    resolve_prompts,
+    unique_ids,
+)
+from hscache.errors import InputError, ModelNotFoundError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import check_out_dir
 from hscache.store.layout import COMPRESSIONS
 from hscache.store.lock import check_no_writer
@@ -28,7 +36,7 @@ from hscache.store.sampling import SamplingSetting
 from hscache.store.shards import shard_path
 from hscache.store.urls import is_url
 
-__all__ = ["ExtractRequest", "check_extract_request", "check_model_name"]
+__all__ = ["ExtractRequest", "check_extract_request", "check_model_name", "target_context", "target_depth"]
 
 # Prompt files parsed in this process, by identity and selection: the CLI's early check and
 # extract()'s own then parse a file once. Keyed by (path, inode, size, mtime_ns, selection).
@@ -45,6 +53,11 @@ class ExtractRequest(Protocol):
     prompts: str
     tokens_from: str | None
     max_new_tokens: int
+    max_length: int
+    top_k: int
+    full_logits: bool
+    device: str
+    dtype: str
     limit: int | None
     shard: tuple[int, int] | None
     id_from_line: bool
@@ -66,10 +79,15 @@ def check_extract_request(config: ExtractRequest) -> None:
     """
     _check_options(config)
     check_model_name(config.model)
-    check_layer_syntax(config.layers)  # the range is checked against the model once it is loaded
+    check_layer_syntax(config.layers)
+    depth = target_depth(config.model)
+    # the range against the target's config.json, before the load (checked again after it)
+    layer_ids = parse_layer_spec(config.layers, depth) if depth else None
     if not is_url(config.out):
         out = shard_path(config.out, *config.shard) if config.shard else Path(config.out)
         _check_out(out, config.overwrite)
+        if out.is_dir() and not config.overwrite:
+            _check_resume_settings(out, config, layer_ids)
     if config.tokens_from:
         _check_tokens_from(config.tokens_from)
     elif not config.responses_from:  # a responses file is parsed whole where its setting is read
@@ -91,6 +109,82 @@ def check_model_name(name: str) -> None:
         raise ModelNotFoundError(
             f"--model {name!r} is neither a built-in target ({', '.join(BUILTIN_TARGETS)}) "
             "nor a local Hugging Face directory with config.json; nothing is downloaded"
+        )
+
+
+def target_depth(model: str) -> int | None:
+    """The target's decoder layers from its config.json (a built-in's from ``BUILTIN_LAYERS``),
+    without torch; None when the file does not say (the load checks then)."""
+    return BUILTIN_LAYERS[model] if model in BUILTIN_LAYERS else _config_int(model, "num_hidden_layers")
+
+
+def target_context(model: str) -> int | None:
+    """The target's context (``max_position_embeddings``) from its config.json, without torch; None
+    when the file does not say."""
+    return (
+        BUILTIN_CONTEXT[model] if model in BUILTIN_CONTEXT else _config_int(model, "max_position_embeddings")
+    )
+
+
+def _config_int(model: str, key: str) -> int | None:
+    """A positive integer field of ``model``'s config.json (its text_config's for a multimodal one)."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the load says what is wrong with it
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    value = text.get(key, config.get(key))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# Settings of an existing cache a resume must match that are known before the model loads (the
+# rest, weights and tokenizer digests, the prompts' content, are compared after the load).
+_EARLY_RESUME = {
+    "model": "--model",
+    "max_new_tokens": "--max-new-tokens",
+    "max_length": "--max-length",
+    "top_k": "--logits-top-k",
+    "full_logits": "--full-logits",
+    "device": "--device",
+}
+
+
+def _check_resume_settings(out: Path, config: ExtractRequest, layer_ids: list[int] | None) -> None:
+    """A cache at ``out`` built with other settings: refused now, not after the load."""
+    try:
+        existing = read_manifest(out)["settings"]
+    except Exception:  # not a cache (yet), or a damaged one: extract itself says so
+        return
+    if not isinstance(existing, dict):
+        return
+    wanted = {key: getattr(config, key) for key in _EARLY_RESUME}
+    diffs = [
+        (flag, existing.get(key), wanted[key])
+        for key, flag in _EARLY_RESUME.items()
+        if key in existing and existing[key] != wanted[key]
+    ]
+    if config.dtype != "auto" and "dtype" in existing and existing["dtype"] != config.dtype:
+        diffs.append(("--dtype", existing["dtype"], config.dtype))
+    stored = existing.get("layer_ids")
+    # the cache may hold one more layer than asked: the last one the target's MTP head reads
+    if (
+        layer_ids is not None
+        and isinstance(stored, list)
+        and (stored[: len(layer_ids)] != layer_ids or len(stored) > len(layer_ids) + 1)
+    ):
+        diffs.insert(0, ("--layers", ",".join(map(str, stored)), ",".join(map(str, layer_ids))))
+    if diffs:
+        flag, was, now = diffs[0]
+
+        def shown(value: object) -> str:
+            return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+        more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:])})" if len(diffs) > 1 else ""
+        raise ResumeMismatchError(
+            f"{out} was built with {flag} {shown(was)} but this run has {flag} {shown(now)}{more}; "
+            "re-run with the original settings to resume, or pass --overwrite to start over"
         )
 
 
@@ -174,10 +268,17 @@ def _check_prompt_file(config: ExtractRequest) -> None:
         config.limit,
         config.id_from_line,
         config.suffix_duplicate_ids,
+        config.max_new_tokens > 0,
     )
     if key in _PARSED:
         return
     records = iter_records(path, id_from_line=config.id_from_line)
-    for _ in first_records(unique_ids(records, config.suffix_duplicate_ids), config.limit):
-        pass
+    for record in first_records(unique_ids(records, config.suffix_duplicate_ids), config.limit):
+        if config.max_new_tokens > 0 and (turn := assistant_turn(record)) is not None:
+            raise PromptFileError(
+                f"record {record.record_id!r} (line {record.line_no}): its chat ends with an assistant turn "
+                f"({turn}), the dataset's answer, which is cached as is only with --max-new-tokens 0; with "
+                f"--max-new-tokens {config.max_new_tokens} the target would answer instead and the turn "
+                "would be dropped: pass --max-new-tokens 0, or drop the record's last turn"
+            )
     _PARSED.add(key)

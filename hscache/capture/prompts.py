@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # transformers is imported only where a tokenizer is really u
 
 __all__ = [
     "DEFAULT_PROMPTS",
+    "assistant_turn",
     "cache_records",
     "cache_records_sha256",
     "first_records",
@@ -89,6 +90,11 @@ def _parse_line(path: Path, line_no: int, line: str, id_from_line: bool = False)
         ) from None
     if not isinstance(obj, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if (bad := jsonio.first_surrogate(obj)) is not None:
+        raise PromptFileError(
+            f"{where}: the string {bad!r} holds a lone surrogate (an escape such as \\ud800 that is not "
+            "text), which cannot be stored; fix the line"
+        )
     keys = [k for k in _CONTENT_KEYS if k in obj]
     if len(keys) != 1:
         raise PromptFileError(
@@ -112,7 +118,7 @@ def _parse_line(path: Path, line_no: int, line: str, id_from_line: bool = False)
             f'{where}: \'messages\' must be a non-empty list of {{"role": str, "content": str}} objects'
         )
     if keys[0] == "input_ids" and not (
-        isinstance(content, list) and content and all(isinstance(t, int) and t >= 0 for t in content)
+        isinstance(content, list) and content and all(type(t) is int and t >= 0 for t in content)
     ):
         raise PromptFileError(f"{where}: 'input_ids' must be a non-empty list of non-negative integers")
     content, response = _split_response(where, keys[0], content, obj)
@@ -231,6 +237,15 @@ def unique_ids(records: Iterator[PromptRecord], suffix: bool) -> Iterator[Prompt
         yield record
 
 
+def assistant_turn(record: PromptRecord) -> str | None:
+    """A chat record's final assistant turn (its dataset answer, ``record.response``) shortened for a
+    message, or None when the record carries none."""
+    if record.content_key != "messages" or not isinstance(record.response, dict):
+        return None
+    text = str(record.response.get("content", ""))
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
 def prompt_token_ids(
     record: PromptRecord, tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None
 ) -> list[int]:
@@ -246,9 +261,18 @@ def prompt_token_ids(
     if record.content_key == "messages":
         if isinstance(record.response, dict):
             full, prompt = _chat_ids(record, tokenizer)
-            return full[: len(prompt)]
-        return _chat_prompt_ids(record.content, tokenizer)
-    return tokenizer(record.content, add_special_tokens=True)["input_ids"]
+            ids = full[: len(prompt)]
+        else:
+            ids = _chat_prompt_ids(record.content, tokenizer)
+    else:
+        ids = tokenizer(record.content, add_special_tokens=True)["input_ids"]
+    if not ids:  # was: transformers' IndexError deep in generate()
+        raise PromptFileError(
+            f"record {record.record_id!r} (line {record.line_no}): the --model tokenizer gives no token ids "
+            "for its prompt (it drops every character and adds no BOS), so there is nothing to condition "
+            "on: give the record text the tokenizer knows, or its input_ids"
+        )
+    return ids
 
 
 def response_token_ids(record: PromptRecord, tokenizer: PreTrainedTokenizerBase) -> list[int]:

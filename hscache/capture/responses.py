@@ -15,13 +15,19 @@ the request's ``prompt`` given as ids, the completion's in ``token_ids``. Each c
 The returned logprobs are kept as the processed distribution p (vLLM ``--logprobs-mode
 processed_logprobs``): a position's support is its entries above vLLM's -9999 floor, and it must be
 complete (an entry at the floor is returned, or the entries hold all but 1e-4 of the mass),
-otherwise the record is refused by name. Pure Python: read before torch is imported.
+otherwise the record is refused by name. Every logprob must be a finite number (NaN, infinities,
+strings and booleans are refused, never read as "at the floor"), and a support must be a
+distribution: its probabilities sum to 1 within ``MASS_TOLERANCE`` (1e-4). Token ids are
+``token_id:N`` with N at most 10 ASCII digits (the model's vocabulary is checked once it is
+loaded, before it runs), and no string of a line may hold a lone surrogate. Pure Python: read
+before torch is imported, and every line is checked before the target is loaded.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +41,7 @@ from hscache.store import jsonio
 from hscache.store.sampling import SAMPLING_PARAMETERS, SamplingSetting
 
 __all__ = [
+    "MASS_TOLERANCE",
     "ServedChoice",
     "ServedRecord",
     "expand_samples",
@@ -45,7 +52,10 @@ __all__ = [
 
 # vLLM writes a masked (-inf) logprob as this floor (ChatCompletionLogProb.logprob default; serving code clamps to it).
 _LOGPROB_FLOOR = -9999.0
-_MASS_TOLERANCE = 1e-4
+# How far from 1 a position's processed probabilities may sum (float32 logprobs of a few hundred
+# entries sum to 1 within ~1e-6).
+MASS_TOLERANCE = 1e-4
+_TOKEN_NAME = re.compile(r"token_id:(0|[1-9][0-9]{0,9})")
 # Request fields -> setting fields, and vLLM's request defaults for those left out
 # (vllm/entrypoints/openai/completion/protocol.py _DEFAULT_SAMPLING_PARAMS; top_k 0 = disabled).
 _FIELDS = (*SAMPLING_PARAMETERS, "seed")
@@ -106,6 +116,11 @@ def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise PromptFileError(
                     f'{path}:{line_no}: expected {{"id", "request": {{...}}, "response": {{...}}}}'
                 )
+            if (bad := jsonio.first_surrogate(obj)) is not None:
+                raise PromptFileError(
+                    f"{path}:{line_no}: the string {bad!r} holds a lone surrogate (an escape such as \\ud800 "
+                    "that is not text), which cannot be stored; fix the line"
+                )
             count += 1
             yield line_no, obj
     if count == 0:
@@ -146,7 +161,7 @@ def responses_sampling(path: str | Path, flags: dict[str, Any] | None = None) ->
     clash = [k for k, v in flags.items() if k in first and first[k] != v]
     if clash:
         raise PromptFileError(
-            f"--{clash[0].replace('_', '-').replace('top-k', 'sample-top-k')} {flags[clash[0]]} contradicts "
+            f"--{clash[0].replace('_', '-')} {flags[clash[0]]} contradicts "
             f"{path}'s requests ({clash[0]} {first[clash[0]]}); drop the flag"
         )
     values = {**_REQUEST_DEFAULTS, **flags, **first}
@@ -156,12 +171,20 @@ def responses_sampling(path: str | Path, flags: dict[str, Any] | None = None) ->
             f"{path}'s requests are greedy (temperature 0): --responses-from reads sampled completions; "
             "cache greedy text with --prompts (input_ids + prompt_len) and --max-new-tokens 0"
         )
-    return setting.validate()
+    setting = setting.validate()
+    for _ in iter_responses(path, setting):  # every line's logprobs, before the target is loaded
+        pass
+    return setting
 
 
 def _token_id(where: str, name: Any) -> int:
-    if isinstance(name, str) and name.startswith("token_id:") and name[9:].isdigit():
+    if isinstance(name, str) and _TOKEN_NAME.fullmatch(name):
         return int(name[9:])
+    if isinstance(name, str) and name.startswith("token_id:"):
+        raise PromptFileError(
+            f"{where}: its logprobs name a token {name[:40]!r}, not token_id:N with N a token id of at most "
+            "10 digits; fix the file"
+        )
     raise PromptFileError(
         f"{where}: its logprobs name tokens as text ({str(name)[:40]!r}); request return_tokens_as_token_ids: true"
     )
@@ -197,13 +220,39 @@ def _finite(lp: Any) -> bool:
     return isinstance(lp, (int, float)) and math.isfinite(lp) and lp > _LOGPROB_FLOOR
 
 
+def _checked_logprob(where: str, position: int, token: int, lp: Any) -> float:
+    """``lp`` as a float: a finite number at most 0 (within the tolerance), else refused by name."""
+    ok = isinstance(lp, (int, float)) and not isinstance(lp, bool) and math.isfinite(lp)
+    if not ok or lp > math.log1p(MASS_TOLERANCE):
+        what = f"{lp!r} ({type(lp).__name__})" if not isinstance(lp, float) else repr(lp)
+        raise PromptFileError(
+            f"{where}, generated position {position}: token {token} has logprob {what[:60]}, not a finite "
+            f"number <= 0 (a masked token is returned at the {_LOGPROB_FLOOR:g} floor); the file is not a "
+            "server's processed logprobs: re-request it"
+        )
+    return float(lp)
+
+
 def _support(
     where: str, position: int, token: int, own: Any, entries: list, width: int
 ) -> tuple[tuple, float]:
-    merged = dict(entries)
+    merged = {t: _checked_logprob(where, position, t, lp) for t, lp in entries}
+    own = _checked_logprob(where, position, token, own)
+    if token in merged and abs(merged[token] - own) > MASS_TOLERANCE:
+        raise PromptFileError(
+            f"{where}, generated position {position}: the drawn token {token} has logprob {own!r} but its top "
+            f"entry says {merged[token]!r}; the file is not one server answer: re-request it"
+        )
     merged.setdefault(token, own)
     kept = sorted(((t, math.exp(lp)) for t, lp in merged.items() if _finite(lp)), key=lambda e: (-e[1], e[0]))
-    complete = len(kept) < len(merged) or sum(p for _, p in kept) >= 1 - _MASS_TOLERANCE
+    mass = sum(p for _, p in kept)
+    if abs(mass - 1) > MASS_TOLERANCE and (len(kept) < len(merged) or mass > 1):
+        raise PromptFileError(
+            f"{where}, generated position {position}: its support's probabilities sum to {mass:.6g}, not 1 within "
+            f"{MASS_TOLERANCE:g}; it is not a distribution: re-request it from a server run with "
+            "--logprobs-mode processed_logprobs"
+        )
+    complete = len(kept) < len(merged) or mass >= 1 - MASS_TOLERANCE
     if not complete:
         raise PromptFileError(
             f"{where}, generated position {position}: its {len(merged)} logprobs hold {sum(p for _, p in kept):.4f} "
@@ -222,7 +271,9 @@ def _choice(where: str, choice: Any, width: int) -> ServedChoice:
         raise PromptFileError(f"{where}: a choice is not an object")
     positions = _positions(where, choice.get("logprobs"))
     ids = [t for t, _, _ in positions]
-    if choice.get("token_ids") is not None and list(choice["token_ids"]) != ids:
+    if choice.get("token_ids") is not None and (
+        not isinstance(choice["token_ids"], list) or list(choice["token_ids"]) != ids
+    ):
         raise PromptFileError(f"{where}: a choice's token_ids differ from its logprobs' tokens")
     if not ids:
         raise PromptFileError(f"{where}: a choice has no generated tokens")
@@ -235,7 +286,7 @@ def _prompt_ids(where: str, request: dict[str, Any], response: dict[str, Any]) -
     candidates = [request.get("prompt"), response.get("prompt_token_ids")]
     candidates += [c.get("prompt_token_ids") for c in response.get("choices") or [] if isinstance(c, dict)]
     for ids in candidates:
-        if isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids):
+        if isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids):
             return list(ids)
     raise PromptFileError(
         f"{where}: no prompt token ids; send the prompt as token ids or request return_token_ids: true"

@@ -208,7 +208,7 @@ def _overflow_error(s: SamplingSetting, record_id: str, position: int) -> Suppor
     return SupportOverflowError(
         f"record {record_id!r}, generated position {position}: more than {s.support_width} tokens tie at the "
         f"top-k boundary (top_k {s.top_k}), so vLLM's processed distribution does not fit the stored support; "
-        "the committed sequences are intact: choose another --sample-top-k"
+        "the committed sequences are intact: choose another --top-k"
     )
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "publish_file",
     "ImportedSequence",
     "check_fresh_dir",
+    "check_layer_count",
     "num_target_layers",
     "parse_layer_ids",
     "read_sidecar",
@@ -227,10 +228,12 @@ def check_export_complete(directory: Path, expected_files: Callable[[int], list[
         missing = [f for f in expected_files(n) if not (directory / f).is_file()] or [SIDECAR]
     elif sidecar.is_file():
         try:
-            listed = jsonio.loads(sidecar.read_bytes()).get("files") or []
-        except (ValueError, AttributeError):
-            listed = []
-        missing = [f for f in listed if isinstance(f, str) and not (directory / f).is_file()]
+            document = jsonio.loads(sidecar.read_bytes())
+        except (ValueError, UnicodeDecodeError):
+            document = {}  # read_sidecar names it
+        listed = document.get("files") if isinstance(document, dict) else None
+        listed = [_inside_folder(sidecar, directory, f) for f in listed] if isinstance(listed, list) else []
+        missing = [f for f in listed if not (directory / f).is_file()]
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise InputError(
@@ -252,12 +255,80 @@ def read_sidecar(directory: Path, fmt: str) -> dict[str, Any] | None:
         document = jsonio.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path} is not valid JSON ({exc}); delete it and pass --layer-ids") from exc
+    if not isinstance(document, dict):
+        raise InputError(f"{path} is not a JSON object; delete it and pass --layer-ids")
     if document.get("format") != fmt:
         raise InputError(
-            f"{path} says the folder holds {document.get('format')!r} files, not {fmt!r}; "
-            f"pass --format {document.get('format')}"
+            f"{path} says the folder holds {str(document.get('format'))[:40]!r} files, not {fmt!r}; "
+            f"pass --format {str(document.get('format'))[:40]}"
         )
+    _check_sidecar(path, directory, document)
     return document
+
+
+_LAYER_LISTS = ("layer_ids", "vllm_layer_ids", "aux_hidden_state_layer_ids", "target_layer_ids")
+
+
+def _check_sidecar(path: Path, directory: Path, document: dict[str, Any]) -> None:
+    """The sidecar's fields that an import reads, each of its type, else one line naming it: a hostile
+    sidecar is refused here, not as a TypeError deep in the writer (issue 36)."""
+
+    def bad(key: str, what: str) -> InputError:
+        return InputError(
+            f"{path}: {key} is {str(document.get(key))[:60]!r}, not {what}; delete the sidecar and pass --layer-ids"
+        )
+
+    for key in _LAYER_LISTS:
+        value = document.get(key)
+        if value is not None and not (
+            isinstance(value, list) and value and all(type(v) is int and 0 <= v < 1 << 20 for v in value)
+        ):
+            raise bad(key, "a non-empty list of layer numbers")
+    total = document.get("num_target_layers")
+    if total is not None and not (type(total) is int and total > 0):
+        raise bad("num_target_layers", "a positive integer")
+    ids = document.get("record_ids")
+    if ids is not None and not (
+        isinstance(ids, list)
+        and all(isinstance(r, str) and r for r in ids)
+        and jsonio.first_surrogate(ids) is None
+    ):
+        raise bad("record_ids", "a list of non-empty record id strings")
+    files = document.get("files")
+    if files is not None:
+        if not isinstance(files, list):
+            raise bad("files", "a list of file names")
+        for name in files:
+            _inside_folder(path, directory, name)
+
+
+def _inside_folder(sidecar: Path, directory: Path, name: Any) -> str:
+    """``name``, a file the sidecar lists, checked to be a relative path inside ``directory`` (never a
+    path that probes the disk outside the folder being imported)."""
+    parts = Path(name).parts if isinstance(name, str) else ()
+    if not parts or Path(name).is_absolute() or ".." in parts or "\x00" in name:
+        raise InputError(
+            f"{sidecar} lists the file {str(name)[:80]!r}, which is not a path inside {directory}: the sidecar is "
+            "not an hscache export's; delete it and pass --layer-ids"
+        )
+    return name
+
+
+def check_layer_count(layer_ids: list[int], total: int | None, flag: str, where: Any) -> None:
+    """Refuse layer ids at or past ``total`` layers (the target's count, when known): a cache whose
+    layer ids name no layer of its target cannot be read (issue 36).
+
+    Raises:
+        InputError: naming the ids and the count.
+    """
+    if total is None:
+        return
+    beyond = [i for i in layer_ids if not 0 <= i < total]
+    if beyond:
+        raise InputError(
+            f"{flag} {','.join(map(str, layer_ids))}: {beyond[0]} is not a layer of the {total}-layer target "
+            f"{where} records; pass the layers the files hold"
+        )
 
 
 _COMPUTED = (
@@ -449,7 +520,8 @@ def _write_imported(
             writer.commit()
     if writer is None:
         raise InputError(f"found no sequences to import for {out}; check the source folder")
-    writer.finish()
+    # Every file before the completion mark (issue 36): provenance.json and the run log are published
+    # first, then finish() marks the cache complete, so a complete cache never lacks one of them.
     provenance = {
         "schema_version": SCHEMA_VERSION,
         "imported": {
@@ -465,4 +537,5 @@ def _write_imported(
     # What this run did goes to the run log, outside the digest (store/run_log.py).
     run.update(finished_at=utc_now(), sequences_at_finish=count)
     writer.write_run_log(encode_run_log([run]))
+    writer.finish()
     return count, tokens

@@ -25,6 +25,7 @@ import gzip
 import io
 import os
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from hscache.interop.common import (
     write_imported_cache,
 )
 from hscache.progress import NO_PROGRESS
+from hscache.store.fsio import open_regular
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 from hscache.store.paths import check_source_dir
@@ -165,15 +167,70 @@ def _sample_id(name: str) -> str:
     return name[: -len(".ckpt.gz")] if name.endswith(".ckpt.gz") else name[: -len(".ckpt")]
 
 
-def _load(path: Path) -> dict[str, Any]:
-    """A feature file, with tensors only (weights_only: the files are data, never code)."""
+# A feature file may hold at most this many times its own size once inflated (and at least
+# _INFLATE_FLOOR): hidden states compress about 1.2x (docs/storage.md), token ids and masks are
+# small, torch.save stores its entries uncompressed. A file that inflates further is a
+# decompression bomb (2 MB of gzip or deflated zip entries inflating to gigabytes): refused before
+# the inflated bytes are allocated (issue 36).
+INFLATE_RATIO = 20
+_INFLATE_FLOOR = 64 << 20
+_PIECE = 1 << 20
+
+
+def _inflate_limit(path: Path, size: int) -> int:
+    return max(_INFLATE_FLOOR, INFLATE_RATIO * size)
+
+
+def _bomb(path: Path, size: int, limit: int) -> InputError:
+    return InputError(
+        f"{path} inflates to more than {limit >> 20} MiB ({INFLATE_RATIO}x its {size} bytes; real hidden states "
+        "compress about 1.2x): a decompression bomb, or not a SpecForge feature file; remove it from the folder"
+    )
+
+
+def _gunzip(path: Path, size: int, limit: int) -> bytes:
+    """The inflated content of ``path``, read piece by piece and refused past ``limit`` bytes."""
+    out, total = io.BytesIO(), 0
+    with open_regular(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        while piece := f.read(_PIECE):
+            total += len(piece)
+            if total > limit:
+                raise _bomb(path, size, limit)
+            out.write(piece)
+    return out.getvalue()
+
+
+def _check_archive(path: Path, source: Any, size: int, limit: int) -> None:
+    """Refuse a torch.save zip whose entries declare more than ``limit`` inflated bytes (torch
+    allocates each record at its declared size); a file that is no zip is left to torch.load."""
     try:
+        with zipfile.ZipFile(source) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+        return
+    if declared > limit:
+        raise _bomb(path, size, limit)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """A feature file, with tensors only (weights_only: the files are data, never code), its
+    inflated size bounded before anything is allocated (``INFLATE_RATIO``)."""
+    try:
+        size = os.stat(path).st_size
+        limit = _inflate_limit(path, size)
         if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
-        return torch.load(path, map_location="cpu", weights_only=True)
+            data = _gunzip(path, size, limit)
+            _check_archive(path, io.BytesIO(data), size, limit)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with open_regular(path) as f:
+            _check_archive(path, f, size, limit)
+            f.seek(0)
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except InputError:
+        raise
     except Exception as exc:  # torch raises many types for damaged or non-tensor pickles
-        raise InputError(f"{path} is not a SpecForge feature file of tensors ({exc})") from exc
+        detail = " ".join(str(exc).split())[:300]
+        raise InputError(f"{path} is not a SpecForge feature file of tensors ({detail})") from exc
 
 
 def _sequences(
@@ -252,6 +309,12 @@ def import_specforge(
         "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
         "exported_from": (sidecar or {}).get("exported_from"),
     }
+    total = (sidecar or {}).get("num_target_layers")
+    if total is not None and any(not 0 <= i < total for i in ids):
+        raise InputError(
+            f"--layer-ids {','.join(map(str, ids))}: {max(ids)} is not a layer of the {total}-layer target the "
+            "sidecar records; pass the layers the files hold"
+        )
     record_ids = (sidecar or {}).get("record_ids")
     return write_imported_cache(
         Path(out),

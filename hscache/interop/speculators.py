@@ -33,7 +33,7 @@ import pyarrow as pa
 import torch
 
 from hscache.data import SequenceDataset
-from hscache.errors import InputError
+from hscache.errors import CacheFormatError, InputError
 from hscache.interop.common import (
     ImportedSequence,
     begin_export,
@@ -47,9 +47,12 @@ from hscache.interop.common import (
     write_imported_cache,
 )
 from hscache.progress import NO_PROGRESS
+from hscache.store import jsonio
+from hscache.store.fsio import open_regular
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 from hscache.store.paths import check_source_dir
+from hscache.store.target_files import check_safetensors
 
 __all__ = ["export_speculators", "import_speculators"]
 
@@ -188,24 +191,57 @@ def _read_dataset(directory: Path) -> pa.Table:
             f"{directory} has no state.json: not a speculators preprocessed dataset (prepare_data.py output, "
             "which holds the loss_mask); pass the dataset folder whose hidden_states/ holds hs_<i>.safetensors"
         )
-    state = json.loads(state_path.read_text())
+    try:
+        state = jsonio.loads(state_path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(
+            f"{state_path} is not valid JSON ({exc}); rerun speculators' prepare_data.py"
+        ) from None
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    if not (
+        isinstance(files, list)
+        and all(isinstance(e, dict) and isinstance(e.get("filename"), str) for e in files)
+    ):
+        raise InputError(
+            f'{state_path} is not a datasets state file (no "_data_files": [{{"filename": ...}}]); rerun '
+            "speculators' prepare_data.py"
+        )
     tables = []
-    for entry in state.get("_data_files") or []:
-        name = Path(str(entry.get("filename", ""))).name  # never outside the folder
-        with pa.memory_map(str(directory / name)) as source:
-            tables.append(pa.ipc.open_stream(source).read_all())
+    for entry in files:
+        path = directory / Path(entry["filename"]).name  # never outside the folder
+        try:
+            with open_regular(path) as raw, pa.PythonFile(raw, mode="r") as source:
+                tables.append(pa.ipc.open_stream(source).read_all())
+        except (OSError, pa.ArrowException) as exc:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise InputError(
+                f"{path} (listed in {state_path.name}) cannot be read as an Arrow stream ({detail}); "
+                "rerun speculators' prepare_data.py"
+            ) from None
     if not tables:
         raise InputError(f"{state_path} lists no data files")
-    table = pa.concat_tables(tables)
+    try:
+        table = pa.concat_tables(tables)
+    except pa.ArrowException as exc:
+        raise InputError(f"{directory}: its data files do not share one schema ({exc})") from None
     missing = {"input_ids", "loss_mask"} - set(table.column_names)
     if missing:
         raise InputError(f"{directory} has no column {sorted(missing)}; rerun speculators' prepare_data.py")
+    for name in ("input_ids", "loss_mask"):
+        kind = table.schema.field(name).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
+            kind.value_type
+        ):
+            raise InputError(
+                f"{directory}: column {name} is {kind}, not a list of integers; rerun prepare_data.py"
+            )
     return table
 
 
 def _sequences(
     directory: Path, table: pa.Table, layers: int, record_ids: list[str] | None
 ) -> Iterator[ImportedSequence]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     input_ids, loss_mask = table.column("input_ids"), table.column("loss_mask")
@@ -215,7 +251,14 @@ def _sequences(
             zst = path.with_name(path.name + ".zst")
             what = "is zstd-compressed (.zst), which is not implemented" if zst.is_file() else "is missing"
             raise InputError(f"{path} {what}; every dataset row needs its hidden-state file")
-        loaded = load_file(str(path))
+        try:
+            check_safetensors(path)  # the header against the file, before safetensors allocates
+            loaded = load_file(str(path))
+        except (CacheFormatError, SafetensorError, OSError) as exc:
+            raise InputError(
+                f"{path} is not a safetensors file of tensors ({' '.join(str(exc).split())[:200]}); every dataset "
+                "row needs its hidden-state file"
+            ) from None
         hidden, tokens = loaded.get("hidden_states"), loaded.get("token_ids")
         if hidden is None or tokens is None:
             raise InputError(f"{path} lacks hidden_states/token_ids; not a speculators hidden-state file")
@@ -263,6 +306,12 @@ def import_speculators(
         )
     if 0 in aux:
         raise InputError(f"--layer-ids {aux}: vLLM aux id 0 (the embeddings) has no hscache layer")
+    total = (sidecar or {}).get("num_target_layers")
+    if total is not None and any(a > total for a in aux):
+        raise InputError(
+            f"--layer-ids {','.join(map(str, aux))}: aux id {max(aux)} is past the {total}-layer target the sidecar "
+            f"records (aux ids run 1..{total}); pass the layers the files hold"
+        )
     files = sum(1 for p in (directory / HIDDEN_DIR).glob("hs_*.safetensors") if _HS_FILE.match(p.name))
     imported = {
         "format": "speculators",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import stat
 import sys
 import threading
 from collections import OrderedDict, deque
@@ -208,6 +209,7 @@ class ChunkReader:
         self._keep_decoded = 2 * self.chunk_bytes <= _DECODED_CACHE_BYTES
         self._expected_sha256: list[str] | None = None  # per chunk, of its committed rows
         self._committed = length
+        self._real_dir: str | None = None  # the directory with symlinks resolved, on first open
 
     def expect_sha256(self, chunk_sha256: list[str] | None, committed_tokens: int) -> None:
         """Check each chunk's committed rows against ``chunk_sha256`` (store/integrity.py) on first
@@ -357,8 +359,18 @@ class ChunkReader:
         return rows
 
     def _open(self, path: Path) -> int:
+        """The chunk file, opened for reading: refused unless it is a regular file reached without
+        leaving the array's directory (a symlinked chunk or chunk folder is not the cache's data,
+        and a FIFO would block the read forever; issue 36)."""
+        if self._real_dir is None:
+            self._real_dir = os.path.realpath(self.directory)
+        if os.path.realpath(path) != os.path.join(self._real_dir, os.path.relpath(path, self.directory)):
+            raise CacheFormatError(
+                f"{self._where(path)} is a symlink (or lies in a symlinked folder) that leads outside the cache; "
+                "hscache never writes links: run `hscache verify` on the cache, then re-extract"
+            )
         try:
-            return os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             # The writer writes every chunk (empty ones too) before a commit publishes its tokens,
             # so a missing chunk under committed tokens is damage: zeros would be wrong data.
@@ -366,6 +378,14 @@ class ChunkReader:
                 f"{self._where(path)} is missing; the cache is damaged: run `hscache verify` "
                 "and re-extract the sequences it names"
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CacheFormatError(
+                f"{self._where(path)} is not a regular file (a FIFO, device or directory); the cache is damaged: "
+                "run `hscache verify` on it, then re-extract"
+            )
+        os.set_blocking(fd, True)
+        return fd
 
     def _prefetch(self, index: int) -> None:
         """Ask the kernel to read chunk ``index``'s file in the background (no-op when cached or missing).
@@ -374,7 +394,7 @@ class ChunkReader:
         turn: half a raw memmap's cold speed. Queuing whole files ahead keeps the disk busy.
         """
         try:
-            fd = os.open(self.chunk_path(index), os.O_RDONLY)
+            fd = os.open(self.chunk_path(index), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
         except OSError:
             return
         try:

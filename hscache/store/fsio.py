@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,8 @@ __all__ = [
     "fsync_file",
     "fsync_file_and_parents",
     "match_umask",
+    "open_regular",
+    "read_regular",
     "TEMP_MARK",
 ]
 
@@ -142,10 +145,56 @@ def atomic_write_json(path: Path, document: Any) -> None:
     atomic_write_bytes(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
 
 
+def open_regular(path: str | os.PathLike) -> Any:
+    """``open(path, "rb")`` that never blocks and opens only a regular file: a FIFO, a device or a
+    socket in place of a cache file would make a plain ``open`` or ``read`` wait forever (issue 36).
+    Opened with O_NONBLOCK (a FIFO's open returns at once), then refused unless ``fstat`` says it is
+    a regular file (the check is on the descriptor, so a swap between check and read cannot slip in).
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file (errno EINVAL, naming what it is).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "a device"
+            )
+            raise OSError(22, f"{kind}, not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike) -> bytearray:
+    """The whole content of the regular file ``path`` (see ``open_regular``), read once into one buffer.
+
+    Raises:
+        OSError: as ``open_regular``, or a read failed.
+    """
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = bytearray(size)
+        got = f.readinto(data)
+        if got != size or f.read(1):  # the file changed size while read: read what is there now
+            f.seek(0)
+            data = bytearray(f.read())
+    return data
+
+
 def file_sha256(path: Path, block_bytes: int = 1 << 22) -> str:
     """Hex sha256 of the bytes of file ``path``, read in blocks (memory stays at one block)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while block := f.read(block_bytes):
             digest.update(block)
     return digest.hexdigest()

@@ -19,7 +19,15 @@ from hscache.errors import CacheFormatError
 from hscache.store import jsonio
 from hscache.store.layout import MANIFEST
 
-__all__ = ["INDEX_SCHEMA", "empty_index", "expand_metadata", "index_part_path", "parquet_bytes", "read_part"]
+__all__ = [
+    "INDEX_SCHEMA",
+    "empty_index",
+    "expand_metadata",
+    "index_part_path",
+    "parquet_bytes",
+    "read_part",
+    "read_part_bytes",
+]
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -70,6 +78,18 @@ def read_part(root: Path, name: str) -> pa.Table:
         raise CacheFormatError(
             f"index part {name} is unreadable ({exc}); run `hscache verify {root}`"
         ) from exc
+
+
+def read_part_bytes(name: str, data: bytes) -> pa.Table:
+    """Index part ``name`` from its bytes, already read (and checked) by the caller.
+
+    Raises:
+        CacheFormatError: the bytes are not a parquet file.
+    """
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except (OSError, pa.ArrowException) as exc:
+        raise CacheFormatError(f"index part {name} is unreadable ({exc})") from exc
 
 
 def expand_metadata(table: pa.Table) -> pa.Table:

@@ -62,6 +62,14 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def _layer_types(prov: dict[str, Any], layer_ids: list[int]) -> list[str | None]:
+    """Each cached layer's type as the provenance records it (None where it records none: an imported
+    cache, or a layer id past the model's layers)."""
+    types = (prov.get("model") or {}).get("layer_types")
+    types = types if isinstance(types, list) else []
+    return [types[i] if isinstance(i, int) and 0 <= i < len(types) else None for i in layer_ids]
+
+
 def _imported_from(prov: dict[str, Any]) -> str | None:
     imported = prov.get("imported")
     return f"imported from {imported['format']} files at {imported['source']}" if imported else None
@@ -83,14 +91,16 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
         "path": str(cache.path),
         "digest": cache_digest(cache),
         "complete": cache.complete,
-        "interrupted_import": (Path(cache.path) / IMPORTING_MARK).is_file(),
+        # A complete cache holds every file (its completion mark is written last): a mark left
+        # beside it by an import killed after that is stale, not an interrupted import.
+        "interrupted_import": not cache.complete and (Path(cache.path) / IMPORTING_MARK).is_file(),
         "expected_sequences": completeness["expected_sequences"],
         "writer": completeness["writer"],
         "sequences": len(cache),
         "tokens": cache.num_tokens,
         "generated_tokens": sum(lengths) - sum(prompt_lens),
         "layer_ids": cache.layer_ids,
-        "layer_types": [prov.get("model", {}).get("layer_types", [None] * 10**4)[i] for i in cache.layer_ids],
+        "layer_types": _layer_types(prov, cache.layer_ids),
         "dtype": cache.settings.get("dtype"),
         "backend": cache.settings.get("backend"),
         "kernels": {k: v["backend"] for k, v in prov.get("capture", {}).get("kernels", {}).items()},

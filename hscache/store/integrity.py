@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hscache.errors import InputError
-from hscache.store import jsonio
+from hscache.store import fsio, jsonio
 from hscache.store.layout import ARRAYS_GROUP, INDEX_DIR, PROVENANCE, RUN_LOG, TARGET_DIR, ArraySpec
 
 __all__ = [
@@ -96,7 +96,7 @@ def digest_bytes(data: bytes) -> dict[str, Any]:
 def digest_file(path: Path) -> dict[str, Any]:
     """The checksum entry of the file at ``path``, read in blocks."""
     digest, size = hashlib.sha256(), 0
-    with Path(path).open("rb") as f:
+    with fsio.open_regular(path) as f:
         while block := f.read(_BLOCK):
             digest.update(block)
             size += len(block)
@@ -343,11 +343,16 @@ def check_cache(
     manifest: dict[str, Any],
     digests: Literal["small", "all"] = "small",
     allow_unsealed: bool = False,
+    keep: dict[str, bytes] | None = None,
 ) -> list[Mismatch]:
     """What in the cache at ``root`` disagrees with ``manifest``'s recorded checksums and arrays.
 
     Returns an empty list when everything matches. A cache without a seal is one problem, or
     with ``allow_unsealed`` one warning (its arrays' metadata is still cross-checked).
+
+    ``keep``: a dict that receives the bytes of every file that was hashed and matched (up to
+    ``SMALL_FILE_BYTES``, or every file with ``digests="all"``): what a reader then uses, so that a
+    file replaced after this check is never read in place of the one that was checked (issue 36).
     """
     if "checksums" not in manifest or "content_sha256" not in manifest:
         return [
@@ -383,14 +388,17 @@ def check_cache(
         problems.append(Mismatch(RUN_LOG, f"{RUN_LOG} is not covered by a checksum recorded at commit"))
     resolved_root = Path(root).resolve()
     for rel, entry in entries:
-        problem = _file_problem(Path(root), resolved_root, rel, entry, digests)
+        problem = _file_problem(Path(root), resolved_root, rel, entry, digests, keep)
         if problem is not None:
             problems.append(problem)
     return problems
 
 
-def _file_problem(root: Path, resolved_root: Path, rel: str, entry: Any, digests: str) -> Mismatch | None:
-    """How the file ``rel`` disagrees with its recorded checksum ``entry``, or None."""
+def _file_problem(
+    root: Path, resolved_root: Path, rel: str, entry: Any, digests: str, keep: dict[str, bytes] | None = None
+) -> Mismatch | None:
+    """How the file ``rel`` disagrees with its recorded checksum ``entry``, or None; the bytes that
+    were hashed and matched go into ``keep`` (when given)."""
     path = root / rel
     if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
         return Mismatch("manifest.json", f"manifest.json's checksum entry of {rel} is malformed")
@@ -401,6 +409,18 @@ def _file_problem(root: Path, resolved_root: Path, rel: str, entry: Any, digests
     size = path.stat().st_size
     if size != entry["bytes"]:
         return Mismatch(rel, f"{rel} has {size} bytes, {entry['bytes']} when committed")
-    if (digests == "all" or size <= SMALL_FILE_BYTES) and digest_file(path)["sha256"] != entry["sha256"]:
+    if not (digests == "all" or size <= SMALL_FILE_BYTES):
+        return None
+    try:
+        if keep is not None and size <= SMALL_FILE_BYTES:
+            data = fsio.read_regular(path)
+            found = digest_bytes(bytes(data))
+        else:
+            data, found = None, digest_file(path)
+    except OSError as exc:
+        return Mismatch(rel, f"{rel} cannot be read ({exc.strerror or exc})")
+    if found != {"sha256": entry.get("sha256"), "bytes": entry["bytes"]}:
         return Mismatch(rel, f"{rel} does not match its sha256 recorded at commit")
+    if data is not None and keep is not None:
+        keep[rel] = bytes(data)
     return None

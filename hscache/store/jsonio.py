@@ -14,7 +14,7 @@ from typing import Any
 
 from hscache.errors import CacheFormatError
 
-__all__ = ["load_cache_object", "loads"]
+__all__ = ["first_surrogate", "load_cache_object", "loads"]
 
 
 def loads(text: str | bytes) -> Any:
@@ -29,6 +29,11 @@ def loads(text: str | bytes) -> Any:
     except RecursionError:
         doc = text if isinstance(text, str) else text[:64].decode("utf-8", "replace")
         raise json.JSONDecodeError("nested too deeply to parse", doc, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.set_int_max_str_digits)
+        doc = text if isinstance(text, str) else text[:64].decode("utf-8", "replace")
+        raise json.JSONDecodeError(f"a number too long to parse ({str(exc)[:80]})", doc, 0) from None
 
 
 def load_cache_object(data: bytes, where: str | Path) -> dict[str, Any]:
@@ -44,3 +49,22 @@ def load_cache_object(data: bytes, where: str | Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CacheFormatError(f"{where} is not a JSON object; the cache is damaged")
     return value
+
+
+def first_surrogate(value: Any) -> str | None:
+    """The first string in the parsed JSON ``value`` (keys included) that holds a lone surrogate
+    (``"\\ud800"`` parses, but cannot be written as UTF-8 into an index or a report), else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item.encode("utf-8", "backslashreplace").decode()[:60]
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None

@@ -29,7 +29,8 @@ def check_cache_path(path: str | Path) -> None:
     if is_url(path):
         return
     root = Path(path)
-    if not (root / MANIFEST).is_file() and not has_shards(root):
+    manifest = root / MANIFEST
+    if not has_shards(root) and not (manifest.exists() or manifest.is_symlink()):
         raise not_a_cache(root)
 
 
@@ -52,6 +53,6 @@ def open_cache(path: str | Path, allow_unsealed: bool = False) -> CacheView:
 
         return open_remote_cache(str(path), allow_unsealed=allow_unsealed)
     root = Path(path)
-    if not (root / MANIFEST).is_file() and has_shards(root):
+    if has_shards(root):  # refuses a directory that also holds a cache of its own
         return open_sharded(root, allow_unsealed=allow_unsealed)
     return open_local(root, allow_unsealed=allow_unsealed)

@@ -19,16 +19,16 @@ import pyarrow as pa
 import zarr
 
 from hscache.errors import CacheFormatError
-from hscache.store import jsonio
-from hscache.store.cache_dir import read_provenance
+from hscache.store import fsio, jsonio
 from hscache.store.chunks import ChunkReader, chunk_reader
-from hscache.store.index import empty_index, expand_metadata, index_part_path, read_part
-from hscache.store.integrity import UNSEALED_MESSAGE, chunk_sha256_of, rows_sha256
+from hscache.store.index import empty_index, expand_metadata, index_part_path, read_part, read_part_bytes
+from hscache.store.integrity import UNSEALED_MESSAGE, chunk_sha256_of, digest_bytes, rows_sha256
 from hscache.store.layout import (
     ARRAYS_GROUP,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
+    PROVENANCE,
     SAMPLED_ARRAYS,
     TARGET_DIR,
     ArraySpec,
@@ -36,12 +36,11 @@ from hscache.store.layout import (
 from hscache.store.paths import not_a_cache
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.target_files import (
+    HEAD_FILE,
     MTP_FILE,
-    load_tokenizer,
-    read_target_config,
-    read_target_head,
-    read_target_mtp,
-    read_vocab_size,
+    check_safetensors_bytes,
+    load_tokenizer_files,
+    tensors_from_safetensors,
 )
 
 __all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
@@ -62,9 +61,20 @@ def read_manifest(root: Path) -> dict[str, Any]:
         CacheFormatError: unreadable, another format, or a newer format version.
     """
     path = Path(root) / MANIFEST
-    if not path.is_file():
+    if path.is_symlink() and Path(root).resolve() not in path.resolve().parents:
+        raise CacheFormatError(
+            f"{path} is a symlink that leads outside the cache directory; hscache never writes links: "
+            "copy the cache's own manifest into place, or re-extract"
+        )
+    if not path.exists() and not path.is_symlink():
         raise not_a_cache(root)
-    manifest = jsonio.load_cache_object(path.read_bytes(), path)
+    try:
+        data = bytes(fsio.read_regular(path))
+    except OSError as exc:
+        raise CacheFormatError(
+            f"{path} cannot be read ({exc.strerror or exc}); the cache is damaged"
+        ) from None
+    manifest = jsonio.load_cache_object(data, path)
     if manifest.get("format") != FORMAT_NAME:
         raise CacheFormatError(f"{path} names format {manifest.get('format')!r}, expected {FORMAT_NAME!r}")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -101,11 +111,17 @@ class Cache:
 
     Per-sequence accessors take a row number ``i`` of ``index`` (or a record id, e.g. ``"chat-1"``)
     and return torch tensors.
+
+    Every file that is not a chunk (index parts, provenance, ``target/``) is read once and used from
+    the bytes that were checked: ``files`` holds those ``open_cache`` hashed (every one up to 16 MiB),
+    and a bigger one is read whole, hashed and used from that read (``file_bytes``). A file replaced
+    after the cache was opened is never scored under the digest of the one that was checked.
     """
 
-    def __init__(self, root: Path, manifest: dict[str, Any]):
+    def __init__(self, root: Path, manifest: dict[str, Any], files: dict[str, bytes] | None = None):
         self.path = Path(root)
         self.manifest = manifest
+        self._files: dict[str, bytes] = dict(files or {})
         self.specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
         try:
             self._group = zarr.open_group(str(self.path / ARRAYS_GROUP), mode="r")
@@ -118,7 +134,10 @@ class Cache:
         # Each chunk's committed rows against its recorded sha256, the first time it is decoded
         # (store/integrity.py); setting it False before reading trades that for scan speed.
         self.check_chunks = True  # a public switch: set False before reading
-        parts = [read_part(self.path, p) for p in manifest["index_parts"]]
+        parts = [
+            read_part_bytes(p, self._files[p]) if p in self._files else read_part(self.path, p)
+            for p in manifest["index_parts"]
+        ]
         table = pa.concat_tables(parts) if parts else empty_index()
         committed = int(manifest["committed"]["sequences"])
         if table.num_rows < committed:
@@ -159,13 +178,49 @@ class Cache:
 
         return torch_dtype_of_logical(self.specs["hidden_states"].logical_dtype)
 
+    def file_bytes(self, rel: str) -> bytes:
+        """The bytes of the cache file ``rel`` (e.g. ``"target/config.json"``): those checked at open,
+        or (a file bigger than 16 MiB) read once now, regular files only, and checked against the
+        sha256 recorded at commit before they are returned.
+
+        Raises:
+            CacheFormatError: the file is missing, not a regular file, or not what its commit recorded.
+        """
+        data = self._files.get(rel)
+        if data is not None:
+            return data
+        path = self.path / rel
+        try:
+            data = fsio.read_regular(path)
+        except OSError as exc:
+            raise CacheFormatError(
+                f"{path} cannot be read ({exc.strerror or exc}); run `hscache verify {self.path}`"
+            ) from exc
+        recorded = (self.manifest.get("checksums") or {}).get(rel)
+        if recorded is not None and digest_bytes(bytes(data)) != {
+            "sha256": recorded.get("sha256"),
+            "bytes": recorded.get("bytes"),
+        }:
+            raise CacheFormatError(
+                f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
+            )
+        return data
+
+    def _has_file(self, rel: str) -> bool:
+        if rel in self._files or rel in (self.manifest.get("checksums") or {}):
+            return True
+        return "checksums" not in self.manifest and (self.path / rel).is_file()  # unsealed caches
+
+    def _json_file(self, rel: str) -> dict[str, Any]:
+        return jsonio.load_cache_object(bytes(self.file_bytes(rel)), self.path / rel)
+
     @cached_property
     def provenance(self) -> dict[str, Any]:
-        return read_provenance(self.path)
+        return self._json_file(PROVENANCE) if self._has_file(PROVENANCE) else {}
 
     @cached_property
     def target_config(self) -> dict[str, Any]:
-        return read_target_config(self.path)
+        return self._json_file(f"{TARGET_DIR}/config.json")
 
     @property
     def mask_token_id(self) -> int | None:
@@ -377,51 +432,68 @@ class Cache:
         """``{"embed_tokens": [V, H], "lm_head": [V, H]}`` (one shared tensor when tied) and the target's
         final norm, ``final_norm.weight`` [H], ``final_norm.eps`` and ``final_norm.kind`` [1], when the
         extraction saved it (capture/final_norm.py)."""
-        from hscache.store.integrity import SMALL_FILE_BYTES, digest_file
+        tensors = self._safetensors(f"{TARGET_DIR}/{HEAD_FILE}")
+        if "lm_head" not in tensors:
+            tensors["lm_head"] = tensors["embed_tokens"]
+        return tensors
 
-        path = self.path / TARGET_DIR / "head.safetensors"
-        recorded = self.manifest.get("checksums", {}).get(f"{TARGET_DIR}/head.safetensors")
-        # open_cache hashed it if small; a big head is hashed here, once, as it is read anyway.
-        if recorded and recorded["bytes"] > SMALL_FILE_BYTES and digest_file(path) != recorded:
-            raise CacheFormatError(
-                f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
-            )
-        return read_target_head(self.path)
+    def _safetensors(self, rel: str) -> dict[str, torch.Tensor]:
+        # A buffer of the caller's own: the tensors are views of it, and a caller writing to them
+        # must not change the bytes this cache checked.
+        return tensors_from_safetensors(bytearray(self.file_bytes(rel)), rel)
 
     def target_mtp(self) -> dict[str, torch.Tensor]:
         """The target's own MTP head (``mtp.*`` tensors, checkpoint names); {} when not stored."""
-        from hscache.store.integrity import digest_file
-
-        path = self.path / TARGET_DIR / MTP_FILE
-        recorded = self.manifest.get("checksums", {}).get(f"{TARGET_DIR}/{MTP_FILE}")
-        if recorded and path.is_file() and digest_file(path) != recorded:
-            raise CacheFormatError(
-                f"{path} does not match its sha256 recorded at commit; run `hscache verify {self.path}`"
-            )
-        return read_target_mtp(self.path)
+        rel = f"{TARGET_DIR}/{MTP_FILE}"
+        return self._safetensors(rel) if self._has_file(rel) else {}
 
     @cached_property
     def vocab_size(self) -> int:
         """Rows of the target's embedding, read from the safetensors header (no weights loaded)."""
-        return read_vocab_size(self.path)
+        rel = f"{TARGET_DIR}/{HEAD_FILE}"
+        if rel in self._files:
+            header = check_safetensors_bytes(self._files[rel], rel)
+        else:  # a big head: its header only (its full hash is checked when target_head reads it)
+            from hscache.store.target_files import check_safetensors
+
+            header = check_safetensors(self.path / rel)
+        embed = header.get("embed_tokens")
+        if not isinstance(embed, dict) or len(embed.get("shape", [])) != 2:
+            raise CacheFormatError(f"{rel} holds no [vocab, hidden] embed_tokens; the cache is damaged")
+        return int(embed["shape"][0])
 
     def tokenizer(self) -> Any:
-        """The target's tokenizer (from ``target/``, never remote code)."""
-        return load_tokenizer(self.path)
+        """The target's tokenizer (from ``target/``, never remote code), from the bytes checked at open."""
+        prefix = f"{TARGET_DIR}/"
+        if "checksums" in self.manifest:
+            names = [r for r in self.manifest["checksums"] if r.startswith(prefix)]
+        else:
+            names = [f"{prefix}{p.name}" for p in (self.path / TARGET_DIR).iterdir() if p.is_file()]
+        files = {
+            rel[len(prefix) :]: bytes(self.file_bytes(rel))
+            for rel in names
+            if "/" not in rel[len(prefix) :] and not rel.endswith(".safetensors")
+        }
+        return load_tokenizer_files(files)
 
 
 def check_integrity(
-    root: Path, manifest: dict[str, Any], digests: str = "small", allow_unsealed: bool = False
+    root: Path,
+    manifest: dict[str, Any],
+    digests: str = "small",
+    allow_unsealed: bool = False,
+    keep: dict[str, bytes] | None = None,
 ) -> None:
     """Refuse a cache whose files disagree with the checksums recorded at commit (store/integrity.py):
-    its scores could silently change (an edited prompt_len, layer id, config, head).
+    its scores could silently change (an edited prompt_len, layer id, config, head). ``keep``
+    receives the bytes of the files that were hashed (``Cache(files=...)`` reads those).
 
     Raises:
         CacheFormatError: naming the first file that disagrees.
     """
     from hscache.store.integrity import check_cache
 
-    found = check_cache(Path(root), manifest, digests, allow_unsealed)  # type: ignore[arg-type]
+    found = check_cache(Path(root), manifest, digests, allow_unsealed, keep)  # type: ignore[arg-type]
     bad = [m for m in found if not m.warning]
     if bad and "checksums" not in manifest and bad[0].path == MANIFEST:
         raise CacheFormatError(f"{root} {UNSEALED_MESSAGE}")
@@ -481,8 +553,9 @@ def open_local(path: str | Path, allow_unsealed: bool = False) -> Cache:
             for name in manifest["index_parts"]:
                 index_part_path(root, name)  # names that leave the cache: refused by name first
             # Checked before zarr parses any array's zarr.json: damage is one line, not a traceback.
-            check_integrity(root, manifest, allow_unsealed=allow_unsealed)
-            return Cache(root, manifest)
+            files: dict[str, bytes] = {}
+            check_integrity(root, manifest, allow_unsealed=allow_unsealed, keep=files)
+            return Cache(root, manifest, files)
         except CacheFormatError:
             # A running extraction may have compacted the index (and deleted the parts this
             # manifest lists) between our two reads, or be between publishing a file and the

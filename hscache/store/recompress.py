@@ -40,7 +40,7 @@ import zarr
 from hscache.errors import CacheFormatError, InputError, StoreWriteError
 from hscache.store import fsio, integrity
 from hscache.store.chunks import chunk_reader
-from hscache.store.layout import ARRAYS_GROUP, COMPRESSIONS, MANIFEST, ArraySpec, chunk_key, codecs_for
+from hscache.store.layout import ARRAYS_GROUP, COMPRESSIONS, ArraySpec, chunk_key, codecs_for
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.shards import has_shards
@@ -241,7 +241,7 @@ def recompress_cache(
     if compression not in COMPRESSIONS:
         raise InputError(f"--compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}")
     root = Path(root)
-    if not (root / MANIFEST).is_file() and has_shards(root):
+    if has_shards(root):
         raise InputError(f"{root} holds shards: recompress each shard directory ({root}/<shard>) in turn")
     read_manifest(root)  # CacheNotFoundError before the lock creates anything
     with writer_lock(root, f"hscache recompress --compression {compression}"):

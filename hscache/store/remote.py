@@ -123,8 +123,10 @@ def _prune(mirror: Path, keep: set[str]) -> None:
 class RemoteCache(Cache):
     """A ``Cache`` whose arrays are read from ``url``; ``path`` is the local mirror of its small files."""
 
-    def __init__(self, url: str, mirror: Path, manifest: dict[str, Any]):
-        super().__init__(mirror, manifest)
+    def __init__(
+        self, url: str, mirror: Path, manifest: dict[str, Any], files: dict[str, bytes] | None = None
+    ):
+        super().__init__(mirror, manifest, files)
         self.url = url
         from zarr.storage import FsspecStore
 
@@ -151,11 +153,12 @@ def open_remote_cache(url: str, allow_unsealed: bool = False) -> RemoteCache:
     url = url.rstrip("/")
     mirror = mirror_remote(url)
     manifest = read_manifest(mirror)
+    files: dict[str, bytes] = {}
     try:
-        check_integrity(mirror, manifest, allow_unsealed=allow_unsealed)
+        check_integrity(mirror, manifest, allow_unsealed=allow_unsealed, keep=files)
     except CacheFormatError as exc:
         raise CacheFormatError(str(exc).replace(str(mirror), url)) from None
-    return RemoteCache(url, mirror, manifest)
+    return RemoteCache(url, mirror, manifest, files)
 
 
 def list_files(url: str, folder: str) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from hscache import schemas
 from hscache.errors import CacheFormatError
-from hscache.store import jsonio
+from hscache.store import fsio, jsonio
 from hscache.store.layout import RUN_LOG
 
 __all__ = ["RUN_LOG_SCHEMA_VERSION", "encode_run_log", "provenance_with_runs", "read_run_log"]
@@ -40,9 +40,9 @@ def read_run_log(root: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     try:
-        document = jsonio.loads(path.read_bytes())
+        document = jsonio.loads(bytes(fsio.read_regular(path)))
         schemas.validate(document, "run_log")
-    except (json.JSONDecodeError, UnicodeDecodeError, schemas.SchemaError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, schemas.SchemaError, OSError) as exc:
         raise CacheFormatError(f"{path} is not a valid run log ({exc}); the cache is damaged") from exc
     return list(document["runs"])
 

@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 # The processed distribution's parameters, vLLM's SamplingParams names (a request's fields, the
-# setting's fields, the flags' names with '-' for '_'; top_k is --sample-top-k on the command line).
+# setting's fields, the flags' names with '-' for '_'; top_k is --top-k on the command line, as in vLLM).
 SAMPLING_PARAMETERS = (
     "temperature",
     "top_p",
@@ -251,7 +251,7 @@ def _refuse_greedy_extras(given: dict[str, Any]) -> None:
     defaults = asdict(GREEDY)
     extras = [k for k, v in given.items() if v is not None and k != "temperature" and v != defaults[k]]
     if extras:
-        flag = "--" + extras[0].replace("_", "-").replace("top-k", "sample-top-k")
+        flag = "--" + extras[0].replace("_", "-")
         raise InputError(
             f"{flag} {given[extras[0]]} does nothing at temperature 0 (greedy: the argmax chain, "
             f"{'identical trajectories' if extras[0] == 'samples_per_prompt' else 'no sampling'}); pass "
@@ -309,17 +309,15 @@ def _problems(s: SamplingSetting, vocab_size: int | None) -> list[str]:
 def _top_k_problems(s: SamplingSetting, vocab_size: int | None) -> list[str]:
     k = s.top_k
     if not isinstance(k, int) or isinstance(k, bool):
-        return [f"--sample-top-k {k!r} must be an integer"]
+        return [f"--top-k {k!r} must be an integer"]
     if k == 0 or k < -1:
-        return [
-            f"--sample-top-k {k} must be -1 (disabled) or at least 1 (as vLLM requires); Qwen's presets use 20"
-        ]
+        return [f"--top-k {k} must be -1 (disabled) or at least 1 (as vLLM requires); Qwen's presets use 20"]
     if k == -1 and not s.greedy:
         return [
-            "sampling with top-k disabled (--sample-top-k -1, vLLM's default) leaves the processed distribution "
-            "the whole vocabulary, and exact scoring stores it per position: pass --sample-top-k K (Qwen's "
+            "sampling with top-k disabled (--top-k -1, vLLM's default) leaves the processed distribution "
+            "the whole vocabulary, and exact scoring stores it per position: pass --top-k K (Qwen's "
             "presets use 20)"
         ]
     if vocab_size is not None and k > vocab_size:
-        return [f"--sample-top-k {k} is larger than the model's vocabulary of {vocab_size}"]
+        return [f"--top-k {k} is larger than the model's vocabulary of {vocab_size}"]
     return []

@@ -29,7 +29,7 @@ import pyarrow as pa
 from hscache.errors import CacheFormatError, CacheNotFoundError, InputError
 from hscache.store import fsio
 from hscache.store.index import INDEX_SCHEMA, expand_metadata
-from hscache.store.layout import PROVENANCE, TARGET_DIR, WRITER_LOCK, ArraySpec
+from hscache.store.layout import MANIFEST, PROVENANCE, TARGET_DIR, WRITER_LOCK, ArraySpec
 from hscache.store.lock import writer_lock
 from hscache.store.paths import is_cache_dir, not_a_cache
 from hscache.store.reader import Cache, open_local, row_of, sequence_row
@@ -82,9 +82,22 @@ def shard_path(out: str | Path, index: int, count: int) -> Path:
 
 
 def has_shards(root: str | Path) -> bool:
-    """Whether ``root`` is a directory of shard subdirectories (and no cache of its own)."""
+    """Whether ``root`` is a directory of shard subdirectories (and no cache of its own).
+
+    Raises:
+        CacheFormatError: ``root`` holds shard folders and a cache of its own (``manifest.json``):
+            hscache never writes that, and a reader (the cache) and verify (the shards) could then
+            check one thing and read another (issue 36).
+    """
     root = Path(root)
-    return root.is_dir() and any(_SHARD_DIR.match(p.name) for p in root.iterdir() if p.is_dir())
+    found = root.is_dir() and any(_SHARD_DIR.match(p.name) for p in root.iterdir() if p.is_dir())
+    if found and ((root / MANIFEST).exists() or (root / MANIFEST).is_symlink()):
+        raise CacheFormatError(
+            f"{root} holds both a cache of its own (manifest.json) and shard folders (shard-IIIII-of-NNNNN/), "
+            "which hscache never writes: which one to read is ambiguous; move the shard folders or the "
+            "cache's files into a directory of their own"
+        )
+    return found
 
 
 def shard_dirs(root: Path) -> list[Path]:
@@ -142,7 +155,7 @@ def _check_same(root: Path, shards: list[Cache]) -> None:
         if shard.specs != first.specs:
             raise CacheFormatError(
                 f"shards of {root} differ in their arrays ({first.path.name} vs {shard.path.name}); "
-                "re-extract with the same --top-k, --full-logits and --chunk-mb"
+                "re-extract with the same --logits-top-k, --full-logits and --chunk-mb"
             )
 
 
@@ -398,8 +411,9 @@ def _copy_shards(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> N
                 metadata_json=row["metadata_json"],
             )
         )
-    writer.finish()
+    # Every file before the completion mark: a merge killed after finish() is whole (issue 36).
     shutil.copytree(first.path / TARGET_DIR, dest / TARGET_DIR)
     shutil.copy2(first.path / PROVENANCE, dest / PROVENANCE)
     writer.record_files([TARGET_DIR, PROVENANCE])
+    writer.finish()
     fsio.atomic_write_json(dest / SHARDS_FILE, document)

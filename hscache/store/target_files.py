@@ -9,6 +9,7 @@ target's own MTP head (``mtp.*`` tensors, checkpoint names) when the target has 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,10 @@ __all__ = [
     "HEAD_FILE",
     "MTP_FILE",
     "check_safetensors",
+    "check_safetensors_bytes",
     "load_tokenizer",
+    "load_tokenizer_files",
+    "tensors_from_safetensors",
     "read_target_config",
     "read_target_head",
     "read_target_mtp",
@@ -115,16 +119,32 @@ def check_safetensors(path: Path) -> dict[str, Any]:
     path = Path(path)
     where = f"{path.parent.name}/{path.name}"
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with fsio.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             n = int.from_bytes(f.read(8), "little")
             if size < 8 or n > min(_MAX_HEADER_BYTES, size - 8):
                 raise CacheFormatError(
                     f"{where} claims a {n}-byte header in a {size}-byte file; it is damaged"
                 )
-            header = jsonio.loads(f.read(n))
+            head = f.read(n)
     except OSError as exc:
         raise CacheFormatError(f"{where} cannot be read ({exc})") from exc
+    return _checked_header(head, size, where)
+
+
+def check_safetensors_bytes(data: bytes | bytearray, where: str) -> dict[str, Any]:
+    """``check_safetensors`` of a file already read into ``data`` (``where`` names it)."""
+    size = len(data)
+    n = int.from_bytes(bytes(data[:8]), "little")
+    if size < 8 or n > min(_MAX_HEADER_BYTES, size - 8):
+        raise CacheFormatError(f"{where} claims a {n}-byte header in a {size}-byte file; it is damaged")
+    return _checked_header(bytes(data[8 : 8 + n]), size, where)
+
+
+def _checked_header(raw: bytes, size: int, where: str) -> dict[str, Any]:
+    n = len(raw)
+    try:
+        header = jsonio.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CacheFormatError(f"{where} has a header that is not valid JSON ({exc}); it is damaged") from exc
     if not isinstance(header, dict):
@@ -160,6 +180,59 @@ def check_safetensors(path: Path) -> dict[str, Any]:
     if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:])):
         raise CacheFormatError(f"{where}: tensors' data ranges overlap; it is damaged")
     return header
+
+
+_TORCH_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F64": "float64",
+}
+
+
+def tensors_from_safetensors(data: bytearray, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file read into ``data`` (header checked first): views of
+    ``data`` itself, no copy (the caller hands over a buffer of its own)."""
+    import torch
+
+    header = check_safetensors_bytes(data, where)
+    base = 8 + int.from_bytes(bytes(data[:8]), "little")
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = getattr(torch, _TORCH_DTYPES[info["dtype"]])
+        a, b = info["data_offsets"]
+        if b == a:
+            tensors[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        flat = torch.frombuffer(data, dtype=torch.uint8, count=b - a, offset=base + a)
+        tensors[name] = flat.view(dtype).view(info["shape"])
+    return tensors
+
+
+def load_tokenizer_files(files: dict[str, bytes]) -> Any:
+    """The tokenizer saved in ``target/``, from the bytes of its files (``{name: bytes}``, read and
+    checked once by the reader): written into a private temp directory that transformers reads."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="hscache-tokenizer-") as tmp:
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data)
+        return AutoTokenizer.from_pretrained(tmp, local_files_only=True, trust_remote_code=False)
 
 
 def read_target_config(root: Path) -> dict[str, Any]:

@@ -22,10 +22,11 @@ from typing import Any
 
 from hscache.errors import InputError
 from hscache.progress import NO_PROGRESS
-from hscache.store.layout import MANIFEST
+from hscache.store.layout import MANIFEST, PROVENANCE, SAMPLED_ARRAYS
 from hscache.store.urls import is_url
 from hscache.verify.crc import check_chunk_crcs
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
+from hscache.verify.sampled import check_sampling
 from hscache.verify.scan import deep_decode, scan_sequences
 from hscache.verify.structure import check_structure
 
@@ -59,9 +60,23 @@ class VerifyConfig:
 _ATTEMPTS = 5
 
 
-def _manifest_bytes(root: Path) -> bytes | None:
+def _provenance(root: Path) -> dict[str, Any] | None:
+    """provenance.json as parsed, None when it is absent or unreadable (the files check names it)."""
+    from hscache.store import jsonio
+    from hscache.store.fsio import read_regular
+
     try:
-        return (root / MANIFEST).read_bytes()
+        value = jsonio.loads(bytes(read_regular(root / PROVENANCE)))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _manifest_bytes(root: Path) -> bytes | None:
+    from hscache.store.fsio import read_regular
+
+    try:
+        return bytes(read_regular(root / MANIFEST))  # a FIFO is refused, never waited on
     except OSError:
         return None
 
@@ -115,11 +130,14 @@ def verify_cache(
         tried = scan_sequences(layout, report, progress)
         if config.deep:
             deep_decode(layout, report, tried, progress)
+            check_sampling(layout, report, _provenance(layout.root))
         else:
             check_chunk_crcs(layout, report, tried, progress)
             unhashed = [name for name in layout.arrays if name not in ("hidden_states", "token_ids")]
             if unhashed:
                 report.not_checked.append(f"the sha256 of the rows of {', '.join(unhashed)} (--deep)")
+            if set(SAMPLED_ARRAYS) <= set(layout.arrays):
+                report.not_checked.append("the sampled distributions against the drawn tokens (--deep)")
         if not config.recompute:
             report.not_checked.append("a re-run of sampled sequences through the target (--recompute N)")
         if config.recompute:

@@ -15,6 +15,7 @@ from typing import Any
 import google_crc32c
 
 from hscache.progress import NO_PROGRESS
+from hscache.store.fsio import open_regular
 from hscache.store.layout import ARRAYS_GROUP, chunk_key
 from hscache.verify.report import Problem, VerifyReport
 from hscache.verify.structure import CacheLayout, sequences_in
@@ -48,7 +49,7 @@ def check_chunk_crcs(
 def _crc_error(layout: CacheLayout, name: str, chunk: int) -> str | None:
     path = layout.root / ARRAYS_GROUP / name / chunk_key(layout.specs[name], chunk)
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             size = path.stat().st_size
             if size < 4:
                 return f"holds {size} bytes, too few for its crc32c (truncated)"

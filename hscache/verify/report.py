@@ -12,7 +12,18 @@ from typing import Any
 __all__ = ["CHECKS", "LayerStats", "Problem", "RecomputeResult", "VerifyReport", "format_report"]
 
 # Every check verify can run, in report order. A check is "ok", "failed" or "skipped".
-CHECKS = ("manifest", "index", "files", "chunks", "token_hash", "nonfinite", "zeros", "norms", "recompute")
+CHECKS = (
+    "manifest",
+    "index",
+    "files",
+    "chunks",
+    "token_hash",
+    "nonfinite",
+    "zeros",
+    "norms",
+    "sampling",
+    "recompute",
+)
 # Per check, at most this many problems are listed; the rest are counted in one last entry.
 MAX_LISTED = 1000
 

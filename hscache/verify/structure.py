@@ -8,6 +8,7 @@ paths: index parts go through ``index_part_path`` and symlinks leaving the cache
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import zarr
 from hscache import schemas
 from hscache.errors import CacheFormatError
 from hscache.store import jsonio
+from hscache.store.fsio import read_regular
 from hscache.store.index import INDEX_SCHEMA, index_part_path
 from hscache.store.integrity import ARRAY_GROUP_META, Mismatch, check_cache, manifest_digest
 from hscache.store.layout import (
@@ -65,6 +67,24 @@ class CacheLayout:
         if name not in self.chunk_files:
             self.chunk_files[name] = _list_chunks(self, name)
         return self.chunk_files[name]
+
+    def chunk_problem(self, name: str, chunk: int) -> str | None:
+        """Why chunk ``chunk`` of array ``name`` must not be read through zarr, or None: a local chunk
+        file that is not a regular file (a FIFO would block the read forever) or that is reached
+        through a symlink (hscache never writes one; it may lead outside the cache)."""
+        if self.url is not None:
+            return None
+        array_dir = self.root / ARRAYS_GROUP / name
+        path = array_dir / chunk_key(self.specs[name], chunk)
+        if not (path.exists() or path.is_symlink()):
+            return None  # missing: named by the files check
+        if os.path.realpath(path) != os.path.join(
+            os.path.realpath(array_dir), chunk_key(self.specs[name], chunk)
+        ):
+            return f"chunk file {path.relative_to(self.root)} is reached through a symlink that leads outside the cache"
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return f"chunk file {path.relative_to(self.root)} is not a regular file (a FIFO, device or directory)"
+        return None
 
     def record_id(self, seq: int) -> str | None:
         return None if self.index is None else self.index.column("record_id")[seq].as_py()
@@ -171,7 +191,8 @@ def _check_index(root: Path, manifest: dict[str, Any], report: VerifyReport) -> 
     tables = []
     for name in manifest["index_parts"]:
         try:
-            tables.append(pq.read_table(index_part_path(root, name)))
+            data = read_regular(index_part_path(root, name))  # a FIFO is refused, never waited on
+            tables.append(pq.read_table(pa.BufferReader(bytes(data))))
         except CacheFormatError as exc:
             report.add(Problem("index", str(exc)))
         except FileNotFoundError:

@@ -1,4 +1,4 @@
-"""The ``scorer`` command line: a thin layer over the Python API (scorer.evaluate, compare, sweep,
+"""The ``scorer`` command line: a thin layer over the Python API (scorer.studies.evaluate, compare, sweep,
 online, init, train, diagnose_run), one module per command; what the commands share (option
 declarations, range checks, output helpers) is in shared.py."""
 

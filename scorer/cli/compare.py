@@ -1,5 +1,5 @@
-"""``scorer compare``: several drafters on the same rounds of one cache (scorer.compare), or on caches
-of several sampling settings side by side (scorer.compare_settings)."""
+"""``scorer compare``: several drafters on the same rounds of one cache (scorer.studies.compare), or on caches
+of several sampling settings side by side (scorer.studies.compare_settings)."""
 
 from __future__ import annotations
 
@@ -78,10 +78,10 @@ def compare(
       scorer compare drafter/ eagle3/ target:mtp --cache cache/ --json compare.json
     """
     from hscache.progress import StepProgress
-    from scorer.compare import compare_drafters
-    from scorer.evaluate import EvalConfig
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
     from scorer.report.tables import print_table
+    from scorer.studies.compare import compare_drafters
+    from scorer.studies.evaluate import EvalConfig
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     sampling = sampling_request(options)
@@ -92,7 +92,7 @@ def compare(
     if len(caches) > 1:
         from rich.console import Console
 
-        from scorer.compare_settings import compare_settings, render_settings
+        from scorer.studies.compare_settings import compare_settings, render_settings
 
         document = compare_settings(checkpoints, caches, config)
         render_settings(document, Console(), table_format)

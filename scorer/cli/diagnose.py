@@ -1,4 +1,4 @@
-"""``scorer diagnose``: the setting behind a low tau, one replay per hypothesis (scorer.diagnose_run)."""
+"""``scorer diagnose``: the setting behind a low tau, one replay per hypothesis (scorer.diagnose.run)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def diagnose(
     """
     from rich.console import Console
 
-    from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint
+    from scorer.diagnose.run import DiagnoseConfig, diagnose_checkpoint
     from scorer.report.diagnose import render_diagnose
 
     check_outputs(json=json_out, report=report_out)  # before the replays, not after them

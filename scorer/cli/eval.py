@@ -1,4 +1,4 @@
-"""``scorer eval``: one drafter replayed against one or more caches (scorer.evaluate)."""
+"""``scorer eval``: one drafter replayed against one or more caches (scorer.studies.evaluate)."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def eval_command(
     from rich.console import Console
 
     from hscache.progress import StepProgress
-    from scorer.evaluate import EvalConfig, evaluate_many
     from scorer.report.terminal import render_comparison, render_report
+    from scorer.studies.evaluate import EvalConfig, evaluate_many
 
     sampling = sampling_request(options)
     config = EvalConfig(overrides={**overrides, **family_settings(options)}, sampling=sampling, **options)

@@ -11,7 +11,9 @@ from typing import Any
 
 import click
 
+from hscache.cli_options import renamed_flag
 from scorer.cli.shared import (
+    TOKEN_ID,
     friendly_errors,
     num_speculative_tokens_option,
     seed_option,
@@ -77,9 +79,27 @@ def _families() -> tuple[Any, ...]:
     help="EAGLE-3 only: speculators Eagle3Speculator, SpecForge LlamaForCausalLMEagle3, or the original release.",
 )
 @click.option(
-    "--layers", "num_layers", type=click.IntRange(min=1), default=1, show_default=True, help="Drafter layers."
+    "--draft-layers",
+    "num_layers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The drafter's depth in decoder layers, at most its target's (the target layers it reads are "
+    "the cache's, hscache extract --layers).",
+)
+@renamed_flag(
+    "--layers",
+    "--draft-layers",
+    " (the drafter's depth; --layers names the target layers a cache holds, in hscache extract)",
 )
 @written_block_size_option
+@click.option(
+    "--mask-token-id",
+    type=TOKEN_ID,
+    default=None,
+    help="DFlash: the mask id its blocks are filled with, recorded in its config (default: the target "
+    "tokenizer's mask token; required when it defines none). Must be below the vocabulary size.",
+)
 @num_speculative_tokens_option("EAGLE-3 only: the K written into its config.", default=3)
 @seed_option("Seed of the weights and the training.")
 @train_steps_option(
@@ -104,6 +124,7 @@ def init(
     layout: str,
     num_layers: int,
     block_size: int,
+    mask_token_id: int | None,
     num_speculative_tokens: int,
     seed: int,
     train_steps: int,
@@ -130,6 +151,7 @@ def init(
             layout=layout,
             num_layers=num_layers,
             block_size=block_size,
+            mask_token_id=mask_token_id,
             num_speculative_tokens=num_speculative_tokens,
             eval_every=eval_every,
         ).items()

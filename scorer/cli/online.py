@@ -1,5 +1,5 @@
-"""``scorer online``: real speculative decoding, the target verifying (scorer.online, and
-scorer.online_sampled at T > 0)."""
+"""``scorer online``: real speculative decoding, the target verifying (scorer.online.greedy, and
+scorer.online.sampled at T > 0)."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def online(
     Example:
       scorer online drafter/ --model builtin:tiny-qwen3.5 --limit 4
       scorer online drafter/ --sampling qwen-thinking --seed 1 --runs 64 --limit 2
-      scorer online drafter/ --temperature 0.7 --sample-top-k 20 --ddtree 8 --runs 64 --limit 2
+      scorer online drafter/ --temperature 0.7 --top-k 20 --ddtree 8 --runs 64 --limit 2
     """
 
     check_outputs(json=json_out)  # before decoding, not after it
@@ -190,18 +190,50 @@ def online(
             f"{flag}: scorer online verifies {what} at temperature > 0 (--temperature T or --sampling "
             "PRESET); at temperature 0 score trees with scorer eval"
         )
-    from scorer.online import OnlineConfig, run_online
+    from scorer.online.greedy import OnlineConfig, run_online
 
     config = OnlineConfig(overrides=overrides, **options)
+    # what is knowable before the model loads, refused before any progress line
+    prompts = len(config.records())
     if sampled is None:
-        result = run_online(checkpoint, config)
+        config.check_sizes()
     else:
-        from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
+        from scorer.online.sampled import SampledOnlineConfig, check_runs_fit, run_online_sampled
 
         setting, runs, draft_sampling = sampled
-        result = run_online_sampled(
-            SampledOnlineConfig(checkpoint, setting, runs, draft_sampling, tree, ddtree, online=config)
-        )
+        sampled_config = SampledOnlineConfig(
+            checkpoint, setting, runs, draft_sampling, tree, ddtree, online=config
+        ).validate()
+        check_runs_fit(runs, prompts, config.max_length)
+        config.check_sizes(ddtree)
+    from hscache.progress import StepProgress
+
+    # progress like every long step (was: nothing until the end, 15 min for the docs' example)
+    progress = StepProgress("online", "prompts" if sampled is None else "rounds", secondary_unit="tok")
+    try:
+        with progress:
+            if sampled is None:
+                progress.start(prompts, note=f"decoding {prompts} prompts, the target verifying every round")
+                rounds = tokens = 0
+
+                def ended(request: Any) -> None:
+                    nonlocal rounds, tokens
+                    rounds += len(request.tokens_per_round)
+                    tokens += sum(request.tokens_per_round)
+                    progress.advance(
+                        1,
+                        len(request.token_ids) - request.prompt_len,
+                        status=f"tau so far {tokens / max(1, rounds):.2f}",
+                    )
+
+                result = run_online(checkpoint, config, ended)
+            else:
+                progress.start(None, note=f"{runs} runs x {prompts} prompts decoded in lockstep")
+                result = run_online_sampled(sampled_config, on_round=lambda _record: progress.advance(1))
+            progress.eager = True  # the closing line, with the rates, however short the run
+    except Exception:
+        progress.quiet = True  # the error is the last line
+        raise
     for warning in result["checkpoint"].get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
     from scorer.target_identity import TargetCheck

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from hscache.cli import error_boundary
-from hscache.cli_options import apply_options
+from hscache.cli_options import apply_options, renamed_sample_top_k
 from hscache.errors import HscacheError
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
@@ -463,7 +463,7 @@ SAMPLING_PARAMETER_FLAGS: tuple[tuple[str, str, click.ParamType, str], ...] = (
     ("--temperature", "temperature", FiniteFloatRange(min=0), "0: greedy, the default; else >= 1e-5"),
     ("--top-p", "top_p", FiniteFloatRange(min=0, max=1, min_open=True), "in (0, 1], default 1"),
     # -1: vLLM's "disabled", which the validator refuses with its fix
-    ("--sample-top-k", "top_k", click.IntRange(min=-1), ">= 1, required when sampling"),
+    ("--top-k", "top_k", click.IntRange(min=-1), ">= 1, required when sampling"),
     ("--min-p", "min_p", FiniteFloatRange(min=0, max=1), "in [0, 1], default 0"),
     ("--presence-penalty", "presence_penalty", FiniteFloatRange(min=-2, max=2), "in [-2, 2], default 0"),
     ("--frequency-penalty", "frequency_penalty", FiniteFloatRange(min=-2, max=2), "in [-2, 2], default 0"),
@@ -480,12 +480,19 @@ def sampling_parameter_flags(help_text: Callable[[str, str], str]) -> Callable[[
     """The sampling parameters' flags (``SAMPLING_PARAMETER_FLAGS``), each described by
     ``help_text(parameter in words, its range)``; every one defaults to None (not given)."""
     return apply_options(
-        click.option(flag, name, type=kind, default=None, help=help_text(name.replace("_", " "), allowed))
-        for flag, name, kind, allowed in SAMPLING_PARAMETER_FLAGS
+        [
+            *(
+                click.option(
+                    flag, name, type=kind, default=None, help=help_text(name.replace("_", " "), allowed)
+                )
+                for flag, name, kind, allowed in SAMPLING_PARAMETER_FLAGS
+            ),
+            renamed_sample_top_k,
+        ]
     )
 
 
-# Scoring at T > 0 (scorer/served.py, docs/sampling.md): the rule, and the setting the user expects the
+# Scoring at T > 0 (scorer/offline/sampled_view.py, docs/sampling.md): the rule, and the setting the user expects the
 # cache to hold. The cache records its own setting; these flags only check it, so one that differs is
 # refused before anything is scored.
 sampling_check_flags = apply_options(

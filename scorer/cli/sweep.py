@@ -1,4 +1,4 @@
-"""``scorer sweep``: every checkpoint of a training run scored on one cache (scorer.sweep)."""
+"""``scorer sweep``: every checkpoint of a training run scored on one cache (scorer.studies.sweep)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def sweep(
     Example:
       scorer sweep runs/my-run/ --cache cache/ --workers 2
     """
-    from scorer.evaluate import EvalConfig
-    from scorer.sweep import sweep as run_sweep
+    from scorer.studies.evaluate import EvalConfig
+    from scorer.studies.sweep import sweep as run_sweep
 
     out = out or str(Path(run_dir) / "sweep")
     check_outputs(out=out, directories=("out",))  # before scoring, not after it

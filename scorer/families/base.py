@@ -1,7 +1,7 @@
 """What a drafter family plugs into the scorer: the seam shared by every family.
 
-The scorer owns ONE replay loop (scorer.replay: rounds, tau, off-greedy cuts), ONE report
-(scorer.report.build) and ONE loader entry point (scorer.scoring.load_drafter). A family owns the
+The scorer owns ONE replay loop (scorer.offline.replay: rounds, tau, off-greedy cuts), ONE report
+(scorer.report.build) and ONE loader entry point (scorer.offline.scoring.load_drafter). A family owns the
 rest, in its own module under scorer/families/: how a checkpoint of its layouts is recognised
 (`claims`), its config mapping and model (`load`), and how it drafts a cached sequence
 (`score_rows`, which hands per-anchor drafts to the shared replay).
@@ -35,6 +35,9 @@ from hscache.store import jsonio
 
 __all__ = [
     "CheckpointProbe",
+    "check_new_drafter_sizes",
+    "check_scored_sizes",
+    "longest_sequence",
     "DraftDraw",
     "Drafter",
     "DrafterSettings",
@@ -96,7 +99,7 @@ class CheckpointProbe:
 
 # draw(logits [V] of one draft slot over the TARGET's vocabulary, float32, -inf outside a reduced
 # draft vocabulary) -> the drafted token id. ``scorer online`` at T > 0 with probabilistic drafting
-# passes one (scorer.online_sampled: a sample of softmax(logits / T), q recorded for the verifier).
+# passes one (scorer.online.sampled: a sample of softmax(logits / T), q recorded for the verifier).
 DraftDraw = Callable[[Any], int]
 
 # propose(hidden [p, K, H] raw target layer outputs in the drafter's layer order for positions
@@ -209,7 +212,7 @@ class Family:
         proposals: (drafter, cache, row, eval config, temperature) -> (drafts [A, K] target ids,
             log q [A, K]) along the cached (sampled) path y, every anchor a in [P, T-2]: slot j fed
             y's tokens, q_{a,j} = softmax(draft logits / T) over the drafter's whole vocabulary,
-            log q of y_{a+j} (-inf outside it). The probabilistic rule (scorer/served.py); None: the
+            log q of y_{a+j} (-inf outside it). The probabilistic rule (scorer/offline/sampled_view.py); None: the
             family is scored with the one-hot rule only.
         display_name: the family's name on screen and in reports' titles ("EAGLE-3").
         eval_options: the family's own EvalConfig settings: fields (``num_speculative_tokens``) and
@@ -234,8 +237,8 @@ class Family:
         fallback: asked only when no other family claims a checkpoint (DFlash, whose loader names
             what is wrong with any other file); the registry holds one.
         diagnose_kinds: the ``scorer diagnose`` hypothesis kinds that apply to this family (names
-            from ``scorer.diagnose.HYPOTHESIS_KINDS``); kinds it does not list are never tried.
-        diagnose: (``scorer.diagnose.DiagnosisInputs``) -> ``scorer.diagnose.FamilyDiagnosis``: the
+            from ``scorer.diagnose.ranking.HYPOTHESIS_KINDS``); kinds it does not list are never tried.
+        diagnose: (``scorer.diagnose.ranking.DiagnosisInputs``) -> ``scorer.diagnose.ranking.FamilyDiagnosis``: the
             configured setting, the hypotheses of ``diagnose_kinds`` with their settings (or why
             each is untested) and the replayer; ranking, verdict and report are shared. None:
             ``scorer diagnose`` refuses the family by name.
@@ -271,6 +274,97 @@ class Family:
             object.__setattr__(self, "display_name", self.name)
         # a family reads the settings it declares flags for
         object.__setattr__(self, "eval_options", self.eval_options | {f.name for f in self.flags})
+
+
+def longest_sequence(cache: Any) -> int:
+    """The longest sequence the cache holds, in tokens (its index's ``length`` column)."""
+    return int(cache.index.column("length").to_numpy().max())
+
+
+def check_new_drafter_sizes(
+    cache: Any,
+    *,
+    num_layers: int | None = None,
+    block_size: int | None = None,
+    num_speculative_tokens: int | None = None,
+) -> None:
+    """Bound the sizes of a drafter ``scorer init`` writes for ``cache`` before anything is allocated
+    (the bounds ``scorer eval`` applies, so init never writes a drafter eval refuses): its depth at most
+    the target's (``num_layers``), a block (``block_size``) or a chain of K drafts plus the bonus
+    token (``num_speculative_tokens``) no longer than the cache's longest sequence.
+
+    Raises:
+        ScorerError: naming the flag, the bound and where it comes from (one line).
+    """
+    from scorer.errors import ScorerError
+
+    depth = int((cache.target_config or {}).get("num_hidden_layers") or 0)
+    if num_layers is not None and depth and not 1 <= num_layers <= depth:
+        raise ScorerError(
+            f"--draft-layers {num_layers}: a drafter of {num_layers} layers is deeper than its target "
+            f"({depth} layers); drafters use 1-5: pass at most {depth}"
+        )
+    longest = longest_sequence(cache)
+    if block_size is not None and block_size > longest:
+        raise ScorerError(
+            f"--block-size {block_size} is longer than the longest sequence in {cache.path} ({longest} "
+            f"tokens), so no block could ever be drafted (scorer eval refuses it): pass at most {longest} "
+            "(drafters use 4-16)"
+        )
+    if num_speculative_tokens is not None and num_speculative_tokens + 1 > longest:
+        raise ScorerError(
+            f"--num-speculative-tokens {num_speculative_tokens}: a chain of {num_speculative_tokens} drafts "
+            f"and the bonus token is longer than the longest sequence in {cache.path} ({longest} tokens), "
+            f"so it could never be accepted whole (scorer eval refuses it): pass at most {longest - 1} "
+            "(engines use 1-8)"
+        )
+
+
+def check_scored_sizes(
+    longest: int,
+    where: str,
+    *,
+    num_speculative_tokens: int | None = None,
+    prompt_lookup_max: int | None = None,
+    block_size: int | None = None,
+    ddtree: tuple[int, ...] = (),
+    context: int | None = None,
+    k_source: str = "--num-speculative-tokens",
+) -> None:
+    """Bound the sizes a drafter is scored or run at before anything is allocated: a chain of K
+    drafts plus the bonus token, and the n-gram proposer's longest n-gram, no longer than the longest
+    sequence (``longest`` tokens, in ``where``: a cache, or --max-length when decoding); a DDTree of N
+    nodes, verified in one target forward of N + 1 tokens, within the target's ``context``
+    (max_position_embeddings).
+
+    Raises:
+        ScorerError: naming the flag (``k_source`` for K: a flag or a config field) and the bound.
+    """
+    from scorer.errors import ScorerError
+
+    if num_speculative_tokens is not None and num_speculative_tokens + 1 > longest:
+        raise ScorerError(
+            f"{k_source} {num_speculative_tokens}: a chain of {num_speculative_tokens} drafts and the bonus "
+            f"token is longer than the longest sequence in {where} ({longest} tokens), so it could never be "
+            f"accepted whole: pass at most {longest - 1} (engines use 1-8)"
+        )
+    if prompt_lookup_max is not None and prompt_lookup_max > longest:
+        raise ScorerError(
+            f"--prompt-lookup-max {prompt_lookup_max} is longer than the longest sequence in {where} "
+            f"({longest} tokens), so no such n-gram can occur: pass at most {longest} (vLLM's default 5)"
+        )
+    if block_size is not None and block_size > longest:
+        raise ScorerError(
+            f"--block-size {block_size} is longer than the longest sequence in {where} ({longest} tokens), "
+            f"so no block could ever be drafted: pass at most {longest} (drafters use 4-16)"
+        )
+    big = [n for n in ddtree if context and n + 1 > context]
+    if big:
+        raise ScorerError(
+            f"--ddtree {big[0]}: a tree of {big[0]} nodes is verified in one target forward of {big[0] + 1} "
+            f"tokens, more than the target's context of {context} (max_position_embeddings): pass budgets "
+            f"of at most {context - 1} (DDTree's are 8-256)"
+        )
 
 
 def linear_params(module: Any) -> int:

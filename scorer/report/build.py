@@ -14,7 +14,6 @@ import numpy as np
 from hscache import schemas
 from hscache.store.info import cache_completeness
 from hscache.store.view import CacheView
-from scorer import served
 from scorer.documents import cache_block, run_stamp
 from scorer.families import family_named
 from scorer.metrics import (
@@ -29,8 +28,9 @@ from scorer.metrics import (
     tau_pooled_from_totals,
     tokens_per_round_histogram,
 )
+from scorer.offline import sampled_view
+from scorer.offline.sequences import SequenceResult, result_summary
 from scorer.report.text import token_pieces
-from scorer.sequences import SequenceResult, result_summary
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
 
@@ -227,26 +227,26 @@ def build_report(
             "speculative_num_draft_tokens): tokens per round of its greedy verification",
             "tau": _tau_block(trees, config.n_boot, config.seed),
         }
-    if served.is_sampled(cache):
+    if sampled_view.is_sampled(cache):
         _add_sampling(report, results, cache, config)
     schemas.validate(report, "eval_report")
     return report
 
 
 def _matched_view(cache: CacheView) -> Any:
-    return served.SampledView(cache) if served.is_sampled(cache) else cache
+    return sampled_view.SampledView(cache) if sampled_view.is_sampled(cache) else cache
 
 
 def _add_sampling(
     report: dict[str, Any], results: list[SequenceResult], cache: CacheView, config: Any
 ) -> None:
-    """A sampled cache's report: the ``sampling`` block (scorer/served.py) and, under the probabilistic
+    """A sampled cache's report: the ``sampling`` block (scorer/offline/sampled_view.py) and, under the probabilistic
     rule, tau and rounds as E[rounds | y] (the one-hot rounds along y stay in the per-request lists)."""
-    report["sampling"] = served.served_section(results, cache, config)
+    report["sampling"] = sampled_view.served_section(results, cache, config)
     if getattr(config, "draft_sampling", "greedy") == "probabilistic":
-        report["tau"], report["rounds"] = served.probabilistic_tau_block(results, config)
+        report["tau"], report["rounds"] = sampled_view.probabilistic_tau_block(results, config)
         report["per_request"] = [
-            served.probabilistic_request(row, r) for row, r in zip(report["per_request"], results)
+            sampled_view.probabilistic_request(row, r) for row, r in zip(report["per_request"], results)
         ]
 
 

@@ -1,6 +1,6 @@
 """``scorer compare --report F.html``: one self-contained page, several drafters on one cache.
 
-It draws what ``scorer.compare.compare_drafters`` returned: the tau table (both conventions, 95%
+It draws what ``scorer.studies.compare.compare_drafters`` returned: the tau table (both conventions, 95%
 intervals, paired deltas against the first drafter), the cost per round, and per-slot acceptance
 per drafter (``hscache.report.html.acceptance_chart``). No number is computed here.
 """

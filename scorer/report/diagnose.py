@@ -1,6 +1,6 @@
 """Rendering of ``scorer diagnose`` reports: a terminal table and a self-contained HTML page.
 
-No number is computed here: both draw what ``scorer.diagnose_run.diagnose_checkpoint`` returned.
+No number is computed here: both draw what ``scorer.diagnose.run.diagnose_checkpoint`` returned.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The page holds the tau table (both conventions with bootstrap intervals; for each cache after the
 first, the paired delta and the rounds whose accepted count changed) and per-position acceptance
 per cache, drawn with ``hscache.report.html.acceptance_chart``. No number is computed here: the
-page draws what ``scorer.evaluate.evaluate_many`` returned. The fragments are public so that the
+page draws what ``scorer.studies.evaluate.evaluate_many`` returned. The fragments are public so that the
 drift study (pipelines/drift_study.py) composes them into its own page.
 
     >>> result = evaluate_many("drafter/", ["cache_fp32/", "cache_bf16/"])  # doctest: +SKIP

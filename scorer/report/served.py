@@ -1,4 +1,4 @@
-"""A sampled cache's ``sampling`` block (scorer/served.py) on the terminal and in HTML; nothing computed here."""
+"""A sampled cache's ``sampling`` block (scorer/offline/sampled_view.py) on the terminal and in HTML; nothing computed here."""
 
 from __future__ import annotations
 
@@ -91,9 +91,9 @@ def served_html(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) -> l
 
 
 def settings_html(document: Mapping[str, Any]) -> str:
-    """The page of ``scorer compare ... --cache A --cache B`` (scorer/compare_settings.py)."""
+    """The page of ``scorer compare ... --cache A --cache B`` (scorer/studies/compare_settings.py)."""
     from hscache.report.html import html_page
-    from scorer.compare_settings import settings_table
+    from scorer.studies.compare_settings import settings_table
 
     header, rows = settings_table(dict(document))
     body = [

@@ -115,8 +115,8 @@ def test_import_of_export_equals_the_cache_on_every_shared_array(
 
 
 def test_scorer_refuses_an_imported_cache_by_name(speculators_dir, bf16_cache, tmp_path):
-    from scorer.evaluate import evaluate
     from scorer.init import init_drafter
+    from scorer.studies.evaluate import evaluate
 
     import_speculators(speculators_dir, tmp_path / "c")
     init_drafter(bf16_cache, tmp_path / "d")
@@ -185,8 +185,8 @@ def test_import_with_target_computes_the_target_arrays_from_the_last_layer(
 ):
     """speculators' last slot is the target's last layer before the final norm: the target's own norm
     and head give back exactly the arrays hscache extract stored (same dtype and device)."""
-    from scorer.evaluate import EvalConfig, evaluate
     from scorer.init import init_drafter
+    from scorer.studies.evaluate import EvalConfig, evaluate
 
     result = CliRunner().invoke(
         hscache_main,

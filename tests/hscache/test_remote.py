@@ -7,8 +7,8 @@ import torch
 
 import hscache
 from hscache.store.remote import RemoteCache, upload_cache
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
+from scorer.studies.evaluate import EvalConfig, evaluate
 from tests.hscache.tamper import reseal
 
 pytest.importorskip("s3fs", reason="pip install s3fs 'moto[server]' to test s3:// caches")

@@ -186,13 +186,102 @@ def test_requests_that_disagree_or_a_flag_that_contradicts_them_are_refused(resp
             "extract",
             "--responses-from",
             str(responses_file),
-            "--sample-top-k",
+            "--top-k",
             "5",
             "--out",
             str(tmp_path / "o"),
         ],
     )
     assert result.exit_code == 2 and result.output.strip() == (
-        f"error: --sample-top-k 5 contradicts {responses_file}'s requests (top_k 20); drop the flag"
+        f"error: --top-k 5 contradicts {responses_file}'s requests (top_k 20); drop the flag"
     )
     assert not np.any([(tmp_path / "o").exists()])
+
+
+def _scaled(factor: float):
+    """Every logprob of the first choice's position 0 plus log(factor): a support of mass x factor."""
+
+    def edit(line: dict) -> None:
+        logprobs = line["response"]["choices"][0]["logprobs"]
+        logprobs["token_logprobs"][0] += math.log(factor)
+        top = logprobs["top_logprobs"][0]
+        for k, v in top.items():
+            top[k] = v + math.log(factor) if v > -9999 else v
+
+    return edit
+
+
+def _entry(value) -> object:
+    """Position 0's support cut to 5 entries, one more set to ``value`` (NaN, inf, a string, a bool)."""
+
+    def edit(line: dict) -> None:
+        logprobs = line["response"]["choices"][0]["logprobs"]
+        drawn = logprobs["tokens"][0]
+        top = logprobs["top_logprobs"][0]
+        kept = dict([(drawn, top[drawn]), *[(k, v) for k, v in top.items() if k != drawn][:4]])
+        extra = next(k for k in top if k not in kept)
+        logprobs["top_logprobs"][0] = {**kept, extra: value}
+
+    return edit
+
+
+def _token_name(name: str):
+    def edit(line: dict) -> None:
+        logprobs = line["response"]["choices"][0]["logprobs"]
+        top = logprobs["top_logprobs"][0]
+        other = next(k for k in top if k != logprobs["tokens"][0] and top[k] > -9999)
+        top[name] = top.pop(other)
+
+    return edit
+
+
+# Issue 36 item 2: what is not a distribution is refused, by record and position, before the model runs.
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_entry(float("nan")), "has logprob nan, not a finite number <= 0"),
+        (_entry(float("inf")), "has logprob inf, not a finite number <= 0"),
+        (_entry("-0.5"), "has logprob '-0.5' (str), not a finite number <= 0"),
+        (_entry(True), "has logprob True (bool), not a finite number <= 0"),
+        (_scaled(3.0), "its support's probabilities sum to 3, not 1 within 0.0001"),
+        (_token_name("token_id:" + "9" * 5000), "not token_id:N with N a token id of at most 10 digits"),
+        (_token_name("token_id:\u0661\u0662"), "not token_id:N with N a token id of at most 10 digits"),
+    ],
+    ids=["nan", "inf", "string", "bool", "mass 3", "5000 digits", "arabic digits"],
+)
+def test_logprobs_that_are_not_a_distribution_are_refused(
+    responses_file, tmp_path, edit, message, monkeypatch
+):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the target was loaded before the file was checked")
+
+    monkeypatch.setattr("hscache.capture.extract.load_target", no_model)
+    first = json.loads(responses_file.read_text().splitlines()[0])
+    edit(first)
+    code, text = _invoke(tmp_path, [first])
+    assert (
+        code == 2
+        and len(text.splitlines()) == 1
+        and text.startswith(f"error: {tmp_path / 'bad.jsonl'}:1 (record 'fizzbuzz')")
+    ), text
+    assert message in text, text
+
+
+def test_ids_outside_the_vocabulary_or_with_surrogates_are_refused(responses_file, tmp_path):
+    first = json.loads(responses_file.read_text().splitlines()[0])
+    _token_name("token_id:99999")(first)  # in the support, past the built-in target's vocabulary
+    code, text = _invoke(tmp_path, [first])
+    assert code == 2 and text.splitlines()[-1] == (
+        "error: record 'fizzbuzz' (line 1): token id 99999 is outside the model's vocabulary of 512"
+    ), text
+    first = json.loads(responses_file.read_text().splitlines()[0])
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text(json.dumps(first).replace('"id": "fizzbuzz"', '"id": "fizz\\ud800"') + "\n")
+    result = CliRunner().invoke(
+        main, ["extract", "--responses-from", str(path), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: {path}:1: the string 'fizz\\\\ud800' holds a lone surrogate (an escape such as \\ud800 that is not "
+        "text), which cannot be stored; fix the line"
+    ), result.output
+    assert not (tmp_path / "o").exists()

@@ -89,10 +89,10 @@ def test_generation_config_takes_what_vllm_takes(tmp_path):
     ("flags", "message"),
     [
         (
-            ["--temperature", "1", "--sample-top-k", "0"],
-            "--sample-top-k 0 must be -1 (disabled) or at least 1",
+            ["--temperature", "1", "--top-k", "0"],
+            "--top-k 0 must be -1 (disabled) or at least 1",
         ),
-        (["--temperature", "1"], "sampling with top-k disabled (--sample-top-k -1, vLLM's default) leaves"),
+        (["--temperature", "1"], "sampling with top-k disabled (--top-k -1, vLLM's default) leaves"),
         (["--temperature", "-1"], "--temperature -1 must be 0 (greedy) or at least 1e-05"),
         (["--temperature", "nan"], "--temperature nan must be a finite number"),
         (["--sampling", "qwen-thinking", "--top-p", "0"], "--top-p 0 must be in (0, 1] (as vLLM requires)"),
@@ -143,7 +143,7 @@ def test_bad_sampling_flags_are_one_line_before_anything_is_written(tmp_path, fl
 def test_flags_are_checked_before_torch_is_imported():
     code = (
         "import sys\nfrom click.testing import CliRunner\nfrom hscache.cli import main\n"
-        "r = CliRunner().invoke(main, ['extract', '--out', 'x', '--temperature', '2', '--sample-top-k', '0'])\n"
+        "r = CliRunner().invoke(main, ['extract', '--out', 'x', '--temperature', '2', '--top-k', '0'])\n"
         "assert r.exit_code == 2, r.output\nprint('torch' in sys.modules)"
     )
     assert (
@@ -155,5 +155,5 @@ def test_flags_are_checked_before_torch_is_imported():
 
 
 def test_validate_knows_the_vocabulary():
-    with pytest.raises(InputError, match="^--sample-top-k 600 is larger than the model's vocabulary of 512$"):
+    with pytest.raises(InputError, match="^--top-k 600 is larger than the model's vocabulary of 512$"):
         SamplingSetting.from_flags("qwen-thinking", top_k=600).validate(vocab_size=512)

@@ -180,8 +180,8 @@ def train_mtp_head(root: Path, *, post_norm: bool, steps: int, lr: float = 3e-3)
     import torch
     import torch.nn.functional as F
 
-    from scorer.scoring import EvalConfig, load_drafter
-    from scorer.sequences import cache_final_norm
+    from scorer.offline.scoring import EvalConfig, load_drafter
+    from scorer.offline.sequences import cache_final_norm
 
     cache = hscache.open_cache(root)
     head, _ = load_drafter("target:mtp", cache, EvalConfig(num_speculative_tokens=1))
@@ -233,7 +233,7 @@ def trained_mtp_cache(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFac
     import torch
     from safetensors.torch import save_file
 
-    from scorer.sequences import cache_final_norm
+    from scorer.offline.sequences import cache_final_norm
 
     out = tmp_path_factory.mktemp("diagnose") / "trained_mtp"
     shutil.copytree(diagnose_cache, out)

@@ -26,11 +26,11 @@ from safetensors.torch import load_file, save_file
 import hscache
 from hscache.store.dtypes import DTYPES
 from scorer.cli import main
-from scorer.compare import compare_drafters
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.base import OnlineOptions
-from scorer.scoring import drafter_family, load_drafter
-from scorer.sequences import sequence_features
+from scorer.offline.scoring import drafter_family, load_drafter
+from scorer.offline.sequences import sequence_features
+from scorer.studies.compare import compare_drafters
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 ROWS = 2  # sequences the cheaper checks score
 
@@ -71,7 +71,7 @@ class FamilyContract:
     def test_online_equals_offline_round_for_round(self, scorer_cache, checkpoint):
         from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
         from hscache.capture.target import load_target
-        from scorer.online import speculative_decode
+        from scorer.online.greedy import speculative_decode
 
         cache = hscache.open_cache(scorer_cache)
         drafter, _ = load_drafter(checkpoint, cache, self.config)

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 import hscache
 from scorer.cli import main
 from scorer.errors import ScorerError
-from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.dflash.features import feature_index
 from scorer.families.dflash.score import draft_all_anchors
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 
 _SAME = ("tau", "rounds", "tokens", "requests", "tokens_per_round_histogram", "ddtree", "ddtree_detail")
 

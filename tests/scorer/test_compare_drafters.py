@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from hscache import schemas
 from scorer.cli import main
-from scorer.compare import compare_drafters
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.metrics import paired_bootstrap_delta, tau_pooled_from_totals
+from scorer.studies.compare import compare_drafters
+from scorer.studies.evaluate import EvalConfig, evaluate
 from tests.chromium import png_is_not_blank, screenshot
 
 
@@ -125,7 +125,7 @@ def test_timed_rounds_draft_what_the_replay_drafted(document, trained_drafter, e
     from scorer.families import family_named
     from scorer.families.dflash.score import draft_all_anchors
     from scorer.families.eagle3.drafting import draft_every_anchor
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
 
     cache = hscache.open_cache(scorer_cache)
     for checkpoint, name in ((trained_drafter, "dflash"), (eagle3_drafter, "eagle3")):

@@ -21,10 +21,10 @@ import torch
 
 import hscache
 from scorer.errors import CheckpointError
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.checkpoint import load_checkpoint
 from scorer.families.dflash2.seam import VARIANT, build_dflash2
-from scorer.scoring import load_drafter, score_rows
+from scorer.offline.scoring import load_drafter, score_rows
+from scorer.studies.evaluate import EvalConfig, evaluate
 from tests.scorer.family_contract import FamilyContract
 
 BLOCK = 4
@@ -142,7 +142,7 @@ def test_dflash2_drafts_equal_nemo(scorer_cache, nemo_drafter):
     features = torch.cat([hs[i + 1][0] for i in (1, 3, 7)], dim=-1)  # NeMo: hidden_states[i + 1]
     P = cache.index.column("prompt_len")[row].as_py()
     from scorer.families.dflash.features import feature_index
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
 
     ours_features = sequence_features(
         cache.hidden_states(row), feature_index(drafter.config, cache.layer_ids), torch.float32, "cpu",
@@ -179,7 +179,7 @@ def _online_equals_offline(cache_path, drafter_path, model):
     from hscache.capture.target import load_target
     from scorer.families.base import OnlineOptions
     from scorer.families.dflash2.seam import online
-    from scorer.online import speculative_decode
+    from scorer.online.greedy import speculative_decode
 
     cache = hscache.open_cache(cache_path)
     config = EvalConfig(ddtree=())
@@ -279,7 +279,7 @@ def test_scorer_init_family_dflash2_starts_from_a_dflash_drafter_and_records_the
     from click.testing import CliRunner
 
     from scorer.cli import main
-    from scorer.evaluate import EvalConfig, evaluate
+    from scorer.studies.evaluate import EvalConfig, evaluate
     from scorer.target_identity import IDENTITY_KEY
 
     runner = CliRunner()

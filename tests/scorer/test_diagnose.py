@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from hscache import schemas
 from scorer.cli import main
-from scorer.diagnose import (
+from scorer.diagnose.ranking import (
     HYPOTHESIS_KINDS,
     Hypothesis,
     Outcome,
@@ -23,7 +23,7 @@ from scorer.diagnose import (
     sequences_needed,
     verdict,
 )
-from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint, measure_drift
+from scorer.diagnose.run import DiagnoseConfig, diagnose_checkpoint, measure_drift
 from tests.chromium import png_is_not_blank, screenshot
 
 # ---- pure ranking -------------------------------------------------------------------------------
@@ -367,7 +367,7 @@ def test_a_second_cache_in_bf16_reports_its_drift_and_how_much_noise_explains(
 def test_the_shared_pass_replays_what_one_independent_pass_per_hypothesis_does(scorer_cache, trained_drafter):
     """Features and context shared across hypotheses change no number: every setting's totals and
     training-log accept length equal scorer eval's all-anchor path run on that setting alone."""
-    from scorer.diagnose_run import prepare_diagnosis
+    from scorer.diagnose.run import prepare_diagnosis
     from scorer.families.dflash.score import score_dflash_sequence
     from scorer.metrics import AcceptLen, request_totals
 
@@ -396,7 +396,7 @@ def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limi
     """Without --limit the first sample (DEFAULT_SAMPLE, 4 here) grows to ``sample_needed`` (9 here:
     the ranking's estimate is tested on hand-made inputs above), replaying only the new sequences;
     the grown sample is the first N of the same seeded order, so it replays what --limit N does."""
-    import scorer.diagnose_run as run
+    import scorer.diagnose.run as run
 
     seen = []
 

@@ -32,7 +32,7 @@ from rich.console import Console
 from safetensors.torch import load_file, save_file
 
 import hscache
-from scorer.diagnose_run import DiagnoseConfig, diagnose_checkpoint, prepare_diagnosis
+from scorer.diagnose.run import DiagnoseConfig, diagnose_checkpoint, prepare_diagnosis
 from scorer.errors import IncompatibleCacheError
 from scorer.report.diagnose import render_diagnose
 
@@ -57,8 +57,8 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_eagle3_clean_gets_no_finding_and_its_baseline_is_scorer_eval(diagnose_eagle3, diagnose_cache):
-    from scorer.evaluate import evaluate
-    from scorer.scoring import EvalConfig
+    from scorer.offline.scoring import EvalConfig
+    from scorer.studies.evaluate import evaluate
 
     report = _diagnose(diagnose_eagle3, diagnose_cache, num_speculative_tokens=3)
     assert report["family"] == "eagle3" and report["finding"] is None, report["verdict"]
@@ -115,7 +115,7 @@ def test_mtp_final_norm_counterfactual_drafts_what_the_other_head_drafts(trained
     the two heads draft differently, so the equalities are not those of one head with itself."""
     from scorer.families.mtp.draft import draft_anchors, mtp_context
     from scorer.families.mtp.seam import mtp_hidden
-    from scorer.scoring import EvalConfig, load_drafter
+    from scorer.offline.scoring import EvalConfig, load_drafter
 
     config = DiagnoseConfig(num_speculative_tokens=3, limit=2)
     plan = prepare_diagnosis("target:mtp-prenorm", [trained_mtp_cache], config)

@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 
 from scorer.cli import main
-from scorer.distributed import TaskSpec, evaluate_distributed, plan_tasks, score_task, submit_scoring
 from scorer.errors import ScorerError
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.init import init_drafter
+from scorer.studies.distributed import TaskSpec, evaluate_distributed, plan_tasks, score_task, submit_scoring
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 _TIMINGS = ("seconds", "created_at")
 

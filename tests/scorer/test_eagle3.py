@@ -14,11 +14,11 @@ from click.testing import CliRunner
 import hscache
 from hscache import schemas
 from scorer.cli import main
-from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor, draft_every_anchor_one_by_one
 from scorer.families.eagle3.init import init_eagle3, save_eagle3
 from scorer.families.eagle3.layouts import read_eagle3
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 from tests.scorer.family_contract import FamilyContract
 
 
@@ -235,7 +235,7 @@ class TestEagle3Contract(FamilyContract):
 @pytest.mark.slow
 def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
     from scorer.families.eagle3.train import train_eagle3
-    from scorer.online import OnlineConfig, run_online
+    from scorer.online.greedy import OnlineConfig, run_online
 
     cache = tmp_path / "cache"
     hscache.extract(
@@ -403,10 +403,12 @@ def test_cli_online_takes_the_chain_length(eagle3_drafter, tmp_path):
     assert result.exit_code == 2 and "--block-size" in result.output
 
 
-def test_cli_init_writes_each_layout_the_loader_reads(scorer_cache, tmp_path):
+def test_cli_init_writes_each_layout_the_loader_reads(diagnose_cache, tmp_path):
+    # diagnose_cache holds every layer, the engines' default [1, 3, 4] included (init refuses a cache
+    # that lacks one, as training does)
     for layout, weights in (("specforge", "model.safetensors"), ("eagle_release", "pytorch_model.bin")):
         out = tmp_path / layout
-        args = ["init", str(out), "--cache", str(scorer_cache), "--family", "eagle3", "--layout", layout]
+        args = ["init", str(out), "--cache", str(diagnose_cache), "--family", "eagle3", "--layout", layout]
         result = CliRunner().invoke(main, [*args, "--num-speculative-tokens", "2"])
         assert result.exit_code == 0, result.output
         assert (out / weights).is_file() and "target layers [1, 3, 4]" in result.output

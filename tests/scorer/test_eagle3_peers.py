@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import hscache
-from scorer.evaluate import EvalConfig, load_drafter
 from scorer.families.eagle3.drafting import draft_every_anchor
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, load_drafter
 
 PEERS = Path(__file__).resolve().parents[2] / ".peers"
 _STUBBED = (

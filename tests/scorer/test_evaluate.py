@@ -13,10 +13,10 @@ import hscache
 from hscache import schemas
 from hscache.capture.target import load_target
 from scorer.errors import IncompatibleCacheError
-from scorer.evaluate import EvalConfig, evaluate, load_drafter
 from scorer.families.dflash.checkpoint import load_checkpoint, save_hf_checkpoint
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.score import score_dflash_sequence
+from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 
 
 class _StandIn:

@@ -15,12 +15,12 @@ from rich.console import Console
 import hscache
 import scorer
 from scorer.errors import CheckpointError
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.families.dflash.checkpoint import load_checkpoint
 from scorer.families.dflash.features import attach_cache_head
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.report.html import render_eval_html
 from scorer.report.terminal import render_report
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 _TAU_ONLY = EvalConfig(ddtree=(), anchors="chain")
 

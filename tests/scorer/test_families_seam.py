@@ -51,7 +51,7 @@ def test_target_heads_are_parsed_in_one_place():
         ("eagle3", "--eval-every", "2"),
         ("dflash", "--num-speculative-tokens", "2"),
         ("dflash", "--layout", "specforge"),
-        ("dflash2", "--layers", "2"),
+        ("dflash2", "--draft-layers", "2"),
     ],
 )
 def test_scorer_init_refuses_another_familys_flag_by_name(scorer_cache, tmp_path, family, flag, value):
@@ -78,13 +78,13 @@ def test_scorer_init_of_a_family_without_weights_is_refused(scorer_cache, tmp_pa
     assert unknown.exit_code == 2 and "known families: mtp, eagle3, dflash2, dflash, ngram" in unknown.output
 
 
-def test_scorer_init_eagle3_through_the_seam_says_what_it_wrote(scorer_cache, tmp_path):
+def test_scorer_init_eagle3_through_the_seam_says_what_it_wrote(diagnose_cache, tmp_path):
     out = tmp_path / "eagle3"
     args = [
         "init",
         str(out),
         "--cache",
-        str(scorer_cache),
+        str(diagnose_cache),  # every layer: the engines' default [1, 3, 4] included
         "--family",
         "eagle3",
         "--num-speculative-tokens",
@@ -103,7 +103,7 @@ def test_scorer_init_eagle3_through_the_seam_says_what_it_wrote(scorer_cache, tm
 
 def test_every_loaded_drafter_is_a_drafter_of_its_family(scorer_cache, trained_drafter, eagle3_drafter):
     from hscache import open_cache
-    from scorer.evaluate import EvalConfig, load_drafter
+    from scorer.studies.evaluate import EvalConfig, load_drafter
 
     cache = open_cache(scorer_cache)
     for checkpoint, family, config in (

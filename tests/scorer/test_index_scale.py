@@ -9,7 +9,7 @@ import pyarrow as pa
 
 import hscache
 from hscache.store import jsonio
-from scorer.evaluate import EvalConfig, evaluate
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 
 def _load_synthetic_index():

@@ -13,7 +13,7 @@ from hscache.capture.target import load_target
 from scorer.errors import IncompatibleCacheError
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import context_norm, feature_index
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
 
 
 def _config(layer_ids: tuple[int, ...], hidden: int) -> DFlashConfig:

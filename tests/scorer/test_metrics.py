@@ -26,7 +26,7 @@ from scorer.metrics import (
     tokens_per_round_histogram,
     train_accept_len,
 )
-from scorer.replay import RoundLog, replay_chain
+from scorer.offline.replay import RoundLog, replay_chain
 
 # ---------------------------------------------------------------- tau
 

@@ -35,8 +35,8 @@ import hscache
 from hscache.capture.builtin import build_builtin, builtin_mtp_weights
 from scorer.cli import main
 from scorer.errors import CheckpointError
-from scorer.evaluate import EvalConfig, evaluate
-from scorer.scoring import load_drafter
+from scorer.offline.scoring import load_drafter
+from scorer.studies.evaluate import EvalConfig, evaluate
 from tests.scorer.family_contract import FamilyContract
 
 K = 3
@@ -203,7 +203,7 @@ def test_mtp_drafts_equal_vllm_transcription(scorer_cache, head_name):
             torch.testing.assert_close(state, ref_states, rtol=1e-5, atol=1e-5)
     # scorer compare's timed round drafts what the replay drafted at that anchor
     from scorer.families.mtp import MTP
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
 
     features = sequence_features(
         cache.hidden_states(row), [cache.layer_ids.index(7)], torch.float32, "cpu", head.context_norm

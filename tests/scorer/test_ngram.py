@@ -169,7 +169,7 @@ def test_settings_refused_like_vllm():
 
 
 def test_replay_hand_made_rounds():
-    """Two sequences worked out by hand (the module docstring of scorer.replay gives the rules)."""
+    """Two sequences worked out by hand (the module docstring of scorer.offline.replay gives the rules)."""
     # Greedy data; anchors 3 and 4 find no earlier [7,8] / [8,5]: plain decode steps of 1 token.
     x = np.array([5, 6, 7, 8, 5, 6, 7, 8])
     a = np.append(x[1:], 0)  # a[t] = x[t+1]: every generated token is the target's greedy one

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 import hscache
 from scorer.cli import main
-from scorer.evaluate import EvalConfig
 from scorer.families import FAMILIES, family_for, probe_checkpoint
 from scorer.families.ngram.propose import NgramConfig
 from scorer.families.ngram.replay import mean_acceptance_length, replay_ngram
+from scorer.studies.evaluate import EvalConfig
 from tests.scorer.family_contract import FamilyContract
 
 K, MIN_N, MAX_N = 3, 1, 3

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import hscache
-from scorer.evaluate import EvalConfig, evaluate
-from scorer.online import OnlineConfig, run_online
+from scorer.online.greedy import OnlineConfig, run_online
+from scorer.studies.evaluate import EvalConfig, evaluate
 from scorer.train import train_drafter
 from tests.scorer.family_contract import FamilyContract
 

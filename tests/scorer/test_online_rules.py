@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from scorer.online_rules import sglang_target_only_verify, zlab_verify
-from scorer.vllm_rejection import (
+from scorer.rules.sglang_tree import sglang_target_only_verify, zlab_verify
+from scorer.rules.vllm_chain import (
     RoundNoise,
     draw_gumbel,
     draw_round_noise,

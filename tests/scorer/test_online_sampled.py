@@ -1,4 +1,4 @@
-"""``scorer online`` at temperature > 0 (scorer/online_sampled.py): the target verifying by vLLM's
+"""``scorer online`` at temperature > 0 (scorer/online/sampled.py): the target verifying by vLLM's
 MRV2 rule. Checked against independent computations: greedy online at a one-token top-k, a
 vLLM-order processor written here from a plain transformers forward, the pure kernel on the
 recorded noise, and the distribution of the emitted tokens."""
@@ -16,9 +16,9 @@ from hscache import schemas
 from hscache.capture.target import load_target
 from hscache.store.sampling import SamplingSetting
 from scorer.families.base import OnlineOptions
-from scorer.online import open_online, speculative_decode
-from scorer.online_sampled import DecodeSettings, RunResult, decode_runs, summarise_runs
-from scorer.vllm_rejection import mrv2_verify
+from scorer.online.greedy import open_online, speculative_decode
+from scorer.online.sampled import DecodeSettings, RunResult, decode_runs, summarise_runs
+from scorer.rules.vllm_chain import mrv2_verify
 from tests.scorer.sampling_stats import chi_square_pvalue
 
 MODEL = "builtin:tiny-qwen3.5"
@@ -248,7 +248,7 @@ def test_emitted_tokens_follow_the_processed_target_distribution():
 
 
 def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interval():
-    from scorer.online import OnlineRequest
+    from scorer.online.greedy import OnlineRequest
 
     runs = [
         RunResult(i, (OnlineRequest("a", 3, (1, 2, 3, 4), rounds),))
@@ -277,10 +277,10 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
         (["--runs", "4"], "--runs applies to sampled decoding only"),
         (["--draft-sampling", "probabilistic"], "--draft-sampling applies to sampled decoding only"),
         (["--seed", "3"], "--seed 3 does nothing at temperature 0"),
-        (["--temperature", "0.7", "--sample-top-k", "0"], "--sample-top-k 0 must be -1"),
-        (["--temperature", "0.7"], "pass --sample-top-k K"),
+        (["--temperature", "0.7", "--top-k", "0"], "--top-k 0 must be -1"),
+        (["--temperature", "0.7"], "pass --top-k K"),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--runs", "0"],
+            ["--temperature", "0.7", "--top-k", "5", "--runs", "0"],
             "'--runs': 0 is not in the range x>=1",
         ),
         (["--sampling", "qwen-thinking", "--draft-sampling", "sometimes"], "'--draft-sampling': 'sometimes'"),
@@ -291,18 +291,18 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             "--ddtree: scorer online verifies DDTree by SGLang's tree rule at temperature > 0",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "0"],
+            ["--temperature", "0.7", "--top-k", "5", "--ddtree", "0"],
             "'--ddtree': 0 is not in the range",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "4", "--tree", "2,2,4"],
+            ["--temperature", "0.7", "--top-k", "5", "--ddtree", "4", "--tree", "2,2,4"],
             "--tree is SGLang's EAGLE tree (EAGLE-3, MTP) and --ddtree DFlash's DDTree: pass one of them",
         ),
         (
             [
                 "--temperature",
                 "0.7",
-                "--sample-top-k",
+                "--top-k",
                 "5",
                 "--ddtree",
                 "4",
@@ -315,7 +315,7 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             [
                 "--temperature",
                 "0.7",
-                "--sample-top-k",
+                "--top-k",
                 "5",
                 "--tree",
                 "2,2,4",
@@ -325,11 +325,11 @@ def test_summary_over_runs_is_the_mean_its_standard_error_and_a_bootstrap_interv
             "no engine verifies a tree with probabilistic drafts",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4", "--repetition-penalty", "1.2"],
+            ["--temperature", "0.7", "--top-k", "5", "--tree", "2,2,4", "--repetition-penalty", "1.2"],
             "--repetition-penalty 1.2 is not part of it",
         ),
         (
-            ["--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "4", "--min-p", "0.1"],
+            ["--temperature", "0.7", "--top-k", "5", "--ddtree", "4", "--min-p", "0.1"],
             "--ddtree runs SGLang's rule, and --min-p 0.1 is not transcribed",
         ),
     ],

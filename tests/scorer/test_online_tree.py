@@ -1,4 +1,4 @@
-"""``scorer online --tree`` at temperature > 0 (scorer/online_sampled.py): SGLang's EAGLE tree drafted
+"""``scorer online --tree`` at temperature > 0 (scorer/online/sampled.py): SGLang's EAGLE tree drafted
 online is the tree the offline replay builds, and the loop reports it as SGLang's rule.
 
 The offline-equals-online comparison of tree tau is in tests/scorer/test_served_vs_online.py.
@@ -17,9 +17,9 @@ import hscache
 from hscache import schemas
 from scorer.families.autoregressive import candidate_trees
 from scorer.families.base import OnlineOptions
-from scorer.online import open_online
-from scorer.scoring import EvalConfig, load_drafter
-from scorer.sequences import sequence_features
+from scorer.offline.scoring import EvalConfig, load_drafter
+from scorer.offline.sequences import sequence_features
+from scorer.online.greedy import open_online
 
 MODEL = "builtin:tiny-qwen3.5"
 TREE = (3, 2, 6)  # two children per node, a depth-3 frontier: siblings, depths and the N-1 cut all matter
@@ -115,7 +115,7 @@ def test_cli_ddtree_run_writes_the_tree_rule_and_budget_into_a_valid_report(trai
     from scorer.cli import main
 
     out = tmp_path / "online.json"
-    args = ["online", str(trained_drafter), "--temperature", "0.7", "--sample-top-k", "5", "--ddtree", "3"]
+    args = ["online", str(trained_drafter), "--temperature", "0.7", "--top-k", "5", "--ddtree", "3"]
     result = CliRunner().invoke(
         main, [*args, "--runs", "2", "--limit", "1", "--max-new-tokens", "4", "--json", str(out)]
     )
@@ -138,7 +138,7 @@ def test_cli_tree_run_writes_sglangs_rule_into_a_valid_report(tmp_path):
     from scorer.cli import main
 
     out = tmp_path / "online.json"
-    args = ["online", "target:mtp", "--temperature", "0.7", "--sample-top-k", "5", "--tree", "2,2,4"]
+    args = ["online", "target:mtp", "--temperature", "0.7", "--top-k", "5", "--tree", "2,2,4"]
     args += ["--presence-penalty", "1.5"]
     result = CliRunner().invoke(
         main, [*args, "--runs", "2", "--limit", "1", "--max-new-tokens", "4", "--json", str(out)]
@@ -177,8 +177,8 @@ def test_a_family_without_an_online_tree_is_refused_by_name(
     its per-slot top-K DDTree would be another drafter than the one it serves (no engine runs it)."""
     from hscache.store.sampling import SamplingSetting
     from scorer.errors import ScorerError
-    from scorer.online import OnlineConfig
-    from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
+    from scorer.online.greedy import OnlineConfig
+    from scorer.online.sampled import SampledOnlineConfig, run_online_sampled
 
     if checkpoint == "dflash":
         checkpoint = str(trained_drafter)
@@ -193,7 +193,7 @@ def test_a_family_without_an_online_tree_is_refused_by_name(
 
 
 def _sglang_processed(logits: torch.Tensor, fed: list[int], s) -> torch.Tensor:
-    """SGLang's tree verification of one row, written here from its source (scorer.online_sampled.SGLANG_PENALTY):
+    """SGLang's tree verification of one row, written here from its source (scorer.online.sampled.SGLANG_PENALTY):
     linear_penalty = zeros; the presence penalizer subtracts its value at every fed token (scatter), the
     frequency one its value times the count (scatter_add); logits + linear_penalty; softmax(/T);
     top_k_renorm_prob; top_p_renorm_prob (the smallest top prefix reaching p, renormalised)."""
@@ -218,7 +218,7 @@ def test_sglang_relaxed_penalty_is_one_pre_round_vector_for_every_node():
     rule instead penalises a draft again at the rows after it, so a candidate repeating an in-round draft
     keeps more probability under SGLang's."""
     from hscache.store.sampling import SamplingSetting
-    from scorer.online_sampled import RowBlock, processed_rows, sglang_penalty_history
+    from scorer.online.sampled import RowBlock, processed_rows, sglang_penalty_history
 
     vocab = 12
     s = SamplingSetting(
@@ -252,7 +252,7 @@ def test_tree_rounds_process_every_node_with_the_pre_round_penalty():
 
     from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
     from hscache.store.sampling import SamplingSetting
-    from scorer.online_sampled import DecodeSettings, decode_runs
+    from scorer.online.sampled import DecodeSettings, decode_runs
 
     session = open_online("target:mtp", MODEL, "fp32", OnlineOptions(overrides={}))
     target = session.target

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scorer.families.dflash.ddtree import ROOT, build_tree, replay_ddtree, replay_trees, walk_tree
-from scorer.replay import RoundLog, replay_chain, slot_matches
+from scorer.offline.replay import RoundLog, replay_chain, slot_matches
 
 
 def _greedy_sequence(rng: np.random.Generator, seq_len: int, vocab: int, off_rate: float = 0.0):

@@ -151,11 +151,11 @@ def test_an_output_path_that_is_a_directory_is_refused_before_scoring(
     command, flag, trained_drafter, scorer_cache, tmp_path, monkeypatch
 ):
     """Was: everything scored, then IsADirectoryError."""
-    import scorer.compare
-    import scorer.diagnose_run
+    import scorer.diagnose.run
+    import scorer.studies.compare
 
-    monkeypatch.setattr(scorer.compare, "compare_drafters", _never("compare"))
-    monkeypatch.setattr(scorer.diagnose_run, "diagnose_checkpoint", _never("diagnose"))
+    monkeypatch.setattr(scorer.studies.compare, "compare_drafters", _never("compare"))
+    monkeypatch.setattr(scorer.diagnose.run, "diagnose_checkpoint", _never("diagnose"))
     args = [command, str(trained_drafter), "--cache", str(scorer_cache), flag, str(tmp_path)]
     assert _one_line(CliRunner().invoke(main, args)) == (
         f"error: {flag} {tmp_path} is a directory; choose a file path"
@@ -166,9 +166,9 @@ def test_compare_refuses_a_bad_later_checkpoint_before_scoring_the_first(
     trained_drafter, scorer_cache, tmp_path, monkeypatch
 ):
     """Was: the first drafter replayed in full, then "unknown target head" (or "another target")."""
-    import scorer.compare
+    import scorer.studies.compare
 
-    monkeypatch.setattr(scorer.compare, "score_cache", _never("scoring"))
+    monkeypatch.setattr(scorer.studies.compare, "score_cache", _never("scoring"))
     other = _edited_drafter(trained_drafter, tmp_path / "other", weights_sha256="0" * 64)
     for bad, fragment in (
         ("target:foo", "unknown target head 'foo'"),
@@ -183,9 +183,9 @@ def test_compare_refuses_a_bad_later_checkpoint_before_scoring_the_first(
 def test_sweep_refuses_an_out_that_is_a_file_before_scoring(
     trained_drafter, scorer_cache, tmp_path, monkeypatch
 ):
-    import scorer.sweep
+    import scorer.studies.sweep
 
-    monkeypatch.setattr(scorer.sweep, "evaluate", _never("scoring"))
+    monkeypatch.setattr(scorer.studies.sweep, "evaluate", _never("scoring"))
     run = tmp_path / "run"
     shutil.copytree(trained_drafter, run / "step_100")
     (tmp_path / "notes").write_text("x")
@@ -306,14 +306,14 @@ def test_sweep_names_the_checkpoint_it_cannot_score_and_keep_going_scores_the_re
 def test_not_a_cache_errors_fit_the_path(trained_drafter, scorer_cache, tmp_path, monkeypatch):
     """The drafter and the cache swapped is said as such (was: "holds no model.safetensors ..."), and
     a second --cache that is no cache is refused before the first is scored."""
-    import scorer.evaluate
+    import scorer.studies.evaluate
 
     swapped = ["eval", str(scorer_cache), "--cache", str(scorer_cache)]
     assert _one_line(CliRunner().invoke(main, swapped)) == (
         f"error: {scorer_cache} is a hidden-state cache (it holds manifest.json), not a drafter; pass the "
         f"drafter first and the cache with --cache (e.g. scorer eval DRAFTER --cache {scorer_cache})"
     )
-    monkeypatch.setattr(scorer.evaluate, "score_cache", _never("scoring"))
+    monkeypatch.setattr(scorer.studies.evaluate, "score_cache", _never("scoring"))
     a_file = tmp_path / "notes.txt"
     a_file.write_text("x")
     for second, what in ((a_file, "is a file"), (trained_drafter, "is a drafter or model directory")):
@@ -397,10 +397,10 @@ def test_compare_redirected_prints_whole_plain_tables(compared):
 
 
 def test_compare_format_markdown(compared, monkeypatch):
-    import scorer.compare
+    import scorer.studies.compare
 
     _, document, long_name, args = compared
-    monkeypatch.setattr(scorer.compare, "compare_drafters", lambda *a, **k: document)
+    monkeypatch.setattr(scorer.studies.compare, "compare_drafters", lambda *a, **k: document)
     result = CliRunner().invoke(main, [*args, "--format", "markdown"])
     assert result.exit_code == 0, result.output
     table = [line for line in result.output.splitlines() if line.startswith("|")]
@@ -416,7 +416,7 @@ def test_compare_reports_progress_per_drafter(compared):
 
 def test_draft_time_is_a_median_with_its_spread(compared):
     """Was: one timing per round after one warm-up call (the same drafter gave 198 and 19 ms)."""
-    from scorer.compare import TIMING_REPEATS
+    from scorer.studies.compare import TIMING_REPEATS
 
     result, document, _, _ = compared
     for row in document["drafters"]:
@@ -438,12 +438,12 @@ def test_rounds_are_timed_after_warm_up_as_the_fastest_of_repeats_on_one_thread(
 
     import torch
 
-    import scorer.compare
-    from scorer.compare import TIMING_REPEATS, WARMUP_ROUNDS, compare_drafters
-    from scorer.evaluate import EvalConfig
+    import scorer.studies.compare
+    from scorer.studies.compare import TIMING_REPEATS, WARMUP_ROUNDS, compare_drafters
+    from scorer.studies.evaluate import EvalConfig
 
     calls: list[tuple[float, int]] = []
-    real_family = scorer.compare.drafter_family
+    real_family = scorer.studies.compare.drafter_family
 
     def time_round(drafter, features, tokens, anchor, tau):
         n = len(calls)
@@ -453,7 +453,9 @@ def test_rounds_are_timed_after_warm_up_as_the_fastest_of_repeats_on_one_thread(
         return seconds, []
 
     monkeypatch.setattr(
-        scorer.compare, "drafter_family", lambda d: dataclasses.replace(real_family(d), time_round=time_round)
+        scorer.studies.compare,
+        "drafter_family",
+        lambda d: dataclasses.replace(real_family(d), time_round=time_round),
     )
     config, before = EvalConfig(ddtree=(), limit=2), torch.get_num_threads()
     torch.set_num_threads(threads := 2)  # a thread pool, as by default on any multi-core machine
@@ -475,7 +477,7 @@ def test_rounds_are_timed_after_warm_up_as_the_fastest_of_repeats_on_one_thread(
 
 
 def test_round_time_summary_is_the_median_and_half_the_interquartile_range():
-    from scorer.compare import round_time_summary
+    from scorer.studies.compare import round_time_summary
 
     times = [0.9, 0.1, 0.5, 0.3, 0.7, 0.2, 0.4]
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")  # numpy's default (linear)

@@ -257,7 +257,7 @@ def test_samples_show_whole_runs_under_a_heading(scorer_cache, trained_drafter, 
 def test_online_compares_the_recorded_target_with_the_model(trained_drafter, tmp_path):
     """Issue 20.2 for `scorer online`: the drafter's recorded target against --model."""
     from scorer.errors import IncompatibleCacheError
-    from scorer.online import OnlineConfig, run_online
+    from scorer.online.greedy import OnlineConfig, run_online
 
     other = tmp_path / "other"
     shutil.copytree(trained_drafter, other)

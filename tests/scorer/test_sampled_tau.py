@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from scorer.metrics import bootstrap_ci
-from scorer.sampled_tau import prompt_totals, sampled_tau, sampled_tau_from_totals
-from scorer.verification import SequenceRounds
+from scorer.offline.sampled_tau import prompt_totals, sampled_tau, sampled_tau_from_totals
+from scorer.rules.expectation import SequenceRounds
 
 ROUNDS = [
     SequenceRounds(tokens=10, expected_rounds=4.0, served_accepted=(3.0, 1.0)),

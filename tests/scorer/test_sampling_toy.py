@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from scorer.families.dflash.ddtree import Tree, replay_trees
-from scorer.online_rules import sglang_target_only_verify
-from scorer.replay import replay_chain
-from scorer.verification import (
+from scorer.offline.replay import replay_chain
+from scorer.rules.expectation import (
     all_anchor_acceptance,
     onehot_acceptance,
     rounds_from_log,
@@ -27,7 +26,8 @@ from scorer.verification import (
     sequence_rounds,
     slot_acceptance,
 )
-from scorer.vllm_rejection import draw_gumbel, draw_round_noise, gumbel_argmax, mrv2_verify
+from scorer.rules.sglang_tree import sglang_target_only_verify
+from scorer.rules.vllm_chain import draw_gumbel, draw_round_noise, gumbel_argmax, mrv2_verify
 from tests.scorer.sampling_stats import mean_and_se
 
 V, TEMP, TOP_K, K, L = 8, 0.8, 5, 4, 120

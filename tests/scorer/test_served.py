@@ -1,4 +1,4 @@
-"""Scoring a SAMPLED cache as served (scorer/served.py, docs/sampling.md; issue 25 items 3 and 5).
+"""Scoring a SAMPLED cache as served (scorer/offline/sampled_view.py, docs/sampling.md; issue 25 items 3 and 5).
 
 Every number is set against an independent computation: the one-hot rounds against a round loop
 written here that drafts one anchor at a time (the family's single-anchor reference path) and
@@ -18,10 +18,10 @@ from click.testing import CliRunner
 import hscache
 from scorer.cli import main
 from scorer.errors import ScorerError
-from scorer.evaluate import EvalConfig, evaluate
-from scorer.scoring import load_drafter
-from scorer.served_eval import tau_as_served
-from scorer.verification import sequence_rounds, slot_acceptance
+from scorer.offline.scoring import load_drafter
+from scorer.rules.expectation import sequence_rounds, slot_acceptance
+from scorer.studies.evaluate import EvalConfig, evaluate
+from scorer.studies.tau_as_served import tau_as_served
 
 FAST = dict(n_boot=50, ddtree=())
 
@@ -57,7 +57,7 @@ def _dflash_block(drafter, features, y, a):
 
 def _features(drafter, cache, row):
     from scorer.families.dflash.features import feature_index
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
 
     index = feature_index(drafter.config, cache.layer_ids)
     return sequence_features(
@@ -371,7 +371,7 @@ def test_sglang_tree_on_a_min_p_cache_is_refused_by_name_and_vllm_chains_are_not
 
     from hscache.store.sampling import PRESETS, SamplingSetting
     from scorer.families import family_named
-    from scorer.served import check_request
+    from scorer.offline.sampled_view import check_request
 
     base = SamplingSetting.from_dict({**PRESETS["qwen-thinking-coding"], "seed": 0})
     for min_p, refused in ((0.05, True), (0.0, False)):

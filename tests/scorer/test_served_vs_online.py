@@ -1,4 +1,4 @@
-"""Offline tau as served (scorer/served_eval.py) equals ``scorer online``'s pooled tau at T > 0, and the
+"""Offline tau as served (scorer/studies/tau_as_served.py) equals ``scorer online``'s pooled tau at T > 0, and the
 comparison tells the two verification rules apart (issue 25, first "Done when"; the every-family table
 is bench/sampled_agreement.py's, in docs/sampling.md "Offline equals online").
 
@@ -17,10 +17,10 @@ import hscache
 from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
 from hscache.store.sampling import SamplingSetting
 from scorer.families.base import OnlineOptions
-from scorer.online import open_online
-from scorer.online_sampled import DecodeSettings, decode_runs, summarise_runs
-from scorer.scoring import EvalConfig
-from scorer.served_eval import tau_as_served
+from scorer.offline.scoring import EvalConfig
+from scorer.online.greedy import open_online
+from scorer.online.sampled import DecodeSettings, decode_runs, summarise_runs
+from scorer.studies.tau_as_served import tau_as_served
 
 # The setting (measured, see the test's docstring): top-k 2 at T 0.03 on the built-in target (top-1
 # logit gaps ~0.05-0.4) keeps p(greedy token) ~0.8-1, so sampled trajectories stay long on the greedy

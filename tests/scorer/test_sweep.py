@@ -11,13 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 import hscache
-import scorer.sweep as sweep_module
+import scorer.studies.sweep as sweep_module
 from scorer.cli import main
 from scorer.errors import ScorerError
-from scorer.evaluate import EvalConfig
 from scorer.init import init_drafter
 from scorer.report.sweep import write_outputs
-from scorer.sweep import find_checkpoints, parse_step, sweep
+from scorer.studies.evaluate import EvalConfig
+from scorer.studies.sweep import find_checkpoints, parse_step, sweep
 
 # init_drafter's block size: step_1k/ holds bare weights, and a block size is never defaulted.
 CONFIG = EvalConfig(ddtree=(8,), n_boot=20, block_size=8)
@@ -149,7 +149,7 @@ def test_sweep_on_a_cluster_matches_and_cli(run_dir, scale_cache, tmp_path, dask
 def test_sweep_help_names_only_its_own_flags_and_real_defaults():
     """Issue 26, item 17: --seed mentioned a --samples that sweep does not have; --tokens-per-task
     showed an internal name as its default."""
-    from scorer.distributed import DEFAULT_TASK_TOKENS
+    from scorer.studies.distributed import DEFAULT_TASK_TOKENS
 
     text = " ".join(CliRunner().invoke(main, ["sweep", "--help"]).output.split())
     assert "--samples" not in text and "Seed of the bootstrap intervals. [default: 0;" in text

@@ -14,8 +14,8 @@ import torch
 
 from scorer.families.autoregressive import greedy_walk
 from scorer.families.dflash.ddtree import Tree, build_tree, replay_ddtree, replay_trees
-from scorer.replay import replay_chain, round_loop
-from scorer.verification import (
+from scorer.offline.replay import replay_chain, round_loop
+from scorer.rules.expectation import (
     all_anchor_acceptance,
     depth_acceptance,
     draft_log_q,

@@ -25,7 +25,7 @@ EVAL_OPTIONS = frozenset(
         "rope_theta",
     }
 )
-# The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.HYPOTHESIS_KINDS order.
+# The hypotheses of a DFlash drafter (DFlash2 adds "selector"), in scorer.diagnose.ranking.HYPOTHESIS_KINDS order.
 DFLASH_KINDS = (
     "position_offset",
     "layer_ids",
@@ -58,7 +58,7 @@ DFLASH = Family(
     eval_options=EVAL_OPTIONS,
     init=lazy(_SEAM, "init"),
     train=lazy(_SEAM, "train"),
-    init_options=("num_layers", "block_size", "eval_every", "on_eval"),
+    init_options=("num_layers", "block_size", "mask_token_id", "eval_every", "on_eval"),
     from_module=lazy(_SEAM, "module_drafter"),
     fallback=True,
     diagnose_kinds=DFLASH_KINDS,

@@ -332,11 +332,14 @@ def _resolve_config(
             )
         fields.setdefault(name, value)
         sources.setdefault(name, "shapes")
+    overridden: list[str] = []
     for name, value in overrides.items():
         if sources.get(name) == "shapes" and fields[name] != value:
             raise CheckpointError(f"{root}: override {name}={value} contradicts the weights ({fields[name]})")
         if name in fields and sources[name] != "shapes" and fields[name] != value:
             notes.append(f"override {name}={value!r} replaced {sources[name]} value {fields[name]!r}")
+            if said := _override_warning(name, fields[name], value, sources[name]):
+                overridden.append(said)
         fields[name], sources[name] = value, "override"
     if "target_layer_ids" not in fields and fields.get("num_target_layers") is not None:
         fields["target_layer_ids"] = derive_target_layer_ids(
@@ -370,7 +373,7 @@ def _resolve_config(
             f"{len(fields['target_layer_ids'])} entries but fc.weight takes {k_features} "
             "features"
         )
-    warnings = _warnings(layers, sources, fields, fallbacks or {})
+    warnings = overridden + _warnings(layers, sources, fields, fallbacks or {})
     if not have_config:
         guessed = [
             f"{n}={fields[n]!r}"
@@ -389,6 +392,30 @@ def _resolve_config(
 
 
 _OPTIONAL = {"num_target_layers", "layer_types", "sliding_window", "is_causal"}
+
+
+def _override_warning(name: str, stated: Any, given: Any, label: str) -> str | None:
+    """One line for the report when a flag replaces what the drafter was trained with (its config
+    ``label`` states ``stated``): the numbers are then those of another drafter (issue 35 item 8)."""
+    if name == "target_layer_ids":
+        stated, given = [int(i) for i in stated], [int(i) for i in given]
+        how = "reorders" if sorted(stated) == sorted(given) else "replaces"
+        return (
+            f"--target-layer-ids {','.join(map(str, given))} {how} the layers the drafter's {label} states "
+            f"{stated}: each feature slot reads another layer than it was trained on, so this scores a "
+            "different drafter (drop the flag to score the one trained)"
+        )
+    if name == "block_size":
+        more = (
+            f"drafts slots {int(stated)}-{int(given) - 1} it was never trained on"
+            if int(given) > int(stated)
+            else f"drafts {int(given) - 1} of its {int(stated) - 1} trained slots"
+        )
+        return f"--block-size {given} overrides the drafter's trained block size {stated} (its {label}): it {more}"
+    flag = {"mask_token_id": "--mask-token-id", "rope_theta": "--rope-theta"}.get(name)
+    if flag is None:
+        return None
+    return f"{flag} {given} replaces the {stated!r} the drafter's {label} states: scored as given, not as trained"
 
 
 def _find_key(obj: Any, key: str, trail: str = "", null: bool = False) -> str | None:

@@ -311,5 +311,5 @@ def _reject_unsupported(config: dict[str, Any]) -> None:
     if problems:
         raise ValueError(
             f"unsupported DFlash drafter variant ({'; '.join(problems)}); this scorer "
-            "implements the block-diffusion drafter of spec/dflash.md section 1 only"
+            "implements the block-diffusion drafter of z-lab's DFlash only (docs/families.md)"
         )

@@ -1,5 +1,5 @@
 """DDTree: a draft tree built from ONE DFlash forward, its greedy walk, a draft-only surrogate, and
-the DDTree round loop replayed (on the shared round loop of scorer.replay).
+the DDTree round loop replayed (on the shared round loop of scorer.offline.replay).
 
 Spec section 4. The drafter gives per-slot distributions q_1..q_L (L = B-1, one per block
 slot; they are per-slot marginals, so every node at depth d has the same candidate children,
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from scorer.replay import RoundLog, check_anchor_rows, check_sequence, replay_walk
+from scorer.offline.replay import RoundLog, check_anchor_rows, check_sequence, replay_walk
 
 __all__ = [
     "ROOT",

@@ -26,7 +26,7 @@ from hscache.capture.forward import head_rows, row_chunks
 from hscache.store import jsonio
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
-from scorer.diagnose import (
+from scorer.diagnose.ranking import (
     DiagnosisInputs,
     FamilyDiagnosis,
     Hypothesis,
@@ -40,8 +40,8 @@ from scorer.families.dflash.model import DFlashDrafter
 from scorer.families.dflash.score import score_dflash_sequences_chain
 from scorer.formats.files import read_training_state_contract
 from scorer.metrics import AcceptLen, request_totals, train_accept_len
-from scorer.replay import RoundLog, replay_chain
-from scorer.sequences import sequence_features
+from scorer.offline.replay import RoundLog, replay_chain
+from scorer.offline.sequences import sequence_features
 
 __all__ = [
     "COMMON_ROPE_THETAS",

@@ -1,6 +1,6 @@
 """From a cache to what a DFlash drafter consumes: the target head, its layers' positions in the
 cache, the final norm its last layer is read after. Checks compatibility before anything is computed
-(the checks and features every family shares are scorer.sequences)."""
+(the checks and features every family shares are scorer.offline.sequences)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.sequences import ContextNorm, check_fits, fit_problems
+from scorer.offline.sequences import ContextNorm, check_fits, fit_problems
 
 __all__ = ["attach_cache_head", "cache_fallbacks", "check_compatible", "context_norm", "feature_index"]
 

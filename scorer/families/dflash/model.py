@@ -33,7 +33,7 @@ from scorer.families.dflash.attention import (
 )
 from scorer.families.dflash.config import DFlashConfig
 from scorer.layers import RMSNorm, SwiGLU, rotate_half
-from scorer.served import head_log_q
+from scorer.offline.sampled_view import head_log_q
 
 __all__ = ["AttentionBackend", "DFlashDrafter"]
 

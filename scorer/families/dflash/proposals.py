@@ -1,4 +1,4 @@
-"""Block drafters' proposals along a sampled trajectory, for the probabilistic rule (scorer/served.py).
+"""Block drafters' proposals along a sampled trajectory, for the probabilistic rule (scorer/offline/sampled_view.py).
 
 One block forward per anchor a gives the rows of all B-1 slots; they depend on the context up to
 a and the mask tokens, never on the drafted values (spec/sampling.md 4.3), so the block drafted at
@@ -20,9 +20,9 @@ from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.dflash.features import feature_index
-from scorer.sequences import sequence_features
-from scorer.served import proposal_arrays
-from scorer.verification import slot_tokens
+from scorer.offline.sampled_view import proposal_arrays
+from scorer.offline.sequences import sequence_features
+from scorer.rules.expectation import slot_tokens
 
 __all__ = ["block_log_q", "block_proposals"]
 

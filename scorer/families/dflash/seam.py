@@ -25,6 +25,7 @@ from scorer.families.base import (
     OnlineOptions,
     Proposer,
     attention_flops,
+    check_scored_sizes,
     linear_params,
     target_head_name,
 )
@@ -49,7 +50,7 @@ from scorer.families.dflash.score import (
     score_dflash_sequence,
     score_dflash_sequences_chain,
 )
-from scorer.sequences import (
+from scorer.offline.sequences import (
     CachedSequence,
     SequenceResult,
     cached_sequences,
@@ -158,6 +159,10 @@ def check_sizes(loaded: LoadedCheckpoint, cache: CacheView, config: Any) -> None
             f"of {B} queries over up to {longest + B} keys), more than --memory-gb {config.memory_gb}: pass a "
             "smaller block size or a larger --memory-gb"
         )
+    context = int((cache.target_config or {}).get("max_position_embeddings") or 0) or None
+    check_scored_sizes(
+        longest, str(cache.path), ddtree=tuple(getattr(config, "ddtree", None) or ()), context=context
+    )
     with torch.device("meta"):
         described = sum(p.numel() for p in DFlashDrafter(loaded.config).parameters())
     held = sum(t.numel() for t in loaded.state_dict.values())

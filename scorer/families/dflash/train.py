@@ -8,7 +8,6 @@ Run it as ``scorer init OUT --cache C --train-steps N`` or ``scorer.train.train_
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from scorer.families.dflash.checkpoint import save_hf_checkpoint
 from scorer.families.dflash.features import attach_cache_head, context_norm, feature_index
 from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dflash.model import DFlashDrafter
-from scorer.sequences import sequence_features
+from scorer.offline.sequences import sequence_features
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["DFlashTrainConfig", "train_dflash"]
@@ -114,10 +113,12 @@ def train_dflash(
         raise ScorerError("eval_every needs the evaluate function (scorer.train.train_drafter passes it)")
     cache = hscache.open_cache(cache_path)
     drafter_config = dflash_config_for_cache(
-        cache, num_layers=config.num_layers, block_size=config.block_size, layer_ids=config.layer_ids
+        cache,
+        num_layers=config.num_layers,
+        block_size=config.block_size,
+        layer_ids=config.layer_ids,
+        mask_token_id=config.mask_token_id,
     )
-    if config.mask_token_id is not None:
-        drafter_config = dataclasses.replace(drafter_config, mask_token_id=config.mask_token_id)
     torch.manual_seed(config.seed)
     drafter = DFlashDrafter(drafter_config)
     for param in drafter.parameters():

@@ -12,7 +12,7 @@ from scorer.families.dflash import DFLASH_KINDS, EVAL_OPTIONS
 
 __all__ = ["DFLASH2", "DFLASH2_KINDS"]
 
-# DFlash's hypotheses plus the path selector (scorer.diagnose.HYPOTHESIS_KINDS order).
+# DFlash's hypotheses plus the path selector (scorer.diagnose.ranking.HYPOTHESIS_KINDS order).
 DFLASH2_KINDS = (*DFLASH_KINDS[:6], "selector", *DFLASH_KINDS[6:])
 _SEAM = "scorer.families.dflash2.seam"
 _DFLASH_SEAM = "scorer.families.dflash.seam"

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
-from scorer.diagnose import DiagnosisInputs, FamilyDiagnosis, Hypothesis
+from scorer.diagnose.ranking import DiagnosisInputs, FamilyDiagnosis, Hypothesis
 from scorer.families.dflash.diagnose import Setting
 from scorer.families.dflash.diagnose import diagnose as diagnose_dflash
 from scorer.families.dflash.score import block_drafts

@@ -14,7 +14,7 @@ __all__ = ["EAGLE3", "EAGLE3_KINDS", "EVAL_OPTIONS"]
 
 # The EvalConfig fields a drafter of K chained tokens reads (MTP reads the same).
 EVAL_OPTIONS = frozenset({"num_speculative_tokens", "tree"})
-# scorer.diagnose.HYPOTHESIS_KINDS order.
+# scorer.diagnose.ranking.HYPOTHESIS_KINDS order.
 EAGLE3_KINDS = ("position_offset", "layer_ids", "final_norm", "rope_theta", "d2t")
 _SEAM = "scorer.families.eagle3.seam"
 

@@ -1,5 +1,5 @@
 """``scorer diagnose`` for EAGLE-3 drafters: the conventions an EAGLE-3 trainer and server can
-disagree on, each replayed on the same cached sequences (scorer/diagnose.py ranks them).
+disagree on, each replayed on the same cached sequences (scorer/diagnose/ranking.py ranks them).
 
 - ``layer_ids`` +-1: the aux layer ids (vLLM / speculators ``eagle_aux_hidden_state_layer_ids``
   count the embedding as hidden state 0, SGLang / SpecForge ids do not: the same +1 that separates
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hscache.store.dtypes import DTYPES
-from scorer.diagnose import (
+from scorer.diagnose.ranking import (
     DiagnosisInputs,
     FamilyDiagnosis,
     Hypothesis,
@@ -40,7 +40,7 @@ from scorer.families.eagle3 import EAGLE3_KINDS
 from scorer.families.eagle3.config import Eagle3Config
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.model import Eagle3Drafter
-from scorer.sequences import cache_final_norm, sequence_features
+from scorer.offline.sequences import cache_final_norm, sequence_features
 
 __all__ = ["EAGLE3_KINDS", "Eagle3Replayer", "Eagle3Setting", "candidates", "diagnose"]
 

@@ -19,10 +19,12 @@ import hscache
 from hscache.store.fsio import atomic_write_with
 from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.errors import IncompatibleCacheError
+from scorer.families.base import check_new_drafter_sizes
 from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
-from scorer.sequences import check_has_target
+from scorer.offline.sequences import check_has_target, layer_fit_problem
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = ["EAGLE3_LAYOUTS", "eagle3_config_for_cache", "init_eagle3", "save_eagle3"]
@@ -44,6 +46,7 @@ def eagle3_config_for_cache(
     """An EAGLE-3 config sized for the cache's target (default layers: the engines' default);
     ``options`` set any other Eagle3Config field (fc_norm, norm_before_residual, ...)."""
     check_has_target(cache, str(cache.path))
+    check_new_drafter_sizes(cache, num_layers=num_layers, num_speculative_tokens=num_speculative_tokens)
     target = cache.target_config
     hidden = int(target["hidden_size"])
     heads = int(target.get("num_attention_heads", max(1, hidden // 64)))
@@ -190,6 +193,9 @@ def init_eagle3(
     config = eagle3_config_for_cache(
         cache, draft_vocab_size=draft_vocab_size, layout=layout, **config_options
     )
+    # a layer the cache lacks: refused here, as training refuses it and eval would
+    if layers := layer_fit_problem(config.target_layer_ids, cache, str(cache_path), what="target layers"):
+        raise IncompatibleCacheError(layers)
     # Norms near 1, but not exactly, so a swapped norm shows in the numbers.
     drafter = seeded_init(lambda: Eagle3Drafter(config), seed, std=0.05, norm_range=(0.8, 1.2))
     d2t = None

@@ -23,6 +23,7 @@ import torch
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
+from scorer.families.base import check_scored_sizes, longest_sequence
 from scorer.families.eagle3.config import (
     ENGINE_DEFAULT_K,
     ENGINE_DEFAULT_K_SOURCE,
@@ -36,7 +37,7 @@ from scorer.formats.checkpoint_io import (
     check_state_dict,
 )
 from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
-from scorer.sequences import check_fits, fit_problems
+from scorer.offline.sequences import check_fits, fit_problems
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
@@ -227,6 +228,14 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
         config_path=config.config_path,
     )
     check_eagle3_compatible(eagle, cache, str(cache.path))
+    check_scored_sizes(
+        longest_sequence(cache),
+        str(cache.path),
+        num_speculative_tokens=eagle.num_speculative_tokens,
+        k_source="--num-speculative-tokens"
+        if config.num_speculative_tokens is not None
+        else "its config's K",
+    )
     dtype = DTYPES[config.dtype]
     drafter = Eagle3Drafter(eagle)
     drafter.load_state_dict(weights)

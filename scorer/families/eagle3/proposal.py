@@ -1,4 +1,4 @@
-"""EAGLE-3 proposals along a sampled trajectory, for the probabilistic rule (scorer/served.py).
+"""EAGLE-3 proposals along a sampled trajectory, for the probabilistic rule (scorer/offline/sampled_view.py).
 
 Spec/sampling.md 4.3: teacher-force the drafter on y from each anchor: step j is fed y_{a+j} and the
 drafter's OWN previous fed-back state, as at inference, so on the matched prefix (the only one that
@@ -18,9 +18,9 @@ from hscache.capture.forward import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.autoregressive import rows_per_chunk
-from scorer.sequences import sequence_features
-from scorer.served import head_log_q, proposal_arrays
-from scorer.verification import slot_tokens, target_to_draft_index
+from scorer.offline.sampled_view import head_log_q, proposal_arrays
+from scorer.offline.sequences import sequence_features
+from scorer.rules.expectation import slot_tokens, target_to_draft_index
 
 __all__ = ["eagle3_log_q", "eagle3_proposals"]
 

@@ -19,8 +19,8 @@ from scorer.families.eagle3.config import is_eagle3_config
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import round_loop
-from scorer.sequences import (
+from scorer.offline.replay import round_loop
+from scorer.offline.sequences import (
     CachedSequence,
     SequenceResult,
     chain_parts,

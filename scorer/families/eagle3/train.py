@@ -20,7 +20,7 @@ from scorer.errors import IncompatibleCacheError
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
-from scorer.sequences import check_has_target, layer_fit_problem
+from scorer.offline.sequences import check_has_target, layer_fit_problem
 
 __all__ = ["train_eagle3"]
 

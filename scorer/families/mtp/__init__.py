@@ -14,7 +14,7 @@ from scorer.families.base import Family, lazy
 
 __all__ = ["MTP", "MTP_KINDS"]
 
-MTP_KINDS = ("position_offset", "final_norm")  # scorer.diagnose.HYPOTHESIS_KINDS order
+MTP_KINDS = ("position_offset", "final_norm")  # scorer.diagnose.ranking.HYPOTHESIS_KINDS order
 _SEAM = "scorer.families.mtp.seam"
 
 MTP = Family(

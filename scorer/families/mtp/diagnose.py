@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hscache.store.dtypes import DTYPES
-from scorer.diagnose import (
+from scorer.diagnose.ranking import (
     DiagnosisInputs,
     FamilyDiagnosis,
     Hypothesis,
@@ -32,7 +32,7 @@ from scorer.diagnose import (
 from scorer.families.mtp import MTP_KINDS
 from scorer.families.mtp.draft import draft_anchors, mtp_context
 from scorer.families.mtp.model import MtpHead
-from scorer.sequences import cache_final_norm
+from scorer.offline.sequences import cache_final_norm
 
 __all__ = ["MTP_KINDS", "MtpReplayer", "MtpSetting", "candidates", "diagnose"]
 

@@ -1,4 +1,4 @@
-"""The MTP head's proposals along a sampled trajectory, for the probabilistic rule (scorer/served.py).
+"""The MTP head's proposals along a sampled trajectory, for the probabilistic rule (scorer/offline/sampled_view.py).
 
 As EAGLE-3 (spec/sampling.md 4.3): each step j > 0 is fed y_{a+j} and the head's own previous
 normed output, so the proposal equals the served one on every matched prefix; q_{a,j} =
@@ -14,8 +14,8 @@ import torch
 
 from hscache.capture.forward import head_rows
 from scorer.families.mtp.draft import chain_outputs, mtp_context
-from scorer.served import head_log_q, proposal_arrays
-from scorer.verification import slot_tokens
+from scorer.offline.sampled_view import head_log_q, proposal_arrays
+from scorer.rules.expectation import slot_tokens
 
 __all__ = ["mtp_log_q"]
 

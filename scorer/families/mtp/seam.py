@@ -37,8 +37,14 @@ from scorer.families.mtp.model import MtpConfig, MtpHead
 from scorer.families.mtp.proposal import mtp_log_q
 from scorer.formats.checkpoint_io import LoadReport, state_dict_sha256
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.replay import round_loop
-from scorer.sequences import CachedSequence, SequenceResult, chain_parts, result_from_parts, score_rows_with
+from scorer.offline.replay import round_loop
+from scorer.offline.sequences import (
+    CachedSequence,
+    SequenceResult,
+    chain_parts,
+    result_from_parts,
+    score_rows_with,
+)
 
 __all__ = [
     "HEADS",

@@ -18,13 +18,19 @@ import numpy as np
 
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
-from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
+from scorer.families.base import (
+    CheckpointProbe,
+    OnlineOptions,
+    Proposer,
+    check_scored_sizes,
+    longest_sequence,
+)
 from scorer.families.ngram import FLAGS
 from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
 from scorer.formats.checkpoint_io import LoadReport
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
+from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
 __all__ = ["CHECKPOINT", "NgramDrafter", "claims", "load", "online", "score_rows", "summarize", "time_round"]
 
@@ -100,6 +106,12 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, 
             "of K): pass --num-speculative-tokens K and --prompt-lookup-min/--prompt-lookup-max"
         )
     proposer, report = _settings(checkpoint, config.num_speculative_tokens, config.overrides)
+    check_scored_sizes(
+        longest_sequence(cache),
+        str(cache.path),
+        num_speculative_tokens=proposer.num_speculative_tokens,
+        prompt_lookup_max=proposer.prompt_lookup_max,
+    )
     return NgramDrafter(proposer), LoadedSettings(proposer, report)
 
 
@@ -170,7 +182,7 @@ def time_round(
 def score_sequence_ngram(
     proposer: NgramConfig, token_ids: Any, target_argmax: Any, prompt_len: int
 ) -> tuple[tuple, NgramRounds]:
-    """The 7 parts of a SequenceResult (scorer.sequences) and the n-gram rounds of one sequence."""
+    """The 7 parts of a SequenceResult (scorer.offline.sequences) and the n-gram rounds of one sequence."""
     x, a = np.asarray(token_ids), np.asarray(target_argmax)
     rounds = replay_ngram(x, a, prompt_len, proposer)
     k = proposer.num_speculative_tokens

@@ -2,7 +2,7 @@
 
 An n-gram draft depends only on the tokens, so on a cached sequence the draft at anchor p is
 ``propose(x[:p+1])`` exactly: the replay drafts lazily, only at the anchors it visits
-(``scorer.replay.RoundLoop``), from one ``NgramIndex`` of the sequence. A round whose proposal is
+(``scorer.offline.replay.RoundLoop``), from one ``NgramIndex`` of the sequence. A round whose proposal is
 empty is a plain decode step: acc = 0, one token committed, and tau counts it as a round of 1.
 
 vLLM's metrics count only rounds WITH drafts: the scheduler calls ``make_spec_decoding_stats``
@@ -16,7 +16,7 @@ b4622cf9), and ``SpecDecodingStats.observe_draft`` adds one draft per call
     tau                    = sum(tokens over ALL rounds) / (number of rounds)
 
 and with rounds that drafted nothing, mean_acceptance_length > tau. Both are reported.
-Offline, acc stops at the sequence end and before off-greedy data (scorer.replay), so the last
+Offline, acc stops at the sequence end and before off-greedy data (scorer.offline.replay), so the last
 round of a sequence can count fewer accepted tokens than vLLM's counter, which counts what the
 rejection sampler accepted before a stop string or max_tokens trims the output.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from scorer.families.ngram.propose import NgramConfig, NgramIndex
-from scorer.replay import RoundLog, chain_depth, round_loop
+from scorer.offline.replay import RoundLog, chain_depth, round_loop
 
 __all__ = ["NgramRounds", "mean_acceptance_length", "replay_ngram"]
 
@@ -125,7 +125,7 @@ def replay_ngram(token_ids: Any, target_argmax: Any, prompt_len: int, config: Ng
         the sequence end and before off-greedy data) and the draft length of every round.
 
     Raises:
-        ValueError: mismatched token_ids / target_argmax or prompt_len out of range (scorer.replay).
+        ValueError: mismatched token_ids / target_argmax or prompt_len out of range (scorer.offline.replay).
     """
     loop = round_loop(token_ids, target_argmax, prompt_len)
     index = NgramIndex(token_ids, config.prompt_lookup_min, config.prompt_lookup_max)

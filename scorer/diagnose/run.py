@@ -4,13 +4,13 @@ Named steps: load the drafter like ``scorer eval`` (same warnings) -> order the 
 (a seeded permutation) -> measure the second cache's drift, if any -> the family's ``diagnose``
 hook (scorer.families.base.Family) lists its hypotheses and gives the replayer -> replay the
 baseline and every hypothesis on the first ``DEFAULT_SAMPLE`` (or ``limit``) of them, sharing the
-drafter passes the family can share -> rank (scorer/diagnose.py) ->
+drafter passes the family can share -> rank (scorer/diagnose/ranking.py) ->
 without ``limit``, grow the sample to what the observed variance says separates
 ``RESOLUTION`` tau (at most ``MAX_SAMPLE``), replaying only the new sequences, and rank again ->
 the training-metric gap, ablation notes -> the JSON-ready report
 (``schemas/diagnose_report.schema.json``).
 
-On a SAMPLED cache (extracted at T > 0) every replay runs on ``scorer.served.SampledView``: drafts
+On a SAMPLED cache (extracted at T > 0) every replay runs on ``scorer.offline.sampled_view.SampledView``: drafts
 along the cached sampled trajectory, matched against the cached sampled tokens (the one-hot rule
 every engine serves by default), and the report's ``sampling`` block says so.
 """
@@ -34,7 +34,7 @@ from hscache.capture.provenance import utc_now
 from hscache.store.integrity import cache_digest
 from hscache.store.sampling import sampling_setting
 from hscache.store.view import CacheView
-from scorer.diagnose import (
+from scorer.diagnose.ranking import (
     DEFAULT_ALPHA,
     DEFAULT_SAMPLE,
     MAX_SAMPLE,
@@ -47,9 +47,9 @@ from scorer.diagnose import (
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import FAMILIES, family_for, probe_checkpoint
 from scorer.metrics import AcceptLen
-from scorer.scoring import EvalConfig, load_drafter
-from scorer.sequences import check_fits, check_scorable, layer_fit_problem
-from scorer.served import RULE_DEFINITIONS, SampledView, is_sampled
+from scorer.offline.sampled_view import RULE_DEFINITIONS, SampledView, is_sampled
+from scorer.offline.scoring import EvalConfig, load_drafter
+from scorer.offline.sequences import check_fits, check_scorable, layer_fit_problem
 
 __all__ = ["DIAGNOSE_SCHEMA_VERSION", "DiagnoseConfig", "Plan", "diagnose_checkpoint", "prepare_diagnosis"]
 
@@ -174,7 +174,7 @@ def _ablation_notes(rows: list[dict], base_tau: float, last_layer: int | None) -
 class Plan:
     """Everything a diagnosis replays, before any replay: the drafter as configured (``base``),
     the tested hypotheses with their settings, the untested ones, and the ordered sequences;
-    ``replay_many`` and ``replayer`` are the family's (scorer.diagnose.FamilyDiagnosis)."""
+    ``replay_many`` and ``replayer`` are the family's (scorer.diagnose.ranking.FamilyDiagnosis)."""
 
     family: str
     kinds: tuple[str, ...]

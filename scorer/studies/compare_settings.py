@@ -2,7 +2,7 @@
 
 A drafter, a K or a tree budget chosen at temperature 0 can be the wrong choice at the temperature
 a server runs (issue 25). One cache per sampling setting, all of the same prompts: every drafter is
-scored on each (``scorer.compare.compare_drafters``, so each cache's own setting and the rule of
+scored on each (``scorer.studies.compare.compare_drafters``, so each cache's own setting and the rule of
 ``--draft-sampling`` apply), and the table sets the taus side by side with the ranking at each
 setting. tau is the pooled one (tokens / rounds, vLLM's convention); on a sampled cache tau as
 served (``report["sampling"]``) with its interval over prompts; on a greedy cache the replay's
@@ -20,10 +20,10 @@ from rich.console import Console
 
 from hscache import schemas
 from hscache.store.sampling import sampling_setting
-from scorer.compare import compare_drafters
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
-from scorer.scoring import EvalConfig
+from scorer.offline.scoring import EvalConfig
+from scorer.studies.compare import compare_drafters
 
 __all__ = ["COMPARE_SETTINGS_SCHEMA_VERSION", "compare_settings", "render_settings", "settings_table"]
 

@@ -9,6 +9,7 @@ round re-runs the target over the committed prefix plus the drafted block: slow,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,13 @@ from typing import Any
 from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
-from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+from hscache.capture.prompts import assistant_turn, iter_records, prompt_token_ids, resolve_prompts
 from hscache.capture.target import Target, load_target
 from hscache.store.fsio import file_sha256
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
-from scorer.families.base import OnlineOptions, Proposer
+from scorer.families.base import OnlineOptions, Proposer, check_scored_sizes
 from scorer.metrics import tau_per_request, tau_pooled
 from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
@@ -227,16 +228,57 @@ class OnlineConfig:
         )
         return open_online(checkpoint, self.model, self.dtype, options, self.allow_target_mismatch)
 
-    def prompts_of(self, tokenizer: Any) -> list[tuple[str, list[int]]]:
-        """(record id, prompt token ids) of the first ``limit`` prompts, tokenized by ``tokenizer``."""
-        prompts = []
+    def records(self) -> list[Any]:
+        """The first ``limit`` prompt records, checked without a tokenizer (before the model loads).
+
+        Raises:
+            PromptFileError / ScorerError: a record that does not parse, an id used before (runs and
+                reports pair requests by id, as hscache extract refuses), or a chat ending with an
+                assistant turn (its answer, which online decoding would drop silently).
+        """
+        seen: dict[str, int] = {}
+        records = []
         for n, record in enumerate(
             iter_records(resolve_prompts(self.prompts), id_from_line=self.id_from_line)
         ):
             if self.limit is not None and n >= self.limit:
                 break
-            prompts.append((record.record_id, prompt_token_ids(record, tokenizer)))
-        return prompts
+            if record.record_id in seen:
+                raise ScorerError(
+                    f"--prompts {self.prompts}: record id {record.record_id!r} (line {record.line_no}) is used "
+                    f"before, on line {seen[record.record_id]}; the report pairs requests by id: give every "
+                    "record its own id"
+                )
+            if (turn := assistant_turn(record)) is not None:
+                raise ScorerError(
+                    f"--prompts {self.prompts}: record {record.record_id!r} (line {record.line_no}) ends with an "
+                    f"assistant turn ({turn}); scorer online decodes the target's own answer, so that turn "
+                    "would be dropped: drop the record's last turn"
+                )
+            seen[record.record_id] = record.line_no
+            records.append(record)
+        return records
+
+    def check_sizes(self, ddtree: int | None = None) -> None:
+        """Bound the drafting sizes before the model loads (as ``scorer eval`` bounds them by its
+        cache): a chain of K, the n-gram proposer's longest n-gram and a block by --max-length, a
+        DDTree by the target's context."""
+        from hscache.capture.preflight import target_context
+
+        check_scored_sizes(
+            self.max_length,
+            "--max-length",
+            num_speculative_tokens=self.num_speculative_tokens,
+            prompt_lookup_max=self.overrides.get("prompt_lookup_max"),
+            block_size=self.overrides.get("block_size"),
+            ddtree=() if ddtree is None else (ddtree,),
+            context=target_context(self.model),
+        )
+
+    def prompts_of(self, tokenizer: Any) -> list[tuple[str, list[int]]]:
+        """(record id, prompt token ids) of the first ``limit`` prompts (``records``), tokenized by
+        ``tokenizer``."""
+        return [(record.record_id, prompt_token_ids(record, tokenizer)) for record in self.records()]
 
     def describe(self, session: OnlineSession, backend: str) -> dict[str, Any]:
         """The online report's fields that say what ran: the drafter, the target and the prompts (with
@@ -258,14 +300,22 @@ class OnlineConfig:
         }
 
 
-def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) -> dict[str, Any]:
-    """Speculative decoding of every prompt; per-request and pooled online tau.
+def run_online(
+    checkpoint: str | Path,
+    config: OnlineConfig = OnlineConfig(),
+    on_request: Callable[[OnlineRequest], None] | None = None,
+) -> dict[str, Any]:
+    """Speculative decoding of every prompt; per-request and pooled online tau. ``on_request`` is
+    called with each request as it ends (progress). The prompts and the drafting sizes are checked
+    before the model loads.
 
     Returns the result document (schemas/online_report.schema.json): the numbers, the settings, and
     what identifies the run like an eval report does: checkpoint and target weight hashes, the
     prompts' hash, package versions and the git commit.
     """
     t0 = time.perf_counter()
+    config.records()
+    config.check_sizes()
     backend = resolve_backend(config.backend, config.device)
     session = config.open(checkpoint)
     requests = []
@@ -280,6 +330,8 @@ def run_online(checkpoint: str | Path, config: OnlineConfig = OnlineConfig()) ->
                 config.max_length,
             )
             requests.append(OnlineRequest(record_id, len(prompt), tuple(ids), tuple(rounds)))
+            if on_request is not None:
+                on_request(requests[-1])
     result = {
         "schema_version": ONLINE_SCHEMA_VERSION,
         **tau_of_requests(requests),

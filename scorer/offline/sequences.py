@@ -20,7 +20,7 @@ import torch
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError
 from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train_accept_len
-from scorer.replay import RoundLog, replay_chain
+from scorer.offline.replay import RoundLog, replay_chain
 
 __all__ = [
     "ANCHOR_MODES",

@@ -8,7 +8,7 @@ settings (the cache holds y = token_ids and, per generated position t, log p(y_t
 Given y, every rule makes a slot continue with a known probability alpha[a, j] (spec 4.1):
 - one-hot (every engine's default: draft argmax, accept w.p. p(x), residual p without x):
   alpha = 1{y_{a+j} == the drafter's argmax, drafted along y}; rounds are deterministic and the
-  existing greedy replay (scorer/replay.py) counts them exactly when it matches against
+  existing greedy replay (scorer/offline/replay.py) counts them exactly when it matches against
   ``sampled_match_targets(y)`` instead of the target's argmax;
 - deterministic trees (SGLang target-only, EAGLE repo): alpha = 1{y_{a+j} in the children of the
   node reached along y}: the tree walks of families/dflash/ddtree.py and families/autoregressive.py, fed
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scorer.replay import RoundLog
+from scorer.offline.replay import RoundLog
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the replay path stays numpy-only
     import torch
@@ -89,7 +89,7 @@ def _slot_positions(n_anchors: int, k: int, prompt_len: int) -> np.ndarray:
 def sampled_match_targets(token_ids: Any) -> np.ndarray:
     """What the greedy replay matches against on a sampled trajectory: a'[t] = y[t+1].
 
-    scorer/replay.py reads ``target_argmax[t]`` as the token the target commits at t+1. On a
+    scorer/offline/replay.py reads ``target_argmax[t]`` as the token the target commits at t+1. On a
     sampled cache that token is the realised y[t+1] (spec 4.4: the one-hot rule accepts draft x iff
     the target's own sample equals x), so passing a' as ``target_argmax`` to ``replay_chain``,
     ``replay_trees``, ``replay_ddtree``, ``RoundLoop``, ``slot_matches``, ``tree_depths`` or

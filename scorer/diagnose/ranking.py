@@ -36,7 +36,7 @@ from scorer.metrics import (
     tau_pooled_from_totals,
     train_accept_len,
 )
-from scorer.replay import RoundLog, replay_chain
+from scorer.offline.replay import RoundLog, replay_chain
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -109,8 +109,12 @@ def shifted_layer_ids(ids: Sequence[int], shift: int, cache: Any) -> tuple[int, 
     ``--layers`` to re-extract with)."""
     shifted = tuple(int(i) + shift for i in ids)
     n_layers = cache.target_config.get("num_hidden_layers")
-    if min(shifted) < 0 or (n_layers is not None and max(shifted) >= n_layers):
-        return f"layer ids {list(shifted)} fall outside the target's 0..{(n_layers or 1) - 1}"
+    outside = [i for i in shifted if i < 0 or (n_layers is not None and i >= n_layers)]
+    if outside:  # only the offending ids (was: every id, as if all fell outside)
+        return (
+            f"layer ids {list(shifted)}: {', '.join(map(str, outside))} "
+            f"{'falls' if len(outside) == 1 else 'fall'} outside the target's 0..{(n_layers or 1) - 1}"
+        )
     if missing := [i for i in shifted if i not in cache.layer_ids]:
         have = sorted(set(cache.layer_ids) | set(shifted))
         return f"the cache lacks layers {missing}; re-extract with --layers {','.join(map(str, have))} to test it"
@@ -137,7 +141,7 @@ class DiagnosisInputs:
         checkpoint: the CKPT as given (a path, or ``target:<head>``).
         drafter, loaded: what the family's loader returned for ``caches[0]`` (as ``scorer eval``).
         caches: one cache, or two (the second for the drift hypotheses); on a SAMPLED cache a view
-            whose ``target_argmax`` is the cached sampled next token (``scorer.served.SampledView``).
+            whose ``target_argmax`` is the cached sampled next token (``scorer.offline.sampled_view.SampledView``).
         rows: per cache, its rows in sampling order (aligned by record id with two caches).
         second_cache: the second ``--cache`` path, or None; ``drift`` its measured per-layer
             relative L2 as ((layer, rel), ...).

@@ -23,11 +23,11 @@ import hscache
 from hscache import schemas
 from scorer.documents import cache_block, run_stamp
 from scorer.errors import ScorerError
-from scorer.evaluate import score_cache
 from scorer.families import family_for, probe_checkpoint
+from scorer.offline.scoring import EvalConfig, drafter_family, effective_config, load_drafter
+from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
-from scorer.scoring import EvalConfig, drafter_family, effective_config, load_drafter
-from scorer.sequences import SequenceResult
+from scorer.studies.evaluate import score_cache
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = [
@@ -109,7 +109,7 @@ def _time_rounds(
     if family.time_round is None:
         return None, None, 0
     from hscache.store.dtypes import DTYPES
-    from scorer.sequences import sequence_features
+    from scorer.offline.sequences import sequence_features
 
     index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
     norm = getattr(drafter, "context_norm", None)
@@ -179,10 +179,16 @@ def compare_drafters(
                 allow_mismatch=config.allow_target_mismatch,
                 where=str(getattr(cache, "url", cache.path)),
             )
-    reports, rows = [], []
+    # Every drafter loaded, and so checked against the cache (its layers, sizes, vocabulary), before
+    # the first is scored (a second drafter's missing layer was found only after the first's replay).
+    loaded_drafters = []
     for checkpoint in checkpoints:
         family = family_for(probe_checkpoint(checkpoint, config.config_path))
-        drafter, loaded = load_drafter(checkpoint, cache, _config_for(family, config))
+        loaded_drafters.append(
+            (checkpoint, family, *load_drafter(checkpoint, cache, _config_for(family, config)))
+        )
+    reports, rows = [], []
+    for checkpoint, family, drafter, loaded in loaded_drafters:
         used = effective_config(drafter, _config_for(family, config))
         if on_start is not None:
             on_start(str(checkpoint), min(len(cache), used.limit or len(cache)))

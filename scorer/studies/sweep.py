@@ -31,8 +31,8 @@ from hscache.store import fsio
 from hscache.store.view import CacheView
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
-from scorer.evaluate import EvalConfig, evaluate
 from scorer.report.sweep import report_row, write_outputs
+from scorer.studies.evaluate import EvalConfig, evaluate
 
 __all__ = [
     "SWEEP_SCHEMA_VERSION",
@@ -189,7 +189,7 @@ def _score(
                 continue
             on_done(ck, report)
         return
-    from scorer.distributed import DEFAULT_TASK_TOKENS, submit_scoring
+    from scorer.studies.distributed import DEFAULT_TASK_TOKENS, submit_scoring
 
     jobs = [
         (ck, submit_scoring(client, ck.path, cache_path, config, tokens_per_task or DEFAULT_TASK_TOKENS))

@@ -2,8 +2,8 @@
 work shared by local and distributed eval (score the given rows of a cache).
 
 `load_drafter` readies a checkpoint for a cache (config-less fields from the cache, checked against
-it); `score_rows` replays the given sequences with the family's score_rows. `scorer.evaluate` runs them in one
-process, `scorer.distributed` ships them to dask workers.
+it); `score_rows` replays the given sequences with the family's score_rows. `scorer.studies.evaluate` runs them in one
+process, `scorer.studies.distributed` ships them to dask workers.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from hscache.capture.forward import DEFAULT_MEMORY_GB
 from hscache.capture.target import check_device
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.view import CacheView
-from scorer import served
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import Family, family_for, family_named, probe_checkpoint
 from scorer.families.base import Drafter
-from scorer.sequences import ANCHOR_MODES, SequenceResult, check_scorable
+from scorer.offline import sampled_view
+from scorer.offline.sequences import ANCHOR_MODES, SequenceResult, check_scorable
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows"]
@@ -54,7 +54,7 @@ class EvalConfig:
     # checkpoint's config or the engines' default, reported with its source.
     num_speculative_tokens: int | None = None
     tree: tuple[int, int, int] | None = None
-    # Scoring at T > 0 (scorer/served.py): vLLM's draft_sample_method, and the sampling flags given
+    # Scoring at T > 0 (scorer/offline/sampled_view.py): vLLM's draft_sample_method, and the sampling flags given
     # on the command line (a preset and/or fields), checked against the cache's setting, never applied.
     draft_sampling: str = "greedy"
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -97,7 +97,7 @@ def load_drafter(checkpoint: str | Path, cache: CacheView, config: EvalConfig) -
     check_scorable(cache, str(getattr(cache, "url", cache.path)))
     probe = probe_checkpoint(checkpoint, config.config_path)
     family = family_for(probe)
-    served.check_request(cache, config, family, str(getattr(cache, "url", cache.path)))
+    sampled_view.check_request(cache, config, family, str(getattr(cache, "url", cache.path)))
     cache_identity = cache_target_identity(cache)
     # A target head (target:mtp) is the cache's own target: it matches by construction.
     bound = family.bound_to_target
@@ -122,7 +122,7 @@ def drafter_family(drafter: Drafter) -> Family:
 
 def effective_config(drafter: Any, config: EvalConfig) -> EvalConfig:
     """The eval config the drafter's family actually scores with (reported as ``config``)."""
-    return served.effective_config(drafter_family(drafter).effective_config(config))
+    return sampled_view.effective_config(drafter_family(drafter).effective_config(config))
 
 
 def score_rows(
@@ -134,7 +134,7 @@ def score_rows(
 ) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` with the drafter's family (the distributed unit of work);
     ``on_sequence`` gets each result as it is done (progress). A sampled cache is scored as served
-    at its setting (scorer/served.py)."""
-    if served.is_sampled(cache):
-        return served.score_rows(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
+    at its setting (scorer/offline/sampled_view.py)."""
+    if sampled_view.is_sampled(cache):
+        return sampled_view.score_rows(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
     return drafter_family(drafter).score_rows(drafter, cache, rows, config, on_sequence)

@@ -35,9 +35,9 @@ from hscache.store.integrity import check_expected_digest
 from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.urls import is_url
 from scorer.errors import ScorerError
+from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, merge_results
-from scorer.scoring import EvalConfig, effective_config, load_drafter, score_rows
-from scorer.sequences import SequenceResult
 
 __all__ = [
     "DEFAULT_TASK_TOKENS",

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from scorer.metrics import bootstrap_ci
-from scorer.verification import SequenceRounds
+from scorer.rules.expectation import SequenceRounds
 
 __all__ = ["SampledTau", "prompt_totals", "sampled_tau", "sampled_tau_from_totals"]
 

@@ -18,10 +18,10 @@ from typing import Any
 import hscache
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from scorer.errors import ScorerError
-from scorer.evaluate import score_cache
-from scorer.sampled_tau import SampledTau, sampled_tau
-from scorer.scoring import EvalConfig, effective_config, load_drafter
-from scorer.verification import SequenceRounds
+from scorer.offline.sampled_tau import SampledTau, sampled_tau
+from scorer.offline.scoring import EvalConfig, effective_config, load_drafter
+from scorer.rules.expectation import SequenceRounds
+from scorer.studies.evaluate import score_cache
 
 __all__ = ["RULES", "ServedSequence", "ServedTau", "tau_as_served"]
 

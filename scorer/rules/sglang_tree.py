@@ -1,6 +1,6 @@
 """The other engines' verification rules at temperature > 0, as batched torch reference kernels.
 
-Two readings beside vLLM's (scorer/vllm_rejection.py), for the online reference loop:
+Two readings beside vLLM's (scorer/rules/vllm_chain.py), for the online reference loop:
 
 - SGLang's target-only tree rule (spec/sampling.md 1.2), ``sgl-kernel/csrc/speculative/
   speculative_sampling.cuh`` ``TreeSpeculativeSamplingTargetOnly`` (indexed commit b227f632; the
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scorer.vllm_rejection import VerifiedRounds
+from scorer.rules.vllm_chain import VerifiedRounds
 
 __all__ = ["TreeRounds", "sglang_target_only_verify", "zlab_verify"]
 

@@ -35,10 +35,10 @@ from hscache.store.sampling import GREEDY, PRESETS, SAMPLING_PARAMETERS, samplin
 from hscache.store.view import CacheView
 from scorer.errors import ScorerError
 from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
-from scorer.replay import replay_chain
-from scorer.sampled_tau import prompt_totals, sampled_tau
-from scorer.sequences import SequenceResult, score_each
-from scorer.verification import (
+from scorer.offline.replay import replay_chain
+from scorer.offline.sampled_tau import prompt_totals, sampled_tau
+from scorer.offline.sequences import SequenceResult, score_each
+from scorer.rules.expectation import (
     SequenceRounds,
     all_anchor_acceptance,
     rounds_from_log,
@@ -70,15 +70,15 @@ RULE_DEFINITIONS = {
     "one-hot": "drafts are the drafter's argmax along the cached sampled trajectory y; a round accepts the "
     "longest prefix of drafts equal to y (a tree: whose walk along y stays in the child sets), plus one "
     "token: every engine's default at T > 0 (vLLM draft_sample_method=greedy, SGLang, the z-lab "
-    "reference), exact given y (spec/sampling.md 4.1 B, C)",
+    'reference), exact given y (docs/sampling.md "Why the one-hot rule is exact")',
     "probabilistic": "drafts x ~ q = softmax(draft logits / T) over the drafter's whole vocabulary, accepted "
     "with min(1, p/q): given y, slot j continues with probability min(1, q(y_j) / p(y_j)) and E[rounds | y] "
     "comes from the dynamic programme over round starts (vLLM draft_sample_method=probabilistic, SGLang "
-    "--speculative-use-rejection-sampling; spec/sampling.md 4.1 A, 4.4)",
+    '--speculative-use-rejection-sampling; docs/sampling.md "Why the probabilistic rule is exact")',
 }
 # SamplingSetting fields an eval flag may name (checked against the cache, never applied).
 SAMPLING_FIELDS = SAMPLING_PARAMETERS
-_FLAG = {name: "--" + name.replace("_", "-") for name in SAMPLING_FIELDS} | {"top_k": "--sample-top-k"}
+_FLAG = {name: "--" + name.replace("_", "-") for name in SAMPLING_FIELDS}
 
 
 def is_sampled(cache: CacheView) -> bool:
@@ -164,13 +164,21 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
             "the cache's trajectories are not SGLang's; score a cache sampled without --min-p"
         )
     if getattr(config, "tree", None) is not None and penalties:
-        advice = (
-            "measure it online (scorer online --tree ... with the same sampling flags: it runs SGLang's relaxed "
-            "penalties)"
-            if setting.repetition_penalty == 1.0
-            else "SGLang's tree verification never applies --repetition-penalty (scorer online --tree refuses "
-            "it): measure it on the SGLang server"
-        )
+        # the online tree this family drafts (Family.online_trees): EAGLE-3 / MTP --tree, DFlash --ddtree
+        trees = getattr(family, "online_trees", frozenset())
+        online = "--tree ..." if "tree" in trees else "--ddtree N" if "ddtree" in trees else None
+        if setting.repetition_penalty != 1.0:
+            advice = (
+                "SGLang's tree verification never applies --repetition-penalty (scorer online refuses it "
+                "with a tree): measure it on the SGLang server"
+            )
+        elif online is None:
+            advice = f"the {family.name} family drafts no tree online: measure it on the SGLang server"
+        else:
+            advice = (
+                f"measure it online (scorer online {online} with the same sampling flags: it runs SGLang's "
+                "relaxed penalties)"
+            )
         raise ScorerError(
             f"--tree is SGLang's rule, and {where} was sampled with {', '.join(penalties)}: SGLang applies "
             "penalties from the history before each round to every slot of it, which is not lossless, so no "
@@ -333,7 +341,7 @@ def head_log_q(
     import torch
 
     from hscache.capture.forward import row_chunks
-    from scorer.verification import draft_log_q
+    from scorer.rules.expectation import draft_log_q
 
     n = hidden.shape[0]
     arg, lq = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)

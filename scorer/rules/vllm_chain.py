@@ -1,6 +1,6 @@
 """vLLM's verification round at temperature > 0, transcribed to torch on CPU (spec/sampling.md 1.1, 5).
 
-The reference the online loop runs to validate the offline estimators of scorer/verification.py.
+The reference the online loop runs to validate the offline estimators of scorer/rules/expectation.py.
 Batched over B independent rounds; the caller gives the target's PROCESSED probabilities at the
 K+1 positions of each round (penalties with the in-round drafted prefix in the history, /T, min_p,
 top-k, top-p, renormalise: vLLM's Sampler order, see hscache/capture/sampling.py), so nothing here
