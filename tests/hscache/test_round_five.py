@@ -474,3 +474,26 @@ def test_a_shard_that_selects_no_record_is_refused_and_leaves_nothing(tmp_path):
     )
     assert _one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
     assert not out.exists(), list(out.rglob("*"))
+
+
+# 14. verify while `hscache recompress` swaps the arrays: one consistent state, never phantom damage.
+def test_verify_during_a_recompress_checks_one_consistent_state(small_cache, tmp_path, monkeypatch):
+    import hscache.verify as verify_module
+
+    root = small_cache.copy(tmp_path / "cache")
+    real_scan, swapped = verify_module.scan_sequences, []
+
+    def scan_after_a_recompress(layout, report, progress):
+        # The arrays were opened with their codecs; a recompress now swaps every array (forked, as a
+        # concurrent process would): this pass reads the new chunk files with the old metadata.
+        if not swapped:
+            run = _forked({"recompress": (hscache_main, ["recompress", str(root), "--compression", "balanced"])},
+                          tmp_path, 120)["recompress"]  # fmt: skip
+            assert run is not None and run.exit_code == 0, run and run.output
+            swapped.append(True)
+        return real_scan(layout, report, progress)
+
+    monkeypatch.setattr(verify_module, "scan_sequences", scan_after_a_recompress)
+    result = CliRunner().invoke(hscache_main, ["verify", "--deep", "--json", str(root)])
+    report = json.loads(result.output)
+    assert swapped and result.exit_code == 0 and report["ok"], result.output[-2000:]
