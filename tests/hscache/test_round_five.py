@@ -497,3 +497,27 @@ def test_verify_during_a_recompress_checks_one_consistent_state(small_cache, tmp
     result = CliRunner().invoke(hscache_main, ["verify", "--deep", "--json", str(root)])
     report = json.loads(result.output)
     assert swapped and result.exit_code == 0 and report["ok"], result.output[-2000:]
+
+
+# 15. `scorer init --overwrite` killed between its renames: the next run clears what it left.
+def test_the_leftovers_of_a_killed_init_overwrite_are_cleared_by_the_next_run(small_cache, drafter, tmp_path):
+    out = tmp_path / "d"
+    shutil.copytree(drafter, out)
+    config = (out / "config.json").read_text()
+    dead = 32768 * 128 + 1  # no process has this pid (above any pid_max)
+    # killed after moving the old drafter aside and before publishing the new one:
+    out.rename(tmp_path / f".d.replaced-{dead}")
+    (tmp_path / f".d.staging-{dead}").mkdir()
+    (tmp_path / f".d.staging-{dead}" / "config.json").write_text("{}")
+    result = CliRunner().invoke(
+        scorer_main, ["eval", str(out), "--cache", str(small_cache.path), "--ddtree", ""]
+    )
+    assert result.exit_code != 0  # the drafter is not there until a writer recovers it
+    init = CliRunner().invoke(
+        scorer_main,
+        ["init", str(out), "--cache", str(small_cache.path), "--draft-layers", "1", "--block-size", "4"],
+    )
+    # The old drafter is back (nothing written is lost), so a run without --overwrite is refused...
+    assert init.exit_code != 0 and "not empty; pass --overwrite" in init.output, init.output
+    assert (out / "config.json").read_text() == config
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")) == []
