@@ -521,3 +521,25 @@ def test_the_leftovers_of_a_killed_init_overwrite_are_cleared_by_the_next_run(sm
     assert init.exit_code != 0 and "not empty; pass --overwrite" in init.output, init.output
     assert (out / "config.json").read_text() == config
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")) == []
+
+
+# 15. The index: what a reader refuses, verify refuses; nothing under index/ escapes the seal.
+def test_index_damage_that_readers_refuse_fails_verify_too(small_cache, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.hscache.tamper import reseal
+
+    broken = small_cache.copy(tmp_path / "metadata")
+    part = broken / "index" / "part-000000.parquet"
+    table = pq.read_table(part)
+    i = table.column_names.index("metadata_json")
+    pq.write_table(table.set_column(i, "metadata_json", pa.array(["{"] * table.num_rows, pa.string())), part)
+    reseal(broken)
+    extra = small_cache.copy(tmp_path / "unlisted")
+    shutil.copy2(extra / "index" / "part-000000.parquet", extra / "index" / "part-000001.parquet")
+    for root in (broken, extra):
+        with pytest.raises(hscache.CacheFormatError):
+            hscache.open_cache(root)
+        result, report = _verify(root)
+        assert result.exit_code == 1 and not report["ok"], (root.name, result.output[-1500:])
