@@ -42,6 +42,7 @@ from hscache.store.target_files import (
     load_tokenizer_files,
     tensors_from_safetensors,
 )
+from hscache.store.urls import absolute_location
 
 __all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
 
@@ -124,7 +125,9 @@ class Cache:
         self._files: dict[str, bytes] = dict(files or {})
         self.specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
         try:
-            self._group = zarr.open_group(str(self.path / ARRAYS_GROUP), mode="r")
+            # Absolute: a zarr array pickled into a dask graph (hscache.data.open_xarray) reopens its
+            # path on a worker whose working directory differs from ours.
+            self._group = zarr.open_group(absolute_location(self.path / ARRAYS_GROUP), mode="r")
         except FileNotFoundError as exc:
             raise CacheFormatError(
                 f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged"
