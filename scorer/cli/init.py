@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from hscache.cli_options import renamed_flag
+from hscache.cli_options import number_option, renamed_flag
 from scorer.cli.shared import (
     TOKEN_ID,
     friendly_errors,
@@ -78,14 +78,13 @@ def _families() -> tuple[Any, ...]:
     show_default=True,
     help="EAGLE-3 only: speculators Eagle3Speculator, SpecForge LlamaForCausalLMEagle3, or the original release.",
 )
-@click.option(
+@number_option(
     "--draft-layers",
-    "num_layers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="The drafter's depth in decoder layers, at most its target's (the target layers it reads are "
+    1,
+    "The drafter's depth in decoder layers, at most its target's (the target layers it reads are "
     "the cache's, hscache extract --layers).",
+    minimum=1,
+    name="num_layers",
 )
 @renamed_flag(
     "--layers",
@@ -105,12 +104,10 @@ def _families() -> tuple[Any, ...]:
 @train_steps_option(
     0, "Train for N CPU steps on the cache (the family's trainer, scorer.train) instead of random weights."
 )
-@click.option(
+@number_option(
     "--eval-every",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="DFlash with --train-steps: print tau on the cache every N steps (scorer.evaluate_module, "
+    0,
+    "DFlash with --train-steps: print tau on the cache every N steps (scorer.evaluate_module, "
     "the drafter in memory, first 64 sequences); 0: never.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")

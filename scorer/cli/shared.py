@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from hscache.cli import error_boundary
-from hscache.cli_options import apply_options, renamed_sample_top_k
+from hscache.cli_options import apply_options, number_option, renamed_sample_top_k
 from hscache.errors import HscacheError
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
@@ -389,17 +389,14 @@ def num_speculative_tokens_option(
 # declare alike: the training steps and the block size of the drafter written.
 def train_steps_option(default: int, help_text: str) -> Callable[[Callable], Callable]:
     """--train-steps N (scorer.train), ``default`` shown."""
-    return click.option(
-        "--train-steps", type=click.IntRange(min=0), default=default, show_default=True, help=help_text
-    )
+    return number_option("--train-steps", default, help_text)
 
 
-written_block_size_option = click.option(
+written_block_size_option = number_option(
     "--block-size",
-    type=click.IntRange(min=2),
-    default=8,
-    show_default=True,
-    help="DFlash: tokens per draft block of the drafter written (the anchor + block size - 1 drafted).",
+    8,
+    "DFlash: tokens per draft block of the drafter written (the anchor + block size - 1 drafted).",
+    minimum=2,
 )
 
 
