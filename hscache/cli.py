@@ -19,6 +19,7 @@ import click
 
 from hscache.capture import BACKENDS
 from hscache.cli_options import (
+    allow_unsealed_option,
     apply_options,
     backend_option,
     compression_option,
@@ -26,6 +27,7 @@ from hscache.cli_options import (
     layers_option,
     model_option,
     number_option,
+    print_json_option,
     prompt_limit_option,
     prompts_option,
     renamed_sample_top_k,
@@ -372,10 +374,8 @@ def extract(ctx: click.Context, quiet: bool, chunk_mb: float, shard: str | None,
 
 @main.command()
 @click.argument("cache_dir")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option(
-    "--allow-unsealed", is_flag=True, help="Summarise a cache without checksums (written before them)."
-)
+@print_json_option("the summary")
+@allow_unsealed_option("Summarise")
 @friendly_errors
 def info(cache_dir: str, as_json: bool, allow_unsealed: bool) -> None:
     """Summarise a cache: sequences, tokens, layers, dtype, backend, sizes, and its digest.
@@ -487,12 +487,8 @@ def diff(
     default=None,
     help="The cache's digest as pinned (printed by `hscache info`): any other digest is a problem.",
 )
-@click.option(
-    "--allow-unsealed",
-    is_flag=True,
-    help="Check a cache without checksums (written before them) with a warning instead of failing.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schemas/verify_report).")
+@allow_unsealed_option("Check", " with a warning instead of failing")
+@print_json_option("the report", "schemas/verify_report")
 @friendly_errors
 def verify(cache_dir: str, as_json: bool, **options: Any) -> None:
     """Check a cache: index, checksums, token hashes, NaN/Inf, zeros, norms; exit 1 if anything is wrong.

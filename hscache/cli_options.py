@@ -16,6 +16,7 @@ from hscache.capture import BACKENDS, BUILTIN_TARGETS
 from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = [
+    "allow_unsealed_option",
     "apply_options",
     "backend_option",
     "compression_option",
@@ -25,6 +26,7 @@ __all__ = [
     "model_option",
     "number_option",
     "prompt_limit_option",
+    "print_json_option",
     "prompts_option",
     "renamed_flag",
     "renamed_sample_top_k",
@@ -143,6 +145,23 @@ renamed_sample_top_k = renamed_flag(
     "--top-k",
     " (the sampling top-k is --top-k, as in vLLM, SGLang and generation_config.json)",
 )
+
+
+def allow_unsealed_option(verb: str, then: str = "") -> Callable[[Callable], Callable]:
+    """``--allow-unsealed``: ``verb`` (Summarise, Check, Score) a cache written before checksums
+    anyway; ``then``: what follows for it, said after."""
+    return click.option(
+        "--allow-unsealed",
+        is_flag=True,
+        help=f"{verb} a cache without checksums (written before them){then}.",
+    )
+
+
+def print_json_option(document: str, schema: str = "") -> Callable[[Callable], Callable]:
+    """``--json`` (``as_json``): print ``document`` as JSON instead of text (``schema``: its JSON Schema)."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help=f"Print {document} as JSON{f' ({schema})' if schema else ''}."
+    )
 
 
 def report_outputs(document: str, page: str = "") -> Callable[[Callable], Callable]:

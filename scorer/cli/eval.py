@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from hscache.cli_options import report_outputs
+from hscache.cli_options import allow_unsealed_option, report_outputs
 from scorer.cli.shared import (
     DROPPED_QUIETLY,
     POSITIVE,
@@ -72,11 +72,7 @@ __all__ = ["eval_command"]
     help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs; "
     "one per --cache, in order.",
 )
-@click.option(
-    "--allow-unsealed",
-    is_flag=True,
-    help="Score a cache without checksums (written before them); its files cannot be checked.",
-)
+@allow_unsealed_option("Score", "; its files cannot be checked")
 @cluster_flags
 @drafting_flags
 @sampling_check_flags
