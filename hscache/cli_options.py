@@ -1,5 +1,7 @@
-"""Click options that mean the same in ``hscache extract``, ``scorer online`` and the drift study
-(pipelines/drift_study.py): the target, its prompts and how it decodes them, declared once.
+"""Click options that mean the same in several commands, declared once: the target, its prompts and
+how it decodes them (``hscache extract``, ``scorer online``, the drift study pipelines/drift_study.py),
+--json / --report, --compression (extract, import, recompress), --allow-unsealed (info, verify,
+scorer eval), and ``number_option``, the one form of a numeric flag whose --help shows its default.
 
 hscache imports nothing from scorer or pipelines, so what both stages' commands share lives here;
 the scorer's own shared options are in scorer/cli/shared.py.
