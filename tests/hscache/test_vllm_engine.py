@@ -136,6 +136,17 @@ def test_the_vllm_cache_names_its_engine_and_verifies(vllm_cache):
     assert "log-probabilities" in capture["engine"]["logits"]
     result = CliRunner().invoke(hscache_main, ["verify", str(vllm_cache[0])])
     assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(hscache_main, ["verify", str(vllm_cache[0]), "--recompute", "1"])
+    assert (
+        result.exit_code == 2
+        and "was written by vllm" in result.output
+        and "--backend torch" in result.output
+    )
+    # against transformers on purpose: fp32 Qwen3's states agree far inside the non-exact tolerance
+    result = CliRunner().invoke(
+        hscache_main, ["verify", str(vllm_cache[0]), "--recompute", "1", "--backend", "torch"]
+    )
+    assert result.exit_code == 0, result.output
 
 
 @needs_vllm
