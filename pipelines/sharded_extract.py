@@ -2,7 +2,8 @@
 
 Each task is ``hscache.extract(config with shard=(I, N))`` writing ``OUT/shard-IIIII-of-NNNNN``
 (hscache/store/shards.py); the client then checks the shards and writes ``OUT/shards.json``.
-``OUT`` must be a directory every worker sees at the same path (a shared filesystem). A killed
+``OUT`` must be a directory every worker sees at the same path (a shared filesystem); it, and any
+local model or prompts file, is made absolute before it is sent. A killed
 shard resumes like any extraction: re-running the pipeline skips committed sequences.
 
 On GPUs, start one worker per GPU with ``--resources GPU=1`` and ``CUDA_VISIBLE_DEVICES`` set per
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ import torch
 import hscache
 from hscache.capture.extract import ExtractConfig, ExtractResult
 from hscache.store.shards import merge_shards
+from hscache.store.urls import absolute_location, is_url
 
 __all__ = ["extract_shard", "sharded_extract"]
 
@@ -36,6 +39,18 @@ def extract_shard(config: ExtractConfig) -> ExtractResult:
         )  # one core per single-threaded CPU worker; also makes shards bit-reproducible
     result = hscache.extract(config)
     return replace(result, provenance={})  # the provenance stays on disk; keep the reply small
+
+
+def _absolute_paths(config: ExtractConfig) -> ExtractConfig:
+    """``config`` with ``out`` and every local file it names absolute: a worker's working directory
+    is not ours, and a relative ``cache/`` there is another directory (a model id, a built-in name or
+    a URL stays as it is)."""
+    local = {
+        name: absolute_location(value)
+        for name in ("model", "prompts", "tokens_from", "responses_from")
+        if (value := getattr(config, name)) and not is_url(value) and Path(value).exists()
+    }
+    return replace(config, out=absolute_location(config.out), **local)
 
 
 def sharded_extract(config: ExtractConfig, shards: int, client: Any) -> list[ExtractResult]:
@@ -53,6 +68,7 @@ def sharded_extract(config: ExtractConfig, shards: int, client: Any) -> list[Ext
         raise hscache.InputError(
             f"shards={shards}, config.shard={config.shard}: give shards >= 1 and no config.shard"
         )
+    config = _absolute_paths(config)
     resources = {"GPU": 1} if config.device.startswith("cuda") else None
     futures = [
         client.submit(

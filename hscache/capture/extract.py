@@ -598,6 +598,13 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         _check_flags(config, target)
         progress.step("checking the prompts against the tokenizer and --max-length")
         prompts = _check_prompts(config, target)
+        if prompts.records == 0 and config.shard is not None:  # before anything is written (issue 36)
+            index, count = config.shard
+            raise InputError(
+                f"--shard {index}/{count} selects no record: the records this run reads"
+                f"{f' (--limit {config.limit})' if config.limit is not None else ''} are fewer than {index + 1}, "
+                "and shard I takes records I, I + N, ...; use fewer shards (N at most the number of records)"
+            )
         mtp = target_mtp_weights(target.name, target.model, target.text_config) if _wants_mtp(config) else {}
         if mtp and mtp_layer_id(target.num_layers) not in layer_ids:  # what MTP reads, unasked
             layer_ids = [*layer_ids, mtp_layer_id(target.num_layers)]

@@ -40,6 +40,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from hscache.errors import InputError
 from hscache.store.open import open_cache
 from hscache.store.reader import Cache
+from hscache.store.urls import absolute_location
 
 __all__ = ["PackedWindows", "SequenceDataset"]
 
@@ -63,7 +64,7 @@ class _CacheHandle:
     _pid: int
 
     def _open_handle(self, path_or_url: Any) -> Cache:
-        self.path = str(path_or_url)
+        self.path = absolute_location(path_or_url)  # workers reopen it: never relative to their directory
         self._cache, self._pid = open_cache(self.path), os.getpid()
         return self._cache
 

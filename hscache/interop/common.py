@@ -340,19 +340,22 @@ _COMPUTED = (
 def _attach_target(
     out: Path,
     name: str,
-    hidden: torch.Tensor,
+    first: ImportedSequence,
     layer_ids: list[int],
     last_slot: int | None,
     top_k: int,
     specs: dict[str, ArraySpec],
     settings: dict[str, Any],
 ) -> Any:
-    """Write ``target/`` for ``name``; return a TargetHead (and add its arrays to ``specs``) when
-    slot ``last_slot`` holds the target's last layer, else None."""
+    """Write ``target/`` for ``name`` once it is checked against the ``first`` sequence (it must
+    re-compute its states: interop/target.py); return a TargetHead (and add its arrays to ``specs``)
+    when slot ``last_slot`` holds the target's last layer, else None."""
+    hidden, token_ids, where = first.hidden_states, first.token_ids, first.record_id
     from hscache.capture.extract import write_target_of  # the same target/ as hscache extract
-    from hscache.interop.target import TargetHead, load_import_target
+    from hscache.interop.target import TargetHead, check_target_produced, load_import_target
 
     target = load_import_target(name, hidden.dtype, int(hidden.shape[2]), layer_ids)
+    check_target_produced(target, hidden, token_ids, layer_ids, where)
     write_target_of(out, target)
     settings.update({"model": name, "mask_token_id": target.mask_token_id})
     if last_slot is None or layer_ids[last_slot] != target.num_layers - 1:
@@ -491,7 +494,7 @@ def _write_imported(
             }
             settings: dict[str, Any] = {"layer_ids": list(layer_ids), "dtype": _DTYPE_NAME[logical]}
             if target is not None:
-                head = _attach_target(out, target, hidden, layer_ids, last_layer_slot, top_k, specs, settings)
+                head = _attach_target(out, target, seq, layer_ids, last_layer_slot, top_k, specs, settings)
             writer = StoreWriter.create(out, specs, compression, settings)
             first = (hidden.dtype, int(hidden.shape[2]))
         elif (hidden.dtype, int(hidden.shape[2])) != first:

@@ -42,6 +42,7 @@ from hscache.store.target_files import (
     load_tokenizer_files,
     tensors_from_safetensors,
 )
+from hscache.store.urls import absolute_location
 
 __all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
 
@@ -124,7 +125,9 @@ class Cache:
         self._files: dict[str, bytes] = dict(files or {})
         self.specs = {name: ArraySpec.from_dict(name, d) for name, d in manifest["arrays"].items()}
         try:
-            self._group = zarr.open_group(str(self.path / ARRAYS_GROUP), mode="r")
+            # Absolute: a zarr array pickled into a dask graph (hscache.data.open_xarray) reopens its
+            # path on a worker whose working directory differs from ours.
+            self._group = zarr.open_group(absolute_location(self.path / ARRAYS_GROUP), mode="r")
         except FileNotFoundError as exc:
             raise CacheFormatError(
                 f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged"
@@ -149,6 +152,24 @@ class Cache:
         self.index: pa.Table = expand_metadata(table)
         self._offsets = np.asarray(self.index.column("offset").to_numpy(), dtype=np.int64)
         self._lengths = np.asarray(self.index.column("length").to_numpy(), dtype=np.int64)
+        self._check_rows()
+
+    def _check_rows(self) -> None:
+        """Every index row in range, as ``hscache verify`` checks it (a resealed edit passes the seal):
+        lengths of at least one token, contiguous offsets that sum to the committed tokens, and
+        prompt_len in 0..length. Damage is one line here, never a ValueError deep in a reader."""
+        prompt = np.asarray(self.index.column("prompt_len").to_numpy(), dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]]) if len(self._lengths) else self._lengths
+        bad = np.flatnonzero(
+            (self._lengths < 1) | (self._offsets != starts) | (prompt < 0) | (prompt > self._lengths)
+        )
+        if len(bad) or int(self._lengths.sum()) != self.num_tokens:
+            i = int(bad[0]) if len(bad) else len(self._lengths) - 1
+            raise CacheFormatError(
+                f"the index of {self.path} is inconsistent at sequence {i} (offset {self._offsets[i]}, length "
+                f"{self._lengths[i]}, prompt_len {prompt[i]}; the lengths sum to {int(self._lengths.sum())} of "
+                f"{self.num_tokens} committed tokens); the cache is damaged: run `hscache verify {self.path}`"
+            )
 
     def __len__(self) -> int:
         return self.index.num_rows

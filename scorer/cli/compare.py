@@ -79,6 +79,7 @@ def compare(
     """
     from hscache.progress import StepProgress
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
+    from scorer.report.html import per_category_table
     from scorer.report.tables import print_table
     from scorer.studies.compare import compare_drafters
     from scorer.studies.evaluate import EvalConfig
@@ -118,6 +119,9 @@ def compare(
         document = compare_drafters(checkpoints, caches[0], config, on_sequence=scored, on_start=started)
     names = drafter_names(document)
     for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
+        print_table(header, rows, table_format)
+    header, rows = per_category_table(document["reports"], names)
+    if rows:  # the prompts' categories (the cache index): tau per category, per drafter
         print_table(header, rows, table_format)
     for name, row in zip(names, document["drafters"]):
         for warning in row["warnings"]:

@@ -209,7 +209,7 @@ def online(
     from hscache.progress import StepProgress
 
     # progress like every long step (was: nothing until the end, 15 min for the docs' example)
-    progress = StepProgress("online", "prompts" if sampled is None else "rounds", secondary_unit="tok")
+    progress = StepProgress("online", "prompts" if sampled is None else "tokens", secondary_unit="tok")
     try:
         with progress:
             if sampled is None:
@@ -228,8 +228,8 @@ def online(
 
                 result = run_online(checkpoint, config, ended)
             else:
-                progress.start(None, note=f"{runs} runs x {prompts} prompts decoded in lockstep")
-                result = run_online_sampled(sampled_config, on_round=lambda _record: progress.advance(1))
+                # decode_runs starts it: tokens committed out of every lane's budget, after every step
+                result = run_online_sampled(sampled_config, progress=progress)
             progress.eager = True  # the closing line, with the rates, however short the run
     except Exception:
         progress.quiet = True  # the error is the last line

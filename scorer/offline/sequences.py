@@ -131,6 +131,12 @@ class CachedSequence:
 def cached_sequences(cache: CacheView, rows: Sequence[int]) -> list[CachedSequence]:
     """The rows' index fields, read per row (a cache may index millions of sequences)."""
     record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
+    for row in rows:  # the reader keeps prompt_len in 0..length; a draft needs one prompt token before it
+        if prompt_lens[row].as_py() < 1:
+            raise IncompatibleCacheError(
+                f"sequence {row} (record {record_ids[row].as_py()!r}) has prompt_len 0: scoring drafts the tokens "
+                "after a prompt of at least one token; leave it out (--limit) or re-extract it"
+            )
     return [
         CachedSequence(cache, row, record_ids[row].as_py(), prompt_lens[row].as_py(), category_of(cache, row))
         for row in rows

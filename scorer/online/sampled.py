@@ -51,8 +51,9 @@ import torch
 from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
-from hscache.capture.sampling import SAMPLING_BYTES_PER_LOGIT, penalise_dense, processed_support
+from hscache.capture.sampling import SAMPLING_BYTES_PER_LOGIT
 from hscache.capture.target import Target
+from hscache.progress import NO_PROGRESS
 from hscache.store.sampling import SamplingSetting
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
@@ -66,6 +67,14 @@ from scorer.online.greedy import (
     eos_ids,
     request_row,
     tau_of_requests,
+)
+from scorer.rules import DRAFT_SAMPLE_METHODS
+from scorer.rules.penalties import (
+    SGLANG_PENALTY,
+    VLLM_PENALTY,
+    RowBlock,
+    processed_rows,
+    sglang_penalty_history,
 )
 from scorer.rules.sglang_tree import TreeRounds, sglang_target_only_verify
 from scorer.rules.vllm_chain import (
@@ -99,35 +108,9 @@ __all__ = [
     "summarise_runs",
 ]
 
-DRAFT_SAMPLING = ("greedy", "probabilistic")  # as --draft-sampling (vLLM draft_sample_method)
+DRAFT_SAMPLING = DRAFT_SAMPLE_METHODS  # as --draft-sampling (vLLM draft_sample_method)
 RULE = "vllm-mrv2"  # scorer.rules.vllm_chain.mrv2_verify
 TREE_RULE = "sglang-target-only"  # scorer.rules.sglang_tree.sglang_target_only_verify (--tree)
-# SGLang's penalties in tree verification, as read in sgl-project/sglang (the EAGLE worker, v1):
-# - python/sglang/srt/speculative/eagle_info.py @ 0007d13b0099d8b0b42b74b19fc4b16b8ce1dd3a,
-#   EagleVerifyInput.verify L230-241, line numbers counted in the stored copy ("This is a relaxed version of penalties for speculative decoding"):
-#   linear_penalty = zeros(bs, V); sampling_info.apply_logits_bias(linear_penalty);
-#   next_token_logits.add_(repeat_interleave(linear_penalty, draft_token_num)): ONE additive vector per
-#   request, the same for every node and the bonus row; then /T, softmax, top_k_renorm_prob,
-#   top_p_renorm_prob (L273-292; no min_p in that verify).
-# - the vector: python/sglang/srt/sampling/sampling_batch_info.py @ 009db01a7c0d5460611d543516401eb497641918,
-#   apply_logits_bias -> penalizer_orchestrator.apply, whose penalizers are {Frequency, MinNewTokens,
-#   Presence} (no repetition penalizer: from_schedule_batch); penaltylib/presence_penalty.py
-#   @ 0a39d72aa8f04acbf3f97ba67d8b6b67c88903e7 (_cumulate_output_tokens: scatter_ of the penalty at each fed
-#   token; _apply: logits.sub_) and frequency_penalty.py @ 0eaa70667ecaf8c8974101f8dc39aaefab0b0e0b
-#   (scatter_add_ per fed token; logits.sub_): -presence * [fed] - frequency * count(fed). The counters
-#   start at zero (no prompt token). Even a multiplicative repetition penalizer (older commits) would map
-#   the zero vector to zero: SGLang's tree verification never applies --repetition-penalty.
-# - which tokens are fed: eagle_worker.py @ 00559eacbf0841146db7e27e445d1971e35e6294,
-#   _draft_preprocess_decode ("Accumulate penalty ... relaxed version"): cumulate_output_tokens(
-#   spec_info.verified_id) once per round, before drafting; verified_id is then ONE token per request:
-#   eagle_info.py @ 0007d13b EagleDraftInput.prepare_extend_after_decode -> create_extend_after_decode_spec_info
-#   stores verified_id[accept_len_cumsum + accept_len - 1], the round's last (bonus / recovered) token;
-#   before the first round, the prefill's token (forward_draft_extend: verified_id=next_token_ids).
-#   So the history of a round is the anchor token of every round so far, this one included: accepted
-#   drafts are never counted, in their round or later (sglang_penalty_history). Newer SGLang (multi-token
-#   cumulation, DFlash block penalty state) counts more: this transcribes the commits above.
-SGLANG_PENALTY = "sglang-relaxed"
-VLLM_PENALTY = "vllm-in-round"  # the generated tokens and the drafts before each row (spec 1.1)
 _STREAM_DOMAIN = "hscache-online-v1"
 
 
@@ -392,83 +375,6 @@ class _Lane:
         return RowBlock(sglang_penalty_history(self.ids, self.prompt_len, self.rounds), prompt, extra, False)
 
 
-def sglang_penalty_history(ids: Sequence[int], prompt_len: int, tokens_per_round: Sequence[int]) -> list[int]:
-    """The tokens SGLang's penalizers were fed before a round (``SGLANG_PENALTY``'s sources): the first
-    token after the prompt, then each finished round's last emitted token, i.e. every round's anchor,
-    the current one included; the accepted drafts before a round's last token are never counted.
-
-    Args:
-        ids: the committed tokens (prompt + generated) at the round's start.
-        prompt_len: the prompt's length (``ids[prompt_len]`` is the first generated token).
-        tokens_per_round: the tokens each finished round committed (``commit_round``).
-    """
-    history, at = [], prompt_len
-    if at < len(ids):
-        history.append(int(ids[at]))
-    for n in tokens_per_round:
-        at += n
-        history.append(int(ids[at]))
-    return history
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """The rows of one round's sequence (its first row predicts the token after the anchor, row j + 1
-    the token after ``extra[j]``) and what their penalties count.
-
-    Attributes:
-        history: the output tokens counted at the first row (never the prompt: vLLM and SGLang count
-            generated tokens for presence and frequency).
-        prompt: the prompt (vLLM's repetition penalty covers it too).
-        extra: the drafts (a chain) or a tree path after the anchor.
-        in_round: vLLM's rule (row j counts ``extra[:j]`` as well, spec 1.1) if true; SGLang's relaxed
-            rule (every row the same ``history``, spec 1.2) if false.
-    """
-
-    history: Sequence[int]
-    prompt: Sequence[int]
-    extra: Sequence[int]
-    in_round: bool = True
-
-
-def processed_rows(
-    logits: torch.Tensor, blocks: Sequence[RowBlock], setting: SamplingSetting, vocab: int
-) -> torch.Tensor:
-    """Dense processed distributions [R, V] float32 of stacked round rows (``len(extra) + 1`` rows a
-    block, in ``blocks`` order): penalties with each block's counts (``RowBlock``), then /T, min_p,
-    top-k, top-p (hscache.capture.sampling's processor: ``penalise_dense``, ``processed_support``).
-
-    SGLang adds ``-presence * [seen] - frequency * count`` as one vector before /T; vLLM subtracts the
-    same two terms from the logits: one ``penalise_dense`` serves both, the rules differ in the counts.
-
-    Raises:
-        ScorerError: more tokens tie at the top-k boundary than the support holds.
-    """
-    counts = torch.zeros((len(logits), vocab), dtype=torch.int32, device=logits.device)
-    prompt_mask = None
-    if setting.repetition_penalty != 1.0:
-        prompt_mask = torch.zeros((len(logits), vocab), dtype=torch.bool, device=logits.device)
-    row = 0
-    for block in blocks:
-        base = torch.bincount(torch.tensor(list(block.history), dtype=torch.long), minlength=vocab).int()
-        rows = base.repeat(len(block.extra) + 1, 1)
-        if block.in_round:
-            for j, token in enumerate(block.extra):
-                rows[j + 1 :, token] += 1
-        counts[row : row + len(rows)] = rows.to(counts.device)
-        if prompt_mask is not None:
-            prompt_mask[row : row + len(rows), torch.tensor(list(block.prompt), dtype=torch.long)] = True
-        row += len(rows)
-    ids, probs, overflow = processed_support(penalise_dense(logits, counts, prompt_mask, setting), setting)
-    if bool(overflow.any()):
-        raise ScorerError(
-            f"more than {setting.support_width} target tokens tie at the top-k boundary (top_k {setting.top_k}): "
-            "the processed distribution is not exact; choose another --top-k"
-        )
-    dense = torch.zeros((len(logits), vocab), dtype=torch.float32, device=logits.device)
-    return dense.scatter_add_(1, ids.clamp(min=0).long(), probs).cpu()  # id -1 carries probability 0
-
-
 def _forward(
     target: Target, layer_ids: list[int], lanes: Sequence[_Lane], extras: Sequence[list[int]], width: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -500,6 +406,7 @@ def decode_runs(
     settings: DecodeSettings,
     runs: Sequence[int],
     on_round: Any = None,
+    progress: Any = NO_PROGRESS,
 ) -> list[RunResult]:
     """Decode every prompt once per run with sampled verification; the runs advance in lockstep, one
     round per (run, prompt) lane per step, their target forwards batched ``lanes_per_forward`` at a time.
@@ -513,6 +420,8 @@ def decode_runs(
         runs: the run indices to decode (run r draws from ``run_streams(seed, r, record id)``).
         on_round: called with a ``RoundRecord`` (with ``settings.tree``: a ``TreeRoundRecord``) after
             every verified round (tests), or None.
+        progress: hears of the tokens committed after every step of the lockstep (hscache/progress.py),
+            out of every lane's budget (lanes that stop at EOS leave the total unreached).
 
     Returns:
         One RunResult per run, in ``runs`` order, requests in ``prompts`` order.
@@ -540,6 +449,9 @@ def decode_runs(
     width = settings.lanes_per_forward
     if not lanes:
         return [RunResult(run, ()) for run in runs]
+    budget = sum(lane.limit - lane.prompt_len for lane in lanes)
+    note = f"{len(runs)} runs x {len(prompts)} prompts decoded in lockstep, {width} lanes per target forward"
+    progress.start(budget, note=note, unit="tokens")
     # Prefill: the first token after the prompt, drawn from the processed distribution at P - 1
     # (empty penalty history). Every run of a prompt shares that forward: one per prompt.
     heads = lanes[: len(prompts)]  # run runs[0]'s lanes, one per prompt, in prompts order
@@ -551,45 +463,69 @@ def decode_runs(
         k = n % len(prompts)
         lane.hidden = first[k][0]
         lane.ids.append(int(gumbel_argmax(p0[k], draw_gumbel((vocab,), lane.streams["residual"]))))
+    progress.advance(len(lanes), status="prefill: each lane's first token")
     while active := [lane for lane in lanes if not lane.done(eos)]:
-        if settings.tree is not None or settings.ddtree is not None:
-            _tree_rounds(target, layer_ids, propose, active, settings, vocab, eos, on_round)
-            continue
-        drafts, qs = [], []
-        for lane in active:
-            p = len(lane.ids) - 1
-            if settings.draft_sampling == "probabilistic":
-                draw = _ProposalDraw(s.temperature, lane.streams["draft"])
-                drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p, draw=draw)])
-                qs.append(torch.stack(draw.probs))
-            else:
-                drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p)])
-                qs.append(None)
-        verify = _forward(target, layer_ids, active, drafts, width)
-        target_probs: list[torch.Tensor] = []
-        for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
-            rows = torch.cat([r for _, r in verify[lo : lo + width]])
-            part = [lane.block(d, True) for lane, d in zip(active[lo : lo + width], drafts[lo : lo + width])]
-            target_probs += processed_rows(rows, part, s, vocab).split([len(b.extra) + 1 for b in part])
-        for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
-            x = torch.tensor([draft], dtype=torch.long)
-            noise = draw_round_noise(
-                1, len(draft), vocab, accept=lane.streams["accept"], residual=lane.streams["residual"]
-            )
-            verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
-            if on_round is not None:
-                on_round(
-                    RoundRecord(lane.run, lane.record_id, tuple(lane.ids), x[0], probs, q, noise, verified)
-                )
-            p = len(lane.ids) - 1
-            lane.rounds.append(commit_round(lane.ids, verified.emitted(0), p, lane.limit, eos))
-            lane.hidden = hidden
+        before = sum(len(lane.ids) for lane in active)
+        _step(target, layer_ids, propose, active, settings, vocab, eos, on_round)
+        rounds = sum(len(lane.rounds) for lane in lanes)
+        committed = sum(len(lane.ids) - lane.prompt_len - 1 for lane in lanes)
+        status = f"{len(lanes) - sum(not lane.done(eos) for lane in lanes)}/{len(lanes)} sequences done"
+        progress.advance(
+            sum(len(lane.ids) for lane in active) - before,
+            status=(f"{status}, tau so far {committed / max(1, rounds):.2f}"),
+        )
+    progress.finish()
     by_run: dict[int, list[OnlineRequest]] = {run: [] for run in runs}
     for lane in lanes:
         by_run[lane.run].append(
             OnlineRequest(lane.record_id, lane.prompt_len, tuple(lane.ids), tuple(lane.rounds))
         )
     return [RunResult(run, tuple(by_run[run])) for run in runs]
+
+
+def _step(
+    target: Target,
+    layer_ids: list[int],
+    propose: Proposer,
+    active: list[_Lane],
+    settings: DecodeSettings,
+    vocab: int,
+    eos: set[int],
+    on_round: Any,
+) -> None:
+    """One round of every active lane: draft, one batched verification forward per
+    ``lanes_per_forward`` lanes, the sampled rule, commit (trees: ``_tree_rounds``)."""
+    s, width = settings.sampling, settings.lanes_per_forward
+    if settings.tree is not None or settings.ddtree is not None:
+        _tree_rounds(target, layer_ids, propose, active, settings, vocab, eos, on_round)
+        return
+    drafts, qs = [], []
+    for lane in active:
+        p = len(lane.ids) - 1
+        if settings.draft_sampling == "probabilistic":
+            draw = _ProposalDraw(s.temperature, lane.streams["draft"])
+            drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p, draw=draw)])
+            qs.append(torch.stack(draw.probs))
+        else:
+            drafts.append([int(t) for t in propose(lane.hidden[:p], lane.ids, p)])
+            qs.append(None)
+    verify = _forward(target, layer_ids, active, drafts, width)
+    target_probs: list[torch.Tensor] = []
+    for lo in range(0, len(active), width):  # [rows, V] temporaries of one forward's lanes at a time
+        rows = torch.cat([r for _, r in verify[lo : lo + width]])
+        part = [lane.block(d, True) for lane, d in zip(active[lo : lo + width], drafts[lo : lo + width])]
+        target_probs += processed_rows(rows, part, s, vocab).split([len(b.extra) + 1 for b in part])
+    for lane, draft, q, probs, (hidden, _) in zip(active, drafts, qs, target_probs, verify):
+        x = torch.tensor([draft], dtype=torch.long)
+        noise = draw_round_noise(
+            1, len(draft), vocab, accept=lane.streams["accept"], residual=lane.streams["residual"]
+        )
+        verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
+        if on_round is not None:
+            on_round(RoundRecord(lane.run, lane.record_id, tuple(lane.ids), x[0], probs, q, noise, verified))
+        p = len(lane.ids) - 1
+        lane.rounds.append(commit_round(lane.ids, verified.emitted(0), p, lane.limit, eos))
+        lane.hidden = hidden
 
 
 def _tree_paths(parents: np.ndarray) -> list[list[int]]:
@@ -729,11 +665,14 @@ def check_runs_fit(runs: int, prompts: int, max_length: int) -> None:
         )
 
 
-def run_online_sampled(config: SampledOnlineConfig, on_round: Any = None) -> dict[str, Any]:
+def run_online_sampled(
+    config: SampledOnlineConfig, on_round: Any = None, progress: Any = NO_PROGRESS
+) -> dict[str, Any]:
     """``scorer online`` at temperature > 0: ``config.runs`` seeded runs over the prompts; the result
     document (schemas/online_report.schema.json, with its ``sampled`` section). ``on_round`` is
     called after every verified round (progress; ``decode_runs``). The prompts, ``--runs`` and the
-    drafting sizes are checked before the model loads.
+    drafting sizes are checked before the model loads. ``progress`` (hscache/progress.py) hears of
+    the tokens committed out of every lane's budget (``decode_runs``).
 
     Raises:
         ScorerError: an invalid config (``SampledOnlineConfig.validate``), or what loading refuses.
@@ -775,6 +714,7 @@ def run_online_sampled(config: SampledOnlineConfig, on_round: Any = None) -> dic
             settings,
             range(config.runs),
             on_round,
+            progress=progress,
         )
     requests = [r for run in results for r in run.requests]
     seed = int(config.sampling.seed or 0)

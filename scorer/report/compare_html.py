@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hscache.report.html import acceptance_chart, html_page, html_table
-from scorer.report.html import format_ci, format_delta, format_number
+from scorer.report.html import category_section, format_ci, format_delta, format_number
 
 __all__ = ["drafter_names", "render_compare_html", "write_compare_html"]
 
@@ -140,6 +140,7 @@ def render_compare_html(document: Mapping[str, Any], *, title: str | None = None
         "<h2>Per-slot acceptance</h2>",
         '<div class="charts">' + "".join(charts) + "</div>",
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",
+        *category_section(document["reports"], names),
     ]
     return html_page(title, body)
 

@@ -24,9 +24,11 @@ from scorer.report.served import served_html
 __all__ = [
     "acceptance_section",
     "cache_names",
+    "category_section",
     "format_ci",
     "format_delta",
     "format_number",
+    "per_category_table",
     "render_eval_html",
     "tau_table",
     "write_eval_html",
@@ -53,6 +55,50 @@ def cache_names(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     paths = [str(r["cache"]["path"]) for r in reports]
     names = [Path(p.rstrip("/")).name or p for p in paths]
     return names if len(set(names)) == len(names) else paths
+
+
+def per_category_table(
+    reports: Sequence[Mapping[str, Any]], names: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    """Tau per prompt category (the cache index's ``category``: e.g. code, math, reasoning of the
+    default prompts), one column pair per report: (header, rows); no rows when no report has
+    categories. The terminal, markdown and HTML tables of ``scorer eval`` / ``compare`` all draw it."""
+    blocks = [r.get("per_category") or {} for r in reports]
+    categories = sorted({c for block in blocks for c in block})
+    if not categories:
+        return [], []
+    header = ["category", "requests"]
+    for name in names:
+        header += (
+            [f"{name}: tau per request", f"{name}: tau pooled"]
+            if len(names) > 1
+            else [
+                "tau per request",
+                "tau pooled",
+            ]
+        )
+    rows = []
+    for category in categories:
+        counts = {str(b[category]["n_requests"]) for b in blocks if category in b}
+        row = [category, "/".join(sorted(counts))]
+        for block in blocks:
+            entry = block.get(category) or {}
+            row += [format_number(entry.get("tau_per_request")), format_number(entry.get("tau_pooled"))]
+        rows.append(row)
+    return header, rows
+
+
+def category_section(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
+    """The HTML "Per category" section (empty without categories): ``per_category_table`` drawn."""
+    header, rows = per_category_table(reports, names)
+    if not rows:
+        return []
+    return [
+        "<h2>Per category</h2>",
+        html_table(header, rows),
+        "<p>The prompts' categories, from the cache index; tau in both conventions over each category's "
+        "requests.</p>",
+    ]
 
 
 def tau_table(result: Mapping[str, Any], names: Sequence[str] | None = None) -> str:
@@ -157,6 +203,7 @@ def render_eval_html(result: Mapping[str, Any], *, title: str | None = None) -> 
         "<h2>Per-position acceptance</h2>",
         acceptance_section(result, names),
         "<p>Conditional: P(slot j correct | slots 1..j-1 correct); unconditional: P(slot j correct).</p>",
+        *category_section(reports, names),
     ]
     return html_page(title, body)
 

@@ -8,7 +8,9 @@ client merges the ``SequenceResult``s in row order and builds the report with ``
 
 Only paths, settings and row ranges travel to workers, and only small ``SequenceResult``s come
 back: hidden states never pass through the scheduler. Workers therefore need the cache and
-the checkpoint at the same path (a shared filesystem) or URL (s3://...).
+the checkpoint at the same path (a shared filesystem) or URL (s3://...). Paths leave the client
+absolute (a worker's working directory is not the client's: ``cache/`` there is another cache),
+and each worker checks that the cache it opened has the client's digest before scoring a row.
 
     >>> with hscache.cluster.cluster_client(workers=2) as client:                               # doctest: +SKIP
     ...     report = evaluate_distributed("drafter/", "cache/", EvalConfig(), client)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import sys
 import time
 from collections import OrderedDict
@@ -31,9 +34,9 @@ import numpy as np
 import torch
 
 import hscache
-from hscache.store.integrity import check_expected_digest
+from hscache.store.integrity import cache_digest, check_expected_digest
 from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
-from hscache.store.urls import is_url
+from hscache.store.urls import absolute_location, is_url
 from scorer.errors import ScorerError
 from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.offline.sequences import SequenceResult
@@ -84,6 +87,7 @@ class TaskSpec:
     config: EvalConfig
     start: int
     stop: int
+    cache_digest: str | None = None  # the client's: a worker that opened another cache refuses
 
 
 @dataclass
@@ -143,6 +147,23 @@ def _tune_malloc() -> None:
         pass  # not glibc (e.g. musl): nothing to undo
 
 
+def _check_same_cache(cache: Any, spec: TaskSpec) -> None:
+    """Refuse to score when this worker's cache at ``spec.cache`` is not the one the client opened.
+
+    Raises:
+        ScorerError: the digests differ (another machine's copy, a relative path, a changed cache).
+    """
+    if spec.cache_digest is None:
+        return
+    digest = cache_digest(cache)
+    if digest != spec.cache_digest:
+        raise ScorerError(
+            f"worker {socket.gethostname()} (pid {os.getpid()}) opened {spec.cache} with digest "
+            f"{digest[:16]}..., but the client's cache there has digest {spec.cache_digest[:16]}...: the "
+            "workers must see the same cache at the same path (a shared filesystem) or URL (s3://...)"
+        )
+
+
 def score_task(spec: TaskSpec) -> TaskOutput:
     """Score rows ``spec.start..spec.stop`` on this worker (runs in the worker process)."""
     _tune_malloc()
@@ -154,6 +175,7 @@ def score_task(spec: TaskSpec) -> TaskOutput:
         _MAX_CACHES,
         lambda: hscache.open_cache(spec.cache, allow_unsealed=spec.config.allow_unsealed),
     )
+    _check_same_cache(cache, spec)
     key = (
         spec.checkpoint,
         spec.fingerprint,
@@ -237,11 +259,13 @@ def submit_scoring(
     started = time.perf_counter()
     cache = hscache.open_cache(cache_path, allow_unsealed=config.allow_unsealed)
     check_expected_digest(cache, config.expect_digest, str(cache_path))
+    where = absolute_location(checkpoint), absolute_location(cache_path)  # what the workers open
     n = len(cache) if config.limit is None else min(config.limit, len(cache))
     lengths = np.asarray(cache.index.column("length").to_numpy())[:n]
     fingerprint = checkpoint_fingerprint(checkpoint) if not is_url(checkpoint) else ()
+    digest = cache_digest(cache)
     specs = [
-        TaskSpec(str(checkpoint), fingerprint, str(cache_path), cache.num_tokens, config, r.start, r.stop)
+        TaskSpec(where[0], fingerprint, where[1], cache.num_tokens, config, r.start, r.stop, digest)
         for r in plan_tasks(lengths, tokens_per_task)
     ]
     futures = [client.submit(score_task, spec, pure=False) for spec in specs]

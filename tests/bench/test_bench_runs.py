@@ -177,3 +177,20 @@ def test_diagnose_bench_quick(fp32_cache: Path, capsys, tmp_path):
         "load average",
     ):
         assert line in out, out
+
+
+@pytest.mark.slow
+def test_online_bench_quick(capsys):
+    """bench/online.py --quick: sampled online decoding against the bare batched target decode (issue 35.6)."""
+    threads = torch.get_num_threads()  # the bench pins one thread
+    try:
+        _bench("online").main(["--quick"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for line in (
+        "2 runs x 1 prompts x 6 new tokens",
+        "of which target verification forwards",
+        "ratio online / bare",
+    ):
+        assert line in out, out

@@ -133,6 +133,23 @@ def test_xarray_view_matches_the_reader(bf16_cache):
     assert np.array_equal(ds["token_ids"][start : start + length].values, cache.token_ids(i).numpy())
 
 
+def test_xarray_view_reads_the_callers_cache_under_a_dask_client(
+    dask_client, bf16_cache, tmp_path, monkeypatch
+):
+    """Under a distributed Client (any test's session client) the view's chunks are read by the
+    workers, whose working directory is not ours: ``open_xarray("cache/")`` read THEIR ``cache/``
+    (zeros where they had none, a reshape error where they had a 4-layer one: issue 35 items 5, 10)."""
+    import dask
+
+    (tmp_path / "cache").symlink_to(bf16_cache)
+    monkeypatch.chdir(tmp_path)
+    ds = open_xarray("cache/")
+    assert dask.base.get_scheduler() == dask_client.get  # the cluster computes, not this process
+    cache = hscache.open_cache(bf16_cache)
+    expected = torch.cat([cache.hidden_states(i) for i in range(len(cache))]).float().numpy()
+    assert np.array_equal(ds["hidden_states"].astype("float32").values, expected)
+
+
 def test_sequence_reads_decode_each_small_chunk_once(cache_path, monkeypatch):
     """token_ids' one chunk holds every sequence: reading them one by one decodes it once, not 12 times."""
     from hscache.store.chunks import ChunkReader

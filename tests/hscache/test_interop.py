@@ -213,3 +213,46 @@ def test_import_with_target_computes_the_target_arrays_from_the_last_layer(
     config = EvalConfig(ddtree=(4,), n_boot=5)
     a, b = evaluate(tmp_path / "d", bf16_cache, config), evaluate(tmp_path / "d", tmp_path / "c", config)
     assert a["tau"] == b["tau"] and a["acceptance"] == b["acceptance"] and a["tokens"] == b["tokens"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_speculators_dir(tmp_path_factory) -> Path:
+    """A speculators export of a one-sequence ``builtin:tiny-qwen3`` cache (layers 1,7: the last included)."""
+    root = tmp_path_factory.mktemp("qwen3")
+    config = dict(model="builtin:tiny-qwen3", layers="1,7", max_new_tokens=8, dtype="bf16", limit=1)
+    hscache.extract(hscache.ExtractConfig(out=str(root / "cache"), **config))
+    assert export_speculators(root / "cache", root / "speculators") == 1
+    return root / "speculators"
+
+
+def test_import_refuses_a_target_that_did_not_produce_the_files(
+    speculators_dir, qwen3_speculators_dir, tmp_path
+):
+    """Issue 35.7: an export of a tiny-qwen3.5 cache imported with ``--target builtin:tiny-qwen3`` (same
+    width, vocabulary and depth) was written with the wrong target's logits. Each built-in target is
+    refused on the other's files, in one line, before anything is written; the right one is taken."""
+    cases = ((speculators_dir, "builtin:tiny-qwen3"), (qwen3_speculators_dir, "builtin:tiny-qwen3.5"))
+    for source, wrong in cases:
+        out = tmp_path / wrong.split(":")[1]
+        args = ["import", "--format", "speculators", str(source), "--out", str(out), "--target", wrong]
+        result = CliRunner().invoke(hscache_main, args)
+        assert result.exit_code == 2, result.output
+        line = result.output.strip()
+        assert "\n" not in line and f"--target {wrong} did not produce these files" in line, line
+        cosine = float(line.split(" have cosine ")[1].split(" ")[0])
+        assert abs(cosine) < 0.5 and "argmax is the next token at" in line, line
+        assert not (out / "manifest.json").exists() and not (out / "target").exists()
+    assert import_speculators(qwen3_speculators_dir, tmp_path / "right", target="builtin:tiny-qwen3")[0] == 1
+    assert hscache.open_cache(tmp_path / "right").provenance["imported"]["computed"]
+
+
+def test_import_refuses_token_ids_outside_the_targets_vocabulary(speculators_dir, tmp_path):
+    from hscache.capture.target import load_target
+    from hscache.interop.target import check_target_produced
+
+    target = load_target("builtin:tiny-qwen3.5", "fp32")
+    hidden = torch.zeros(3, 1, 128)
+    with pytest.raises(
+        hscache.InputError, match=f"vocabulary of {target.vocab_size} ids, but hs_0 holds token id"
+    ):
+        check_target_produced(target, hidden, torch.tensor([1, target.vocab_size, 2]), [7], "hs_0")

@@ -425,3 +425,52 @@ def test_hostile_speculators_folders_are_one_line_each(speculators_folder, tmp_p
          "--out", str(tmp_path / "layers")],
     )  # fmt: skip
     assert _one_line_refusal(result) and "20000" in result.output, result.output
+
+
+# 10. An index whose prompt_len is out of range, resealed: one line from eval, never a ValueError.
+@pytest.mark.parametrize("change", ["0", "len+5", "-7", "2^31-1"])
+def test_an_out_of_range_prompt_len_resealed_is_one_line(small_cache, drafter, tmp_path, change):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.hscache.tamper import reseal
+
+    root = small_cache.copy(tmp_path / "cache")
+    part = root / "index" / "part-000000.parquet"
+    table = pq.read_table(part)
+    lengths = table.column("length").to_pylist()
+    new = {"0": lambda n: 0, "len+5": lambda n: n + 5, "-7": lambda n: -7, "2^31-1": lambda n: 2**31 - 1}[
+        change
+    ]
+    i = table.column_names.index("prompt_len")
+    values = [new(lengths[0]), *table.column("prompt_len").to_pylist()[1:]]
+    pq.write_table(table.set_column(i, "prompt_len", pa.array(values, pa.int32())), part)
+    reseal(root)
+    result, report = _eval(drafter, root, tmp_path / "eval.json")
+    assert "Traceback" not in result.output and not (
+        result.exception and not isinstance(result.exception, SystemExit)
+    ), (result.output, result.exception)
+    assert _one_line_refusal(result) and "prompt_len" in result.output, result.output
+
+
+def test_a_lone_surrogate_in_a_prompt_or_an_id_is_refused_before_anything_is_written(tmp_path):
+    for record in ({"id": "a", "prompt": "x\ud800y"}, {"id": "\udc00", "prompt": "hello"}):
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text(json.dumps(record) + "\n")  # json.dumps writes the escape: the file is UTF-8
+        out = tmp_path / "out"
+        result = CliRunner().invoke(
+            hscache_main, ["extract", "--prompts", str(prompts), "--out", str(out), "--quiet"]
+        )
+        assert _one_line_refusal(result) and "lone surrogate" in result.output, result.output
+        assert not (out / "manifest.json").exists()
+
+
+# 11. A shard that selects no record: refused before anything is written, never a shard that never completes.
+def test_a_shard_that_selects_no_record_is_refused_and_leaves_nothing(tmp_path):
+    out = tmp_path / "sharded"
+    result = CliRunner().invoke(
+        hscache_main,
+        ["extract", "--out", str(out), "--limit", "2", "--shard", "3/4", "--max-new-tokens", "2", "--quiet"],
+    )
+    assert _one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
+    assert not out.exists(), list(out.rglob("*"))

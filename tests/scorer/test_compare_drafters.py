@@ -147,3 +147,42 @@ def test_timed_rounds_draft_what_the_replay_drafted(document, trained_drafter, e
                 assert seconds > 0 and drafts == replay[anchor - prompt_len].tolist()
     for row in document["drafters"]:
         assert row["cost"]["timed_rounds"] > 0 and row["cost"]["draft_seconds_per_round"] > 0
+
+
+def test_compare_and_eval_print_tau_per_category(diagnose_cache, tmp_path):
+    """Issue 31.3: the prompts' categories (the cache index) reach `scorer compare`'s tables (terminal,
+    markdown) and both HTML reports; each cell equals tau recomputed from the per-request rows. The cache:
+    the first 16 default prompts (12 code, 4 math)."""
+    import hscache
+
+    assert sorted(set(hscache.open_cache(diagnose_cache).index.column("category").to_pylist())) == [
+        "code",
+        "math",
+    ]
+    out, page = tmp_path / "c.json", tmp_path / "c.html"
+    args = ["compare", "ngram", "target:mtp", "--num-speculative-tokens", "3", "--cache", str(diagnose_cache)]
+    result = CliRunner().invoke(
+        main, [*args, "--format", "markdown", "--json", str(out), "--report", str(page)]
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    header = "| category | requests | ngram (ngram): tau per request | ngram (ngram): tau pooled | target:mtp (mtp):"
+    assert header in result.output, result.output
+    html = page.read_text()
+    assert "<h2>Per category</h2>" in html
+    for category in ("code", "math"):
+        cells = [f"| {category} | {12 if category == 'code' else 4} |"]
+        for report in document["reports"]:
+            rows = [r for r in report["per_request"] if r["category"] == category and r["rounds"]]
+            per_request = np.mean([r["tokens"] / r["rounds"] for r in rows])
+            pooled = sum(r["tokens"] for r in rows) / sum(r["rounds"] for r in rows)
+            cells.append(f" {per_request:.3f} | {pooled:.3f} |")
+        assert "".join(cells) in result.output, (cells, result.output)
+    single = evaluate("target:mtp", diagnose_cache, EvalConfig(ddtree=(), n_boot=10))
+    from scorer.report.html import render_eval_html
+
+    eval_page = render_eval_html(single)
+    assert (
+        "<h2>Per category</h2>" in eval_page
+        and f"{single['per_category']['math']['tau_pooled']:.3f}" in eval_page
+    )

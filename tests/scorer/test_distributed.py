@@ -96,6 +96,52 @@ def test_worker_errors_reach_the_client(dask_client, scale_cache, tmp_path):
         dask_client.submit(score_task, spec, pure=False).result()
 
 
+@pytest.fixture
+def workers_elsewhere(dask_client, bf16_cache, tmp_path):
+    """The workers' working directory holds ANOTHER cache at ``cache`` (the bf16 twin of scale_cache:
+    same layers, other numbers), as on a cluster whose nodes each have a ``cache/`` of their own."""
+    other = tmp_path / "worker"
+    other.mkdir()
+    (other / "cache").symlink_to(bf16_cache)
+    before = dask_client.run(os.getcwd)
+    dask_client.run(os.chdir, str(other))
+    yield other
+    for address, directory in before.items():
+        dask_client.run(os.chdir, directory, workers=[address])
+
+
+def test_a_relative_cache_path_scores_the_clients_cache(
+    dask_client, workers_elsewhere, drafter, scale_cache, single, tmp_path, monkeypatch
+):
+    """``scorer eval D --cache cache/ --scheduler ADDR`` made each worker open its own ``cache/``
+    (issue 35.10: tau 7.750 printed, 6.359 true): paths leave the client absolute."""
+    (tmp_path / "cache").symlink_to(scale_cache)
+    monkeypatch.chdir(tmp_path)
+    report = evaluate_distributed(drafter, "cache", EvalConfig(samples=2), dask_client, tokens_per_task=40)
+    assert report["tau"] == single["tau"] and report["per_request"] == single["per_request"]
+
+
+def test_a_worker_refuses_a_cache_other_than_the_clients(
+    dask_client, workers_elsewhere, drafter, scale_cache
+):
+    """What absolute paths cannot catch (another machine's copy at the same path): each worker checks
+    the digest of the cache it opened against the client's."""
+    import hscache
+    from hscache.store.integrity import cache_digest
+
+    cache = hscache.open_cache(scale_cache)
+    spec = TaskSpec(str(drafter), (), "cache", cache.num_tokens, EvalConfig(), 0, 1, cache_digest(cache))
+    with pytest.raises(
+        ScorerError, match=r"opened cache with digest .* but the client's cache there has digest"
+    ):
+        dask_client.submit(score_task, spec, pure=False).result()
+    score_task(
+        TaskSpec(
+            str(drafter), (), str(scale_cache), cache.num_tokens, EvalConfig(), 0, 1, cache_digest(cache)
+        )
+    )
+
+
 def test_a_worker_checks_the_rows_of_arrays_no_drafter_reads(drafter, scale_cache, tmp_path):
     """As in-process eval does: a damaged top-k chunk under the scored rows is refused, so a report
     that carries the cache's digest vouches for them (hscache.store.row_ranges.check_other_arrays)."""

@@ -4,6 +4,7 @@ bounded before work, refusals before the model loads. Each test failed before it
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -308,3 +309,22 @@ def test_dflash_tree_advice_on_a_penalty_cache_names_what_dflash_runs_online(sam
     code, text = _scorer("eval", trained_drafter, "--cache", sampled_cache, "--tree", "2,2,4", "--ddtree", "")
     _one_line_error(code, text, "scorer online --ddtree N")
     assert "online --tree" not in text
+
+
+def test_a_probabilistic_report_labels_its_one_hot_tables_and_rounds_its_rounds(sampled_scorer_cache):
+    # issue 35 item 13: E[rounds] printed as 981.4157143710868; one-hot tables unlabelled
+    code, text = _scorer(
+        "eval",
+        "target:mtp",
+        "--cache",
+        sampled_scorer_cache,
+        "--draft-sampling",
+        "probabilistic",
+        "--limit",
+        2,
+    )
+    assert code == 0, text
+    flat = " ".join(text.split())
+    assert "requests / E[rounds] / tokens" in flat
+    assert re.search(r"\b2 / \d+\.\d / \d+\b", flat), text
+    assert "tokens per round (one-hot rule along the cached tokens, not the probabilistic tau above)" in flat

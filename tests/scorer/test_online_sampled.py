@@ -384,3 +384,32 @@ def test_cli_sampled_run_writes_a_valid_report(trained_drafter, tmp_path):
     assert f"pooled {sampled['tau']['pooled']:.4f}" in result.output
     with pytest.raises(schemas.SchemaError):
         schemas.validate({**document, "sampled": {**sampled, "runs": 0}}, "online_report")
+
+
+def test_sampled_online_reports_progress_while_it_decodes(trained_drafter):
+    """Issue 35.6: `scorer online --sampling qwen-instruct --runs 64` printed nothing for 15 minutes.
+    Every lockstep step now reports the tokens committed, out of every lane's budget."""
+    import io
+    import re
+
+    from hscache.progress import StepProgress
+    from scorer.online.greedy import OnlineConfig
+    from scorer.online.sampled import SampledOnlineConfig, run_online_sampled
+
+    stream = io.StringIO()
+    setting = SamplingSetting.from_flags("qwen-instruct", seed=3)
+    config = SampledOnlineConfig(
+        str(trained_drafter), setting, 2, online=OnlineConfig(limit=1, max_new_tokens=6)
+    )
+    with StepProgress("online", "tokens", every_s=0, stream=stream, terminal=False) as progress:
+        document = run_online_sampled(config, progress=progress)
+    lines = stream.getvalue().splitlines()
+    assert (
+        lines[0] == "online: 12 tokens (2 runs x 1 prompts decoded in lockstep, 64 lanes per target forward)"
+    ), lines
+    assert lines[1].startswith("online: 2/12 tokens") and "prefill" in lines[1], lines
+    pattern = r"online: (\d+)/12 tokens, .* (\d)/2 sequences done, tau so far"
+    steps = [re.match(pattern, line) for line in lines[2:]]
+    assert len(steps) >= 2 and all(steps), lines
+    generated = sum(r["generated"] for r in document["per_request"])
+    assert int(steps[-1].group(1)) == generated and steps[-1].group(2) == "2", lines

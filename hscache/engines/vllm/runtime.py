@@ -256,10 +256,12 @@ def engine_kwargs(
         logprobs_mode="processed_logprobs",
         max_logprobs=max(max_logprobs, 1),
         disable_log_stats=False,
-        per_request_spec_decode_metrics="detailed",
     )
     if speculative_config is not None:
         kwargs["speculative_config"] = dict(speculative_config)
+        # Only with a drafter: vLLM refuses the flag without one ("--per-request-spec-decode-metrics
+        # requires speculative decoding to be enabled", VllmConfig validation, vllm 0.32.0).
+        kwargs["per_request_spec_decode_metrics"] = "detailed"
     if hybrid:
         kwargs["enable_prefix_caching"] = False
     return kwargs

@@ -19,7 +19,8 @@ proposer found no match: a plain decode step) are placed by running vLLM's own p
 (vllm/v1/spec_decode/ngram_proposer.py:210 ``_find_longest_matched_ngram_and_propose_tokens``) on the
 context before each step. ``anchors`` are absolute positions (prompt length + committed - 1), as the
 offline replay numbers them. A refusal (an untranscribed version, a drafter vLLM will not load) is
-written as ``{"error": "one line", "kind": ...}`` with exit status 2.
+written as ``{"error": "one line", "kind": ...}`` with exit status 2; a drafter vLLM will not load as
+``{"name", "error"}`` in place of its engine (the job's other engines still run).
 """
 
 from __future__ import annotations
@@ -158,12 +159,24 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
 
 class _Refused(Exception):
     def __init__(self, name: str, spec: Any, exc: BaseException) -> None:
-        cause = str(exc).strip().splitlines()
+        # The last line that says something (pydantic's ValidationError ends in a link to its docs).
+        cause = [line.strip() for line in str(exc).strip().splitlines()]
+        cause = [line for line in cause if line and not line.startswith("For further information")]
         method = (spec or {}).get("method", "none")
         super().__init__(
             f"vLLM refused the {name} engine (speculative method {method}): {type(exc).__name__}: "
             f"{cause[-1] if cause else ''}; the drafter does not load in vLLM as written"
         )
+
+
+def _engine_or_refusal(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+    """One engine's runs, or ``{"name", "error"}`` when vLLM refused to build it (the other engines of the
+    job still run: one worker process, one vLLM import, for every drafter of a judged set)."""
+    try:
+        return _run_engine(job, engine)
+    except _Refused as exc:
+        print(str(exc), file=sys.stderr)
+        return {"name": engine["name"], "error": str(exc)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,13 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         from hscache.engines.vllm.runtime import require_vllm
 
         version = require_vllm()
-        patches = cpu_patch.apply(version)
-        engines = [_run_engine(job, engine) for engine in job["engines"]]
-    except (VllmError, _Refused) as exc:
+    except VllmError as exc:
         kind = {VllmUnavailableError: "unavailable", VllmVersionError: "version"}.get(type(exc), "target")
         Path(out_path).write_text(json.dumps({"error": str(exc), "kind": kind}))
         print(str(exc), file=sys.stderr)
         return 2
+    patches = cpu_patch.apply(version)
+    engines = [_engine_or_refusal(job, engine) for engine in job["engines"]]
     Path(out_path).write_text(json.dumps({"vllm_version": version, "patches": patches, "engines": engines}))
     return 0
 
