@@ -319,11 +319,16 @@ def test_engine_vllm_refuses_what_it_does_not_implement(tmp_path, prompts_file, 
 
 
 @needs_vllm
-def test_a_target_vllm_cpu_cannot_run_is_refused_in_one_line_before_the_engine(tmp_path, prompts_file):
-    out = tmp_path / "hybrid"
+def test_a_target_vllm_cpu_cannot_run_is_refused_in_one_line_before_the_engine(
+    tmp_path, prompts_file, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # relative paths: the worker runs in a folder of its own
+    (tmp_path / "p.jsonl").write_bytes(prompts_file.read_bytes())
     args = ["extract", "--engine", "vllm", "--model", "builtin:tiny-qwen3.5", "--dtype", "fp32", "--quiet"]
-    args += ["--prompts", str(prompts_file), "--out", str(out), "--vllm-python", str(VLLM_PYTHON)]
+    args += ["--prompts", "p.jsonl", "--out", "hybrid", "--vllm-python", str(VLLM_PYTHON)]
     result = CliRunner().invoke(hscache_main, args)
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and "vLLM CPU" in result.output, result.output
-    assert not (out / "manifest.json").exists() and not (out / "target").exists()
+    assert (
+        not (tmp_path / "hybrid" / "manifest.json").exists() and not (tmp_path / "hybrid" / "target").exists()
+    )
