@@ -20,7 +20,10 @@ modes "chain", "ddtree-N", "tree"), and ``served_section`` makes the report's ``
 the rule, the setting, the trajectories, tau with a bootstrap interval over PROMPTS
 (``sampled_tau``), and acceptance over the rounds a server runs (not over all anchors).
 
-A greedy cache takes none of these paths: its scores are what they always were.
+The rule is chosen once per run, here only: ``served_rule(cache, config)`` returns a ``ServedRule``
+(greedy, one-hot or probabilistic: the view the families read, how rows are scored, what it adds to
+the report) that ``scorer.studies.evaluate`` hands to ``score_rows`` and ``build_report``. A greedy
+cache takes none of these paths: its scores are what they always were.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ __all__ = [
     "ONEHOT_RULE",
     "PROBABILISTIC_RULE",
     "SampledView",
+    "RowsToScore",
     "ServedRule",
     "check_request",
     "effective_config",
@@ -289,48 +293,41 @@ def _probabilistic_result(
     )
 
 
-def _score_onehot(
-    family: Any,
-    drafter: Any,
-    cache: CacheView,
-    rows: Sequence[int],
-    config: Any,
-    on_sequence: Callable[[SequenceResult], None] | None,
-) -> list[SequenceResult]:
-    k = drafter.config.block_size - 1
-    results = family.score_rows(drafter, SampledView(cache), rows, config, on_sequence)
+@dataclass(frozen=True)
+class RowsToScore:
+    """One call's work: score ``rows`` of ``cache`` with ``family``'s ``drafter`` under ``config``."""
+
+    family: Any
+    drafter: Any
+    cache: CacheView
+    rows: Sequence[int]
+    config: Any
+    on_sequence: Callable[[SequenceResult], None] | None = None
+
+
+def _score_greedy(job: RowsToScore) -> list[SequenceResult]:
+    return job.family.score_rows(job.drafter, job.cache, job.rows, job.config, job.on_sequence)
+
+
+def _score_onehot(job: RowsToScore) -> list[SequenceResult]:
+    k = job.drafter.config.block_size - 1
+    results = _score_greedy(dataclasses.replace(job, cache=SampledView(job.cache)))
     for result in results:
-        result.extras["served"] = _onehot_rounds(result, k, config)
+        result.extras["served"] = _onehot_rounds(result, k, job.config)
     return results
 
 
-def _score_probabilistic(
-    family: Any,
-    drafter: Any,
-    cache: CacheView,
-    rows: Sequence[int],
-    config: Any,
-    on_sequence: Callable[[SequenceResult], None] | None,
-) -> list[SequenceResult]:
-    temperature = sampling_setting(cache).temperature
-    where = str(getattr(cache, "url", cache.path))
+def _score_probabilistic(job: RowsToScore) -> list[SequenceResult]:
+    temperature = sampling_setting(job.cache).temperature
+    where = str(getattr(job.cache, "url", job.cache.path))
     return score_each(
-        cache,
-        rows,
-        lambda seq: _probabilistic_result(family, drafter, cache, seq.row, config, temperature, where),
-        on_sequence,
+        job.cache,
+        job.rows,
+        lambda seq: _probabilistic_result(
+            job.family, job.drafter, job.cache, seq.row, job.config, temperature, where
+        ),
+        job.on_sequence,
     )
-
-
-def _score_greedy(
-    family: Any,
-    drafter: Any,
-    cache: CacheView,
-    rows: Sequence[int],
-    config: Any,
-    on_sequence: Callable[[SequenceResult], None] | None,
-) -> list[SequenceResult]:
-    return family.score_rows(drafter, cache, rows, config, on_sequence)
 
 
 def _add_nothing(
@@ -368,14 +365,14 @@ class ServedRule:
             "probabilistic" (a sampled cache, ``RULE_DEFINITIONS``).
         view: cache -> what the families' replays read (``SampledView`` under the one-hot rule: the
             target's token is the sampled one).
-        score: (family, drafter, cache, rows, eval config, on_sequence) -> the rows' SequenceResults.
+        score: RowsToScore -> the rows' SequenceResults.
         add_to_report: (report, results, cache, eval config) -> None: the rule's part of the eval
             report (the ``sampling`` block; under the probabilistic rule tau and rounds as E[rounds | y]).
     """
 
     name: str
     view: Callable[[Any], Any]
-    score: Callable[..., list[SequenceResult]]
+    score: Callable[[RowsToScore], list[SequenceResult]]
     add_to_report: Callable[[dict[str, Any], Sequence[SequenceResult], CacheView, Any], None]
 
 
@@ -403,7 +400,7 @@ def score_rows(
     on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
     """Score ``rows`` of a cache under its rule (``served_rule``; module docstring)."""
-    return served_rule(cache, config).score(family, drafter, cache, rows, config, on_sequence)
+    return served_rule(cache, config).score(RowsToScore(family, drafter, cache, rows, config, on_sequence))
 
 
 def proposal_arrays(prompt_len: int, seq_len: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

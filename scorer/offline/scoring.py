@@ -144,4 +144,5 @@ def score_rows(
     (``sampled_view.served_rule``; None: chosen here): a sampled cache is scored as served at its
     setting (scorer/offline/sampled_view.py)."""
     rule = sampled_view.served_rule(cache, config) if rule is None else rule
-    return rule.score(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
+    job = sampled_view.RowsToScore(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
+    return rule.score(job)

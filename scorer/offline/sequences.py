@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hscache.errors import HscacheError
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError
 from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train_accept_len
@@ -256,7 +257,11 @@ def check_has_target(cache: Any, cache_name: str = "the cache", *, need_argmax: 
     )
     try:
         _ = cache.target_config, cache.vocab_size  # target/config.json; target/head.safetensors's header
-    except OSError:
+    except (OSError, HscacheError) as exc:
+        # the reader says a file it cannot read as a CacheFormatError caused by the OSError: only a
+        # missing file is "no target/"; anything else (a damaged file) is said as the reader says it
+        if not isinstance(exc, FileNotFoundError) and not isinstance(exc.__cause__, FileNotFoundError):
+            raise
         raise IncompatibleCacheError(
             f"{cache_name}{origin} has no target/ (the target's config and head, which a drafter is "
             f"sized from and reads); {fix}"

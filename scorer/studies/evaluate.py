@@ -86,14 +86,9 @@ def evaluate(
     if on_start is not None:
         on_start(len(_rows(cache, config.limit)))
     results = score_cache(drafter, cache, config, on_sequence, rule)
+    seconds = time.perf_counter() - t0
     return build_report(
-        results,
-        cache=cache,
-        drafter=drafter,
-        loaded=loaded,
-        config=config,
-        seconds=time.perf_counter() - t0,
-        rule=rule,
+        results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=seconds, rule=rule
     )
 
 

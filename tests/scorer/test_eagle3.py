@@ -179,7 +179,11 @@ def test_unknown_key_and_cache_mismatches_are_one_line_each_named(scorer_cache, 
     (mismatch / "config.json").write_text(json.dumps(config))
     fc = load_file(mismatch / "model.safetensors")
     fc["fc.weight"] = torch.zeros(fc["fc.weight"].shape[0], 3 * 64)
-    fc["t2d"] = torch.cat([fc["t2d"], torch.zeros(1, dtype=torch.bool)])
+    # 512 draft ids of a 513-id vocabulary: a reduced vocabulary, so its map (a full one ships none)
+    fc["d2t"] = torch.zeros(config["draft_vocab_size"], dtype=torch.long)
+    fc["t2d"] = torch.cat(
+        [torch.ones(config["draft_vocab_size"], dtype=torch.bool), torch.zeros(1, dtype=torch.bool)]
+    )
     save_file(fc, mismatch / "model.safetensors")
     result = CliRunner().invoke(main, ["eval", str(mismatch), "--cache", str(scorer_cache)])
     assert result.exit_code == 2, result.output

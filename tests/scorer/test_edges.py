@@ -137,12 +137,13 @@ def test_init_refuses_what_eval_would_refuse_before_allocating(scorer_cache, tmp
         ),
         ("dflash", ["--ddtree", "1000000000"], ["--ddtree 1000000000", "max_position_embeddings"]),
         ("eagle3", ["--num-speculative-tokens", "1000000000"], ["--num-speculative-tokens 1000000000"]),
+        ("target:mtp", ["--num-speculative-tokens", "1000000000"], ["--num-speculative-tokens 1000000000"]),
     ],
 )
 def test_eval_bounds_every_size_flag_before_work(
     scorer_cache, trained_drafter, eagle3_drafter, checkpoint, args, needles
 ):
-    path = {"ngram": "ngram", "dflash": trained_drafter, "eagle3": eagle3_drafter}[checkpoint]
+    path = {"ngram": "ngram", "dflash": trained_drafter, "eagle3": eagle3_drafter}.get(checkpoint, checkpoint)
     code, text = _scorer("eval", path, "--cache", scorer_cache, *args)
     _one_line_error(code, text, *needles)
 
