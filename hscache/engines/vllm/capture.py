@@ -65,16 +65,6 @@ def model_directory(name: str, weights_sha256: str) -> Path:
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
-    model, tokenizer = build_builtin(name)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(directory)  # whole or not at all; a concurrent writer's copy is as good
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
 
 
 class VllmCapture:
