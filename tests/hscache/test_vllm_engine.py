@@ -105,7 +105,9 @@ def test_both_engines_give_the_same_tokens_and_states_on_fp32_qwen3(vllm_cache, 
     assert a.index.column("stop_reason").to_pylist() == b.index.column("stop_reason").to_pylist()
     for row in range(len(PROMPTS)):
         assert torch.equal(a.token_ids(row), b.token_ids(row))  # vLLM's greedy text = transformers'
-        assert (a.hidden_states(row) - b.hidden_states(row)).abs().max() < 1e-5
+        # within 1e-5 of the states' scale (the trained target's reach ~200: fp32 rounding is ~1e-5 there)
+        ha, hb = a.hidden_states(row), b.hidden_states(row)
+        assert (ha - hb).abs().max() < 1e-5 * ha.abs().max()
         assert torch.equal(a.target_argmax(row), b.target_argmax(row))
         (va, ia), (vb, ib) = a.target_topk(row), b.target_topk(row)
         assert torch.equal(ia[:, :8], ib[:, :8])
@@ -122,7 +124,7 @@ def test_diff_compares_logits_against_vllm_log_probabilities(vllm_cache, transfo
     assert report.next_token.argmax_agreement == 1.0 and report.next_token.kl_max < 1e-9
     # values compared as log-probabilities: the logits' offset is no drift (it would flag every position)
     assert report.next_token.margin_at_risk < 0.01
-    assert max(layer.max_abs for layer in report.hidden_states) < 1e-5
+    assert max(layer.rel_l2 for layer in report.hidden_states) < 1e-5
 
 
 @needs_vllm
