@@ -455,9 +455,17 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
         rows.append({"record_id": row["record_id"], "prompt_len": prompt_len, "generated": len(request["token_ids"]),
                      "offline_reported_tau": reported, **compared})  # fmt: skip
     cache = hscache.open_cache(served.cache_path)
+    equal = all(r["equal"] for r in rows) and len(rows) == len(served.requests)
+    expectation = None
+    if (
+        config.draft_sampling == "probabilistic"
+        and (config.scored or config.draft_sampling) == "probabilistic"
+    ):
+        expectation = _expectation(rows, offline["per_request"])
+        equal = expectation["agrees"]
     report = {
         "schema_version": 1,
-        "equal": all(r["equal"] for r in rows) and len(rows) == len(served.requests),
+        "equal": equal,
         "vllm": {
             "version": served.vllm_version,
             "patches": served.patches,
@@ -483,5 +491,23 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
         "cache": {"path": str(served.cache_path), "model": cache.settings["model"]},
         **run_stamp(seconds),
     }
+    if expectation is not None:
+        report["expectation"] = expectation
     schemas.validate(report, "served_report")
     return report
+
+
+def _expectation(rows: Sequence[dict[str, Any]], offline_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's probabilistic rule against the DP: each request's realised rounds (vLLM's random draws) minus
+    the offline E[rounds | y] on the same text has mean 0; agreement = |mean / its standard error| <= 3."""
+    import numpy as np
+
+    realised = np.array([len(r["vllm"]["tokens"]) for r in rows], dtype=float)
+    expected = np.array([float(o["rounds"]) for o in offline_rows], dtype=float)
+    d = realised - expected
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    z = float(d.mean() / se) if se > 0 else (0.0 if abs(float(d.mean())) < 1e-9 else float("inf"))
+    return {
+        "realised_rounds": int(realised.sum()), "expected_rounds": float(expected.sum()),
+        "mean_difference": float(d.mean()), "standard_error": se, "z": z, "agrees": bool(abs(z) <= 3),
+    }  # fmt: skip
