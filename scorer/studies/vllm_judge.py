@@ -293,7 +293,8 @@ def _vllm_counters(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[Any, dict, EvalConfig]:
     """The drafter as the offline side loads it, its vLLM speculative config and the eval settings."""
-    scored = config.scored or config.draft_sampling
+    # At T = 0 both rules verify greedily (and the offline side refuses the probabilistic one there).
+    scored = "greedy" if cache.sampling.greedy else (config.scored or config.draft_sampling)
     eval_config = EvalConfig(
         ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
         draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
@@ -407,16 +408,12 @@ def score_served(served: Served, scored: str | None = None) -> dict[str, Any]:
         raise VllmTargetError(f"{served.checkpoint}: {served.refused}")
     t0 = time.perf_counter()
     eval_config = served.eval_config
-    config = served.config
     if scored is not None and scored != eval_config.draft_sampling:
         if scored not in RULES:
             raise ScorerError(f"--scored-rule {scored!r}; choose one of {', '.join(RULES)}")
-        eval_config = replace(
-            eval_config, draft_sampling=scored, anchors="chain" if scored == "greedy" else "all"
-        )
-        config = replace(config, scored=scored)
+        eval_config = replace(eval_config, draft_sampling=scored)
     offline = evaluate(served.checkpoint, served.served_cache, eval_config)
-    return _report(offline, served, config, served.seconds + time.perf_counter() - t0)
+    return _report(offline, served, eval_config.draft_sampling, served.seconds + time.perf_counter() - t0)
 
 
 def judge(
@@ -442,7 +439,8 @@ def judge(
         return score_served(served, config.scored)
 
 
-def _report(offline: dict, served: Served, config: ServedConfig, seconds: float) -> dict[str, Any]:
+def _report(offline: dict, served: Served, offline_rule: str, seconds: float) -> dict[str, Any]:
+    config = served.config
     rows = []
     for row, request, prompt_len in zip(offline["per_request"], served.requests, served.prompt_lens):
         compared = compare_rounds(row, request, prompt_len)
@@ -457,10 +455,7 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
     cache = hscache.open_cache(served.cache_path)
     equal = all(r["equal"] for r in rows) and len(rows) == len(served.requests)
     expectation = None
-    if (
-        config.draft_sampling == "probabilistic"
-        and (config.scored or config.draft_sampling) == "probabilistic"
-    ):
+    if config.draft_sampling == "probabilistic" and offline_rule == "probabilistic":
         expectation = _expectation(rows, offline["per_request"])
         equal = expectation["agrees"]
     report = {
@@ -475,7 +470,7 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
         },  # fmt: skip
         "rule": {
             "vllm": config.draft_sampling,
-            "offline": config.scored or config.draft_sampling,
+            "offline": offline_rule,
             "definition": RULES[config.draft_sampling],
         },  # fmt: skip
         "family": served.family,
