@@ -251,6 +251,11 @@ def run_all(runner: Runner, plan: Any, work: Path, wheels: Path, run_pytest: boo
             batch_param,
         )
         runner.step(f"throughput.extract.b{batch or 'default'}", run)
+    # Both engines side by side where vLLM is installed here (bench/engines.py; skipped otherwise).
+    run = partial(
+        steps.vllm_engines, plan, models[target], layers[target], sizes[target], work / "engines.json"
+    )
+    runner.step("engines.transformers_vs_vllm", run)
     # Last: the figures above matter most, and pytest gets whatever time is left (at least 60 s).
     timeout = max(60.0, min(plan.pytest_timeout_s, runner.remaining() + 60.0))
     run = partial(steps.pytest_gpu, plan, timeout) if run_pytest else partial(steps.skipped, "--skip-pytest")

@@ -156,6 +156,25 @@ def skipped(reason: str) -> dict[str, Any]:
     return {"_status": "skipped", "reason": reason}
 
 
+def vllm_engines(plan: Plan, model: str, layers: str, sizes: dict[str, Any], out: Path) -> dict[str, Any]:
+    """bench/engines.py on the device: ``hscache extract`` with transformers and with vLLM (tokens/s,
+    bytes per token), where vLLM is installed in this interpreter (issue 34)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return skipped(
+            "vLLM is not installed in this interpreter (add a vllm==0.32.0 wheel to the carried wheels)"
+        )
+    if plan.dry_run:
+        return skipped("dry run: the vLLM engine bench runs on the device")
+    spec = importlib.util.spec_from_file_location("engines_bench", Path(__file__).with_name("engines.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = ["--model", model, "--dtype", "bf16", "--layers", layers, "--device", plan.gpu, "--json", str(out)]
+    args += ["--max-new-tokens", str(sizes["max_new_tokens"]), "--limit", str(sizes["limit"])]
+    return module.main(args)
+
+
 # ---------------------------------------------------------------- install, environment, pytest
 
 

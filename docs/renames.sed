@@ -73,3 +73,19 @@ s/\bscorer([./])(evaluate|compare|compare_settings|sweep|distributed)\b/scorer\1
 #   sed -i -E -f docs/renames.sed run.sh
 /hscache extract/ s/(^|[^-[:alnum:]])--top-k\b/\1--logits-top-k/g
 s/--sample-top-k\b/--top-k/g
+# Issue 32, the rules (2026-12-03): each engine's acceptance is decided in scorer/rules/ only. The old
+# import paths keep working one release (re-exported there): RoundLog, chain_depth, slot_matches,
+# check_sequence, check_anchor_rows from scorer.offline.replay (now scorer.rules.onehot_chain);
+# RowBlock, processed_rows, sglang_penalty_history, SGLANG_PENALTY, VLLM_PENALTY from
+# scorer.online.sampled (now scorer.rules.penalties); probabilistic_rounds from
+# scorer.offline.sampled_view (now scorer.rules.expectation). Single-name imports move with these:
+s/\bfrom scorer\.offline\.replay import (RoundLog|chain_depth|slot_matches|check_sequence|check_anchor_rows)$/from scorer.rules.onehot_chain import \1/
+s/\bfrom scorer\.online\.sampled import (RowBlock|processed_rows|sglang_penalty_history|SGLANG_PENALTY|VLLM_PENALTY)$/from scorer.rules.penalties import \1/
+s/\bfrom scorer\.offline\.sampled_view import probabilistic_rounds$/from scorer.rules.expectation import probabilistic_rounds/
+# One name per unit in the report keys: a scored sequence is a "request" (tau per request); "sequences"
+# stays for what a cache holds. eval report schema_version 2: sampling.modes.<mode>.n_sequences ->
+# n_requests (scorer.offline.sampled_tau.SampledTau.n_sequences -> n_requests); compare-settings
+# report schema_version 2: settings[].sequences -> requests. In code that reads these documents:
+s/\bn_sequences\b/n_requests/g
+# (settings[].sequences of a compare-settings document: rename by hand, ["sequences"] means a cache's
+# count elsewhere.)

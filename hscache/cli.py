@@ -318,6 +318,28 @@ def main() -> None:
     help="Store the target's own MTP head (mtp.* weights) when its checkpoint has one, and the last "
     "layer it reads, so `scorer eval target:mtp` can score it (a resume follows the cache's choice).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["transformers", "vllm"]),
+    default="transformers",
+    show_default=True,
+    help="What runs the target: transformers, or vLLM (its own kernels and sampler, as served; needs vLLM "
+    'importable: docs/extract.md "Extracting with vLLM").',
+)
+@click.option(
+    "--connector-dir",
+    default=None,
+    metavar="DIR",
+    help="With --engine vllm: also keep vLLM's own per-request hidden-state files in DIR "
+    "(hs_<sequence>.safetensors, as speculators names them; `hscache import --format vllm` reads them).",
+)
+@click.option(
+    "--vllm-python",
+    default=None,
+    metavar="PATH",
+    help="With --engine vllm from a Python without vLLM: the interpreter that has it (default "
+    "$HSCACHE_VLLM_PYTHON); the extraction runs there.",
+)
 @click.option("--overwrite", is_flag=True, help="Delete an existing cache at --out and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @sampling_options
@@ -599,6 +621,8 @@ def recompress(cache_dir: str, compression: str) -> None:
 
 
 _INTEROP_FORMATS = click.Choice(["speculators", "specforge"])
+# import also reads vLLM's own hidden-state files (its extract_hidden_states connector's, one per request).
+_IMPORT_FORMATS = click.Choice(["speculators", "specforge", "vllm"])
 
 
 @main.command("export")
@@ -659,13 +683,20 @@ def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
 
 @main.command("import")
 @click.argument("source_dir")
-@click.option("--format", "fmt", type=_INTEROP_FORMATS, required=True, help="The peer tool's offline format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=_IMPORT_FORMATS,
+    required=True,
+    help="The peer tool's offline format, or vllm: the files of vLLM's hidden-states connector.",
+)
 @click.option("--out", required=True, help="New or empty directory for the cache.")
 @click.option(
     "--layer-ids",
     default=None,
     help="Layers in the source's own convention (speculators: vLLM aux ids incl. the last; SpecForge: "
-    "dflash_config.target_layer_ids). Not needed for a folder written by hscache export.",
+    "dflash_config.target_layer_ids; vllm: the engine's eagle_aux_hidden_state_layer_ids, required). Not "
+    "needed for a folder written by hscache export.",
 )
 @click.option(
     "--compression",
@@ -684,7 +715,7 @@ def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
 def import_cmd(
     source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
 ) -> None:
-    """Turn SOURCE_DIR (speculators or SpecForge offline data) into a cache at --out.
+    """Turn SOURCE_DIR (speculators or SpecForge offline data, or vLLM's hidden-state files) into a cache.
 
     \b
     Example:
@@ -699,6 +730,8 @@ def import_cmd(
 
     if fmt == "speculators":
         from hscache.interop.speculators import import_speculators as load
+    elif fmt == "vllm":
+        from hscache.interop.vllm import import_vllm as load
     else:
         from hscache.interop.specforge import import_specforge as load
     from hscache.progress import StepProgress

@@ -51,7 +51,10 @@ prompts_option = click.option(
     "--prompts",
     default="builtin:default",
     show_default=True,
-    help="JSONL file ({id, prompt|messages|conversations|input_ids, ...metadata}) or builtin:default.",
+    help=(
+        "JSONL file ({id, prompt|messages|conversations|input_ids, ...metadata}) or a bundled set: "
+        "builtin:default (20 prompts), humaneval (164 problems, MIT), mt-bench (80 questions, Apache-2.0)."
+    ),
 )
 layers_option = click.option(
     "--layers",

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from scorer.offline.replay import RoundLog, slot_matches
+from scorer.rules.onehot_chain import RoundLog, leading_matches, slot_matches
 
 __all__ = [
     "RoundsPerSeq", "request_totals", "tau_per_request", "tau_pooled", "tau_per_request_from_totals",
@@ -325,7 +325,7 @@ def train_accept_len(draft: Any, token_ids: Any, target_argmax: Any, prompt_len:
         AcceptLen(total, n_anchors); add across sequences, then read ``.mean``.
     """
     match, _ = slot_matches(draft, token_ids, target_argmax, prompt_len)
-    return AcceptLen(int(np.cumprod(match, axis=1).sum()), int(match.shape[0]))
+    return AcceptLen(int(leading_matches(match).sum()), int(match.shape[0]))
 
 
 # ---------------------------------------------------------------- diagnostics

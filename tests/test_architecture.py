@@ -13,7 +13,11 @@ not remove it):
 - the scorer by role (docs/architecture.md "Layout"): ``scorer/rules/`` (each engine's verification
   rule) imports no family and none of offline/, online/ or what sits above them; ``scorer/offline/``
   (the replay over cached rows) and ``scorer/online/`` (the target in the loop) may import rules/,
-  never each other, and neither imports the studies, the diagnosis or the CLI above them.
+  never each other, and neither imports the studies, the diagnosis, the report or the CLI above them;
+  a rule imports only other rules, the error types and hscache's sampling setting and processor;
+  ``scorer/report/`` imports none of online/, diagnose/, studies/ or the CLI;
+- the sampled case is a rule chosen once (``scorer.offline.sampled_view.served_rule``): no other module
+  of offline/, online/, report/ or studies/ calls ``is_sampled`` or builds a ``SampledView``.
 """
 
 from __future__ import annotations
@@ -403,18 +407,17 @@ ROLE_FORBIDDEN = {
         "scorer.report",
         "scorer.cli",
     ),
-    "scorer.offline": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.cli"),
-    "scorer.online": ("scorer.offline", "scorer.diagnose", "scorer.studies", "scorer.cli"),
+    "scorer.offline": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.report", "scorer.cli"),
+    "scorer.online": ("scorer.offline", "scorer.diagnose", "scorer.studies", "scorer.report", "scorer.cli"),
+    # the report renders what the studies compute: it never calls back up into them
+    "scorer.report": ("scorer.online", "scorer.diagnose", "scorer.studies", "scorer.cli"),
 }
-# The imports of the code as it was moved (issue 32) that break the rules above, each one to be
-# removed by the issue's next step. The test fails when one goes away (strike its line here) and
-# when a new one appears.
-ROLE_ALLOWED = {
-    # RoundLog (the greedy round loop's per-round log) lives in offline/replay.py beside the greedy
-    # chain match (chain_depth, slot_matches, RoundLoop): the one-hot chain rule still buried in the
-    # replay. expectation.rounds_from_log reads it; it leaves with that rule for rules/.
-    "scorer.rules.expectation imports scorer.offline.replay",
-}
+# What a rule may import at all: other rules, the error types, and the sampling setting and processor
+# the target's distribution is made by (hscache). No model, no cache, no metrics.
+RULES_MAY_IMPORT = ("scorer.rules", "scorer.errors", "hscache.capture.sampling", "hscache.store.sampling")
+# Imports that break the rules above, allowed by name: none is left (issue 32 moved RoundLog and the
+# one-hot chain match into rules/onehot_chain.py). The test fails when a new one appears.
+ROLE_ALLOWED: set[str] = set()
 
 
 def _role_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -448,3 +451,53 @@ def test_the_role_rule_sees_a_violation():
         "scorer.offline.sequences imports scorer.online.greedy",
         "scorer.online.sampled imports scorer.offline.replay",
     }
+
+
+def test_rules_import_only_what_a_rule_needs():
+    bad = sorted(
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if _inside(m, "scorer.rules")
+        for t in targets
+        if not any(_inside(t, a) for a in RULES_MAY_IMPORT)
+    )
+    assert bad == []
+
+
+def _calls(source: str, names: set[str]) -> list[str]:
+    """Every call of a function or class named in ``names`` in ``source`` (bare or as an attribute)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else None
+            )
+            if name in names:
+                found.append(name)
+    return found
+
+
+# The sampled case is a rule chosen once (offline/sampled_view.served_rule -> ServedRule), not a branch
+# in every layer: outside sampled_view.py, the scoring, report and studies layers never ask whether a
+# cache was sampled nor build the sampled view themselves (scorer diagnose's input checks may ask).
+RULE_CHOOSERS = {"is_sampled", "SampledView"}
+
+
+def test_the_sampled_rule_is_chosen_in_one_place():
+    layers = [ROOT / "scorer" / d for d in ("offline", "online", "report", "studies")]
+    bad = [
+        f"{p.relative_to(ROOT)}: {c}"
+        for layer in layers
+        for p in _python_files(layer)
+        if p.name != "sampled_view.py"
+        for c in _calls(p.read_text(), RULE_CHOOSERS)
+    ]
+    assert bad == []
+    # not vacuous: what scorer/report/build.py did before the rule was chosen once is caught
+    before = "if sampled_view.is_sampled(cache):\n    view = sampled_view.SampledView(cache)\n"
+    assert _calls(before, RULE_CHOOSERS) == ["is_sampled", "SampledView"]

@@ -64,11 +64,21 @@ def test_a_built_wheel_carries_the_schemas_and_runs_from_another_directory(tmp_p
     assert not (tmp_path / "site" / "schemas").exists()
     assert {f"hscache/schemas/{p.name}" for p in (ROOT / "schemas").glob("*.json")} <= set(names)
     assert "hscache/data/default_prompts.jsonl" in names
+    shipped = ("builtin/tiny-qwen3.5.safetensors", "builtin/tiny-qwen3.safetensors", "builtin/tokenizer.json")
+    shipped += (
+        "builtin/training.json",
+        "builtin/README.md",
+        "prompts/humaneval.jsonl",
+        "prompts/mt_bench.jsonl",
+    )
+    shipped += ("prompts/LICENSE-humaneval.txt", "prompts/LICENSE-mt-bench.txt")
+    assert {f"hscache/data/{n}" for n in shipped} <= set(names)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     check = (
         "import hscache; from hscache import schemas; from hscache.capture.prompts import "
         "resolve_prompts, iter_records; assert hscache.__file__.startswith(r'{site}'); "
+        "from hscache.capture.builtin import build_builtin; build_builtin('builtin:tiny-qwen3.5'); "
         "print(len(list(iter_records(resolve_prompts('builtin:default')))), schemas.load_schema('cache_info')['$id'])"
     ).format(site=tmp_path / "site")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}

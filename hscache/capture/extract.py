@@ -78,6 +78,7 @@ _RESUME_KEYS = (
     "weights_sha256",
     "layer_ids",
     "dtype",
+    "engine",  # absent: transformers (named before --backend, which follows from it)
     "backend",
     "device",
     "tokenizer_sha256",
@@ -94,7 +95,7 @@ _RESUME_KEYS = (
     "sampling",  # absent in a greedy cache (every cache written before sampling existed)
 )
 # Caches written before a setting existed were made as its value here says.
-_LEGACY = {"generate_batch": 1, "mtp": False}
+_LEGACY = {"generate_batch": 1, "mtp": False, "engine": "transformers"}
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,15 @@ class ExtractConfig:
     sampling: SamplingSetting = GREEDY
     # A server's sampled completions (capture/responses.py), teacher-forced as they are (--max-new-tokens 0).
     responses_from: str | None = None
+    # What runs the target: "transformers" (hooks on its decoder layers) or "vllm" (the serving engine's
+    # own kernels and sampler, states through its hidden-states connector: hscache/engines/vllm/).
+    engine: str = "transformers"
+    # --engine vllm: also keep the connector's per-request files here, as speculators names them
+    # (hs_<sequence>.safetensors); layout, not content (not a resume setting).
+    connector_dir: str | None = None
+    # --engine vllm from an interpreter without vLLM: the one that has it (else $HSCACHE_VLLM_PYTHON);
+    # the whole extraction then runs there (engines/vllm/extract_worker.py). Not a content setting.
+    vllm_python: str | None = None
 
 
 @dataclass
@@ -149,6 +159,7 @@ class ExtractResult:
     provenance: dict[str, Any] = field(repr=False, default_factory=dict)
     mtp: bool = False  # the target's MTP head stored in target/ (and its last layer among the layers)
     unchanged: bool = False  # the cache was complete with these settings: nothing written at all
+    engine_start_s: float = 0.0  # --engine vllm: seconds its engine took to start (within ``seconds``)
 
 
 class Progress:
@@ -322,11 +333,12 @@ def _settings(
         **({"shard": {"index": config.shard[0], "count": config.shard[1]}} if config.shard else {}),
         # Greedy records nothing, so a greedy cache's manifest (and digest) is what it always was.
         **({} if config.sampling.greedy else {"sampling": config.sampling.to_dict()}),
+        **({} if config.engine == "transformers" else {"engine": config.engine}),  # likewise
     }
 
 
 def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path) -> None:
-    diffs = [k for k in _RESUME_KEYS if existing.get(k, _LEGACY.get(k)) != settings.get(k)]
+    diffs = [k for k in _RESUME_KEYS if existing.get(k, _LEGACY.get(k)) != settings.get(k, _LEGACY.get(k))]
     if diffs:
         key = diffs[0]
         more = (
@@ -335,8 +347,8 @@ def _check_resume(existing: dict[str, Any], settings: dict[str, Any], out: Path)
             else ""
         )
         raise ResumeMismatchError(
-            f"{out} was built with {_flag(key)} {_shown(existing.get(key), key)} but this run has "
-            f"{_flag(key)} {_shown(settings.get(key), key)}{more}; "
+            f"{out} was built with {_flag(key)} {_shown(existing.get(key, _LEGACY.get(key)), key)} but this run "
+            f"has {_flag(key)} {_shown(settings.get(key, _LEGACY.get(key)), key)}{more}; "
             "re-run with the original settings to resume, or pass --overwrite to start over"
         )
 
@@ -467,7 +479,12 @@ _Sequence = tuple[PromptRecord, list[int], int, str]  # record, prompt + continu
 
 
 def _sequences(
-    config: ExtractConfig, target: Target, generate_batch: int, skip: int, progress: Progress | None = None
+    config: ExtractConfig,
+    target: Target,
+    generate_batch: int,
+    skip: int,
+    progress: Progress | None = None,
+    engine: Any = None,
 ) -> Iterator[_Sequence]:
     """Every selected record with its continuation, from record ``skip`` on, in prompt order.
 
@@ -481,10 +498,10 @@ def _sequences(
     for n, record in enumerate(expand_samples(_selected(config), config.sampling)):
         group.append((n, record))
         if len(group) == generate_batch:
-            yield from _continued(config, target, group, skip, progress)
+            yield from _continued(config, target, group, skip, progress, engine)
             group = []
     if group:
-        yield from _continued(config, target, group, skip, progress)
+        yield from _continued(config, target, group, skip, progress, engine)
 
 
 def _continued(
@@ -493,6 +510,7 @@ def _continued(
     group: list[tuple[int, PromptRecord]],
     skip: int,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> Iterator[_Sequence]:
     if group[-1][0] < skip:  # committed already: no model work
         return
@@ -510,7 +528,10 @@ def _continued(
     else:
         if progress is not None:
             progress.status(f"generating {len(group)} continuations of up to {config.max_new_tokens} tokens")
-        done = greedy_continuations(target, prompts, config.max_new_tokens, config.max_length)
+        if engine is not None:  # the serving engine's own greedy decode
+            done = engine.continuations(prompts, config.max_new_tokens)
+        else:
+            done = greedy_continuations(target, prompts, config.max_new_tokens, config.max_length)
     for (n, record), prompt, (ids, stop) in zip(group, prompts, done):
         if n >= skip:
             yield record, ids, len(prompt), stop
@@ -522,6 +543,7 @@ def _batches(
     settings: dict[str, Any],
     skip: int,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> Iterator[list[_Sequence]]:
     """Group sequences greedily up to ``batch_tokens`` padded tokens per capture forward.
 
@@ -529,7 +551,7 @@ def _batches(
     boundary) forms the same batches as an uninterrupted run.
     """
     batch: list[_Sequence] = []
-    for item in _sequences(config, target, settings["generate_batch"], skip, progress):
+    for item in _sequences(config, target, settings["generate_batch"], skip, progress, engine):
         width = max([len(item[1])] + [len(b[1]) for b in batch])
         if batch and width * (len(batch) + 1) > settings["batch_tokens"]:
             yield batch
@@ -548,6 +570,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     """
     if is_url(config.out):
         return _extract_to_url(config, progress)
+    if config.engine == "vllm" and _elsewhere(config):
+        return _extract_in_vllm_python(config, progress)
     progress = _Callbacks(progress) if progress is not None else Progress()
     t0 = time.perf_counter()
     check_extract_request(config)  # flags, --out, a live writer, the prompts' syntax: before torch work
@@ -562,13 +586,25 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     # before --overwrite empties the directory, until the last commit: one writer per cache.
     with writer_lock(Path(config.out), "hscache extract"):
         check_device(config.device)
-        backend = resolve_backend(config.backend, config.device)
+        backend = "vllm" if config.engine == "vllm" else resolve_backend(config.backend, config.device)
         progress.step(f"loading the target {config.model} ({config.dtype} on {config.device})")
-        target = load_target(config.model, config.dtype, config.device)
+        # With --engine vllm, transformers' copy gives the tokenizer, target/ and the checks, on the CPU.
+        target = load_target(config.model, config.dtype, "cpu" if config.engine == "vllm" else config.device)
+        if config.engine == "vllm":
+            from hscache.engines.vllm.runtime import preflight_target
+
+            preflight_target(target.text_config.to_dict(), config.dtype, config.device)
         layer_ids = parse_layer_spec(config.layers, target.num_layers)
         _check_flags(config, target)
         progress.step("checking the prompts against the tokenizer and --max-length")
         prompts = _check_prompts(config, target)
+        if prompts.records == 0 and config.shard is not None:  # before anything is written (issue 36)
+            index, count = config.shard
+            raise InputError(
+                f"--shard {index}/{count} selects no record: the records this run reads"
+                f"{f' (--limit {config.limit})' if config.limit is not None else ''} are fewer than {index + 1}, "
+                "and shard I takes records I, I + N, ...; use fewer shards (N at most the number of records)"
+            )
         mtp = target_mtp_weights(target.name, target.model, target.text_config) if _wants_mtp(config) else {}
         if mtp and mtp_layer_id(target.num_layers) not in layer_ids:  # what MTP reads, unasked
             layer_ids = [*layer_ids, mtp_layer_id(target.num_layers)]
@@ -600,32 +636,55 @@ def _extract_locked(
             mtp=bool(settings["mtp"]),
             unchanged=True,
         )
-    writer, done = _open_store(config, target, settings, mtp)
-    with use_backend(target.model, backend) as kernels:
+    with _engine_for(config, target, settings) as engine:  # an engine that fails to start writes nothing
+        writer, done = _open_store(config, target, settings, mtp)
+        return _capture_all(config, target, settings, engine, writer, done, prompts, progress, t0)
+
+
+def _engine_for(config: ExtractConfig, target: Target, settings: dict[str, Any]) -> Any:
+    """The vLLM engine of an ``--engine vllm`` run (a context manager), else a null context (None)."""
+    if config.engine != "vllm":
+        return contextlib.nullcontext()
+    from hscache.capture.forward import eos_token_ids
+    from hscache.engines.vllm.capture import VllmCapture, model_directory
+
+    directory = model_directory(config.model, target.weights_sha256)
+    return VllmCapture(
+        directory,
+        config.dtype,
+        settings["layer_ids"],
+        config.top_k,
+        config.max_length,
+        eos_token_ids(target),
+        keep_files=Path(config.connector_dir) if config.connector_dir else None,
+    )
+
+
+def _capture_all(
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    engine: Any,
+    writer: StoreWriter,
+    done: int,
+    prompts: _PromptSummary,
+    progress: Progress,
+    t0: float,
+) -> ExtractResult:
+    out = Path(config.out)
+    bound = use_backend(target.model, settings["backend"]) if engine is None else None
+    with bound if bound is not None else contextlib.nullcontext(engine.kernel_bindings()) as kernels:
         with _disk_errors(out, done):
-            provenance, runs = _start_run(config, writer, target, settings, kernels, prompts)
+            provenance, runs = _start_run(config, writer, target, settings, kernels, prompts, engine)
         progress.start(prompts.records * config.sampling.samples_per_prompt, prompts.prompt_tokens, done)
+        first = done
         with WriterThread(writer, config.commit_every_s) as background:
-            for batch in _batches(config, target, settings, skip=done, progress=progress):
+            for batch in _batches(config, target, settings, skip=done, progress=progress, engine=engine):
                 progress.status("capturing hidden states")
-                builders = _support_builders(config, target, batch)
-                captured = capture_batch(
-                    target,
-                    [b[1] for b in batch],
-                    settings["layer_ids"],
-                    config.top_k,
-                    config.full_logits,
-                    memory_gb=config.memory_gb,
-                    on_logits=builders,
-                    extra_bytes_per_logit=SAMPLING_BYTES_PER_LOGIT if builders else 0,
-                )
-                if builders:
-                    captured = [attach(c, b) for c, b in zip(captured, builders)]
-                # On CUDA the copies to pinned host memory are queued now, before the next forward, and
-                # the writer thread waits for them alone: the GPU never waits for the disk.
-                captured, copied = to_host_async(captured)
+                captured, copied = _captured(config, target, settings, engine, batch, first)
                 background.submit(lambda c=captured, b=batch, e=copied: _rows_when_copied(c, b, e))
                 progress.advance(len(batch), sum(len(b[1]) for b in batch))
+                first += len(batch)
         if "sampling" in provenance:  # counted over the whole cache, a resumed run's first part included
             with _disk_errors(out, writer.committed_sequences):
                 writer.commit()
@@ -645,7 +704,38 @@ def _extract_locked(
         time.perf_counter() - t0,
         provenance,
         mtp=bool(settings["mtp"]),
+        engine_start_s=engine.seconds_engine if engine is not None else 0.0,
     )
+
+
+def _captured(
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    engine: Any,
+    batch: list[_Sequence],
+    first: int,
+) -> tuple[list[CapturedSequence], Any]:
+    """One batch's captured sequences, on the host or being copied there (the CUDA event to wait for);
+    ``first``: the cache's sequence number of the batch's first."""
+    if engine is not None:  # the serving engine: states from its connector, next-token data from logprobs
+        return engine.capture([b[1] for b in batch], target.vocab_size, first=first), None
+    builders = _support_builders(config, target, batch)
+    captured = capture_batch(
+        target,
+        [b[1] for b in batch],
+        settings["layer_ids"],
+        config.top_k,
+        config.full_logits,
+        memory_gb=config.memory_gb,
+        on_logits=builders,
+        extra_bytes_per_logit=SAMPLING_BYTES_PER_LOGIT if builders else 0,
+    )
+    if builders:
+        captured = [attach(c, b) for c, b in zip(captured, builders)]
+    # On CUDA the copies to pinned host memory are queued now, before the next forward, and
+    # the writer thread waits for them alone: the GPU never waits for the disk.
+    return to_host_async(captured)
 
 
 def _complete_with(config: ExtractConfig, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -711,6 +801,39 @@ def _check_sampling_flags(config: ExtractConfig, target: Target) -> None:
     config.sampling.validate(target.vocab_size)
 
 
+def _elsewhere(config: ExtractConfig) -> bool:
+    """Whether vLLM runs in another interpreter than this one (this one cannot import it)."""
+    import importlib.util
+    import sys
+
+    from hscache.engines.vllm.runtime import vllm_python
+
+    check_extract_request(config)  # one line, before another interpreter starts, for every refusal
+    return importlib.util.find_spec("vllm") is None and vllm_python(config.vllm_python) != sys.executable
+
+
+def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
+    """The whole extraction in the interpreter that has vLLM (``run_worker``: a JSON job, a JSON result)."""
+    import shutil
+    import tempfile
+
+    from hscache.engines.vllm.runtime import interpreter_version, run_worker, vllm_python
+
+    python = vllm_python(config.vllm_python)
+    interpreter_version(python)  # its vLLM's version, from its metadata: one line when it is not 0.32
+    if progress is not None and hasattr(progress, "step"):
+        progress.step(f"running the extraction in {python} (vLLM's interpreter)")
+    workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
+    job = {
+        k: getattr(config, k)
+        for k in ExtractConfig.__dataclass_fields__
+        if k not in ("sampling", "vllm_python")
+    }
+    result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
+    return ExtractResult(**{**result, "path": Path(result["path"])})
+
+
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
     """``--out s3://...``: extract into a local staging directory, then upload (store/remote.py)."""
     from hscache.store.remote import staging_dir, upload_cache
@@ -733,6 +856,7 @@ def _start_run(
     settings: dict[str, Any],
     kernels: dict,
     prompts: _PromptSummary,
+    engine: Any = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Write provenance.json once (a resume keeps it: the same settings make the same content) and
     add this run to the run log; return both (the run's entry is the log's last)."""
@@ -741,6 +865,9 @@ def _start_run(
         provenance = build_provenance(
             target=target, settings=settings, kernels=kernels, num_records=prompts.records
         )
+        if engine is not None:  # what served the target is vLLM's, not transformers' (its copy only checks)
+            provenance["capture"]["engine"] = engine.describe()
+            provenance["capture"]["attn_implementation"] = "vllm"
         if "sampling" in settings:  # the realised-token counts are filled in when the cache is complete
             provenance["sampling"] = {
                 **settings["sampling"],

@@ -23,6 +23,7 @@ __all__ = [
     "CapturedSequence",
     "capture_batch",
     "continuations",
+    "eos_token_ids",
     "greedy_continuation",
     "greedy_continuations",
     "head_rows",
@@ -94,6 +95,11 @@ def greedy_continuation(
     "max_length", or "none" when no tokens were requested.
     """
     return greedy_continuations(target, [prompt_ids], max_new_tokens, max_length)[0]
+
+
+def eos_token_ids(target: Target) -> set[int]:
+    """The token ids that end a continuation: the target's generation config's, else its tokenizer's."""
+    return _eos_ids(target)[1]
 
 
 def _eos_ids(target: Target) -> tuple[Any, set[int]]:

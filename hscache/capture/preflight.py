@@ -67,6 +67,9 @@ class ExtractRequest(Protocol):
     memory_gb: float
     sampling: SamplingSetting
     responses_from: str | None
+    engine: str
+    backend: str
+    full_logits: bool
 
 
 def check_extract_request(config: ExtractRequest) -> None:
@@ -78,6 +81,7 @@ def check_extract_request(config: ExtractRequest) -> None:
         CacheLockedError: one line naming the flag and the fix.
     """
     _check_options(config)
+    _check_engine(config)
     check_model_name(config.model)
     check_layer_syntax(config.layers)
     depth = target_depth(config.model)
@@ -203,6 +207,34 @@ def _check_options(config: ExtractRequest) -> None:
     if config.compression not in COMPRESSIONS:
         raise InputError(f"--compression {config.compression!r}; choose one of {', '.join(COMPRESSIONS)}")
     _check_sampling_options(config)
+
+
+ENGINES = ("transformers", "vllm")
+
+
+def _check_engine(config: ExtractRequest) -> None:
+    """``--engine vllm``: vLLM importable here, and only the flags it implements."""
+    engine = getattr(config, "engine", "transformers")
+    if engine not in ENGINES:
+        raise InputError(f"--engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine == "transformers":
+        if getattr(config, "connector_dir", None):
+            raise InputError("--connector-dir keeps vLLM's files: it needs --engine vllm")
+        return
+    from hscache.engines.vllm.runtime import vllm_python
+
+    vllm_python(getattr(config, "vllm_python", None))  # this interpreter, --vllm-python or the env: one line
+    refused = [
+        ("--dtype fp16 (vLLM CPU runs bf16 or fp32 here)", getattr(config, "dtype", "auto") == "fp16"),
+        ("a sampled setting (--sampling/--temperature ...)", not config.sampling.greedy),
+        ("--full-logits (vLLM returns the top-k only)", getattr(config, "full_logits", False)),
+        ("--backend (vLLM chooses its own kernels)", getattr(config, "backend", "auto") != "auto"),
+    ]
+    for what, given in refused:
+        if given:
+            raise InputError(
+                f"--engine vllm with {what} is not implemented; drop it or use --engine transformers"
+            )
 
 
 def _check_sampling_options(config: ExtractRequest) -> None:

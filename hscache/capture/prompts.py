@@ -13,10 +13,10 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hscache.capture.prompt_sets import DEFAULT_PROMPTS, PROMPT_SETS, prompt_set_path
 from hscache.errors import PromptFileError
 from hscache.store import jsonio
 
@@ -37,7 +37,6 @@ __all__ = [
     "unique_ids",
 ]
 
-DEFAULT_PROMPTS = "builtin:default"
 _CONTENT_KEYS = ("prompt", "messages", "conversations", "input_ids")
 # ShareGPT speaker names (SpecForge / speculators data) -> chat roles.
 _SHAREGPT_ROLES = {
@@ -67,13 +66,16 @@ class PromptRecord:
 
 
 def resolve_prompts(prompts: str | Path) -> Path:
-    """The path of a prompts file; ``builtin:default`` is the bundled set of 20 prompts."""
-    if str(prompts) == DEFAULT_PROMPTS:
-        return Path(str(resources.files("hscache.data").joinpath("default_prompts.jsonl")))
+    """The path of a prompts file; a bundled set's name (``builtin:default``, the 20 built-in
+    prompts; ``humaneval``; ``mt-bench``: see capture/prompt_sets.py) names its bundled file."""
+    bundled = prompt_set_path(str(prompts))
+    if bundled is not None:
+        return bundled
     path = Path(prompts)
     if not path.is_file():
         raise PromptFileError(
-            f"prompts file {str(path)!r} does not exist; pass a JSONL file or {DEFAULT_PROMPTS}"
+            f"prompts file {str(path)!r} does not exist; pass a JSONL file or a bundled set: "
+            + ", ".join(PROMPT_SETS)
         )
     return path
 

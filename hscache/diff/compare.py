@@ -46,6 +46,7 @@ __all__ = [
     "check_diff_arrays",
     "compare_provenance",
     "diff_caches",
+    "holds_logprobs",
     "match_layers",
     "match_sequences",
     "match_targets",
@@ -238,6 +239,12 @@ def compare_provenance(prov_a: dict[str, Any], prov_b: dict[str, Any]) -> Proven
     return ProvenanceDiff(tuple(rows), tuple(differing), tuple(expected))
 
 
+def holds_logprobs(cache: CacheView) -> bool:
+    """Whether ``cache``'s top-k values are log-probabilities (logsumexp 0), not logits: a serving
+    engine's cache (``hscache extract --engine vllm``: provenance ``capture.engine.logits``)."""
+    return bool(((cache.provenance or {}).get("capture") or {}).get("engine"))
+
+
 def _side(cache: CacheView) -> CacheSide:
     s = cache.settings
     return CacheSide(
@@ -262,12 +269,17 @@ def _compare_sequence(
     nexttok: NextTokenSums,
     starts: Sequence[int],
     chunk_tokens: int,
+    logprobs: bool = False,
 ) -> SequenceDrift:
-    """Add one matched sequence to the sums, a chunk of positions at a time (bounded float64 memory)."""
+    """Add one matched sequence to the sums, a chunk of positions at a time (bounded float64 memory).
+    ``logprobs``: compare top-k values as log-probabilities (one side stores nothing else)."""
     row_a, row_b = rows
     hs_a, hs_b = cache_a.hidden_states(row_a), cache_b.hidden_states(row_b)  # [T, K, H]
     top_a, top_b = cache_a.target_topk(row_a), cache_b.target_topk(row_b)
     lse_a, lse_b = cache_a.target_logsumexp(row_a), cache_b.target_logsumexp(row_b)
+    if logprobs:  # value - lse: the same probabilities, the same margins, an offset both sides share
+        top_a, lse_a = (top_a[0] - lse_a[:, None], top_a[1]), torch.zeros_like(lse_a)
+        top_b, lse_b = (top_b[0] - lse_b[:, None], top_b[1]), torch.zeros_like(lse_b)
     arg_a, arg_b = cache_a.target_argmax(row_a), cache_b.target_argmax(row_b)
     k = min(top_a[0].shape[-1], top_b[0].shape[-1])  # top-k sorted descending: the first k are top-k
     seq_err = torch.zeros(len(cols[0]), dtype=torch.float64)
@@ -354,9 +366,10 @@ def diff_caches(
     hidden, nexttok = HiddenSums(len(layers.compared), len(starts)), NextTokenSums(len(starts), top_k)
     progress.start(len(pairs))
     per_sequence = []
+    logprobs = holds_logprobs(cache_a) or holds_logprobs(cache_b)
     for rows in pairs:
         per_sequence.append(
-            _compare_sequence(cache_a, cache_b, rows, cols, hidden, nexttok, starts, chunk_tokens)
+            _compare_sequence(cache_a, cache_b, rows, cols, hidden, nexttok, starts, chunk_tokens, logprobs)
         )
         progress.advance(1, secondary=int(cache_a.index.column("length")[rows[0]].as_py()))
     per_sequence = tuple(per_sequence)

@@ -152,6 +152,24 @@ class Cache:
         self.index: pa.Table = expand_metadata(table)
         self._offsets = np.asarray(self.index.column("offset").to_numpy(), dtype=np.int64)
         self._lengths = np.asarray(self.index.column("length").to_numpy(), dtype=np.int64)
+        self._check_rows()
+
+    def _check_rows(self) -> None:
+        """Every index row in range, as ``hscache verify`` checks it (a resealed edit passes the seal):
+        lengths of at least one token, contiguous offsets that sum to the committed tokens, and
+        prompt_len in 0..length. Damage is one line here, never a ValueError deep in a reader."""
+        prompt = np.asarray(self.index.column("prompt_len").to_numpy(), dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]]) if len(self._lengths) else self._lengths
+        bad = np.flatnonzero(
+            (self._lengths < 1) | (self._offsets != starts) | (prompt < 0) | (prompt > self._lengths)
+        )
+        if len(bad) or int(self._lengths.sum()) != self.num_tokens:
+            i = int(bad[0]) if len(bad) else len(self._lengths) - 1
+            raise CacheFormatError(
+                f"the index of {self.path} is inconsistent at sequence {i} (offset {self._offsets[i]}, length "
+                f"{self._lengths[i]}, prompt_len {prompt[i]}; the lengths sum to {int(self._lengths.sum())} of "
+                f"{self.num_tokens} committed tokens); the cache is damaged: run `hscache verify {self.path}`"
+            )
 
     def __len__(self) -> int:
         return self.index.num_rows

@@ -216,8 +216,11 @@ def mirror_remote(url: str) -> Path:
                     f"`hscache extract --out {url} --overwrite`"
                 ) from None
     for info in fs.ls(f"{root}/{TARGET_DIR}", detail=True):
-        if info.get("type", "file") == "file":
-            infos[f"{TARGET_DIR}/{info['name'].rsplit('/', 1)[1]}"] = info
+        name = str(info["name"]).rsplit("/", 1)[-1]
+        # An empty object named "target/" (a folder marker some tools write) is no file (issue 36).
+        folder_marker = str(info["name"]).rstrip("/") == f"{root}/{TARGET_DIR}".rstrip("/") or not name
+        if info.get("type", "file") == "file" and not folder_marker:
+            infos[f"{TARGET_DIR}/{name}"] = info
     for name, info in infos.items():
         _fetch(fs, f"{root}/{name}", mirror / name, info, stamps / name)
     _prune(mirror, set(infos))

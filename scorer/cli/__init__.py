@@ -11,6 +11,7 @@ from scorer.cli.diagnose import diagnose
 from scorer.cli.eval import eval_command
 from scorer.cli.init import init
 from scorer.cli.online import online
+from scorer.cli.served import served
 from scorer.cli.sweep import sweep
 
 __all__ = ["main"]
@@ -22,5 +23,5 @@ def main() -> None:
     """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
-for _command in (eval_command, compare, diagnose, sweep, online, init):
+for _command in (eval_command, compare, diagnose, sweep, online, served, init):
     main.add_command(_command)

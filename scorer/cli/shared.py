@@ -27,6 +27,7 @@ from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
 from scorer.errors import ScorerError
 from scorer.families.base import FamilyFlag
+from scorer.rules import DRAFT_SAMPLE_METHODS
 
 __all__ = [
     "DRAFT_SAMPLING",
@@ -105,7 +106,7 @@ POSITIVE = FiniteFloatRange(min=0, min_open=True)
 SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
 TOKEN_ID = click.IntRange(min=0)
 # vLLM's draft_sample_method names: greedy (argmax drafts, one-hot verification), probabilistic.
-DRAFT_SAMPLING = click.Choice(["greedy", "probabilistic"])
+DRAFT_SAMPLING = click.Choice(list(DRAFT_SAMPLE_METHODS))
 
 
 def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:

@@ -47,7 +47,7 @@ from scorer.diagnose.ranking import (
 from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families import FAMILIES, family_for, probe_checkpoint
 from scorer.metrics import AcceptLen
-from scorer.offline.sampled_view import RULE_DEFINITIONS, SampledView, is_sampled
+from scorer.offline.sampled_view import RULE_DEFINITIONS, is_sampled, served_rule
 from scorer.offline.scoring import EvalConfig, load_drafter
 from scorer.offline.sequences import check_fits, check_scorable, layer_fit_problem
 
@@ -199,13 +199,13 @@ def _sampling_block(cache: CacheView) -> dict[str, Any]:
     """How the replays match drafts: the one-hot rule along a sampled cache's trajectory, or the
     target's argmax on a greedy cache (the report's ``sampling``)."""
     setting = sampling_setting(cache)
-    sampled = not setting.greedy
+    rule = served_rule(cache, None).name  # diagnose replays drafts as served: the one-hot rule
     return {
         "setting": setting.to_dict(),
         "described": setting.describe(),
-        "rule": "one-hot" if sampled else "greedy",
-        "definition": RULE_DEFINITIONS["one-hot"]
-        if sampled
+        "rule": rule,
+        "definition": RULE_DEFINITIONS[rule]
+        if rule in RULE_DEFINITIONS
         else "drafts are the drafter's argmax along the cached greedy path; a round accepts the longest "
         "prefix of drafts equal to the target's argmax, plus one token",
     }
@@ -268,7 +268,7 @@ def prepare_diagnosis(
         drift = measure_drift(cache, other, order[:first], order2[:first], layer_ids)
         caches, row_sets = [cache, other], [order, order2]
     # A sampled cache is replayed along its sampled trajectory: target_argmax is the next token.
-    views = [SampledView(c) if is_sampled(c) else c for c in caches]
+    views = [served_rule(c, None).view(c) for c in caches]
     diagnosis = family.diagnose(
         DiagnosisInputs(
             checkpoint=str(checkpoint),

@@ -16,6 +16,7 @@ import torch
 
 from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows
 from scorer.errors import ScorerError
+from scorer.rules.onehot_tree import tree_children, tree_walk
 
 __all__ = [
     "EagleTree",
@@ -202,11 +203,6 @@ def greedy_walk(
     kept: set[int], tokens: np.ndarray, parents: np.ndarray, greedy: np.ndarray, p: int, seq_len: int
 ) -> int:
     """Depth the target's greedy path reaches in the kept tree (g_{p+d} = a[p+d-1], d <= T-1-p)."""
-    node, depth = -1, 0
-    while p + depth < seq_len - 1:
-        want = greedy[p + depth]
-        nxt = next((c for c in kept if parents[c] == node and tokens[c] == want), None)
-        if nxt is None:
-            break
-        node, depth = nxt, depth + 1
-    return depth
+    # the one-hot tree rule over the kept candidates, g_{p+1} .. g_{T-1}
+    targets = np.asarray(greedy)[p : seq_len - 1].tolist()
+    return len(tree_walk(tree_children(parents, tokens, sorted(kept)), targets))

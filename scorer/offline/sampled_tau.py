@@ -82,7 +82,7 @@ class SampledTau:
     Attributes:
         tau: sum tokens / sum E[rounds].
         lo, hi: percentile bootstrap interval, prompts resampled with replacement.
-        n_prompts, n_sequences: the units.
+        n_prompts, n_requests: the units (prompts; requests, one per sampled trajectory).
         expected_rounds: sum E[rounds].
         served_acceptance: per slot i, sum E[#rounds with acc >= i] / sum E[rounds]: the acceptance
             of the rounds a server runs (not the all-anchor average, spec 4.7).
@@ -92,7 +92,7 @@ class SampledTau:
     lo: float
     hi: float
     n_prompts: int
-    n_sequences: int
+    n_requests: int
     expected_rounds: float
     served_acceptance: tuple[float, ...]
 

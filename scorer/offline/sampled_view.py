@@ -20,13 +20,17 @@ modes "chain", "ddtree-N", "tree"), and ``served_section`` makes the report's ``
 the rule, the setting, the trajectories, tau with a bootstrap interval over PROMPTS
 (``sampled_tau``), and acceptance over the rounds a server runs (not over all anchors).
 
-A greedy cache takes none of these paths: its scores are what they always were.
+The rule is chosen once per run, here only: ``served_rule(cache, config)`` returns a ``ServedRule``
+(greedy, one-hot or probabilistic: the view the families read, how rows are scored, what it adds to
+the report) that ``scorer.studies.evaluate`` hands to ``score_rows`` and ``build_report``. A greedy
+cache takes none of these paths: its scores are what they always were.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,19 +42,24 @@ from scorer.metrics import acceptance_counts, bootstrap_ci, train_accept_len
 from scorer.offline.replay import replay_chain
 from scorer.offline.sampled_tau import prompt_totals, sampled_tau
 from scorer.offline.sequences import SequenceResult, score_each
+from scorer.rules import DRAFT_SAMPLE_METHODS
 from scorer.rules.expectation import (
     SequenceRounds,
     all_anchor_acceptance,
+    probabilistic_rounds,
     rounds_from_log,
     sampled_match_targets,
-    sequence_rounds,
-    slot_acceptance,
 )
 
 __all__ = [
     "DRAFT_SAMPLING",
     "RULE_DEFINITIONS",
+    "GREEDY_RULE",
+    "ONEHOT_RULE",
+    "PROBABILISTIC_RULE",
     "SampledView",
+    "RowsToScore",
+    "ServedRule",
     "check_request",
     "effective_config",
     "head_log_q",
@@ -60,12 +69,13 @@ __all__ = [
     "probabilistic_tau_block",
     "proposal_arrays",
     "score_rows",
+    "served_rule",
     "served_section",
     "target_logp",
 ]
 
 # --draft-sampling: vLLM's draft_sample_method names.
-DRAFT_SAMPLING = ("greedy", "probabilistic")
+DRAFT_SAMPLING = DRAFT_SAMPLE_METHODS
 RULE_DEFINITIONS = {
     "one-hot": "drafts are the drafter's argmax along the cached sampled trajectory y; a round accepts the "
     "longest prefix of drafts equal to y (a tree: whose walk along y stays in the child sets), plus one "
@@ -241,14 +251,6 @@ def target_logp(cache: CacheView, row: int) -> np.ndarray:
     return out
 
 
-def probabilistic_rounds(
-    draft: np.ndarray, log_q: np.ndarray, token_ids: np.ndarray, logp: np.ndarray, prompt_len: int
-) -> tuple[SequenceRounds, np.ndarray]:
-    """E[rounds | y] of the probabilistic rule and its alpha [A, K] (``slot_acceptance``)."""
-    alpha = slot_acceptance(log_q, logp, prompt_len)
-    return sequence_rounds(alpha, prompt_len, len(token_ids)), alpha
-
-
 def _category(cache: CacheView, row: int) -> str | None:
     if "category" not in cache.index.column_names:
         return None
@@ -291,6 +293,104 @@ def _probabilistic_result(
     )
 
 
+@dataclass(frozen=True)
+class RowsToScore:
+    """One call's work: score ``rows`` of ``cache`` with ``family``'s ``drafter`` under ``config``."""
+
+    family: Any
+    drafter: Any
+    cache: CacheView
+    rows: Sequence[int]
+    config: Any
+    on_sequence: Callable[[SequenceResult], None] | None = None
+
+
+def _score_greedy(job: RowsToScore) -> list[SequenceResult]:
+    return job.family.score_rows(job.drafter, job.cache, job.rows, job.config, job.on_sequence)
+
+
+def _score_onehot(job: RowsToScore) -> list[SequenceResult]:
+    k = job.drafter.config.block_size - 1
+    results = _score_greedy(dataclasses.replace(job, cache=SampledView(job.cache)))
+    for result in results:
+        result.extras["served"] = _onehot_rounds(result, k, job.config)
+    return results
+
+
+def _score_probabilistic(job: RowsToScore) -> list[SequenceResult]:
+    temperature = sampling_setting(job.cache).temperature
+    where = str(getattr(job.cache, "url", job.cache.path))
+    return score_each(
+        job.cache,
+        job.rows,
+        lambda seq: _probabilistic_result(
+            job.family, job.drafter, job.cache, seq.row, job.config, temperature, where
+        ),
+        job.on_sequence,
+    )
+
+
+def _add_nothing(
+    report: dict[str, Any], results: Sequence[SequenceResult], cache: CacheView, config: Any
+) -> None:
+    return None
+
+
+def _add_onehot(
+    report: dict[str, Any], results: Sequence[SequenceResult], cache: CacheView, config: Any
+) -> None:
+    report["sampling"] = served_section(results, cache, config, "one-hot")
+
+
+def _add_probabilistic(
+    report: dict[str, Any], results: Sequence[SequenceResult], cache: CacheView, config: Any
+) -> None:
+    """Under the probabilistic rule tau and rounds are E[rounds | y] (the one-hot rounds along y stay
+    in the per-request lists)."""
+    report["sampling"] = served_section(results, cache, config, "probabilistic")
+    report["tau"], report["rounds"] = probabilistic_tau_block(results, config)
+    report["per_request"] = [probabilistic_request(row, r) for row, r in zip(report["per_request"], results)]
+
+
+def _same_cache(cache: Any) -> Any:
+    return cache
+
+
+@dataclass(frozen=True)
+class ServedRule:
+    """The rule a cache is scored under, chosen once at the top of a run (``served_rule``).
+
+    Attributes:
+        name: "greedy" (a greedy cache: drafts matched against the target's argmax), "one-hot" or
+            "probabilistic" (a sampled cache, ``RULE_DEFINITIONS``).
+        view: cache -> what the families' replays read (``SampledView`` under the one-hot rule: the
+            target's token is the sampled one).
+        score: RowsToScore -> the rows' SequenceResults.
+        add_to_report: (report, results, cache, eval config) -> None: the rule's part of the eval
+            report (the ``sampling`` block; under the probabilistic rule tau and rounds as E[rounds | y]).
+    """
+
+    name: str
+    view: Callable[[Any], Any]
+    score: Callable[[RowsToScore], list[SequenceResult]]
+    add_to_report: Callable[[dict[str, Any], Sequence[SequenceResult], CacheView, Any], None]
+
+
+GREEDY_RULE = ServedRule("greedy", _same_cache, _score_greedy, _add_nothing)
+ONEHOT_RULE = ServedRule("one-hot", SampledView, _score_onehot, _add_onehot)
+PROBABILISTIC_RULE = ServedRule("probabilistic", SampledView, _score_probabilistic, _add_probabilistic)
+
+
+def served_rule(cache: CacheView, config: Any) -> ServedRule:
+    """The one place that reads whether ``cache`` was sampled and which rule ``config.draft_sampling``
+    names (checked by ``check_request``): every layer below takes the rule it returns."""
+    if sampling_setting(cache).greedy:
+        return GREEDY_RULE
+    return (
+        PROBABILISTIC_RULE if getattr(config, "draft_sampling", "greedy") == "probabilistic" else ONEHOT_RULE
+    )
+
+
 def score_rows(
     family: Any,
     drafter: Any,
@@ -299,23 +399,8 @@ def score_rows(
     config: Any,
     on_sequence: Callable[[SequenceResult], None] | None = None,
 ) -> list[SequenceResult]:
-    """Score ``rows`` of a SAMPLED cache under ``config.draft_sampling``'s rule (module docstring)."""
-    setting = sampling_setting(cache)
-    where = str(getattr(cache, "url", cache.path))
-    if getattr(config, "draft_sampling", "greedy") == "probabilistic":
-        return score_each(
-            cache,
-            rows,
-            lambda seq: _probabilistic_result(
-                family, drafter, cache, seq.row, config, setting.temperature, where
-            ),
-            on_sequence,
-        )
-    k = drafter.config.block_size - 1
-    results = family.score_rows(drafter, SampledView(cache), rows, config, on_sequence)
-    for result in results:
-        result.extras["served"] = _onehot_rounds(result, k, config)
-    return results
+    """Score ``rows`` of a cache under its rule (``served_rule``; module docstring)."""
+    return served_rule(cache, config).score(RowsToScore(family, drafter, cache, rows, config, on_sequence))
 
 
 def proposal_arrays(prompt_len: int, seq_len: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -365,12 +450,15 @@ def _tau_dict(prompt_ids: list[str], rounds: list[SequenceRounds], config: Any) 
     return sampled_tau(prompt_ids, rounds, n_boot=config.n_boot, seed=config.seed).to_dict()
 
 
-def served_section(results: Sequence[SequenceResult], cache: CacheView, config: Any) -> dict[str, Any]:
+def served_section(
+    results: Sequence[SequenceResult], cache: CacheView, config: Any, rule: str | None = None
+) -> dict[str, Any]:
     """The report's ``sampling`` block (schemas/eval_report.schema.json): the rule, the setting, the
-    trajectories and, per mode, tau with its interval over prompts and the served acceptance."""
+    trajectories and, per mode, tau with its interval over prompts and the served acceptance.
+    ``rule``: "one-hot" or "probabilistic" (default: ``served_rule``'s for the cache and config)."""
     setting = sampling_setting(cache)
     draft_sampling = getattr(config, "draft_sampling", "greedy")
-    rule = "probabilistic" if draft_sampling == "probabilistic" else "one-hot"
+    rule = served_rule(cache, config).name if rule is None else rule
     prompt_ids = [r.record_id for r in results]
     modes: dict[str, Any] = {}
     names = sorted({m for r in results for m in r.extras.get("served", {})})

@@ -24,7 +24,7 @@ from scorer.offline import sampled_view
 from scorer.offline.sequences import ANCHOR_MODES, SequenceResult, check_scorable
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
-__all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows"]
+__all__ = ["EvalConfig", "drafter_family", "effective_config", "load_drafter", "score_rows", "served_rule"]
 
 
 @dataclass(frozen=True)
@@ -125,16 +125,24 @@ def effective_config(drafter: Any, config: EvalConfig) -> EvalConfig:
     return sampled_view.effective_config(drafter_family(drafter).effective_config(config))
 
 
+def served_rule(cache: CacheView, config: EvalConfig) -> sampled_view.ServedRule:
+    """The rule ``cache`` is scored under with ``config`` (greedy, one-hot or probabilistic), chosen
+    once at the top of a run and handed to ``score_rows`` and ``build_report``."""
+    return sampled_view.served_rule(cache, config)
+
+
 def score_rows(
     drafter: Any,
     cache: CacheView,
     rows: Sequence[int],
     config: EvalConfig,
     on_sequence: Callable[[SequenceResult], None] | None = None,
+    rule: sampled_view.ServedRule | None = None,
 ) -> list[SequenceResult]:
     """Score the cache's sequences ``rows`` with the drafter's family (the distributed unit of work);
-    ``on_sequence`` gets each result as it is done (progress). A sampled cache is scored as served
-    at its setting (scorer/offline/sampled_view.py)."""
-    if sampled_view.is_sampled(cache):
-        return sampled_view.score_rows(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
-    return drafter_family(drafter).score_rows(drafter, cache, rows, config, on_sequence)
+    ``on_sequence`` gets each result as it is done (progress). ``rule``: the rule the run chose once
+    (``sampled_view.served_rule``; None: chosen here): a sampled cache is scored as served at its
+    setting (scorer/offline/sampled_view.py)."""
+    rule = sampled_view.served_rule(cache, config) if rule is None else rule
+    job = sampled_view.RowsToScore(drafter_family(drafter), drafter, cache, rows, config, on_sequence)
+    return rule.score(job)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hscache.errors import HscacheError
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError
 from scorer.metrics import AcceptanceCounts, AcceptLen, acceptance_counts, train_accept_len
@@ -131,6 +132,12 @@ class CachedSequence:
 def cached_sequences(cache: CacheView, rows: Sequence[int]) -> list[CachedSequence]:
     """The rows' index fields, read per row (a cache may index millions of sequences)."""
     record_ids, prompt_lens = (cache.index.column(c) for c in ("record_id", "prompt_len"))
+    for row in rows:  # the reader keeps prompt_len in 0..length; a draft needs one prompt token before it
+        if prompt_lens[row].as_py() < 1:
+            raise IncompatibleCacheError(
+                f"sequence {row} (record {record_ids[row].as_py()!r}) has prompt_len 0: scoring drafts the tokens "
+                "after a prompt of at least one token; leave it out (--limit) or re-extract it"
+            )
     return [
         CachedSequence(cache, row, record_ids[row].as_py(), prompt_lens[row].as_py(), category_of(cache, row))
         for row in rows
@@ -250,7 +257,11 @@ def check_has_target(cache: Any, cache_name: str = "the cache", *, need_argmax: 
     )
     try:
         _ = cache.target_config, cache.vocab_size  # target/config.json; target/head.safetensors's header
-    except OSError:
+    except (OSError, HscacheError) as exc:
+        # the reader says a file it cannot read as a CacheFormatError caused by the OSError: only a
+        # missing file is "no target/"; anything else (a damaged file) is said as the reader says it
+        if not isinstance(exc, FileNotFoundError) and not isinstance(exc.__cause__, FileNotFoundError):
+            raise
         raise IncompatibleCacheError(
             f"{cache_name}{origin} has no target/ (the target's config and head, which a drafter is "
             f"sized from and reads); {fix}"

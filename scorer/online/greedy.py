@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hscache import schemas
 from hscache.capture.backend import resolve_backend, use_backend
 from hscache.capture.forward import capture_batch
@@ -25,6 +27,7 @@ from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
 from scorer.families.base import OnlineOptions, Proposer, check_scored_sizes
 from scorer.metrics import tau_per_request, tau_pooled
+from scorer.rules.onehot_chain import chain_depth
 from scorer.target_identity import check_target, loaded_target_identity, recorded_target_identity
 
 __all__ = [
@@ -102,9 +105,7 @@ def speculative_decode(
         draft = propose(prefill.hidden_states[:p], ids, p)  # d_1..d_K
         verify = capture_batch(target, [ids + draft], layer_ids, top_k=1, full_logits=False)[0]
         greedy = verify.argmax[p:].tolist()  # greedy[j-1] = g_{p+j}
-        acc = 0
-        while acc < len(draft) and draft[acc] == greedy[acc]:
-            acc += 1
+        acc = chain_depth(draft, np.asarray(greedy, dtype=np.int64), 0)  # the one-hot chain rule
         rounds.append(commit_round(ids, draft[:acc] + [greedy[acc]], p, limit, eos))  # acc drafts + the bonus
         prefill = verify
     return ids, rounds

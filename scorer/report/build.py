@@ -34,7 +34,7 @@ from scorer.report.text import token_pieces
 
 __all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2  # 2: sampling.modes.*.n_sequences -> n_requests (issue 32)
 TAU_DEFINITIONS = {
     "per_request": "tokens per round incl. the bonus token, mean per request then over requests (DFlash benchmarks)",
     "pooled": "total tokens / total rounds over all requests (vLLM / SGLang)",
@@ -111,8 +111,13 @@ def build_report(
     loaded: Any,
     config: Any,
     seconds: float,
+    rule: sampled_view.ServedRule | None = None,
 ) -> dict[str, Any]:
-    """The eval report: every number, the config used, checkpoint hash, cache provenance, versions."""
+    """The eval report: every number, the config used, checkpoint hash, cache provenance, versions.
+
+    ``rule``: the rule the run chose once (``sampled_view.served_rule``; None: chosen here from the
+    cache and config); it gives the view the samples are matched on and adds its part of the report."""
+    rule = sampled_view.served_rule(cache, config) if rule is None else rule
     results = merge_results(results)
     B = drafter.config.block_size
     chains = [r.chain for r in results]
@@ -183,7 +188,7 @@ def build_report(
         "notes": notes,
         "target_check": target_check,
         # on a sampled cache the drafts were matched against the sampled tokens: show those
-        "samples": _samples(results, _matched_view(cache), config.samples, config.seed, B),
+        "samples": _samples(results, rule.view(cache), config.samples, config.seed, B),
         "per_request": [
             dict(
                 result_summary(r),
@@ -227,27 +232,9 @@ def build_report(
             "speculative_num_draft_tokens): tokens per round of its greedy verification",
             "tau": _tau_block(trees, config.n_boot, config.seed),
         }
-    if sampled_view.is_sampled(cache):
-        _add_sampling(report, results, cache, config)
+    rule.add_to_report(report, results, cache, config)
     schemas.validate(report, "eval_report")
     return report
-
-
-def _matched_view(cache: CacheView) -> Any:
-    return sampled_view.SampledView(cache) if sampled_view.is_sampled(cache) else cache
-
-
-def _add_sampling(
-    report: dict[str, Any], results: list[SequenceResult], cache: CacheView, config: Any
-) -> None:
-    """A sampled cache's report: the ``sampling`` block (scorer/offline/sampled_view.py) and, under the probabilistic
-    rule, tau and rounds as E[rounds | y] (the one-hot rounds along y stay in the per-request lists)."""
-    report["sampling"] = sampled_view.served_section(results, cache, config)
-    if getattr(config, "draft_sampling", "greedy") == "probabilistic":
-        report["tau"], report["rounds"] = sampled_view.probabilistic_tau_block(results, config)
-        report["per_request"] = [
-            sampled_view.probabilistic_request(row, r) for row, r in zip(report["per_request"], results)
-        ]
 
 
 def _teacher_forced(results: Sequence[SequenceResult], B: int) -> dict[str, Any] | None:

@@ -1,22 +1,28 @@
-"""A sampled cache's ``sampling`` block (scorer/offline/sampled_view.py) on the terminal and in HTML; nothing computed here."""
+"""A sampled cache's ``sampling`` block (scorer/offline/sampled_view.py) and the side-by-side table of
+``scorer compare --cache A --cache B`` (scorer/studies/compare_settings.py) on the terminal and in HTML;
+nothing computed here."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from hscache.report.html import html_table
+from scorer.report.tables import print_table
 
 __all__ = [
     "SERVED_HEADER",
     "render_served",
+    "render_settings",
     "served_html",
     "served_rows",
     "settings_html",
+    "settings_table",
     "write_settings_html",
 ]
 
@@ -62,15 +68,17 @@ def render_served(report: Mapping[str, Any], console: Console) -> None:
     sampling = report.get("sampling")
     if not sampling:
         return
-    console.print(_headline(sampling))
-    table = Table(*SERVED_HEADER, title=f"tau as served ({sampling['rule']} rule)")
+    from rich.markup import escape as plain  # "E[rounds | y]" is text, not rich markup
+
+    console.print(plain(_headline(sampling)))
+    table = Table(*map(plain, SERVED_HEADER), title=f"tau as served ({sampling['rule']} rule)")
     for row in served_rows(sampling):
         table.add_row(*row)
     console.print(table)
     if sampling.get("all_anchor_acceptance"):
         values = " ".join("-" if a is None else f"{a:.3f}" for a in sampling["all_anchor_acceptance"])
         console.print(f"acceptance averaged over ALL anchors (a training dashboard's, not served): {values}")
-    console.print(f"[dim]{sampling['definition']}[/]")
+    console.print(f"[dim]{plain(sampling['definition'])}[/]")
 
 
 def served_html(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
@@ -93,7 +101,6 @@ def served_html(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) -> l
 def settings_html(document: Mapping[str, Any]) -> str:
     """The page of ``scorer compare ... --cache A --cache B`` (scorer/studies/compare_settings.py)."""
     from hscache.report.html import html_page
-    from scorer.studies.compare_settings import settings_table
 
     header, rows = settings_table(dict(document))
     body = [
@@ -117,3 +124,39 @@ def write_settings_html(document: Mapping[str, Any], path: str) -> str:
 
     atomic_write_bytes(Path(path), settings_html(document).encode())
     return path
+
+
+def _label(setting: dict[str, Any]) -> str:
+    s = setting["setting"]
+    if s["temperature"] == 0:
+        return f"{Path(setting['cache'].rstrip('/')).name}: greedy"
+    preset = f" {s['preset']}" if s.get("preset") else ""
+    return f"{Path(setting['cache'].rstrip('/')).name}: T {s['temperature']:g}{preset} ({setting['rule']})"
+
+
+def settings_table(document: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): a drafter per row, per setting its tau [interval] and rank (terminal and HTML)."""
+    header = ["drafter", *(_label(s) for s in document["settings"])]
+    rows = []
+    for d in document["drafters"]:
+        cells = [f"{Path(d['checkpoint'].rstrip('/')).name or d['checkpoint']} ({d['family']})"]
+        for t in d["taus"]:
+            if t["tau"] is None:
+                cells.append("-")
+                continue
+            ci = "" if t["lo"] is None else f" [{t['lo']:.2f}, {t['hi']:.2f}]"
+            cells.append(f"{t['tau']:.3f}{ci} #{t['rank']}")
+        rows.append(cells)
+    return header, rows
+
+
+def render_settings(document: dict[str, Any], console: Console, table_format: str = "auto") -> None:
+    """The side-by-side table, whole (``print_table``: boxes on a terminal, plain or markdown when
+    redirected), then each cache's setting and the warnings."""
+    header, rows = settings_table(document)
+    console.print("tau per sampling setting (pooled; #rank at that setting)")
+    print_table(header, rows, table_format, stream=console.file)
+    for s in document["settings"]:
+        console.print(f"{s['cache']}: {s['described']}; {s['prompts']} prompts, {s['requests']} requests")
+    for warning in document["warnings"]:
+        console.print(f"[bold yellow]warning:[/] {warning}")

@@ -65,8 +65,14 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         head.add_row(
             f"DDTree-{budget} draft-only surrogate (estimate)", _f(report["ddtree_surrogate"][budget]), ""
         )
+    # the probabilistic rule's rounds are E[rounds | y], a real number (was printed as 981.4157143710868)
+    rounds = report["rounds"]
     head.add_row(
-        "requests / rounds / tokens", f"{report['requests']} / {report['rounds']} / {report['tokens']}", ""
+        "requests / E\\[rounds] / tokens" if isinstance(rounds, float) else "requests / rounds / tokens",
+        f"{report['requests']} / {rounds:.1f} / {report['tokens']}"
+        if isinstance(rounds, float)
+        else f"{report['requests']} / {rounds} / {report['tokens']}",
+        "",
     )
     head.add_row("rounds cut short by off-greedy text", str(report["off_greedy"]["rounds_cut_short"]), "")
     cache = report["cache"]
@@ -76,7 +82,14 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     console.print(head)
     render_served(report, console)  # a sampled cache: the rule, the setting, tau as served
     _render_config_sources(report, console)
-    acc = Table(title="per-position acceptance (slot 1 first)")
+    # Under the probabilistic rule tau and rounds above are its own; what follows is the one-hot
+    # replay along the cached y (said in each title, so no table passes for the other rule's).
+    one_hot = (
+        " (one-hot rule along the cached tokens, not the probabilistic tau above)"
+        if (report.get("sampling") or {}).get("rule") == "probabilistic"
+        else ""
+    )
+    acc = Table(title=f"per-position acceptance (slot 1 first){one_hot}")
     acc.add_column("slot", justify="right")
     acc.add_column("conditional", justify="right")
     acc.add_column("unconditional", justify="right")
@@ -87,9 +100,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if report.get("anchors", {}).get("mode") != "chain":  # chain mode has none: it says so in warnings
         console.print(acc)
     hist = report["tokens_per_round_histogram"]
-    console.print("tokens per round: " + "  ".join(f"{n}:{c}" for n, c in enumerate(hist, 1) if c))
+    console.print(f"tokens per round{one_hot}: " + "  ".join(f"{n}:{c}" for n, c in enumerate(hist, 1) if c))
     if report["per_category"]:
-        cats = Table(title="per category")
+        cats = Table(title=f"per category{one_hot}")
         for col in ("category", "requests", "tau per request", "tau pooled"):
             cats.add_column(col)
         for name, row in report["per_category"].items():
@@ -145,6 +158,13 @@ def _render_sample(sample: dict[str, Any], console: Console) -> None:
 
 
 def render_comparison(result: dict[str, Any], console: Console) -> None:
+    # The caches by number, their paths in full above the table (soft-wrapped: never cut; a table
+    # cell cut two paths with a common prefix to the same `../clon...`).
+    paths = [report["cache"]["path"] for report in result["reports"]]
+    for n, path in enumerate(paths, 1):
+        console.print(
+            f"cache {n}{' (base)' if n == 1 else ''}: {path}", soft_wrap=True, markup=False, highlight=False
+        )
     table = Table(title="one checkpoint, several caches")
     for col in (
         "cache",
@@ -158,7 +178,7 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         table.add_column(col)
     base = result["reports"][0]
     table.add_row(
-        base["cache"]["path"],
+        "1",
         _f(base["tau"]["per_request"]),
         _f(base["tau"]["pooled"]),
         "(base)",
@@ -167,11 +187,11 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         "",
     )
     notes = []
-    for report, comp in zip(result["reports"][1:], result["comparisons"]):
+    for n, (report, comp) in enumerate(zip(result["reports"][1:], result["comparisons"]), 2):
         d = comp["delta"]
         cell = lambda x: "-" if x is None else f"{x['delta']:+.3f} [{x['lo']:+.2f}, {x['hi']:+.2f}]"
         table.add_row(
-            report["cache"]["path"],
+            str(n),
             _f(report["tau"]["per_request"]),
             _f(report["tau"]["pooled"]),
             cell(d["per_request"]),

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scorer.offline.replay import RoundLog
+from scorer.rules.onehot_chain import RoundLog
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the replay path stays numpy-only
     import torch
@@ -40,6 +40,7 @@ __all__ = [
     "depth_acceptance",
     "draft_log_q",
     "onehot_acceptance",
+    "probabilistic_rounds",
     "rounds_from_log",
     "sampled_match_targets",
     "sequence_rounds",
@@ -336,6 +337,14 @@ def sequence_rounds(alpha: Any, prompt_len: int, seq_len: int) -> SequenceRounds
         expected_rounds=float(reach.sum()),
         served_accepted=tuple(float(v) for v in reach @ w),
     )
+
+
+def probabilistic_rounds(
+    draft: np.ndarray, log_q: np.ndarray, token_ids: np.ndarray, logp: np.ndarray, prompt_len: int
+) -> tuple[SequenceRounds, np.ndarray]:
+    """E[rounds | y] of the probabilistic rule and its alpha [A, K] (``slot_acceptance``)."""
+    alpha = slot_acceptance(log_q, logp, prompt_len)
+    return sequence_rounds(alpha, prompt_len, len(token_ids)), alpha
 
 
 def rounds_from_log(log: RoundLog, k: int) -> SequenceRounds:

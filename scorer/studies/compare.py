@@ -24,7 +24,7 @@ from hscache import schemas
 from scorer.documents import cache_block, run_stamp
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
-from scorer.offline.scoring import EvalConfig, drafter_family, effective_config, load_drafter
+from scorer.offline.scoring import EvalConfig, drafter_family, effective_config, load_drafter, served_rule
 from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
 from scorer.studies.evaluate import score_cache
@@ -193,10 +193,11 @@ def compare_drafters(
         if on_start is not None:
             on_start(str(checkpoint), min(len(cache), used.limit or len(cache)))
         t0 = time.perf_counter()
-        results = score_cache(drafter, cache, used, on_sequence)
+        rule = served_rule(cache, used)  # chosen once per drafter
+        results = score_cache(drafter, cache, used, on_sequence, rule)
         seconds = time.perf_counter() - t0
         report = build_report(
-            results, cache=cache, drafter=drafter, loaded=loaded, config=used, seconds=seconds
+            results, cache=cache, drafter=drafter, loaded=loaded, config=used, seconds=seconds, rule=rule
         )
         reports.append(report)
         family = drafter_family(drafter)

@@ -16,18 +16,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from hscache import schemas
 from hscache.store.sampling import sampling_setting
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.offline.scoring import EvalConfig
+from scorer.report.served import render_settings, settings_table
 from scorer.studies.compare import compare_drafters
 
 __all__ = ["COMPARE_SETTINGS_SCHEMA_VERSION", "compare_settings", "render_settings", "settings_table"]
 
-COMPARE_SETTINGS_SCHEMA_VERSION = 1
+COMPARE_SETTINGS_SCHEMA_VERSION = 2  # 2: settings[].sequences -> requests (issue 32)
 
 
 def _served_tau(report: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +57,7 @@ def compare_settings(
 
     Returns:
         The document (schemas/compare_settings_report.schema.json): ``settings`` (per cache: path,
-        setting, rule, prompts, sequences), ``drafters`` (per drafter: tau per setting and its rank
+        setting, rule, prompts, requests), ``drafters`` (per drafter: tau per setting and its rank
         there), ``ranking`` (per setting: the drafters best first), ``warnings`` and ``compares``
         (the per-cache compare documents, reports included).
 
@@ -81,7 +80,7 @@ def compare_settings(
                 "described": setting.describe(),
                 "rule": _served_tau(report)["rule"],
                 "prompts": len(_prompts(report)),
-                "sequences": report["requests"],
+                "requests": report["requests"],
             }
         )
     base = _prompts(compares[0]["reports"][0])
@@ -128,41 +127,3 @@ def compare_settings(
     }
     schemas.validate(document, "compare_settings_report")
     return document
-
-
-def _label(setting: dict[str, Any]) -> str:
-    s = setting["setting"]
-    if s["temperature"] == 0:
-        return f"{Path(setting['cache'].rstrip('/')).name}: greedy"
-    preset = f" {s['preset']}" if s.get("preset") else ""
-    return f"{Path(setting['cache'].rstrip('/')).name}: T {s['temperature']:g}{preset} ({setting['rule']})"
-
-
-def settings_table(document: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): a drafter per row, per setting its tau [interval] and rank (terminal and HTML)."""
-    header = ["drafter", *(_label(s) for s in document["settings"])]
-    rows = []
-    for d in document["drafters"]:
-        cells = [f"{Path(d['checkpoint'].rstrip('/')).name or d['checkpoint']} ({d['family']})"]
-        for t in d["taus"]:
-            if t["tau"] is None:
-                cells.append("-")
-                continue
-            ci = "" if t["lo"] is None else f" [{t['lo']:.2f}, {t['hi']:.2f}]"
-            cells.append(f"{t['tau']:.3f}{ci} #{t['rank']}")
-        rows.append(cells)
-    return header, rows
-
-
-def render_settings(document: dict[str, Any], console: Console, table_format: str = "auto") -> None:
-    """The side-by-side table, whole (``print_table``: boxes on a terminal, plain or markdown when
-    redirected), then each cache's setting and the warnings."""
-    from scorer.report.tables import print_table
-
-    header, rows = settings_table(document)
-    console.print("tau per sampling setting (pooled; #rank at that setting)")
-    print_table(header, rows, table_format, stream=console.file)
-    for s in document["settings"]:
-        console.print(f"{s['cache']}: {s['described']}; {s['prompts']} prompts, {s['sequences']} sequences")
-    for warning in document["warnings"]:
-        console.print(f"[bold yellow]warning:[/] {warning}")

@@ -23,7 +23,7 @@ from hscache.store.view import CacheView
 from scorer.errors import ScorerError
 from scorer.families import family_named
 from scorer.families.base import Drafter
-from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows
+from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows, served_rule
 from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
 from scorer.studies.distributed import evaluate_distributed
@@ -43,17 +43,21 @@ def score_cache(
     cache: CacheView,
     config: EvalConfig,
     on_sequence: Callable[[SequenceResult], None] | None = None,
+    rule: Any = None,
 ) -> list:
-    """Every sequence of ``cache`` (up to ``config.limit``) scored by a loaded drafter, in row order.
+    """Every sequence of ``cache`` (up to ``config.limit``) scored by a loaded drafter, in row order,
+    under ``rule`` (``served_rule``; None: chosen here once for the whole cache).
 
     The scored rows of the arrays no drafter reads (the target's top-k and logsumexp) are read too
     (``check_other_arrays``): a report that carries the cache's digest vouches for every row it covers.
     """
+    rule = served_rule(cache, config) if rule is None else rule
     results = []
     # One slice per array per range of rows: per-sequence reads would decode each chunk many times.
     lengths = cache.index.column("length").to_numpy()[: len(_rows(cache, config.limit))]
     for rows in plan_row_ranges(lengths, _BLOCK_TOKENS):
-        results += score_rows(drafter, RowRangeView(cache, read_rows(cache, rows)), rows, config, on_sequence)
+        view = RowRangeView(cache, read_rows(cache, rows))
+        results += score_rows(drafter, view, rows, config, on_sequence, rule)
         check_other_arrays(cache, rows)
     return results
 
@@ -78,11 +82,13 @@ def evaluate(
     check_expected_digest(cache, config.expect_digest, str(cache_path))
     drafter, loaded = load_drafter(checkpoint, cache, config)
     config = effective_config(drafter, config)
+    rule = served_rule(cache, config)  # greedy, one-hot or probabilistic: chosen once for the run
     if on_start is not None:
         on_start(len(_rows(cache, config.limit)))
-    results = score_cache(drafter, cache, config, on_sequence)
+    results = score_cache(drafter, cache, config, on_sequence, rule)
+    seconds = time.perf_counter() - t0
     return build_report(
-        results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=time.perf_counter() - t0
+        results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=seconds, rule=rule
     )
 
 
@@ -130,7 +136,8 @@ def evaluate_module(
             f"evaluate_module scores in-memory drafters of the families that have one; {name} has none"
         )
     drafter, loaded = readied.from_module(module_or_state_dict, view, config, eval_config)
-    results = score_cache(drafter, view, eval_config)
+    rule = served_rule(view, eval_config)
+    results = score_cache(drafter, view, eval_config, rule=rule)
     return build_report(
         results,
         cache=view,
@@ -138,6 +145,7 @@ def evaluate_module(
         loaded=loaded,
         config=eval_config,
         seconds=time.perf_counter() - t0,
+        rule=rule,
     )
 
 

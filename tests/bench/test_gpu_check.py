@@ -36,6 +36,7 @@ def _expected_steps() -> set[str]:
         "throughput.extract.b1",
         "throughput.extract.b2",
         "sampled.extract.fla-cuda",
+        "engines.transformers_vs_vllm",  # skipped without vLLM in the interpreter, and in a dry run
     }
 
 
@@ -49,6 +50,7 @@ def test_dry_run_records_every_step_with_figures(tmp_path: Path) -> None:
     assert not failed, failed
     assert rc == 1  # the dry run skips installs and pytest, so it never claims a full pass
     assert steps["install"]["reason"] == "dry run: no installs"
+    assert steps["engines.transformers_vs_vllm"]["status"] == "skipped"
     env = steps["environment"]["result"]
     batches_run = env["generate_batch_param"] is not None
     for name in ("throughput.extract.b1", "throughput.extract.b2"):

@@ -119,8 +119,9 @@ def test_batched_forward_matches_one_sequence_per_forward_and_padding_does_not_l
     assert single.index.column("length").to_pylist() == batched.index.column("length").to_pylist()
     for i in range(len(single)):
         assert torch.equal(single.token_ids(i), batched.token_ids(i))
-        # Different batch shapes may pick different reduction orders: fp32 rounding only.
-        torch.testing.assert_close(batched.hidden_states(i), single.hidden_states(i), rtol=1e-5, atol=1e-5)
+        # Different batch shapes may pick different reduction orders: fp32 rounding only (the trained
+        # target's states are larger than the random one's: 1 element in 63488 differed by 1.2e-5).
+        torch.testing.assert_close(batched.hidden_states(i), single.hidden_states(i), rtol=1e-4, atol=5e-5)
         torch.testing.assert_close(batched.target_topk(i)[0], single.target_topk(i)[0], rtol=1e-5, atol=1e-5)
 
 

@@ -170,12 +170,19 @@ def test_tokens_from_replays_another_cache_on_identical_tokens(tmp_path, bf16_ca
     _one_line_error(code, text, "--tokens-from replays", "--max-new-tokens 0")
 
 
-def test_diff_mismatch_offers_tokens_from(fp32_cache, bf16_cache):
+def test_diff_mismatch_offers_tokens_from(fp32_cache, tmp_path):
+    """Caches whose greedy tokens differ. (On the random built-in target the bf16 cache's tokens
+    drifted from the fp32 one's; the trained target's do not over 12 tokens, so the other cache
+    generates fewer tokens instead.)"""
     from hscache.diff.compare import diff_caches
     from hscache.errors import CacheMismatchError
 
+    shorter = tmp_path / "shorter"
+    hscache.extract(
+        hscache.ExtractConfig(out=str(shorter), layers="1,3,7", max_new_tokens=6, dtype="bf16", limit=4)
+    )
     with pytest.raises(CacheMismatchError) as err:
-        diff_caches(fp32_cache, bf16_cache)
+        diff_caches(fp32_cache, shorter)
     message = str(err.value)
     assert "--intersect" in message and f"--tokens-from {fp32_cache}" in message
     assert "intersect=True" not in message

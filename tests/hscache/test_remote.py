@@ -202,3 +202,20 @@ def test_remote_caches_get_the_local_checks_and_verify(bucket, scale_cache, tmp_
     with pytest.raises(CacheFormatError, match="cannot be read") as err:
         hscache.open_cache(url).hidden_states(0)
     assert "\n" not in str(err.value) and "hscache verify" in str(err.value)
+
+
+def test_an_empty_folder_marker_object_is_not_a_file(bucket, scale_cache):
+    """Issue 36 item 12: S3 consoles and some tools write an empty ``target/`` object as a folder
+    marker; it is not a file of the cache (it crashed the mirror with FileExistsError)."""
+    import s3fs
+    from click.testing import CliRunner
+
+    from hscache.cli import main
+
+    url = f"{bucket}/with-marker"
+    upload_cache(scale_cache, url)
+    s3fs.S3FileSystem().pipe_file(f"{url[len('s3://') :]}/target/", b"")
+    cache = hscache.open_cache(url)
+    assert len(cache) == 4 and cache.target_config == hscache.open_cache(scale_cache).target_config
+    result = CliRunner().invoke(main, ["verify", url])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output

@@ -243,11 +243,12 @@ def _token_name(name: str):
         (_entry(float("inf")), "has logprob inf, not a finite number <= 0"),
         (_entry("-0.5"), "has logprob '-0.5' (str), not a finite number <= 0"),
         (_entry(True), "has logprob True (bool), not a finite number <= 0"),
-        (_scaled(3.0), "its support's probabilities sum to 3, not 1 within 0.0001"),
+        # mass 1/2, not 3: the trained target puts p > 1/3 on its top token, and 3 x that is > 1
+        (_scaled(0.5), "its support's probabilities sum to 0.5, not 1 within 0.0001"),
         (_token_name("token_id:" + "9" * 5000), "not token_id:N with N a token id of at most 10 digits"),
         (_token_name("token_id:\u0661\u0662"), "not token_id:N with N a token id of at most 10 digits"),
     ],
-    ids=["nan", "inf", "string", "bool", "mass 3", "5000 digits", "arabic digits"],
+    ids=["nan", "inf", "string", "bool", "mass 1/2", "5000 digits", "arabic digits"],
 )
 def test_logprobs_that_are_not_a_distribution_are_refused(
     responses_file, tmp_path, edit, message, monkeypatch

@@ -425,3 +425,121 @@ def test_hostile_speculators_folders_are_one_line_each(speculators_folder, tmp_p
          "--out", str(tmp_path / "layers")],
     )  # fmt: skip
     assert _one_line_refusal(result) and "20000" in result.output, result.output
+
+
+# 10. An index whose prompt_len is out of range, resealed: one line from eval, never a ValueError.
+@pytest.mark.parametrize("change", ["0", "len+5", "-7", "2^31-1"])
+def test_an_out_of_range_prompt_len_resealed_is_one_line(small_cache, drafter, tmp_path, change):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.hscache.tamper import reseal
+
+    root = small_cache.copy(tmp_path / "cache")
+    part = root / "index" / "part-000000.parquet"
+    table = pq.read_table(part)
+    lengths = table.column("length").to_pylist()
+    new = {"0": lambda n: 0, "len+5": lambda n: n + 5, "-7": lambda n: -7, "2^31-1": lambda n: 2**31 - 1}[
+        change
+    ]
+    i = table.column_names.index("prompt_len")
+    values = [new(lengths[0]), *table.column("prompt_len").to_pylist()[1:]]
+    pq.write_table(table.set_column(i, "prompt_len", pa.array(values, pa.int32())), part)
+    reseal(root)
+    result, report = _eval(drafter, root, tmp_path / "eval.json")
+    assert "Traceback" not in result.output and not (
+        result.exception and not isinstance(result.exception, SystemExit)
+    ), (result.output, result.exception)
+    assert _one_line_refusal(result) and "prompt_len" in result.output, result.output
+
+
+def test_a_lone_surrogate_in_a_prompt_or_an_id_is_refused_before_anything_is_written(tmp_path):
+    for record in ({"id": "a", "prompt": "x\ud800y"}, {"id": "\udc00", "prompt": "hello"}):
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text(json.dumps(record) + "\n")  # json.dumps writes the escape: the file is UTF-8
+        out = tmp_path / "out"
+        result = CliRunner().invoke(
+            hscache_main, ["extract", "--prompts", str(prompts), "--out", str(out), "--quiet"]
+        )
+        assert _one_line_refusal(result) and "lone surrogate" in result.output, result.output
+        assert not (out / "manifest.json").exists()
+
+
+# 11. A shard that selects no record: refused before anything is written, never a shard that never completes.
+def test_a_shard_that_selects_no_record_is_refused_and_leaves_nothing(tmp_path):
+    out = tmp_path / "sharded"
+    result = CliRunner().invoke(
+        hscache_main,
+        ["extract", "--out", str(out), "--limit", "2", "--shard", "3/4", "--max-new-tokens", "2", "--quiet"],
+    )
+    assert _one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
+    assert not out.exists(), list(out.rglob("*"))
+
+
+# 14. verify while `hscache recompress` swaps the arrays: one consistent state, never phantom damage.
+def test_verify_during_a_recompress_checks_one_consistent_state(small_cache, tmp_path, monkeypatch):
+    import hscache.verify as verify_module
+
+    root = small_cache.copy(tmp_path / "cache")
+    real_scan, swapped = verify_module.scan_sequences, []
+
+    def scan_after_a_recompress(layout, report, progress):
+        # The arrays were opened with their codecs; a recompress now swaps every array (forked, as a
+        # concurrent process would): this pass reads the new chunk files with the old metadata.
+        if not swapped:
+            run = _forked({"recompress": (hscache_main, ["recompress", str(root), "--compression", "balanced"])},
+                          tmp_path, 120)["recompress"]  # fmt: skip
+            assert run is not None and run.exit_code == 0, run and run.output
+            swapped.append(True)
+        return real_scan(layout, report, progress)
+
+    monkeypatch.setattr(verify_module, "scan_sequences", scan_after_a_recompress)
+    result = CliRunner().invoke(hscache_main, ["verify", "--deep", "--json", str(root)])
+    report = json.loads(result.output)
+    assert swapped and result.exit_code == 0 and report["ok"], result.output[-2000:]
+
+
+# 15. `scorer init --overwrite` killed between its renames: the next run clears what it left.
+def test_the_leftovers_of_a_killed_init_overwrite_are_cleared_by_the_next_run(small_cache, drafter, tmp_path):
+    out = tmp_path / "d"
+    shutil.copytree(drafter, out)
+    config = (out / "config.json").read_text()
+    dead = 32768 * 128 + 1  # no process has this pid (above any pid_max)
+    # killed after moving the old drafter aside and before publishing the new one:
+    out.rename(tmp_path / f".d.replaced-{dead}")
+    (tmp_path / f".d.staging-{dead}").mkdir()
+    (tmp_path / f".d.staging-{dead}" / "config.json").write_text("{}")
+    result = CliRunner().invoke(
+        scorer_main, ["eval", str(out), "--cache", str(small_cache.path), "--ddtree", ""]
+    )
+    assert result.exit_code != 0  # the drafter is not there until a writer recovers it
+    init = CliRunner().invoke(
+        scorer_main,
+        ["init", str(out), "--cache", str(small_cache.path), "--draft-layers", "1", "--block-size", "4"],
+    )
+    # The old drafter is back (nothing written is lost), so a run without --overwrite is refused...
+    assert init.exit_code != 0 and "not empty; pass --overwrite" in init.output, init.output
+    assert (out / "config.json").read_text() == config
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")) == []
+
+
+# 15. The index: what a reader refuses, verify refuses; nothing under index/ escapes the seal.
+def test_index_damage_that_readers_refuse_fails_verify_too(small_cache, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.hscache.tamper import reseal
+
+    broken = small_cache.copy(tmp_path / "metadata")
+    part = broken / "index" / "part-000000.parquet"
+    table = pq.read_table(part)
+    i = table.column_names.index("metadata_json")
+    pq.write_table(table.set_column(i, "metadata_json", pa.array(["{"] * table.num_rows, pa.string())), part)
+    reseal(broken)
+    extra = small_cache.copy(tmp_path / "unlisted")
+    shutil.copy2(extra / "index" / "part-000000.parquet", extra / "index" / "part-000001.parquet")
+    for root in (broken, extra):
+        with pytest.raises(hscache.CacheFormatError):
+            hscache.open_cache(root)
+        result, report = _verify(root)
+        assert result.exit_code == 1 and not report["ok"], (root.name, result.output[-1500:])

@@ -84,3 +84,20 @@ def test_comparison_table_says_how_many_requests_each_delta_is_over() -> None:
     text = console.export_text()
     assert "1 of 7 requests" in text
     assert "6 are left out" in text and "hscache extract --tokens-from A" in text
+
+
+def test_comparison_names_every_cache_in_full_on_a_narrow_terminal() -> None:
+    """Issue 35 item 13: two caches under one long directory were both cut to `../clon...`."""
+    from rich.console import Console
+
+    from scorer.report.terminal import render_comparison
+
+    a, b = "../clones/experiment-one/caches/fp32-reference", "../clones/experiment-one/caches/bf16-candidate"
+    base = _report(a, [_row(0, "r0", "s0", [4, 8], [3, 3])])
+    other = _report(b, [_row(0, "r0", "s0", [4, 8], [3, 3])])
+    base["requests"] = other["requests"] = 1
+    result = {"reports": [base, other], "comparisons": [compare_reports(base, other, _CONFIG)]}
+    console = Console(record=True, width=60)
+    render_comparison(result, console)
+    text = console.export_text()
+    assert f"cache 1 (base): {a}" in text and f"cache 2: {b}" in text

@@ -179,7 +179,11 @@ def test_unknown_key_and_cache_mismatches_are_one_line_each_named(scorer_cache, 
     (mismatch / "config.json").write_text(json.dumps(config))
     fc = load_file(mismatch / "model.safetensors")
     fc["fc.weight"] = torch.zeros(fc["fc.weight"].shape[0], 3 * 64)
-    fc["t2d"] = torch.cat([fc["t2d"], torch.zeros(1, dtype=torch.bool)])
+    # 512 draft ids of a 513-id vocabulary: a reduced vocabulary, so its map (a full one ships none)
+    fc["d2t"] = torch.zeros(config["draft_vocab_size"], dtype=torch.long)
+    fc["t2d"] = torch.cat(
+        [torch.ones(config["draft_vocab_size"], dtype=torch.bool), torch.zeros(1, dtype=torch.bool)]
+    )
     save_file(fc, mismatch / "model.safetensors")
     result = CliRunner().invoke(main, ["eval", str(mismatch), "--cache", str(scorer_cache)])
     assert result.exit_code == 2, result.output
@@ -195,9 +199,17 @@ def test_flags_that_do_not_fit_the_family_are_refused(scorer_cache, eagle3_draft
     )
     assert result.exit_code == 2 and "--block-size" in result.output
     result = runner.invoke(
-        main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), "--num-speculative-tokens", "2"]
+        main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), "--tree", "3,2,4"]
     )
     assert result.exit_code == 2 and "DFlash drafter drafts a block" in result.output
+    # --num-speculative-tokens is vLLM's K for DFlash (a block of K + 1): refused only against --block-size
+    args = ["--num-speculative-tokens", "2", "--block-size", "5"]
+    result = runner.invoke(main, ["eval", str(trained_drafter), "--cache", str(scorer_cache), *args])
+    assert (
+        result.exit_code == 2
+        and "--num-speculative-tokens 2" in result.output
+        and "disagree" in result.output
+    )
     result = runner.invoke(main, ["eval", "target:mtp", "--cache", str(scorer_cache), "--ddtree", "4"])
     assert result.exit_code == 2 and "--ddtree does not apply to target:mtp" in result.output
     result = runner.invoke(main, ["eval", "target:mtp", "--cache", str(scorer_cache)])
@@ -470,3 +482,17 @@ def test_an_explicit_ddtree_is_refused_by_name_for_eagle3_and_its_default_is_not
     )
     assert runner.invoke(main, args).exit_code == 0  # the default budgets: dropped for EAGLE-3, as reported
     assert runner.invoke(main, [*args, "--ddtree", ""]).exit_code == 0  # explicitly none: fine
+
+
+def test_dflash_num_speculative_tokens_is_vllms_k_a_block_of_k_plus_one(scorer_cache, trained_drafter):
+    """vLLM drafts a DFlash block of 1 + num_speculative_tokens slots whatever block the drafter was
+    trained at (vllm 0.32.0 v1/spec_decode/dflash.py:126): `--num-speculative-tokens K` scores that block."""
+    from scorer.offline.scoring import EvalConfig
+    from scorer.studies.evaluate import evaluate
+
+    as_k = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, num_speculative_tokens=2))
+    as_block = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20, block_size=3))
+    trained = evaluate(trained_drafter, scorer_cache, EvalConfig(ddtree=(), n_boot=20))
+    assert [r["accepted"] for r in as_k["per_request"]] == [r["accepted"] for r in as_block["per_request"]]
+    assert max(a for r in as_k["per_request"] for a in r["accepted"]) <= 2
+    assert [r["accepted"] for r in as_k["per_request"]] != [r["accepted"] for r in trained["per_request"]]

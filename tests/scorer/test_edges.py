@@ -4,6 +4,7 @@ bounded before work, refusals before the model loads. Each test failed before it
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -136,12 +137,13 @@ def test_init_refuses_what_eval_would_refuse_before_allocating(scorer_cache, tmp
         ),
         ("dflash", ["--ddtree", "1000000000"], ["--ddtree 1000000000", "max_position_embeddings"]),
         ("eagle3", ["--num-speculative-tokens", "1000000000"], ["--num-speculative-tokens 1000000000"]),
+        ("target:mtp", ["--num-speculative-tokens", "1000000000"], ["--num-speculative-tokens 1000000000"]),
     ],
 )
 def test_eval_bounds_every_size_flag_before_work(
     scorer_cache, trained_drafter, eagle3_drafter, checkpoint, args, needles
 ):
-    path = {"ngram": "ngram", "dflash": trained_drafter, "eagle3": eagle3_drafter}[checkpoint]
+    path = {"ngram": "ngram", "dflash": trained_drafter, "eagle3": eagle3_drafter}.get(checkpoint, checkpoint)
     code, text = _scorer("eval", path, "--cache", scorer_cache, *args)
     _one_line_error(code, text, *needles)
 
@@ -308,3 +310,22 @@ def test_dflash_tree_advice_on_a_penalty_cache_names_what_dflash_runs_online(sam
     code, text = _scorer("eval", trained_drafter, "--cache", sampled_cache, "--tree", "2,2,4", "--ddtree", "")
     _one_line_error(code, text, "scorer online --ddtree N")
     assert "online --tree" not in text
+
+
+def test_a_probabilistic_report_labels_its_one_hot_tables_and_rounds_its_rounds(sampled_scorer_cache):
+    # issue 35 item 13: E[rounds] printed as 981.4157143710868; one-hot tables unlabelled
+    code, text = _scorer(
+        "eval",
+        "target:mtp",
+        "--cache",
+        sampled_scorer_cache,
+        "--draft-sampling",
+        "probabilistic",
+        "--limit",
+        2,
+    )
+    assert code == 0, text
+    flat = " ".join(text.split())
+    assert "requests / E[rounds] / tokens" in flat
+    assert re.search(r"\b2 / \d+\.\d / \d+\b", flat), text
+    assert "tokens per round (one-hot rule along the cached tokens, not the probabilistic tau above)" in flat

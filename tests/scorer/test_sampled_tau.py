@@ -27,7 +27,7 @@ def test_prompt_totals_sum_each_prompts_trajectories() -> None:
 def test_tau_is_total_tokens_over_total_expected_rounds() -> None:
     got = sampled_tau(["b", "a", "b", "c"], ROUNDS, n_boot=200, seed=3)
     assert got.tau == pytest.approx(36 / 18.75)
-    assert got.n_prompts == 3 and got.n_sequences == 4 and got.expected_rounds == 18.75
+    assert got.n_prompts == 3 and got.n_requests == 4 and got.expected_rounds == 18.75
     assert got.served_acceptance == pytest.approx((8 / 18.75, 3.5 / 18.75))
     assert got.lo <= got.tau <= got.hi
 

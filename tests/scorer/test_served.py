@@ -298,7 +298,7 @@ def test_compare_across_settings_sets_taus_side_by_side_with_ranks(
     document = json.loads(out.read_text())
     greedy, sampled = document["settings"]
     assert greedy["rule"] == "greedy" and sampled["rule"] == "one-hot"
-    assert (greedy["prompts"], sampled["prompts"], sampled["sequences"]) == (4, 2, 4)
+    assert (greedy["prompts"], sampled["prompts"], sampled["requests"]) == (4, 2, 4)
     for i in range(2):  # each cell is that drafter's report on that cache: pooled tau / tau as served
         taus, (on_greedy, on_sampled) = (
             document["drafters"][i]["taus"],

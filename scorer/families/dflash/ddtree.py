@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from scorer.offline.replay import RoundLog, check_anchor_rows, check_sequence, replay_walk
+from scorer.offline.replay import replay_walk
+from scorer.rules.onehot_chain import RoundLog, check_anchor_rows, check_sequence
+from scorer.rules.onehot_tree import ROOT, tree_children, tree_walk
 
 __all__ = [
     "ROOT",
@@ -31,7 +33,7 @@ __all__ = [
     "walk_tree",
 ]
 
-ROOT = -1  # parent index of depth-1 nodes: the root (the round's bonus token) is not a node
+# ROOT (-1): the parent index of depth-1 nodes: the root (the round's bonus token) is not a node.
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,7 @@ class Tree:
     _children: dict[tuple[int, int], int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        children = {(par, tok): i for i, (par, tok) in enumerate(zip(self.parents, self.token_ids))}
-        object.__setattr__(self, "_children", children)
+        object.__setattr__(self, "_children", tree_children(self.parents, self.token_ids))
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -160,15 +161,7 @@ def walk_tree(tree: Tree, greedy_tokens_by_depth: Sequence[int]) -> tuple[int, .
     Returns:
         The matched node indices, depth 1 first; the round yields len(result) + 1 tokens.
     """
-    matched: list[int] = []
-    node = ROOT
-    for token in greedy_tokens_by_depth:
-        nxt = tree.child(node, int(token))
-        if nxt is None:
-            break
-        matched.append(nxt)
-        node = nxt
-    return tuple(matched)
+    return tree_walk(tree._children, greedy_tokens_by_depth)  # the one-hot tree rule
 
 
 def surrogate_tau(tree: Tree) -> float:

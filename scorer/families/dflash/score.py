@@ -24,8 +24,9 @@ from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows, row_chunks
 from scorer.families.dflash.ddtree import Tree, build_tree, replay_ddtree, surrogate_tau, tree_depth
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.offline.replay import chain_depth, replay_chain, round_loop
+from scorer.offline.replay import replay_chain, round_loop
 from scorer.offline.sequences import ANCHOR_MODES, SequenceResult, result_from_parts
+from scorer.rules.onehot_chain import chain_depth
 
 __all__ = [
     "block_drafts",

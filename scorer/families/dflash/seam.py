@@ -86,6 +86,13 @@ def _overrides(config: Any) -> dict[str, Any]:
     overrides = dict(config.overrides)
     if config.block_size is not None:
         overrides["block_size"] = config.block_size
+    if config.num_speculative_tokens is not None:
+        # vLLM's K for DFlash: its query block is the bonus token + K mask slots, every slot attending
+        # to every other (vllm 0.32.0 v1/spec_decode/dflash.py:126 num_query_per_req = 1 + K; non-causal,
+        # qwen3_dflash.py:86-97), and vLLM never checks K against the drafter's block_size
+        # (config/speculative.py:1478-1507 reads a block size for DSpark only). Served with another K,
+        # every slot drafts from another block: the offline replay must draft the block vLLM drafts.
+        overrides["block_size"] = config.num_speculative_tokens + 1
     return overrides
 
 
@@ -106,12 +113,19 @@ def load(
     A later variant's family (DFlash2) passes its ``variant`` keys and how to ``build`` its drafter.
 
     Raises:
-        CheckpointError: also when a chain/tree drafting setting is given (DFlash drafts a block).
+        CheckpointError: also when a tree drafting setting is given (DFlash drafts a block), or a
+            ``num_speculative_tokens`` (vLLM's K: a block of K + 1) that disagrees with ``block_size``.
     """
-    if config.num_speculative_tokens is not None or config.tree is not None:
+    if config.tree is not None:
         raise CheckpointError(
-            f"{checkpoint}: --num-speculative-tokens / --tree are for autoregressive drafters (EAGLE-3, "
-            "MTP); a DFlash drafter drafts a block: use --block-size and --ddtree"
+            f"{checkpoint}: --tree is for autoregressive drafters (EAGLE-3, MTP); a DFlash drafter drafts "
+            "a block: use --ddtree"
+        )
+    k = config.num_speculative_tokens
+    if k is not None and config.block_size is not None and config.block_size != k + 1:
+        raise CheckpointError(
+            f"{checkpoint}: --num-speculative-tokens {k} (vLLM's K: a block of {k + 1}) and --block-size "
+            f"{config.block_size} disagree; give one of them"
         )
     loaded = load_checkpoint(
         checkpoint,

@@ -73,6 +73,9 @@ class Eagle3Config:
     fc_norm: bool = False  # speculators / SpecForge: one RMSNorm per feature before fc
     norm_output: bool = False  # speculators Eagle 3.1: feed the post-norm state back across steps
     layout: str = "speculators"
+    # The decoder config's rope-table length: vLLM's Qwen3 decoder layer reads it with no default
+    # (vllm 0.32.0 models/qwen3.py:205; llama.py:266 defaults to 8192); it does not change the math.
+    max_position_embeddings: int = 4096
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -183,6 +186,7 @@ def _decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "vocab_size": int(cfg["vocab_size"]),
         "attention_bias": bool(cfg.get("attention_bias", False)),
         "mlp_bias": bool(cfg.get("mlp_bias", False)),
+        "max_position_embeddings": int(cfg.get("max_position_embeddings") or 4096),
     }
 
 

@@ -68,6 +68,7 @@ def eagle3_config_for_cache(
         num_speculative_tokens=num_speculative_tokens,
         qk_norm=qk_norm if layout == "speculators" else False,
         layout=layout,
+        max_position_embeddings=int(target.get("max_position_embeddings") or 4096),
         **options,
     )
 
@@ -87,6 +88,9 @@ def _decoder_json(c: Eagle3Config, model_type: str) -> dict[str, Any]:
         "vocab_size": c.vocab_size,
         "attention_bias": c.attention_bias,
         "mlp_bias": c.mlp_bias,
+        # vLLM builds the decoder layer's rope table from it (vllm 0.32.0 models/qwen3.py:205); the
+        # speculators layout's transformer_layer_config is read as a bare config, so no default fills it.
+        "max_position_embeddings": c.max_position_embeddings,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
     }
@@ -154,11 +158,18 @@ def save_eagle3(
         }
     if embed_tokens is not None:
         tensors["embed_tokens.weight"] = embed_tokens.detach().cpu().contiguous().clone()
-    offsets = torch.zeros(config.draft_vocab_size, dtype=torch.long) if d2t is None else d2t.long().cpu()
-    tensors["d2t"] = offsets
-    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-    t2d[torch.arange(config.draft_vocab_size) + offsets] = True
-    tensors["t2d"] = t2d
+    if config.draft_vocab_size < config.vocab_size:
+        # A reduced vocabulary ships its map; the full one ships none, as speculators' Eagle3 model
+        # holds no d2t/t2d then (models' _init_vocab: buffers only when use_draft_vocab) and vLLM
+        # refuses one ("no module or parameter named 'draft_id_to_target_id'": vllm 0.32.0
+        # qwen3_eagle3.py:318 and llama_eagle3.py:340 make the parameter only for a reduced vocabulary).
+        offsets = torch.zeros(config.draft_vocab_size, dtype=torch.long) if d2t is None else d2t.long().cpu()
+        tensors["d2t"] = offsets
+        t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(config.draft_vocab_size) + offsets] = True
+        tensors["t2d"] = t2d
+    elif d2t is not None and bool(d2t.any()):
+        raise ValueError("d2t maps a full draft vocabulary to other ids; a full vocabulary has no map")
     text = json.dumps({**_config_json(config, layout), **(extra_config or {})}, indent=2)
     written = [atomic_write_with(out / "config.json", lambda p: p.write_text(text))]
     if layout == "eagle_release":

@@ -29,7 +29,9 @@ from scorer.families.base import (
     OnlineOptions,
     Proposer,
     attention_flops,
+    check_scored_sizes,
     linear_params,
+    longest_sequence,
     target_head_name,
 )
 from scorer.families.mtp.draft import TreeSteps, chain_outputs, draft_anchors, mtp_context
@@ -161,6 +163,7 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
     name = target_head_name(checkpoint) or ""
     where = str(getattr(cache, "url", cache.path))
     _refuse_block_flags(checkpoint, config.block_size, config.overrides)
+    check_scored_sizes(longest_sequence(cache), where, num_speculative_tokens=config.num_speculative_tokens)
     stored = cache.target_mtp()
     if not stored:
         model = cache.settings.get("model", "MODEL")

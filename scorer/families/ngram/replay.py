@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from scorer.families.ngram.propose import NgramConfig, NgramIndex
-from scorer.offline.replay import RoundLog, chain_depth, round_loop
+from scorer.offline.replay import round_loop
+from scorer.rules.onehot_chain import RoundLog, chain_depth
 
 __all__ = ["NgramRounds", "mean_acceptance_length", "replay_ngram"]
 

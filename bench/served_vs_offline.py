@@ -1,0 +1,89 @@
+"""Judging one more checkpoint: offline (``scorer eval`` on a cache) vs serving it in vLLM on the same
+requests (``scorer served``'s engine side: vLLM imported, the engine started, the requests decoded).
+
+Setup (not timed): a greedy cache of the built-in plain Qwen3 target (fp32) and a DFlash drafter trained
+briefly on it. Timed, as CPU seconds (user + system, so a busy machine does not inflate them):
+  1. offline: ``scorer.studies.evaluate.evaluate`` of the drafter on the cache, in this process (torch and
+     the scorer already imported: what one more checkpoint costs);
+  2. vLLM: the worker process of ``scorer.studies.vllm_judge.serve`` (the children's CPU time: vLLM's
+     import, the engine with the drafter, the requests), and this process's share of ``serve`` (the
+     target written as an HF directory, the served cache extracted from vLLM's text).
+One run each; the ratio is printed. Needs the vLLM environment (``bash .ci/vllm-env.sh``, or
+``--vllm-python PATH``).
+
+    python bench/served_vs_offline.py [--prompts 8] [--tokens 32] [--vllm-python .vllm/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--vllm-python", default=str(ROOT / ".vllm" / "bin" / "python"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    import hscache
+    from scorer.studies.evaluate import EvalConfig, evaluate
+    from scorer.studies.vllm_judge import ServedConfig, score_served, serve
+    from scorer.train import train_drafter
+
+    with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
+        cache, drafter = Path(tmp) / "cache", Path(tmp) / "dflash"
+        hscache.extract(hscache.ExtractConfig(
+            out=str(cache), model="builtin:tiny-qwen3", layers="1,3,7", max_new_tokens=args.tokens,
+            dtype="fp32", limit=args.prompts, mtp=False,
+        ))  # fmt: skip
+        train_drafter(cache, drafter, steps=150, block_size=6, log_every=0)
+        evaluate(
+            drafter, cache, EvalConfig(ddtree=())
+        )  # warm: imports and first-call costs are not "one more"
+
+        start = _cpu(resource.RUSAGE_SELF)
+        offline = evaluate(drafter, cache, EvalConfig(ddtree=()))
+        offline_cpu = _cpu(resource.RUSAGE_SELF) - start
+
+        self0, children0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+        served = serve([drafter], [cache], Path(tmp) / "served", ServedConfig(vllm_python=args.vllm_python))[
+            0
+        ][0]
+        vllm_cpu = _cpu(resource.RUSAGE_CHILDREN) - children0
+        serve_self = _cpu(resource.RUSAGE_SELF) - self0
+        report = score_served(served)
+
+    print(
+        f"requests: {args.prompts} prompts x {args.tokens} greedy tokens, builtin:tiny-qwen3 fp32, DFlash K 5"
+    )
+    print(f"tau offline (cache) {offline['tau']['pooled']:.4f}; on vLLM's text: offline "
+          f"{report['tau']['offline_report']['pooled']:.4f}, vLLM {report['tau']['vllm']['pooled']:.4f}, "
+          f"equal round for round: {report['equal']}")  # fmt: skip
+    print(f"offline scorer eval, one more checkpoint: {offline_cpu:.2f} CPU-s")
+    print(f"vLLM {report['vllm']['version']} process (import + engine start + requests): {vllm_cpu:.2f} CPU-s "
+          f"(+ {serve_self:.2f} CPU-s here: target written, served cache extracted)")  # fmt: skip
+    print(f"served in vLLM / offline CPU-s ratio: {vllm_cpu / offline_cpu:.1f}x "
+          f"(with this process's share: {(vllm_cpu + serve_self) / offline_cpu:.1f}x)")  # fmt: skip
+    return {"offline_cpu": offline_cpu, "vllm_cpu": vllm_cpu, "serve_self_cpu": serve_self}
+
+
+if __name__ == "__main__":
+    main()

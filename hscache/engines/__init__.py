@@ -1,0 +1,1 @@
+"""Real serving engines driven from hscache: ``vllm/`` runs a target (and a drafter) in vLLM."""

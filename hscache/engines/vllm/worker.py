@@ -1,0 +1,203 @@
+"""The engine side of a judged run: ``python -m hscache.engines.vllm.worker JOB.json OUT.json``, run in an
+interpreter that imports vLLM (runtime.run_worker starts it; the caller's interpreter need not have vLLM).
+
+JOB::
+
+    {"target": DIR, "dtype": "fp32"|"bf16", "max_model_len": N, "seed": S, "hybrid": false,
+     "max_logprobs": N,
+     "engines": [{"name": "dflash", "speculative_config": {...} | null,
+                  "runs": [{"name": "t0", "sampling": {temperature, top_p, top_k, min_p, presence_penalty,
+                            frequency_penalty, repetition_penalty, max_tokens, logprobs},
+                            "prompts": [[ids], ...], "seeds": [int | null, ...]}]}]}
+
+OUT: ``{"vllm_version", "patches", "engines": [{"name", "seconds", "runs": [{"name", "requests": [...]}]}]}``,
+one request per prompt, each ``{"token_ids", "finish_reason", "logprobs": [[[id, logprob], ...] per
+position] | null, "spec_decode_metrics": {...} | null, "rounds": {"anchors", "accepted", "drafted"}}``.
+``rounds`` are vLLM's spec steps placed on the output: the first generated token comes from prefill (no
+step), a step that accepted a tokens commits a + 1, and for ngram the steps vLLM does not record (its
+proposer found no match: a plain decode step) are placed by running vLLM's own proposer
+(vllm/v1/spec_decode/ngram_proposer.py:210 ``_find_longest_matched_ngram_and_propose_tokens``) on the
+context before each step. ``anchors`` are absolute positions (prompt length + committed - 1), as the
+offline replay numbers them. A refusal (an untranscribed version, a drafter vLLM will not load) is
+written as ``{"error": "one line", "kind": ...}`` with exit status 2; a drafter vLLM will not load as
+``{"name", "error"}`` in place of its engine (the job's other engines still run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hscache.engines.vllm.runtime import (
+    VllmError,
+    VllmUnavailableError,
+    VllmVersionError,
+    engine_env,
+    engine_kwargs,
+)
+
+__all__ = ["main", "place_rounds"]
+
+_LOGPROB_FLOOR = -9999.0  # vLLM's OpenAI layer writes a masked logprob as this (ChatCompletionLogProb)
+
+
+def place_rounds(
+    prompt_len: int,
+    output: list[int],
+    per_step_accepted: list[int],
+    per_step_drafted: list[int],
+    unrecorded: Any = None,
+) -> dict[str, list[int]]:
+    """vLLM's per-step counters laid on the output as rounds (module docstring).
+
+    Args:
+        unrecorded: ``unrecorded(context) -> bool``, True where vLLM took a step without recording it
+            (ngram: its proposer found no match on ``context``); None: every step is recorded.
+    """
+    anchors: list[int] = []
+    accepted: list[int] = []
+    drafted: list[int] = []
+    committed, steps = 1, list(zip(per_step_accepted, per_step_drafted))
+    while committed < len(output):
+        if unrecorded is not None and unrecorded(output[:committed]):
+            acc, n = 0, 0
+        elif steps:
+            acc, n = steps.pop(0)
+        else:
+            break  # vLLM recorded fewer steps than the output needs: the caller's comparison shows it
+        anchors.append(prompt_len + committed - 1)
+        accepted.append(acc)
+        drafted.append(n)
+        committed += acc + 1
+    return {"anchors": anchors, "accepted": accepted, "drafted": drafted}
+
+
+def _ngram_unrecorded(prompt_ids: list[int], config: dict[str, Any], max_model_len: int):
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
+
+    def unrecorded(generated: list[int]) -> bool:
+        context = np.asarray(prompt_ids + generated, dtype=np.int32)
+        k = int(config["num_speculative_tokens"])
+        lo, hi = int(config.get("prompt_lookup_min") or 1), int(config.get("prompt_lookup_max") or 1)
+        return len(propose(context, lo, hi, max_model_len, k)) == 0
+
+    return unrecorded
+
+
+def _sampling_params(sampling: dict[str, Any], seed: int | None):
+    from vllm import SamplingParams
+
+    fields = dict(sampling)
+    logprobs = fields.pop("logprobs", None)
+    return SamplingParams(**fields, seed=seed, logprobs=logprobs or None)
+
+
+def _position_logprobs(entry: dict[int, Any]) -> list[list[float]]:
+    rows = []
+    for token, lp in entry.items():
+        value = float(lp.logprob)
+        rows.append([int(token), value if value > _LOGPROB_FLOOR else _LOGPROB_FLOOR])
+    return rows
+
+
+def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, Any]:
+    choice = output.outputs[0]
+    metrics = choice.spec_decode_metrics.to_dict() if choice.spec_decode_metrics is not None else None
+    token_ids = [int(t) for t in choice.token_ids]
+    rounds = None
+    if metrics is not None:
+        rounds = place_rounds(
+            len(prompt_ids),
+            token_ids,
+            metrics.get("per_step_accepted", []),
+            metrics.get("per_step_drafted", []),
+            unrecorded,
+        )
+    return {
+        "token_ids": token_ids,
+        "finish_reason": choice.finish_reason,
+        "logprobs": [_position_logprobs(e) for e in choice.logprobs] if choice.logprobs else None,
+        "spec_decode_metrics": metrics,
+        "rounds": rounds,
+    }
+
+
+def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    spec = engine.get("speculative_config")
+    kwargs = engine_kwargs(
+        job["target"], dtype=job["dtype"], max_model_len=job["max_model_len"], seed=job.get("seed", 0),
+        speculative_config=spec, max_logprobs=job.get("max_logprobs", 0), hybrid=job.get("hybrid", False),
+    )  # fmt: skip
+    try:
+        llm = LLM(**kwargs)
+    except Exception as exc:  # vLLM refuses the drafter (or target) with many exception types
+        raise _Refused(engine["name"], spec, exc) from exc
+    runs = []
+    for run in engine["runs"]:
+        prompts = run["prompts"]
+        params = [_sampling_params(run["sampling"], s) for s in run["seeds"]]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        requests = []
+        for prompt_ids, output in zip(prompts, outputs):
+            unrecorded = None
+            if spec is not None and spec.get("method") == "ngram":
+                unrecorded = _ngram_unrecorded(prompt_ids, spec, job["max_model_len"])
+            requests.append(_request(output, prompt_ids, unrecorded))
+        runs.append({"name": run["name"], "requests": requests})
+    del llm
+    return {"name": engine["name"], "seconds": time.perf_counter() - t0, "runs": runs}
+
+
+class _Refused(Exception):
+    def __init__(self, name: str, spec: Any, exc: BaseException) -> None:
+        # The last line that says something (pydantic's ValidationError ends in a link to its docs).
+        cause = [line.strip() for line in str(exc).strip().splitlines()]
+        cause = [line for line in cause if line and not line.startswith("For further information")]
+        method = (spec or {}).get("method", "none")
+        super().__init__(
+            f"vLLM refused the {name} engine (speculative method {method}): {type(exc).__name__}: "
+            f"{cause[-1] if cause else ''}; the drafter does not load in vLLM as written"
+        )
+
+
+def _engine_or_refusal(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+    """One engine's runs, or ``{"name", "error"}`` when vLLM refused to build it (the other engines of the
+    job still run: one worker process, one vLLM import, for every drafter of a judged set)."""
+    try:
+        return _run_engine(job, engine)
+    except _Refused as exc:
+        print(str(exc), file=sys.stderr)
+        return {"name": engine["name"], "error": str(exc)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
+    job = json.loads(Path(job_path).read_text())
+    os.environ.update(engine_env())  # before vLLM is imported: in-process engine, one thread, no hub
+    try:
+        from hscache.engines.vllm import cpu_patch
+        from hscache.engines.vllm.runtime import require_vllm
+
+        version = require_vllm()
+    except VllmError as exc:
+        kind = {VllmUnavailableError: "unavailable", VllmVersionError: "version"}.get(type(exc), "target")
+        Path(out_path).write_text(json.dumps({"error": str(exc), "kind": kind}))
+        print(str(exc), file=sys.stderr)
+        return 2
+    patches = cpu_patch.apply(version)
+    engines = [_engine_or_refusal(job, engine) for engine in job["engines"]]
+    Path(out_path).write_text(json.dumps({"vllm_version": version, "patches": patches, "engines": engines}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""``scorer served``: vLLM is the judge (scorer.studies.vllm_judge): the drafter served in a real vLLM
+engine on the cache's requests, its rounds beside the offline replay's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from scorer.cli.shared import (
+    DRAFT_SAMPLING,
+    ScoringCommand,
+    check_outputs,
+    family_flags,
+    family_settings,
+    friendly_errors,
+    num_speculative_tokens_option,
+    write_json,
+)
+
+__all__ = ["served"]
+
+
+def _tau(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _echo(report: dict[str, Any]) -> None:
+    click.echo(f"{'request':<24} {'rounds':>7} {'offline tau':>12} {'vLLM tau':>10}  same")
+    for row in report["per_request"]:
+        rounds = f"{len(row['offline']['tokens'])}/{len(row['vllm']['tokens'])}"
+        same = "yes" if row["equal"] else "NO"
+        click.echo(
+            f"{row['record_id'][:24]:<24} {rounds:>7} {_tau(row['offline_reported_tau']):>12} "
+            f"{_tau(row['vllm']['tau']):>10}  {same}"
+        )
+    for d in report["differences"]:
+        click.echo(
+            f"differs: {d['record_id']} round {d['round']}: offline anchor {d['offline_anchor']} accepted "
+            f"{d['offline_accepted']}, vLLM anchor {d['vllm_anchor']} accepted {d['vllm_accepted']}"
+        )
+    tau, vllm = report["tau"], report["vllm"]
+    click.echo("tau = tokens per round, the bonus token included; pooled = all tokens / all rounds")
+    click.echo(
+        f"offline: pooled {_tau(tau['offline_report']['pooled'])}, per request {_tau(tau['offline_report']['per_request'])}"
+    )
+    click.echo(
+        f"vLLM:    pooled {_tau(tau['vllm']['pooled'])}, per request {_tau(tau['vllm']['per_request'])} "
+        f"({tau['vllm']['rounds']} rounds; vLLM's own mean_acceptance_length, unclipped and without "
+        f"ngram's unrecorded steps: {_tau(vllm['counters']['mean_acceptance_length'])})"
+    )
+    patches = ", ".join(vllm["patches"]) or "none"
+    click.echo(f"vLLM {vllm['version']}, {report['family']} ({vllm['speculative_config']['method']}, K "
+               f"{vllm['speculative_config']['num_speculative_tokens']}); rule: {report['rule']['definition']}; "
+               f"patches: {patches}")  # fmt: skip
+    if report["rule"]["offline"] != report["rule"]["vllm"]:
+        click.echo(
+            f"scored offline by the {report['rule']['offline']} rule, served by the {report['rule']['vllm']} rule"
+        )
+    click.echo("offline = vLLM, round for round" if report["equal"] else "offline != vLLM")
+
+
+@click.command(cls=ScoringCommand)
+@click.argument("checkpoint")
+@click.option(
+    "--cache", "cache", required=True, help="The cache whose target, prompts and sampling are served."
+)
+@num_speculative_tokens_option("vLLM's num_speculative_tokens (default: the drafter's block size - 1).")
+@click.option(
+    "--draft-sampling",
+    type=DRAFT_SAMPLING,
+    default="greedy",
+    show_default=True,
+    help="vLLM's draft_sample_method: greedy (one-hot verification, vLLM's default) or probabilistic.",
+)
+@click.option(
+    "--scored-rule",
+    type=DRAFT_SAMPLING,
+    default=None,
+    help="Score the offline side by this rule instead (shows the check failing when the rule is not vLLM's).",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the cache's first N prompts.")
+@click.option(
+    "--vllm-python",
+    default=None,
+    metavar="PATH",
+    help="The interpreter that imports vLLM (default: $HSCACHE_VLLM_PYTHON, else this one).",
+)
+@click.option(
+    "--workdir", default=None, help="Keep vLLM's outputs and the served cache here (default: removed)."
+)
+@click.option("--json", "json_out", default=None, help="Write the report as JSON here.")
+@family_flags
+@friendly_errors
+def served(checkpoint: str, json_out: str | None, scored_rule: str | None, **options: Any) -> None:
+    """Serve the cache's target with CHECKPOINT in vLLM and score what it produced offline: both per
+    request and pooled, every round where they differ. Exit status 1 when they differ.
+
+    \b
+    Example:
+      scorer served drafter/ --cache cache/ --vllm-python .vllm/bin/python
+      scorer served ngram --cache cache/ --num-speculative-tokens 3 --prompt-lookup-min 2 --prompt-lookup-max 3
+    """
+    check_outputs(json=json_out, workdir=options["workdir"], directories=("workdir",))
+    from scorer.studies.vllm_judge import ServedConfig, judge
+
+    overrides = family_settings(options)
+    cache = options.pop("cache")
+    report = judge(checkpoint, cache, ServedConfig(overrides=overrides, scored=scored_rule, **options))
+    _echo(report)
+    write_json(json_out, report)
+    if not report["equal"]:
+        raise SystemExit(1)

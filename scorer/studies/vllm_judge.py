@@ -1,0 +1,487 @@
+"""``scorer served CKPT --cache C``: vLLM is the judge. Serve the cache's target with CKPT in a real vLLM
+engine, keep what it produced as a served cache, score that cache offline, and compare round for round.
+
+Steps (each a function below): check everything that can be checked before a model loads (vLLM's
+interpreter and version, the target against vLLM CPU's limits, the drafter's family and its vLLM
+method) -> write the target as an HF directory -> run the engine side in vLLM's interpreter
+(hscache/engines/vllm/worker.py: the cache's prompts at the cache's sampling setting, per-request seeds,
+vLLM's per-request counters and processed logprobs) -> extract a served cache of vLLM's own text with
+the target (greedy: prompt + output as input_ids; sampled: the ``--responses-from`` path, vLLM's
+processed logprobs as p) -> ``scorer eval`` of CKPT on it -> the rounds of both, side by side.
+
+Conventions reconciled (docs/scoring.md "Judged by vLLM"): the first generated token comes from prefill
+(no round on either side); vLLM does not clip its last step at ``max_tokens`` or EOS (its accepted count
+is clipped to the positions the output has, as the offline replay stops there); ngram's steps without a
+match are not recorded by vLLM (the worker places them with vLLM's own proposer).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import hscache
+from hscache import schemas
+from hscache.engines.vllm.outputs import greedy_record, responses_record
+from hscache.engines.vllm.runtime import (
+    VllmTargetError,
+    interpreter_version,
+    preflight_target,
+    run_worker,
+    vllm_python,
+)
+from hscache.store.view import CacheView
+from scorer.documents import run_stamp
+from scorer.errors import ScorerError
+from scorer.offline.scoring import EvalConfig, effective_config, load_drafter
+from scorer.studies.evaluate import evaluate
+
+__all__ = [
+    "RULES",
+    "Served",
+    "ServedConfig",
+    "compare_rounds",
+    "judge",
+    "score_served",
+    "serve",
+    "speculative_config",
+]
+
+WORKER = "hscache.engines.vllm.worker"
+# vLLM's draft_sample_method (vllm/config/speculative.py:600, 0.32.0) -> the offline rule that transcribes it.
+RULES = {
+    "greedy": "one-hot: drafts are the drafter's argmax, q one-hot; accept x iff u < p(x), resample p without x "
+    "(vllm/v1/sample/rejection_sampler.py, the V1 model runner vLLM CPU runs)",
+    "probabilistic": "probabilistic: x ~ softmax(draft logits / T); accept iff u q(x) < p(x), resample "
+    "norm(max(p - q, 0)) (same file)",
+}
+# The drafter families vLLM 0.32.0 serves, and its speculative method for each.
+_METHODS = {"dflash": "dflash", "eagle3": "eagle3", "ngram": "ngram", "mtp": "mtp"}
+_MAX_LOGPROBS_FLOOR = 1
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """What ``scorer served`` takes besides the checkpoint and the cache; flags mirror the names.
+
+    ``num_speculative_tokens``: vLLM's K (None: the drafter's, block size - 1). ``draft_sampling``: vLLM's
+    draft_sample_method, the rule both sides run. ``scored``: the rule the OFFLINE side scores with
+    (None: the same; another one shows the check failing). ``workdir``: keep the job, vLLM's outputs
+    and the served cache there (default: a temporary directory, removed)."""
+
+    num_speculative_tokens: int | None = None
+    draft_sampling: str = "greedy"
+    scored: str | None = None
+    limit: int | None = None
+    vllm_python: str | None = None
+    workdir: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # prompt_lookup_min / _max (ngram)
+
+
+def _check_config(config: ServedConfig) -> None:
+    for name in (config.draft_sampling, config.scored or config.draft_sampling):
+        if name not in RULES:
+            raise ScorerError(f"--draft-sampling {name!r}; choose one of {', '.join(RULES)}")
+    if config.num_speculative_tokens is not None and config.num_speculative_tokens < 1:
+        raise ScorerError(f"--num-speculative-tokens {config.num_speculative_tokens} must be at least 1")
+
+
+def speculative_config(family: str, checkpoint: str, drafter: Any, k: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for a loaded drafter (its family's method, K drafted tokens).
+
+    Raises:
+        ScorerError: a family vLLM 0.32.0 does not serve (named, with what it serves).
+    """
+    if family not in _METHODS:
+        raise ScorerError(
+            f"vLLM 0.32.0 does not serve {family} drafters as hscache scores them; scorer served judges "
+            f"{', '.join(sorted(_METHODS))}"
+        )
+    spec: dict[str, Any] = {"method": _METHODS[family], "num_speculative_tokens": k}
+    if family == "ngram":
+        proposer = drafter.config.proposer
+        spec.update(
+            prompt_lookup_min=proposer.prompt_lookup_min, prompt_lookup_max=proposer.prompt_lookup_max
+        )
+    elif family in ("dflash", "eagle3"):
+        spec["model"] = str(Path(checkpoint).resolve())
+    return spec
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    record_id: str
+    ids: list[int]
+    metadata: dict[str, Any]
+
+
+def _prompts(cache: CacheView, limit: int | None) -> list[_Prompt]:
+    """The cache's prompts, once each (a sampled cache holds several samples of each), in row order."""
+    seen: dict[str, _Prompt] = {}
+    for row, entry in enumerate(cache.index.to_pylist()):
+        if entry["record_id"] in seen:
+            continue
+        metadata = {k: v for k, v in json.loads(entry.get("metadata_json") or "{}").items() if k != "sample"}
+        ids = cache.token_ids(row)[: entry["prompt_len"]].tolist()
+        seen[entry["record_id"]] = _Prompt(entry["record_id"], ids, metadata)
+        if limit is not None and len(seen) >= limit:
+            break
+    return list(seen.values())
+
+
+def _target_dir(cache: CacheView, workdir: Path) -> str:
+    """The cache's target as an HF directory vLLM can load: a built-in one written out, else its path."""
+    name = cache.settings["model"]
+    if not name.startswith("builtin:"):
+        return name
+    from hscache.capture.builtin import build_builtin
+
+    out = workdir / "target"
+    model, tokenizer = build_builtin(name)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def _sampling_fields(cache: CacheView, max_tokens: int) -> dict[str, Any]:
+    s = cache.sampling
+    if s.greedy:
+        return {"temperature": 0.0, "max_tokens": max_tokens}
+    width = min(s.support_width + 1, cache.vocab_size)  # one entry past the support shows it is complete
+    return {
+        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+        "repetition_penalty": s.repetition_penalty, "max_tokens": max_tokens, "logprobs": width,
+    }  # fmt: skip
+
+
+def _request_seed(setting_seed: int | None, prompt: int, sample: int, samples: int) -> int | None:
+    """vLLM's per-request seed of sample ``sample`` of prompt ``prompt``: the setting's seed + its number."""
+    return None if setting_seed is None else setting_seed + prompt * samples + sample
+
+
+def _run(name: str, cache: CacheView, prompts: list[_Prompt]) -> dict[str, Any]:
+    """One run of an engine: the cache's prompts (each ``samples_per_prompt`` times) at its setting."""
+    s, max_tokens = cache.sampling, int(cache.settings["max_new_tokens"])
+    samples = 1 if s.greedy else s.samples_per_prompt
+    return {
+        "name": name,
+        "sampling": _sampling_fields(cache, max_tokens),
+        "prompts": [p.ids for p in prompts for _ in range(samples)],
+        "seeds": [_request_seed(s.seed, i, n, samples) for i in range(len(prompts)) for n in range(samples)],
+    }
+
+
+def _job(target: str, caches: list[CacheView], runs: list[dict], specs: list[dict]) -> dict[str, Any]:
+    first = caches[0]
+    longest = max(len(p) + r["sampling"]["max_tokens"] for r in runs for p in r["prompts"])
+    return {
+        "target": target,
+        "dtype": first.settings["dtype"],
+        "max_model_len": longest + max(spec["num_speculative_tokens"] for spec in specs) + 8,
+        "seed": 0,  # every sampled request carries its own seed (_request_seed)
+        "hybrid": "linear_attention" in (first.target_config.get("layer_types") or ()),
+        "max_logprobs": max([_MAX_LOGPROBS_FLOOR, *(r["sampling"].get("logprobs", 0) for r in runs)]),
+        "engines": [
+            {"name": f"{n}:{spec['method']}", "speculative_config": spec, "runs": runs}
+            for n, spec in enumerate(specs)
+        ],
+    }
+
+
+def _served_cache(
+    cache: CacheView, prompts: list[_Prompt], requests: list[dict], fields: dict, workdir: Path
+) -> Path:
+    """Extract vLLM's text with the cache's target, layers and dtype into ``workdir/served``."""
+    s = cache.sampling
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "served"
+    common = dict(
+        out=str(out), model=cache.settings["model"], layers=",".join(map(str, cache.layer_ids)),
+        dtype=cache.settings["dtype"], max_new_tokens=0, top_k=int(cache.settings.get("top_k", 64)),
+        mtp=False, commit_every_s=0.0, overwrite=True,
+    )  # fmt: skip
+    if s.greedy:
+        path = workdir / "served_prompts.jsonl"
+        records = [greedy_record(p.record_id, p.ids, r, p.metadata) for p, r in zip(prompts, requests)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        hscache.extract(hscache.ExtractConfig(prompts=str(path), **common))
+        return out
+    samples = s.samples_per_prompt
+    path = workdir / "served_responses.jsonl"
+    lines = []
+    for i, p in enumerate(prompts):
+        mine = requests[i * samples : (i + 1) * samples]
+        seeds = [_request_seed(s.seed, i, n, samples) for n in range(samples)]
+        lines.append(
+            responses_record(
+                p.record_id, p.ids, mine, {**fields, "seed": s.seed}, {**p.metadata, "vllm_seeds": seeds}
+            )
+        )
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    hscache.extract(hscache.ExtractConfig(responses_from=str(path), **common))
+    return out
+
+
+def compare_rounds(offline: dict[str, Any], request: dict[str, Any], prompt_len: int) -> dict[str, Any]:
+    """One request's rounds on both sides, vLLM's accepted count clipped to the output's end.
+
+    Args:
+        offline: the eval report's per-request row (``anchors``, ``accepted``).
+        request: the worker's request (``token_ids``, ``rounds``).
+
+    Returns:
+        ``{"offline": {...}, "vllm": {...}, "equal": bool, "differences": [{"round", "anchor", ...}]}``, each
+        side's ``anchors``, ``accepted``, ``tokens`` (committed per round) and ``tau``.
+    """
+    end = prompt_len + len(request["token_ids"])  # T: the served sequence's length
+    rounds = request["rounds"] or {"anchors": [], "accepted": [], "drafted": []}
+    vllm_acc = [min(a, end - 1 - p) for p, a in zip(rounds["anchors"], rounds["accepted"])]
+    sides = {
+        "offline": (list(offline["anchors"]), list(offline["accepted"])),
+        "vllm": (list(rounds["anchors"]), vllm_acc),
+    }
+    out: dict[str, Any] = {}
+    for name, (anchors, accepted) in sides.items():
+        tokens = [min(a + 1, end - 1 - p) for p, a in zip(anchors, accepted)]
+        out[name] = {
+            "anchors": anchors, "accepted": accepted, "tokens": tokens,
+            "tau": sum(tokens) / len(tokens) if tokens else None,
+        }  # fmt: skip
+    out["vllm"]["accepted_unclipped"] = list(rounds["accepted"])
+    out["vllm"]["drafted"] = list(rounds["drafted"])
+    differences = []
+    (oa, oc), (va, vc) = sides["offline"], sides["vllm"]
+    for n in range(max(len(oa), len(va))):
+        pair = (oa[n] if n < len(oa) else None, oc[n] if n < len(oc) else None)
+        other = (va[n] if n < len(va) else None, vc[n] if n < len(vc) else None)
+        if pair != other:
+            differences.append({"round": n, "offline_anchor": pair[0], "offline_accepted": pair[1],
+                                "vllm_anchor": other[0], "vllm_accepted": other[1]})  # fmt: skip
+    out["equal"], out["differences"] = not differences, differences
+    return out
+
+
+def _pooled(rows: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
+    tokens = [t for r in rows for t in r[side]["tokens"]]
+    per_request = [r[side]["tau"] for r in rows if r[side]["tau"] is not None]
+    return {
+        "pooled": sum(tokens) / len(tokens) if tokens else None,
+        "per_request": sum(per_request) / len(per_request) if per_request else None,
+        "rounds": len(tokens),
+        "tokens": sum(tokens),
+    }
+
+
+def _vllm_counters(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's own pooled numbers, unreconciled: 1 + accepted / recorded steps (its mean acceptance length)."""
+    metrics = [r["spec_decode_metrics"] or {} for r in requests]
+    steps = sum(m.get("num_spec_steps", 0) for m in metrics)
+    accepted = sum(m.get("num_accepted_draft_tokens", 0) for m in metrics)
+    return {
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": sum(m.get("num_draft_tokens", 0) for m in metrics),
+        "mean_acceptance_length": 1 + accepted / steps if steps else None,
+    }
+
+
+def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[Any, dict, EvalConfig]:
+    """The drafter as the offline side loads it, its vLLM speculative config and the eval settings."""
+    scored = config.scored or config.draft_sampling
+    eval_config = EvalConfig(
+        ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
+        draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
+    )  # fmt: skip
+    drafter, _ = load_drafter(checkpoint, cache, eval_config)
+    if (
+        drafter.family == "dflash" and config.num_speculative_tokens is not None
+    ):  # DFlash's K is its block - 1
+        eval_config = replace(eval_config, block_size=config.num_speculative_tokens + 1)
+        drafter, _ = load_drafter(checkpoint, cache, eval_config)
+    eval_config = effective_config(drafter, eval_config)
+    if drafter.family in ("dflash", "eagle3"):  # its attention runs in vLLM CPU's kernels too
+        preflight_target(
+            drafter.config.to_hf_config(), cache.settings["dtype"], what=f"the drafter {checkpoint}"
+        )
+    spec = speculative_config(drafter.family, checkpoint, drafter, int(drafter.config.block_size) - 1)
+    if config.draft_sampling != "greedy":
+        spec["draft_sample_method"] = config.draft_sampling
+    return drafter, spec, eval_config
+
+
+def _check_caches(caches: list[CacheView]) -> None:
+    first = caches[0]
+    for cache in caches[1:]:
+        for key in ("model", "dtype", "weights_sha256"):
+            if cache.settings.get(key) != first.settings.get(key):
+                raise ScorerError(
+                    f"cache {cache.path} has {key} {cache.settings.get(key)!r} but {first.path} has "
+                    f"{first.settings.get(key)!r}; one engine serves one target: judge them separately"
+                )
+
+
+@dataclass
+class Served:
+    """One checkpoint served on one cache's requests: what vLLM produced and the served cache of it."""
+
+    checkpoint: str
+    cache_path: str
+    family: str
+    spec: dict[str, Any]
+    eval_config: EvalConfig
+    config: ServedConfig
+    prompt_lens: list[int]
+    requests: list[dict[str, Any]]
+    served_cache: Path
+    vllm_version: str
+    patches: list[str]
+    engine_seconds: float
+    seconds: float
+    refused: str | None = None  # vLLM would not build the engine: its one line (score_served raises it)
+
+
+def serve(
+    checkpoints: Sequence[str | Path],
+    caches: Sequence[str | Path],
+    workdir: str | Path,
+    config: ServedConfig = ServedConfig(),
+) -> list[list[Served]]:
+    """Serve every checkpoint on every cache's requests in ONE vLLM process (one engine per checkpoint, one
+    run per cache), and extract a served cache of each run's text under ``workdir``.
+
+    Returns:
+        ``served[i][j]``: checkpoint i on cache j (``refused`` set where vLLM would not build its engine;
+        the other engines still ran).
+
+    Raises:
+        VllmUnavailableError / VllmVersionError / VllmTargetError / ScorerError: one line each; all but a
+            drafter vLLM refuses before any model loads.
+    """
+    t0 = time.perf_counter()
+    configs = [config] * len(checkpoints) if isinstance(config, ServedConfig) else list(config)
+    config = configs[0]
+    for each in configs:
+        _check_config(each)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    python = vllm_python(config.vllm_python)
+    version = interpreter_version(python)
+    views = [hscache.open_cache(c) for c in caches]
+    _check_caches(views)
+    preflight_target(views[0].target_config, views[0].settings["dtype"])
+    loaded = [[_drafter(str(c), v, each) for v in views] for c, each in zip(checkpoints, configs)]
+    prompts = [_prompts(v, config.limit) for v in views]
+    runs = [_run(f"cache{j}", v, p) for j, (v, p) in enumerate(zip(views, prompts))]
+    job = _job(_target_dir(views[0], workdir), views, runs, [row[0][1] for row in loaded])
+    result = run_worker(WORKER, job, workdir / "engine", python=python)
+    served = []
+    for i, (checkpoint, engine) in enumerate(zip(checkpoints, result["engines"])):
+        row = []
+        for j, (view, run) in enumerate(zip(views, engine.get("runs") or [None] * len(views))):
+            drafter, spec, eval_config = loaded[i][j]
+            path, requests = None, []
+            if run is not None:
+                requests = run["requests"]
+                path = _served_cache(
+                    view, prompts[j], requests, runs[j]["sampling"], workdir / f"served-{i}-{j}"
+                )
+            row.append(Served(
+                str(checkpoint), str(caches[j]), drafter.family, spec, eval_config, configs[i],
+                [len(ids) for ids in runs[j]["prompts"]], requests, path, version, result["patches"],
+                engine.get("seconds", 0.0), time.perf_counter() - t0, engine.get("error"),
+            ))  # fmt: skip
+        served.append(row)
+    return served
+
+
+def score_served(served: Served, scored: str | None = None) -> dict[str, Any]:
+    """Score a served cache offline (``scored``: the offline rule, default the one vLLM ran) and compare
+    with vLLM's rounds; the JSON-ready report (schemas/served_report.schema.json)."""
+    if served.refused is not None:
+        raise VllmTargetError(f"{served.checkpoint}: {served.refused}")
+    t0 = time.perf_counter()
+    eval_config = served.eval_config
+    config = served.config
+    if scored is not None and scored != eval_config.draft_sampling:
+        if scored not in RULES:
+            raise ScorerError(f"--scored-rule {scored!r}; choose one of {', '.join(RULES)}")
+        eval_config = replace(
+            eval_config, draft_sampling=scored, anchors="chain" if scored == "greedy" else "all"
+        )
+        config = replace(config, scored=scored)
+    offline = evaluate(served.checkpoint, served.served_cache, eval_config)
+    return _report(offline, served, config, served.seconds + time.perf_counter() - t0)
+
+
+def judge(
+    checkpoint: str | Path, cache_path: str | Path, config: ServedConfig = ServedConfig()
+) -> dict[str, Any]:
+    """Serve the cache's target with ``checkpoint`` in vLLM, score what it produced offline, compare.
+
+    Returns:
+        The JSON-ready report (schemas/served_report.schema.json): vLLM's version, the rule it ran, the
+        patches applied, tau on both sides (per request and pooled) and every round where they differ.
+
+    Raises:
+        VllmUnavailableError / VllmVersionError / VllmTargetError / ScorerError: one line each, before any
+            model loads (a drafter vLLM refuses: once vLLM has tried to load it).
+
+    Example:
+        >>> report = judge("drafter/", "cache/")          # doctest: +SKIP
+        >>> report["equal"], report["tau"]["offline"]["pooled"], report["tau"]["vllm"]["pooled"]  # doctest: +SKIP
+    """
+    with tempfile.TemporaryDirectory(prefix="scorer-served-") as scratch:
+        workdir = Path(config.workdir) if config.workdir else Path(scratch)
+        served = serve([checkpoint], [cache_path], workdir, config)[0][0]
+        return score_served(served, config.scored)
+
+
+def _report(offline: dict, served: Served, config: ServedConfig, seconds: float) -> dict[str, Any]:
+    rows = []
+    for row, request, prompt_len in zip(offline["per_request"], served.requests, served.prompt_lens):
+        compared = compare_rounds(row, request, prompt_len)
+        # The offline report's own tau of the request (under the probabilistic rule: tokens / E[rounds | y]).
+        reported, vllm_tau = row.get("tau"), compared["vllm"]["tau"]
+        same = (reported is None) == (vllm_tau is None) and (
+            reported is None or abs(reported - vllm_tau) < 1e-9
+        )
+        compared["equal"] = compared["equal"] and same
+        rows.append({"record_id": row["record_id"], "prompt_len": prompt_len, "generated": len(request["token_ids"]),
+                     "offline_reported_tau": reported, **compared})  # fmt: skip
+    cache = hscache.open_cache(served.cache_path)
+    report = {
+        "schema_version": 1,
+        "equal": all(r["equal"] for r in rows) and len(rows) == len(served.requests),
+        "vllm": {
+            "version": served.vllm_version,
+            "patches": served.patches,
+            "speculative_config": served.spec,
+            "engine_seconds": served.engine_seconds,
+            "counters": _vllm_counters(served.requests),
+        },  # fmt: skip
+        "rule": {
+            "vllm": config.draft_sampling,
+            "offline": config.scored or config.draft_sampling,
+            "definition": RULES[config.draft_sampling],
+        },  # fmt: skip
+        "family": served.family,
+        "sampling": cache.sampling.to_dict(),
+        "tau": {
+            "offline": _pooled(rows, "offline"),
+            "vllm": _pooled(rows, "vllm"),
+            "offline_report": offline["tau"],
+        },
+        "differences": [{"record_id": r["record_id"], **d} for r in rows for d in r["differences"]],
+        "per_request": rows,
+        "checkpoint": offline["checkpoint"],
+        "cache": {"path": str(served.cache_path), "model": cache.settings["model"]},
+        **run_stamp(seconds),
+    }
+    schemas.validate(report, "served_report")
+    return report

@@ -1,0 +1,87 @@
+"""hscache/engines/vllm without an engine: the checks, the CPU patch's kernel, the rounds placed from
+vLLM's counters, and vLLM's outputs read back by hscache's --responses-from reader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hscache.capture.responses import iter_responses, responses_sampling
+from hscache.engines.vllm import VllmTargetError, VllmVersionError, check_version, preflight_target
+from hscache.engines.vllm.cpu_patch import apply, expand_fill
+from hscache.engines.vllm.outputs import greedy_record, responses_record
+from hscache.engines.vllm.worker import place_rounds
+
+QWEN3 = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "layer_types": ["full_attention"] * 2}
+
+
+def test_versions():
+    assert check_version("0.32.0") == "0.32.0"
+    assert check_version("0.32.0+cpu") == "0.32.0"
+    with pytest.raises(VllmVersionError, match=r"^vLLM 0\.33\.1 is not a version whose rules"):
+        check_version("0.33.1")
+
+
+def test_preflight():
+    preflight_target(QWEN3, "fp32")
+    with pytest.raises(
+        VllmTargetError, match=r"^the target has attention head_dim 24, which vLLM CPU cannot run"
+    ):
+        preflight_target({**QWEN3, "head_dim": 24}, "fp32")
+    preflight_target({**QWEN3, "head_dim": 24}, "fp32", device="cuda")  # GPU limits are vLLM's to report
+    hybrid = {**QWEN3, "layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 64,
+              "linear_value_head_dim": 64}  # fmt: skip
+    preflight_target(hybrid, "bf16")
+    with pytest.raises(VllmTargetError, match=r"runs in bf16 only .*gdn_attention\.py:158"):
+        preflight_target(hybrid, "fp32")
+    with pytest.raises(
+        VllmTargetError, match=r"^the target has linear_value_head_dim 32, .*_custom_ops\.py:3567"
+    ):
+        preflight_target({**hybrid, "linear_value_head_dim": 32}, "bf16")
+
+
+def test_expand_fill_is_the_triton_kernel():
+    """vLLM's expand_kernel (rejection_sampler.py:956): request i's value over its tokens, in place."""
+    for dtype in (torch.float32, torch.int32, torch.int64):
+        values = torch.tensor([5, 0, 7], dtype=dtype)
+        cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+        out = torch.full((6,), -1, dtype=dtype)
+        expand_fill(out, values, cu, 0, 9)
+        assert out.tolist() == [5, 5, 9, 9, 9, 7]
+
+
+def test_the_patch_applies_only_to_the_affected_version():
+    assert apply("0.33.0") == []
+
+
+def test_place_rounds():
+    # prompt 10, output of 9 tokens: prefill gives token 0; steps accept 2, 0, 5 (vLLM counts past the end)
+    rounds = place_rounds(10, list(range(9)), [2, 0, 5], [3, 3, 3])
+    assert rounds == {"anchors": [10, 13, 14], "accepted": [2, 0, 5], "drafted": [3, 3, 3]}
+    # ngram: a context ending in token 0 or 3 finds no match (an unrecorded plain step: one token)
+    rounds = place_rounds(10, [0, 1, 2, 3, 4, 5, 6], [1, 2], [2, 2], unrecorded=lambda c: c[-1] in (0, 3))
+    assert rounds == {"anchors": [10, 11, 13, 14], "accepted": [0, 1, 0, 2], "drafted": [0, 2, 0, 2]}
+
+
+def test_outputs_are_what_the_responses_reader_reads(tmp_path):
+    fields = {"temperature": 0.7, "top_p": 0.9, "top_k": 2, "seed": 3, "logprobs": 5}
+    samples = [
+        {"token_ids": [7, 8], "finish_reason": "length",
+         "logprobs": [[[7, -0.5], [9, -0.9328], [1, -9999.0]], [[8, -0.1], [2, -2.3522], [3, -9999.0]]]},
+    ]  # fmt: skip
+    path = tmp_path / "served.jsonl"
+    path.write_text(json.dumps(responses_record("r1", [1, 2, 3], samples, fields, {"category": "x"})) + "\n")
+    setting = responses_sampling(path)
+    assert (setting.temperature, setting.top_p, setting.top_k, setting.seed) == (0.7, 0.9, 2, 3)
+    (record,) = iter_responses(path, setting)
+    assert record.content == [1, 2, 3] and record.metadata == {"category": "x"}
+    (choice,) = record.choices
+    assert choice.token_ids == (7, 8) and choice.stop_reason == "max_new_tokens"
+    assert choice.realised == pytest.approx((0.6065307, 0.9048374))
+    assert greedy_record("r2", [1, 2], {"token_ids": [5, 6]}) == {
+        "id": "r2",
+        "input_ids": [1, 2, 5, 6],
+        "prompt_len": 2,
+    }

