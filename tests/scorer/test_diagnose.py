@@ -332,31 +332,6 @@ def test_drift_noise_has_the_measured_relative_l2(scorer_cache, trained_drafter)
             assert torch.equal(a[:, i * H : (i + 1) * H], b[:, i * H : (i + 1) * H])
 
 
-def test_the_mask_screen_finds_an_id_no_special_token_names(planted_drafter, diagnose_cache):
-    """Issue 35.4: a drafter trained with an ordinary token as its mask had no candidate to be
-    diagnosed with (the candidates were the tokenizer's special tokens). The screen drafts a few
-    anchors with every id of the vocabulary: told nothing (no special tokens), it puts the trained
-    id 2 of the ``mask2`` plant (configured 3) among the ids it sends to a full replay, with the
-    configured id's depth beside it (on the random built-in target many ids draft the loop as deep:
-    ties go to the smaller id); told that 2 is already a candidate, it adds none (a fallback only)."""
-    import hscache
-    from scorer.families.dflash.checkpoint import load_checkpoint
-    from scorer.families.dflash.diagnose import MASK_SCREEN_KEEP, DFlashReplayer, Setting, screen_mask_ids
-
-    cache = hscache.open_cache(diagnose_cache)
-    loaded = load_checkpoint(planted_drafter("mask2"), fallbacks={"mask_token_id": cache.mask_token_id})
-    assert loaded.config.mask_token_id == 3
-    replayer = DFlashReplayer(loaded, [cache], [list(range(len(cache)))])
-    base = Setting(config=loaded.config, dtype="fp32", last_layer_normed=True)
-    screened = screen_mask_ids(replayer, base, known=[])
-    assert 2 in screened and len(screened) <= MASK_SCREEN_KEEP, screened
-    deep, configured = (
-        float(x) for x in screened[2].removeprefix("screened: ").removesuffix(" deep").split(" vs ")
-    )
-    assert deep > configured + 0.1, screened
-    assert screen_mask_ids(replayer, base, known=[2]) == {}  # the known 2 drafts deeper: replay it alone
-
-
 def test_block_sizes_recorded_besides_the_configured_one_are_candidates(tmp_path):
     from scorer.families.dflash.diagnose import recorded_block_sizes
 

@@ -58,16 +58,6 @@ COMMON_ROPE_THETAS = (10_000.0, 1_000_000.0)  # Llama/Qwen2 and Qwen3 defaults
 POSITION_SHIFTS = (-2, -1, 1, 2)
 LAYER_SHIFTS = (-1, 1)  # z-lab ids vs vLLM/speculators ids (+1)
 MAX_MASK_CANDIDATES = 32
-# The mask-id screen (``screen_mask_ids``): a drafter trained with an ordinary token as its mask (id 1
-# of a tokenizer whose special tokens are others) has no special token to try. Every id of a
-# vocabulary up to MASK_SCREEN_VOCAB (else the first and last MASK_SCREEN_EDGE ids, where trainers
-# put pads and masks) fills the blocks at MASK_SCREEN_ANCHORS anchors of the first sequences; the
-# MASK_SCREEN_KEEP ids whose drafts run longest, and longer than the configured id's, are replayed.
-MASK_SCREEN_VOCAB = 4096
-MASK_SCREEN_EDGE = 256
-MASK_SCREEN_ANCHORS = 8
-MASK_SCREEN_KEEP = 3
-SCREEN_MARGIN = 0.1  # tokens of draft depth an id must add over the configured one
 _TOKENS_PER_GROUP = 2048  # sequences scored in lockstep per forward group (memory bound)
 
 
@@ -526,9 +516,6 @@ def diagnose(
     ):
         if extra is not None and 0 <= int(extra) < loaded.config.vocab_size:
             mask_ids.setdefault(int(extra), why)
-    if "mask_token_id" in kinds:  # ordinary tokens too: a trainer's mask need not be a special token
-        for extra, why in screen_mask_ids(replayer, base, list(mask_ids)).items():
-            mask_ids.setdefault(extra, why)
     found = candidates(
         base,
         cache,
@@ -540,67 +527,6 @@ def diagnose(
     )
     more = list(variant_candidates(base)) if variant_candidates is not None else []
     return FamilyDiagnosis(base, [*found, *more], replayer.replay_many, replayer)
-
-
-@torch.no_grad()
-def screen_mask_ids(replayer: DFlashReplayer, base: Setting, known: Sequence[int]) -> dict[int, str]:
-    """Mask ids worth a full replay besides ``known`` (the special tokens...): id -> why.
-
-    Each candidate id fills the blocks (after each anchor's token) at up to ``MASK_SCREEN_ANCHORS``
-    generated anchors of the first rows; its score is the mean number of leading drafted tokens equal
-    to the cached ones (an accept length). None when a known id drafts deeper than the configured
-    one by ``SCREEN_MARGIN`` (it is the candidate); else the ``MASK_SCREEN_KEEP`` best, each that deep.
-    Cost: one drafter forward over candidates x anchors blocks, in slices of 64 candidates (0.9 CPU-s
-    on the built-in target's 512 ids).
-    """
-    c = base.config
-    vocab, B = c.vocab_size, c.block_size
-    if vocab <= MASK_SCREEN_VOCAB:
-        pool = list(range(vocab))
-    else:
-        pool = [*range(MASK_SCREEN_EDGE), *range(vocab - MASK_SCREEN_EDGE, vocab)]
-    drafter, cache = replayer.drafter(base), replayer.caches[base.cache]
-    prompt_lens = cache.index.column("prompt_len")
-    scores = torch.zeros(len(pool))
-    seen = 0
-    for row in replayer.rows[base.cache]:
-        if seen >= MASK_SCREEN_ANCHORS:
-            break
-        ids, P = cache.token_ids(row), prompt_lens[row].as_py()
-        anchors = torch.arange(P, len(ids) - B)[: MASK_SCREEN_ANCHORS - seen]
-        if len(anchors) == 0:
-            continue
-        feats = replayer.features(base, row)
-        context = drafter.context_kv(feats[: max(len(ids) - 2, 1)])
-        truth = torch.stack([ids[a + 1 : a + B] for a in anchors.tolist()])  # [A, B-1]
-        for lo in range(0, len(pool), 64):
-            masks = torch.tensor(pool[lo : lo + 64])
-            at = anchors.repeat(len(masks))  # candidate-major: [M * A]
-            blocks = masks.repeat_interleave(len(anchors))[:, None].repeat(1, B)
-            blocks[:, 0] = ids[at]
-            hidden = drafter.block_hidden(feats, at, blocks, context=context)
-            draft = drafter.head(hidden.reshape(-1, hidden.shape[-1])).argmax(-1).reshape(len(at), B - 1)
-            run = (draft.cpu() == truth.repeat(len(masks), 1)).long().cumprod(dim=1).sum(dim=1)
-            scores[lo : lo + len(masks)] += run.reshape(len(masks), len(anchors)).sum(dim=1).float()
-        seen += len(anchors)
-    if seen == 0:
-        return {}
-    scores /= seen
-    score = {i: float(scores[k]) for k, i in enumerate(pool)}
-    configured = score.get(c.mask_token_id, 0.0)
-    # A fallback: where a known candidate already drafts deeper than the configured id, it is the one
-    # to replay (ordinary ids that draft about as well, as many do on a drafter that hardly reads its
-    # mask, would only make the verdict inconclusive between them); else the ids that beat it.
-    best_known = max([0.0, *(score[i] for i in known if i in score and i != c.mask_token_id)])
-    if best_known > configured + SCREEN_MARGIN:
-        return {}
-    order = sorted(pool, key=lambda i: (-score[i], i))  # ties: the smaller id (pads and masks sit low)
-    keep = [i for i in order if i not in known and i != c.mask_token_id][:MASK_SCREEN_KEEP]
-    return {
-        i: f"screened: {score[i]:.2f} vs {configured:.2f} deep"
-        for i in keep
-        if score[i] > configured + SCREEN_MARGIN
-    }
 
 
 def _features_key(s: Setting) -> tuple:
