@@ -166,6 +166,17 @@ def _messages() -> list[tuple[str, str, str, set[str] | None]]:
                 and node.func.attr in ("option", "add_argument", "Option")
                 for arg in node.args
             }
+            # A script with its own argparse flags (pipelines/train_builtin.py) is a command of its own:
+            # its messages may name the flags it declares.
+            script_flags = {
+                arg.value
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+                for arg in node.args
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            }
             for name, fn in _functions(tree).items():
                 for node in ast.walk(fn):
                     holders[id(node)] = name
@@ -177,7 +188,7 @@ def _messages() -> list[tuple[str, str, str, set[str] | None]]:
                     continue
                 for match in _FLAG.finditer(node.value):
                     flag = match.group()
-                    if flag in FOREIGN:
+                    if flag in FOREIGN or flag in script_flags:
                         continue
                     named = _named_command(node.value, match.start())
                     if named:
