@@ -56,7 +56,44 @@ def _check_writable(out: str | os.PathLike) -> Path:
     holder = current_writer(path)
     if holder is not None and holder.get("pid") != os.getpid():  # this process's own lock is ours
         raise _being_written(path, holder)
+    _recover_leftovers(path)
     return path
+
+
+def _dead(pid_text: str) -> bool:
+    """Whether the process that named a staging folder is gone (its leftovers are then ours to clear)."""
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return True  # our own, from an earlier call of this process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
+def _recover_leftovers(path: Path) -> None:
+    """Clear what a ``scorer init`` killed mid-publish left beside ``path`` (issue 36): its staging
+    folder ``.<name>.staging-PID`` is removed; the drafter it had moved aside to replace,
+    ``.<name>.replaced-PID``, is put back when ``path`` is missing (killed between its two renames:
+    nothing already written is lost), else removed. Leftovers of a live process are left alone."""
+    if not path.parent.is_dir():
+        return
+    for prefix in ("staging", "replaced"):
+        found = sorted(
+            (p for p in path.parent.glob(f".{path.name}.{prefix}-*") if _dead(p.name.rsplit("-", 1)[-1])),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if prefix == "replaced" and found and not path.exists() and not path.is_symlink():
+            found.pop().rename(path)  # the newest moved-aside drafter
+            fsync_dir(path.parent)
+        for leftover in found:
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:

@@ -829,6 +829,14 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
         for k in ExtractConfig.__dataclass_fields__
         if k not in ("sampling", "vllm_python")
     }
+    for key in ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir"):
+        value = job[key]  # the worker runs in a folder of its own: relative paths are made absolute here
+        if (
+            value
+            and not str(value).startswith("builtin:")
+            and (key in ("out", "connector_dir") or Path(value).exists())
+        ):
+            job[key] = str(Path(value).absolute())
     result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
     return ExtractResult(**{**result, "path": Path(result["path"])})

@@ -376,6 +376,8 @@ def check_cache(
         TARGET_DIR,
         PROVENANCE,
     ]
+    if manifest.get("complete"):  # no writer left anything under index/ (a running one may have a temp part)
+        covered.append(INDEX_DIR)
     if any(rel == ARRAY_GROUP_META for rel in checksums):  # caches from before it was recorded: not
         covered.append(ARRAY_GROUP_META)
     for rel in files_under(Path(root), covered):

@@ -218,7 +218,10 @@ def tensors_from_safetensors(data: bytearray, where: str) -> dict[str, torch.Ten
             tensors[name] = torch.empty(info["shape"], dtype=dtype)
             continue
         flat = torch.frombuffer(data, dtype=torch.uint8, count=b - a, offset=base + a)
-        tensors[name] = flat.view(dtype).view(info["shape"])
+        try:
+            tensors[name] = flat.view(dtype).view(info["shape"])
+        except RuntimeError:  # a range not aligned to its item size: a copy of its own, aligned
+            tensors[name] = flat.clone().view(dtype).view(info["shape"])
     return tensors
 
 

@@ -50,6 +50,12 @@ def recompute_sequences(
     settings = layout.manifest["settings"]
     if "dtype" not in settings:
         raise InputError(f"{layout.root} records no extraction settings (dtype); --recompute needs them")
+    if settings.get("engine", "transformers") != "transformers" and backend is None:
+        raise InputError(
+            f"{layout.root} was written by {settings['engine']} (hscache extract --engine {settings['engine']}); "
+            "--recompute re-runs the target in transformers, another engine: pass --backend torch to compare "
+            "against it anyway (not exact: --tolerance applies), or compare the engines with hscache diff"
+        )
     model = model or settings["model"]
     device = device or settings.get("device", "cpu")
     backend = resolve_backend(backend or settings.get("backend", "auto"), device)

@@ -34,7 +34,7 @@ def _echo(report: dict[str, Any]) -> None:
             f"{row['record_id'][:24]:<24} {rounds:>7} {_tau(row['offline_reported_tau']):>12} "
             f"{_tau(row['vllm']['tau']):>10}  {same}"
         )
-    for d in report["differences"]:
+    for d in report["differences"] if "expectation" not in report else []:
         click.echo(
             f"differs: {d['record_id']} round {d['round']}: offline anchor {d['offline_anchor']} accepted "
             f"{d['offline_accepted']}, vLLM anchor {d['vllm_anchor']} accepted {d['vllm_accepted']}"
@@ -57,6 +57,14 @@ def _echo(report: dict[str, Any]) -> None:
         click.echo(
             f"scored offline by the {report['rule']['offline']} rule, served by the {report['rule']['vllm']} rule"
         )
+    if "expectation" in report:
+        e = report["expectation"]
+        click.echo(
+            f"vLLM's probabilistic rule: {e['realised_rounds']} rounds drawn, {e['expected_rounds']:.2f} expected by the "
+            f"offline DP on the same text (mean difference per request {e['mean_difference']:.3f}, z {e['z']:.2f})"
+        )
+        click.echo("offline agrees with vLLM in expectation" if e["agrees"] else "offline != vLLM (|z| > 3)")
+        return
     click.echo("offline = vLLM, round for round" if report["equal"] else "offline != vLLM")
 
 

@@ -293,7 +293,8 @@ def _vllm_counters(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[Any, dict, EvalConfig]:
     """The drafter as the offline side loads it, its vLLM speculative config and the eval settings."""
-    scored = config.scored or config.draft_sampling
+    # At T = 0 both rules verify greedily (and the offline side refuses the probabilistic one there).
+    scored = "greedy" if cache.sampling.greedy else (config.scored or config.draft_sampling)
     eval_config = EvalConfig(
         ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
         draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
@@ -407,16 +408,12 @@ def score_served(served: Served, scored: str | None = None) -> dict[str, Any]:
         raise VllmTargetError(f"{served.checkpoint}: {served.refused}")
     t0 = time.perf_counter()
     eval_config = served.eval_config
-    config = served.config
     if scored is not None and scored != eval_config.draft_sampling:
         if scored not in RULES:
             raise ScorerError(f"--scored-rule {scored!r}; choose one of {', '.join(RULES)}")
-        eval_config = replace(
-            eval_config, draft_sampling=scored, anchors="chain" if scored == "greedy" else "all"
-        )
-        config = replace(config, scored=scored)
+        eval_config = replace(eval_config, draft_sampling=scored)
     offline = evaluate(served.checkpoint, served.served_cache, eval_config)
-    return _report(offline, served, config, served.seconds + time.perf_counter() - t0)
+    return _report(offline, served, eval_config.draft_sampling, served.seconds + time.perf_counter() - t0)
 
 
 def judge(
@@ -442,7 +439,8 @@ def judge(
         return score_served(served, config.scored)
 
 
-def _report(offline: dict, served: Served, config: ServedConfig, seconds: float) -> dict[str, Any]:
+def _report(offline: dict, served: Served, offline_rule: str, seconds: float) -> dict[str, Any]:
+    config = served.config
     rows = []
     for row, request, prompt_len in zip(offline["per_request"], served.requests, served.prompt_lens):
         compared = compare_rounds(row, request, prompt_len)
@@ -455,9 +453,14 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
         rows.append({"record_id": row["record_id"], "prompt_len": prompt_len, "generated": len(request["token_ids"]),
                      "offline_reported_tau": reported, **compared})  # fmt: skip
     cache = hscache.open_cache(served.cache_path)
+    equal = all(r["equal"] for r in rows) and len(rows) == len(served.requests)
+    expectation = None
+    if config.draft_sampling == "probabilistic" and offline_rule == "probabilistic":
+        expectation = _expectation(rows, offline["per_request"])
+        equal = expectation["agrees"]
     report = {
         "schema_version": 1,
-        "equal": all(r["equal"] for r in rows) and len(rows) == len(served.requests),
+        "equal": equal,
         "vllm": {
             "version": served.vllm_version,
             "patches": served.patches,
@@ -467,7 +470,7 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
         },  # fmt: skip
         "rule": {
             "vllm": config.draft_sampling,
-            "offline": config.scored or config.draft_sampling,
+            "offline": offline_rule,
             "definition": RULES[config.draft_sampling],
         },  # fmt: skip
         "family": served.family,
@@ -483,5 +486,23 @@ def _report(offline: dict, served: Served, config: ServedConfig, seconds: float)
         "cache": {"path": str(served.cache_path), "model": cache.settings["model"]},
         **run_stamp(seconds),
     }
+    if expectation is not None:
+        report["expectation"] = expectation
     schemas.validate(report, "served_report")
     return report
+
+
+def _expectation(rows: Sequence[dict[str, Any]], offline_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's probabilistic rule against the DP: each request's realised rounds (vLLM's random draws) minus
+    the offline E[rounds | y] on the same text has mean 0; agreement = |mean / its standard error| <= 3."""
+    import numpy as np
+
+    realised = np.array([len(r["vllm"]["tokens"]) for r in rows], dtype=float)
+    expected = np.array([float(o["rounds"]) for o in offline_rows], dtype=float)
+    d = realised - expected
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    z = float(d.mean() / se) if se > 0 else (0.0 if abs(float(d.mean())) < 1e-9 else float("inf"))
+    return {
+        "realised_rounds": int(realised.sum()), "expected_rounds": float(expected.sum()),
+        "mean_difference": float(d.mean()), "standard_error": se, "z": z, "agrees": bool(abs(z) <= 3),
+    }  # fmt: skip

@@ -474,3 +474,72 @@ def test_a_shard_that_selects_no_record_is_refused_and_leaves_nothing(tmp_path):
     )
     assert _one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
     assert not out.exists(), list(out.rglob("*"))
+
+
+# 14. verify while `hscache recompress` swaps the arrays: one consistent state, never phantom damage.
+def test_verify_during_a_recompress_checks_one_consistent_state(small_cache, tmp_path, monkeypatch):
+    import hscache.verify as verify_module
+
+    root = small_cache.copy(tmp_path / "cache")
+    real_scan, swapped = verify_module.scan_sequences, []
+
+    def scan_after_a_recompress(layout, report, progress):
+        # The arrays were opened with their codecs; a recompress now swaps every array (forked, as a
+        # concurrent process would): this pass reads the new chunk files with the old metadata.
+        if not swapped:
+            run = _forked({"recompress": (hscache_main, ["recompress", str(root), "--compression", "balanced"])},
+                          tmp_path, 120)["recompress"]  # fmt: skip
+            assert run is not None and run.exit_code == 0, run and run.output
+            swapped.append(True)
+        return real_scan(layout, report, progress)
+
+    monkeypatch.setattr(verify_module, "scan_sequences", scan_after_a_recompress)
+    result = CliRunner().invoke(hscache_main, ["verify", "--deep", "--json", str(root)])
+    report = json.loads(result.output)
+    assert swapped and result.exit_code == 0 and report["ok"], result.output[-2000:]
+
+
+# 15. `scorer init --overwrite` killed between its renames: the next run clears what it left.
+def test_the_leftovers_of_a_killed_init_overwrite_are_cleared_by_the_next_run(small_cache, drafter, tmp_path):
+    out = tmp_path / "d"
+    shutil.copytree(drafter, out)
+    config = (out / "config.json").read_text()
+    dead = 32768 * 128 + 1  # no process has this pid (above any pid_max)
+    # killed after moving the old drafter aside and before publishing the new one:
+    out.rename(tmp_path / f".d.replaced-{dead}")
+    (tmp_path / f".d.staging-{dead}").mkdir()
+    (tmp_path / f".d.staging-{dead}" / "config.json").write_text("{}")
+    result = CliRunner().invoke(
+        scorer_main, ["eval", str(out), "--cache", str(small_cache.path), "--ddtree", ""]
+    )
+    assert result.exit_code != 0  # the drafter is not there until a writer recovers it
+    init = CliRunner().invoke(
+        scorer_main,
+        ["init", str(out), "--cache", str(small_cache.path), "--draft-layers", "1", "--block-size", "4"],
+    )
+    # The old drafter is back (nothing written is lost), so a run without --overwrite is refused...
+    assert init.exit_code != 0 and "not empty; pass --overwrite" in init.output, init.output
+    assert (out / "config.json").read_text() == config
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".d.")) == []
+
+
+# 15. The index: what a reader refuses, verify refuses; nothing under index/ escapes the seal.
+def test_index_damage_that_readers_refuse_fails_verify_too(small_cache, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.hscache.tamper import reseal
+
+    broken = small_cache.copy(tmp_path / "metadata")
+    part = broken / "index" / "part-000000.parquet"
+    table = pq.read_table(part)
+    i = table.column_names.index("metadata_json")
+    pq.write_table(table.set_column(i, "metadata_json", pa.array(["{"] * table.num_rows, pa.string())), part)
+    reseal(broken)
+    extra = small_cache.copy(tmp_path / "unlisted")
+    shutil.copy2(extra / "index" / "part-000000.parquet", extra / "index" / "part-000001.parquet")
+    for root in (broken, extra):
+        with pytest.raises(hscache.CacheFormatError):
+            hscache.open_cache(root)
+        result, report = _verify(root)
+        assert result.exit_code == 1 and not report["ok"], (root.name, result.output[-1500:])

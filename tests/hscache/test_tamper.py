@@ -157,7 +157,27 @@ def _edits(files: list[str]) -> dict[str, tuple[Callable[[Path], None], bool]]:
         if name != "strip the seal":
             edits[f"{name}, resealed"] = (edit, True)
     edits["arrays/ symlinked outside the cache"] = (_symlink_arrays, False)
+    # Issue 36: links out of the cache below arrays/ and at the manifest (the same bytes outside), an
+    # index part the manifest does not list, and metadata that readers refuse.
+    edits["a chunk file symlinked outside the cache"] = (_link_outside("arrays/hidden_states/c/0/0/0"), False)
+    edits["manifest.json symlinked outside the cache"] = (_link_outside("manifest.json"), False)
+    edits["an unlisted index part added"] = (_unlisted_part, False)
+    edits["metadata_json '{', resealed"] = (_index_edit("metadata_json", lambda v: ["{"] * len(v)), True)
     return edits
+
+
+def _link_outside(rel: str) -> Callable[[Path], None]:
+    def edit(root: Path) -> None:
+        outside = root.parent / f"{root.name}-{Path(rel).name}"
+        shutil.copy2(root / rel, outside)
+        (root / rel).unlink()
+        os.symlink(outside, root / rel)
+
+    return edit
+
+
+def _unlisted_part(root: Path) -> None:
+    shutil.copy2(root / "index" / "part-000000.parquet", root / "index" / "part-000001.parquet")
 
 
 def _no_traceback(result) -> bool:

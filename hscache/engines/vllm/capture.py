@@ -47,11 +47,11 @@ _FLUSH_STEPS = 50  # engine steps to wait for the connector's files (one is enou
 
 
 def model_directory(name: str, weights_sha256: str) -> Path:
-    """A directory vLLM can load for ``name``: itself, or a built-in target saved once (fp32 weights,
-    tokenizer) under ``~/.cache/hscache/builtin/`` keyed by its weights' sha256."""
+    """A directory vLLM can load for ``name``: itself, or a built-in target saved once (``save_builtin``)
+    under ``~/.cache/hscache/builtin/`` keyed by its weights' sha256."""
     if not name.startswith("builtin:"):
         return Path(name)
-    from hscache.capture.builtin import build_builtin
+    from hscache.capture.builtin import save_builtin
 
     root = Path(os.environ.get("HSCACHE_BUILTIN_DIR", Path.home() / ".cache" / "hscache" / "builtin"))
     directory = root / f"{name.split(':', 1)[1]}-{weights_sha256[:16]}"
@@ -59,9 +59,7 @@ def model_directory(name: str, weights_sha256: str) -> Path:
         return directory
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
-    model, tokenizer = build_builtin(name)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    save_builtin(name, staging)  # config, tokenizer, weights (mtp.* included), as vLLM loads them
     try:
         staging.rename(directory)  # whole or not at all; a concurrent writer's copy is as good
     except OSError:
