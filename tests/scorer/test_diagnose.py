@@ -145,6 +145,27 @@ def test_a_gain_the_interval_cannot_rule_out_is_inconclusive_against_the_configu
     assert "and the configured setting (tau " in verdict(ranked)
 
 
+def test_a_mask_id_not_separated_from_the_configured_one_is_named_with_the_limit_to_run() -> None:
+    """Issue 35 item 4: a mask id the interval cannot separate from the configured one is
+    "inconclusive between mask token id N ... and the configured mask token id M: run with --limit L",
+    never no verdict; the configured value comes from the config (only the top fix's kind counts)."""
+    lumpy = BASE.copy()
+    lumpy[[1, 4], 0] += 20
+    outcome = Outcome(Hypothesis("mask_token_id", 1, "mask token id 1 (<pad>)"), lumpy)
+    ranked = rank_outcomes(BASE, [outcome], configured={"mask_token_id": 0, "block_size": 8})
+    assert ranked["finding"] is None
+    assert ranked["inconclusive"]["configured"] == {"kind": "mask_token_id", "value": 0}
+    limit = ranked["inconclusive"]["limit"]
+    base = BASE[:, 0].sum() / BASE[:, 1].sum()
+    line = verdict(ranked)
+    assert line.startswith("inconclusive between mask token id 1 (<pad>) (gain +")
+    assert f"and the configured mask token id 0 (tau {base:.2f}): run with --limit {limit}" in line
+    # a kind the config does not state keeps the generic wording
+    other = rank_outcomes(BASE, [outcome], configured={"block_size": 8})
+    assert "configured" not in other["inconclusive"]
+    assert "and the configured setting (tau " in verdict(other)
+
+
 def test_paired_se_is_the_bootstrap_spread_and_sequences_needed_the_power_formula() -> None:
     from scorer.metrics import tau_pooled_from_totals
 
