@@ -56,7 +56,9 @@ def eagle3_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory)
 
 # ---- scorer diagnose: tiny drafters trained under a planted convention ---------------------------
 # The smallest cache found to give clear gaps (see docs/diagnose.md): all 8 layers of the built-in
-# target (so layer ids can shift by 1), 16 prompts x 32 greedy tokens; block 8, 300 steps, seed 0.
+# target (so layer ids can shift by 1), 16 prompts x 32 greedy tokens; block 8, seed 0, 600 steps of
+# 32 anchors (the CPU of 300 x 64; on the trained built-in target 300 x 64 left tau 2.5 and the
+# layer plant at +0.00: the drafter had not learnt to read the target yet; 600 x 32: clean tau 5.5).
 PLANTS: dict[str, tuple[dict, dict]] = {
     # name: (train_drafter settings, config.json dflash_config fields rewritten afterwards)
     "clean": ({}, {}),
@@ -94,8 +96,8 @@ def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
             if key not in trained:
                 trained[key] = root / f"trained{len(trained)}"
                 train_drafter(
-                    diagnose_cache, trained[key], steps=300, block_size=8, log_every=0,
-                    **{"layer_ids": [1, 3, 7], **settings},
+                    diagnose_cache, trained[key], steps=600, anchors_per_step=32, block_size=8,
+                    log_every=0, **{"layer_ids": [1, 3, 7], **settings},
                 )  # fmt: skip
             out = root / name
             shutil.copytree(trained[key], out)
