@@ -270,6 +270,7 @@ def rank_outcomes(
     alpha: float = DEFAULT_ALPHA,
     resolution: float = RESOLUTION,
     available: int | None = None,
+    configured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Rank replayed hypotheses by pooled-tau gain over the baseline and decide the finding.
 
@@ -283,6 +284,8 @@ def rank_outcomes(
             ("none"); the default sample is sized to separate a difference this large.
         available: sequences the cache could supply (the verdict says when a suggested
             ``--limit`` exceeds them); None: unknown.
+        configured: the configured value of each kind the drafter's config states (the verdict
+            names it when the top fix is not separated from the configured setting).
 
     Returns:
         ``{"baseline", "level", "resolution", "hypotheses", "untested", "finding",
@@ -344,6 +347,8 @@ def rank_outcomes(
         finding, inconclusive = _decide(top, runner_up, fixes, totals, level, resolution, n)
     if inconclusive is not None:
         inconclusive["available"] = available
+        if inconclusive["between"][1] is None and top["kind"] in (configured or {}):
+            inconclusive["configured"] = {"kind": top["kind"], "value": configured[top["kind"]]}
     return {
         "baseline": {"tau_pooled": tau_pooled_from_totals(base), "n_requests": n},
         "level": level,
@@ -419,6 +424,9 @@ def verdict(ranked: dict[str, Any]) -> str:
 
         def named(who: dict | None) -> str:
             if who is None:
+                mine = open_.get("configured")
+                if mine is not None:  # "the configured mask token id 0"
+                    return f"the configured {mine['kind'].replace('_', ' ')} {mine['value']} (tau {base:.2f})"
                 return f"the configured setting (tau {base:.2f})"
             r = rows[(who["kind"], str(who["value"]))]
             return f"{r['label']} (gain {r['gain']:+.2f} [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}])"

@@ -324,6 +324,12 @@ def diagnose_checkpoint(
             "are somewhat narrower than by prompt"
         )
     replayed = [(np.zeros((0, 2), dtype=np.int64), None) for _ in range(len(settings) + 1)]
+    # the configured value of each kind the config states under the kind's own name (DFlash:
+    # mask_token_id, block_size), for a verdict that names it ("the configured mask token id 0")
+    stated = getattr(base, "config", None)
+    configured = {
+        k: getattr(stated, k) for k in kinds if isinstance(getattr(stated, k, None), (int, float, str))
+    }
 
     def replay(upto: int) -> dict[str, Any]:
         done = len(replayed[0][0])
@@ -343,6 +349,7 @@ def diagnose_checkpoint(
             alpha=config.alpha,
             resolution=RESOLUTION,
             available=available,
+            configured=configured,
         )
 
     ranked = replay(first)
