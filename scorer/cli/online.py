@@ -195,6 +195,9 @@ def online(
     config = OnlineConfig(overrides=overrides, **options)
     # what is knowable before the model loads, refused before any progress line
     prompts = len(config.records())
+    from scorer.formats.files import check_headers
+
+    check_headers(checkpoint)  # a corrupt checkpoint is one line, not a line after the progress
     if sampled is None:
         config.check_sizes()
     else:

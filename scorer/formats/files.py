@@ -23,7 +23,14 @@ from hscache.store.paths import is_cache_dir
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
 from scorer.formats import specforge
 
-__all__ = ["few", "read_json", "read_training_state_contract", "read_weights", "resolve_files"]
+__all__ = [
+    "check_headers",
+    "few",
+    "read_json",
+    "read_training_state_contract",
+    "read_weights",
+    "resolve_files",
+]
 
 FORMAT_HF_DIR, FORMAT_HF_SHARDED, FORMAT_SAFETENSORS, FORMAT_PICKLE, FORMAT_SPECFORGE = (
     "hf_dir",
@@ -144,6 +151,30 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"{path} is not a valid safetensors file (corrupt or truncated): {reason}"
         ) from e
+
+
+def check_headers(root: str | Path) -> None:
+    """Resolve ``root``'s files and parse each safetensors header (no tensor is read): a missing,
+    corrupt or truncated checkpoint is refused before a command prints progress or loads a model.
+
+    Raises:
+        CheckpointNotFoundError, CheckpointError: what ``resolve_files`` and ``read_weights`` refuse.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    for path in resolve_files(Path(root))[1]:
+        if path.suffix != ".safetensors":
+            continue
+        if path.stat().st_size < 8:
+            raise CheckpointError(f"{path} is not a safetensors file: {path.stat().st_size} bytes, no header")
+        try:
+            with safe_open(path, framework="pt", device="cpu"):
+                pass
+        except (SafetensorError, ValueError, RuntimeError, OverflowError, MemoryError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CheckpointError(
+                f"{path} is not a valid safetensors file (corrupt or truncated): {reason}"
+            ) from e
 
 
 def read_weights(
