@@ -266,7 +266,7 @@ def test_offline_ddtree_tau_equals_online_and_the_block_does_not(ddtree_agreemen
     rounds drafted two children of the root (no round accepted the second: this drafter's 2nd choice is
     rarely the sampled token; the EAGLE-3 tree test above exercises sibling acceptance, same loop). ~2-3
     CPU-s beyond the session fixtures and the shared tree cache (the file: 27.4 CPU-s with it, 25.5
-    without; offline ~0.5, the 64 online runs ~2.4)."""
+    without; offline ~0.5, the 64 online runs ~2.4). On the trained target (2026-12-03) see DDTREE_STEPS."""
     offline, online, branched = ddtree_agreement
     assert abs(_z(offline[f"ddtree-{DDTREE}"], online)) < 3, (offline, online)
     assert abs(_z(offline["chain"], online)) > 3, (offline, online)
