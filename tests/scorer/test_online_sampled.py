@@ -95,7 +95,10 @@ def test_one_token_top_k_equals_greedy_online_exactly(family, trained_drafter, e
             assert [list(r.tokens_per_round) for r in run.requests] == [rounds for _, rounds in greedy]
             assert run.tau == sum(map(sum, (r for _, r in greedy))) / sum(len(r) for _, r in greedy)
     if family == "dflash":  # the drafter is trained on this greedy path: the check covers accepted drafts
-        assert runs[0].tau > 2
+        # (on the trained built-in target it accepts little: tau 1.29, 2026-12-03; the looping random
+        # target's tau > 2 is gone, so the check is that some round accepted a draft at all)
+        assert runs[0].tau > 1
+        assert any(n > 1 for r in runs[0].requests for n in r.tokens_per_round)
 
 
 @pytest.mark.parametrize(

@@ -258,7 +258,9 @@ def test_tree_rounds_process_every_node_with_the_pre_round_penalty():
     target = session.target
     record = next(iter(iter_records(resolve_prompts("builtin:default"))))
     prompts = [(record.record_id, prompt_token_ids(record, target.tokenizer))]
-    s = SamplingSetting(temperature=1.0, top_k=20, presence_penalty=0.8, frequency_penalty=0.3, seed=3)
+    # seed 1: on the trained built-in target seed 3 samples EOS (id 0) as round 1's bonus token, a one-round
+    # decode; seed 1 runs four rounds (2, 2, 2, 1) (measured 2026-12-03; seeds 2 and 4-7 alike)
+    s = SamplingSetting(temperature=1.0, top_k=20, presence_penalty=0.8, frequency_penalty=0.3, seed=1)
     fed: list[int] = []
 
     def oracle(hidden, ids, p, tree):
