@@ -58,6 +58,11 @@ class EvalConfig:
     # on the command line (a preset and/or fields), checked against the cache's setting, never applied.
     draft_sampling: str = "greedy"
     sampling: dict[str, Any] = field(default_factory=dict)
+    # DFlash: read the last target layer raw, as vLLM 0.32.0 captures it (the residual stream after the
+    # layer, never the final norm: vllm/model_executor/models/qwen2.py:420-434, interfaces.py:1601-1611),
+    # not transformers' hidden_states[L] that z-lab checkpoints are trained on (features.context_norm).
+    # The vLLM judge replays what vLLM served with it; False = the checkpoint's own convention.
+    raw_last_layer: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -66,6 +71,8 @@ class EvalConfig:
             del d["draft_sampling"]
         if not d["sampling"]:
             del d["sampling"]
+        if not d["raw_last_layer"]:
+            del d["raw_last_layer"]
         d["ddtree"] = list(self.ddtree)
         d["tree"] = None if self.tree is None else list(self.tree)
         d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}

@@ -298,6 +298,7 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
     eval_config = EvalConfig(
         ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
         draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
+        raw_last_layer=True,  # what vLLM feeds a DFlash drafter (EvalConfig.raw_last_layer)
     )  # fmt: skip
     drafter, _ = load_drafter(checkpoint, cache, eval_config)
     if (

@@ -55,7 +55,11 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
     from scorer.train import train_drafter
 
     root = tmp_path_factory.mktemp("judge")
-    train_drafter(judge_caches["t0"], root / "dflash", steps=150, block_size=6, log_every=0)
+    # Layer 7 is the target's last: vLLM feeds it raw (no final norm, vllm 0.32.0 models/qwen2.py:420-434),
+    # so the drafter is trained on it raw, as it is served (EvalConfig.raw_last_layer).
+    train_drafter(
+        judge_caches["t0"], root / "dflash", steps=400, block_size=6, log_every=0, last_layer_normed=False
+    )
     train_eagle3(judge_caches["t0"], root / "eagle3", steps=25, layer_ids=[1, 3, 7])
     shutil.copytree(root / "eagle3", root / "refused")
     config = json.loads((root / "refused" / "config.json").read_text())

@@ -140,7 +140,8 @@ def load(
     dtype = DTYPES[config.dtype]
     drafter = build(loaded).to(device=config.device, dtype=dtype).eval()
     attach_cache_head(drafter, cache, dtype, config.device, own=loaded.head)
-    drafter.context_norm = context_norm(loaded.config, cache, loaded.report.layout)
+    layout = "speculators" if getattr(config, "raw_last_layer", False) else loaded.report.layout
+    drafter.context_norm = context_norm(loaded.config, cache, layout)
     return drafter, loaded
 
 
