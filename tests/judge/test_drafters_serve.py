@@ -70,7 +70,7 @@ def drafters_served(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "eagle3-release": root / "eagle3-release",
         "dflash2": root / "dflash2",
     }
-    train_drafter(cache, drafters["dflash"], steps=100, block_size=6, log_every=0)
+    train_drafter(cache, drafters["dflash"], steps=400, block_size=6, log_every=0)
     train_eagle3(cache, drafters["eagle3-speculators"], steps=25, layer_ids=[1, 3, 4])
     # SpecForge's export with a reduced draft vocabulary (its d2t/t2d are shipped and read), and the
     # original release layout (pytorch_model.bin): both random, enough to load and verify losslessly.
