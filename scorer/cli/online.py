@@ -3,6 +3,7 @@ scorer.online.sampled at T > 0)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -195,9 +196,13 @@ def online(
     config = OnlineConfig(overrides=overrides, **options)
     # what is knowable before the model loads, refused before any progress line
     prompts = len(config.records())
+    from scorer.families.base import target_head_name
     from scorer.formats.files import check_headers
 
-    check_headers(checkpoint)  # a corrupt checkpoint is one line, not a line after the progress
+    if target_head_name(checkpoint) is None and Path(checkpoint).exists():
+        # a corrupt checkpoint is one line, not a line after the progress; target:<head> has no file,
+        # and a missing path is refused by the loader's own line
+        check_headers(checkpoint)
     if sampled is None:
         config.check_sizes()
     else:
