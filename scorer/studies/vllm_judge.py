@@ -46,9 +46,13 @@ __all__ = [
     "Served",
     "ServedConfig",
     "compare_rounds",
+    "ServedPlan",
+    "collect_served",
     "judge",
+    "plan_served",
     "score_served",
     "serve",
+    "serve_plans",
     "speculative_config",
 ]
 
@@ -134,18 +138,12 @@ def _prompts(cache: CacheView, limit: int | None) -> list[_Prompt]:
     return list(seen.values())
 
 
-def _target_dir(cache: CacheView, workdir: Path) -> str:
-    """The cache's target as an HF directory vLLM can load: a built-in one written out, else its path."""
-    name = cache.settings["model"]
-    if not name.startswith("builtin:"):
-        return name
-    from hscache.capture.builtin import build_builtin
+def _target_dir(cache: CacheView) -> str:
+    """The cache's target as an HF directory vLLM can load: a built-in one written out once (its
+    ``mtp.*`` head included, under ~/.cache/hscache/builtin keyed by its weights), else its path."""
+    from hscache.engines.vllm.capture import model_directory
 
-    out = workdir / "target"
-    model, tokenizer = build_builtin(name)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
+    return str(model_directory(cache.settings["model"], cache.settings["weights_sha256"]))
 
 
 def _sampling_fields(cache: CacheView, max_tokens: int) -> dict[str, Any]:
@@ -204,7 +202,7 @@ def _served_cache(
     common = dict(
         out=str(out), model=cache.settings["model"], layers=",".join(map(str, cache.layer_ids)),
         dtype=cache.settings["dtype"], max_new_tokens=0, top_k=int(cache.settings.get("top_k", 64)),
-        mtp=False, commit_every_s=0.0, overwrite=True,
+        mtp=bool(cache.settings.get("mtp")), commit_every_s=0.0, overwrite=True,  # target:mtp scores it
     )  # fmt: skip
     if s.greedy:
         path = workdir / "served_prompts.jsonl"
@@ -348,11 +346,100 @@ class Served:
     refused: str | None = None  # vLLM would not build the engine: its one line (score_served raises it)
 
 
+@dataclass
+class ServedPlan:
+    """A judged run checked and laid out before vLLM starts (``plan_served``): the worker's ``job`` and
+    what reading its result needs (``collect_served``). Engines a caller appends to ``job["engines"]``
+    run in the same process; ``collect_served`` reads the plan's own by name and leaves the others in
+    ``engines``."""
+
+    checkpoints: list[str]
+    caches: list[str]
+    configs: list[ServedConfig]
+    views: list[CacheView]
+    loaded: list[list[tuple[Any, dict, EvalConfig]]]
+    prompts: list[list[_Prompt]]
+    runs: list[dict[str, Any]]
+    job: dict[str, Any]
+    workdir: Path
+    python: str
+    version: str
+    started: float
+    engines: list[dict[str, Any]] = field(default_factory=list)  # the worker's result, once collected
+
+
+def plan_served(
+    checkpoints: Sequence[str | Path],
+    caches: Sequence[str | Path],
+    workdir: str | Path,
+    config: ServedConfig | Sequence[ServedConfig] = ServedConfig(),
+) -> ServedPlan:
+    """Check everything that can be checked before a model loads and build the worker's job: every
+    checkpoint (one engine each, ``config`` per checkpoint or one for all) on every cache's requests (one
+    run per cache; the caches share one target).
+
+    Raises:
+        VllmUnavailableError / VllmVersionError / VllmTargetError / ScorerError: one line each.
+    """
+    t0 = time.perf_counter()
+    configs = [config] * len(checkpoints) if isinstance(config, ServedConfig) else list(config)
+    for each in configs:
+        _check_config(each)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    python = vllm_python(configs[0].vllm_python)
+    version = interpreter_version(python)
+    views = [hscache.open_cache(c) for c in caches]
+    _check_caches(views)
+    preflight_target(views[0].target_config, views[0].settings["dtype"])
+    loaded = [[_drafter(str(c), v, each) for v in views] for c, each in zip(checkpoints, configs)]
+    prompts = [_prompts(v, configs[0].limit) for v in views]
+    runs = [_run(f"cache{j}", v, p) for j, (v, p) in enumerate(zip(views, prompts))]
+    job = _job(_target_dir(views[0]), views, runs, [row[0][1] for row in loaded])
+    return ServedPlan(
+        [str(c) for c in checkpoints], [str(c) for c in caches], configs, views, loaded, prompts, runs, job,
+        workdir, python, version, t0,
+    )  # fmt: skip
+
+
+def collect_served(plan: ServedPlan, result: dict[str, Any]) -> list[list[Served]]:
+    """The worker's ``result`` for ``plan`` (``{"vllm_version", "patches", "engines"}``) as served caches.
+
+    Returns:
+        ``served[i][j]``: checkpoint i on cache j (``refused`` set where vLLM would not build its engine).
+    """
+    plan.engines = list(result["engines"])
+    by_name = {engine["name"]: engine for engine in plan.engines}
+    served = []
+    for i, (checkpoint, spec_engine) in enumerate(zip(plan.checkpoints, plan.job["engines"])):
+        engine = by_name[spec_engine["name"]]
+        row = []
+        for j, (view, run) in enumerate(zip(plan.views, engine.get("runs") or [None] * len(plan.views))):
+            drafter, spec, eval_config = plan.loaded[i][j]
+            path, requests = None, []
+            if run is not None:
+                requests = run["requests"]
+                path = _served_cache(
+                    view,
+                    plan.prompts[j],
+                    requests,
+                    plan.runs[j]["sampling"],
+                    plan.workdir / f"served-{i}-{j}",
+                )
+            row.append(Served(
+                checkpoint, plan.caches[j], drafter.family, spec, eval_config, plan.configs[i],
+                [len(ids) for ids in plan.runs[j]["prompts"]], requests, path, plan.version, result["patches"],
+                engine.get("seconds", 0.0), time.perf_counter() - plan.started, engine.get("error"),
+            ))  # fmt: skip
+        served.append(row)
+    return served
+
+
 def serve(
     checkpoints: Sequence[str | Path],
     caches: Sequence[str | Path],
     workdir: str | Path,
-    config: ServedConfig = ServedConfig(),
+    config: ServedConfig | Sequence[ServedConfig] = ServedConfig(),
 ) -> list[list[Served]]:
     """Serve every checkpoint on every cache's requests in ONE vLLM process (one engine per checkpoint, one
     run per cache), and extract a served cache of each run's text under ``workdir``.
@@ -365,41 +452,28 @@ def serve(
         VllmUnavailableError / VllmVersionError / VllmTargetError / ScorerError: one line each; all but a
             drafter vLLM refuses before any model loads.
     """
-    t0 = time.perf_counter()
-    configs = [config] * len(checkpoints) if isinstance(config, ServedConfig) else list(config)
-    config = configs[0]
-    for each in configs:
-        _check_config(each)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    python = vllm_python(config.vllm_python)
-    version = interpreter_version(python)
-    views = [hscache.open_cache(c) for c in caches]
-    _check_caches(views)
-    preflight_target(views[0].target_config, views[0].settings["dtype"])
-    loaded = [[_drafter(str(c), v, each) for v in views] for c, each in zip(checkpoints, configs)]
-    prompts = [_prompts(v, config.limit) for v in views]
-    runs = [_run(f"cache{j}", v, p) for j, (v, p) in enumerate(zip(views, prompts))]
-    job = _job(_target_dir(views[0], workdir), views, runs, [row[0][1] for row in loaded])
-    result = run_worker(WORKER, job, workdir / "engine", python=python)
-    served = []
-    for i, (checkpoint, engine) in enumerate(zip(checkpoints, result["engines"])):
-        row = []
-        for j, (view, run) in enumerate(zip(views, engine.get("runs") or [None] * len(views))):
-            drafter, spec, eval_config = loaded[i][j]
-            path, requests = None, []
-            if run is not None:
-                requests = run["requests"]
-                path = _served_cache(
-                    view, prompts[j], requests, runs[j]["sampling"], workdir / f"served-{i}-{j}"
-                )
-            row.append(Served(
-                str(checkpoint), str(caches[j]), drafter.family, spec, eval_config, configs[i],
-                [len(ids) for ids in runs[j]["prompts"]], requests, path, version, result["patches"],
-                engine.get("seconds", 0.0), time.perf_counter() - t0, engine.get("error"),
-            ))  # fmt: skip
-        served.append(row)
-    return served
+    return serve_plans([plan_served(checkpoints, caches, workdir, config)], workdir)[0]
+
+
+def serve_plans(plans: Sequence[ServedPlan], workdir: str | Path) -> list[list[list[Served]]]:
+    """Several plans (several targets) in ONE vLLM process: vLLM is imported once for all of them.
+
+    Returns:
+        ``collect_served`` of each plan, in order.
+    """
+    pythons = {plan.python for plan in plans}
+    if len(pythons) != 1:
+        raise ScorerError(
+            f"the plans name {len(pythons)} vLLM interpreters ({', '.join(sorted(pythons))}); one process runs one"
+        )
+    job = plans[0].job if len(plans) == 1 else {"jobs": [plan.job for plan in plans]}
+    result = run_worker(WORKER, job, Path(workdir) / "engine", python=plans[0].python)
+    if len(plans) == 1:
+        return [collect_served(plans[0], result)]
+    return [
+        collect_served(plan, {**result, "engines": each["engines"]})
+        for plan, each in zip(plans, result["jobs"])
+    ]
 
 
 def score_served(served: Served, scored: str | None = None) -> dict[str, Any]:

@@ -1,56 +1,76 @@
-"""The judge tests: a tiny plain Qwen3 target (head_dim 32, fp32: vLLM CPU runs it) served by vLLM CPU
-0.32.0 in its own venv (`.vllm`, built by .ci/vllm-env.sh), driven as a subprocess. One vLLM process
-serves every drafter on every cache (one engine per drafter), shared by the tests (session scope)."""
+"""The judge tests' one vLLM process (session scope): vLLM CPU 0.32.0 in its own venv (`.vllm`, built by
+.ci/vllm-env.sh), driven as a subprocess that imports vLLM once and serves two targets:
+
+- the built-in plain Qwen3 (fp32, head_dim 32): every drafter this project writes (DFlash at its K, at
+  K 3 and under vLLM's probabilistic rule; EAGLE-3 in each layout written; n-gram; a drafter vLLM
+  refuses; DFlash2, which vLLM CPU refuses) and the target alone, on a greedy cache and a seeded
+  T 0.7 / top-p 0.9 / top-k 20 one;
+- the built-in hybrid Qwen3.5 (bf16: vLLM CPU's Gated DeltaNet kernel) with its own MTP head, on the
+  same two settings.
+
+One engine per target and drafter (vllm.LLM), every run of it in that engine; tests read
+``served[name][setting]`` (scorer.studies.vllm_judge.Served) and ``plans`` (the raw engines)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
+from vllm_env import NGRAM, VLLM_PYTHON, skip_without_vllm
 
 import hscache
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".vllm" / "bin" / "python"
-NEEDS_VLLM = pytest.mark.skipif(
-    not VLLM_PYTHON.exists(),
-    reason=f"no vLLM environment at {VLLM_PYTHON}: `bash .ci/vllm-env.sh` builds it (CI always does)",
-)
-TARGET = "builtin:tiny-qwen3"
-NGRAM = {"num_speculative_tokens": 3, "overrides": {"prompt_lookup_min": 2, "prompt_lookup_max": 3}}
+SETTINGS = ("t0", "t0.7")
 
 
-def _extract(out: Path, sampling=None) -> Path:
+def _extract(out: Path, target: str, dtype: str, layers: str, sampling=None) -> Path:
     from hscache.store.sampling import GREEDY
 
     hscache.extract(
         hscache.ExtractConfig(
-            out=str(out), model=TARGET, layers="1,3,7", max_new_tokens=16, dtype="fp32", limit=4,
-            sampling=sampling or GREEDY, mtp=False,
+            out=str(out), model=target, layers=layers, max_new_tokens=16, dtype=dtype, limit=4,
+            sampling=sampling or GREEDY, mtp=target == "builtin:tiny-qwen3.5",
         )
     )  # fmt: skip
     return out
 
 
-@pytest.fixture(scope="session")
-def judge_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The target's greedy cache and a seeded T 0.7 / top-p 0.9 / top-k 20 one (2 samples per prompt)."""
+def _caches(root: Path, target: str, dtype: str, layers: str) -> dict[str, Path]:
     from hscache.store.sampling import SamplingSetting
 
-    root = tmp_path_factory.mktemp("judge")
     sampled = SamplingSetting.from_flags(temperature=0.7, top_p=0.9, top_k=20, seed=5, samples_per_prompt=2)
-    return {"t0": _extract(root / "greedy"), "t0.7": _extract(root / "sampled", sampled)}
+    return {
+        "t0": _extract(root / "greedy", target, dtype, layers),
+        "t0.7": _extract(root / "sampled", target, dtype, layers, sampled),
+    }
+
+
+@pytest.fixture(scope="session")
+def judge_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tiny-qwen3 fp32, layers 1,3,4,7 (1,3,4: the engines' default EAGLE-3 layers, which the original
+    release layout reads), 4 prompts x 16 tokens: greedy, and seeded T 0.7 / top-p 0.9 / top-k 20 with 2
+    samples per prompt."""
+    return _caches(tmp_path_factory.mktemp("judge"), "builtin:tiny-qwen3", "fp32", "1,3,4,7")
+
+
+@pytest.fixture(scope="session")
+def mtp_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tiny-qwen3.5 (hybrid) in bf16 with its MTP head, the same two settings."""
+    return _caches(tmp_path_factory.mktemp("judge-mtp"), "builtin:tiny-qwen3.5", "bf16", "1,3,7")
 
 
 @pytest.fixture(scope="session")
 def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Drafters trained briefly on the greedy cache: DFlash (block 6: vLLM's K 5), EAGLE-3 (K 3), and
-    n-gram; ``refused``: the EAGLE-3 drafter as its export wrote it before vLLM could load it (no
-    ``max_position_embeddings`` in its layer config: vLLM 0.32.0 fails at models/qwen3.py:205), which
-    the offline scorer still reads."""
-    import json
-    import shutil
-
+    """Drafters of the greedy tiny-qwen3 cache, as this project writes them: DFlash (block 6: vLLM's K 5),
+    EAGLE-3 in the speculators layout (K 3, trained briefly), SpecForge's with a reduced draft vocabulary
+    (its d2t/t2d shipped) and the original release's pytorch_model.bin (both random: enough to load and
+    verify losslessly), DFlash2 (from the DFlash drafter), n-gram; ``refused``: the EAGLE-3 drafter as its
+    export wrote it before vLLM could load it (no ``max_position_embeddings`` in its layer config: vLLM
+    0.32.0 fails at models/qwen3.py:205), which the offline scorer still reads."""
+    from scorer.families.dflash2.init import init_from_dflash
+    from scorer.families.eagle3.init import init_eagle3
     from scorer.families.eagle3.train import train_eagle3
     from scorer.train import train_drafter
 
@@ -61,35 +81,75 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
         judge_caches["t0"], root / "dflash", steps=400, block_size=6, log_every=0, last_layer_normed=False
     )
     train_eagle3(judge_caches["t0"], root / "eagle3", steps=25, layer_ids=[1, 3, 7])
+    init_eagle3(
+        judge_caches["t0"],
+        root / "eagle3-specforge",
+        layout="specforge",
+        draft_vocab_size=256,
+        layer_ids=[1, 3, 7],
+    )
+    init_eagle3(judge_caches["t0"], root / "eagle3-release", layout="eagle_release", layer_ids=[1, 3, 7])
+    init_from_dflash(root / "dflash", root / "dflash2", cache=hscache.open_cache(judge_caches["t0"]))
     shutil.copytree(root / "eagle3", root / "refused")
     config = json.loads((root / "refused" / "config.json").read_text())
     del config["transformer_layer_config"]["max_position_embeddings"]
     (root / "refused" / "config.json").write_text(json.dumps(config))
-    return {"dflash": str(root / "dflash"), "eagle3": str(root / "eagle3"), "ngram": "ngram",
-            "refused": str(root / "refused")}  # fmt: skip
+    names = ("dflash", "eagle3", "eagle3-specforge", "eagle3-release", "dflash2", "refused")
+    return {**{name: str(root / name) for name in names}, "ngram": "ngram"}
+
+
+# name -> (drafter, ServedConfig fields). The worker builds n-gram engines last (after one, vLLM 0.32.0
+# builds no other engine in that process: hscache/engines/vllm/worker.py ``_run_engines``).
+QWEN3_ENGINES = {
+    "refused": ("refused", {}),
+    "dflash": ("dflash", {}),
+    "dflash-k3": ("dflash", {"num_speculative_tokens": 3}),  # issue 35 item 3: vLLM's K is not the block's
+    "dflash-probabilistic": ("dflash", {"draft_sampling": "probabilistic"}),
+    "eagle3": ("eagle3", {}),
+    "eagle3-specforge": ("eagle3-specforge", {}),
+    "eagle3-release": ("eagle3-release", {}),
+    "ngram": ("ngram", NGRAM),
+}
 
 
 @pytest.fixture(scope="session")
-def served(judge_caches, judge_drafters, tmp_path_factory):
-    """Every drafter on every cache, served in ONE vLLM process: ``served[family][setting]``."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip(
-            f"no vLLM environment at {VLLM_PYTHON}: `bash .ci/vllm-env.sh` builds it (CI always does)"
-        )
-    from scorer.studies.vllm_judge import ServedConfig, serve
+def judged(judge_caches, mtp_caches, judge_drafters, tmp_path_factory) -> dict:
+    """ONE vLLM process: ``{"served": {name: {setting: Served}}, "raw": {engine name: worker result}}``.
 
-    # The drafter vLLM refuses first: vLLM 0.32.0 cannot build an EAGLE-3 engine after another in one
-    # process ("'_lib_fn_wrapper' object has no attribute 'get'"), and a refused one then reads so too.
-    # vLLM 0.32.0 also fails to build a second engine of a drafter type already built in the process
-    # (same error): vLLM's probabilistic rule (a second DFlash engine) is judged by hand, docs/scoring.md.
-    families = ["refused", "dflash", "eagle3", "ngram"]
-    plain = ServedConfig(vllm_python=str(VLLM_PYTHON))
-    configs = [plain, plain, plain, ServedConfig(vllm_python=str(VLLM_PYTHON), **NGRAM)]
-    settings = list(judge_caches)
-    rows = serve(
-        [judge_drafters[f] for f in families],
-        [judge_caches[s] for s in settings],
-        tmp_path_factory.mktemp("judge") / "served",
-        configs,
+    ``raw`` holds the engines the scorer does not judge but the tests check: each target alone
+    (``target``, ``mtp-target``: the drafters must not change its greedy text) and DFlash2 (vLLM CPU
+    refuses it by its candidate head)."""
+    skip_without_vllm()
+    from scorer.studies.vllm_judge import ServedConfig, plan_served, serve_plans
+
+    root = tmp_path_factory.mktemp("judged")
+    python = str(VLLM_PYTHON)
+    qwen3 = plan_served(
+        [judge_drafters[drafter] for drafter, _ in QWEN3_ENGINES.values()],
+        [judge_caches[s] for s in SETTINGS],
+        root / "qwen3",
+        [ServedConfig(vllm_python=python, **fields) for _, fields in QWEN3_ENGINES.values()],
     )
-    return {f: dict(zip(settings, row)) for f, row in zip(families, rows)}
+    runs = qwen3.job["engines"][0]["runs"]
+    dflash2 = {"method": "dflash", "model": judge_drafters["dflash2"], "num_speculative_tokens": 5}
+    qwen3.job["engines"] += [
+        {"name": "target", "speculative_config": None, "runs": runs},
+        {"name": "dflash2", "speculative_config": dflash2, "runs": runs[:1]},
+    ]
+    mtp = plan_served(
+        ["target:mtp"], [mtp_caches[s] for s in SETTINGS], root / "mtp", ServedConfig(vllm_python=python)
+    )
+    mtp.job["engines"].append(
+        {"name": "target", "speculative_config": None, "runs": mtp.job["engines"][0]["runs"]}
+    )
+    rows = serve_plans([qwen3, mtp], root)
+    served = {name: dict(zip(SETTINGS, row)) for name, row in zip(QWEN3_ENGINES, rows[0])}
+    served["mtp"] = dict(zip(SETTINGS, rows[1][0]))
+    raw = {engine["name"]: engine for engine in qwen3.engines}
+    raw["mtp-target"] = next(engine for engine in mtp.engines if engine["name"] == "target")
+    return {"served": served, "raw": raw}
+
+
+@pytest.fixture(scope="session")
+def served(judged: dict) -> dict:
+    return judged["served"]

@@ -7,14 +7,16 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from conftest import NEEDS_VLLM, VLLM_PYTHON
+from vllm_env import NEEDS_VLLM, VLLM_PYTHON
 
 from hscache.engines.vllm import VllmTargetError, VllmUnavailableError, VllmVersionError
 from scorer.cli import main
 from scorer.studies.vllm_judge import ServedConfig, judge, score_served
 
 pytestmark = NEEDS_VLLM
-CASES = [(f, s) for f in ("dflash", "eagle3", "ngram") for s in ("t0", "t0.7")]
+# Every engine the one-hot rule judges, on both settings (the probabilistic one: its own tests below).
+ONE_HOT = ("dflash", "dflash-k3", "eagle3", "eagle3-specforge", "eagle3-release", "ngram", "mtp")
+CASES = [(f, s) for f in ONE_HOT for s in ("t0", "t0.7")] + [("dflash-probabilistic", "t0")]
 
 
 @pytest.mark.parametrize(("family", "setting"), CASES)
@@ -40,8 +42,11 @@ def test_offline_equals_vllm_round_for_round(served, family, setting):
         a for row in rows for a in row["vllm"]["accepted_unclipped"]
     )
     assert report["vllm"]["version"] == "0.32.0"
+    served_rule = (
+        "probabilistic" if family == "dflash-probabilistic" else "greedy"
+    )  # vLLM verifies T 0 greedily
     assert report["rule"] == {
-        "vllm": "greedy",
+        "vllm": served_rule,
         "offline": "greedy",
         "definition": report["rule"]["definition"],
     }
@@ -53,7 +58,7 @@ def test_offline_equals_vllm_round_for_round(served, family, setting):
 
 def test_the_families_accept_something(served):
     """Not vacuous: drafts were accepted on every setting (DFlash at T 0 accepts most of them)."""
-    for family in ("dflash", "eagle3", "ngram"):
+    for family in ("dflash", "dflash-k3", "eagle3", "ngram", "mtp"):
         for setting in ("t0", "t0.7"):
             accepted = sum(a for r in served[family][setting].requests for a in r["rounds"]["accepted"])
             assert accepted > 0, (family, setting)
@@ -86,6 +91,25 @@ def test_a_swapped_rule_fails(served):
     assert report["tau"]["offline_report"]["pooled"] != pytest.approx(
         report["tau"]["vllm"]["pooled"], abs=1e-6
     )
+
+
+def test_vllms_probabilistic_rule_agrees_with_the_offline_expectation(served):
+    """vLLM's draft_sample_method "probabilistic" (x ~ q, accept iff u q(x) < p(x)) draws random rounds:
+    the offline DP's E[rounds | text] on the same text agrees with them in expectation; scored by the
+    one-hot rule instead, the same run is not matched round for round."""
+    run = served["dflash-probabilistic"]["t0.7"]
+    report = score_served(run)
+    assert report["rule"] == {
+        "vllm": "probabilistic",
+        "offline": "probabilistic",
+        "definition": report["rule"]["definition"],
+    }
+    expectation = report["expectation"]
+    assert expectation["agrees"] is True and report["equal"] is True
+    assert abs(expectation["z"]) <= 3 and expectation["standard_error"] > 0
+    assert expectation["realised_rounds"] == sum(len(r["vllm"]["tokens"]) for r in report["per_request"])
+    swapped = score_served(run, scored="greedy")
+    assert swapped["equal"] is False and swapped["differences"]
 
 
 def test_a_drafter_vllm_refuses_is_one_line(served, judge_caches):

@@ -33,7 +33,7 @@ import torch
 
 from hscache.capture.forward import CapturedSequence
 from hscache.engines.vllm.files import read_connector_file, vllm_ids
-from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm
+from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm, vision_stub
 
 __all__ = ["LOGITS_NOTE", "VllmCapture", "model_directory"]
 
@@ -94,7 +94,7 @@ class VllmCapture:
 
     def __enter__(self) -> VllmCapture:
         os.environ.update(engine_env())  # before vLLM is imported: it reads some of them at import
-        _vision_stub()
+        vision_stub()
         self.version = require_vllm()
         self._files = Path(tempfile.mkdtemp(prefix="hscache-vllm-"))
         from vllm import LLM
@@ -247,19 +247,6 @@ class VllmCapture:
             self.llm.llm_engine.step()
         missing = [p for p in paths if not p.is_file()]
         raise RuntimeError(f"vLLM's connector wrote no file for {len(missing)} requests ({missing[0]})")
-
-
-def _vision_stub() -> None:
-    """Make ``import torchvision`` succeed in this process and the ones vLLM starts (its model
-    registry inspects architectures in a subprocess) when no torchvision is installed: stubs/."""
-    import importlib.util
-    import sys
-
-    if importlib.util.find_spec("torchvision") is not None:
-        return
-    stubs = str(Path(__file__).resolve().parent / "stubs")
-    sys.path.append(stubs)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), stubs]))
 
 
 def _positions(model_dir: Path) -> int:

