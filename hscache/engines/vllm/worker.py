@@ -218,7 +218,7 @@ def _run_engines(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     n-gram engine has run, numba's JIT has left llvmlite ``_lib_fn_wrapper`` objects in module
     namespaces, which that scan cannot read, and every later engine fails to build ("'_lib_fn_wrapper'
     object has no attribute 'get'"). Measured: the three engines built after an n-gram one in one
-    process (a target alone, an MTP one) were all refused so; with n-gram last, all thirteen built."""
+    process (a target alone, an MTP one) were all refused so; with n-gram last, every engine built (or was refused for its own reason)."""
     order = [(j, e) for j, each in enumerate(jobs) for e in range(len(each["engines"]))]
     order.sort(
         key=lambda je: (
