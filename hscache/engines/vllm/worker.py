@@ -43,6 +43,7 @@ from hscache.engines.vllm.runtime import (
 
 __all__ = ["main", "place_rounds"]
 
+
 def place_rounds(
     prompt_len: int,
     output: list[int],
