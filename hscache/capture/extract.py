@@ -45,7 +45,13 @@ from hscache.capture.prompts import (
     unique_ids,
 )
 from hscache.capture.provenance import build_provenance, model_path, run_record, tokenizer_sha256, utc_now
-from hscache.capture.responses import ServedRecord, expand_samples, iter_responses, responses_sampling
+from hscache.capture.responses import (
+    ServedRecord,
+    expand_samples,
+    iter_responses,
+    responses_sampling,
+    with_choice,
+)
 from hscache.capture.sampling import (
     SAMPLING_BYTES_PER_LOGIT,
     SupportBuilder,
@@ -56,6 +62,7 @@ from hscache.capture.sampling import (
 )
 from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
+from hscache.engines.vllm.requests import request_seed
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
@@ -521,6 +528,17 @@ def _continued(
             response = response_token_ids(record, target.tokenizer)
             stop = record.choice.stop_reason if isinstance(record, ServedRecord) else "dataset"
             done.append((prompt + response, stop) if response else (prompt, "none"))
+    elif not config.sampling.greedy and engine is not None:  # drawn by vLLM's sampler, seeded per request
+        if progress is not None:
+            progress.status(
+                f"sampling {len(group)} continuations of up to {config.max_new_tokens} tokens in vLLM"
+            )
+        seeds = [_request_seed(config, n) for n, _ in group]
+        names = [f"record {record.record_id!r} sample {record.metadata['sample']}" for _, record in group]
+        drawn = engine.sampled_continuations(prompts, seeds, config.max_new_tokens, target.vocab_size, names)
+        # each sample's completion rides with its record: its sampled arrays are vLLM's distribution
+        group = [(n, with_choice(record, choice)) for (n, record), (_, _, choice) in zip(group, drawn)]
+        done = [(ids, stop) for ids, stop, _ in drawn]
     elif not config.sampling.greedy:
         keys = [(record.record_id, int(record.metadata["sample"])) for _, record in group]
         args = (config.sampling, config.max_new_tokens, config.max_length)
@@ -535,6 +553,18 @@ def _continued(
     for (n, record), prompt, (ids, stop) in zip(group, prompts, done):
         if n >= skip:
             yield record, ids, len(prompt), stop
+
+
+def _request_seed(config: ExtractConfig, n: int) -> int | None:
+    """vLLM's seed of the ``n``-th sequence this run reads (a record's samples are consecutive): the
+    judge's rule (engines/vllm/requests.py) with the record's number among all records read, so the
+    shards of a sharded run draw with the seeds one run would."""
+    samples = config.sampling.samples_per_prompt
+    record, sample = divmod(n, samples)
+    if config.shard is not None:  # shard I holds records I, I + N, I + 2N, ...
+        index, count = config.shard
+        record = record * count + index
+    return request_seed(config.sampling.seed, record, sample, samples)
 
 
 def _batches(
@@ -580,6 +610,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     if config.responses_from:  # the setting is the file's requests' (fields a given setting adds must agree)
         flags = {} if config.sampling.greedy else config.sampling.to_dict()
         config = replace(config, sampling=responses_sampling(config.responses_from, _parameters(flags)))
+    if config.engine == "vllm" and not config.sampling.greedy and not config.responses_from:
+        config = replace(config, sampling=replace(config.sampling, drawn_by="vllm"))  # its sampler draws
     if config.dtype == "auto":  # resolved before anything is recorded: settings hold bf16/fp32
         config = replace(config, dtype=auto_dtype(config.device))
     # From before the model loads (a second writer is refused in a second, not after the load) and
@@ -657,6 +689,7 @@ def _engine_for(config: ExtractConfig, target: Target, settings: dict[str, Any])
         config.max_length,
         eos_token_ids(target),
         keep_files=Path(config.connector_dir) if config.connector_dir else None,
+        sampling=config.sampling,
     )
 
 
@@ -829,6 +862,7 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
         for k in ExtractConfig.__dataclass_fields__
         if k not in ("sampling", "vllm_python")
     }
+    job["sampling"] = config.sampling.to_dict()  # read back with SamplingSetting.from_dict
     for key in ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir"):
         value = job[key]  # the worker runs in a folder of its own: relative paths are made absolute here
         if (
@@ -882,6 +916,8 @@ def _start_run(
                 "sampled_positions": None,
                 "realised_outside_support": None,
             }
+            if engine is not None and config.sampling.drawn_by == "vllm":  # whose sampler, which seeds
+                provenance["sampling"]["sampler"] = engine.sampler()
         write_provenance(writer, provenance)
     source = (
         config.responses_from
