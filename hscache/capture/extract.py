@@ -850,6 +850,7 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
     import shutil
     import tempfile
 
+    from hscache.engines.vllm.extract_worker import job_of
     from hscache.engines.vllm.runtime import interpreter_version, run_worker, vllm_python
 
     python = vllm_python(config.vllm_python)
@@ -857,20 +858,7 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
     if progress is not None and hasattr(progress, "step"):
         progress.step(f"running the extraction in {python} (vLLM's interpreter)")
     workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
-    job = {
-        k: getattr(config, k)
-        for k in ExtractConfig.__dataclass_fields__
-        if k not in ("sampling", "vllm_python")
-    }
-    job["sampling"] = config.sampling.to_dict()  # read back with SamplingSetting.from_dict
-    for key in ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir"):
-        value = job[key]  # the worker runs in a folder of its own: relative paths are made absolute here
-        if (
-            value
-            and not str(value).startswith("builtin:")
-            and (key in ("out", "connector_dir") or Path(value).exists())
-        ):
-            job[key] = str(Path(value).absolute())
+    job = job_of(config)
     result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
     return ExtractResult(**{**result, "path": Path(result["path"])})

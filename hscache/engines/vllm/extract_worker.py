@@ -11,23 +11,56 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["config_of", "job_of", "main"]
+
+_PATHS = ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir")
+
+
+def job_of(config: Any) -> dict[str, Any]:
+    """An ``ExtractConfig`` as the worker's JSON job: its fields but ``vllm_python``, the sampling setting
+    as ``SamplingSetting.to_dict``, and paths made absolute (the worker runs in a folder of its own)."""
+    from hscache.capture.extract import ExtractConfig
+
+    job = {
+        k: getattr(config, k)
+        for k in ExtractConfig.__dataclass_fields__
+        if k not in ("sampling", "vllm_python")
+    }
+    job["sampling"] = config.sampling.to_dict()
+    for key in _PATHS:
+        value = job[key]
+        if (
+            value
+            and not str(value).startswith("builtin:")
+            and (key in ("out", "connector_dir") or Path(value).exists())
+        ):
+            job[key] = str(Path(value).absolute())
+    return job
+
+
+def config_of(job: dict[str, Any]) -> Any:
+    """The ``ExtractConfig`` of a job ``job_of`` wrote."""
+    from hscache.capture.extract import ExtractConfig
+    from hscache.store.sampling import SamplingSetting
+
+    values = dict(job)
+    if values.get("shard") is not None:
+        values["shard"] = tuple(values["shard"])
+    if values.get("sampling") is not None:
+        values["sampling"] = SamplingSetting.from_dict(values["sampling"])
+    return ExtractConfig(**values)
 
 
 def main(job_path: str, out_path: str) -> int:
-    from hscache.capture.extract import ExtractConfig, extract
+    from hscache.capture.extract import extract
     from hscache.engines.vllm.runtime import VllmTargetError, VllmUnavailableError, VllmVersionError
     from hscache.errors import HscacheError
-    from hscache.store.sampling import SamplingSetting
 
     job = json.loads(Path(job_path).read_text())
-    if job.get("shard") is not None:
-        job["shard"] = tuple(job["shard"])
-    if job.get("sampling") is not None:
-        job["sampling"] = SamplingSetting.from_dict(job["sampling"])
     try:
-        result = extract(ExtractConfig(**job))
+        result = extract(config_of(job))
     except HscacheError as exc:
         kinds = {VllmTargetError: "target", VllmVersionError: "version", VllmUnavailableError: "unavailable"}
         kind = next((name for cls, name in kinds.items() if isinstance(exc, cls)), "input")
