@@ -77,7 +77,15 @@ from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
 
-__all__ = ["ExtractConfig", "ExtractResult", "Progress", "auto_dtype", "extract", "write_target_of"]
+__all__ = [
+    "ExtractConfig",
+    "ExtractResult",
+    "Progress",
+    "auto_dtype",
+    "extract",
+    "worker_job",
+    "write_target_of",
+]
 
 # Settings that change what the cache holds; a resume must match all of them.
 _RESUME_KEYS = (
@@ -845,12 +853,36 @@ def _elsewhere(config: ExtractConfig) -> bool:
     return importlib.util.find_spec("vllm") is None and vllm_python(config.vllm_python) != sys.executable
 
 
+_WORKER_PATHS = ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir")
+
+
+def worker_job(config: ExtractConfig) -> dict[str, Any]:
+    """``config`` as the JSON job of the extraction worker in vLLM's interpreter
+    (engines/vllm/extract_worker.py ``config_of`` reads it back): its fields but ``vllm_python``, the
+    sampling setting as ``SamplingSetting.to_dict``, and paths made absolute (the worker runs in a
+    folder of its own)."""
+    job = {
+        k: getattr(config, k)
+        for k in ExtractConfig.__dataclass_fields__
+        if k not in ("sampling", "vllm_python")
+    }
+    job["sampling"] = config.sampling.to_dict()
+    for key in _WORKER_PATHS:
+        value = job[key]
+        if (
+            value
+            and not str(value).startswith("builtin:")
+            and (key in ("out", "connector_dir") or Path(value).exists())
+        ):
+            job[key] = str(Path(value).absolute())
+    return job
+
+
 def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
     """The whole extraction in the interpreter that has vLLM (``run_worker``: a JSON job, a JSON result)."""
     import shutil
     import tempfile
 
-    from hscache.engines.vllm.extract_worker import job_of
     from hscache.engines.vllm.runtime import interpreter_version, run_worker, vllm_python
 
     python = vllm_python(config.vllm_python)
@@ -858,7 +890,7 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
     if progress is not None and hasattr(progress, "step"):
         progress.step(f"running the extraction in {python} (vLLM's interpreter)")
     workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
-    job = job_of(config)
+    job = worker_job(config)
     result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
     return ExtractResult(**{**result, "path": Path(result["path"])})

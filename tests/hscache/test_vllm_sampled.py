@@ -20,9 +20,9 @@ import torch
 from click.testing import CliRunner
 
 import hscache
-from hscache.capture.extract import ExtractConfig, extract
+from hscache.capture.extract import ExtractConfig, extract, worker_job
 from hscache.cli import main as hscache_main
-from hscache.engines.vllm.extract_worker import config_of, job_of
+from hscache.engines.vllm.extract_worker import config_of
 from hscache.engines.vllm.requests import SEED_RULE, request_seed
 from hscache.errors import InputError
 from hscache.store.layout import SAMPLED_ARRAYS
@@ -61,7 +61,7 @@ def vllm_sampled(tmp_path_factory) -> dict:
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     job = root / "job.json"
-    job.write_text(json.dumps(job_of(_config(prompts, root / "a", connector_dir=str(root / "files")))))
+    job.write_text(json.dumps(worker_job(_config(prompts, root / "a", connector_dir=str(root / "files")))))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     runner = ROOT / "tests" / "hscache" / "vllm_sampled_run.py"
     done = subprocess.run(
@@ -194,7 +194,7 @@ def test_the_seed_rule_is_the_judges_and_a_shard_keeps_each_records_seed(tmp_pat
 
 def test_the_worker_job_carries_the_sampling_setting(tmp_path):
     config = _config(tmp_path / "p.jsonl", tmp_path / "o")
-    job = json.loads(json.dumps(job_of(config)))
+    job = json.loads(json.dumps(worker_job(config)))
     assert job["out"] == str((tmp_path / "o").absolute()) and "vllm_python" not in job
     assert config_of(job) == config
 

@@ -1,7 +1,7 @@
 """One process in vLLM's interpreter for tests/hscache/test_vllm_sampled.py (vLLM is imported once):
 
 ``python -m tests.hscache.vllm_sampled_run JOB B RESULT``: extract JOB (a sampled ``--engine vllm`` job,
-``extract_worker.job_of``) through the worker's own ``main`` into its ``out``; then the same job into B,
+``hscache.capture.extract.worker_job``) through the worker's own ``main`` into its ``out``; then the same job into B,
 stopped after its first 3 sequences were committed, then resumed. RESULT receives what each run returned.
 """
 

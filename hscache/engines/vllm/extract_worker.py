@@ -1,7 +1,7 @@
 """``hscache extract --engine vllm`` run in vLLM's own interpreter: ``python -m
 hscache.engines.vllm.extract_worker JOB OUT`` (``runtime.run_worker`` starts it).
 
-JOB is the ``ExtractConfig`` as JSON (its ``sampling`` as ``SamplingSetting.to_dict``), OUT
+JOB is the ``ExtractConfig`` as JSON (``capture/extract.py`` ``worker_job``; read back by ``config_of``), OUT
 receives the ``ExtractResult`` as JSON, or ``{"error": one line, "kind": ...}`` and exit 2 on a refusal.
 """
 
@@ -13,35 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["config_of", "job_of", "main"]
-
-_PATHS = ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir")
-
-
-def job_of(config: Any) -> dict[str, Any]:
-    """An ``ExtractConfig`` as the worker's JSON job: its fields but ``vllm_python``, the sampling setting
-    as ``SamplingSetting.to_dict``, and paths made absolute (the worker runs in a folder of its own)."""
-    from hscache.capture.extract import ExtractConfig
-
-    job = {
-        k: getattr(config, k)
-        for k in ExtractConfig.__dataclass_fields__
-        if k not in ("sampling", "vllm_python")
-    }
-    job["sampling"] = config.sampling.to_dict()
-    for key in _PATHS:
-        value = job[key]
-        if (
-            value
-            and not str(value).startswith("builtin:")
-            and (key in ("out", "connector_dir") or Path(value).exists())
-        ):
-            job[key] = str(Path(value).absolute())
-    return job
+__all__ = ["config_of", "main"]
 
 
 def config_of(job: dict[str, Any]) -> Any:
-    """The ``ExtractConfig`` of a job ``job_of`` wrote."""
+    """The ``ExtractConfig`` of a job ``hscache.capture.extract.worker_job`` wrote."""
     from hscache.capture.extract import ExtractConfig
     from hscache.store.sampling import SamplingSetting
 
