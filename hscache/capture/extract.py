@@ -62,7 +62,7 @@ from hscache.capture.sampling import (
 )
 from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
-from hscache.engines.vllm.requests import request_seed
+from hscache.engines.vllm.requests import sequence_seed
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
@@ -541,7 +541,7 @@ def _continued(
             progress.status(
                 f"sampling {len(group)} continuations of up to {config.max_new_tokens} tokens in vLLM"
             )
-        seeds = [_request_seed(config, n) for n, _ in group]
+        seeds = [sequence_seed(config.sampling, n, config.shard) for n, _ in group]
         names = [f"record {record.record_id!r} sample {record.metadata['sample']}" for _, record in group]
         drawn = engine.sampled_continuations(prompts, seeds, config.max_new_tokens, target.vocab_size, names)
         # each sample's completion rides with its record: its sampled arrays are vLLM's distribution
@@ -561,18 +561,6 @@ def _continued(
     for (n, record), prompt, (ids, stop) in zip(group, prompts, done):
         if n >= skip:
             yield record, ids, len(prompt), stop
-
-
-def _request_seed(config: ExtractConfig, n: int) -> int | None:
-    """vLLM's seed of the ``n``-th sequence this run reads (a record's samples are consecutive): the
-    judge's rule (engines/vllm/requests.py) with the record's number among all records read, so the
-    shards of a sharded run draw with the seeds one run would."""
-    samples = config.sampling.samples_per_prompt
-    record, sample = divmod(n, samples)
-    if config.shard is not None:  # shard I holds records I, I + N, I + 2N, ...
-        index, count = config.shard
-        record = record * count + index
-    return request_seed(config.sampling.seed, record, sample, samples)
 
 
 def _batches(

@@ -23,7 +23,7 @@ import hscache
 from hscache.capture.extract import ExtractConfig, extract, worker_job
 from hscache.cli import main as hscache_main
 from hscache.engines.vllm.extract_worker import config_of
-from hscache.engines.vllm.requests import SEED_RULE, request_seed
+from hscache.engines.vllm.requests import SEED_RULE, request_seed, sequence_seed
 from hscache.errors import InputError
 from hscache.store.layout import SAMPLED_ARRAYS
 from hscache.store.sampling import SamplingSetting
@@ -181,15 +181,13 @@ def test_scorer_eval_scores_the_sampled_vllm_cache(vllm_sampled, tmp_path):
     assert report["tokens"] > 0 and report["rounds"] > 0
 
 
-def test_the_seed_rule_is_the_judges_and_a_shard_keeps_each_records_seed(tmp_path):
+def test_the_seed_rule_is_the_judges_and_a_shard_keeps_each_records_seed():
     # sample n of prompt i: seed + i * samples + n (the judge numbers the cache's prompts the same way)
     assert [request_seed(7, i, n, 2) for i in range(3) for n in range(2)] == [7, 8, 9, 10, 11, 12]
     assert request_seed(None, 1, 0, 2) is None
-    from hscache.capture import extract as module
-
-    sharded = _config(tmp_path / "p.jsonl", tmp_path / "o", shard=(1, 3))
     # shard 1 of 3 holds records 1, 4, ...: its second record (n = 2, 3) is record 4 of the whole run
-    assert [module._request_seed(sharded, n) for n in range(4)] == [9, 10, 15, 16]
+    assert [sequence_seed(SETTING, n, (1, 3)) for n in range(4)] == [9, 10, 15, 16]
+    assert [sequence_seed(SETTING, n) for n in range(4)] == [7, 8, 9, 10]
 
 
 def test_the_worker_job_carries_the_sampling_setting(tmp_path):

@@ -20,6 +20,7 @@ __all__ = [
     "request_seed",
     "sampling_fields",
     "sampling_params",
+    "sequence_seed",
 ]
 
 # vLLM's OpenAI layer writes a masked (-inf) logprob as this (ChatCompletionLogProb); the worker does too.
@@ -33,6 +34,18 @@ SEED_RULE = (
 def request_seed(setting_seed: int | None, prompt: int, sample: int, samples: int) -> int | None:
     """vLLM's per-request seed of sample ``sample`` of prompt ``prompt`` (``SEED_RULE``); None: unseeded."""
     return None if setting_seed is None else setting_seed + prompt * samples + sample
+
+
+def sequence_seed(setting: SamplingSetting, n: int, shard: tuple[int, int] | None = None) -> int | None:
+    """``request_seed`` of the ``n``-th sequence an extraction reads (a record's samples consecutive), the
+    record numbered among all records read: shard (I, N) holds records I, I + N, ..., so the shards of a
+    sharded run draw with the seeds one run would."""
+    samples = setting.samples_per_prompt
+    record, sample = divmod(n, samples)
+    if shard is not None:
+        index, count = shard
+        record = record * count + index
+    return request_seed(setting.seed, record, sample, samples)
 
 
 def sampling_fields(setting: SamplingSetting, vocab_size: int, max_tokens: int) -> dict[str, Any]:
