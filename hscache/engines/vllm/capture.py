@@ -46,7 +46,7 @@ from hscache.capture.responses import ServedChoice, parse_choice
 from hscache.engines.vllm import cpu_patch
 from hscache.engines.vllm.files import read_connector_file, vllm_ids
 from hscache.engines.vllm.outputs import completion_choice
-from hscache.engines.vllm.requests import SEED_RULE, position_logprobs, sampling_fields, sampling_params
+from hscache.engines.vllm.requests import SEED_RULE, returned, sampling_fields, sampling_params
 from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm
 from hscache.store.sampling import GREEDY, SamplingSetting
 
@@ -268,17 +268,12 @@ class VllmCapture:
         for path in self._flush(outputs):  # this pass's states are not the teacher-forced ones: dropped
             _remove(path)
         for i, out in zip(todo, outputs):
-            choice = out.outputs[0]
-            tokens = [int(t) for t in choice.token_ids]
+            request = returned(out.outputs[0])
+            tokens = request["token_ids"]
             if tokens and tokens[-1] in self.eos_ids:
                 reason = "eos"
             else:
                 reason = "max_length" if budgets[i] < max_new_tokens else "max_new_tokens"
-            request = {
-                "token_ids": tokens,
-                "finish_reason": choice.finish_reason,
-                "logprobs": [position_logprobs(e) for e in choice.logprobs] if choice.logprobs else None,
-            }
             results[i] = (list(prompts[i]) + tokens, reason, request)
         return [r for r in results if r is not None]
 

@@ -17,6 +17,7 @@ __all__ = [
     "LOGPROB_FLOOR",
     "SEED_RULE",
     "position_logprobs",
+    "returned",
     "request_seed",
     "sampling_fields",
     "sampling_params",
@@ -80,3 +81,14 @@ def position_logprobs(entry: Mapping[int, Any]) -> list[list[float]]:
         value = float(lp.logprob)
         rows.append([int(token), value if value > LOGPROB_FLOOR else LOGPROB_FLOOR])
     return rows
+
+
+def returned(completion: Any) -> dict[str, Any]:
+    """What one vLLM ``CompletionOutput`` returned, as plain data: ``token_ids``, ``finish_reason`` and
+    per position ``logprobs`` (``position_logprobs``; None when none were requested)."""
+    logprobs = completion.logprobs
+    return {
+        "token_ids": [int(t) for t in completion.token_ids],
+        "finish_reason": completion.finish_reason,
+        "logprobs": [position_logprobs(e) for e in logprobs] if logprobs else None,
+    }

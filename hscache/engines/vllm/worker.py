@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hscache.engines.vllm.requests import position_logprobs, sampling_params
+from hscache.engines.vllm.requests import returned, sampling_params
 from hscache.engines.vllm.runtime import (
     VllmError,
     VllmUnavailableError,
@@ -91,7 +91,8 @@ def _ngram_unrecorded(prompt_ids: list[int], config: dict[str, Any], max_model_l
 def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, Any]:
     choice = output.outputs[0]
     metrics = choice.spec_decode_metrics.to_dict() if choice.spec_decode_metrics is not None else None
-    token_ids = [int(t) for t in choice.token_ids]
+    request = returned(choice)
+    token_ids = request["token_ids"]
     rounds = None
     if metrics is not None:
         rounds = place_rounds(
@@ -101,13 +102,7 @@ def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, A
             metrics.get("per_step_drafted", []),
             unrecorded,
         )
-    return {
-        "token_ids": token_ids,
-        "finish_reason": choice.finish_reason,
-        "logprobs": [position_logprobs(e) for e in choice.logprobs] if choice.logprobs else None,
-        "spec_decode_metrics": metrics,
-        "rounds": rounds,
-    }
+    return {**request, "spec_decode_metrics": metrics, "rounds": rounds}
 
 
 def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
