@@ -45,7 +45,13 @@ from hscache.capture.prompts import (
     unique_ids,
 )
 from hscache.capture.provenance import build_provenance, model_path, run_record, tokenizer_sha256, utc_now
-from hscache.capture.responses import ServedRecord, expand_samples, iter_responses, responses_sampling
+from hscache.capture.responses import (
+    ServedRecord,
+    expand_samples,
+    iter_responses,
+    responses_sampling,
+    with_choice,
+)
 from hscache.capture.sampling import (
     SAMPLING_BYTES_PER_LOGIT,
     SupportBuilder,
@@ -56,6 +62,7 @@ from hscache.capture.sampling import (
 )
 from hscache.capture.target import Target, check_device, load_target
 from hscache.capture.writer_thread import WriterThread
+from hscache.engines.vllm.requests import sequence_seed
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
@@ -70,7 +77,15 @@ from hscache.store.target_files import write_target_dir
 from hscache.store.urls import is_url
 from hscache.store.writer import SequenceRows, StoreWriter, write_error
 
-__all__ = ["ExtractConfig", "ExtractResult", "Progress", "auto_dtype", "extract", "write_target_of"]
+__all__ = [
+    "ExtractConfig",
+    "ExtractResult",
+    "Progress",
+    "auto_dtype",
+    "extract",
+    "worker_job",
+    "write_target_of",
+]
 
 # Settings that change what the cache holds; a resume must match all of them.
 _RESUME_KEYS = (
@@ -521,6 +536,17 @@ def _continued(
             response = response_token_ids(record, target.tokenizer)
             stop = record.choice.stop_reason if isinstance(record, ServedRecord) else "dataset"
             done.append((prompt + response, stop) if response else (prompt, "none"))
+    elif not config.sampling.greedy and engine is not None:  # drawn by vLLM's sampler, seeded per request
+        if progress is not None:
+            progress.status(
+                f"sampling {len(group)} continuations of up to {config.max_new_tokens} tokens in vLLM"
+            )
+        seeds = [sequence_seed(config.sampling, n, config.shard) for n, _ in group]
+        names = [f"record {record.record_id!r} sample {record.metadata['sample']}" for _, record in group]
+        drawn = engine.sampled_continuations(prompts, seeds, config.max_new_tokens, target.vocab_size, names)
+        # each sample's completion rides with its record: its sampled arrays are vLLM's distribution
+        group = [(n, with_choice(record, choice)) for (n, record), (_, _, choice) in zip(group, drawn)]
+        done = [(ids, stop) for ids, stop, _ in drawn]
     elif not config.sampling.greedy:
         keys = [(record.record_id, int(record.metadata["sample"])) for _, record in group]
         args = (config.sampling, config.max_new_tokens, config.max_length)
@@ -580,6 +606,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
     if config.responses_from:  # the setting is the file's requests' (fields a given setting adds must agree)
         flags = {} if config.sampling.greedy else config.sampling.to_dict()
         config = replace(config, sampling=responses_sampling(config.responses_from, _parameters(flags)))
+    if config.engine == "vllm" and not config.sampling.greedy and not config.responses_from:
+        config = replace(config, sampling=replace(config.sampling, drawn_by="vllm"))  # its sampler draws
     if config.dtype == "auto":  # resolved before anything is recorded: settings hold bf16/fp32
         config = replace(config, dtype=auto_dtype(config.device))
     # From before the model loads (a second writer is refused in a second, not after the load) and
@@ -657,6 +685,7 @@ def _engine_for(config: ExtractConfig, target: Target, settings: dict[str, Any])
         config.max_length,
         eos_token_ids(target),
         keep_files=Path(config.connector_dir) if config.connector_dir else None,
+        sampling=config.sampling,
     )
 
 
@@ -812,6 +841,31 @@ def _elsewhere(config: ExtractConfig) -> bool:
     return importlib.util.find_spec("vllm") is None and vllm_python(config.vllm_python) != sys.executable
 
 
+_WORKER_PATHS = ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir")
+
+
+def worker_job(config: ExtractConfig) -> dict[str, Any]:
+    """``config`` as the JSON job of the extraction worker in vLLM's interpreter
+    (engines/vllm/extract_worker.py ``config_of`` reads it back): its fields but ``vllm_python``, the
+    sampling setting as ``SamplingSetting.to_dict``, and paths made absolute (the worker runs in a
+    folder of its own)."""
+    job = {
+        k: getattr(config, k)
+        for k in ExtractConfig.__dataclass_fields__
+        if k not in ("sampling", "vllm_python")
+    }
+    job["sampling"] = config.sampling.to_dict()
+    for key in _WORKER_PATHS:
+        value = job[key]
+        if (
+            value
+            and not str(value).startswith("builtin:")
+            and (key in ("out", "connector_dir") or Path(value).exists())
+        ):
+            job[key] = str(Path(value).absolute())
+    return job
+
+
 def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
     """The whole extraction in the interpreter that has vLLM (``run_worker``: a JSON job, a JSON result)."""
     import shutil
@@ -824,19 +878,7 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
     if progress is not None and hasattr(progress, "step"):
         progress.step(f"running the extraction in {python} (vLLM's interpreter)")
     workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
-    job = {
-        k: getattr(config, k)
-        for k in ExtractConfig.__dataclass_fields__
-        if k not in ("sampling", "vllm_python")
-    }
-    for key in ("out", "model", "prompts", "tokens_from", "responses_from", "connector_dir"):
-        value = job[key]  # the worker runs in a folder of its own: relative paths are made absolute here
-        if (
-            value
-            and not str(value).startswith("builtin:")
-            and (key in ("out", "connector_dir") or Path(value).exists())
-        ):
-            job[key] = str(Path(value).absolute())
+    job = worker_job(config)
     result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
     return ExtractResult(**{**result, "path": Path(result["path"])})
@@ -882,6 +924,8 @@ def _start_run(
                 "sampled_positions": None,
                 "realised_outside_support": None,
             }
+            if engine is not None and config.sampling.drawn_by == "vllm":  # whose sampler, which seeds
+                provenance["sampling"]["sampler"] = engine.sampler()
         write_provenance(writer, provenance)
     source = (
         config.responses_from

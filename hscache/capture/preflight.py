@@ -226,7 +226,6 @@ def _check_engine(config: ExtractRequest) -> None:
     vllm_python(getattr(config, "vllm_python", None))  # this interpreter, --vllm-python or the env: one line
     refused = [
         ("--dtype fp16 (vLLM CPU runs bf16 or fp32 here)", getattr(config, "dtype", "auto") == "fp16"),
-        ("a sampled setting (--sampling/--temperature ...)", not config.sampling.greedy),
         ("--full-logits (vLLM returns the top-k only)", getattr(config, "full_logits", False)),
         ("--backend (vLLM chooses its own kernels)", getattr(config, "backend", "auto") != "auto"),
     ]
@@ -235,6 +234,16 @@ def _check_engine(config: ExtractRequest) -> None:
             raise InputError(
                 f"--engine vllm with {what} is not implemented; drop it or use --engine transformers"
             )
+    s = config.sampling
+    if not s.greedy and s.min_p > 0 and not config.responses_from:
+        # vLLM's hidden-state extraction is a speculative method, and vLLM refuses min_p with one
+        # (vllm/sampling_params.py:1189-1194 _validate_spec_decode, vllm 0.32.0): refused here, before
+        # the engine starts, rather than by vLLM in the middle of the run.
+        raise InputError(
+            f"--engine vllm with --min-p {s.min_p:g}: vLLM extracts hidden states through a speculative-"
+            "decoding method and refuses min_p with speculative decoding (vllm/sampling_params.py:1189); "
+            "pass --min-p 0 or use --engine transformers"
+        )
 
 
 def _check_sampling_options(config: ExtractRequest) -> None:
@@ -254,7 +263,10 @@ def _check_sampling_options(config: ExtractRequest) -> None:
             "sampling draws new tokens, and --max-new-tokens 0 / --tokens-from cache given text as it is: "
             "raise --max-new-tokens, or drop the sampling flags"
         )
-    if config.sampling.drawn_by != "hscache":
+    drawn_by = config.sampling.drawn_by
+    if drawn_by == "vllm" and getattr(config, "engine", "transformers") != "vllm":
+        raise InputError("a sampling setting drawn by vLLM's sampler needs --engine vllm")
+    if drawn_by not in ("hscache", "vllm"):
         raise InputError("a sampling setting drawn by a server needs --responses-from FILE")
 
 

@@ -29,7 +29,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,10 @@ __all__ = [
     "ServedRecord",
     "expand_samples",
     "iter_responses",
+    "parse_choice",
     "responses_sampling",
     "served_arrays",
+    "with_choice",
 ]
 
 # vLLM writes a masked (-inf) logprob as this floor (ChatCompletionLogProb.logprob default; serving code clamps to it).
@@ -266,7 +268,13 @@ def _support(
     return tuple(kept), (math.exp(own) if _finite(own) else 0.0)
 
 
-def _choice(where: str, choice: Any, width: int) -> ServedChoice:
+def parse_choice(where: str, choice: Any, width: int) -> ServedChoice:
+    """One completions/chat choice (a dict as the server returned it) as a ``ServedChoice`` whose supports
+    hold at most ``width`` entries; ``where`` names it in a refusal.
+
+    Raises:
+        PromptFileError: as ``iter_responses`` (logprobs missing, a support that is not complete ...).
+    """
     if not isinstance(choice, dict):
         raise PromptFileError(f"{where}: a choice is not an object")
     positions = _positions(where, choice.get("logprobs"))
@@ -317,7 +325,7 @@ def iter_responses(path: str | Path, setting: SamplingSetting) -> Iterator[Serve
             "input_ids",
             _prompt_ids(where, request, response),
             metadata,
-            choices=tuple(_choice(where, c, setting.support_width) for c in choices),
+            choices=tuple(parse_choice(where, c, setting.support_width) for c in choices),
         )
 
 
@@ -342,6 +350,13 @@ def expand_samples(records: Iterator[PromptRecord], setting: SamplingSetting) ->
             continue
         for n in range(setting.samples_per_prompt):
             yield replace(record, metadata={**record.metadata, "sample": n})
+
+
+def with_choice(record: PromptRecord, choice: ServedChoice) -> ServedRecord:
+    """``record`` (one sample of a prompt) with the completion an engine drew for it: its sampled arrays
+    are then the engine's distribution (``served_arrays``), as for a record read from a responses file."""
+    values = {f.name: getattr(record, f.name) for f in fields(PromptRecord)}
+    return ServedRecord(**{**values, "response": list(choice.token_ids)}, choice=choice)
 
 
 def served_arrays(choice: ServedChoice, length: int, prompt_len: int) -> dict[str, np.ndarray]:

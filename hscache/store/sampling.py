@@ -76,7 +76,7 @@ GENERATION_CONFIG = "generation-config"
 # What vLLM takes from generation_config.json as default sampling parameters
 # (vllm/config/model.py ModelConfig.get_diff_sampling_param; max_new_tokens is not a sampling field here).
 _GENERATION_CONFIG_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
-_DRAWN_BY = ("hscache", "server")
+_DRAWN_BY = ("hscache", "server", "vllm")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ class SamplingSetting:
     seed: int | None = None
     samples_per_prompt: int = 1
     preset: str | None = None  # qwen-thinking / ... / generation-config / None: flags only
-    drawn_by: str = "hscache"  # hscache (seeded Gumbel-max here) or server (--responses-from)
+    # hscache (seeded Gumbel-max here), server (--responses-from) or vllm (vLLM's sampler, --engine vllm)
+    drawn_by: str = "hscache"
     engine: str = ENGINE
 
     @property
@@ -124,9 +125,10 @@ class SamplingSetting:
         if self.greedy:
             return "greedy (temperature 0)"
         preset = f", preset {self.preset}" if self.preset else ""
-        drawn = (
-            "drawn by hscache (seeded Gumbel-max)" if self.drawn_by == "hscache" else "drawn by the server"
-        )
+        drawn = {
+            "hscache": "drawn by hscache (seeded Gumbel-max)",
+            "vllm": "drawn by vLLM's sampler (seeded per request)",
+        }.get(self.drawn_by, "drawn by the server")
         return (
             f"temperature {self.temperature:g}, top_p {self.top_p:g}, top_k {self.top_k}, min_p {self.min_p:g}, "
             f"presence {self.presence_penalty:g}, frequency {self.frequency_penalty:g}, repetition "
@@ -297,7 +299,7 @@ def _problems(s: SamplingSetting, vocab_size: int | None) -> list[str]:
         not isinstance(s.seed, int) or isinstance(s.seed, bool) or not 0 <= s.seed < 2**63
     ):
         out.append(f"--seed {s.seed!r} must be an integer in 0..2^63-1")
-    if not s.greedy and s.seed is None and s.drawn_by == "hscache":
+    if not s.greedy and s.seed is None and s.drawn_by in ("hscache", "vllm"):
         out.append("a sampled extraction needs a seed: its draws are keyed by it (pass --seed S)")
     if s.drawn_by not in _DRAWN_BY or s.engine != ENGINE:
         out.append(

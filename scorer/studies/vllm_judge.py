@@ -28,6 +28,7 @@ from typing import Any
 import hscache
 from hscache import schemas
 from hscache.engines.vllm.outputs import greedy_record, responses_record
+from hscache.engines.vllm.requests import request_seed, sampling_fields
 from hscache.engines.vllm.runtime import (
     VllmTargetError,
     interpreter_version,
@@ -146,32 +147,15 @@ def _target_dir(cache: CacheView) -> str:
     return str(model_directory(cache.settings["model"], cache.settings["weights_sha256"]))
 
 
-def _sampling_fields(cache: CacheView, max_tokens: int) -> dict[str, Any]:
-    s = cache.sampling
-    if s.greedy:
-        return {"temperature": 0.0, "max_tokens": max_tokens}
-    width = min(s.support_width + 1, cache.vocab_size)  # one entry past the support shows it is complete
-    return {
-        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
-        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
-        "repetition_penalty": s.repetition_penalty, "max_tokens": max_tokens, "logprobs": width,
-    }  # fmt: skip
-
-
-def _request_seed(setting_seed: int | None, prompt: int, sample: int, samples: int) -> int | None:
-    """vLLM's per-request seed of sample ``sample`` of prompt ``prompt``: the setting's seed + its number."""
-    return None if setting_seed is None else setting_seed + prompt * samples + sample
-
-
 def _run(name: str, cache: CacheView, prompts: list[_Prompt]) -> dict[str, Any]:
     """One run of an engine: the cache's prompts (each ``samples_per_prompt`` times) at its setting."""
     s, max_tokens = cache.sampling, int(cache.settings["max_new_tokens"])
     samples = 1 if s.greedy else s.samples_per_prompt
     return {
         "name": name,
-        "sampling": _sampling_fields(cache, max_tokens),
+        "sampling": sampling_fields(s, cache.vocab_size, max_tokens),
         "prompts": [p.ids for p in prompts for _ in range(samples)],
-        "seeds": [_request_seed(s.seed, i, n, samples) for i in range(len(prompts)) for n in range(samples)],
+        "seeds": [request_seed(s.seed, i, n, samples) for i in range(len(prompts)) for n in range(samples)],
     }
 
 
@@ -182,7 +166,7 @@ def _job(target: str, caches: list[CacheView], runs: list[dict], specs: list[dic
         "target": target,
         "dtype": first.settings["dtype"],
         "max_model_len": longest + max(spec["num_speculative_tokens"] for spec in specs) + 8,
-        "seed": 0,  # every sampled request carries its own seed (_request_seed)
+        "seed": 0,  # every sampled request carries its own seed (request_seed)
         "hybrid": "linear_attention" in (first.target_config.get("layer_types") or ()),
         "max_logprobs": max([_MAX_LOGPROBS_FLOOR, *(r["sampling"].get("logprobs", 0) for r in runs)]),
         "engines": [
@@ -215,7 +199,7 @@ def _served_cache(
     lines = []
     for i, p in enumerate(prompts):
         mine = requests[i * samples : (i + 1) * samples]
-        seeds = [_request_seed(s.seed, i, n, samples) for n in range(samples)]
+        seeds = [request_seed(s.seed, i, n, samples) for n in range(samples)]
         lines.append(
             responses_record(
                 p.record_id, p.ids, mine, {**fields, "seed": s.seed}, {**p.metadata, "vllm_seeds": seeds}

@@ -301,7 +301,7 @@ def test_engine_vllm_refuses_what_it_does_not_implement(tmp_path, prompts_file, 
     monkeypatch.setenv("HSCACHE_VLLM_PYTHON", str(VLLM_PYTHON))  # refused before it is ever started
     for extra, message in [
         (["--dtype", "fp16"], "--dtype fp16"),
-        (["--temperature", "0.7", "--top-k", "20"], "a sampled setting"),
+        (["--temperature", "0.7", "--top-k", "20", "--min-p", "0.05"], "--min-p 0.05: vLLM"),
         (["--full-logits"], "--full-logits"),
     ]:
         args = [

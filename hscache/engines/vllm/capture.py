@@ -2,8 +2,17 @@
 
 Two passes per batch of records, both in one in-process engine:
 
-1. generation: vLLM's own sampler draws each continuation (greedy at temperature 0), with the
-   stop tokens transformers would use, so a greedy fp32 run gives the transformers engine's text;
+1. generation: vLLM's own sampler draws each continuation, with the stop tokens transformers would
+   use, so a greedy fp32 run gives the transformers engine's text. A sampled setting (the cache's
+   ``SamplingSetting``) is one request per (record, sample) with vLLM's own parameter names and a
+   per-request seed (requests.py ``request_seed``, the judge's rule), ``logprobs`` = the support width
+   + 1 under ``logprobs_mode`` processed_logprobs: the distribution each token was drawn from, masked
+   tokens at -inf, becomes the cache's sampled arrays as a server's does with ``--responses-from``.
+   The method is a speculative one (its proposer drafts the token just sampled,
+   vllm/v1/spec_decode/extract_hidden_states.py:88-106), so decode steps go through the rejection
+   sampler (temperature, top-k, top-p, penalties: vllm/v1/sample/rejection_sampler.py:522-578), whose
+   per-token temperature and top-k need the CPU fix of cpu_patch.py, applied here; vLLM refuses min_p
+   with speculative decoding (vllm/sampling_params.py:1189), and so does capture/preflight.py;
 2. capture: prompt + continuation as the prompt (one prefill, so every position is computed the
    way a teacher-forced forward computes it, never by incremental decode), ``max_tokens=1``:
    the ``extract_hidden_states`` method caches the requested layers, the connector
@@ -26,14 +35,20 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hscache.capture.forward import CapturedSequence
+from hscache.capture.responses import ServedChoice, parse_choice
+from hscache.engines.vllm import cpu_patch
 from hscache.engines.vllm.files import read_connector_file, vllm_ids
+from hscache.engines.vllm.outputs import completion_choice
+from hscache.engines.vllm.requests import SEED_RULE, returned, sampling_fields, sampling_params
 from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm, vision_stub
+from hscache.store.sampling import GREEDY, SamplingSetting
 
 __all__ = ["LOGITS_NOTE", "VllmCapture", "model_directory"]
 
@@ -84,18 +99,24 @@ class VllmCapture:
         eos_ids: set[int],
         seed: int = 0,
         keep_files: Path | None = None,
+        sampling: SamplingSetting = GREEDY,
     ):
         self.model_dir, self.dtype, self.layer_ids = Path(model_dir), dtype, list(layer_ids)
         self.top_k, self.max_length, self.eos_ids, self.seed = top_k, max_length, sorted(eos_ids), seed
         self.keep_files = keep_files  # where the capture pass's files go (hs_<n>.safetensors), else deleted
+        self.sampling = sampling  # the generation pass's setting (a sampled one: drawn by vLLM's sampler)
         self.llm: Any = None
         self.version = ""
+        self.patches: list[str] = []
         self.seconds_engine = 0.0
 
     def __enter__(self) -> VllmCapture:
         os.environ.update(engine_env())  # before vLLM is imported: it reads some of them at import
         vision_stub()
         self.version = require_vllm()
+        # T > 0: the extract_hidden_states method verifies every decode step's "draft" with the rejection
+        # sampler, whose expand_batch_to_tokens needs the CPU fix (cpu_patch.py); harmless when greedy.
+        self.patches = cpu_patch.apply(self.version)
         self._files = Path(tempfile.mkdtemp(prefix="hscache-vllm-"))
         from vllm import LLM
 
@@ -113,7 +134,7 @@ class VllmCapture:
                 "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": layers},
             },
-            max_logprobs=self.top_k,
+            max_logprobs=max(self.top_k, self.sampling.support_width + 1),
             hybrid=True,  # prefix caching off: a cached prefix would be served from pass 1's decode
         )
         kwargs.update(
@@ -165,23 +186,81 @@ class VllmCapture:
             "version": self.version,
             "layer_ids": vllm_ids(self.layer_ids),
             "logits": LOGITS_NOTE,
+            "patches": list(self.patches),
+        }
+
+    def sampler(self) -> dict[str, Any]:
+        """The provenance's ``sampling.sampler`` record of a setting vLLM drew: its engine, version, the
+        per-request seed rule and the patches applied."""
+        return {
+            "engine": "vllm",
+            "version": self.version,
+            "seed_rule": SEED_RULE,
+            "patches": list(self.patches),
         }
 
     def continuations(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int
     ) -> list[tuple[list[int], str]]:
         """Prompt + continuation per prompt and why it stopped ("eos", "max_new_tokens", "max_length",
-        "none"), as ``hscache.capture.forward.continuations`` reports it."""
-        from vllm import SamplingParams
+        "none"), as ``hscache.capture.forward.continuations`` reports it (greedy)."""
+        greedy = {"temperature": 0.0}
+        return [(ids, reason) for ids, reason, _ in self._generate(prompts, max_new_tokens, greedy, None)]
 
+    def sampled_continuations(
+        self,
+        prompts: Sequence[Sequence[int]],
+        seeds: Sequence[int],
+        max_new_tokens: int,
+        vocab_size: int,
+        names: Sequence[str] | None = None,
+    ) -> list[tuple[list[int], str, ServedChoice]]:
+        """As ``continuations``, drawn by vLLM's sampler at the engine's sampling setting, request i with
+        seed ``seeds[i]``; each with its completion as a ``ServedChoice``: vLLM's processed distribution
+        (``logprobs_mode`` processed_logprobs) at every generated position, read as ``--responses-from``
+        reads a server's (capture/responses.py ``parse_choice``). ``names``: how a refusal names each.
+
+        Raises:
+            PromptFileError: a position whose returned logprobs do not hold its whole support (more tokens
+                tie at the top-k boundary than ``support_width``).
+        """
+        fields = sampling_fields(self.sampling, vocab_size, max_new_tokens)
+        done = self._generate(prompts, max_new_tokens, fields, list(seeds))
+        width = self.sampling.support_width
+        out = []
+        for i, (ids, reason, request) in enumerate(done):
+            if request is None:  # nothing generated (the prompt fills --max-length)
+                choice = ServedChoice((), reason, (), (), width)
+            else:
+                where = f"{names[i] if names else f'prompt {i}'} (vLLM request seed {seeds[i]})"
+                choice = parse_choice(where, completion_choice(0, request), width)
+                choice = replace(choice, stop_reason=reason)
+            out.append((ids, reason, choice))
+        return out
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        fields: dict[str, Any],
+        seeds: list[int] | None,
+    ) -> list[tuple[list[int], str, dict[str, Any] | None]]:
+        """Generation pass: (prompt + output, stop reason, the request as the judge's worker reports it:
+        token ids, finish reason, per-position logprobs; None where nothing was generated)."""
         budgets = [min(max_new_tokens, self.max_length - len(p)) for p in prompts]
-        results: list[tuple[list[int], str] | None] = [None] * len(prompts)
+        results: list[tuple[list[int], str, dict[str, Any] | None] | None] = [None] * len(prompts)
         todo = [i for i, b in enumerate(budgets) if max_new_tokens > 0 and b > 0]
         for i in range(len(prompts)):
             if i not in todo:
-                results[i] = (list(prompts[i]), "none" if max_new_tokens <= 0 else "max_length")
+                results[i] = (list(prompts[i]), "none" if max_new_tokens <= 0 else "max_length", None)
         params = [
-            SamplingParams(max_tokens=budgets[i], temperature=0.0, stop_token_ids=self.eos_ids) for i in todo
+            sampling_params(
+                fields,
+                None if seeds is None else seeds[i],
+                max_tokens=budgets[i],
+                stop_token_ids=self.eos_ids,
+            )
+            for i in todo
         ]
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(prompts[i])} for i in todo], params, use_tqdm=False
@@ -189,12 +268,13 @@ class VllmCapture:
         for path in self._flush(outputs):  # this pass's states are not the teacher-forced ones: dropped
             _remove(path)
         for i, out in zip(todo, outputs):
-            tokens = list(out.outputs[0].token_ids)
+            request = returned(out.outputs[0])
+            tokens = request["token_ids"]
             if tokens and tokens[-1] in self.eos_ids:
                 reason = "eos"
             else:
                 reason = "max_length" if budgets[i] < max_new_tokens else "max_new_tokens"
-            results[i] = (list(prompts[i]) + tokens, reason)
+            results[i] = (list(prompts[i]) + tokens, reason, request)
         return [r for r in results if r is not None]
 
     def capture(

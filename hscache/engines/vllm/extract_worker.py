@@ -1,7 +1,7 @@
 """``hscache extract --engine vllm`` run in vLLM's own interpreter: ``python -m
 hscache.engines.vllm.extract_worker JOB OUT`` (``runtime.run_worker`` starts it).
 
-JOB is the ``ExtractConfig`` as JSON (greedy: a sampled setting is refused before this runs), OUT
+JOB is the ``ExtractConfig`` as JSON (``capture/extract.py`` ``worker_job``; read back by ``config_of``), OUT
 receives the ``ExtractResult`` as JSON, or ``{"error": one line, "kind": ...}`` and exit 2 on a refusal.
 """
 
@@ -11,20 +11,32 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["config_of", "main"]
+
+
+def config_of(job: dict[str, Any]) -> Any:
+    """The ``ExtractConfig`` of a job ``hscache.capture.extract.worker_job`` wrote."""
+    from hscache.capture.extract import ExtractConfig
+    from hscache.store.sampling import SamplingSetting
+
+    values = dict(job)
+    if values.get("shard") is not None:
+        values["shard"] = tuple(values["shard"])
+    if values.get("sampling") is not None:
+        values["sampling"] = SamplingSetting.from_dict(values["sampling"])
+    return ExtractConfig(**values)
 
 
 def main(job_path: str, out_path: str) -> int:
-    from hscache.capture.extract import ExtractConfig, extract
+    from hscache.capture.extract import extract
     from hscache.engines.vllm.runtime import VllmTargetError, VllmUnavailableError, VllmVersionError
     from hscache.errors import HscacheError
 
     job = json.loads(Path(job_path).read_text())
-    if job.get("shard") is not None:
-        job["shard"] = tuple(job["shard"])
     try:
-        result = extract(ExtractConfig(**job))
+        result = extract(config_of(job))
     except HscacheError as exc:
         kinds = {VllmTargetError: "target", VllmVersionError: "version", VllmUnavailableError: "unavailable"}
         kind = next((name for cls, name in kinds.items() if isinstance(exc, cls)), "input")

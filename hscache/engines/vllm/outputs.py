@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["greedy_record", "responses_record"]
+__all__ = ["completion_choice", "greedy_record", "responses_record"]
 
 _FINISH = ("stop", "length")
 _REQUEST_FIELDS = (
@@ -24,7 +24,8 @@ def _name(token: int) -> str:
     return f"token_id:{int(token)}"
 
 
-def _choice(index: int, request: Mapping[str, Any]) -> dict[str, Any]:
+def completion_choice(index: int, request: Mapping[str, Any]) -> dict[str, Any]:
+    """One worker request (``token_ids``, ``finish_reason``, ``logprobs``) as a completions choice."""
     ids = list(request["token_ids"])
     positions = request["logprobs"]
     if positions is None or len(positions) != len(ids):
@@ -65,7 +66,7 @@ def responses_record(
     )
     response = {
         "prompt_token_ids": list(prompt_ids),
-        "choices": [_choice(n, s) for n, s in enumerate(samples)],
+        "choices": [completion_choice(n, s) for n, s in enumerate(samples)],
     }
     return {**dict(metadata or {}), "id": record_id, "request": request, "response": response}
 

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hscache.engines.vllm.requests import returned, sampling_params
 from hscache.engines.vllm.runtime import (
     VllmError,
     VllmUnavailableError,
@@ -45,8 +46,6 @@ from hscache.engines.vllm.runtime import (
 )
 
 __all__ = ["main", "place_rounds"]
-
-_LOGPROB_FLOOR = -9999.0  # vLLM's OpenAI layer writes a masked logprob as this (ChatCompletionLogProb)
 
 
 def place_rounds(
@@ -93,26 +92,11 @@ def _ngram_unrecorded(prompt_ids: list[int], config: dict[str, Any], max_model_l
     return unrecorded
 
 
-def _sampling_params(sampling: dict[str, Any], seed: int | None):
-    from vllm import SamplingParams
-
-    fields = dict(sampling)
-    logprobs = fields.pop("logprobs", None)
-    return SamplingParams(**fields, seed=seed, logprobs=logprobs or None)
-
-
-def _position_logprobs(entry: dict[int, Any]) -> list[list[float]]:
-    rows = []
-    for token, lp in entry.items():
-        value = float(lp.logprob)
-        rows.append([int(token), value if value > _LOGPROB_FLOOR else _LOGPROB_FLOOR])
-    return rows
-
-
 def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, Any]:
     choice = output.outputs[0]
     metrics = choice.spec_decode_metrics.to_dict() if choice.spec_decode_metrics is not None else None
-    token_ids = [int(t) for t in choice.token_ids]
+    request = returned(choice)
+    token_ids = request["token_ids"]
     rounds = None
     if metrics is not None:
         rounds = place_rounds(
@@ -122,13 +106,7 @@ def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, A
             metrics.get("per_step_drafted", []),
             unrecorded,
         )
-    return {
-        "token_ids": token_ids,
-        "finish_reason": choice.finish_reason,
-        "logprobs": [_position_logprobs(e) for e in choice.logprobs] if choice.logprobs else None,
-        "spec_decode_metrics": metrics,
-        "rounds": rounds,
-    }
+    return {**request, "spec_decode_metrics": metrics, "rounds": rounds}
 
 
 def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +126,7 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
     runs = []
     for run in engine["runs"]:
         prompts = run["prompts"]
-        params = [_sampling_params(run["sampling"], s) for s in run["seeds"]]
+        params = [sampling_params(run["sampling"], s) for s in run["seeds"]]
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         requests = []
         for prompt_ids, output in zip(prompts, outputs):
