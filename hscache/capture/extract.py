@@ -875,6 +875,9 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
 
     python = vllm_python(config.vllm_python)
     interpreter_version(python)  # its vLLM's version, from its metadata: one line when it is not 0.32
+    _preflight_vllm_target(
+        config
+    )  # a target vLLM CPU cannot run: refused here, before vLLM's interpreter starts
     if progress is not None and hasattr(progress, "step"):
         progress.step(f"running the extraction in {python} (vLLM's interpreter)")
     workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
@@ -882,6 +885,23 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
     result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
     return ExtractResult(**{**result, "path": Path(result["path"])})
+
+
+def _preflight_vllm_target(config: ExtractConfig) -> None:
+    """The target's config against vLLM's limits on ``config.device`` (runtime.preflight_target): the
+    config.json of a directory, or a built-in target's (tiny: built here)."""
+    from hscache.engines.vllm.runtime import preflight_target
+
+    dtype = auto_dtype(config.device) if config.dtype == "auto" else config.dtype
+    if config.model.startswith("builtin:"):
+        text_config = load_target(config.model, "fp32", "cpu").text_config.to_dict()
+    else:
+        path = Path(config.model) / "config.json"
+        if not path.is_file():
+            return  # the worker names a missing model in its own line
+        whole = json.loads(path.read_text())
+        text_config = whole.get("text_config") or whole
+    preflight_target(text_config, dtype, config.device)
 
 
 def _extract_to_url(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
