@@ -6,7 +6,7 @@ causal forward over the sequence and the later steps of all anchors together. Th
      K-1 one-row steps), what a scorer without batching does; the issue's target is >= 5x.
   2. step 0 shared (one forward for the sequence), later steps one anchor at a time.
 Every path's drafts are checked equal before a ratio is printed. The head is the built-in target's
-seeded MTP head (builtin:tiny-qwen3.5).
+trained MTP head (builtin:tiny-qwen3.5, trained jointly with the target: hscache/data/builtin/README.md).
 
     python bench/mtp.py [--sequences 4] [--new-tokens 128] [--k 3] [--quick]
 """
