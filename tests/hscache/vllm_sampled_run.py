@@ -1,8 +1,10 @@
 """One process in vLLM's interpreter for tests/hscache/test_vllm_sampled.py (vLLM is imported once):
 
-``python -m tests.hscache.vllm_sampled_run JOB B RESULT``: extract JOB (a sampled ``--engine vllm`` job,
-``hscache.capture.extract.worker_job``) through the worker's own ``main`` into its ``out``; then the same job into B,
-stopped after its first 3 sequences were committed, then resumed. RESULT receives what each run returned.
+``python tests/hscache/vllm_sampled_run.py JOB B RESULT [GREEDY_JOB GREEDY_RESULT]``: extract GREEDY_JOB
+(tests/hscache/test_vllm_engine.py's greedy extraction) through the worker's own ``main``; extract JOB (a
+sampled ``--engine vllm`` job, ``hscache.capture.extract.worker_job``) the same way into its ``out``; then
+the same job into B, stopped after its first 3 sequences were committed, then resumed. RESULT receives
+what each run returned. One process for both test files: vLLM's import (~20 CPU-s) is paid once.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class StopAfter(Progress):
             raise Stopped
 
 
-def run(job_path: str, second: str, result_path: str) -> int:
+def run(job_path: str, second: str, result_path: str, greedy_job: str = "", greedy_result: str = "") -> int:
+    if greedy_job and main(greedy_job, greedy_result) != 0:
+        return 2
     first = Path(result_path).with_suffix(".first.json")
     status = main(job_path, str(first))
     config = replace(config_of(json.loads(Path(job_path).read_text())), out=second, connector_dir=None)
@@ -55,4 +59,4 @@ def run(job_path: str, second: str, result_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(*sys.argv[1:4]))
+    sys.exit(run(*sys.argv[1:6]))
