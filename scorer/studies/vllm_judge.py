@@ -301,6 +301,14 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
 
 def _check_caches(caches: list[CacheView]) -> None:
     first = caches[0]
+    for cache in caches:
+        s = cache.sampling
+        if not s.greedy and s.min_p > 0:
+            raise ScorerError(
+                f"cache {cache.path} is sampled with min_p {s.min_p:g}, which vLLM 0.32.0 refuses with speculative "
+                "decoding (vllm/sampling_params.py:1189, SamplingParams._validate_spec_decode); judge a cache "
+                "sampled without min_p (hscache extract --min-p 0)"
+            )
     for cache in caches[1:]:
         for key in ("model", "dtype", "weights_sha256"):
             if cache.settings.get(key) != first.settings.get(key):

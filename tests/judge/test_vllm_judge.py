@@ -169,3 +169,22 @@ def test_a_family_vllm_does_not_serve_is_named(judge_caches):
         Exception, match=r"^vLLM 0\.32\.0 does not serve dflash2 drafters as hscache scores them"
     ):
         speculative_config("dflash2", "d/", None, 4)
+
+
+def test_a_cache_sampled_with_min_p_is_refused_before_vllm_starts(tmp_path):
+    """vLLM 0.32.0 refuses min_p with any speculative method (sampling_params.py:1189): named up front,
+    not left to fail inside the engine."""
+    import hscache
+    from hscache.store.sampling import SamplingSetting
+    from scorer.errors import ScorerError
+
+    cache = tmp_path / "min-p"
+    setting = SamplingSetting.from_flags(temperature=0.7, top_k=20, min_p=0.1, seed=1)
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(cache), model="builtin:tiny-qwen3", layers="1,3,7", max_new_tokens=2, dtype="fp32",
+            limit=1, sampling=setting, mtp=False,
+        )
+    )  # fmt: skip
+    with pytest.raises(ScorerError, match=r"is sampled with min_p 0\.1, which vLLM 0\.32\.0 refuses"):
+        judge("ngram", cache, ServedConfig(vllm_python=str(VLLM_PYTHON), num_speculative_tokens=3))
