@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 import hscache
 from hscache.store import jsonio
@@ -57,8 +58,14 @@ class _GuardedIndex:
         return _NoListColumn(self._table.column(name))
 
 
-def test_large_index_opens_parsing_only_distinct_metadata(scorer_cache, tmp_path, monkeypatch):
-    path = synthetic_index(scorer_cache, tmp_path / "big", _N)
+@pytest.fixture(scope="module")
+def big_index(scorer_cache, tmp_path_factory) -> Path:
+    """The scorer cache behind a synthetic 100,000-row index (built once: both tests only read it)."""
+    return synthetic_index(scorer_cache, tmp_path_factory.mktemp("index-scale") / "big", _N)
+
+
+def test_large_index_opens_parsing_only_distinct_metadata(big_index, monkeypatch):
+    path = big_index
     calls = []
     real = jsonio.loads
     # Every JSON the store parses goes through jsonio.loads; the index metadata arrives as str (files as bytes).
@@ -69,8 +76,8 @@ def test_large_index_opens_parsing_only_distinct_metadata(scorer_cache, tmp_path
     assert cache.index.column("category")[_N - 1].as_py() == ["code", "math", "chat"][(_N - 1) % 3]
 
 
-def test_scoring_a_large_index_reads_it_per_row(scorer_cache, trained_drafter, tmp_path, monkeypatch):
-    path = synthetic_index(scorer_cache, tmp_path / "big", _N)
+def test_scoring_a_large_index_reads_it_per_row(big_index, trained_drafter, monkeypatch):
+    path = big_index
     real_open = hscache.open_cache
 
     def guarded(p, **options):
