@@ -67,18 +67,27 @@ def _batch(
     return features, anchors, blocks, targets
 
 
+# Conventions a fine-tuning run may change (the plants of scorer diagnose's tests); every other
+# field, and the number of target layers read, shapes the weights and must match the start's.
+_CONVENTIONS = ("mask_token_id", "block_size", "target_layer_ids", "rope_theta", "rope_scaling")
+
+
 def _start_weights(path: str | Path, want: DFlashConfig, cache) -> dict[str, torch.Tensor]:
-    """The weights of the drafter at ``path`` (``init_from``), whose config must be ``want``."""
+    """The weights of the drafter at ``path`` (``init_from``), whose shapes must be ``want``'s."""
     start = load_checkpoint(path, fallbacks={"mask_token_id": cache.mask_token_id})
     differ = [
         f"{f.name} {getattr(start.config, f.name)!r} (this run: {getattr(want, f.name)!r})"
         for f in dataclasses.fields(want)
         if getattr(start.config, f.name) != getattr(want, f.name)
+        and (f.name not in _CONVENTIONS or f.name == "target_layer_ids")
+        and not (
+            f.name == "target_layer_ids" and len(start.config.target_layer_ids) == len(want.target_layer_ids)
+        )
     ]
     if differ:
         raise ScorerError(
-            f"init_from {path}: its config differs from the drafter this run trains: {'; '.join(differ)}; "
-            "train with the same block_size, layer_ids and mask_token_id, or start from random weights"
+            f"init_from {path}: its weights do not fit the drafter this run trains: {'; '.join(differ)}; "
+            "train the same shape (layer_ids of the same length), or start from random weights"
         )
     return start.state_dict
 
@@ -103,7 +112,8 @@ class DFlashTrainConfig:
             config.json records layer_ids and mask_token_id as trained; the other two have no config
             field, as in the trainers that get them wrong.
         init_from: a DFlash drafter directory to start from instead of random weights (fine-tuning,
-            e.g. under another convention); its config must be the one this run would build.
+            e.g. under another convention: its mask id, block size, layer ids or RoPE may differ
+            from this run's; its shapes may not).
     """
 
     steps: int = 300
