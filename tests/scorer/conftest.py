@@ -56,16 +56,23 @@ def eagle3_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory)
 
 # ---- scorer diagnose: tiny drafters trained under a planted convention ---------------------------
 # The smallest cache found to give clear gaps (see docs/diagnose.md): all 8 layers of the built-in
-# target (so layer ids can shift by 1), 16 prompts x 32 greedy tokens; block 8, seed 0, 600 steps of
-# 32 anchors (the CPU of 300 x 64; on the trained built-in target 300 x 64 left tau 2.5 and the
-# layer plant at +0.00: the drafter had not learnt to read the target yet; 600 x 32: clean tau 5.5).
-PLANTS: dict[str, tuple[dict, dict]] = {
-    # name: (train_drafter settings, config.json dflash_config fields rewritten afterwards)
-    "clean": ({}, {}),
-    "positions+1": ({"block_position_offset": 1}, {}),
-    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}),  # the cache's mask id is 3
-    "layers": ({}, {"target_layer_ids": [0, 2, 6]}),  # trained on [1, 3, 7]: the config is one off
-    "prenorm": ({"last_layer_normed": False}, {}),
+# target (so layer ids can shift by 1), 16 prompts x 32 greedy tokens; block 8, seed 0. The clean
+# drafter: 600 steps of 32 anchors from random weights (on the trained built-in target 300 x 64 left
+# tau 2.5 and the layer plant at +0.00, and 450 x 32 left tau 3.3 with a false mask-id finding: the
+# drafter had not learnt to read the target yet; 600 x 32: clean tau 5.5). A plant trained under
+# another convention is the clean drafter fine-tuned under it (``init_from``; its steps below):
+# a third of the CPU of 600 steps from scratch, and found with a wider margin (docs/diagnose.md).
+CLEAN_STEPS = 600
+PLANTS: dict[str, tuple[dict, dict, int]] = {
+    # name: (train_drafter settings, config.json dflash_config fields rewritten afterwards,
+    #        fine-tuning steps from the clean drafter; 0: the clean weights themselves)
+    "clean": ({}, {}, 0),
+    "positions+1": ({"block_position_offset": 1}, {}, 100),
+    # the cache's mask id is 3; no test trains it now: on the trained target it has nothing to find
+    # (docs/diagnose.md's table row, measured with this entry)
+    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 150),
+    "layers": ({}, {"target_layer_ids": [0, 2, 6]}, 0),  # trained on [1, 3, 7]: the config is one off
+    "prenorm": ({"last_layer_normed": False}, {}, 250),
 }
 
 
@@ -82,23 +89,27 @@ def diagnose_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFactory):
-    """name -> a drafter trained on ``diagnose_cache`` under ``PLANTS[name]`` (trained on first use;
-    plants that differ only in their rewritten config share one training)."""
+    """name -> a drafter trained on ``diagnose_cache`` under ``PLANTS[name]`` (trained on first use:
+    the clean drafter, then a plant's fine-tuning from it; plants that differ only in their
+    rewritten config share one training)."""
     import json
     import shutil
 
     root, trained, made = tmp_path_factory.mktemp("planted"), {}, {}
+    common = {"anchors_per_step": 32, "block_size": 8, "log_every": 0, "layer_ids": [1, 3, 7]}
 
     def get(name: str) -> Path:
         if name not in made:
-            settings, rewrite = PLANTS[name]
+            settings, rewrite, steps = PLANTS[name]
             key = json.dumps(settings, sort_keys=True)
+            if "{}" not in trained:
+                trained["{}"] = root / "clean_weights"
+                train_drafter(diagnose_cache, trained["{}"], steps=CLEAN_STEPS, **common)
             if key not in trained:
                 trained[key] = root / f"trained{len(trained)}"
                 train_drafter(
-                    diagnose_cache, trained[key], steps=600, anchors_per_step=32, block_size=8,
-                    log_every=0, **{"layer_ids": [1, 3, 7], **settings},
-                )  # fmt: skip
+                    diagnose_cache, trained[key], steps=steps, init_from=trained["{}"], **common, **settings
+                )
             out = root / name
             shutil.copytree(trained[key], out)
             config = json.loads((out / "config.json").read_text())

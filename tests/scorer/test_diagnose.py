@@ -247,7 +247,7 @@ def test_measure_drift_is_the_relative_l2_per_layer() -> None:
 
 
 # ---- planted conventions ------------------------------------------------------------------------
-# Measured with seed 0 (docs/diagnose.md): the finding's interval lower end is >= 0.1 tau above
+# Measured with seed 0 (docs/diagnose.md): the finding's interval lower end is >= 0.4 tau above
 # zero for every plant; we assert the name and value, and a margin of 0.05 on the lower end.
 PLANTED = [
     ("positions+1", "position_offset", 1),
@@ -306,7 +306,7 @@ def test_cli_names_the_plant_and_writes_json_and_html(planted_drafter, diagnose_
         main,
         [
             "diagnose", str(planted_drafter("prenorm")), "--cache", str(diagnose_cache),
-            "--anchors", "all", "--limit", "12", "--train-metric", "5.0",
+            "--anchors", "all", "--limit", "6", "--train-metric", "5.0",
             "--json", str(json_out), "--report", str(html_out),
         ],
     )  # fmt: skip
@@ -314,7 +314,7 @@ def test_cli_names_the_plant_and_writes_json_and_html(planted_drafter, diagnose_
     report = json.loads(json_out.read_text())
     schemas.validate(report, "diagnose_report")
     assert (report["finding"]["kind"], report["finding"]["value"]) == ("final_norm", "pre"), report["verdict"]
-    assert report["sample"]["sequences"] == 12
+    assert report["sample"]["sequences"] == 6  # found on 6: +1.08 [+0.51, +1.44] (docs/diagnose.md)
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert any(
         line.startswith("verdict: last target layer read before the final norm") for line in lines[-3:]
@@ -430,7 +430,7 @@ def test_the_shared_pass_replays_what_one_independent_pass_per_hypothesis_does(s
 def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limit(
     planted_drafter, diagnose_cache, monkeypatch
 ):
-    """Without --limit the first sample (DEFAULT_SAMPLE, 4 here) grows to ``sample_needed`` (9 here:
+    """Without --limit the first sample (DEFAULT_SAMPLE, 2 here) grows to ``sample_needed`` (5 here:
     the ranking's estimate is tested on hand-made inputs above), replaying only the new sequences;
     the grown sample is the first N of the same seeded order, so it replays what --limit N does."""
     import scorer.diagnose.run as run
@@ -439,15 +439,15 @@ def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limi
 
     def ranking(*args, **kwargs):
         seen.append(len(args[0]))
-        return {**rank_outcomes(*args, **kwargs), "sample_needed": 9}
+        return {**rank_outcomes(*args, **kwargs), "sample_needed": 5}
 
-    monkeypatch.setattr(run, "DEFAULT_SAMPLE", 4)
+    monkeypatch.setattr(run, "DEFAULT_SAMPLE", 2)
     monkeypatch.setattr(run, "rank_outcomes", ranking)
-    grown = _diagnose(planted_drafter("mask2"), diagnose_cache, n_boot=200)
+    grown = _diagnose(planted_drafter("layers"), diagnose_cache, n_boot=200)
     sample = grown["sample"]
-    assert seen == [4, 9] and sample["first"] == 4 and sample["limit"] is None
-    assert sample["sequences"] == 9 and grown["baseline"]["n_requests"] == 9
-    fixed = _diagnose(planted_drafter("mask2"), diagnose_cache, n_boot=200, limit=sample["sequences"])
+    assert seen == [2, 5] and sample["first"] == 2 and sample["limit"] is None
+    assert sample["sequences"] == 5 and grown["baseline"]["n_requests"] == 5
+    fixed = _diagnose(planted_drafter("layers"), diagnose_cache, n_boot=200, limit=sample["sequences"])
     assert fixed["baseline"] == grown["baseline"]
     assert [(h["kind"], h["value"], h["tau_pooled"]) for h in fixed["hypotheses"]] == [
         (h["kind"], h["value"], h["tau_pooled"]) for h in grown["hypotheses"]
@@ -455,12 +455,13 @@ def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limi
 
 
 def test_on_too_few_sequences_a_plant_is_inconclusive_never_another_finding(planted_drafter, diagnose_cache):
-    """The final-norm plant (+0.83 on all 16 sequences) on 6: measured inconclusive between it and
-    the configured setting with --limit 12 (docs/diagnose.md); never a finding for anything else."""
-    report = _diagnose(planted_drafter("prenorm"), diagnose_cache, limit=6)
+    """The final-norm plant (+1.22 on all 16 sequences, found on 6) on 4: measured inconclusive
+    between it and the configured setting with --limit 8 (docs/diagnose.md); never a finding for
+    anything else."""
+    report = _diagnose(planted_drafter("prenorm"), diagnose_cache, limit=4)
     finding, open_ = report["finding"], report["inconclusive"]
     if finding is not None:
         assert (finding["kind"], finding["value"]) == ("final_norm", "pre"), report["verdict"]
     else:
         assert (open_["between"][0]["kind"], open_["between"][0]["value"]) == ("final_norm", "pre")
-        assert open_["limit"] > 6 and f"run with --limit {open_['limit']}" in report["verdict"]
+        assert open_["limit"] > 4 and f"run with --limit {open_['limit']}" in report["verdict"]

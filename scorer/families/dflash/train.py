@@ -8,6 +8,7 @@ Run it as ``scorer init OUT --cache C --train-steps N`` or ``scorer.train.train_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ import hscache
 from hscache.data import SequenceDataset
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
-from scorer.families.dflash.checkpoint import save_hf_checkpoint
+from scorer.families.dflash.checkpoint import load_checkpoint, save_hf_checkpoint
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.features import attach_cache_head, context_norm, feature_index
 from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dflash.model import DFlashDrafter
@@ -30,24 +32,64 @@ from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 __all__ = ["DFlashTrainConfig", "train_dflash"]
 
 
-def _batch(data: SequenceDataset, rows, index, drafter, anchors_per_step: int, gen: torch.Generator):
-    """One random sequence, ``anchors_per_step`` random anchors, blocks and targets."""
-    item = data[rows[int(torch.randint(len(rows), (1,), generator=gen))]]
-    ids = item["token_ids"]
+_MEMO_BYTES = 256 * 2**20  # features kept across steps (a small cache's every row), read again past it
+
+
+def _batch(
+    data: SequenceDataset, rows, index, drafter, anchors_per_step: int, gen: torch.Generator, memo: dict
+):
+    """One random sequence, ``anchors_per_step`` random anchors, blocks and targets. A row's token
+    ids, first generated position and features (the fixed final norm applied) are the same at
+    every step: ``memo`` keeps them while they fit in ``_MEMO_BYTES``."""
+    row = rows[int(torch.randint(len(rows), (1,), generator=gen))]
+    if row in memo:
+        ids, first, features = memo[row]
+    else:
+        item = data[row]
+        ids = item["token_ids"]
+        T = len(ids)
+        # Anchors where scoring happens: the generated region, loss_mask (falls back to the whole sequence).
+        generated = torch.nonzero(item["loss_mask"]).flatten()
+        first = int(generated[0]) if len(generated) else T
+        first = first if first < T - 1 else 1
+        norm = drafter.context_norm  # the drafter reads hidden_states[L] for the last layer (features.py)
+        features = sequence_features(item["hidden_states"], index, torch.float32, "cpu", norm)
+        held = sum(f.nbytes for _, _, f in memo.values())
+        if held + features.nbytes <= _MEMO_BYTES:
+            memo[row] = (ids, first, features)
     T, B = len(ids), drafter.config.block_size
-    # Anchors where scoring happens: the generated region, loss_mask (falls back to the whole sequence).
-    generated = torch.nonzero(item["loss_mask"]).flatten()
-    first = int(generated[0]) if len(generated) else T
-    first = first if first < T - 1 else 1
     anchors = torch.randint(first, T - 1, (anchors_per_step,), generator=gen).unique()
     blocks = torch.full((len(anchors), B), drafter.config.mask_token_id, dtype=torch.long)
     blocks[:, 0] = ids[anchors]
     offsets = anchors[:, None] + torch.arange(1, B)  # [N, B-1] positions p+j
     valid = offsets < T
     targets = torch.where(valid, ids[offsets.clamp(max=T - 1)], torch.full_like(offsets, -100))
-    norm = drafter.context_norm  # the drafter reads hidden_states[L] for the last layer (features.py)
-    features = sequence_features(item["hidden_states"], index, torch.float32, "cpu", norm)
     return features, anchors, blocks, targets
+
+
+# Conventions a fine-tuning run may change (the plants of scorer diagnose's tests); every other
+# field, and the number of target layers read, shapes the weights and must match the start's.
+_CONVENTIONS = ("mask_token_id", "block_size", "target_layer_ids", "rope_theta", "rope_scaling")
+
+
+def _start_weights(path: str | Path, want: DFlashConfig, cache) -> dict[str, torch.Tensor]:
+    """The weights of the drafter at ``path`` (``init_from``), whose shapes must be ``want``'s."""
+    start = load_checkpoint(path, fallbacks={"mask_token_id": cache.mask_token_id})
+    differ = [
+        f"{f.name} {getattr(start.config, f.name)!r} (this run: {getattr(want, f.name)!r})"
+        for f in dataclasses.fields(want)
+        if getattr(start.config, f.name) != getattr(want, f.name)
+        and (f.name not in _CONVENTIONS or f.name == "target_layer_ids")
+        and not (
+            f.name == "target_layer_ids" and len(start.config.target_layer_ids) == len(want.target_layer_ids)
+        )
+    ]
+    if differ:
+        raise ScorerError(
+            f"init_from {path}: its weights do not fit the drafter this run trains: {'; '.join(differ)}; "
+            "train the same shape (layer_ids of the same length), or start from random weights"
+        )
+    return start.state_dict
 
 
 @dataclass(frozen=True)
@@ -69,6 +111,9 @@ class DFlashTrainConfig:
             ``last_layer_normed=False`` (feed the last target layer before the final norm). The saved
             config.json records layer_ids and mask_token_id as trained; the other two have no config
             field, as in the trainers that get them wrong.
+        init_from: a DFlash drafter directory to start from instead of random weights (fine-tuning,
+            e.g. under another convention: its mask id, block size, layer ids or RoPE may differ
+            from this run's; its shapes may not).
     """
 
     steps: int = 300
@@ -85,6 +130,7 @@ class DFlashTrainConfig:
     mask_token_id: int | None = None
     block_position_offset: int = 0
     last_layer_normed: bool = True
+    init_from: str | Path | None = None
 
 
 def train_dflash(
@@ -124,6 +170,8 @@ def train_dflash(
     for param in drafter.parameters():
         if param.ndim == 2:
             torch.nn.init.normal_(param, std=0.02)
+    if config.init_from is not None:
+        drafter.load_state_dict(_start_weights(config.init_from, drafter_config, cache))
     attach_cache_head(drafter, cache, torch.float32, "cpu")
     drafter.context_norm = context_norm(drafter_config, cache) if config.last_layer_normed else None
     drafter.block_position_offset = config.block_position_offset
@@ -131,12 +179,15 @@ def train_dflash(
     # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
     data = SequenceDataset(cache_path)
     rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0, foreach=True)
     slot_weight = torch.exp(-torch.arange(config.block_size - 1) / config.block_size)
     gen = torch.Generator().manual_seed(config.seed)
     t0, loss, tau_history = time.perf_counter(), torch.tensor(0.0), []
+    memo: dict = {}
     for step in range(1, config.steps + 1):
-        features, anchors, blocks, targets = _batch(data, rows, index, drafter, config.anchors_per_step, gen)
+        features, anchors, blocks, targets = _batch(
+            data, rows, index, drafter, config.anchors_per_step, gen, memo
+        )
         logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
         per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
         weights = slot_weight[None] * (targets != -100)
