@@ -49,7 +49,11 @@ def _pooled_with_se(tokens, rounds) -> tuple[float, float]:
 
 def _prompt_file(out):
     """A prompts file holding the built-in record PROMPT alone (the sampled caches' prompts)."""
+    import json
+
     lines = [line for line in resolve_prompts("builtin:default").read_text().splitlines() if line.strip()]
+    record = list(iter_records(resolve_prompts("builtin:default")))[PROMPT]
+    assert json.loads(lines[PROMPT])["id"] == record.record_id  # the record online decoding takes
     out.write_text(lines[PROMPT] + "\n")
     return out
 
