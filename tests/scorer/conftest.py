@@ -21,6 +21,25 @@ def scorer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plain Qwen3 built-in target (attention only), fp32, 2 prompts x 16 greedy tokens, layers
+    1,3,4,7 (DFlash's 1,3,7 and EAGLE-3's engine default 1,3,4): the online == offline tests of
+    test_online.py, test_eagle3.py and test_dflash2.py on that target share it."""
+    out = tmp_path_factory.mktemp("scorer") / "qwen3"
+    hscache.extract(
+        hscache.ExtractConfig(
+            out=str(out),
+            model="builtin:tiny-qwen3",
+            layers="1,3,4,7",
+            max_new_tokens=16,
+            dtype="fp32",
+            limit=2,
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
 def sampled_scorer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``scorer_cache``'s first 3 prompts (layers 1,3,7, fp32, the MTP head) sampled at Qwen's
     thinking-coding preset (T 0.6, top-p 0.95, top-k 20, no penalty), 2 samples x 16 tokens, seed 3:

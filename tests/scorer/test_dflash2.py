@@ -215,21 +215,11 @@ class TestDFlash2Contract(FamilyContract):
 
 
 @pytest.mark.slow
-def test_dflash2_online_equals_offline_qwen3_target(tmp_path):
-    """The same on the plain Qwen3 built-in target (its last layer, 7, read after the final norm)."""
-    cache = tmp_path / "cache"
-    hscache.extract(
-        hscache.ExtractConfig(
-            out=str(cache),
-            model="builtin:tiny-qwen3",
-            layers="1,3,7",
-            max_new_tokens=16,
-            dtype="fp32",
-            limit=1,
-        )
-    )
-    _, path = _save_nemo_drafter(cache, tmp_path / "nemo")
-    _online_equals_offline(cache, path, "builtin:tiny-qwen3")
+def test_dflash2_online_equals_offline_qwen3_target(qwen3_cache, tmp_path):
+    """The same on the plain Qwen3 built-in target (its last layer, 7, read after the final norm), on
+    the session's ``qwen3_cache`` (its first sequence: 16 tokens)."""
+    _, path = _save_nemo_drafter(qwen3_cache, tmp_path / "nemo")
+    _online_equals_offline(qwen3_cache, path, "builtin:tiny-qwen3")
 
 
 def test_dflash2_bad_checkpoints_are_refused_by_name(nemo_drafter, tmp_path):

@@ -245,21 +245,11 @@ class TestEagle3Contract(FamilyContract):
 
 
 @pytest.mark.slow
-def test_online_rounds_equal_offline_replay_qwen3_target(tmp_path):
+def test_online_rounds_equal_offline_replay_qwen3_target(qwen3_cache, tmp_path):
     from scorer.families.eagle3.train import train_eagle3
     from scorer.online.greedy import OnlineConfig, run_online
 
-    cache = tmp_path / "cache"
-    hscache.extract(
-        hscache.ExtractConfig(
-            out=str(cache),
-            model="builtin:tiny-qwen3",
-            layers="1,3,4",
-            max_new_tokens=16,
-            dtype="fp32",
-            limit=2,
-        )
-    )
+    cache = qwen3_cache  # tiny-qwen3, 2 prompts x 16 tokens, layers 1,3,4,7
     drafter = tmp_path / "eagle3"
     train_eagle3(cache, drafter, steps=25, num_speculative_tokens=4)  # the engines' default layers 1,3,4
     offline = evaluate(drafter, cache, EvalConfig(n_boot=10))

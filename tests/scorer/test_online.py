@@ -13,17 +13,27 @@ from tests.scorer.family_contract import FamilyContract
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["builtin:tiny-qwen3.5", "builtin:tiny-qwen3"])
-def test_offline_tau_equals_online_tau(model, tmp_path):
-    cache = tmp_path / "cache"
-    hscache.extract(
-        hscache.ExtractConfig(
-            out=str(cache), model=model, layers="1,3,7", max_new_tokens=20, dtype="fp32", limit=4
+def test_offline_tau_equals_online_tau(model, tmp_path, request):
+    """A drafter (block 5) trained on a cache of the target: the hybrid's own (4 prompts x 20 tokens,
+    layers 1,3,7), the plain Qwen3's the session's ``qwen3_cache`` (2 x 16, layers 1,3,4,7)."""
+    if model == "builtin:tiny-qwen3":
+        cache, new_tokens, limit = request.getfixturevalue("qwen3_cache"), 16, 2
+    else:
+        cache, new_tokens, limit = tmp_path / "cache", 20, 4
+        hscache.extract(
+            hscache.ExtractConfig(
+                out=str(cache),
+                model=model,
+                layers="1,3,7",
+                max_new_tokens=new_tokens,
+                dtype="fp32",
+                limit=limit,
+            )
         )
-    )
     drafter = tmp_path / "drafter"
     train_drafter(cache, drafter, steps=120, block_size=5, log_every=0)
     offline = evaluate(drafter, cache, EvalConfig(ddtree=(), n_boot=20))
-    online = run_online(drafter, OnlineConfig(model=model, max_new_tokens=20, limit=4))
+    online = run_online(drafter, OnlineConfig(model=model, max_new_tokens=new_tokens, limit=limit))
     cached = hscache.open_cache(cache)
     assert offline["off_greedy"]["positions"] == 0  # fp32: the cache is the target's greedy path
     for i, (off, on) in enumerate(zip(offline["per_request"], online["per_request"])):
