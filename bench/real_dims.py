@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 48
+        args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 24
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000
         args.drafter_layers = 1  # every line is printed with one layer as with five
     torch.manual_seed(0)
