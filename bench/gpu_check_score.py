@@ -142,7 +142,7 @@ def flex_vs_sdpa(plan: Plan, drafter: Path, cache_path: Path) -> dict[str, Any]:
         for row in range(min(plan.flex_rows, len(cache))):
             tokens = cache.token_ids(row)
             features = sequence_features(cache.hidden_states(row), index, dtype, plan.gpu)
-            anchors = torch.arange(1, len(tokens) - 1, device=plan.gpu)
+            anchors = torch.arange(1, len(tokens) - 1, device=plan.gpu)[: plan.flex_anchors]
             blocks = torch.full(
                 (len(anchors), B), model.config.mask_token_id, dtype=torch.long, device=plan.gpu
             )

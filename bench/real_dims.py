@@ -170,6 +170,30 @@ for line in sys.stdin:
 """
 
 
+class _InlineProbe:
+    """--quick's stand-in for `_RssProbe`: the same code run in this process, its RSS figures this
+    process's (meaningless at quick sizes, as every quick figure is). The server's interpreter
+    would cost ~9 CPU-s of imports (torch, transformers, hscache, scorer) for three tiny runs."""
+
+    def peak(self, code: str) -> dict:
+        scope = {"rss": _rss, "hscache": hscache, "torch": torch, "base": _rss()}
+        exec(code, scope)
+        return {**scope["out"], "base": scope["base"], "peak": max(_peak_rss(), _rss())}
+
+    def close(self) -> None:
+        pass
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 class _RssProbe:
     """Peak RSS of code run after ``import torch, hscache, scorer.studies.evaluate``, one fork each."""
 
@@ -252,16 +276,22 @@ def main(argv: list[str] | None = None) -> None:
         default="extract,generate,scorer,index",
         help="which measurements (the cache is always built)",
     )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, RSS measured in this process: checks that the benchmark runs",
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 48
+        args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 24
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000
         args.drafter_layers = 1  # every line is printed with one layer as with five
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="hscache-real-"))
     parts = set(args.parts.split(","))
-    probe = _RssProbe() if parts & {"extract", "scorer", "index"} else None  # imports while we build
+    probe = None
+    if parts & {"extract", "scorer", "index"}:
+        probe = _InlineProbe() if args.quick else _RssProbe()  # the server imports while we build
     try:
         model = build_target(tmp / "target", args.vocab, args.hidden)
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
@@ -287,7 +317,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _extract_part(
-    args, model: Path, prompts: Path, tmp: Path, tokens: int, ours: float, weights: int, probe: _RssProbe
+    args,
+    model: Path,
+    prompts: Path,
+    tmp: Path,
+    tokens: int,
+    ours: float,
+    weights: int,
+    probe: _RssProbe | _InlineProbe,
 ) -> None:
     """1. extract vs a bare forward; 5a. extract's peak RSS beyond the weights."""
     bare = _best(lambda: _bare_forward_s(model, prompts, args.memory_gb), args.repeats)
@@ -321,7 +358,7 @@ def _generate_part(args) -> None:
     )
 
 
-def _scorer_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
+def _scorer_part(args, cache_dir, tmp, probe: _RssProbe | _InlineProbe) -> None:
     from scorer.families.dflash.init import init_dflash
 
     ckpt = tmp / "drafter"
@@ -393,7 +430,7 @@ def _scorer_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
     )
 
 
-def _index_part(args, cache_dir, tmp, probe: _RssProbe) -> None:
+def _index_part(args, cache_dir, tmp, probe: _RssProbe | _InlineProbe) -> None:
     big = _synthetic_index(cache_dir, tmp / "big", args.index_rows)
     rss = probe.peak(
         f"import time\nhscache.open_cache({str(cache_dir)!r})\nbase = rss()\n"  # imports warm
