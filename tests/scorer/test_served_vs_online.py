@@ -154,6 +154,20 @@ TREE_SETTING = dict(temperature=0.01, top_k=2, top_p=1.0)
 TREE_RUNS = 16
 
 
+def _tree_runs(session, **shape) -> tuple[list, list]:
+    """TREE_RUNS online decodes of the one prompt at TREE_SETTING (seed 5), one-hot verification, drafts
+    shaped by ``shape`` (``tree=`` or ``ddtree=``); the runs and every round they took."""
+    prompts = _prompts(session.target)
+    settings = DecodeSettings(
+        SamplingSetting.from_flags(**TREE_SETTING, seed=5), "greedy", max_new_tokens=NEW, **shape
+    )
+    rounds: list = []
+    runs = decode_runs(
+        session.target, session.layer_ids, session.propose, prompts, settings, range(TREE_RUNS), rounds.append
+    )
+    return runs, rounds
+
+
 @pytest.fixture(scope="module")
 def tree_cache(tmp_path_factory):
     """The trees' sampled cache (TREE_SETTING, TREE_RUNS trajectories of PROMPT): EAGLE tree and DDTree."""
@@ -185,20 +199,7 @@ def tree_agreement(eagle3_drafter, tree_cache):
         session = open_online(
             str(eagle3_drafter), "builtin:tiny-qwen3.5", "fp32", OnlineOptions(overrides={})
         )
-        prompts = _prompts(session.target)
-        settings = DecodeSettings(
-            SamplingSetting.from_flags(**TREE_SETTING, seed=5), "greedy", max_new_tokens=NEW, tree=TREE
-        )
-        rounds = []
-        runs = decode_runs(
-            session.target,
-            session.layer_ids,
-            session.propose,
-            prompts,
-            settings,
-            range(TREE_RUNS),
-            rounds.append,
-        )
+        runs, rounds = _tree_runs(session, tree=TREE)
         summary = summarise_runs(runs, n_boot=10)
         # How often a round accepted a child other than the root's first: the siblings were used.
         later_child = sum(int(r.verified.accepted[0]) > 0 and int(r.verified.path[0, 0]) > 0 for r in rounds)
@@ -255,20 +256,7 @@ def ddtree_agreement(trained_drafter, tree_cache):
         session = open_online(
             str(trained_drafter), "builtin:tiny-qwen3.5", "fp32", OnlineOptions(overrides={})
         )
-        prompts = _prompts(session.target)
-        settings = DecodeSettings(
-            SamplingSetting.from_flags(**TREE_SETTING, seed=5), "greedy", max_new_tokens=NEW, ddtree=DDTREE
-        )
-        rounds = []
-        runs = decode_runs(
-            session.target,
-            session.layer_ids,
-            session.propose,
-            prompts,
-            settings,
-            range(TREE_RUNS),
-            rounds.append,
-        )
+        runs, rounds = _tree_runs(session, ddtree=DDTREE)
         summary = summarise_runs(runs, n_boot=10)
         branched = sum(int((r.tree.parents == -1).sum()) > 1 for r in rounds)
         assert all(len(r.tree.tokens) == DDTREE for r in rounds)  # the budget, every round
