@@ -46,9 +46,9 @@ __all__ = [
     "RULES",
     "Served",
     "ServedConfig",
-    "compare_rounds",
     "ServedPlan",
     "collect_served",
+    "compare_rounds",
     "judge",
     "plan_served",
     "score_served",
@@ -458,10 +458,8 @@ def serve_plans(plans: Sequence[ServedPlan], workdir: str | Path) -> list[list[l
         raise ScorerError(
             f"the plans name {len(pythons)} vLLM interpreters ({', '.join(sorted(pythons))}); one process runs one"
         )
-    job = plans[0].job if len(plans) == 1 else {"jobs": [plan.job for plan in plans]}
+    job = {"jobs": [plan.job for plan in plans]}
     result = run_worker(WORKER, job, Path(workdir) / "engine", python=plans[0].python)
-    if len(plans) == 1:
-        return [collect_served(plans[0], result)]
     return [
         collect_served(plan, {**result, "engines": each["engines"]})
         for plan, each in zip(plans, result["jobs"])

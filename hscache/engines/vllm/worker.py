@@ -1,7 +1,8 @@
 """The engine side of a judged run: ``python -m hscache.engines.vllm.worker JOB.json OUT.json``, run in an
 interpreter that imports vLLM (runtime.run_worker starts it; the caller's interpreter need not have vLLM).
 
-JOB::
+JOB: ``{"jobs": [TARGET, ...]}``, one entry per target served in this one process (vLLM imported once
+for all of them), each::
 
     {"target": DIR, "dtype": "fp32"|"bf16", "max_model_len": N, "seed": S, "hybrid": false,
      "max_logprobs": N,
@@ -10,11 +11,8 @@ JOB::
                             frequency_penalty, repetition_penalty, max_tokens, logprobs},
                             "prompts": [[ids], ...], "seeds": [int | null, ...]}]}]}
 
-or ``{"jobs": [JOB, ...]}``: several targets served in this one process (one vLLM import for all of them).
-
-OUT: ``{"vllm_version", "patches", "engines": [{"name", "seconds", "runs": [{"name", "requests": [...]}]}]}``
-(``{"vllm_version", "patches", "jobs": [{"engines": [...]}, ...]}`` for several jobs),
-one request per prompt, each ``{"token_ids", "finish_reason", "logprobs": [[[id, logprob], ...] per
+OUT: ``{"vllm_version", "patches", "jobs": [{"engines": [{"name", "seconds", "runs": [{"name", "requests":
+[...]}]}]}, ...]}``, one request per prompt, each ``{"token_ids", "finish_reason", "logprobs": [[[id, logprob], ...] per
 position] | null, "spec_decode_metrics": {...} | null, "rounds": {"anchors", "accepted", "drafted"}}``.
 ``rounds`` are vLLM's spec steps placed on the output: the first generated token comes from prefill (no
 step), a step that accepted a tokens commits a + 1, and for ngram the steps vLLM does not record (its
@@ -177,15 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     patches = cpu_patch.apply(version)
-    jobs = job["jobs"] if "jobs" in job else [job]
-    results = _run_engines(jobs)
-    out: dict[str, Any] = {"vllm_version": version, "patches": patches}
-    if "jobs" in job:
-        out["jobs"] = [{"engines": engines} for engines in results]
-    else:
-        out["engines"] = results[0]
+    engines = _run_engines(job["jobs"])
+    out = {"vllm_version": version, "patches": patches, "jobs": [{"engines": each} for each in engines]}
     Path(out_path).write_text(json.dumps(out))
     return 0
+
+
+def _is_ngram(engine: dict[str, Any]) -> bool:
+    return (engine.get("speculative_config") or {}).get("method") == "ngram"
 
 
 def _run_engines(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -196,13 +193,10 @@ def _run_engines(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     n-gram engine has run, numba's JIT has left llvmlite ``_lib_fn_wrapper`` objects in module
     namespaces, which that scan cannot read, and every later engine fails to build ("'_lib_fn_wrapper'
     object has no attribute 'get'"). Measured: the three engines built after an n-gram one in one
-    process (a target alone, an MTP one) were all refused so; with n-gram last, every engine built (or was refused for its own reason)."""
+    process (a target alone, an MTP one) were all refused so; with n-gram last, every engine built (or
+    was refused for its own reason)."""
     order = [(j, e) for j, each in enumerate(jobs) for e in range(len(each["engines"]))]
-    order.sort(
-        key=lambda je: (
-            (jobs[je[0]]["engines"][je[1]].get("speculative_config") or {}).get("method") == "ngram"
-        )
-    )
+    order.sort(key=lambda je: _is_ngram(jobs[je[0]]["engines"][je[1]]))  # stable: otherwise the jobs' order
     results: list[list[Any]] = [[None] * len(each["engines"]) for each in jobs]
     for j, e in order:
         results[j][e] = _engine_or_refusal(jobs[j], jobs[j]["engines"][e])
