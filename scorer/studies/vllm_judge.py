@@ -176,26 +176,16 @@ def _job(target: str, caches: list[CacheView], runs: list[dict], specs: list[dic
     }
 
 
-def _served_cache(
-    cache: CacheView, prompts: list[_Prompt], requests: list[dict], fields: dict, workdir: Path
-) -> Path:
-    """Extract vLLM's text with the cache's target, layers and dtype into ``workdir/served``."""
+def _served_records(
+    cache: CacheView, prompts: list[_Prompt], requests: list[dict], fields: dict
+) -> tuple[str, str]:
+    """What ``hscache extract`` reads to make the served cache of one run: ``("prompts", jsonl)`` of the
+    prompt and vLLM's text (greedy), or ``("responses", jsonl)`` with vLLM's processed distribution."""
     s = cache.sampling
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = workdir / "served"
-    common = dict(
-        out=str(out), model=cache.settings["model"], layers=",".join(map(str, cache.layer_ids)),
-        dtype=cache.settings["dtype"], max_new_tokens=0, top_k=int(cache.settings.get("top_k", 64)),
-        mtp=bool(cache.settings.get("mtp")), commit_every_s=0.0, overwrite=True,  # target:mtp scores it
-    )  # fmt: skip
     if s.greedy:
-        path = workdir / "served_prompts.jsonl"
         records = [greedy_record(p.record_id, p.ids, r, p.metadata) for p, r in zip(prompts, requests)]
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-        hscache.extract(hscache.ExtractConfig(prompts=str(path), **common))
-        return out
+        return "prompts", "".join(json.dumps(r) + "\n" for r in records)
     samples = s.samples_per_prompt
-    path = workdir / "served_responses.jsonl"
     lines = []
     for i, p in enumerate(prompts):
         mine = requests[i * samples : (i + 1) * samples]
@@ -205,8 +195,23 @@ def _served_cache(
                 p.record_id, p.ids, mine, {**fields, "seed": s.seed}, {**p.metadata, "vllm_seeds": seeds}
             )
         )
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    hscache.extract(hscache.ExtractConfig(responses_from=str(path), **common))
+    return "responses", "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def _served_cache(cache: CacheView, kind: str, records: str, workdir: Path) -> Path:
+    """Extract vLLM's text (``_served_records``) with the cache's target, layers and dtype into
+    ``workdir/served``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "served"
+    common = dict(
+        out=str(out), model=cache.settings["model"], layers=",".join(map(str, cache.layer_ids)),
+        dtype=cache.settings["dtype"], max_new_tokens=0, top_k=int(cache.settings.get("top_k", 64)),
+        mtp=bool(cache.settings.get("mtp")), commit_every_s=0.0, overwrite=True,  # target:mtp scores it
+    )  # fmt: skip
+    path = workdir / f"served_{kind}.jsonl"
+    path.write_text(records)
+    source = {"prompts": str(path)} if kind == "prompts" else {"responses_from": str(path)}
+    hscache.extract(hscache.ExtractConfig(**source, **common))
     return out
 
 
@@ -403,6 +408,9 @@ def collect_served(plan: ServedPlan, result: dict[str, Any]) -> list[list[Served
     plan.engines = list(result["engines"])
     by_name = {engine["name"]: engine for engine in plan.engines}
     served = []
+    # Engines that served the same text on the same cache share one served cache (at T = 0 every lossless
+    # drafter reproduces the target's greedy text): the extraction's input is its whole content.
+    extracted: dict[tuple[int, str, str], Path] = {}
     for i, (checkpoint, spec_engine) in enumerate(zip(plan.checkpoints, plan.job["engines"])):
         engine = by_name[spec_engine["name"]]
         row = []
@@ -411,13 +419,11 @@ def collect_served(plan: ServedPlan, result: dict[str, Any]) -> list[list[Served
             path, requests = None, []
             if run is not None:
                 requests = run["requests"]
-                path = _served_cache(
-                    view,
-                    plan.prompts[j],
-                    requests,
-                    plan.runs[j]["sampling"],
-                    plan.workdir / f"served-{i}-{j}",
-                )
+                kind, records = _served_records(view, plan.prompts[j], requests, plan.runs[j]["sampling"])
+                path = extracted.get((j, kind, records))
+                if path is None:
+                    path = _served_cache(view, kind, records, plan.workdir / f"served-{i}-{j}")
+                    extracted[(j, kind, records)] = path
             row.append(Served(
                 checkpoint, plan.caches[j], drafter.family, spec, eval_config, plan.configs[i],
                 [len(ids) for ids in plan.runs[j]["prompts"]], requests, path, plan.version, result["patches"],

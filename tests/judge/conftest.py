@@ -1,8 +1,8 @@
 """The judge tests' one vLLM process (session scope): vLLM CPU 0.32.0 in its own venv (`.vllm`, built by
 .ci/vllm-env.sh), driven as a subprocess that imports vLLM once and serves two targets:
 
-- the built-in plain Qwen3 (fp32, head_dim 32): every drafter this project writes (DFlash at its K, at
-  K 3 and under vLLM's probabilistic rule; EAGLE-3 in each layout written; n-gram; a drafter vLLM
+- the built-in plain Qwen3 (fp32, head_dim 32): every drafter this project writes (DFlash at its K, and
+  at K 3 under vLLM's probabilistic rule; EAGLE-3 in each layout written; n-gram; a drafter vLLM
   refuses; DFlash2, which vLLM CPU refuses) and the target alone, on a greedy cache and a seeded
   T 0.7 / top-p 0.9 / top-k 20 one;
 - the built-in hybrid Qwen3.5 (bf16: vLLM CPU's Gated DeltaNet kernel) with its own MTP head, on the
@@ -103,8 +103,9 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
 QWEN3_ENGINES = {
     "refused": ("refused", {}),
     "dflash": ("dflash", {}),
-    "dflash-k3": ("dflash", {"num_speculative_tokens": 3}),  # issue 35 item 3: vLLM's K is not the block's
-    "dflash-probabilistic": ("dflash", {"draft_sampling": "probabilistic"}),
+    # vLLM's K is not the block's (issue 35 item 3) and vLLM's probabilistic rule, in one engine: at T 0
+    # vLLM verifies greedily whatever the rule (the K check), at T 0.7 it draws (the rule's check).
+    "dflash-k3-probabilistic": ("dflash", {"num_speculative_tokens": 3, "draft_sampling": "probabilistic"}),
     "eagle3": ("eagle3", {}),
     "eagle3-specforge": ("eagle3-specforge", {}),
     "eagle3-release": ("eagle3-release", {}),

@@ -25,7 +25,15 @@ from scorer.studies.evaluate import evaluate
 from scorer.studies.vllm_judge import compare_rounds
 
 pytestmark = NEEDS_VLLM
-SERVED_AS_WRITTEN = ["dflash", "dflash-k3", "eagle3", "eagle3-specforge", "eagle3-release", "ngram", "mtp"]
+SERVED_AS_WRITTEN = [
+    "dflash",
+    "dflash-k3-probabilistic",
+    "eagle3",
+    "eagle3-specforge",
+    "eagle3-release",
+    "ngram",
+    "mtp",
+]
 
 
 def _target_alone(judged: dict, name: str = "target") -> list[dict]:
@@ -79,8 +87,8 @@ def test_dflash_served_at_another_k_drafts_another_block(judged: dict) -> None:
     v1/spec_decode/dflash.py:126, qwen3_dflash.py:86-97) and vLLM never checks K against the drafter's
     block_size (config/speculative.py:1478-1507): every slot drafts from a shorter block. The replay at
     the trained block (what `scorer eval` scored without vLLM's K) differs from vLLM's counters; the
-    replay at K + 1 equals them (tests/judge/test_vllm_judge.py, dflash-k3)."""
-    run = judged["served"]["dflash-k3"]["t0"]
+    replay at K + 1 equals them (tests/judge/test_vllm_judge.py, dflash-k3-probabilistic at T 0, where vLLM verifies greedily)."""
+    run = judged["served"]["dflash-k3-probabilistic"]["t0"]
     config = EvalConfig(ddtree=(), n_boot=20, raw_last_layer=True)  # as served, but at the trained block
     report = evaluate(run.checkpoint, run.served_cache, config)
     compared = [

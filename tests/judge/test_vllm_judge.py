@@ -15,8 +15,8 @@ from scorer.studies.vllm_judge import ServedConfig, judge, score_served
 
 pytestmark = NEEDS_VLLM
 # Every engine the one-hot rule judges, on both settings (the probabilistic one: its own tests below).
-ONE_HOT = ("dflash", "dflash-k3", "eagle3", "eagle3-specforge", "eagle3-release", "ngram", "mtp")
-CASES = [(f, s) for f in ONE_HOT for s in ("t0", "t0.7")] + [("dflash-probabilistic", "t0")]
+ONE_HOT = ("dflash", "eagle3", "eagle3-specforge", "eagle3-release", "ngram", "mtp")
+CASES = [(f, s) for f in ONE_HOT for s in ("t0", "t0.7")] + [("dflash-k3-probabilistic", "t0")]
 
 
 @pytest.mark.parametrize(("family", "setting"), CASES)
@@ -43,7 +43,7 @@ def test_offline_equals_vllm_round_for_round(served, family, setting):
     )
     assert report["vllm"]["version"] == "0.32.0"
     served_rule = (
-        "probabilistic" if family == "dflash-probabilistic" else "greedy"
+        "probabilistic" if family == "dflash-k3-probabilistic" else "greedy"
     )  # vLLM verifies T 0 greedily
     assert report["rule"] == {
         "vllm": served_rule,
@@ -58,7 +58,7 @@ def test_offline_equals_vllm_round_for_round(served, family, setting):
 
 def test_the_families_accept_something(served):
     """Not vacuous: drafts were accepted on every setting (DFlash at T 0 accepts most of them)."""
-    for family in ("dflash", "dflash-k3", "eagle3", "ngram", "mtp"):
+    for family in ("dflash", "dflash-k3-probabilistic", "eagle3", "ngram", "mtp"):
         for setting in ("t0", "t0.7"):
             accepted = sum(a for r in served[family][setting].requests for a in r["rounds"]["accepted"])
             assert accepted > 0, (family, setting)
@@ -97,7 +97,7 @@ def test_vllms_probabilistic_rule_agrees_with_the_offline_expectation(served):
     """vLLM's draft_sample_method "probabilistic" (x ~ q, accept iff u q(x) < p(x)) draws random rounds:
     the offline DP's E[rounds | text] on the same text agrees with them in expectation; scored by the
     one-hot rule instead, the same run is not matched round for round."""
-    run = served["dflash-probabilistic"]["t0.7"]
+    run = served["dflash-k3-probabilistic"]["t0.7"]
     report = score_served(run)
     assert report["rule"] == {
         "vllm": "probabilistic",

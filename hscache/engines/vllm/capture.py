@@ -47,7 +47,7 @@ from hscache.engines.vllm import cpu_patch
 from hscache.engines.vllm.files import read_connector_file, vllm_ids
 from hscache.engines.vllm.outputs import completion_choice
 from hscache.engines.vllm.requests import SEED_RULE, returned, sampling_fields, sampling_params
-from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm, vision_stub
+from hscache.engines.vllm.runtime import engine_env, engine_kwargs, require_vllm, start_engine, vision_stub
 from hscache.store.sampling import GREEDY, SamplingSetting
 
 __all__ = ["LOGITS_NOTE", "VllmCapture", "model_directory"]
@@ -118,8 +118,6 @@ class VllmCapture:
         # sampler, whose expand_batch_to_tokens needs the CPU fix (cpu_patch.py); harmless when greedy.
         self.patches = cpu_patch.apply(self.version)
         self._files = Path(tempfile.mkdtemp(prefix="hscache-vllm-"))
-        from vllm import LLM
-
         t0 = time.perf_counter()
         # One position past --max-length: the capture pass decodes one token after the longest sequence.
         self.max_length = min(self.max_length, _positions(self.model_dir) - 1)
@@ -147,7 +145,7 @@ class VllmCapture:
                 "kv_connector_extra_config": {"shared_storage_path": str(self._files)},
             },
         )
-        self.llm = LLM(**kwargs)
+        self.llm = start_engine(kwargs)
         self.seconds_engine = time.perf_counter() - t0
         return self
 

@@ -38,6 +38,7 @@ __all__ = [
     "preflight_target",
     "require_vllm",
     "run_worker",
+    "start_engine",
     "vision_stub",
     "vllm_python",
 ]
@@ -276,6 +277,23 @@ def engine_kwargs(
     if hybrid:
         kwargs["enable_prefix_caching"] = False
     return kwargs
+
+
+def start_engine(kwargs: Mapping[str, Any]) -> Any:
+    """``vllm.LLM(**kwargs)``, with every object alive so far moved out of the garbage collector's reach.
+
+    vLLM collects garbage several times while an engine starts (5 ``gc.collect()`` calls in vllm 0.32.0's
+    engine core and worker init, e.g. vllm/utils/gc_utils.py:120); with vLLM's own import and any earlier
+    engine on the heap each full collection walks millions of objects. ``gc.freeze()`` first leaves them
+    out of every later collection (they are alive anyway; what the engine computes is unchanged).
+    Measured on the built-in tiny-qwen3, fp32, 2-core VM: 2.8-3.1 -> 1.5-1.6 CPU-s per engine after the
+    first (4.1 -> 2.5 for the first)."""
+    import gc
+
+    from vllm import LLM
+
+    gc.freeze()
+    return LLM(**kwargs)
 
 
 def _package_root() -> Path:

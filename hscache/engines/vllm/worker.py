@@ -40,6 +40,7 @@ from hscache.engines.vllm.runtime import (
     VllmVersionError,
     engine_env,
     engine_kwargs,
+    start_engine,
     vision_stub,
 )
 
@@ -108,7 +109,6 @@ def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, A
 
 
 def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
-    from vllm import LLM
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
@@ -118,7 +118,7 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
         speculative_config=spec, max_logprobs=job.get("max_logprobs", 0), hybrid=job.get("hybrid", False),
     )  # fmt: skip
     try:
-        llm = LLM(**kwargs)
+        llm = start_engine(kwargs)
     except Exception as exc:  # vLLM refuses the drafter (or target) with many exception types
         raise _Refused(engine["name"], spec, exc) from exc
     runs = []
