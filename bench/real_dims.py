@@ -57,24 +57,30 @@ def _synthetic_index(src: Path, out: Path, n: int) -> Path:
     return module.synthetic_index(src, out, n)
 
 
-def build_target(out: Path, vocab: int, hidden: int) -> Path:
+# Qwen3.6-27B's head counts: attention query / KV heads, Gated DeltaNet key / value heads.
+REAL_HEADS = (24, 4, 16, 48)
+QUICK_HEADS = (4, 2, 2, 6)  # --quick: the same head dims, fewer heads (queries still shared per KV head)
+
+
+def build_target(out: Path, vocab: int, hidden: int, heads: tuple[int, int, int, int] = REAL_HEADS) -> Path:
     """Save a seeded shape-real Qwen3.5 text model (bf16) with the built-in tokenizer."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     from hscache.capture.builtin import build_tokenizer
 
     tokenizer = build_tokenizer()
+    attention, kv, linear_key, linear_value = heads
     config = Qwen3_5TextConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=max(64, round(17408 * hidden / 5120 / 64) * 64),
         num_hidden_layers=4,
         layer_types=LAYER_TYPES,
-        num_attention_heads=24,
-        num_key_value_heads=4,
+        num_attention_heads=attention,
+        num_key_value_heads=kv,
         head_dim=256,
-        linear_num_key_heads=16,
-        linear_num_value_heads=48,
+        linear_num_key_heads=linear_key,
+        linear_num_value_heads=linear_value,
         linear_key_head_dim=128,
         linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
@@ -99,7 +105,10 @@ def _prompts(path: Path, sequences: int, seq_len: int, vocab: int) -> Path:
     return path
 
 
-def _extract_config(model: Path, prompts: Path, out: Path, memory_gb: float) -> hscache.ExtractConfig:
+def _extract_config(
+    model: Path, prompts: Path, out: Path, memory_gb: float, chunk_bytes: int | None = None
+) -> hscache.ExtractConfig:
+    """``chunk_bytes`` None: extract's default (8 MB chunks, written whole even when mostly padding)."""
     return hscache.ExtractConfig(
         out=str(out),
         model=str(model),
@@ -109,6 +118,7 @@ def _extract_config(model: Path, prompts: Path, out: Path, memory_gb: float) -> 
         dtype="bf16",
         memory_gb=memory_gb,
         overwrite=True,
+        **({} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}),
     )
 
 
@@ -279,13 +289,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny sizes, RSS measured in this process: checks that the benchmark runs",
+        help="tiny sizes (fewer heads too), RSS measured in this process: checks that the benchmark runs",
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.vocab, args.hidden, args.sequences, args.seq_len = 4096, 128, 1, 24
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000
         args.drafter_layers = 1  # every line is printed with one layer as with five
+    args.heads = QUICK_HEADS if args.quick else REAL_HEADS  # quick: ~3 CPU-s less, mostly the drafter
+    # --quick's few dozen tokens in 64 KiB chunks: padded 8 MB ones wrote ~200 MB a quick run.
+    args.chunk_bytes = (64 << 10) if args.quick else None
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="hscache-real-"))
     parts = set(args.parts.split(","))
@@ -293,14 +306,17 @@ def main(argv: list[str] | None = None) -> None:
     if parts & {"extract", "scorer", "index"}:
         probe = _InlineProbe() if args.quick else _RssProbe()  # the server imports while we build
     try:
-        model = build_target(tmp / "target", args.vocab, args.hidden)
+        model = build_target(tmp / "target", args.vocab, args.hidden, args.heads)
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         prompts = _prompts(tmp / "p.jsonl", args.sequences, args.seq_len, args.vocab)
         cache_dir = tmp / "cache"
         tokens = args.sequences * args.seq_len
         # The first extract also builds the cache every later part uses.
         ours = _best(
-            lambda: hscache.extract(_extract_config(model, prompts, cache_dir, args.memory_gb)), args.repeats
+            lambda: hscache.extract(
+                _extract_config(model, prompts, cache_dir, args.memory_gb, args.chunk_bytes)
+            ),
+            args.repeats,
         )
         if "extract" in parts:
             _extract_part(args, model, prompts, tmp, tokens, ours, weights, probe)
@@ -333,7 +349,7 @@ def _extract_part(
         f"extract / bare time = {ours / bare:.3f} (V={args.vocab}, hidden {args.hidden}, bf16, {tokens} tokens; "
         "the bare side excludes loading the model)"
     )
-    cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb)
+    cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb, args.chunk_bytes)
     rss = probe.peak(  # the config's repr names SamplingSetting (its sampling field)
         f"from hscache import SamplingSetting\nout = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))"
     )
