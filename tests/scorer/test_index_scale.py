@@ -25,7 +25,7 @@ def _load_synthetic_index():
 
 synthetic_index = _load_synthetic_index()
 
-_N = 100_000
+_N = 10_000  # any per-row work shows at this size (10,000 parses or to_pylist calls, not 3)
 
 
 class _NoListColumn:
@@ -60,7 +60,7 @@ class _GuardedIndex:
 
 @pytest.fixture(scope="module")
 def big_index(scorer_cache, tmp_path_factory) -> Path:
-    """The scorer cache behind a synthetic 100,000-row index (built once: both tests only read it)."""
+    """The scorer cache behind a synthetic 10,000-row index (built once: both tests only read it)."""
     return synthetic_index(scorer_cache, tmp_path_factory.mktemp("index-scale") / "big", _N)
 
 
