@@ -77,7 +77,8 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
     """12 built-in prompts, 8 greedy tokens, fp32, layers 1,3,5: ~600 tokens in 256-token chunks
     (3 chunk files per hidden-state array), one commit per sequence."""
     out = tmp_path_factory.mktemp("small") / "reference"
-    # chunk_bytes 10 KiB rounds up to the 256-token minimum chunk for every array.
+    # chunk_bytes 10 KiB rounds up to the 256-token minimum chunk for hidden states and top-k; the
+    # 1-D arrays' 2048 tokens are capped at the 1024 that 12 prompts x 8 tokens can write.
     config = hscache.ExtractConfig(
         out=str(out),
         layers="1,3,5",
