@@ -13,6 +13,9 @@ imports this module), when pytest has imported torch, transformers and hscache b
 and started no thread yet, so the imports cost the server nothing (a separate ``python -c`` server
 spent 8 CPU-s on them, measured). Where pytest already runs threads (a thread's locks do not
 survive a fork) it is started as its own interpreter instead (``_SERVER``).
+
+The runs' CPU time reaches pytest's ``RUSAGE_CHILDREN`` only when the session-scoped server is
+reaped, at the session's end: a per-test profile books it to the last test's teardown.
 """
 
 from __future__ import annotations
