@@ -67,7 +67,13 @@ from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMism
 from hscache.store.cache_dir import clear_for_overwrite, prepare_fresh_dir, read_provenance, write_provenance
 from hscache.store.dtypes import LOGICAL_DTYPES
 from hscache.store.fsio import file_sha256
-from hscache.store.layout import DEFAULT_COMPRESSION, MANIFEST, array_specs, sampled_array_specs
+from hscache.store.layout import (
+    DEFAULT_COMPRESSION,
+    MANIFEST,
+    MAX_CHUNK_TOKENS,
+    array_specs,
+    sampled_array_specs,
+)
 from hscache.store.lock import writer_lock
 from hscache.store.reader import read_manifest
 from hscache.store.run_log import encode_run_log, read_run_log
@@ -225,6 +231,9 @@ class _PromptSummary:
     sha256: str
     records: int
     prompt_tokens: int
+    # At least the tokens the whole selection writes (every shard's records: shards share chunk shapes),
+    # counted up to MAX_CHUNK_TOKENS: it caps the chunk length of a small cache (store/layout.py).
+    token_bound: int
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -250,9 +259,13 @@ def record_chars(record: Any) -> int:
 def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
     """Stream the prompts once: every line parses, tokenizes, and fits --max-length; ids are unique."""
     path = _prompts_path(config)
-    records = prompt_tokens = 0
+    records = prompt_tokens = bound = 0
     max_chars = config.max_length * longest_token_chars(target.tokenizer)
-    for record in _selected(config):
+    for n, record in enumerate(_limited(config)):
+        if config.shard is not None and n % config.shard[1] != config.shard[0]:
+            if bound < MAX_CHUNK_TOKENS:  # another shard's record: counted for the bound only
+                bound += _other_shards_tokens(config, target, record, max_chars)
+            continue
         chars = record_chars(record)
         if chars > max_chars:
             # Tokenizing a 42 MB line whole needs gigabytes: no token is longer than the vocabulary's
@@ -278,8 +291,30 @@ def _check_prompts(config: ExtractConfig, target: Target) -> _PromptSummary:
             _check_served(record, length, config.max_length, target.vocab_size)
         records += 1
         prompt_tokens += length
+        bound += _tokens_written(config, record, length, len(response))
     sha256 = cache_records_sha256(path) if config.tokens_from else file_sha256(path)
-    return _PromptSummary(path, sha256, records, prompt_tokens)
+    return _PromptSummary(path, sha256, records, prompt_tokens, bound)
+
+
+def _tokens_written(config: ExtractConfig, record: PromptRecord, prompt_len: int, response_len: int) -> int:
+    """At least the tokens ``record``'s sequences (one per sample) add to the cache."""
+    new = max(config.max_new_tokens, response_len)  # generated: at most max_new_tokens; else the response
+    if isinstance(record, ServedRecord):  # one sequence per served choice, its completion teacher-forced
+        return sum(prompt_len + max(new, len(c.token_ids)) for c in record.choices) or prompt_len + new
+    return config.sampling.samples_per_prompt * (prompt_len + new)
+
+
+def _other_shards_tokens(config: ExtractConfig, target: Target, record: PromptRecord, max_chars: int) -> int:
+    """``_tokens_written`` of a record another shard extracts (and checks: a bad one is its to refuse)."""
+    samples = len(getattr(record, "choices", ())) or config.sampling.samples_per_prompt
+    if record_chars(record) > max_chars:
+        return samples * config.max_length  # refused by its shard; at most this many if it were not
+    try:
+        length = len(prompt_token_ids(record, target.tokenizer, target.vocab_size))
+        response = response_token_ids(record, target.tokenizer) if config.max_new_tokens == 0 else []
+    except PromptFileError:
+        return samples * config.max_length
+    return _tokens_written(config, record, length, len(response))
 
 
 def _prompts_path(config: ExtractConfig) -> Path:
@@ -301,15 +336,20 @@ def _check_served(record: ServedRecord, prompt_len: int, max_length: int, vocab_
         raise PromptFileError(f"record {record.record_id!r} (line {record.line_no}): {what}")
 
 
-def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
-    """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
+def _limited(config: ExtractConfig) -> Iterator[PromptRecord]:
+    """The records of every shard of this run: the first --limit (all when None)."""
     if config.responses_from:
         source = iter_responses(config.responses_from, config.sampling)
     elif config.tokens_from:
         source = cache_records(config.tokens_from)
     else:
         source = iter_records(resolve_prompts(config.prompts), id_from_line=config.id_from_line)
-    records = first_records(unique_ids(source, config.suffix_duplicate_ids), config.limit)
+    return first_records(unique_ids(source, config.suffix_duplicate_ids), config.limit)
+
+
+def _selected(config: ExtractConfig) -> Iterator[PromptRecord]:
+    """The records this run extracts: the first --limit, then with --shard I/N every N-th from I."""
+    records = _limited(config)
     if config.shard is None:
         return records
     index, count = config.shard
@@ -424,7 +464,11 @@ def _disk_errors(out: Path, committed: int) -> Iterator[None]:
 
 
 def _open_store(
-    config: ExtractConfig, target: Target, settings: dict[str, Any], mtp: dict[str, torch.Tensor]
+    config: ExtractConfig,
+    target: Target,
+    settings: dict[str, Any],
+    mtp: dict[str, torch.Tensor],
+    max_tokens: int,
 ) -> tuple[StoreWriter, int]:
     out = Path(config.out)
     if config.overwrite:
@@ -432,6 +476,7 @@ def _open_store(
     if (out / MANIFEST).is_file():
         manifest = read_manifest(out)
         _check_resume(manifest["settings"], settings, out)
+        # The chunk shapes are the manifest's: the ones the first run chose from the same selection.
         return StoreWriter.resume(out, manifest), int(manifest["committed"]["sequences"])
     text = target.text_config
     specs = array_specs(
@@ -441,9 +486,10 @@ def _open_store(
         config.top_k,
         int(text.vocab_size) if config.full_logits else None,
         config.chunk_bytes,
+        max_tokens,
     )
     if not config.sampling.greedy:
-        specs.update(sampled_array_specs(config.sampling.support_width, config.chunk_bytes))
+        specs.update(sampled_array_specs(config.sampling.support_width, config.chunk_bytes, max_tokens))
     with _disk_errors(out, 0):
         prepare_fresh_dir(out)
         write_target_of(out, target, mtp)
@@ -665,7 +711,7 @@ def _extract_locked(
             unchanged=True,
         )
     with _engine_for(config, target, settings) as engine:  # an engine that fails to start writes nothing
-        writer, done = _open_store(config, target, settings, mtp)
+        writer, done = _open_store(config, target, settings, mtp, prompts.token_bound)
         return _capture_all(config, target, settings, engine, writer, done, prompts, progress, t0)
 
 

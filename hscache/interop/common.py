@@ -346,6 +346,7 @@ def _attach_target(
     top_k: int,
     specs: dict[str, ArraySpec],
     settings: dict[str, Any],
+    max_tokens: int | None,
 ) -> Any:
     """Write ``target/`` for ``name`` once it is checked against the ``first`` sequence (it must
     re-compute its states: interop/target.py); return a TargetHead (and add its arrays to ``specs``)
@@ -363,18 +364,28 @@ def _attach_target(
     settings["top_k"] = top_k
     specs.update(
         {
-            "target_argmax": _spec_for("target_argmax", (), "int32"),
-            "target_topk_values": _spec_for("target_topk_values", (top_k,), "float32"),
-            "target_topk_ids": _spec_for("target_topk_ids", (top_k,), "int32"),
-            "target_logsumexp": _spec_for("target_logsumexp", (), "float32"),
+            "target_argmax": _spec_for("target_argmax", (), "int32", max_tokens),
+            "target_topk_values": _spec_for("target_topk_values", (top_k,), "float32", max_tokens),
+            "target_topk_ids": _spec_for("target_topk_ids", (top_k,), "int32", max_tokens),
+            "target_logsumexp": _spec_for("target_logsumexp", (), "float32", max_tokens),
         }
     )
     return TargetHead(target, top_k)
 
 
-def _spec_for(name: str, row_shape: tuple[int, ...], logical: str) -> ArraySpec:
+def _spec_for(name: str, row_shape: tuple[int, ...], logical: str, max_tokens: int | None) -> ArraySpec:
     probe = ArraySpec(name, row_shape, logical, 1)
-    return ArraySpec(name, row_shape, logical, chunk_tokens_for(probe.bytes_per_token, _CHUNK_BYTES))
+    return ArraySpec(
+        name, row_shape, logical, chunk_tokens_for(probe.bytes_per_token, _CHUNK_BYTES, max_tokens)
+    )
+
+
+def _max_tokens(source_bytes: int | None, hidden: torch.Tensor) -> int | None:
+    """At least the tokens of the import: the source's files hold every token's states, uncompressed
+    (safetensors, torch.save), so no more tokens than their bytes over one token's ``[K, H]`` states."""
+    if source_bytes is None:
+        return None
+    return source_bytes // max(1, hidden[0].numel() * hidden.element_size())
 
 
 def _stored(t: torch.Tensor) -> np.ndarray:
@@ -395,6 +406,7 @@ def write_imported_cache(
     last_layer_slot: int | None = None,
     top_k: int = 64,
     progress: Any = NO_PROGRESS,
+    source_bytes: int | None = None,
 ) -> tuple[int, int]:
     """Write ``sequences`` as a cache at ``out`` (new or empty); return (sequences, tokens).
 
@@ -404,6 +416,8 @@ def write_imported_cache(
     ``imported`` goes to provenance.json under ``imported`` (format, source, layer convention...).
     ``target`` (a model for ``load_target``) adds ``target/``; when slot ``last_layer_slot`` of the
     files holds the target's last layer, the target arrays are computed from it (interop/target.py).
+    ``source_bytes``: the size of the files holding the sequences' states; it bounds the chunk length,
+    so a small import is not stored as megabytes of padded chunks (store/layout.py).
 
     Raises:
         InputError: no sequences, or shapes/dtypes that differ between sequences or from ``layer_ids``.
@@ -425,6 +439,7 @@ def write_imported_cache(
                 target=target,
                 last_layer_slot=last_layer_slot,
                 top_k=top_k,
+                source_bytes=source_bytes,
             )
         except OSError as exc:  # StoreWriteError included: disk full, permissions
             _empty(out)
@@ -459,6 +474,7 @@ def _write_imported(
     target: str | None,
     last_layer_slot: int | None,
     top_k: int,
+    source_bytes: int | None,
 ) -> tuple[int, int]:
     from hscache.capture.provenance import SCHEMA_VERSION, run_record, utc_now
 
@@ -486,15 +502,17 @@ def _write_imported(
                 f"{len(seq.loss_mask)} loss-mask entries; the files are damaged"
             )
         if writer is None:
-            logical = _LOGICAL[hidden.dtype]
+            logical, bound = _LOGICAL[hidden.dtype], _max_tokens(source_bytes, hidden)
             specs = {
-                "hidden_states": _spec_for("hidden_states", tuple(hidden.shape[1:]), logical),
-                "token_ids": _spec_for("token_ids", (), "int32"),
-                "loss_mask": _spec_for("loss_mask", (), "int32"),
+                "hidden_states": _spec_for("hidden_states", tuple(hidden.shape[1:]), logical, bound),
+                "token_ids": _spec_for("token_ids", (), "int32", bound),
+                "loss_mask": _spec_for("loss_mask", (), "int32", bound),
             }
             settings: dict[str, Any] = {"layer_ids": list(layer_ids), "dtype": _DTYPE_NAME[logical]}
             if target is not None:
-                head = _attach_target(out, target, seq, layer_ids, last_layer_slot, top_k, specs, settings)
+                head = _attach_target(
+                    out, target, seq, layer_ids, last_layer_slot, top_k, specs, settings, bound
+                )
             writer = StoreWriter.create(out, specs, compression, settings)
             first = (hidden.dtype, int(hidden.shape[2]))
         elif (hidden.dtype, int(hidden.shape[2])) != first:

@@ -181,6 +181,13 @@ def _inflate_limit(path: Path, size: int) -> int:
     return max(_INFLATE_FLOOR, INFLATE_RATIO * size)
 
 
+def _inflated_at_most(path: Path) -> int:
+    """The most bytes ``path`` is read as: its size (torch.save stores entries uncompressed), a .gz
+    its inflate limit (whatever inflates further is refused)."""
+    size = path.stat().st_size
+    return _inflate_limit(path, size) if path.suffix == ".gz" else size
+
+
 def _bomb(path: Path, size: int, limit: int) -> InputError:
     return InputError(
         f"{path} inflates to more than {limit >> 20} MiB ({INFLATE_RATIO}x its {size} bytes; real hidden states "
@@ -324,4 +331,5 @@ def import_specforge(
         compression=compression,
         progress=progress,
         target=target,  # adds target/ only: SpecForge's files never hold the last layer
+        source_bytes=sum(_inflated_at_most(path) for _, path, _ in files),
     )

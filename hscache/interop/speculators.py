@@ -312,7 +312,8 @@ def import_speculators(
             f"--layer-ids {','.join(map(str, aux))}: aux id {max(aux)} is past the {total}-layer target the sidecar "
             f"records (aux ids run 1..{total}); pass the layers the files hold"
         )
-    files = sum(1 for p in (directory / HIDDEN_DIR).glob("hs_*.safetensors") if _HS_FILE.match(p.name))
+    hidden_files = [p for p in (directory / HIDDEN_DIR).glob("hs_*.safetensors") if _HS_FILE.match(p.name)]
+    files = len(hidden_files)
     imported = {
         "format": "speculators",
         "source": str(directory.resolve()),
@@ -333,4 +334,5 @@ def import_speculators(
         progress=progress,
         target=target,
         last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
+        source_bytes=sum(p.stat().st_size for p in hidden_files),
     )

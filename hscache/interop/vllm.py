@@ -121,4 +121,5 @@ def import_vllm(
         progress=progress,
         target=target,
         last_layer_slot=last,
+        source_bytes=sum(path.stat().st_size for path in files),
     )

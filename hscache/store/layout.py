@@ -20,7 +20,9 @@ Remote copies (remote.py) and merged shards (shards.py) copy these files as they
 
 All arrays are flat along the token axis (sequence i = rows offset..offset+length), so one
 sequence is one contiguous slice (random access) and a full scan reads chunks in order
-(streaming). Chunks hold whole powers of two of tokens, sized to ``chunk_bytes``.
+(streaming). Chunks hold whole powers of two of tokens, sized to ``chunk_bytes`` and no larger than
+the tokens the writer can write (``max_tokens``): zarr stores an edge chunk at its full shape, so a
+100-token cache in 1M-token chunks would take megabytes of padding per array.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ __all__ = [
     "INDEX_DIR",
     "LOGICAL_TO_STORED",
     "MANIFEST",
+    "MAX_CHUNK_TOKENS",
+    "MIN_CHUNK_TOKENS",
     "PROVENANCE",
     "RUN_LOG",
     "SAMPLED_ARRAYS",
@@ -117,16 +121,47 @@ def chunk_key(spec: ArraySpec, chunk_index: int) -> str:
     return "/".join(["c", str(chunk_index), *["0"] * len(spec.row_shape)])
 
 
-def chunk_tokens_for(bytes_per_token: int, chunk_bytes: int) -> int:
-    """The largest power of two of tokens whose chunk fits ``chunk_bytes`` (256 .. 1M tokens)."""
+# Chunk lengths in tokens. The floor keeps a tiny array's chunk files few KiB, not a file per row; a
+# cache of over MAX_CHUNK_TOKENS tokens is never capped by its token bound.
+MIN_CHUNK_TOKENS = 256
+MAX_CHUNK_TOKENS = 1 << 20
+
+
+def chunk_tokens_for(bytes_per_token: int, chunk_bytes: int, max_tokens: int | None = None) -> int:
+    """The largest power of two of tokens whose chunk fits ``chunk_bytes`` (256 .. 1M tokens), and at
+    most ``max_tokens`` rounded up to a power of two when the writer knows that bound on what it writes.
+
+    Every chunk file, an edge chunk too, holds ``chunk_tokens`` rows, so the cap is what keeps a small
+    cache small; readers take ``chunk_tokens`` from the manifest and never assume a size.
+    """
     tokens = max(1, chunk_bytes // max(1, bytes_per_token))
-    return int(min(1 << 20, max(256, 1 << (tokens.bit_length() - 1))))
+    fit = 1 << (tokens.bit_length() - 1)
+    if max_tokens is not None:
+        fit = min(fit, 1 << max(0, max_tokens - 1).bit_length())  # the power of two >= max_tokens
+    return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, fit)))
+
+
+def _specs(
+    rows: dict[str, tuple[tuple[int, ...], str]], chunk_bytes: int, max_tokens: int | None
+) -> dict[str, ArraySpec]:
+    specs = {}
+    for name, (shape, dtype) in rows.items():
+        per_token = ArraySpec(name, shape, dtype, 1).bytes_per_token
+        specs[name] = ArraySpec(name, shape, dtype, chunk_tokens_for(per_token, chunk_bytes, max_tokens))
+    return specs
 
 
 def array_specs(
-    num_layers: int, hidden_size: int, hidden_dtype: str, top_k: int, vocab_size: int | None, chunk_bytes: int
+    num_layers: int,
+    hidden_size: int,
+    hidden_dtype: str,
+    top_k: int,
+    vocab_size: int | None,
+    chunk_bytes: int,
+    max_tokens: int | None = None,
 ) -> dict[str, ArraySpec]:
-    """The arrays of one cache; ``vocab_size`` adds full logits (``--full-logits``)."""
+    """The arrays of one cache; ``vocab_size`` adds full logits (``--full-logits``); ``max_tokens``
+    (an upper bound on the tokens the cache will hold, None: unknown) caps the chunk length."""
     rows: dict[str, tuple[tuple[int, ...], str]] = {
         "hidden_states": ((num_layers, hidden_size), hidden_dtype),
         "token_ids": ((), "int32"),
@@ -137,11 +172,7 @@ def array_specs(
     }
     if vocab_size:
         rows["target_logits"] = ((vocab_size,), "float32")
-    specs = {}
-    for name, (shape, dtype) in rows.items():
-        probe = ArraySpec(name, shape, dtype, 1)
-        specs[name] = ArraySpec(name, shape, dtype, chunk_tokens_for(probe.bytes_per_token, chunk_bytes))
-    return specs
+    return _specs(rows, chunk_bytes, max_tokens)
 
 
 # A sampled cache's (hscache/store/sampling.py) per-token support of the processed distribution: row t
@@ -150,17 +181,15 @@ def array_specs(
 SAMPLED_ARRAYS = ("sampled_support_ids", "sampled_support_probs", "sampled_token_prob")
 
 
-def sampled_array_specs(support_width: int, chunk_bytes: int) -> dict[str, ArraySpec]:
+def sampled_array_specs(
+    support_width: int, chunk_bytes: int, max_tokens: int | None = None
+) -> dict[str, ArraySpec]:
     """The arrays a sampled cache adds to ``array_specs``: support ids and probabilities
     ``[support_width]`` (int32, float32), the realised token's probability (float32)."""
     rows = dict(
         zip(SAMPLED_ARRAYS, (((support_width,), "int32"), ((support_width,), "float32"), ((), "float32")))
     )
-    specs = {}
-    for name, (shape, dtype) in rows.items():
-        probe = ArraySpec(name, shape, dtype, 1)
-        specs[name] = ArraySpec(name, shape, dtype, chunk_tokens_for(probe.bytes_per_token, chunk_bytes))
-    return specs
+    return _specs(rows, chunk_bytes, max_tokens)
 
 
 def codecs_for(spec: ArraySpec, compression: str) -> list[Any]:

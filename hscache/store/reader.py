@@ -127,7 +127,9 @@ class Cache:
         try:
             # Absolute: a zarr array pickled into a dask graph (hscache.data.open_xarray) reopens its
             # path on a worker whose working directory differs from ours.
-            self._group = zarr.open_group(absolute_location(self.path / ARRAYS_GROUP), mode="r")
+            self._group = zarr.open_group(
+                absolute_location(self.path / ARRAYS_GROUP), mode="r", zarr_format=3
+            )
         except FileNotFoundError as exc:
             raise CacheFormatError(
                 f"{self.path} has a manifest but no {ARRAYS_GROUP}/ group; the cache is damaged"

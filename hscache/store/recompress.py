@@ -102,7 +102,9 @@ def _open_staged(
         if _codec_names(staged) == want and json.loads((staged / "zarr.json").read_text())["shape"] == list(
             source.shape
         ):
-            return zarr.open_array(str(staged), mode="a").with_config({"write_empty_chunks": True})
+            return zarr.open_array(str(staged), mode="a", zarr_format=3).with_config(
+                {"write_empty_chunks": True}
+            )
         shutil.rmtree(staged)  # a killed conversion to another codec, or an old array left by a swap
     elif staged.exists():
         shutil.rmtree(staged)
@@ -150,7 +152,9 @@ def _convert_array(
     work = root / WORK_DIR
     staged, parked = work / name, work / f"{name}.old"
     _finish_parked_swap(live, staged, parked)
-    source = zarr.open_group(str(live.parent), mode="r")[name]  # via the group: errors name the array
+    source = zarr.open_group(str(live.parent), mode="r", zarr_format=3)[
+        name
+    ]  # via the group: errors name the array
     want = _target_codecs(spec, compression, str(source.dtype))
     if _codec_names(live) == want:
         if staged.exists():

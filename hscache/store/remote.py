@@ -133,7 +133,7 @@ class RemoteCache(Cache):
         # from_url makes its own asynchronous filesystem on zarr's event loop (sharing ``fs`` fails:
         # an s3fs instance is bound to fsspec's loop); local/sync backends are wrapped by zarr.
         store = FsspecStore.from_url(f"{url}/{ARRAYS_GROUP}", read_only=True)
-        self._group = zarr.open_group(store, mode="r")
+        self._group = zarr.open_group(store, mode="r", zarr_format=3)  # no v2 metadata probes
         self._arrays, self._chunk_readers = {}, {}  # read through the URL, never the mirror
 
     def __repr__(self) -> str:

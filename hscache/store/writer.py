@@ -177,7 +177,7 @@ class StoreWriter:
         self.pending: list[_PendingRow] = []
         self.pending_tokens = 0
         with self._store_errors():
-            group = zarr.open_group(str(self.root / ARRAYS_GROUP), mode="a")
+            group = zarr.open_group(str(self.root / ARRAYS_GROUP), mode="a", zarr_format=3)
             self.appenders = {
                 name: _Appender(
                     self._open_array(group, spec),

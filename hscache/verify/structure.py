@@ -294,9 +294,9 @@ def _check_arrays(layout: CacheLayout, report: VerifyReport, unsafe: set[str]) -
             from zarr.storage import FsspecStore
 
             store = FsspecStore.from_url(f"{layout.url}/{ARRAYS_GROUP}", read_only=True)
-            group = zarr.open_group(store, mode="r")
+            group = zarr.open_group(store, mode="r", zarr_format=3)  # no v2 metadata probes
         else:
-            group = zarr.open_group(str(layout.root / ARRAYS_GROUP), mode="r")
+            group = zarr.open_group(str(layout.root / ARRAYS_GROUP), mode="r", zarr_format=3)
     except (OSError, ValueError) as exc:
         report.add(Problem("files", f"{ARRAYS_GROUP}/ cannot be opened ({exc}); no array can be read"))
         return arrays

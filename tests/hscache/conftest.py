@@ -18,11 +18,15 @@ import pytest
 import torch
 
 import hscache
-from tests.hscache.forked_cli import CliServer
+from tests.hscache.forked_cli import CliServer, prefork
 from tests.hscache.vllm_jobs import PROMPTS, VLLM_PYTHON, greedy_config, sampled_config
 
 # One subprocess environment for every CLI run of these tests (see module docstring).
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+# The CLI server, forked now while pytest collects: torch and hscache imported, no thread started yet
+# (forked_cli.py); None where a thread already runs (the fixture then starts a server of its own).
+_PREFORKED = prefork(ONE_THREAD_ENV)
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
     """12 built-in prompts, 8 greedy tokens, fp32, layers 1,3,5: ~600 tokens in 256-token chunks
     (3 chunk files per hidden-state array), one commit per sequence."""
     out = tmp_path_factory.mktemp("small") / "reference"
-    # chunk_bytes 10 KiB rounds up to the 256-token minimum chunk for every array.
+    # chunk_bytes 10 KiB rounds up to the 256-token minimum chunk for hidden states and top-k; the
+    # 1-D arrays' 2048 tokens are capped at the 1024 that 12 prompts x 8 tokens can write.
     config = hscache.ExtractConfig(
         out=str(out),
         layers="1,3,5",
@@ -100,7 +105,7 @@ def small_cache(tmp_path_factory: pytest.TempPathFactory) -> SmallCache:
 @pytest.fixture(scope="session")
 def cli_server(tmp_path_factory: pytest.TempPathFactory):
     """Forks ``hscache`` CLI runs (in ONE_THREAD_ENV) from one warm interpreter: see forked_cli."""
-    server = CliServer({**os.environ, **ONE_THREAD_ENV}, tmp_path_factory.mktemp("cli-runs"))
+    server = CliServer({**os.environ, **ONE_THREAD_ENV}, tmp_path_factory.mktemp("cli-runs"), _PREFORKED)
     yield server
     server.close()
 

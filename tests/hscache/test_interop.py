@@ -102,6 +102,8 @@ def test_import_of_export_equals_the_cache_on_every_shared_array(
         assert "target_argmax" not in b
     cache = hscache.open_cache(tmp_path / "c")
     assert set(cache.specs) == {"hidden_states", "token_ids", "loss_mask"}
+    # chunks no longer than the source's bytes allow: ~320 tokens are not 4096-1M-token padded chunks
+    assert all(cache.num_tokens <= s.chunk_tokens < 4 * cache.num_tokens for s in cache.specs.values())
     prov = cache.provenance["imported"]
     assert (
         prov["format"] == fmt

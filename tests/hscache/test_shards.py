@@ -72,6 +72,8 @@ def test_two_shards_read_back_identical_to_one(reference, sharded):
     ]
     _assert_same(one, view)
     assert view.settings == one.settings and view.layer_ids == [1, 3, 7]
+    # shards of 3 and 2 records chunk as the one run of 5 does (the bound counts every shard's records)
+    assert [s.specs for s in view.shards] == [one.specs, one.specs]
     assert [p["capture"]["layer_ids"] for p in view.provenance["shards"]] == [[1, 3, 7]] * 2
     block, ref = read_rows(view, range(1, 5)), read_rows(one, range(1, 5))
     assert all(torch.equal(block.get("hidden_states", r), ref.get("hidden_states", r)) for r in range(1, 5))
