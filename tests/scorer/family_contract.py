@@ -33,10 +33,6 @@ from scorer.studies.compare import compare_drafters
 from scorer.studies.evaluate import EvalConfig, evaluate
 
 ROWS = 2  # sequences the cheaper checks score
-# The sequence decoded online: valid_parentheses (45 prompt tokens; the session's DFlash drafter
-# accepts 9 drafts in its 15 rounds). Every round re-runs the target over the prefix: the first
-# record (83 tokens) cost half as much again for the same check.
-ONLINE_ROW = 5
 
 
 def checkpoint_without_a_tensor(source: str | Path, out: Path) -> Path:
@@ -81,7 +77,7 @@ class FamilyContract:
         drafter, _ = load_drafter(checkpoint, cache, self.config)
         family = drafter_family(drafter)
         assert family.name == self.family
-        offline = family.score_rows(drafter, cache, [ONLINE_ROW], family.effective_config(self.config))[0]
+        offline = family.score_rows(drafter, cache, [0], family.effective_config(self.config))[0]
         target = load_target("builtin:tiny-qwen3.5", "fp32")  # the cache's target, fp32 as the cache
         options = OnlineOptions(
             overrides=dict(self.config.overrides), num_speculative_tokens=self.config.num_speculative_tokens
@@ -93,11 +89,10 @@ class FamilyContract:
             drafts.append(propose(hidden, ids, p))
             return drafts[-1]
 
-        record = list(iter_records(resolve_prompts("builtin:default")))[ONLINE_ROW]
-        assert cache.index.column("record_id")[ONLINE_ROW].as_py() == record.record_id
+        record = next(iter_records(resolve_prompts("builtin:default")))
         prompt = prompt_token_ids(record, target.tokenizer)
         ids, rounds = speculative_decode(target, layer_ids, recording, prompt, 24, 4096)
-        assert ids == cache.token_ids(ONLINE_ROW).tolist()  # the same text
+        assert ids == cache.token_ids(0).tolist()  # the same text
         assert [list(d) for d in drafts] == [_drafted(row) for row in offline.chain_drafts]
         assert rounds == list(offline.chain.tokens)
 
