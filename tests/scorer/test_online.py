@@ -14,25 +14,18 @@ from tests.scorer.family_contract import FamilyContract
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["builtin:tiny-qwen3.5", "builtin:tiny-qwen3"])
 def test_offline_tau_equals_online_tau(model, tmp_path, request):
-    """A drafter (block 5) trained on a cache of the target: the hybrid's own (4 prompts x 20 tokens,
-    layers 1,3,7), the plain Qwen3's the session's ``qwen3_cache`` (2 x 16, layers 1,3,4,7)."""
+    """A drafter trained on a cache of the target, its first 2 prompts: the hybrid's the session's
+    ``trained_drafter`` (block 6) on ``scorer_cache`` (24 tokens, layers 1,3,7); the plain Qwen3's a
+    drafter (block 5) trained here on the session's ``qwen3_cache`` (2 x 16, layers 1,3,4,7)."""
+    limit = 2
     if model == "builtin:tiny-qwen3":
-        cache, new_tokens, limit = request.getfixturevalue("qwen3_cache"), 16, 2
+        cache, new_tokens = request.getfixturevalue("qwen3_cache"), 16
+        drafter = tmp_path / "drafter"
+        train_drafter(cache, drafter, steps=120, block_size=5, log_every=0)
     else:
-        cache, new_tokens, limit = tmp_path / "cache", 20, 4
-        hscache.extract(
-            hscache.ExtractConfig(
-                out=str(cache),
-                model=model,
-                layers="1,3,7",
-                max_new_tokens=new_tokens,
-                dtype="fp32",
-                limit=limit,
-            )
-        )
-    drafter = tmp_path / "drafter"
-    train_drafter(cache, drafter, steps=120, block_size=5, log_every=0)
-    offline = evaluate(drafter, cache, EvalConfig(ddtree=(), n_boot=20))
+        cache, new_tokens = request.getfixturevalue("scorer_cache"), 24
+        drafter = request.getfixturevalue("trained_drafter")
+    offline = evaluate(drafter, cache, EvalConfig(ddtree=(), n_boot=20, limit=limit))
     online = run_online(drafter, OnlineConfig(model=model, max_new_tokens=new_tokens, limit=limit))
     cached = hscache.open_cache(cache)
     assert offline["off_greedy"]["positions"] == 0  # fp32: the cache is the target's greedy path

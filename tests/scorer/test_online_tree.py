@@ -278,13 +278,17 @@ def test_tree_rounds_process_every_node_with_the_pre_round_penalty():
     for n, rec in enumerate(records):
         ids, p = list(rec.token_ids), len(rec.token_ids) - 1
         anchors = [int(r.token_ids[-1]) for r in records[: n + 1]]
+        # one plain forward of every root-to-node path (committed tokens + the node), batched: row
+        # node's logits at p + 1 are that node's, any row's at p the root's (causal: the node is
+        # not seen there)
+        with torch.no_grad():
+            paths = torch.tensor([ids + [int(t)] for t in rec.tree.tokens])
+            logits = target.model(paths).logits[:, p : p + 2].float()
         for node in range(-1, len(rec.tree.tokens)):
-            extra = [] if node < 0 else [int(rec.tree.tokens[node])]
-            with torch.no_grad():
-                logits = target.model(torch.tensor([ids + extra])).logits[0, p + len(extra)].float()
+            row = logits[0, 0] if node < 0 else logits[node, 1]
             # fp32 logits of two forwards agree to ~1e-6
             torch.testing.assert_close(
-                rec.target_probs[node + 1].double(), _sglang_processed(logits, anchors, s), atol=1e-4, rtol=0
+                rec.target_probs[node + 1].double(), _sglang_processed(row, anchors, s), atol=1e-4, rtol=0
             )
         assert int(rec.verified.accepted[0]) == 1  # the sampled token is always one of the children
         parted += sorted(anchors) != sorted(ids[len(prompts[0][1]) :])
