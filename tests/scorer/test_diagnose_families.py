@@ -156,7 +156,7 @@ def test_mtp_a_head_fed_the_other_side_of_the_final_norm_is_named(trained_mtp_ca
     """The head trained on the last layer after the final norm (as vLLM serves it): as trained
     (``target:mtp``) no finding; scored as ``target:mtp-prenorm`` (the layer before the norm, as
     speculators trains) the diagnosis names ``final_norm post``, and that row replays exactly what
-    ``target:mtp`` scores. Measured: tau 1.94 vs 1.60, +0.34 [+0.31, +0.38] (K = 1, 16 sequences)."""
+    ``target:mtp`` scores. Measured: tau 1.94 vs 1.83, +0.11 [+0.06, +0.16] (K = 1, 16 sequences): found, with little margin."""
     clean = _diagnose("target:mtp", trained_mtp_cache)
     assert clean["family"] == "mtp" and clean["finding"] is None, clean["verdict"]
     assert clean["baseline"]["tau_pooled"] > 1.5  # trained: step 0 mostly right (at most 2 at K = 1)
