@@ -1,7 +1,7 @@
 """The tampering run of issue 18, repeated: every file of a small cache edited in every way.
 
-Each edit is applied to a fresh copy of one 4-sequence cache (one file of every kind a cache has). Then ``hscache verify --deep`` (with and
-without the digest pinned before the edit) and ``scorer eval`` run in-process. Asserted, for every
+Each edit is applied to a fresh copy of one 4-sequence cache (one file of every kind a cache has).
+Then ``hscache verify --deep`` (with and without the digest pinned before the edit) and ``scorer eval`` run in-process. Asserted, for every
 edit: verify with the pinned digest fails; verify alone fails unless the edit was resealed (every
 hash the manifest records recomputed, which anyone can do: that is what the digest is for); eval
 refuses in one ``error:`` line with exit 2, or scores and reports another ``cache.digest``;
