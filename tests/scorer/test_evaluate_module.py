@@ -39,13 +39,15 @@ def test_a_training_loop_reads_tau_from_memory_equal_to_the_saved_drafters(score
     result = train_drafter(
         scorer_cache,
         tmp_path / "d",
-        steps=20,
-        eval_every=10,
+        steps=6,
+        eval_every=3,
         eval_limit=None,
         log_every=0,
         on_eval=lambda step, report: seen.append((step, report["tau"]["pooled"])),
     )
-    assert [step for step, _ in result["tau_history"]] == [10, 20] and seen == result["tau_history"]
+    assert [step for step, _ in result["tau_history"]] == [3, 6] and seen == result["tau_history"]
+    # Training moved tau between the two evaluations (1.05 -> 1.13): a stale module would show.
+    assert result["tau_history"][0][1] != result["tau_history"][1][1]
     # The last in-memory tau is the saved drafter's tau: evaluate_module scored those very weights.
     assert result["tau_history"][-1][1] == evaluate(tmp_path / "d", scorer_cache, _TAU_ONLY)["tau"]["pooled"]
 
