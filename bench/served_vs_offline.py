@@ -11,7 +11,11 @@ briefly on it. Timed, as CPU seconds (user + system, so a busy machine does not 
 One run each; the ratio is printed. Needs the vLLM environment (``bash .ci/vllm-env.sh``, or
 ``--vllm-python PATH``).
 
-    python bench/served_vs_offline.py [--prompts 8] [--tokens 32] [--vllm-python .vllm/bin/python]
+``--vocab N`` widens the target's vocabulary to N rows (Qwen3.6's 248,320: the real vocabulary's share of
+both sides): the built-in's trained rows first, the added ones N(0, 0.02) from seed 0 (logits far below
+the trained rows': the text stays the built-in's), hidden size and layers unchanged.
+
+    python bench/served_vs_offline.py [--prompts 8] [--tokens 32] [--vocab 248320] [--vllm-python .vllm/bin/python]
 """
 
 from __future__ import annotations
@@ -33,10 +37,34 @@ def _cpu(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def wide_target(directory: Path, vocab: int) -> Path:
+    """builtin:tiny-qwen3 written as a Hugging Face directory with ``vocab`` embedding rows (tied head)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hscache.capture.builtin import save_builtin
+
+    save_builtin("builtin:tiny-qwen3", directory)
+    config = json.loads((directory / "config.json").read_text())
+    weights = load_file(str(directory / "model.safetensors"))
+    generator = torch.Generator().manual_seed(0)
+    for key in [k for k in weights if k.endswith("embed_tokens.weight") or k == "lm_head.weight"]:
+        rows = weights[key]
+        extra = torch.randn(vocab - rows.shape[0], rows.shape[1], generator=generator) * 0.02
+        weights[key] = torch.cat([rows, extra.to(rows.dtype)]).contiguous()
+    config["vocab_size"] = vocab
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=None, help="widen the target's vocabulary to N rows")
     parser.add_argument("--vllm-python", default=str(ROOT / ".vllm" / "bin" / "python"))
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -50,8 +78,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         cache, drafter = Path(tmp) / "cache", Path(tmp) / "dflash"
+        target = str(wide_target(Path(tmp) / "target", args.vocab)) if args.vocab else "builtin:tiny-qwen3"
         hscache.extract(hscache.ExtractConfig(
-            out=str(cache), model="builtin:tiny-qwen3", layers="1,3,7", max_new_tokens=args.tokens,
+            out=str(cache), model=target, layers="1,3,7", max_new_tokens=args.tokens,
             dtype="fp32", limit=args.prompts, mtp=False,
         ))  # fmt: skip
         train_drafter(cache, drafter, steps=150, block_size=6, log_every=0)
@@ -72,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         report = score_served(served)
 
     print(
-        f"requests: {args.prompts} prompts x {args.tokens} greedy tokens, builtin:tiny-qwen3 fp32, DFlash K 5"
+        f"requests: {args.prompts} prompts x {args.tokens} greedy tokens, builtin:tiny-qwen3 fp32"
+        f"{f' widened to vocabulary {args.vocab:,}' if args.vocab else ''}, DFlash K 5"
     )
     print(f"tau offline (cache) {offline['tau']['pooled']:.4f}; on vLLM's text: offline "
           f"{report['tau']['offline_report']['pooled']:.4f}, vLLM {report['tau']['vllm']['pooled']:.4f}, "
