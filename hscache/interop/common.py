@@ -40,7 +40,7 @@ from hscache.errors import InputError, StoreWriteError
 from hscache.progress import NO_PROGRESS
 from hscache.store import fsio, jsonio
 from hscache.store.cache_dir import write_provenance
-from hscache.store.layout import DEFAULT_COMPRESSION, IMPORTING_MARK, WRITER_LOCK, ArraySpec, chunk_tokens_for
+from hscache.store.layout import DEFAULT_COMPRESSION, IMPORTING_MARK, WRITER_LOCK, ArraySpec, spec_for
 from hscache.store.lock import writer_lock
 from hscache.store.paths import check_empty_out
 from hscache.store.run_log import encode_run_log
@@ -374,10 +374,7 @@ def _attach_target(
 
 
 def _spec_for(name: str, row_shape: tuple[int, ...], logical: str, max_tokens: int | None) -> ArraySpec:
-    probe = ArraySpec(name, row_shape, logical, 1)
-    return ArraySpec(
-        name, row_shape, logical, chunk_tokens_for(probe.bytes_per_token, _CHUNK_BYTES, max_tokens)
-    )
+    return spec_for(name, row_shape, logical, _CHUNK_BYTES, max_tokens)
 
 
 def _max_tokens(source_bytes: int | None, hidden: torch.Tensor) -> int | None:

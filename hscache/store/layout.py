@@ -56,6 +56,7 @@ __all__ = [
     "chunk_tokens_for",
     "codecs_for",
     "sampled_array_specs",
+    "spec_for",
 ]
 
 FORMAT_NAME = "hscache"
@@ -141,14 +142,20 @@ def chunk_tokens_for(bytes_per_token: int, chunk_bytes: int, max_tokens: int | N
     return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, fit)))
 
 
+def spec_for(
+    name: str, row_shape: tuple[int, ...], dtype: str, chunk_bytes: int, max_tokens: int | None = None
+) -> ArraySpec:
+    """One array's spec, its chunk length from ``chunk_tokens_for`` (the same rule for every writer)."""
+    per_token = ArraySpec(name, row_shape, dtype, 1).bytes_per_token
+    return ArraySpec(name, row_shape, dtype, chunk_tokens_for(per_token, chunk_bytes, max_tokens))
+
+
 def _specs(
     rows: dict[str, tuple[tuple[int, ...], str]], chunk_bytes: int, max_tokens: int | None
 ) -> dict[str, ArraySpec]:
-    specs = {}
-    for name, (shape, dtype) in rows.items():
-        per_token = ArraySpec(name, shape, dtype, 1).bytes_per_token
-        specs[name] = ArraySpec(name, shape, dtype, chunk_tokens_for(per_token, chunk_bytes, max_tokens))
-    return specs
+    return {
+        name: spec_for(name, shape, dtype, chunk_bytes, max_tokens) for name, (shape, dtype) in rows.items()
+    }
 
 
 def array_specs(

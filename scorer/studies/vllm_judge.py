@@ -17,6 +17,7 @@ match are not recorded by vLLM (the worker places them with vLLM's own proposer)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
@@ -409,7 +410,8 @@ def collect_served(plan: ServedPlan, result: dict[str, Any]) -> list[list[Served
     by_name = {engine["name"]: engine for engine in plan.engines}
     served = []
     # Engines that served the same text on the same cache share one served cache (at T = 0 every lossless
-    # drafter reproduces the target's greedy text): the extraction's input is its whole content.
+    # drafter reproduces the target's greedy text): the extraction's input is its whole content, keyed by
+    # its sha256 (not the text: a run's records grow with its requests).
     extracted: dict[tuple[int, str, str], Path] = {}
     for i, (checkpoint, spec_engine) in enumerate(zip(plan.checkpoints, plan.job["engines"])):
         engine = by_name[spec_engine["name"]]
@@ -420,10 +422,12 @@ def collect_served(plan: ServedPlan, result: dict[str, Any]) -> list[list[Served
             if run is not None:
                 requests = run["requests"]
                 kind, records = _served_records(view, plan.prompts[j], requests, plan.runs[j]["sampling"])
-                path = extracted.get((j, kind, records))
+                key = (j, kind, hashlib.sha256(records.encode()).hexdigest())
+                path = extracted.get(key)
                 if path is None:
-                    path = _served_cache(view, kind, records, plan.workdir / f"served-{i}-{j}")
-                    extracted[(j, kind, records)] = path
+                    path = extracted[key] = _served_cache(
+                        view, kind, records, plan.workdir / f"served-{i}-{j}"
+                    )
             row.append(Served(
                 checkpoint, plan.caches[j], drafter.family, spec, eval_config, plan.configs[i],
                 [len(ids) for ids in plan.runs[j]["prompts"]], requests, path, plan.version, result["patches"],

@@ -282,10 +282,12 @@ def engine_kwargs(
 def start_engine(kwargs: Mapping[str, Any]) -> Any:
     """``vllm.LLM(**kwargs)``, with every object alive so far moved out of the garbage collector's reach.
 
-    vLLM collects garbage several times while an engine starts (5 ``gc.collect()`` calls in vllm 0.32.0's
-    engine core and worker init, e.g. vllm/utils/gc_utils.py:120); with vLLM's own import and any earlier
-    engine on the heap each full collection walks millions of objects. ``gc.freeze()`` first leaves them
-    out of every later collection (they are alive anyway; what the engine computes is unchanged).
+    vLLM collects garbage several times while an engine starts (vllm 0.32.0: ``freeze_gc_heap``'s three,
+    vllm/utils/gc_utils.py:127-129, and the model loader's, model_executor/model_loader/base_loader.py:92,
+    112); with vLLM's own import and any earlier engine on the heap each full collection walks millions of
+    objects. ``gc.freeze()`` first leaves them out of those collections (they are alive anyway; what the
+    engine computes is unchanged). An engine's shutdown unfreezes and collects the whole heap again
+    (distributed/parallel_state.py:2535): that cost stays.
     Measured on the built-in tiny-qwen3, fp32, 2-core VM: 2.8-3.1 -> 1.5-1.6 CPU-s per engine after the
     first (4.1 -> 2.5 for the first)."""
     import gc
