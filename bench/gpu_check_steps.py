@@ -62,7 +62,6 @@ class Plan:
     pytest_timeout_s: int = 180
     flex_rows: int = 4  # sequences of the reference cache drafted with flex and with SDPA
     flex_anchors: int | None = None  # the first anchors of each (None: all); uncompiled CPU flex is slow
-    chunk_bytes: int = 8 << 20  # extract's default; the dry run's few hundred tokens need no padded 8 MB
 
     @classmethod
     def for_gpu(cls) -> Plan:
@@ -119,7 +118,6 @@ class Plan:
             pytest_timeout_s=120,
             flex_rows=1,
             flex_anchors=6,
-            chunk_bytes=64 << 10,
         )
 
     def device(self, kind: str) -> str:
@@ -375,7 +373,6 @@ def extract_cache(
         device=device,
         overwrite=True,
         commit_every_s=30.0,
-        chunk_bytes=plan.chunk_bytes,
         **({"prompts": str(replay), "max_new_tokens": 0} if replay else sizes),
     )
     timer = _Timer()

@@ -105,10 +105,7 @@ def _prompts(path: Path, sequences: int, seq_len: int, vocab: int) -> Path:
     return path
 
 
-def _extract_config(
-    model: Path, prompts: Path, out: Path, memory_gb: float, chunk_bytes: int | None = None
-) -> hscache.ExtractConfig:
-    """``chunk_bytes`` None: extract's default (8 MB chunks, written whole even when mostly padding)."""
+def _extract_config(model: Path, prompts: Path, out: Path, memory_gb: float) -> hscache.ExtractConfig:
     return hscache.ExtractConfig(
         out=str(out),
         model=str(model),
@@ -118,7 +115,6 @@ def _extract_config(
         dtype="bf16",
         memory_gb=memory_gb,
         overwrite=True,
-        **({} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}),
     )
 
 
@@ -297,8 +293,6 @@ def main(argv: list[str] | None = None) -> None:
         args.gen_prompts, args.gen_tokens, args.index_rows = 4, 3, 20_000
         args.drafter_layers = 1  # every line is printed with one layer as with five
     args.heads = QUICK_HEADS if args.quick else REAL_HEADS  # quick: ~3 CPU-s less, mostly the drafter
-    # --quick's few dozen tokens in 64 KiB chunks: padded 8 MB ones wrote ~200 MB a quick run.
-    args.chunk_bytes = (64 << 10) if args.quick else None
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="hscache-real-"))
     parts = set(args.parts.split(","))
@@ -313,9 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         tokens = args.sequences * args.seq_len
         # The first extract also builds the cache every later part uses.
         ours = _best(
-            lambda: hscache.extract(
-                _extract_config(model, prompts, cache_dir, args.memory_gb, args.chunk_bytes)
-            ),
+            lambda: hscache.extract(_extract_config(model, prompts, cache_dir, args.memory_gb)),
             args.repeats,
         )
         if "extract" in parts:
@@ -349,7 +341,7 @@ def _extract_part(
         f"extract / bare time = {ours / bare:.3f} (V={args.vocab}, hidden {args.hidden}, bf16, {tokens} tokens; "
         "the bare side excludes loading the model)"
     )
-    cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb, args.chunk_bytes)
+    cfg = _extract_config(model, prompts, tmp / "cache-rss", args.memory_gb)
     rss = probe.peak(  # the config's repr names SamplingSetting (its sampling field)
         f"from hscache import SamplingSetting\nout = {{}}; hscache.extract(hscache.ExtractConfig(**{cfg.__dict__!r}))"
     )
