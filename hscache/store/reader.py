@@ -33,6 +33,7 @@ from hscache.store.layout import (
     TARGET_DIR,
     ArraySpec,
 )
+from hscache.store.lock import current_writer
 from hscache.store.paths import not_a_cache
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.target_files import (
@@ -48,7 +49,7 @@ __all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifes
 
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_OPEN_ATTEMPTS = 5
+_OPEN_ATTEMPTS = 8
 
 if TYPE_CHECKING:  # torch is imported when a tensor is first returned: `hscache info` never needs it
     import torch
@@ -586,7 +587,9 @@ def open_local(path: str | Path, allow_unsealed: bool = False) -> Cache:
             if attempt + 1 == _OPEN_ATTEMPTS:
                 raise
             if read_manifest(root) == manifest:
-                if manifest.get("complete"):
+                # A complete cache nobody writes does not change: the mismatch is real. A writer
+                # that marked it complete still publishes runs.json and then its checksum.
+                if manifest.get("complete") and current_writer(root) is None:
                     raise
                 time.sleep(0.05 * (attempt + 1))
     raise AssertionError("unreachable")

@@ -24,6 +24,7 @@ from hscache.store.integrity import content_sha256
 from hscache.store.lock import writer_lock
 from hscache.store.run_log import provenance_with_runs, read_run_log
 from hscache.store.writer import publish_manifest
+from hscache.verify import verify_cache
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -94,6 +95,32 @@ def test_the_run_log_is_sealed_but_outside_the_digest(small_cache, tmp_path):
     assert read_run_log(out)[0]["hardware"]["hostname"] == "elsewhere"
 
 
+def test_a_reader_waits_out_a_writer_between_the_run_log_and_its_checksum(small_cache, tmp_path):
+    """A complete cache whose writer has published a new runs.json but not yet the manifest that
+    records its checksum (what extract's last step does after finish()): a reader waits for that
+    manifest while the writer holds the lock, and refuses the same files once nobody writes."""
+    import threading
+
+    out = small_cache.copy(tmp_path / "c")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"]
+    data = (out / "runs.json").read_bytes().replace(b'"runs"', b'"runs" ', 1)
+    opened: list = []
+    with writer_lock(out, "test"):
+        (out / "runs.json").write_bytes(data)  # the new run log; the manifest still has the old one
+        reader = threading.Thread(target=lambda: opened.append(hscache.open_cache(out)))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive()  # waiting, not refusing
+        manifest["run_log"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        publish_manifest(out, manifest)
+        reader.join(5)
+    assert len(opened) == 1 and len(opened[0]) == len(hscache.open_cache(small_cache.path))
+    (out / "runs.json").write_bytes(data + b" ")  # nobody writes now: the mismatch is damage
+    with pytest.raises(CacheFormatError, match=r"runs\.json has \d+ bytes"):
+        hscache.open_cache(out)
+
+
 def test_a_cache_written_before_the_run_log_still_reads_verifies_and_keeps_its_digest(small_cache, tmp_path):
     """What caches of the last release hold: provenance v1 with the run facts, no runs.json, no run_log."""
     out = small_cache.copy(tmp_path / "old")
@@ -118,7 +145,7 @@ def test_a_cache_written_before_the_run_log_still_reads_verifies_and_keeps_its_d
     cache = hscache.open_cache(out)
     assert hscache.cache_digest(cache) == expected  # the formula such caches were pinned with
     assert cache.provenance["timestamps"]["started_at"] == run["started_at"]
-    assert hscache.verify.verify_cache(out).ok
+    assert verify_cache(out).ok
     info = CliRunner().invoke(main, ["info", str(out)])
     assert "runs       none recorded (written before the run log)\n" in info.output
 
