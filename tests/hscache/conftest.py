@@ -157,7 +157,7 @@ def vllm_prompts(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_extractions(tmp_path_factory, vllm_prompts) -> dict:
+def vllm_extractions(vllm_python, tmp_path_factory, vllm_prompts) -> dict:
     """Every vLLM extraction of these tests in ONE process of vLLM's interpreter
     (tests/hscache/vllm_sampled_run.py): the greedy fp32 tiny-qwen3 cache with the connector's files
     (``greedy``, ``greedy_files``), and the sampled job of test_vllm_sampled.py run whole (``a``) and
@@ -167,8 +167,6 @@ def vllm_extractions(tmp_path_factory, vllm_prompts) -> dict:
 
     from hscache.capture.extract import worker_job
 
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vLLM environment at .vllm (build it: bash .ci/vllm-env.sh)")
     root = tmp_path_factory.mktemp("vllm-extractions")
     greedy = greedy_config(vllm_prompts, root / "greedy", connector_dir=str(root / "greedy-files"))
     sampled = sampled_config(vllm_prompts, root / "a", connector_dir=str(root / "files"))
@@ -185,7 +183,7 @@ def vllm_extractions(tmp_path_factory, vllm_prompts) -> dict:
         root / "greedy-result.json",
     ]
     done = subprocess.run(
-        [str(VLLM_PYTHON), str(runner), *map(str, args)], capture_output=True, text=True, env=env, timeout=900,
+        [vllm_python, str(runner), *map(str, args)], capture_output=True, text=True, env=env, timeout=900,
         cwd=root,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -47,10 +47,10 @@ COMMON = [
 ]
 
 
-def _vllm_hscache(*args: str) -> subprocess.CompletedProcess:
+def _vllm_hscache(python: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [str(VLLM_PYTHON), "-m", "hscache.cli", *args], capture_output=True, text=True, env=env, timeout=900
+        [python, "-m", "hscache.cli", *args], capture_output=True, text=True, env=env, timeout=900
     )
 
 
@@ -138,11 +138,13 @@ def test_the_vllm_cache_names_its_engine_and_verifies(vllm_cache):
 
 
 @needs_vllm
-def test_a_complete_vllm_cache_is_not_rewritten_and_the_engine_is_a_resume_setting(vllm_cache, prompts_file):
+def test_a_complete_vllm_cache_is_not_rewritten_and_the_engine_is_a_resume_setting(
+    vllm_cache, prompts_file, vllm_python
+):
     out = vllm_cache[0]
     before = (out / "manifest.json").read_bytes()
     again = _vllm_hscache(
-        "extract", "--engine", "vllm", *COMMON, "--prompts", str(prompts_file), "--out", str(out)
+        vllm_python, "extract", "--engine", "vllm", *COMMON, "--prompts", str(prompts_file), "--out", str(out)
     )
     assert again.returncode == 0 and "nothing written" in again.stdout, again.stderr[-2000:]
     assert (out / "manifest.json").read_bytes() == before

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from vllm_env import NGRAM, VLLM_PYTHON, skip_without_vllm
+from vllm_env import NGRAM
 
 import hscache
 
@@ -114,17 +114,16 @@ QWEN3_ENGINES = {
 
 
 @pytest.fixture(scope="session")
-def judged(judge_caches, mtp_caches, judge_drafters, tmp_path_factory) -> dict:
+def judged(vllm_python, judge_caches, mtp_caches, judge_drafters, tmp_path_factory) -> dict:
     """ONE vLLM process: ``{"served": {name: {setting: Served}}, "raw": {engine name: worker result}}``.
 
     ``raw`` holds the engines the scorer does not judge but the tests check: each target alone
     (``target``, ``mtp-target``: the drafters must not change its greedy text) and DFlash2 (vLLM CPU
     refuses it by its candidate head)."""
-    skip_without_vllm()
     from scorer.studies.vllm_judge import ServedConfig, plan_served, serve_plans
 
     root = tmp_path_factory.mktemp("judged")
-    python = str(VLLM_PYTHON)
+    python = vllm_python  # vLLM imported once (tests/vllm_zygote.py)
     qwen3 = plan_served(
         [judge_drafters[drafter] for drafter, _ in QWEN3_ENGINES.values()],
         [judge_caches[s] for s in SETTINGS],

@@ -15,8 +15,3 @@ REASON = f"no vLLM environment at {VLLM_PYTHON}: `bash .ci/vllm-env.sh` builds i
 NEEDS_VLLM = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=REASON)
 # n-gram as the judge serves it: K 3, matches of 2-3 tokens (vLLM's prompt_lookup_min / _max).
 NGRAM = {"num_speculative_tokens": 3, "overrides": {"prompt_lookup_min": 2, "prompt_lookup_max": 3}}
-
-
-def skip_without_vllm() -> None:
-    if not VLLM_PYTHON.exists():
-        pytest.skip(REASON)
