@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from hscache.store.run_log import read_run_log
 from hscache.store.writer import SequenceRows, StoreWriter
 from hscache.verify import VerifyConfig, verify_cache
 from tests.conftest import write_jsonl
-from tests.hscache.conftest import ONE_THREAD_ENV
 from tests.hscache.forked_cli import ForkedRun
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,16 +64,6 @@ def _assert_identical(out: Path, reference: Path) -> None:
     assert report.ok, report.problems
     leftovers = [p for p in out.rglob("*") if p.name.endswith(".partial") or fsio.TEMP_MARK in p.name]
     assert not leftovers
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hscache.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **ONE_THREAD_ENV},
-        timeout=300,
-    )
 
 
 def _kill_when(proc: ForkedRun, condition, timeout: float = 120) -> bool:
