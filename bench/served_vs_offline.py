@@ -15,7 +15,15 @@ One run each; the ratio is printed. Needs the vLLM environment (``bash .ci/vllm-
 both sides): the built-in's trained rows first, the added ones N(0, 0.02) from seed 0 (logits far below
 the trained rows': the text stays the built-in's), hidden size and layers unchanged.
 
-    python bench/served_vs_offline.py [--prompts 8] [--tokens 32] [--vocab 248320] [--vllm-python .vllm/bin/python]
+``--real-dims`` serves bench/real_dims.py's target instead: Qwen3.6-27B's vocabulary (248,320), head dims
+and layer pattern (Gated DeltaNet x 3 + full attention, attention head_dim 256, linear key/value head dims
+128, untied head), hidden ``--hidden`` (default 512) and 4 layers, random weights from seed 0, bf16 (vLLM
+CPU runs Gated DeltaNet in bf16 only); the DFlash drafter is ``scorer init``'s (random weights: training
+it at this vocabulary costs minutes a step on CPU), reading layers 0-2 (not the last, which vLLM feeds
+raw).
+
+    python bench/served_vs_offline.py [--prompts 8] [--tokens 32] [--vocab 248320 | --real-dims [--hidden 512]]
+                                      [--vllm-python .vllm/bin/python]
 """
 
 from __future__ import annotations
@@ -60,13 +68,27 @@ def wide_target(directory: Path, vocab: int) -> Path:
     return directory
 
 
+def _real_dims_target(directory: Path, hidden: int) -> Path:
+    """bench/real_dims.py's shape-real Qwen3.5 text target (its ``build_target``), saved at ``directory``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("real_dims", ROOT / "bench" / "real_dims.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_target(directory, 248_320, hidden)
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=None, help="widen the target's vocabulary to N rows")
+    parser.add_argument("--real-dims", action="store_true", help="serve bench/real_dims.py's target")
+    parser.add_argument("--hidden", type=int, default=512, help="--real-dims: the target's hidden size")
     parser.add_argument("--vllm-python", default=str(ROOT / ".vllm" / "bin" / "python"))
     args = parser.parse_args(argv)
+    if args.real_dims and args.vocab:
+        parser.error("--vocab widens the built-in target; --real-dims has the real vocabulary already")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -78,12 +100,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         cache, drafter = Path(tmp) / "cache", Path(tmp) / "dflash"
-        target = str(wide_target(Path(tmp) / "target", args.vocab)) if args.vocab else "builtin:tiny-qwen3"
+        if args.real_dims:
+            target, layers, dtype = str(_real_dims_target(Path(tmp) / "target", args.hidden)), "0,1,2", "bf16"
+        elif args.vocab:
+            target, layers, dtype = str(wide_target(Path(tmp) / "target", args.vocab)), "1,3,7", "fp32"
+        else:
+            target, layers, dtype = "builtin:tiny-qwen3", "1,3,7", "fp32"
         hscache.extract(hscache.ExtractConfig(
-            out=str(cache), model=target, layers="1,3,7", max_new_tokens=args.tokens,
-            dtype="fp32", limit=args.prompts, mtp=False,
+            out=str(cache), model=target, layers=layers, max_new_tokens=args.tokens,
+            dtype=dtype, limit=args.prompts, mtp=False,
         ))  # fmt: skip
-        train_drafter(cache, drafter, steps=150, block_size=6, log_every=0)
+        if args.real_dims:
+            from scorer.init import init_drafter
+
+            init_drafter(cache, drafter, block_size=6)
+        else:
+            train_drafter(cache, drafter, steps=150, block_size=6, log_every=0)
         evaluate(
             drafter, cache, EvalConfig(ddtree=())
         )  # warm: imports and first-call costs are not "one more"
@@ -100,10 +132,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         serve_self = _cpu(resource.RUSAGE_SELF) - self0
         report = score_served(served)
 
-    print(
-        f"requests: {args.prompts} prompts x {args.tokens} greedy tokens, builtin:tiny-qwen3 fp32"
-        f"{f' widened to vocabulary {args.vocab:,}' if args.vocab else ''}, DFlash K 5"
-    )
+    if args.real_dims:
+        what = f"bench/real_dims.py's target (vocabulary 248,320, hidden {args.hidden}, 4 layers) bf16"
+    else:
+        what = "builtin:tiny-qwen3 fp32" + (f" widened to vocabulary {args.vocab:,}" if args.vocab else "")
+    print(f"requests: {args.prompts} prompts x {args.tokens} greedy tokens, {what}, DFlash K 5")
     print(f"tau offline (cache) {offline['tau']['pooled']:.4f}; on vLLM's text: offline "
           f"{report['tau']['offline_report']['pooled']:.4f}, vLLM {report['tau']['vllm']['pooled']:.4f}, "
           f"equal round for round: {report['equal']}")  # fmt: skip

@@ -194,3 +194,10 @@ def test_online_bench_quick(capsys):
         "ratio online / bare",
     ):
         assert line in out, out
+
+
+def test_served_vs_offline_refuses_a_widened_vocabulary_with_real_dims(capsys):
+    """--real-dims has Qwen3.6's vocabulary already: --vocab beside it is refused before any work."""
+    with pytest.raises(SystemExit) as refused:
+        _bench("served_vs_offline").main(["--real-dims", "--vocab", "1000"])
+    assert refused.value.code == 2 and "--real-dims has the real vocabulary" in capsys.readouterr().err
