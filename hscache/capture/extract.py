@@ -917,7 +917,7 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
     import shutil
     import tempfile
 
-    from hscache.engines.vllm.runtime import interpreter_version, run_worker, vllm_python
+    from hscache.engines.vllm.runtime import VllmWorkerError, interpreter_version, run_worker, vllm_python
 
     python = vllm_python(config.vllm_python)
     interpreter_version(python)  # its vLLM's version, from its metadata: one line when it is not 0.32
@@ -928,8 +928,14 @@ def _extract_in_vllm_python(config: ExtractConfig, progress: Progress | None) ->
         progress.step(f"running the extraction in {python} (vLLM's interpreter)")
     workdir = Path(tempfile.mkdtemp(prefix="hscache-vllm-extract-"))
     job = worker_job(config)
-    result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
-    shutil.rmtree(workdir, ignore_errors=True)  # kept when the worker failed: its log is named in the error
+    try:
+        result = run_worker("hscache.engines.vllm.extract_worker", job, workdir, python=python)
+    except VllmWorkerError:
+        raise  # the workdir is kept: the error names its worker.log
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)  # a refusal the worker named in one line: nothing to read
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
     return ExtractResult(**{**result, "path": Path(result["path"])})
 
 

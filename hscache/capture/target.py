@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hscache.capture.builtin import build_builtin
+from hscache.capture.device import check_device
 from hscache.capture.preflight import check_model_name
 from hscache.errors import InputError, ModelNotFoundError
 from hscache.store.dtypes import DTYPES
@@ -27,18 +28,6 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise InputError(f"--dtype {name!r} is unknown; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def check_device(device: str) -> None:
-    """A clear error for a device torch cannot use here (a typo, or CUDA on a CPU-only machine)."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InputError(f"--device {device!r} is not a torch device; use cpu or cuda[:N]") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: torch reports no CUDA device on this machine; use --device cpu")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows
+from hscache.capture.logit_rows import DEFAULT_MEMORY_GB, head_rows
 from scorer.errors import ScorerError
 from scorer.rules.onehot_tree import tree_children, tree_walk
 

@@ -425,7 +425,7 @@ def head_log_q(
     """
     import torch
 
-    from hscache.capture.forward import row_chunks
+    from hscache.capture.logit_rows import row_chunks
     from scorer.rules.expectation import draft_log_q
 
     n = hidden.shape[0]

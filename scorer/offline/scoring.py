@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hscache.capture.forward import DEFAULT_MEMORY_GB
-from hscache.capture.target import check_device
+from hscache.capture.device import check_device
+from hscache.capture.logit_rows import DEFAULT_MEMORY_GB
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import IncompatibleCacheError, ScorerError

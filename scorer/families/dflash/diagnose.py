@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.capture.forward import head_rows, row_chunks
+from hscache.capture.logit_rows import head_rows, row_chunks
 from hscache.store import jsonio
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView

@@ -116,8 +116,10 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(layer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim  # [D/2]
-        base = 1.0 / (c.rope_theta**exponents)
+        # On the CPU even under ``with torch.device("meta")`` (shape checks build the module there):
+        # meta arithmetic runs torch._refs, whose first use imports torch._dynamo (~1.8 s).
+        exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64, device="cpu").float() / c.head_dim
+        base = 1.0 / (c.rope_theta**exponents)  # [D/2]
         if c.rope_type == "linear":
             base = base / float(c.rope_scaling["factor"])
         self.register_buffer("inv_freq", base, persistent=False)

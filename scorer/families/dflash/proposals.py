@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.capture.forward import head_rows
+from hscache.capture.logit_rows import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.families.dflash.features import feature_index

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.capture.forward import DEFAULT_MEMORY_GB, head_rows, row_chunks
+from hscache.capture.logit_rows import DEFAULT_MEMORY_GB, head_rows, row_chunks
 from scorer.families.dflash.ddtree import Tree, build_tree, replay_ddtree, surrogate_tau, tree_depth
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.metrics import acceptance_counts, train_accept_len

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hscache.capture.target import check_device
+from hscache.capture.device import check_device
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError, ScorerError

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hscache.capture.forward import row_chunks
+from hscache.capture.logit_rows import row_chunks
 from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.model import DFlashDrafter, DFlashLayer
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hscache.capture.forward import DEFAULT_MEMORY_GB
+from hscache.capture.logit_rows import DEFAULT_MEMORY_GB
 from scorer.families.autoregressive import rows_per_chunk
 from scorer.families.eagle3.model import Eagle3Drafter
 

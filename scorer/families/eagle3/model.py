@@ -119,7 +119,8 @@ class Eagle3Drafter(nn.Module):
         self.layers = nn.ModuleList(_Layer(c, first=i == 0) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
+        # On the CPU even under ``with torch.device("meta")`` (shape checks): see DFlashDrafter.
+        exponents = torch.arange(0, c.head_dim, 2, dtype=torch.int64, device="cpu").float() / c.head_dim
         inv_freq = 1.0 / (c.rope_theta**exponents)
         if c.rope_type == "linear":
             inv_freq = inv_freq / float(c.rope_scaling["factor"])

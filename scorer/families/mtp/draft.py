@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hscache.capture.forward import head_rows, row_chunks
+from hscache.capture.logit_rows import head_rows, row_chunks
 from scorer.families.mtp.model import MtpHead
 
 __all__ = ["MtpContext", "TreeSteps", "chain_outputs", "draft_anchors", "mtp_context"]

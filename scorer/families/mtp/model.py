@@ -172,7 +172,7 @@ class MtpHead(nn.Module):
         self.layers = nn.ModuleList(MtpLayer(config) for _ in range(config.num_mtp_layers))
         self.norm = _norm(H, config.rms_norm_eps)
         r = config.rotary_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32, device="cpu") / r))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # Added to the positions of steps j >= 1 only (vLLM: p-1+j); `scorer diagnose` replays others.
         self.step_position_offset = 0

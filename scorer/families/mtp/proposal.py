@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.capture.forward import head_rows
+from hscache.capture.logit_rows import head_rows
 from scorer.families.mtp.draft import chain_outputs, mtp_context
 from scorer.offline.sampled_view import head_log_q, proposal_arrays
 from scorer.rules.expectation import slot_tokens

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hscache.capture.final_norm import KINDS, apply_final_norm, final_norm_module
-from hscache.capture.forward import head_rows
+from hscache.capture.logit_rows import head_rows
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError, IncompatibleCacheError
