@@ -85,3 +85,17 @@ def test_outputs_are_what_the_responses_reader_reads(tmp_path):
         "input_ids": [1, 2, 5, 6],
         "prompt_len": 2,
     }
+
+
+def test_a_relative_vllm_python_is_made_absolute_and_a_bare_name_is_left_to_path(tmp_path, monkeypatch):
+    """The workers run in folders of their own: `--vllm-python .vllm/bin/python` (the README's) must name
+    the same file there. Made absolute, not resolved: a venv's python is a symlink and must stay one."""
+    from hscache.engines.vllm.runtime import vllm_python
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v" / "bin").mkdir(parents=True)
+    (tmp_path / "v" / "bin" / "python").symlink_to("/usr/bin/python3")
+    assert vllm_python("v/bin/python") == str(tmp_path / "v" / "bin" / "python")
+    assert vllm_python("python3") == "python3"
+    monkeypatch.setenv("HSCACHE_VLLM_PYTHON", "v/bin/python")
+    assert vllm_python() == str(tmp_path / "v" / "bin" / "python")

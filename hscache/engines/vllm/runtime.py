@@ -165,7 +165,9 @@ def vllm_python(explicit: str | None = None) -> str:
     """
     chosen = explicit or os.environ.get(ENV_PYTHON)
     if chosen:
-        return chosen
+        # A path is made absolute here (not resolved: a venv's python is a symlink that must stay one):
+        # the workers run in folders of their own, where `.vllm/bin/python` would name nothing.
+        return str(Path(chosen).absolute()) if os.sep in chosen else chosen
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     raise VllmUnavailableError(f"vLLM is not importable in this Python ({sys.executable}): {_FIX_INSTALL}")
