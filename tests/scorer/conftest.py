@@ -57,6 +57,15 @@ def sampled_scorer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_drafter(qwen3_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DFlash drafter (block 5, 120 steps) trained on ``qwen3_cache``: the online == offline tests on the
+    plain Qwen3 target (test_online.py, and test_dflash2.py's identity start around it) share it."""
+    out = tmp_path_factory.mktemp("scorer") / "qwen3_drafter"
+    train_drafter(qwen3_cache, out, steps=120, block_size=5, log_every=0)
+    return out
+
+
+@pytest.fixture(scope="session")
 def trained_drafter(scorer_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("scorer") / "drafter"
     # loss_decay_gamma 6 (= the block): the slot weights the tests on this drafter were calibrated with

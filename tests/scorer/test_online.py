@@ -7,21 +7,19 @@ import pytest
 import hscache
 from scorer.online.greedy import OnlineConfig, run_online
 from scorer.studies.evaluate import EvalConfig, evaluate
-from scorer.train import train_drafter
 from tests.scorer.family_contract import FamilyContract
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["builtin:tiny-qwen3.5", "builtin:tiny-qwen3"])
-def test_offline_tau_equals_online_tau(model, tmp_path, request):
+def test_offline_tau_equals_online_tau(model, request):
     """A drafter trained on a cache of the target, its first 2 prompts: the hybrid's the session's
     ``trained_drafter`` (block 6) on ``scorer_cache`` (24 tokens, layers 1,3,7); the plain Qwen3's a
-    drafter (block 5) trained here on the session's ``qwen3_cache`` (2 x 16, layers 1,3,4,7)."""
+    the session's ``qwen3_drafter`` (block 5) on ``qwen3_cache`` (2 x 16, layers 1,3,4,7)."""
     limit = 2
     if model == "builtin:tiny-qwen3":
         cache, new_tokens = request.getfixturevalue("qwen3_cache"), 16
-        drafter = tmp_path / "drafter"
-        train_drafter(cache, drafter, steps=120, block_size=5, log_every=0)
+        drafter = request.getfixturevalue("qwen3_drafter")
     else:
         cache, new_tokens = request.getfixturevalue("scorer_cache"), 24
         drafter = request.getfixturevalue("trained_drafter")
