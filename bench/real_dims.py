@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 import hscache
-from hscache.capture.forward import greedy_continuation, greedy_continuations, head_rows, row_chunks
+from hscache.capture.forward import greedy_continuation, greedy_continuations
+from hscache.capture.logit_rows import head_rows, row_chunks
 from scorer.families.dflash.features import feature_index
 from scorer.families.dflash.score import score_dflash_sequence, score_dflash_sequences_chain
 from scorer.offline.sequences import sequence_features

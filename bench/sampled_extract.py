@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 import hscache
-from hscache.capture.forward import head_rows, next_token_stats
+from hscache.capture.forward import next_token_stats
+from hscache.capture.logit_rows import head_rows
 from hscache.capture.sampling import SupportBuilder
 from hscache.store.sampling import SamplingSetting
 

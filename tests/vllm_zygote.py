@@ -3,10 +3,10 @@
 Every process the tests start in vLLM's venv (`.vllm`: the judge's worker, the extraction worker, the
 ``hscache`` CLI run there) would import vLLM itself, ~16 CPU-s each (measured: `import vllm; from vllm
 import LLM`, 14.6 user + 1.7 sys). Here one server process in that venv imports vLLM and the hscache
-modules its workers run, then forks once per run. The tests hand the callers the ``vllm_python`` fixture (tests/conftest.py): a small
-executable that passes its argv, environment, working directory and stdin/stdout/stderr to the server
-and exits with the forked run's status, so callers that take an interpreter path
-(``--vllm-python``, ``ServedConfig.vllm_python``) run unchanged.
+modules its workers run, then forks once per run. The tests hand the callers the ``vllm_python`` fixture
+(tests/conftest.py): a small executable that passes its argv, environment, working directory and
+stdin/stdout/stderr to the server and exits with the forked run's status, so callers that take an
+interpreter path (``--vllm-python``, ``ServedConfig.vllm_python``) run unchanged.
 
 A run sees what ``python ARGS`` would: ``-m MODULE``, ``-c CODE`` or a script path; its own argv,
 environment, working directory and ``sys.path`` (the script's folder or the working directory first,

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from hscache.capture.backend import resolve_backend, use_backend
+from hscache.capture.device import check_device
 from hscache.capture.forward import (
     DEFAULT_MEMORY_GB,
     CapturedSequence,
@@ -60,7 +61,7 @@ from hscache.capture.sampling import (
     sampled_arrays,
     sampled_continuations,
 )
-from hscache.capture.target import Target, check_device, load_target
+from hscache.capture.target import Target, load_target
 from hscache.capture.writer_thread import WriterThread
 from hscache.engines.vllm.requests import sequence_seed
 from hscache.errors import HscacheError, InputError, PromptFileError, ResumeMismatchError

@@ -20,16 +20,13 @@ from hscache.capture.logit_rows import BYTES_PER_LOGIT, DEFAULT_MEMORY_GB, head_
 from hscache.capture.target import Target
 
 __all__ = [
-    "DEFAULT_MEMORY_GB",
     "CapturedSequence",
     "capture_batch",
     "continuations",
     "eos_token_ids",
     "greedy_continuation",
     "greedy_continuations",
-    "head_rows",
     "next_token_stats",
-    "row_chunks",
     "to_host_async",
 ]
 

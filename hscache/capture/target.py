@@ -17,7 +17,7 @@ from hscache.capture.preflight import check_model_name
 from hscache.errors import InputError, ModelNotFoundError
 from hscache.store.dtypes import DTYPES
 
-__all__ = ["Target", "check_device", "load_target", "torch_dtype"]
+__all__ = ["Target", "load_target", "torch_dtype"]
 
 # Where decoder layers live, by model layout: multimodal wrappers nest the text model.
 _LAYER_PATHS = ("model.language_model.layers", "model.layers", "language_model.model.layers")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hscache.capture.forward import capture_batch, head_rows, row_chunks
+from hscache.capture.forward import capture_batch
+from hscache.capture.logit_rows import head_rows, row_chunks
 from hscache.capture.target import load_target
 
 

@@ -98,13 +98,14 @@ class DFlashTrainConfig:
     """The settings of one ``train_dflash`` run (``scorer init --train-steps N``).
 
     Attributes:
-        steps: optimizer steps; lr, betas: AdamW's; anchors_per_step: random anchors of one
+        steps: optimizer steps; lr: AdamW's learning rate; anchors_per_step: random anchors of one
             random sequence per step; seed: of the weights and of the sampling.
         loss_decay_gamma: slot j (1-based) of a block weighs exp(-(j - 1) / gamma) in the loss
             (SpecForge's ``loss_decay_gamma``, specforge/algorithms/common/dflash_family_model.py);
             default block_size / 2: 4 at block 8, NVIDIA Model-Optimizer's ``dflash_loss_decay_factor``
-            default for its block 8; 0: every slot weighs 1 (no decay, as in both). Measured on the quickstart cache (300 steps, seeds 0/1/2): tau
-            2.70/2.02/2.18 at gamma 4 against 1.72/1.67/1.82 at gamma 8 (this trainer's weight before).
+            default for its block 8; 0: every slot weighs 1 (no decay, as in both). Measured on the
+            quickstart cache (300 steps, seeds 0/1/2): tau 2.70/2.02/2.18 at gamma 4 against
+            1.72/1.67/1.82 at gamma 8 (this trainer's weight before).
         num_layers, block_size: the drafter's shape (its other sizes are the cache's target's).
         log_every: print the loss every N steps (0: never).
         overwrite: replace a non-empty ``out``.
@@ -126,7 +127,6 @@ class DFlashTrainConfig:
     num_layers: int = 1
     block_size: int = 8
     lr: float = 3e-3
-    betas: tuple[float, float] = (0.9, 0.999)
     loss_decay_gamma: float | None = None
     anchors_per_step: int = 64
     seed: int = 0
@@ -192,9 +192,7 @@ def train_dflash(
     # Training reads through hscache.data, the same bytes (and reader) the scorer reads.
     data = SequenceDataset(cache_path)
     rows = [i for i in range(len(cache)) if cache.index.column("length")[i].as_py() > 2]
-    optimizer = torch.optim.AdamW(
-        drafter.parameters(), lr=config.lr, betas=config.betas, weight_decay=0.0, foreach=True
-    )
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0, foreach=True)
     gamma = config.block_size / 2 if config.loss_decay_gamma is None else config.loss_decay_gamma
     slots = torch.arange(config.block_size - 1)
     slot_weight = torch.exp(-slots / gamma) if gamma else torch.ones(len(slots))  # 0: no decay
