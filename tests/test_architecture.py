@@ -104,7 +104,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-GRAPH = {name: _imports(name, path, _modules()) for name, path in _modules().items()}
+MODULES = _modules()  # walked once: the graph is built at collection
+GRAPH = {name: _imports(name, path, MODULES) for name, path in MODULES.items()}
 
 
 def _inside(module: str, package: str) -> bool:
@@ -349,7 +350,7 @@ def _class_members(cls: ast.ClassDef) -> set[str]:
 
 
 def _family_trees(family: str) -> list[ast.Module]:
-    return [ast.parse(path.read_text(), str(path)) for m, path in _modules().items() if _inside(m, family)]
+    return [ast.parse(path.read_text(), str(path)) for m, path in MODULES.items() if _inside(m, family)]
 
 
 def _added_by_subclasses(family: str, base: str) -> dict[str, set[str]]:
@@ -388,7 +389,7 @@ def test_a_family_built_on_another_extends_it_by_subclassing():
             mine = set().union(*added.values())
             bad += [
                 f"{m} names {name} of {family}"
-                for m, path in _modules().items()
+                for m, path in MODULES.items()
                 if _inside(m, base)
                 for name in sorted(_mentioned(ast.parse(path.read_text(), str(path))) & mine)
             ]

@@ -141,9 +141,10 @@ def _messages() -> list[tuple[str, str, str, set[str] | None]]:
         for path in sorted((ROOT / root).rglob("*.py")):
             rel = str(path.relative_to(ROOT))
             tree = ast.parse(path.read_text())
+            nodes = list(ast.walk(tree))  # walked once: the scan runs at collection, over every file
             docstrings = {
                 id(node.body[0].value)
-                for node in ast.walk(tree)
+                for node in nodes
                 if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                 and node.body
                 and isinstance(node.body[0], ast.Expr)
@@ -160,7 +161,7 @@ def _messages() -> list[tuple[str, str, str, set[str] | None]]:
             holders = {}
             declared = {  # an option's own declaration (click.option / argparse's add_argument) is no message
                 id(arg)
-                for node in ast.walk(tree)
+                for node in nodes
                 if isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr in ("option", "add_argument", "Option")
@@ -170,20 +171,21 @@ def _messages() -> list[tuple[str, str, str, set[str] | None]]:
             # its messages may name the flags it declares.
             script_flags = {
                 arg.value
-                for node in ast.walk(tree)
+                for node in nodes
                 if isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "add_argument"
                 for arg in node.args
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
             }
-            for name, fn in _functions(tree).items():
+            for name, fn in _functions(tree).items() if local else ():  # read only where local is
                 for node in ast.walk(fn):
                     holders[id(node)] = name
-            for node in ast.walk(tree):
+            skipped = docstrings | declared
+            for node in nodes:
                 if (
                     not (isinstance(node, ast.Constant) and isinstance(node.value, str))
-                    or id(node) in docstrings | declared
+                    or id(node) in skipped
                 ):
                     continue
                 for match in _FLAG.finditer(node.value):

@@ -17,13 +17,17 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from hscache.capture import BUILTIN_TARGETS
 from hscache.errors import ModelNotFoundError
+
+if TYPE_CHECKING:  # transformers' modeling code: imported where a model is built, not to read the files
+    from transformers import PreTrainedModel
 
 __all__ = [
     "BUILTIN_TARGETS",

@@ -201,3 +201,28 @@ def test_served_vs_offline_refuses_a_widened_vocabulary_with_real_dims(capsys):
     with pytest.raises(SystemExit) as refused:
         _bench("served_vs_offline").main(["--real-dims", "--vocab", "1000"])
     assert refused.value.code == 2 and "--real-dims has the real vocabulary" in capsys.readouterr().err
+
+
+def test_quickstart_time_bench_runs_the_readmes_four_steps():
+    """bench/quickstart_time.py times the README's quickstart as written (its full run takes ~3 minutes
+    of two extra quickstarts, so the suite checks only what it would run, and that the baseline exists)."""
+    import subprocess
+
+    module = _bench("quickstart_time")
+    steps = module.quickstart_steps(ROOT / "README.md")
+    assert [s[:2] for s in steps] == [
+        ["hscache", "extract"],
+        ["hscache", "info"],
+        ["scorer", "init"],
+        ["scorer", "eval"],
+    ]
+    assert "--train-steps" in steps[2] and steps[2][steps[2].index("--train-steps") + 1] == "300"
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the baseline revision cannot be read")
+    parent = subprocess.run(
+        ["git", "log", "-1", "--format=%s", module.BASELINE.removesuffix("^")],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    if parent.returncode != 0:
+        pytest.skip(f"a shallow clone without {module.BASELINE}: {parent.stderr.strip()}")
+    assert parent.stdout.startswith("Trained built-in targets")
