@@ -117,13 +117,20 @@ def _resamples(n_requests: int, n_boot: int, seed: int) -> np.ndarray:
 def _resampled_stats(values: np.ndarray, stat: Callable[[np.ndarray], float], idx: np.ndarray) -> np.ndarray:
     """``stat`` on each resample ``values[i]``, ``i`` a row of ``idx`` (``_resamples``).
 
-    The pooled tau (bootstrapped a dozen times per diagnose or compare report) is one vectorised
-    pass: per resample its summed tokens over its summed rounds, the same sums of the same numbers
-    ``tau_pooled_from_totals`` takes, so the same floats as calling it once per resample.
+    Both taus (bootstrapped several times per eval, diagnose or compare report) are one vectorised
+    pass over [R, 2] totals, the same floats as calling the stat once per resample: the pooled tau
+    is per resample its summed tokens over its summed rounds, the sums ``tau_pooled_from_totals``
+    takes; the per-request tau the mean of each request's tokens / rounds along the resample's row,
+    numpy's pairwise sum over the same ratios in the same order that ``np.mean`` of the resample adds
+    (tests/scorer/test_metrics.py compares them bit for bit). Requests with no rounds never get here
+    (``_check_boot_input``). A 1000-resample loop was half of a small ``scorer eval``'s CPU time.
     """
-    if stat is tau_pooled_from_totals and values.ndim == 2 and values.shape[1] == 2:
+    if values.ndim == 2 and values.shape[1] == 2:
         tokens, rounds = np.ascontiguousarray(values[:, 0]), np.ascontiguousarray(values[:, 1])
-        return tokens[idx].sum(axis=1) / rounds[idx].sum(axis=1)
+        if stat is tau_pooled_from_totals:
+            return tokens[idx].sum(axis=1) / rounds[idx].sum(axis=1)
+        if stat is tau_per_request_from_totals:
+            return (tokens / rounds)[idx].mean(axis=1)
     return np.asarray([stat(values[i]) for i in idx], dtype=np.float64)
 
 

@@ -176,17 +176,23 @@ def build_builtin(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
         from transformers import Qwen3_5ForCausalLM as model_cls
     else:
         from transformers import Qwen3ForCausalLM as model_cls
-    # fork_rng keeps the caller's global RNG untouched: building a target is not a side effect.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
+    # Built on the meta device and handed the shipped tensors (assign=True): every parameter comes
+    # from the file, so the random initialisation a CPU build runs first (a third of a tiny target's
+    # build, paid by every extraction) is skipped. The rotary tables are the model's only buffers
+    # and are not in the file: rebuilt on the CPU from the config, as the constructor computes them.
+    with torch.device("meta"):
         model = model_cls(config)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     if unexpected or set(missing) != {"lm_head.weight"}:  # lm_head is tied to the embedding
         raise ModelNotFoundError(
             f"built-in target {name}: its weights file does not fit its config "
             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}); reinstall hscache"
         )
     model.tie_weights()
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.model.config)
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:  # a transformers release that adds state outside the file: build it the slow way
+        raise ModelNotFoundError(f"built-in target {name}: no value for {left[:3]} (transformers changed?)")
     model.generation_config.do_sample = False
     return model.eval(), tokenizer
 

@@ -10,6 +10,7 @@ it read) goes into its ``run_record`` in the run log, outside the digest.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import importlib.metadata
 import platform
@@ -60,7 +61,14 @@ def utc_now() -> str:
 
 
 def package_versions() -> dict[str, str | None]:
-    """Installed version of each package that can change what a cache holds (None: absent)."""
+    """Installed version of each package that can change what a cache holds (None: absent), read
+    once per process (a fresh dict each call): the packages that run are those imported at start,
+    and the metadata lookups cost ~20 ms a report."""
+    return dict(_versions_read_once())
+
+
+@functools.cache
+def _versions_read_once() -> tuple[tuple[str, str | None], ...]:
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in _VERSIONED:
         try:
@@ -68,11 +76,14 @@ def package_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     versions["cuda"] = torch.version.cuda
-    return versions
+    return tuple(versions.items())
 
 
+@functools.cache
 def git_commit() -> str | None:
-    """The hscache source commit when running from a git checkout, else None."""
+    """The hscache source commit when running from a git checkout, else None; asked of git once per
+    process (a subprocess each time before): the code that runs is the code imported at start, even if
+    the checkout moves on."""
     repo = Path(__file__).resolve().parents[1]
     if not (repo / ".git").exists():
         return None

@@ -60,6 +60,42 @@ def test_built_targets_hold_the_shipped_weights():
     assert "mtp.fc.weight" in mtp and mtp["mtp.fc.weight"].shape == (128, 256)
 
 
+def test_the_meta_device_build_equals_a_cpu_initialised_one_bit_for_bit():
+    """build_builtin skips the random initialisation (meta device, the file's tensors assigned, the
+    rotary tables rebuilt): every parameter and buffer, the logits and a greedy continuation equal a
+    target built on the CPU and then loaded, no tensor is left on the meta device, and the build does
+    not move the caller's RNG."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
+
+    from hscache.capture.builtin import builtin_config
+
+    classes = {"builtin:tiny-qwen3.5": Qwen3_5ForCausalLM, "builtin:tiny-qwen3": Qwen3ForCausalLM}
+    for name in BUILTIN_TARGETS:
+        before = torch.random.get_rng_state()
+        fast, tok = build_builtin(name)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        slow = classes[name](builtin_config(name, vocab_size=len(tok), eos_id=tok.eos_token_id))
+        weights = {k: v for k, v in load_builtin_weights(name).items() if not k.startswith("mtp.")}
+        slow.load_state_dict(weights, strict=False)
+        slow.tie_weights()
+        slow.eval()
+        a = {**dict(fast.named_parameters()), **dict(fast.named_buffers())}
+        b = {**dict(slow.named_parameters()), **dict(slow.named_buffers())}
+        assert a.keys() == b.keys() and any("rotary_emb" in k for k in a)
+        for key in a:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        assert not [
+            (m, k) for m, module in fast.named_modules() for k, v in vars(module).items()
+            if isinstance(v, torch.Tensor) and v.is_meta
+        ]  # fmt: skip
+        assert not fast.training and all(p.requires_grad for p in fast.parameters())
+        ids = torch.tensor([tok.encode("def add(a, b):\n    return a + b\n" * 2)])
+        with torch.no_grad():
+            assert torch.equal(fast(ids).logits, slow(ids).logits)
+        greedy = dict(max_new_tokens=6, do_sample=False)
+        assert torch.equal(fast.generate(ids, **greedy), slow.generate(ids, **greedy))
+
+
 def test_a_damaged_weights_file_is_refused_in_one_line(tmp_path):
     root = tmp_path / "builtin"
     shutil.copytree(data_dir(), root)
