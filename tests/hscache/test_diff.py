@@ -84,9 +84,10 @@ def test_fp32_vs_bf16_drift_is_plausible_and_grows_with_depth(drift_report) -> N
     ] * 3 + ["full_attention"]
     rel = [x.rel_l2 for x in layers]
     assert all(1e-4 < r < 1e-1 for r in rel), rel  # bf16 keeps 8 significant bits: ~4e-3 per rounding
-    # It grows with depth: layer after layer, and by half again from the first to the last (the random
-    # target's grew 2x; the trained one's 1.7x).
-    assert rel == sorted(rel) and rel[-1] > 1.5 * rel[0], rel
+    # It grows with depth: by half again from the first to the last (the random target's grew 2x; the
+    # trained one's 1.7x), no layer more than 1 % below the one before it (rounding differs between CPUs:
+    # tests/pipelines/test_drift_study.py saw one layer 0.04 % below the one before on AVX-512).
+    assert all(b > 0.99 * a for a, b in zip(rel, rel[1:])) and rel[-1] > 1.5 * rel[0], rel
     assert all(0.9 < x.cosine_min <= x.cosine_mean < 1.0 for x in layers)
     assert all(x.max_abs > 0 and x.nonfinite_tokens == 0 for x in layers)
     nt = drift_report.next_token

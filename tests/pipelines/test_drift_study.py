@@ -74,10 +74,12 @@ def test_drift_is_nonzero_and_grows_with_depth(study) -> None:
     assert diff["setting"] == "torch-bf16" and diff["sequences_compared"] == 3
     rel = [layer["rel_l2"] for layer in diff["layers"]]
     assert all(1e-4 < r < 1e-1 for r in rel), rel
-    # Drift compounds through the layers: monotonic, and > 1.5x first to last. The trained built-in
-    # target drifts 1.65x (0.0036 -> 0.0059); the old random one drifted > 2x. Same recalibration
-    # as tests/hscache/test_diff.py, and still failing for a flat or shrinking profile.
-    assert rel == sorted(rel) and rel[-1] > 1.5 * rel[0], rel
+    # Drift compounds through the layers: > 1.5x first to last, and no layer more than 1 % below the
+    # one before it. The trained built-in target drifts 1.65x (0.0036 -> 0.0059); the old random one
+    # drifted > 2x. Not strictly monotonic: on an AVX-512 CPU layer 6 measured 0.04 % below layer 5
+    # (0.0057663 after 0.0057687; strictly rising on the AVX2 one). Still failing for a flat or
+    # shrinking profile.
+    assert all(b > 0.99 * a for a, b in zip(rel, rel[1:])) and rel[-1] > 1.5 * rel[0], rel
     assert diff["worst_layer"]["layer_id"] == 7, rel
     assert diff["provenance_differences"] == ["capture.dtype"]
     assert {"prompts.sha256", "capture.max_new_tokens"} <= set(diff["provenance_by_construction"])
