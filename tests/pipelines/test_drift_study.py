@@ -77,7 +77,7 @@ def test_drift_is_nonzero_and_grows_with_depth(study) -> None:
     # Drift compounds through the layers: > 1.5x first to last, and no layer more than 1 % below the
     # one before it. The trained built-in target drifts 1.65x (0.0036 -> 0.0059); the old random one
     # drifted > 2x. Not strictly monotonic: on an AVX-512 CPU layer 6 measured 0.04 % below layer 5
-    # (0.0057663 after 0.0057687; strictly rising on the AVX2 one). Still failing for a flat or
+    # (0.0057663 after 0.0057687; strictly rising on the VMs before it). Still failing for a flat or
     # shrinking profile.
     assert all(b > 0.99 * a for a, b in zip(rel, rel[1:])) and rel[-1] > 1.5 * rel[0], rel
     assert diff["worst_layer"]["layer_id"] == 7, rel

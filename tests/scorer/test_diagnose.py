@@ -299,8 +299,8 @@ def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
 
 def test_cli_names_the_plant_and_writes_json_and_html(planted_drafter, diagnose_cache, tmp_path):
     """The CLI on the block-position plant, on 6 sequences: the plant whose gain is clear there on
-    both CPUs it was measured on (AVX2: +3.39 on 16; AVX-512: +1.87 [+0.65, +2.89] on 6). The final-norm
-    plant ran here until 2026-12-04: found on 6 on the AVX2 machine (+1.08 [+0.51, +1.44]), inconclusive
+    both VMs it was measured on (earlier: +3.39 on 16; AVX-512: +1.87 [+0.65, +2.89] on 6). The final-norm
+    plant ran here until 2026-12-04: found on 6 on earlier VMs (+1.08 [+0.51, +1.44]), inconclusive
     on the AVX-512 one (+0.56 [-0.95, +1.75]), where the drafters trained differ in their last bits.
     (The mask2 plant before that: on the trained target it has nothing to find.)"""
     json_out, html_out = tmp_path / "d.json", tmp_path / "d.html"
