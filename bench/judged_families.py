@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     equal = sum(r["equal"] for r in report["per_request"])
                     row[setting] = (report["tau"]["offline_report"]["pooled"], report["tau"]["vllm"]["pooled"],
                                     report["tau"]["vllm"]["rounds"], equal, len(report["per_request"]))  # fmt: skip
+                    row[setting + " differences"] = report["differences"]
                 rows.append(row)
     seconds = _cpu() - t0
     print(
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(
             f"| {row['drafter']} | {a0:.4f} / {b0:.4f} ({r0}) | {a7:.4f} / {b7:.4f} ({r7}) | {e0}/{n0}, {e7}/{n7} |"
         )
+    for row in rows:  # every round where the two sides differ (a near-tie of the bf16 states, so far)
+        for setting in ("t0", "t0.7"):
+            for d in row[setting + " differences"]:
+                print(f"differs: {row['drafter']} {setting} {d}")
     print(f"whole run: {seconds:.0f} CPU-s (setup, one vLLM process for both targets, scoring)")
     return rows
 
