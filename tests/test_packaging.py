@@ -75,15 +75,17 @@ def test_a_built_wheel_carries_the_schemas_and_runs_from_another_directory(tmp_p
     assert {f"hscache/data/{n}" for n in shipped} <= set(names)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    from hscache.capture.builtin import build_tokenizer
+
     check = (
         "import hscache; from hscache import schemas; from hscache.capture.prompts import "
         "resolve_prompts, iter_records; assert hscache.__file__.startswith(r'{site}'); "
         # The shipped files as build_builtin reads them (weights digest-checked, tokenizer): building
         # the model from them is the installed transformers' part, not the wheel's (~3 CPU-s more).
         "from hscache.capture.builtin import load_builtin_weights, build_tokenizer; "
-        "assert len(load_builtin_weights('builtin:tiny-qwen3.5')) > 0 and len(build_tokenizer()) == 512; "
+        "assert len(load_builtin_weights('builtin:tiny-qwen3.5')) > 0 and len(build_tokenizer()) == {vocab}; "
         "print(len(list(iter_records(resolve_prompts('builtin:default')))), schemas.load_schema('cache_info')['$id'])"
-    ).format(site=tmp_path / "site")
+    ).format(site=tmp_path / "site", vocab=len(build_tokenizer()))  # the repo's tokenizer
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     done = subprocess.run(
         [sys.executable, "-c", check], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120

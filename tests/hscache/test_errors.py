@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import hscache
+from hscache.capture.builtin import build_tokenizer
 from hscache.cli import main
 from tests.conftest import write_jsonl
 
@@ -86,7 +87,8 @@ def test_prompt_longer_than_max_length(tmp_path):
 def test_out_of_vocabulary_input_ids(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "input_ids": [1, 2, 99999]}])
     code, text = _run("--out", str(tmp_path / "c"), "--prompts", str(path))
-    _assert_one_line_error(code, text, "token id 99999 is outside the model's vocabulary of 512")
+    vocab = len(build_tokenizer())
+    _assert_one_line_error(code, text, f"token id 99999 is outside the model's vocabulary of {vocab}")
 
 
 def test_fla_backend_on_a_cpu_machine(tmp_path):

@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 
 import hscache
+from hscache.capture.builtin import build_tokenizer
 from hscache.cli import main
 from tests.conftest import write_jsonl
 
@@ -31,7 +32,7 @@ def _one_line_error(code: int, text: str, *fragments: str) -> None:
 def test_top_k_past_the_vocabulary_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "c"
     code, text = _run("--out", str(out), "--logits-top-k", "1000", "--limit", "1", "--max-new-tokens", "2")
-    _one_line_error(code, text, "--logits-top-k 1000", "vocabulary of 512")
+    _one_line_error(code, text, "--logits-top-k 1000", f"vocabulary of {len(build_tokenizer())}")
     assert not out.exists(), "nothing may be written: a half-made cache could not be resumed"
 
 

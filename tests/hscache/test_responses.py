@@ -14,6 +14,7 @@ import torch
 from click.testing import CliRunner
 
 import hscache
+from hscache.capture.builtin import build_tokenizer
 from hscache.cli import main
 
 _REQUEST = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "presence_penalty": 1.5, "seed": 7, "n": 2}
@@ -273,7 +274,8 @@ def test_ids_outside_the_vocabulary_or_with_surrogates_are_refused(responses_fil
     _token_name("token_id:99999")(first)  # in the support, past the built-in target's vocabulary
     code, text = _invoke(tmp_path, [first])
     assert code == 2 and text.splitlines()[-1] == (
-        "error: record 'fizzbuzz' (line 1): token id 99999 is outside the model's vocabulary of 512"
+        "error: record 'fizzbuzz' (line 1): token id 99999 is outside the model's vocabulary of "
+        f"{len(build_tokenizer())}"
     ), text
     first = json.loads(responses_file.read_text().splitlines()[0])
     path = tmp_path / "surrogate.jsonl"

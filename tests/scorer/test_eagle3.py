@@ -179,7 +179,7 @@ def test_unknown_key_and_cache_mismatches_are_one_line_each_named(scorer_cache, 
     (mismatch / "config.json").write_text(json.dumps(config))
     fc = load_file(mismatch / "model.safetensors")
     fc["fc.weight"] = torch.zeros(fc["fc.weight"].shape[0], 3 * 64)
-    # 512 draft ids of a 513-id vocabulary: a reduced vocabulary, so its map (a full one ships none)
+    # V draft ids of a V + 1-id vocabulary: a reduced vocabulary, so its map (a full one ships none)
     fc["d2t"] = torch.zeros(config["draft_vocab_size"], dtype=torch.long)
     fc["t2d"] = torch.cat(
         [torch.ones(config["draft_vocab_size"], dtype=torch.bool), torch.zeros(1, dtype=torch.bool)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from hscache.capture.builtin import build_tokenizer
 from scorer.cli import main as scorer_main
 
 
@@ -45,8 +46,9 @@ def test_init_takes_the_mask_token_id_its_advice_names(maskless_cache: Path, tmp
     # issue 35 item 1: the advice named --mask-token-id, which scorer init did not have
     code, text = _scorer("init", tmp_path / "none", "--cache", maskless_cache)
     _one_line_error(code, text, "scorer init --mask-token-id ID", "defines none")
-    code, text = _scorer("init", tmp_path / "far", "--cache", maskless_cache, "--mask-token-id", 512)
-    _one_line_error(code, text, "--mask-token-id 512 is outside the target's vocabulary of 512")
+    vocab = len(build_tokenizer())  # the built-in target's
+    code, text = _scorer("init", tmp_path / "far", "--cache", maskless_cache, "--mask-token-id", vocab)
+    _one_line_error(code, text, f"--mask-token-id {vocab} is outside the target's vocabulary of {vocab}")
     assert not (tmp_path / "far").exists() and not (tmp_path / "none").exists()
     code, text = _scorer("init", tmp_path / "ok", "--cache", maskless_cache, "--mask-token-id", 7)
     assert code == 0, text
