@@ -280,4 +280,7 @@ def test_the_trained_head_drafts_what_the_target_generates(scorer_cache):
     one = evaluate("target:mtp", scorer_cache, EvalConfig(num_speculative_tokens=1, n_boot=20))
     three = evaluate("target:mtp", scorer_cache, EvalConfig(num_speculative_tokens=K, n_boot=20))
     assert one["tau"]["pooled"] > 1.4
-    assert three["tau"]["pooled"] > one["tau"]["pooled"] + 0.3  # its later steps accept too
+    # Its later steps accept too: step 2 after an accepted step 1 (0 for a head that drafts only its
+    # first token well) in 62% of rounds here (57 of 92), 38% (34 of 90) on a longer-trained target.
+    assert three["acceptance"]["conditional"][1] > 0.25
+    assert three["tau"]["pooled"] > one["tau"]["pooled"]
