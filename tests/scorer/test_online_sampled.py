@@ -207,7 +207,9 @@ def test_emitted_tokens_follow_the_processed_target_distribution():
     (the presence penalty applied to the first generated token); also the first token against p0."""
     target = load_target("builtin:tiny-qwen3", "fp32")  # attention only: short batched forwards are cheap
     prompt = [11, 12, 13, 14, 15]
-    s = SamplingSetting(temperature=0.1, top_k=4, presence_penalty=1.5, seed=21)
+    # T 1: at T 0.1 (until 2026-12-04) a longer-trained target's top 4 collapse to one token, and
+    # neither the chi-square tests nor the other-seed check below have anything to see
+    s = SamplingSetting(temperature=1.0, top_k=4, presence_penalty=1.5, seed=21)
     with torch.no_grad():
         p0 = _vllm_processed(target.model(torch.tensor([prompt])).logits[0, -1], prompt, [], s)
         support = p0.nonzero()[:, 0].tolist()
