@@ -283,14 +283,16 @@ def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
     assert any(
         u["kind"] == "layer_ids" and "outside the target's 0..7" in u["reason"] for u in report["untested"]
     )
-    # a real drafter reads the target: each layer it reads, replaced by its mean, costs tau beyond the
-    # interval. On the trained built-in target it reads all three about evenly (each costs 1.2-1.6 of
-    # tau 5.5), so the shortcut note ("leans on target layer 7": one layer costing more than half the
-    # gain over 1 and twice the next) must not be said; the rule recomputed from the rows:
+    # a real drafter reads the target: a layer it reads, replaced by its mean, costs tau beyond the
+    # interval. On the shipped target it reads all three about evenly (each costs 1.2-1.6 of tau 5.5);
+    # a drafter trained from a wider initialisation on a longer-trained target read two (costs 5.4, 4.8
+    # and 0.0), so at least one must cost; the shortcut note ("leans on target layer 7": one layer
+    # costing more than half the gain over 1 and twice the next) is said exactly when the rule,
+    # recomputed from the rows, says so:
     costs = sorted(
         (-h["gain"] for h in report["hypotheses"] if h["kind"] == "feature_ablation"), reverse=True
     )
-    assert len(costs) == 3 and all(
+    assert len(costs) == 3 and any(
         h["ci"][1] < 0 for h in report["hypotheses"] if h["kind"] == "feature_ablation"
     )
     leans = costs[0] > 0.5 * (report["baseline"]["tau_pooled"] - 1) and costs[0] > 2 * max(costs[1], 0)
