@@ -100,14 +100,18 @@ def test_both_engines_give_the_same_tokens_and_states_on_fp32_qwen3(vllm_cache, 
         # vLLM stores log-probabilities with logsumexp 0: the same probabilities as logits - lse
         pa = (va - a.target_logsumexp(row)[:, None]).exp()
         pb = (vb - b.target_logsumexp(row)[:, None]).exp()
-        assert (pa - pb).abs().max() < 1e-6
+        # p error = p x the log-prob's fp32 rounding, a few ulps of the logits' scale (|logit| ~ 10-20:
+        # ~2e-6; 1.55e-6 measured on a longer-trained target, where a written 1e-6 failed)
+        assert (pa - pb).abs().max() < 4 * torch.finfo(torch.float32).eps * max(1.0, float(va.abs().max()))
         assert torch.all(b.target_logsumexp(row) == 0)
 
 
 @needs_vllm
 def test_diff_compares_logits_against_vllm_log_probabilities(vllm_cache, transformers_cache):
     report = diff_caches(transformers_cache, vllm_cache[0])
-    assert report.next_token.argmax_agreement == 1.0 and report.next_token.kl_max < 1e-9
+    # fp32 log-probs: their rounding (~1e-7 of the logits' scale) bounds the KL's first-order term;
+    # under 1e-9 on the shipped target, 4.5e-9 on a longer-trained one; bf16 drift is ~1e-3
+    assert report.next_token.argmax_agreement == 1.0 and report.next_token.kl_max < 1e-7
     # values compared as log-probabilities: the logits' offset is no drift (it would flag every position)
     assert report.next_token.margin_at_risk < 0.01
     assert max(layer.rel_l2 for layer in report.hidden_states) < 1e-5
