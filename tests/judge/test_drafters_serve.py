@@ -15,6 +15,7 @@ Skipped, with the reason, where <repo>/.vllm is absent; CI builds it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from vllm_env import NEEDS_VLLM
@@ -51,16 +52,52 @@ def test_the_target_alone_reproduces_the_cache(judged: dict, judge_caches: dict)
         assert request["token_ids"] == view.token_ids(i)[prompt_len:].tolist()
 
 
+# Where the hybrid's bf16 outputs with and without its MTP head part, the two tokens must be this close
+# in the target's fp32 log-probabilities: vLLM verifies K + 1 tokens in one forward and decodes one at a
+# time without the drafter, and its bf16 kernels round the two differently (issue 33: bf16 greedy flips
+# at top-2 margins < 0.04 nats; docs/drift.md: bf16 states drift 0.3-0.6 % relative). Measured: one
+# request parted, at a fp32 margin of 0.015 nats, on a longer-trained target; none on the shipped one.
+BF16_TIE_NATS = 0.1
+
+
+def _parted_at_near_ties(cache: Path, served: list[list[int]], alone: list[list[int]]) -> list[tuple]:
+    """(request, position, fp32 margin in nats) where each served output first parts from the target's own."""
+    import torch
+
+    from hscache.capture.target import load_target
+
+    view, target, out = hscache.open_cache(cache), None, []
+    for i, (a, b) in enumerate(zip(served, alone)):
+        first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if first is None:
+            assert len(a) == len(b), (i, a, b)
+            continue
+        target = target or load_target(view.settings["model"], "fp32")
+        prompt_len = view.index["prompt_len"][i].as_py()
+        ids = view.token_ids(i)[:prompt_len].tolist() + b[:first]
+        with torch.no_grad():
+            logp = target.model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+        out.append((i, first, abs(float(logp[a[first]] - logp[b[first]]))))
+    return out
+
+
 @pytest.mark.parametrize("name", SERVED_AS_WRITTEN)
 def test_vllm_loads_the_drafter_unchanged_and_its_greedy_output_is_the_targets(
-    judged: dict, name: str
+    judged: dict, mtp_caches: dict, name: str
 ) -> None:
     run = judged["served"][name]["t0"]
     assert run.refused is None, run.refused  # vLLM loaded the drafter as written
     alone = _target_alone(judged, "mtp-target" if name == "mtp" else "target")  # the hybrid's own, in bf16
-    assert [r["token_ids"] for r in run.requests] == [r["token_ids"] for r in alone]
-    metrics = [r["spec_decode_metrics"] for r in run.requests]
-    assert all(m is not None and m["num_spec_steps"] > 0 for m in metrics)  # the drafter really drafted
+    served, own = [r["token_ids"] for r in run.requests], [r["token_ids"] for r in alone]
+    if name == "mtp":  # bf16: equal up to a near-tie, where the two roundings may choose differently
+        parted = _parted_at_near_ties(mtp_caches["t0"], served, own)
+        assert all(margin < BF16_TIE_NATS for *_, margin in parted), parted
+    else:  # fp32: equal
+        assert served == own
+    steps = [r["spec_decode_metrics"]["num_spec_steps"] for r in run.requests if r["spec_decode_metrics"]]
+    # the drafter really drafted: in every request, or for n-gram (no draft where its lookup finds no
+    # match: text that does not repeat) in some
+    assert (any if name == "ngram" else all)(n > 0 for n in steps) and len(steps) == len(run.requests)
 
 
 def test_the_eagle3_export_is_what_vllm_and_speculators_read(judge_drafters: dict) -> None:
