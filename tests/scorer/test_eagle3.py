@@ -486,3 +486,16 @@ def test_dflash_num_speculative_tokens_is_vllms_k_a_block_of_k_plus_one(scorer_c
     assert [r["accepted"] for r in as_k["per_request"]] == [r["accepted"] for r in as_block["per_request"]]
     assert max(a for r in as_k["per_request"] for a in r["accepted"]) <= 2
     assert [r["accepted"] for r in as_k["per_request"]] != [r["accepted"] for r in trained["per_request"]]
+
+
+def test_training_a_reduced_vocabulary_is_refused_by_name_before_any_step(scorer_cache, tmp_path):
+    """train_eagle3's loss is over target ids: a reduced draft vocabulary (SpecForge's d2t/t2d) was an
+    IndexError ("Target 266 is out of bounds") from the loss; now one line naming the fix, nothing written."""
+    from scorer.errors import ScorerError
+    from scorer.families.eagle3.train import train_eagle3
+
+    with pytest.raises(
+        ScorerError, match=r"^train_eagle3: draft_vocab_size 256 is a reduced vocabulary .*init_eagle3$"
+    ):
+        train_eagle3(scorer_cache, tmp_path / "d", steps=1, layout="specforge", draft_vocab_size=256)
+    assert not (tmp_path / "d").exists()

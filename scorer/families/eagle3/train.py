@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import hscache
 from scorer.drafter_dir import check_drafter_dir
-from scorer.errors import IncompatibleCacheError
+from scorer.errors import IncompatibleCacheError, ScorerError
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
@@ -45,6 +45,12 @@ def train_eagle3(
     cache = hscache.open_cache(cache_path)
     check_has_target(cache, str(cache_path), need_argmax=True)
     config = eagle3_config_for_cache(cache, layout=layout, **config_options)
+    if config.draft_vocab_size != config.vocab_size:  # the loss below is over target ids
+        raise ScorerError(
+            f"train_eagle3: draft_vocab_size {config.draft_vocab_size} is a reduced vocabulary (the target's "
+            f"is {config.vocab_size}); this trainer trains the full one: leave draft_vocab_size unset, or "
+            "write an untrained reduced-vocabulary drafter with init_eagle3"
+        )
     if layers := layer_fit_problem(config.target_layer_ids, cache, str(cache_path), what="target layers"):
         raise IncompatibleCacheError(layers)  # was: ValueError "4 is not in list" from the index below
     index = [cache.layer_ids.index(i) for i in config.target_layer_ids]
