@@ -16,13 +16,41 @@ import torch.nn.functional as F
 
 import hscache
 from scorer.drafter_dir import check_drafter_dir
-from scorer.errors import IncompatibleCacheError, ScorerError
+from scorer.errors import IncompatibleCacheError
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
 from scorer.offline.sequences import check_has_target, layer_fit_problem
 
-__all__ = ["train_eagle3"]
+__all__ = ["draft_vocabulary", "train_eagle3"]
+
+
+def draft_vocabulary(
+    argmax_rows: list[torch.Tensor], vocab_size: int, draft_vocab_size: int
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The reduced draft vocabulary a trainer drafts over: the ``draft_vocab_size`` target tokens the
+    target predicts most often in the cache (ties: the lower id), ascending, as SpecForge chooses its
+    draft vocabulary from token counts of the training data.
+
+    Returns:
+        (``d2t`` offsets [Vd] as the layouts store them (draft id d is target id d + d2t[d]), or None for
+        the full vocabulary; target id -> draft id [V], -100 for a target id outside it).
+    """
+    if draft_vocab_size >= vocab_size:
+        return None, torch.arange(vocab_size)
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for a in argmax_rows:
+        counts += torch.bincount(a.long(), minlength=vocab_size)
+    ids = torch.argsort(counts, descending=True, stable=True)[:draft_vocab_size].sort().values
+    to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
+    to_draft[ids] = torch.arange(draft_vocab_size)
+    return ids - torch.arange(draft_vocab_size), to_draft
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the rows whose target the draft vocabulary holds (0 where none does)."""
+    held = target != -100
+    return F.cross_entropy(logits[held], target[held]) if bool(held.any()) else logits.sum() * 0.0
 
 
 def train_eagle3(
@@ -45,12 +73,6 @@ def train_eagle3(
     cache = hscache.open_cache(cache_path)
     check_has_target(cache, str(cache_path), need_argmax=True)
     config = eagle3_config_for_cache(cache, layout=layout, **config_options)
-    if config.draft_vocab_size != config.vocab_size:  # the loss below is over target ids
-        raise ScorerError(
-            f"train_eagle3: draft_vocab_size {config.draft_vocab_size} is a reduced vocabulary (the target's "
-            f"is {config.vocab_size}); this trainer trains the full one: leave draft_vocab_size unset, or "
-            "write an untrained reduced-vocabulary drafter with init_eagle3"
-        )
     if layers := layer_fit_problem(config.target_layer_ids, cache, str(cache_path), what="target layers"):
         raise IncompatibleCacheError(layers)  # was: ValueError "4 is not in list" from the index below
     index = [cache.layer_ids.index(i) for i in config.target_layer_ids]
@@ -63,27 +85,29 @@ def train_eagle3(
         )
         for row in range(len(cache))
     ]
+    d2t, to_draft = draft_vocabulary([a for _, _, a in sequences], config.vocab_size, config.draft_vocab_size)
     drafter = seeded_init(lambda: Eagle3Drafter(config), seed, std=0.05)
-    drafter.attach_embedding(head["embed_tokens"].float(), None)
+    drafter.attach_embedding(head["embed_tokens"].float(), d2t)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
     loss = torch.tensor(0.0)
     for step in range(steps):
         features, x, a = sequences[step % len(sequences)]
+        a = to_draft[a]  # the head's classes: draft ids, -100 where the draft vocabulary lacks the token
         rows = len(x) - 2
         normed, fed, kv0 = drafter.step0(features, x, rows)
         index_rows = torch.arange(rows)
-        loss = F.cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
+        loss = _cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
         own: list[list] = [[] for _ in drafter.layers]
         for j in range(1, ttt_steps):
             tokens = x[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
             normed, fed = drafter.step(index_rows, tokens, fed, j, kv0, own)
             target = a[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
             valid = index_rows + 1 + j <= len(x) - 1
-            loss = loss + F.cross_entropy(drafter.head_logits(normed)[valid], target[valid])
+            loss = loss + _cross_entropy(drafter.head_logits(normed)[valid], target[valid])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if on_step is not None:
             on_step(step + 1, float(loss.detach()))
-    publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout)
+    publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout, d2t)
     return {"final_loss": float(loss.detach()), "config": config}
