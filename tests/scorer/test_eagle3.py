@@ -96,6 +96,12 @@ def test_three_layouts_read_their_own_layer_conventions_and_score_the_same(score
     assert "midlayer. -> layers.0." in reports["specforge"]["checkpoint"]["stripped_prefixes"]
     for name in reports:
         assert reports[name]["drafter"]["target_layer_ids"] == [1, 3, 7]
+    # vLLM reads SpecForge's ids without SGLang's +1 (measured from its own draft logits): the report says so
+    notes = reports["specforge"]["checkpoint"]["notes"]
+    assert any("vllm 0.32.0" in n and "serves this drafter on target layers [0, 2, 6]" in n for n in notes), (
+        notes
+    )
+    assert not any("vllm 0.32.0 reads them" in n for n in reports["speculators"]["checkpoint"]["notes"])
     assert [r["accepted"] for r in reports["speculators"]["per_request"]] == [
         r["accepted"] for r in reports["specforge"]["per_request"]
     ]
