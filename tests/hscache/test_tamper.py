@@ -198,15 +198,14 @@ def tamper_cache(small_cache, tmp_path_factory) -> Path:
     source = hscache.open_cache(small_cache.path)
     dest = tmp_path_factory.mktemp("tamper") / "cache"
     writer = StoreWriter.create(dest, source.specs, source.manifest["compression"], source.settings)
-    rows, tokens = [], 0
+    spans, tokens = [], 0
     for row in range(1, len(source), 3):
         start, stop = source.sequence_span(row)
         if tokens + stop - start <= 256:  # the smallest chunk small_cache's arrays have
-            rows.append(row)
+            spans.append((row, start, stop))
             tokens += stop - start
-    assert len(rows) >= 2, "small_cache's sequences outgrew the tamper cache's one chunk"
-    for row in rows:
-        start, stop = source.sequence_span(row)
+    assert len(spans) >= 2, "small_cache's sequences outgrew the tamper cache's one chunk"
+    for row, start, stop in spans:
         fields = source.index.slice(row, 1).to_pylist()[0]
         arrays = {name: source.read_tokens(name, start, stop) for name in source.specs}
         writer.append(SequenceRows(arrays=arrays, **{k: fields[k] for k in _INDEX_FIELDS}))

@@ -506,7 +506,7 @@ def test_a_reduced_vocabulary_trains_over_the_tokens_the_target_predicts_most(sc
     # hand-made: counts 9: 3, 5: 2, 2: 2, 7: 1 -> the 3 most predicted, ascending; a tie keeps the lower id
     d2t, to_draft = draft_vocabulary([torch.tensor([5, 5, 2, 9, 9, 9]), torch.tensor([2, 7])], 10, 3)
     assert (torch.arange(3) + d2t).tolist() == [2, 5, 9]
-    assert to_draft.tolist() == [-100, -100, 0, -100, -100, 1, -100, -100, -100, 2]
+    assert to_draft.tolist() == [-1, -1, 0, -1, -1, 1, -1, -1, -1, 2]
     assert draft_vocabulary([torch.tensor([1])], 10, 10)[0] is None  # the full vocabulary has no map
 
     view = hscache.open_cache(scorer_cache)

@@ -294,11 +294,12 @@ def from_hf_eagle3(
         fields["target_layer_ids"] = tuple(int(i) for i in ids)
         sources["target_layer_ids"] = "config (eagle_config.eagle_aux_hidden_state_layer_ids, SGLang ids)"
         # Found by the vLLM judge (docs/families.md): vLLM takes these ids as its own aux ids.
+        layers = list(fields["target_layer_ids"])
         notes.append(
-            f"eagle_config.eagle_aux_hidden_state_layer_ids {[int(i) for i in ids]} read as SGLang counts "
-            f"them (target layers {[int(i) for i in ids]}); vllm 0.32.0 reads them without SGLang's +1 "
-            "(v1/worker/gpu_model_runner.py:5268-5283) and serves this drafter on target layers "
-            f"{[int(i) - 1 for i in ids]}: its tau in vLLM is not the one replayed here"
+            f"eagle_config.eagle_aux_hidden_state_layer_ids {layers} read as SGLang counts them (target "
+            f"layers {layers}); vllm 0.32.0 reads them without SGLang's +1 (v1/worker/gpu_model_runner.py"
+            f":5268-5283) and serves this drafter on target layers {[i - 1 for i in layers]}: its tau in "
+            "vLLM is not the one replayed here"
         )
     elif num_target_layers is not None:
         fields["target_layer_ids"] = tuple(default_layer_ids(num_target_layers))

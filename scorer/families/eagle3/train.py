@@ -21,6 +21,7 @@ from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
 from scorer.offline.sequences import check_has_target, layer_fit_problem
+from scorer.rules.expectation import target_to_draft_index
 
 __all__ = ["draft_vocabulary", "train_eagle3"]
 
@@ -34,7 +35,8 @@ def draft_vocabulary(
 
     Returns:
         (``d2t`` offsets [Vd] as the layouts store them (draft id d is target id d + d2t[d]), or None for
-        the full vocabulary; target id -> draft id [V], -100 for a target id outside it).
+        the full vocabulary; target id -> draft id [V], -1 for a target id outside it, as
+        ``target_to_draft_index`` inverts it for the scorer).
     """
     if draft_vocab_size >= vocab_size:
         return None, torch.arange(vocab_size)
@@ -42,14 +44,12 @@ def draft_vocabulary(
     for a in argmax_rows:
         counts += torch.bincount(a.long(), minlength=vocab_size)
     ids = torch.argsort(counts, descending=True, stable=True)[:draft_vocab_size].sort().values
-    to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
-    to_draft[ids] = torch.arange(draft_vocab_size)
-    return ids - torch.arange(draft_vocab_size), to_draft
+    return ids - torch.arange(draft_vocab_size), target_to_draft_index(ids, vocab_size)
 
 
 def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the rows whose target the draft vocabulary holds (0 where none does)."""
-    held = target != -100
+    held = target >= 0
     return F.cross_entropy(logits[held], target[held]) if bool(held.any()) else logits.sum() * 0.0
 
 
@@ -92,7 +92,7 @@ def train_eagle3(
     loss = torch.tensor(0.0)
     for step in range(steps):
         features, x, a = sequences[step % len(sequences)]
-        a = to_draft[a]  # the head's classes: draft ids, -100 where the draft vocabulary lacks the token
+        a = to_draft[a]  # the head's classes: draft ids, -1 where the draft vocabulary lacks the token
         rows = len(x) - 2
         normed, fed, kv0 = drafter.step0(features, x, rows)
         index_rows = torch.arange(rows)
