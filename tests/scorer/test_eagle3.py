@@ -96,12 +96,11 @@ def test_three_layouts_read_their_own_layer_conventions_and_score_the_same(score
     assert "midlayer. -> layers.0." in reports["specforge"]["checkpoint"]["stripped_prefixes"]
     for name in reports:
         assert reports[name]["drafter"]["target_layer_ids"] == [1, 3, 7]
-    # vLLM reads SpecForge's ids without SGLang's +1 (measured from its own draft logits): the report says so
-    notes = reports["specforge"]["checkpoint"]["notes"]
-    assert any("vllm 0.32.0" in n and "serves this drafter on target layers [0, 2, 6]" in n for n in notes), (
-        notes
-    )
-    assert not any("vllm 0.32.0 reads them" in n for n in reports["speculators"]["checkpoint"]["notes"])
+    # The export names the layers for vLLM too (top level, vLLM aux ids): both engines feed the same
+    # layers, so no note (test_a_specforge_export_is_replayed_on_the_layers_each_engine_feeds_it).
+    assert sf["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]
+    for name in reports:
+        assert not any("vllm 0.32.0 serves" in n for n in reports[name]["checkpoint"]["notes"])
     assert [r["accepted"] for r in reports["speculators"]["per_request"]] == [
         r["accepted"] for r in reports["specforge"]["per_request"]
     ]
@@ -517,3 +516,56 @@ def test_a_reduced_vocabulary_trains_over_the_tokens_the_target_predicts_most(sc
     assert torch.equal(saved["d2t"], want) and int(saved["t2d"].sum()) == 64
     report = evaluate(out, scorer_cache, EvalConfig(num_speculative_tokens=3, ddtree=(), n_boot=10))
     assert report["tau"]["pooled"] > 1.2  # 2.26 measured; the untrained init_eagle3 drafter: 1.00
+
+
+def test_a_specforge_export_is_replayed_on_the_layers_each_engine_feeds_it(
+    diagnose_cache, scorer_cache, tmp_path
+):
+    """SpecForge names an EAGLE-3's layers only in ``eagle_config`` (SGLang ids: id i = output of layer
+    i). vllm 0.32.0 reads them as its own aux ids (id k = output of layer k-1; v1/worker/
+    gpu_model_runner.py:5268-5283), so it serves such a drafter one layer lower (measured by the judge,
+    docs/families.md). The chain (vLLM's) is replayed on the layers vLLM feeds, equal to the same
+    weights configured on those layers; SGLang's tree on the trained ones. This project's export adds a
+    top-level ``eagle_aux_hidden_state_layer_ids``, which vLLM reads first and SGLang never reads: with
+    it both engines feed the trained layers."""
+    from scorer.families.eagle3.train import train_eagle3
+
+    ours = tmp_path / "ours"
+    train_eagle3(
+        diagnose_cache, ours, steps=200, layout="specforge", layer_ids=[1, 3, 7], num_speculative_tokens=3
+    )
+    written = json.loads((ours / "config.json").read_text())
+    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 7]
+    assert written["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]
+    theirs = shutil.copytree(ours, tmp_path / "theirs")  # as SpecForge writes it: no top-level ids
+    (theirs / "config.json").write_text(
+        json.dumps({k: v for k, v in written.items() if k != "eagle_aux_hidden_state_layer_ids"})
+    )
+    lower = shutil.copytree(ours, tmp_path / "lower")  # the same weights, trained-on layers 0, 2, 6
+    (lower / "config.json").write_text(
+        json.dumps(
+            {**written, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 6]}}
+            | {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}
+        )
+    )
+    assert read_eagle3(ours, num_target_layers=8)[0].vllm_layer_ids is None
+    config, _, _, loaded = read_eagle3(theirs, num_target_layers=8)
+    assert config.target_layer_ids == (1, 3, 7) and config.vllm_layer_ids == (0, 2, 6)
+    assert any(
+        "serves this drafter on target layers [0, 2, 6]" in n
+        and '"eagle_aux_hidden_state_layer_ids": [2, 4, 8]' in n
+        for n in loaded.notes
+    ), loaded.notes
+    eval_config = EvalConfig(n_boot=10, ddtree=(), tree=(3, 2, 4), limit=8)
+    reports = {c.name: evaluate(c, diagnose_cache, eval_config) for c in (ours, theirs, lower)}
+    accepted = {name: [r["accepted"] for r in rep["per_request"]] for name, rep in reports.items()}
+    assert accepted["theirs"] == accepted["lower"]  # the chain on the layers vLLM feeds it
+    assert accepted["theirs"] != accepted["ours"]  # ... which this drafter tells apart
+    assert reports["theirs"]["tree"]["tau"] == reports["ours"]["tree"]["tau"]  # SGLang's tree: trained layers
+    assert reports["theirs"]["tree"]["tau"] != reports["lower"]["tree"]["tau"]
+    # A cache without the layers vLLM feeds: one line naming both fixes.
+    result = CliRunner().invoke(main, ["eval", str(theirs), "--cache", str(scorer_cache)])
+    line = result.output.strip()
+    assert result.exit_code == 2 and "\n" not in line, result.output
+    assert "vLLM-served layers [0, 2, 6]" in line and "--layers 0,1,2,3,6,7" in line
+    assert '"eagle_aux_hidden_state_layer_ids": [2, 4, 8]' in line

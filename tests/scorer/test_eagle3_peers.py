@@ -185,10 +185,12 @@ def test_speculators_eagle3_saved_by_speculators_drafts_like_its_forward(
     _assert_equal_in_range(ours, theirs, prompt_len, seq_len)
 
 
-def test_specforge_llama_eagle3_saved_by_specforge_drafts_like_its_ttt_loop(peers, scorer_cache, tmp_path):
+def test_specforge_llama_eagle3_saved_by_specforge_drafts_like_its_ttt_loop(peers, fp32_cache, tmp_path):
+    """On a cache of every layer: SpecForge's save names the layers only in eagle_config, so vLLM would
+    feed the drafter the layers one lower (vllm_layer_ids), which the scorer then needs too."""
     from transformers import LlamaConfig
 
-    cache = hscache.open_cache(scorer_cache)
+    cache = hscache.open_cache(fp32_cache)
     vocab = cache.vocab_size
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
@@ -203,6 +205,7 @@ def test_specforge_llama_eagle3_saved_by_specforge_drafts_like_its_ttt_loop(peer
 
     drafter, loaded = load_drafter(tmp_path / "specforge", cache, EvalConfig(num_speculative_tokens=K))
     assert loaded.report.layout == "specforge" and drafter.config.target_layer_ids == (1, 3, 7)
+    assert drafter.config.vllm_layer_ids == (0, 2, 6)  # SpecForge writes no top-level ids
     features, tokens, prompt_len = _inputs(cache, drafter)
     seq_len = len(tokens)
     ours = draft_every_anchor(drafter, features, tokens, prompt_len, K, teacher_forced=True)

@@ -76,9 +76,16 @@ class Eagle3Config:
     # The decoder config's rope-table length: vLLM's Qwen3 decoder layer reads it with no default
     # (vllm 0.32.0 models/qwen3.py:205; llama.py:266 defaults to 8192); it does not change the math.
     max_position_embeddings: int = 4096
+    # The target layers vLLM feeds the drafter where they are not ``target_layer_ids`` (the layers it
+    # was trained on, which SGLang feeds): a SpecForge-layout config whose ids only
+    # ``eagle_config`` gives, which vLLM reads one layer lower (``from_hf_eagle3``). None: the same.
+    vllm_layer_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        if self.vllm_layer_ids is not None:
+            vllm = tuple(int(i) for i in self.vllm_layer_ids)
+            object.__setattr__(self, "vllm_layer_ids", None if vllm == self.target_layer_ids else vllm)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
@@ -117,10 +124,20 @@ class Eagle3Config:
         """Slots of one round as the shared report counts them: K drafted tokens + the known token."""
         return self.num_speculative_tokens + 1
 
+    def layer_ids_served_by(self, engine: str) -> tuple[int, ...]:
+        """The target layers ``engine`` ("vllm": its chain; "sglang": its tree) feeds this drafter."""
+        if engine == "vllm" and self.vllm_layer_ids is not None:
+            return self.vllm_layer_ids
+        return self.target_layer_ids
+
     def to_hf_config(self) -> dict[str, Any]:
         """The report's ``drafter`` block: every field, plus the family."""
         out = asdict(self)
         out["target_layer_ids"] = list(self.target_layer_ids)
+        if self.vllm_layer_ids is None:
+            del out["vllm_layer_ids"]  # the common case: reports stay as they were
+        else:
+            out["vllm_layer_ids"] = list(self.vllm_layer_ids)
         out["architectures"] = ["Eagle3"]
         return out
 
@@ -293,16 +310,37 @@ def from_hf_eagle3(
     if ids:
         fields["target_layer_ids"] = tuple(int(i) for i in ids)
         sources["target_layer_ids"] = "config (eagle_config.eagle_aux_hidden_state_layer_ids, SGLang ids)"
-        # Found by the vLLM judge (docs/families.md): vLLM takes these ids as its own aux ids.
-        layers = list(fields["target_layer_ids"])
-        notes.append(
-            f"eagle_config.eagle_aux_hidden_state_layer_ids {layers} read as SGLang counts them (target "
-            f"layers {layers}); vllm 0.32.0 reads them without SGLang's +1 (v1/worker/gpu_model_runner.py"
-            f":5268-5283) and serves this drafter on target layers {[i - 1 for i in layers]}: its tau in "
-            "vLLM is not the one replayed here"
-        )
     elif num_target_layers is not None:
         fields["target_layer_ids"] = tuple(default_layer_ids(num_target_layers))
         sources["target_layer_ids"] = "default ([1, L//2-1, L-4], SpecForge/EAGLE, L from the cache)"
+    vllm, why = _vllm_reading(config.get("eagle_aux_hidden_state_layer_ids"), ids)
+    if vllm is not None and vllm != fields.get("target_layer_ids"):
+        # Found by the vLLM judge (docs/families.md): vLLM and SGLang feed this drafter other layers.
+        fields["vllm_layer_ids"] = vllm
+        trained = list(fields.get("target_layer_ids", ()))
+        notes.append(
+            f"vllm 0.32.0 serves this drafter on target layers {list(vllm)} ({why}; "
+            f"v1/worker/gpu_model_runner.py:5268-5283), SGLang on {trained}: the chain (vLLM) is replayed "
+            f"on {list(vllm)}, the SGLang tree on {trained}. To serve it in vLLM on {trained}, add a "
+            f'top-level "eagle_aux_hidden_state_layer_ids": {[i + 1 for i in trained]} to its '
+            "config.json (vLLM reads it first; SGLang reads only eagle_config's)"
+        )
     fields["layout"] = layout
     return fields, sources, notes
+
+
+def _vllm_reading(top_level: Any, eagle_config_ids: Any) -> tuple[tuple[int, ...] | None, str]:
+    """(the layers vLLM 0.32.0 feeds a LlamaForCausalLMEagle3 config's drafter, why); None: the target's
+    default, the same as SGLang's. vLLM (v1/worker/gpu_model_runner.py:5268-5283) reads a top-level
+    ``eagle_aux_hidden_state_layer_ids`` first, else ``eagle_config``'s, both as its own aux ids (id k =
+    output of layer k-1), while SGLang reads only ``eagle_config``'s, as id i = output of layer i."""
+    if top_level:
+        why = f"its top-level eagle_aux_hidden_state_layer_ids {list(top_level)}"
+        return tuple(int(i) - 1 for i in top_level), why
+    if eagle_config_ids:
+        return (
+            tuple(int(i) - 1 for i in eagle_config_ids),
+            f"it reads eagle_config.eagle_aux_hidden_state_layer_ids {list(eagle_config_ids)} without "
+            "SGLang's +1",
+        )
+    return None, ""

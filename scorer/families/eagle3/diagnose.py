@@ -218,7 +218,12 @@ class Eagle3Replayer:
 def diagnose(inputs: DiagnosisInputs) -> FamilyDiagnosis:
     """``Family.diagnose`` of EAGLE-3 (module docstring)."""
     drafter: Eagle3Drafter = inputs.drafter
-    base = Eagle3Setting(config=drafter.config)
+    # The replay is vLLM's chain: a SpecForge-layout drafter that vLLM feeds other layers than it was
+    # trained on (Eagle3Config.vllm_layer_ids) starts from them, so the +1 layer shift finds it.
+    served = drafter.config.layer_ids_served_by("vllm")
+    base = Eagle3Setting(
+        config=dataclasses.replace(drafter.config, target_layer_ids=served, vllm_layer_ids=None)
+    )
     maps = d2t_maps(drafter.draft_to_target.cpu(), drafter.config.vocab_size)
     replayer = Eagle3Replayer(drafter, inputs, {k: v for k, v in maps.items() if isinstance(v, torch.Tensor)})
     found = list(candidates(base, inputs.caches[0], maps))

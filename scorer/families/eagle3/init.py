@@ -127,6 +127,10 @@ def _config_json(c: Eagle3Config, layout: str) -> dict[str, Any]:
         out["fc_norm"] = True
     if layout == "specforge":
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(c.target_layer_ids)}  # SGLang ids
+        # vLLM reads eagle_config's ids as its own aux ids (one layer lower than SGLang does) unless a
+        # top-level key, which it reads first and SGLang never reads, says otherwise: with it both
+        # engines serve the drafter on the layers it was trained on (docs/families.md).
+        out["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in c.target_layer_ids]  # vLLM aux ids
     return out
 
 

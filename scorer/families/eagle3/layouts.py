@@ -37,7 +37,7 @@ from scorer.formats.checkpoint_io import (
     check_state_dict,
 )
 from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
-from scorer.offline.sequences import check_fits, fit_problems
+from scorer.offline.sequences import check_fits, fit_problems, layer_fit_problem
 
 __all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
@@ -189,11 +189,18 @@ def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: 
     """One IncompatibleCacheError naming every mismatch (layers, hidden size, vocabulary)."""
     field = "target_hidden_size" if config.target_hidden_size else "hidden_size"
     vocab, layers, size = config.vocab_size, config.target_layer_ids, config.feature_size
-    check_fits(
-        fit_problems(
-            cache, cache_name, layer_ids=layers, feature_size=size, vocab_size=vocab, feature_field=field
-        )
+    problems = fit_problems(
+        cache, cache_name, layer_ids=layers, feature_size=size, vocab_size=vocab, feature_field=field
     )
+    served = config.vllm_layer_ids
+    if served is not None and (problem := layer_fit_problem(served, cache, cache_name, "vLLM-served layers")):
+        # The chain is replayed as vLLM serves it, on other layers than the drafter was trained on.
+        problems.append(
+            f'{problem}; or add a top-level "eagle_aux_hidden_state_layer_ids": '
+            f"{[i + 1 for i in layers]} to the drafter's config.json so that vLLM serves it on the "
+            f"layers it was trained on ({list(layers)}), as SGLang does"
+        )
+    check_fits(problems)
 
 
 def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[Eagle3Drafter, Any]:

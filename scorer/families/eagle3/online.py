@@ -13,12 +13,23 @@ from scorer.families.base import DraftDraw, OnlineOptions, Proposer
 from scorer.families.eagle3.layouts import read_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 
-__all__ = ["eagle3_proposer", "online"]
+__all__ = ["captured_layers", "eagle3_proposer", "online"]
+
+
+def captured_layers(drafter: Eagle3Drafter) -> tuple[list[int], list[int], list[int]]:
+    """(the target layers to capture, the positions in them of vLLM's chain layers, of SGLang's tree
+    layers): the two engines feed a SpecForge-layout drafter other layers (``vllm_layer_ids``)."""
+    chain = list(drafter.config.layer_ids_served_by("vllm"))
+    tree = list(drafter.config.layer_ids_served_by("sglang"))
+    layers = chain + [i for i in tree if i not in chain]
+    return layers, [layers.index(i) for i in chain], [layers.index(i) for i in tree]
 
 
 def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
     """One round at anchor p: ``Eagle3Drafter.draft_one_anchor`` on the verified prefix's features,
-    or with ``tree`` SGLang's EAGLE tree there (``autoregressive.eagle_tree``, the offline replay's)."""
+    or with ``tree`` SGLang's EAGLE tree there (``autoregressive.eagle_tree``, the offline replay's).
+    ``hidden`` holds the ``captured_layers`` of the prefix, [p, layers, H]."""
+    layers, chain, sglang = captured_layers(drafter)
 
     def propose(
         hidden: torch.Tensor,
@@ -27,7 +38,8 @@ def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
         draw: DraftDraw | None = None,
         tree: tuple[int, int, int] | None = None,
     ) -> list[int] | EagleTree:
-        features = hidden.reshape(p, -1).to(drafter.fc.weight.dtype)  # raw layer outputs, as vLLM captures
+        picked = hidden[:, sglang if tree is not None else chain] if len(layers) > len(chain) else hidden
+        features = picked.reshape(p, -1).to(drafter.fc.weight.dtype)  # raw layer outputs, as vLLM captures
         if tree is not None:
             return eagle_tree(drafter, features, torch.tensor(ids), p, tree)
         K = drafter.config.num_speculative_tokens
@@ -64,7 +76,8 @@ def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple
         )
         if mine != theirs
     ]
-    if bad := [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]:
+    wanted = sorted({*config.target_layer_ids, *config.layer_ids_served_by("vllm")})
+    if bad := [i for i in wanted if not 0 <= i < target.num_layers]:
         problems.append(f"drafter target layers {bad} do not exist in a {target.num_layers}-layer target")
     if problems:
         raise IncompatibleCacheError("; ".join(problems))
@@ -77,4 +90,4 @@ def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple
     ):  # vLLM shares the target's when shapes match
         embed = own.to(options.device, target.model.dtype)
     drafter.attach_embedding(embed, head.get("d2t"))
-    return list(config.target_layer_ids), eagle3_proposer(drafter), report
+    return captured_layers(drafter)[0], eagle3_proposer(drafter), report

@@ -61,8 +61,13 @@ def score_sequence_eagle3(
     memory_gb: float = 2.0,
     teacher_forced: bool = True,
     tree: tuple[int, int, int] | None = None,
+    tree_features: Any = None,
 ) -> SequenceResult:
-    """Served chain drafts at every anchor, the shared replay, and the teacher-forced counts beside."""
+    """Served chain drafts at every anchor, the shared replay, and the teacher-forced counts beside.
+
+    ``features`` are the layers vLLM feeds the drafter (its chain), ``tree_features`` SGLang's (its
+    tree; None: the same), which differ for a SpecForge-layout config (``Eagle3Config.vllm_layer_ids``).
+    """
     K = drafter.config.num_speculative_tokens
     x, a = token_ids.cpu().numpy(), target_argmax.cpu().numpy()
     draft = draft_every_anchor(drafter, features, token_ids, prompt_len, K, memory_gb=memory_gb)
@@ -78,9 +83,8 @@ def score_sequence_eagle3(
             "teacher_forced_accept_len": train_accept_len(forced, x, a, prompt_len),
         }
     if tree is not None:
-        depths = tree_depths(
-            drafter, features, token_ids, target_argmax, prompt_len, tree, memory_gb=memory_gb
-        )
+        on = features if tree_features is None else tree_features
+        depths = tree_depths(drafter, on, token_ids, target_argmax, prompt_len, tree, memory_gb=memory_gb)
         loop = round_loop(x, a, prompt_len)
         while not loop.done:
             loop.step(int(depths[loop.p - prompt_len]))
@@ -92,14 +96,20 @@ def _sequence_scorer(
     drafter: Eagle3Drafter, cache: CacheView, config: Any
 ) -> Callable[[CachedSequence], SequenceResult]:
     """Score the cache's sequences ``rows``: features in the drafter's layer order, raw layer outputs
-    (vLLM captures aux states as ``hidden_states + residual``, before any final norm)."""
-    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    (vLLM captures aux states as ``hidden_states + residual``, before any final norm); the chain on the
+    layers vLLM feeds the drafter, SGLang's tree on SGLang's."""
+    index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("vllm")]
+    tree_index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("sglang")]
     dtype = DTYPES[config.dtype]
 
     def score(seq: CachedSequence) -> SequenceResult:
+        hidden = seq.hidden_states()
+        tree_features = None
+        if config.tree is not None and tree_index != index:
+            tree_features = sequence_features(hidden, tree_index, dtype, config.device, None)
         return score_sequence_eagle3(
             drafter,
-            sequence_features(seq.hidden_states(), index, dtype, config.device, None),
+            sequence_features(hidden, index, dtype, config.device, None),
             seq.token_ids(),
             seq.target_argmax(),
             seq.prompt_len,
@@ -108,6 +118,7 @@ def _sequence_scorer(
             category=seq.category,
             memory_gb=config.memory_gb,
             tree=config.tree,
+            tree_features=tree_features,
         )
 
     return score
