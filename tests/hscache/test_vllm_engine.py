@@ -110,8 +110,9 @@ def test_both_engines_give_the_same_tokens_and_states_on_fp32_qwen3(vllm_cache, 
 def test_diff_compares_logits_against_vllm_log_probabilities(vllm_cache, transformers_cache):
     report = diff_caches(transformers_cache, vllm_cache[0])
     # fp32 log-probs: their rounding (~1e-7 of the logits' scale) bounds the KL's first-order term;
-    # under 1e-9 on the shipped target, 4.5e-9 on a longer-trained one; bf16 drift is ~1e-3
-    assert report.next_token.argmax_agreement == 1.0 and report.next_token.kl_max < 1e-7
+    # measured max 1.3e-7 (mean 3.3e-9) on the trained target of 2026-12-04, whose logits span more
+    # than the earlier ones' (under 1e-9 then); bf16 drift is ~1e-3, three orders above this bound
+    assert report.next_token.argmax_agreement == 1.0 and report.next_token.kl_max < 1e-6
     # values compared as log-probabilities: the logits' offset is no drift (it would flag every position)
     assert report.next_token.margin_at_risk < 0.01
     assert max(layer.rel_l2 for layer in report.hidden_states) < 1e-5

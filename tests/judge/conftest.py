@@ -49,10 +49,11 @@ def _caches(root: Path, target: str, dtype: str, layers: str) -> dict[str, Path]
 
 @pytest.fixture(scope="session")
 def judge_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """tiny-qwen3 fp32, layers 1,3,4,7 (1,3,4: the engines' default EAGLE-3 layers, which the original
-    release layout reads), 4 prompts x 16 tokens: greedy, and seeded T 0.7 / top-p 0.9 / top-k 20 with 2
-    samples per prompt."""
-    return _caches(tmp_path_factory.mktemp("judge"), "builtin:tiny-qwen3", "fp32", "1,3,4,7")
+    """tiny-qwen3 fp32, layers 0-4, 6, 7 (1,3,4: the engines' default EAGLE-3 layers, which the original
+    release layout reads; 0,2,6: where vLLM serves a SpecForge export trained on 1,3,7 that names its
+    layers only in eagle_config), 4 prompts x 16 tokens: greedy, and seeded T 0.7 / top-p 0.9 / top-k 20
+    with 2 samples per prompt."""
+    return _caches(tmp_path_factory.mktemp("judge"), "builtin:tiny-qwen3", "fp32", "0,1,2,3,4,6,7")
 
 
 @pytest.fixture(scope="session")
@@ -65,10 +66,13 @@ def mtp_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Drafters of the greedy tiny-qwen3 cache, as this project writes them: DFlash (block 6: vLLM's K 5),
     EAGLE-3 in the speculators layout (K 3, trained briefly), SpecForge's with a reduced draft vocabulary
-    (its d2t/t2d shipped) and the original release's pytorch_model.bin (both random: enough to load and
-    verify losslessly), DFlash2 (from the DFlash drafter), n-gram; ``refused``: the EAGLE-3 drafter as its
-    export wrote it before vLLM could load it (no ``max_position_embeddings`` in its layer config: vLLM
-    0.32.0 fails at models/qwen3.py:205), which the offline scorer still reads."""
+    (its d2t/t2d shipped; trained briefly, so its drafts depend on the layers it is fed) and the original
+    release's pytorch_model.bin (random: enough to load and verify losslessly), DFlash2 (from the DFlash
+    drafter), n-gram; ``eagle3-specforge-as-specforge-writes``: that SpecForge drafter without the
+    top-level ``eagle_aux_hidden_state_layer_ids`` this project adds (SpecForge names layers only in
+    eagle_config, which vLLM reads one layer lower than SGLang; docs/families.md); ``refused``: the EAGLE-3
+    drafter as its export wrote it before vLLM could load it (no ``max_position_embeddings`` in its layer
+    config: vLLM 0.32.0 fails at models/qwen3.py:205), which the offline scorer still reads."""
     from scorer.families.dflash2.init import init_from_dflash
     from scorer.families.eagle3.init import init_eagle3
     from scorer.families.eagle3.train import train_eagle3
@@ -81,20 +85,26 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
         judge_caches["t0"], root / "dflash", steps=400, block_size=6, log_every=0, last_layer_normed=False
     )
     train_eagle3(judge_caches["t0"], root / "eagle3", steps=25, layer_ids=[1, 3, 7])
-    init_eagle3(
+    train_eagle3(
         judge_caches["t0"],
         root / "eagle3-specforge",
+        steps=25,
         layout="specforge",
         draft_vocab_size=256,
         layer_ids=[1, 3, 7],
     )
+    specforge = shutil.copytree(root / "eagle3-specforge", root / "eagle3-specforge-as-specforge-writes")
+    config = json.loads((specforge / "config.json").read_text())
+    del config["eagle_aux_hidden_state_layer_ids"]
+    (specforge / "config.json").write_text(json.dumps(config))
     init_eagle3(judge_caches["t0"], root / "eagle3-release", layout="eagle_release", layer_ids=[1, 3, 7])
     init_from_dflash(root / "dflash", root / "dflash2", cache=hscache.open_cache(judge_caches["t0"]))
     shutil.copytree(root / "eagle3", root / "refused")
     config = json.loads((root / "refused" / "config.json").read_text())
     del config["transformer_layer_config"]["max_position_embeddings"]
     (root / "refused" / "config.json").write_text(json.dumps(config))
-    names = ("dflash", "eagle3", "eagle3-specforge", "eagle3-release", "dflash2", "refused")
+    names = ("dflash", "eagle3", "eagle3-specforge", "eagle3-specforge-as-specforge-writes")
+    names += ("eagle3-release", "dflash2", "refused")
     return {**{name: str(root / name) for name in names}, "ngram": "ngram"}
 
 
@@ -108,6 +118,7 @@ QWEN3_ENGINES = {
     "dflash-k3-probabilistic": ("dflash", {"num_speculative_tokens": 3, "draft_sampling": "probabilistic"}),
     "eagle3": ("eagle3", {}),
     "eagle3-specforge": ("eagle3-specforge", {}),
+    "eagle3-specforge-as-specforge-writes": ("eagle3-specforge-as-specforge-writes", {}),
     "eagle3-release": ("eagle3-release", {}),
     "ngram": ("ngram", NGRAM),
 }
@@ -136,8 +147,13 @@ def judged(vllm_python, judge_caches, mtp_caches, judge_drafters, tmp_path_facto
         {"name": "target", "speculative_config": None, "runs": runs},
         {"name": "dflash2", "speculative_config": dflash2, "runs": runs[:1]},
     ]
+    # The MTP head also under vLLM's probabilistic rule: it accepts often at T 0.7, where the DFlash
+    # drafter (trained on 4 greedy sequences) hardly does, so a swapped offline rule shows there.
     mtp = plan_served(
-        ["target:mtp"], [mtp_caches[s] for s in SETTINGS], root / "mtp", ServedConfig(vllm_python=python)
+        ["target:mtp", "target:mtp"],
+        [mtp_caches[s] for s in SETTINGS],
+        root / "mtp",
+        [ServedConfig(vllm_python=python), ServedConfig(vllm_python=python, draft_sampling="probabilistic")],
     )
     mtp.job["engines"].append(
         {"name": "target", "speculative_config": None, "runs": mtp.job["engines"][0]["runs"]}
@@ -145,6 +161,7 @@ def judged(vllm_python, judge_caches, mtp_caches, judge_drafters, tmp_path_facto
     rows = serve_plans([qwen3, mtp], root)
     served = {name: dict(zip(SETTINGS, row)) for name, row in zip(QWEN3_ENGINES, rows[0])}
     served["mtp"] = dict(zip(SETTINGS, rows[1][0]))
+    served["mtp-probabilistic"] = dict(zip(SETTINGS, rows[1][1]))
     raw = {engine["name"]: engine for engine in qwen3.engines}
     raw["mtp-target"] = next(engine for engine in mtp.engines if engine["name"] == "target")
     return {"served": served, "raw": raw}

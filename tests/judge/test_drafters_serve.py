@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
+from near_ties import BF16_TIE_NATS, target_log_probs
 from vllm_env import NEEDS_VLLM
 
 import hscache
@@ -52,31 +53,18 @@ def test_the_target_alone_reproduces_the_cache(judged: dict, judge_caches: dict)
         assert request["token_ids"] == view.token_ids(i)[prompt_len:].tolist()
 
 
-# Where the hybrid's bf16 outputs with and without its MTP head part, the two tokens must be this close
-# in the target's fp32 log-probabilities: vLLM verifies K + 1 tokens in one forward and decodes one at a
-# time without the drafter, and its bf16 kernels round the two differently (issue 33: bf16 greedy flips
-# at top-2 margins < 0.04 nats; docs/drift.md: bf16 states drift 0.3-0.6 % relative). Measured: one
-# request parted, at a fp32 margin of 0.015 nats, on a longer-trained target; none on the shipped one.
-BF16_TIE_NATS = 0.1
-
-
 def _parted_at_near_ties(cache: Path, served: list[list[int]], alone: list[list[int]]) -> list[tuple]:
-    """(request, position, fp32 margin in nats) where each served output first parts from the target's own."""
-    import torch
-
-    from hscache.capture.target import load_target
-
-    view, target, out = hscache.open_cache(cache), None, []
+    """(request, position, fp32 margin in nats) where each served output first parts from the target's
+    own: vLLM verifies K + 1 tokens in one forward and decodes one at a time without the drafter, and its
+    bf16 kernels round the two differently (near_ties.py)."""
+    view, out = hscache.open_cache(cache), []
     for i, (a, b) in enumerate(zip(served, alone)):
         first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
         if first is None:
             assert len(a) == len(b), (i, a, b)
             continue
-        target = target or load_target(view.settings["model"], "fp32")
         prompt_len = view.index["prompt_len"][i].as_py()
-        ids = view.token_ids(i)[:prompt_len].tolist() + b[:first]
-        with torch.no_grad():
-            logp = target.model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+        logp = target_log_probs(view.settings["model"], view.token_ids(i)[:prompt_len].tolist() + b[:first])
         out.append((i, first, abs(float(logp[a[first]] - logp[b[first]]))))
     return out
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from near_ties import BF16_TIE_NATS, mtp_first_difference_margins
 from vllm_env import NEEDS_VLLM, VLLM_PYTHON
 
 from hscache.engines.vllm import VllmTargetError, VllmUnavailableError, VllmVersionError
@@ -15,25 +16,56 @@ from scorer.studies.vllm_judge import ServedConfig, judge, score_served
 
 pytestmark = NEEDS_VLLM
 # Every engine the one-hot rule judges, on both settings (the probabilistic one: its own tests below).
-ONE_HOT = ("dflash", "eagle3", "eagle3-specforge", "eagle3-release", "ngram", "mtp")
+ONE_HOT = (
+    "dflash",
+    "eagle3",
+    "eagle3-specforge",
+    "eagle3-specforge-as-specforge-writes",  # served on layers 0, 2, 6: replayed there (test_eagle3.py)
+    "eagle3-release",
+    "ngram",
+    "mtp",
+)
 CASES = [(f, s) for f in ONE_HOT for s in ("t0", "t0.7")] + [("dflash-k3-probabilistic", "t0")]
+
+
+def _parted_at_bf16_near_ties(run, report) -> set[str]:
+    """The requests of the bf16 hybrid's MTP run that part from vLLM, each checked to part first at a
+    bf16 near-tie (near_ties.py): the rounds after it follow other anchors and are not compared."""
+    parted = {}
+    for difference in report["differences"]:
+        parted.setdefault(difference["record_id"], difference)
+    for record, first in parted.items():
+        margins = mtp_first_difference_margins(run, first)
+        assert min(margins.values()) < BF16_TIE_NATS, (record, first, margins)
+    return set(parted)
 
 
 @pytest.mark.parametrize(("family", "setting"), CASES)
 def test_offline_equals_vllm_round_for_round(served, family, setting):
+    """Every request equal round for round. The one exception: the hybrid in bf16 (MTP), where a request
+    may part at a bf16 near-tie between the engines' states (measured 2026-12-04 on the trained target:
+    at T 0 the target's greedy token at a 0.00x-nat margin, at T 0.7 the head's draft at 0.03 nats; one
+    request of 4 and of 8), and is then equal up to that round; at most one request in four may."""
     run = served[family][setting]
     report = score_served(run)
-    assert report["differences"] == []
-    assert report["equal"] is True
     rows = report["per_request"]
     assert len(rows) == (4 if setting == "t0" else 8)  # 4 prompts; 2 samples each at T 0.7
+    parted = _parted_at_bf16_near_ties(run, report) if family == "mtp" else set()
+    assert len(parted) <= len(rows) // 4, parted
+    if not parted:
+        assert report["differences"] == [] and report["equal"] is True
+        assert report["tau"]["offline_report"]["pooled"] == pytest.approx(
+            report["tau"]["vllm"]["pooled"], abs=1e-12
+        )
     for row in rows:
+        if row["record_id"] in parted:
+            first = next(d["round"] for d in report["differences"] if d["record_id"] == row["record_id"])
+            assert row["offline"]["accepted"][:first] == row["vllm"]["accepted"][:first]
+            continue
+        assert row["equal"] is True
         assert row["offline"]["anchors"] == row["vllm"]["anchors"]
         assert row["offline"]["accepted"] == row["vllm"]["accepted"]
         assert row["offline_reported_tau"] == pytest.approx(row["vllm"]["tau"], abs=1e-12)
-    assert report["tau"]["offline_report"]["pooled"] == pytest.approx(
-        report["tau"]["vllm"]["pooled"], abs=1e-12
-    )
     # vLLM's own counters are what the rounds were placed from: nothing invented, nothing dropped
     counters = report["vllm"]["counters"]
     recorded = [n for row in rows for n in row["vllm"]["drafted"] if n > 0]
@@ -72,22 +104,27 @@ def test_the_conventions_are_reconciled(served):
     ngram = score_served(served["ngram"]["t0"])
     placed = [n for row in ngram["per_request"] for n in row["vllm"]["drafted"]]
     assert 0 in placed  # steps without a match, placed by vLLM's own proposer
-    # The last round clipped at max_tokens, in the first engine whose served text ends inside an accepted
-    # run (the text decides which: DFlash's greedy one on the shipped target): vLLM counted more than the
-    # output holds, and its own mean acceptance length exceeds the reconciled tau.
+    # The last round cut at max_tokens, in the first engine whose served text ends inside a round: vLLM
+    # counts that step as 1 + its accepted drafts (the bonus token included) while the output holds
+    # fewer (on the shipped target DFlash's greedy requests end with 3 accepted drafts and 3 tokens
+    # left: the bonus is cut), so its own mean acceptance length exceeds the reconciled tau.
     engines = [(f, s) for f in ("dflash", "eagle3", "eagle3-release", "mtp") for s in ("t0", "t0.7")]
     for family, setting in engines:  # not ngram: its no-match steps also move vLLM's mean
         report = score_served(served[family][setting])
-        clipped = [
-            (u, a)
+        cut = [
+            (
+                row["vllm"]["accepted_unclipped"][-1] + 1,
+                row["vllm"]["tokens"][-1],
+                row["vllm"]["accepted"][-1],
+            )
             for row in report["per_request"]
-            for u, a in zip(row["vllm"]["accepted_unclipped"], row["vllm"]["accepted"])
-            if u != a
+            if row["vllm"]["tokens"] and row["vllm"]["accepted_unclipped"][-1] + 1 > row["vllm"]["tokens"][-1]
         ]
-        if clipped:
+        if cut:
             break
-    assert clipped, "no served request ended inside an accepted run: nothing was clipped to check"
-    assert all(u > a for u, a in clipped)
+    assert cut, "no served request ended inside a round: nothing was cut to check"
+    # the reconciled last round holds what the output holds: its accepted drafts at most the tokens left
+    assert all(counted > held and accepted <= held for counted, held, accepted in cut)
     assert report["vllm"]["counters"]["mean_acceptance_length"] > report["tau"]["vllm"]["pooled"]
 
 
@@ -101,11 +138,14 @@ def test_a_swapped_rule_fails(served):
     )
 
 
-def test_vllms_probabilistic_rule_agrees_with_the_offline_expectation(served):
+@pytest.mark.parametrize("engine", ["dflash-k3-probabilistic", "mtp-probabilistic"])
+def test_vllms_probabilistic_rule_agrees_with_the_offline_expectation(served, engine):
     """vLLM's draft_sample_method "probabilistic" (x ~ q, accept iff u q(x) < p(x)) draws random rounds:
     the offline DP's E[rounds | text] on the same text agrees with them in expectation; scored by the
-    one-hot rule instead, the same run is not matched round for round."""
-    run = served["dflash-k3-probabilistic"]["t0.7"]
+    one-hot rule instead, the same run is not matched round for round where vLLM accepted drafts it drew
+    away from the drafter's argmax (the MTP head at T 0.7; the DFlash drafter, trained on 4 greedy
+    sequences, accepts 5 drafts in 115 rounds there, each its argmax, which both rules accept alike)."""
+    run = served[engine]["t0.7"]
     report = score_served(run)
     assert report["rule"] == {
         "vllm": "probabilistic",
@@ -116,8 +156,9 @@ def test_vllms_probabilistic_rule_agrees_with_the_offline_expectation(served):
     assert expectation["agrees"] is True and report["equal"] is True
     assert abs(expectation["z"]) <= 3 and expectation["standard_error"] > 0
     assert expectation["realised_rounds"] == sum(len(r["vllm"]["tokens"]) for r in report["per_request"])
-    swapped = score_served(run, scored="greedy")
-    assert swapped["equal"] is False and swapped["differences"]
+    if engine == "mtp-probabilistic":
+        swapped = score_served(run, scored="greedy")
+        assert swapped["equal"] is False and swapped["differences"]
 
 
 def test_a_drafter_vllm_refuses_is_one_line(served, judge_caches):

@@ -180,9 +180,12 @@ def train_dflash(
     )
     torch.manual_seed(config.seed)
     drafter = DFlashDrafter(drafter_config)
+    # Fan-in init (std 1/sqrt(hidden)). At N(0, 0.02), 4.4x smaller at hidden 128, the drafter sat
+    # for hundreds of steps on a saddle where it drafts one constant token at every anchor (tau ~1.2
+    # on a trained target); at fan-in it leaves it within 300 steps on every seed measured.
     for param in drafter.parameters():
         if param.ndim == 2:
-            torch.nn.init.normal_(param, std=0.02)
+            torch.nn.init.normal_(param, std=drafter_config.hidden_size**-0.5)
     if config.init_from is not None:
         drafter.load_state_dict(_start_weights(config.init_from, drafter_config, cache))
     attach_cache_head(drafter, cache, torch.float32, "cpu")
