@@ -102,12 +102,16 @@ PLANTS: dict[str, tuple[dict, dict, int]] = {
     # 40 steps: +3.39 [+2.50, +4.43] on all 16 sequences, the lower end where 100 steps put it
     # (+3.92 [+2.60, +5.36], docs/diagnose.md's row), in 1.0 CPU-s instead of 2.1
     "positions+1": ({"block_position_offset": 1}, {}, 40),
-    # the cache's mask id is 3; no test trains it now: on the trained target it has nothing to find
-    # (docs/diagnose.md's table row, measured with this entry)
-    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 150),
+    # The cache's mask id is 3. Trained FROM RANDOM WEIGHTS with mask 2, 300 steps (FROM_SCRATCH): the
+    # clean drafter fine-tuned under mask 2 keeps working with mask 3 (it was trained on it), so that
+    # plant had nothing to find (+0.25 [-0.42, +1.04], docs/diagnose.md); from scratch: +0.49 [+0.11,
+    # +1.22] on the trained target (2.1 CPU-s). At 600 steps every trained id serves alike (+0.66 for
+    # 0, 1 and 2): the plant is then the untrained mask embedding, not a wrong id.
+    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 300),
     "layers": ({}, {"target_layer_ids": [0, 2, 6]}, 0),  # trained on [1, 3, 7]: the config is one off
     "prenorm": ({"last_layer_normed": False}, {}, 250),
 }
+FROM_SCRATCH = {"mask2"}  # trained from random weights, not fine-tuned from the clean drafter
 
 
 @pytest.fixture(scope="session")
@@ -144,9 +148,8 @@ def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
                 train_drafter(diagnose_cache, trained["{}"], steps=CLEAN_STEPS, **common)
             if key not in trained:
                 trained[key] = root / f"trained{len(trained)}"
-                train_drafter(
-                    diagnose_cache, trained[key], steps=steps, init_from=trained["{}"], **common, **settings
-                )
+                start = {} if name in FROM_SCRATCH else {"init_from": trained["{}"]}
+                train_drafter(diagnose_cache, trained[key], steps=steps, **start, **common, **settings)
             out = root / name
             shutil.copytree(trained[key], out)
             config = json.loads((out / "config.json").read_text())

@@ -247,12 +247,14 @@ def test_measure_drift_is_the_relative_l2_per_layer() -> None:
 
 
 # ---- planted conventions ------------------------------------------------------------------------
-# Measured with seed 0 (docs/diagnose.md): the finding's interval lower end is >= 0.4 tau above
-# zero for every plant; we assert the name and value, and a margin of 0.05 on the lower end.
+# Measured with seed 0 on the trained target of 2026-12-04 (docs/diagnose.md): the finding's interval
+# lower end is >= 0.88 tau above zero for the positions, layers and final-norm plants and 0.11 for the
+# mask plant; we assert the name and value, and a margin of 0.05 on the lower end.
 PLANTED = [
     ("positions+1", "position_offset", 1),
     ("layers", "layer_ids", 1),
     ("prenorm", "final_norm", "pre"),
+    ("mask2", "mask_token_id", 2),
 ]
 
 

@@ -7,9 +7,9 @@ value), and the drafter as trained must get ``finding: null``. Measured on ``dia
 
 - EAGLE-3 (``diagnose_eagle3``, tau 3.47): rope_theta 1e6 in a config trained at the target's
   1e4 -> ``rope_theta 10000`` (+0.48 [+0.30, +0.68]); a reduced vocabulary whose d2t maps every
-  draft id one too far -> ``d2t identity``. Its aux-layer and step-position hypotheses replay
-  correctly but this tiny drafter barely reads its features (aux ids shifted by -1 cost 0.07 tau,
-  inside the interval), so a layer plant is below this test's resolution.
+  draft id one too far -> ``d2t identity``. An aux-layer plant is found on the trained target: a
+  SpecForge export read one layer lower, as vLLM serves it, gets ``layer_ids +1`` (tests/scorer/
+  test_eagle3.py; +0.34 [+0.16, +0.59]; the random target's drafters barely read their features).
 - MTP (``trained_mtp_cache``: the built-in target reparametrised to a non-unit final norm, its
   MTP head trained 50 steps on the layer after that norm, tau 1.94 at K = 1): scored as
   ``target:mtp-prenorm`` -> ``final_norm post`` (+0.34 [+0.31, +0.38]). A step-position plant is

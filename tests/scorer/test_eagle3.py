@@ -528,6 +528,7 @@ def test_a_specforge_export_is_replayed_on_the_layers_each_engine_feeds_it(
     weights configured on those layers; SGLang's tree on the trained ones. This project's export adds a
     top-level ``eagle_aux_hidden_state_layer_ids``, which vLLM reads first and SGLang never reads: with
     it both engines feed the trained layers."""
+    from scorer.diagnose.run import DiagnoseConfig, diagnose_checkpoint
     from scorer.families.eagle3.train import train_eagle3
 
     ours = tmp_path / "ours"
@@ -563,6 +564,12 @@ def test_a_specforge_export_is_replayed_on_the_layers_each_engine_feeds_it(
     assert accepted["theirs"] != accepted["ours"]  # ... which this drafter tells apart
     assert reports["theirs"]["tree"]["tau"] == reports["ours"]["tree"]["tau"]  # SGLang's tree: trained layers
     assert reports["theirs"]["tree"]["tau"] != reports["lower"]["tree"]["tau"]
+    # scorer diagnose replays vLLM's chain: the one-layer shift is its finding (+0.34 [+0.16, +0.59]
+    # measured 2026-12-04), the fix the note names
+    diagnosis = diagnose_checkpoint(str(theirs), [diagnose_cache], DiagnoseConfig(num_speculative_tokens=3))
+    assert diagnosis["finding"] is not None, diagnosis["verdict"]
+    assert (diagnosis["finding"]["kind"], diagnosis["finding"]["value"]) == ("layer_ids", 1)
+    assert diagnosis["finding"]["ci"][0] > 0.05
     # A cache without the layers vLLM feeds: one line naming both fixes.
     result = CliRunner().invoke(main, ["eval", str(theirs), "--cache", str(scorer_cache)])
     line = result.output.strip()
