@@ -102,12 +102,14 @@ PLANTS: dict[str, tuple[dict, dict, int]] = {
     # 40 steps: +3.39 [+2.50, +4.43] on all 16 sequences, the lower end where 100 steps put it
     # (+3.92 [+2.60, +5.36], docs/diagnose.md's row), in 1.0 CPU-s instead of 2.1
     "positions+1": ({"block_position_offset": 1}, {}, 40),
-    # The cache's mask id is 3. Trained FROM RANDOM WEIGHTS with mask 2, 300 steps (FROM_SCRATCH): the
-    # clean drafter fine-tuned under mask 2 keeps working with mask 3 (it was trained on it), so that
-    # plant had nothing to find (+0.25 [-0.42, +1.04], docs/diagnose.md); from scratch: +0.49 [+0.11,
-    # +1.22] on the trained target (2.1 CPU-s). At 600 steps every trained id serves alike (+0.66 for
-    # 0, 1 and 2): the plant is then the untrained mask embedding, not a wrong id.
-    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 300),
+    # The cache's mask id is 3 (<|mask|>, a token the target never saw: its embedding is untrained).
+    # Trained FROM RANDOM WEIGHTS with mask 2, 400 steps (FROM_SCRATCH): the clean drafter fine-tuned
+    # under mask 2 keeps working with mask 3 (it was trained on it first), so that plant had nothing
+    # to find. From scratch, any trained id's embedding serves it better than the untrained one, so
+    # mask 0 is a runner-up: over seeds 0-3 (2026-12-04) `mask_token_id 2` leads every time with an
+    # interval above 0 (lower ends 0.87, 0.16, 0.16, 0.07) and is the finding for seed 0 (+1.40
+    # [+0.87, +1.94]); the others read "inconclusive between mask token id 2 and mask token id 0".
+    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 400),
     "layers": ({}, {"target_layer_ids": [0, 2, 6]}, 0),  # trained on [1, 3, 7]: the config is one off
     "prenorm": ({"last_layer_normed": False}, {}, 250),
 }

@@ -248,13 +248,12 @@ def test_measure_drift_is_the_relative_l2_per_layer() -> None:
 
 # ---- planted conventions ------------------------------------------------------------------------
 # Measured with seed 0 on the trained target of 2026-12-04 (docs/diagnose.md): the finding's interval
-# lower end is >= 0.88 tau above zero for the positions, layers and final-norm plants and 0.11 for the
-# mask plant; we assert the name and value, and a margin of 0.05 on the lower end.
+# lower end is >= 0.88 tau above zero for the positions, layers and final-norm plants; we assert the
+# name and value, and a margin of 0.05 on the lower end. The mask plant: its own test below.
 PLANTED = [
     ("positions+1", "position_offset", 1),
     ("layers", "layer_ids", 1),
     ("prenorm", "final_norm", "pre"),
-    ("mask2", "mask_token_id", 2),
 ]
 
 
@@ -270,6 +269,22 @@ def test_a_planted_convention_is_named_with_its_value(planted_drafter, diagnose_
     assert (finding["kind"], finding["value"]) == (kind, value), report["verdict"]
     assert finding["ci"][0] > 0.05 and finding["tau_pooled"] > report["baseline"]["tau_pooled"]
     assert report["sample"]["sequences"] == 16  # all of them: fewer than the default sample of 32
+
+
+def test_a_wrong_mask_id_is_named(planted_drafter, diagnose_cache):
+    """Trained with mask 2, configured with the cache's 3 (<|mask|>, untrained in the target): the best fix
+    is the trained id, beyond its interval; it is the finding, or (another id's trained embedding serving
+    almost as well, conftest.PLANTS) inconclusive between it and another mask id, never another kind."""
+    report = _diagnose(planted_drafter("mask2"), diagnose_cache)
+    best = max(report["hypotheses"], key=lambda h: h["gain"])
+    assert (best["kind"], best["value"]) == ("mask_token_id", 2), report["verdict"]
+    assert best["ci"][0] > 0.05 and report["sample"]["sequences"] == 16
+    finding = report["finding"]
+    if finding is not None:
+        assert (finding["kind"], finding["value"]) == ("mask_token_id", 2), report["verdict"]
+    else:
+        assert report["verdict"].startswith("inconclusive between mask token id 2"), report["verdict"]
+        assert report["verdict"].count("mask token id") >= 2, report["verdict"]
 
 
 def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
