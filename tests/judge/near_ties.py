@@ -2,7 +2,7 @@
 
 vLLM serves the hybrid in bf16 with its own kernels (Gated DeltaNet, attention) and verifies K + 1
 tokens per forward; the offline side reads states transformers computed in bf16 for the same text.
-The two sets of states differ by bf16 rounding (docs/drift.md: 0.3-0.6 % relative), so a decision
+The two sets of states differ by bf16 rounding (docs/drift.md: 0.3-0.9 % relative on the trained target), so a decision
 whose top two candidates are closer than that may go either way: the target's greedy token (issue 33:
 greedy outputs flip at top-2 margins < 0.04 nats) or the MTP head's draft. A difference at a larger
 margin is a real one (a swapped rule, a wrong position, a wrong layer)."""
