@@ -9,6 +9,7 @@ margin is a real one (a swapped rule, a wrong position, a wrong layer)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -20,13 +21,17 @@ import hscache
 BF16_TIE_NATS = 0.1
 
 
-def target_log_probs(model: str, ids: list[int]) -> torch.Tensor:
-    """The target's fp32 next-token log-probabilities after ``ids`` (transformers, recomputed)."""
+@functools.lru_cache(maxsize=2)
+def _fp32_target(model: str) -> Any:
     from hscache.capture.target import load_target
 
-    target = load_target(model, "fp32")
+    return load_target(model, "fp32")  # once per model for the session, however many requests part
+
+
+def target_log_probs(model: str, ids: list[int]) -> torch.Tensor:
+    """The target's fp32 next-token log-probabilities after ``ids`` (transformers, recomputed)."""
     with torch.no_grad():
-        return target.model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+        return _fp32_target(model).model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
 
 
 def mtp_first_difference_margins(served: Any, difference: dict) -> dict[str, float]:

@@ -44,7 +44,7 @@ def _parted_at_bf16_near_ties(run, report) -> set[str]:
 def test_offline_equals_vllm_round_for_round(served, family, setting):
     """Every request equal round for round. The one exception: the hybrid in bf16 (MTP), where a request
     may part at a bf16 near-tie between the engines' states (measured 2026-12-04 on the trained target:
-    at T 0 the target's greedy token at a 0.00x-nat margin, at T 0.7 the head's draft at 0.03 nats; one
+    at T 0 the target's greedy token at a 0.015-nat fp32 margin, at T 0.7 the head's draft at 0.03 nats; one
     request of 4 and of 8), and is then equal up to that round; at most one request in four may."""
     run = served[family][setting]
     report = score_served(run)
