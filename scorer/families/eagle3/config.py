@@ -28,6 +28,8 @@ __all__ = [
     "default_layer_ids",
     "from_hf_eagle3",
     "from_speculators",
+    "layers_of_vllm_aux_ids",
+    "vllm_aux_ids",
     "is_eagle3_config",
 ]
 
@@ -142,6 +144,17 @@ class Eagle3Config:
         return out
 
 
+def vllm_aux_ids(layer_ids: Any) -> list[int]:
+    """This project's layer ids (id i = output of decoder layer i) as vLLM's and speculators' aux ids
+    ``eagle_aux_hidden_state_layer_ids`` (id k = output of decoder layer k-1)."""
+    return [int(i) + 1 for i in layer_ids]
+
+
+def layers_of_vllm_aux_ids(aux_ids: Any) -> tuple[int, ...]:
+    """vLLM's aux ids as this project's layer ids: the inverse of ``vllm_aux_ids``."""
+    return tuple(int(i) - 1 for i in aux_ids)
+
+
 def default_layer_ids(num_target_layers: int) -> list[int]:
     """vLLM/speculators/SGLang/SpecForge's shared default, in this project's ids: [1, L//2 - 1, L - 4]."""
     return [1, num_target_layers // 2 - 1, num_target_layers - 4]
@@ -249,11 +262,11 @@ def from_speculators(
         fields["target_hidden_size"] = int(config["target_hidden_size"])
     aux = config.get("eagle_aux_hidden_state_layer_ids")
     if aux:
-        fields["target_layer_ids"] = tuple(int(i) - 1 for i in aux)
+        fields["target_layer_ids"] = layers_of_vllm_aux_ids(aux)
         sources["target_layer_ids"] = "config (eagle_aux_hidden_state_layer_ids, vLLM ids - 1)"
         notes.append(
             f"eagle_aux_hidden_state_layer_ids {list(aux)} are vLLM aux ids (id k = output of layer "
-            f"k-1): target layers {[int(i) - 1 for i in aux]}"
+            f"k-1): target layers {list(layers_of_vllm_aux_ids(aux))}"
         )
     elif num_target_layers is not None:
         fields["target_layer_ids"] = tuple(default_layer_ids(num_target_layers))
@@ -322,7 +335,7 @@ def from_hf_eagle3(
             f"vllm 0.32.0 serves this drafter on target layers {list(vllm)} ({why}; "
             f"v1/worker/gpu_model_runner.py:5268-5283), SGLang on {trained}: the chain (vLLM) is replayed "
             f"on {list(vllm)}, the SGLang tree on {trained}. To serve it in vLLM on {trained}, add a "
-            f'top-level "eagle_aux_hidden_state_layer_ids": {[i + 1 for i in trained]} to its '
+            f'top-level "eagle_aux_hidden_state_layer_ids": {vllm_aux_ids(trained)} to its '
             "config.json (vLLM reads it first; SGLang reads only eagle_config's)"
         )
     fields["layout"] = layout
@@ -336,10 +349,10 @@ def _vllm_reading(top_level: Any, eagle_config_ids: Any) -> tuple[tuple[int, ...
     output of layer k-1), while SGLang reads only ``eagle_config``'s, as id i = output of layer i."""
     if top_level:
         why = f"its top-level eagle_aux_hidden_state_layer_ids {list(top_level)}"
-        return tuple(int(i) - 1 for i in top_level), why
+        return layers_of_vllm_aux_ids(top_level), why
     if eagle_config_ids:
         return (
-            tuple(int(i) - 1 for i in eagle_config_ids),
+            layers_of_vllm_aux_ids(eagle_config_ids),
             f"it reads eagle_config.eagle_aux_hidden_state_layer_ids {list(eagle_config_ids)} without "
             "SGLang's +1",
         )

@@ -37,7 +37,7 @@ from scorer.diagnose.ranking import (
     shifted_layer_ids,
 )
 from scorer.families.eagle3 import EAGLE3_KINDS
-from scorer.families.eagle3.config import Eagle3Config
+from scorer.families.eagle3.config import Eagle3Config, vllm_aux_ids
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.offline.sequences import cache_final_norm, sequence_features
@@ -59,10 +59,6 @@ class Eagle3Setting:
     step_position_offset: int = 0
     last_layer_normed: bool = False
     d2t: str = "configured"
-
-
-def _aux_ids(ids: Sequence[int]) -> list[int]:
-    return [i + 1 for i in ids]  # vLLM / speculators: id k is the output of decoder layer k-1
 
 
 def candidates(
@@ -89,7 +85,7 @@ def candidates(
         hyp = Hypothesis(
             "layer_ids",
             k,
-            f"aux layer ids shifted by {k:+d} (eagle_aux_hidden_state_layer_ids {_aux_ids(shown)}; "
+            f"aux layer ids shifted by {k:+d} (eagle_aux_hidden_state_layer_ids {vllm_aux_ids(shown)}; "
             f"layer outputs {shown})",
         )
         yield hyp, ids if isinstance(ids, str) else replace(base, config=replace(c, target_layer_ids=ids))

@@ -21,7 +21,7 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import IncompatibleCacheError
 from scorer.families.base import check_new_drafter_sizes
-from scorer.families.eagle3.config import Eagle3Config, default_layer_ids
+from scorer.families.eagle3.config import Eagle3Config, default_layer_ids, vllm_aux_ids
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
 from scorer.offline.sequences import check_has_target, layer_fit_problem
@@ -107,7 +107,7 @@ def _config_json(c: Eagle3Config, layout: str) -> dict[str, Any]:
             "norm_before_fc": c.norm_before_fc,
             "fc_norm": c.fc_norm,
             "norm_output": c.norm_output,
-            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in c.target_layer_ids],  # vLLM aux ids
+            "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(c.target_layer_ids),
             "speculators_config": {
                 "algorithm": "eagle3",
                 "proposal_methods": [
@@ -130,7 +130,7 @@ def _config_json(c: Eagle3Config, layout: str) -> dict[str, Any]:
         # vLLM reads eagle_config's ids as its own aux ids (one layer lower than SGLang does) unless a
         # top-level key, which it reads first and SGLang never reads, says otherwise: with it both
         # engines serve the drafter on the layers it was trained on (docs/families.md).
-        out["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in c.target_layer_ids]  # vLLM aux ids
+        out["eagle_aux_hidden_state_layer_ids"] = vllm_aux_ids(c.target_layer_ids)
     return out
 
 

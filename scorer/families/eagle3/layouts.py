@@ -30,6 +30,7 @@ from scorer.families.eagle3.config import (
     Eagle3Config,
     from_hf_eagle3,
     from_speculators,
+    vllm_aux_ids,
 )
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.formats.checkpoint_io import (
@@ -197,7 +198,7 @@ def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: 
         # The chain is replayed as vLLM serves it, on other layers than the drafter was trained on.
         problems.append(
             f'{problem}; or add a top-level "eagle_aux_hidden_state_layer_ids": '
-            f"{[i + 1 for i in layers]} to the drafter's config.json so that vLLM serves it on the "
+            f"{vllm_aux_ids(layers)} to the drafter's config.json so that vLLM serves it on the "
             f"layers it was trained on ({list(layers)}), as SGLang does"
         )
     check_fits(problems)
