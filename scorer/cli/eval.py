@@ -72,6 +72,15 @@ __all__ = ["eval_command"]
     help="Refuse a cache whose digest (printed by `hscache info`, stored as cache.digest) differs; "
     "one per --cache, in order.",
 )
+@click.option(
+    "--greedy-reference",
+    type=click.Choice(["argmax", "text"]),
+    default="argmax",
+    show_default=True,
+    help="On a greedy cache, the target's token at each position: the cache's argmax, or the text's own next "
+    "token (the text after each prompt is a serving engine's greedy output, e.g. scorer served --workdir's "
+    "served cache: verify against that engine's decisions; the report counts where the argmax differs).",
+)
 @allow_unsealed_option("Score", "; its files cannot be checked")
 @cluster_flags
 @drafting_flags

@@ -54,6 +54,7 @@ from scorer.rules.expectation import (
 __all__ = [
     "DRAFT_SAMPLING",
     "RULE_DEFINITIONS",
+    "GREEDY_ON_TEXT_RULE",
     "GREEDY_RULE",
     "ONEHOT_RULE",
     "PROBABILISTIC_RULE",
@@ -142,6 +143,14 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
                 f"{setting.describe()}); a cache cannot be reweighted to another setting: score a cache "
                 "extracted at that setting (hscache extract with the same sampling flags), or drop the flag"
             )
+    reference = getattr(config, "greedy_reference", "argmax")
+    if reference not in ("argmax", "text"):
+        raise ScorerError(f"--greedy-reference {reference!r}; choose argmax or text")
+    if reference == "text" and not setting.greedy:
+        raise ScorerError(
+            f"--greedy-reference text is for a greedy cache ({where} was drawn at {setting.describe()}, and a "
+            "sampled cache is always verified against its own sampled text): drop the flag"
+        )
     draft_sampling = getattr(config, "draft_sampling", "greedy")
     if draft_sampling not in DRAFT_SAMPLING:
         raise ScorerError(f"--draft-sampling {draft_sampling!r}; choose {' or '.join(DRAFT_SAMPLING)}")
@@ -376,7 +385,32 @@ class ServedRule:
     add_to_report: Callable[[dict[str, Any], Sequence[SequenceResult], CacheView, Any], None]
 
 
+def _score_greedy_on_text(job: RowsToScore) -> list[SequenceResult]:
+    return _score_greedy(dataclasses.replace(job, cache=SampledView(job.cache)))
+
+
+def _add_text_reference(
+    report: dict[str, Any], results: Sequence[SequenceResult], cache: CacheView, config: Any
+) -> None:
+    differs = positions = 0
+    for result in results:
+        x, a = cache.token_ids(result.row).numpy(), cache.target_argmax(result.row).numpy()
+        p = int(cache.index.column("prompt_len")[result.row].as_py())
+        differs += int(np.count_nonzero(x[p + 1 :] != a[p : len(x) - 1]))
+        positions += max(len(x) - 1 - p, 0)
+    report["greedy_reference"] = {"reference": "text", "argmax_differs": differs, "positions": positions}
+    report["notes"].append(
+        f"verified against the text's own next token (--greedy-reference text: the text is a serving "
+        f"engine's greedy output); this cache's argmax differs from it at {differs} of {positions} positions"
+    )
+
+
 GREEDY_RULE = ServedRule("greedy", _same_cache, _score_greedy, _add_nothing)
+# A greedy cache whose text after the prompt is a serving engine's own greedy output (scorer served's
+# served cache): that engine's decisions ARE the text, as a sampled trajectory's are (issue 33: "compare
+# on the trajectory vLLM produced"). The families read it through SampledView (a'[t] = x[t+1]); the
+# cache's own argmax (another engine's states) is only counted, in the report.
+GREEDY_ON_TEXT_RULE = ServedRule("greedy", SampledView, _score_greedy_on_text, _add_text_reference)
 ONEHOT_RULE = ServedRule("one-hot", SampledView, _score_onehot, _add_onehot)
 PROBABILISTIC_RULE = ServedRule("probabilistic", SampledView, _score_probabilistic, _add_probabilistic)
 
@@ -385,7 +419,7 @@ def served_rule(cache: CacheView, config: Any) -> ServedRule:
     """The one place that reads whether ``cache`` was sampled and which rule ``config.draft_sampling``
     names (checked by ``check_request``): every layer below takes the rule it returns."""
     if sampling_setting(cache).greedy:
-        return GREEDY_RULE
+        return GREEDY_ON_TEXT_RULE if getattr(config, "greedy_reference", "argmax") == "text" else GREEDY_RULE
     return (
         PROBABILISTIC_RULE if getattr(config, "draft_sampling", "greedy") == "probabilistic" else ONEHOT_RULE
     )

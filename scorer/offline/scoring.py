@@ -63,6 +63,10 @@ class EvalConfig:
     # not transformers' hidden_states[L] that z-lab checkpoints are trained on (features.context_norm).
     # The vLLM judge replays what vLLM served with it; False = the checkpoint's own convention.
     raw_last_layer: bool = False
+    # On a greedy cache, the target's token for t+1: "argmax" (the cache's own logits) or "text" (the
+    # text's own next token x[t+1]: the text after the prompt is a serving engine's greedy output, as in
+    # scorer served's served cache, so that engine's decisions are the text; sampled_view.GREEDY_ON_TEXT_RULE).
+    greedy_reference: str = "argmax"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -73,6 +77,8 @@ class EvalConfig:
             del d["sampling"]
         if not d["raw_last_layer"]:
             del d["raw_last_layer"]
+        if d["greedy_reference"] == "argmax":
+            del d["greedy_reference"]
         d["ddtree"] = list(self.ddtree)
         d["tree"] = None if self.tree is None else list(self.tree)
         d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}

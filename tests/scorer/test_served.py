@@ -383,3 +383,69 @@ def test_sglang_tree_on_a_min_p_cache_is_refused_by_name_and_vllm_chains_are_not
                 check_request(cache, tree, family_named("eagle3"), "the cache")
         else:
             check_request(cache, tree, family_named("eagle3"), "the cache")
+
+
+@pytest.fixture(scope="module")
+def engine_text_cache(scorer_cache, tmp_path_factory):
+    """A greedy cache whose text after each prompt is NOT this target's greedy text: two of the scorer
+    cache's sequences with every fifth generated token replaced (an engine whose bf16 states part from
+    transformers' at near-ties writes such text; here the parting is planted)."""
+    from tests.conftest import write_jsonl
+
+    cache = hscache.open_cache(scorer_cache)
+    records = []
+    for row, y, P in _rows(cache)[:2]:
+        ids = y.tolist()
+        for t in range(P + 2, len(ids), 5):
+            ids[t] = (ids[t] + 7) % cache.vocab_size
+        records.append({"id": f"r{row}", "input_ids": ids, "prompt_len": int(P)})
+    root = tmp_path_factory.mktemp("engine-text")
+    out = root / "cache"
+    hscache.extract(
+        hscache.ExtractConfig(prompts=str(write_jsonl(root / "p.jsonl", records)), out=str(out), layers="1,3,7",
+                              max_new_tokens=0, dtype="fp32", commit_every_s=0.0, mtp=False)
+    )  # fmt: skip
+    return out
+
+
+def test_greedy_reference_text_verifies_against_the_texts_next_token(engine_text_cache, trained_drafter):
+    """``--greedy-reference text`` (scorer served's T 0 served cache): the round loop runs along the
+    text, as at T > 0; the cache's argmax is only counted where it differs."""
+    cache = hscache.open_cache(engine_text_cache)
+    argmax = evaluate(trained_drafter, engine_text_cache, EvalConfig(**FAST))
+    text = evaluate(trained_drafter, engine_text_cache, EvalConfig(greedy_reference="text", **FAST))
+    drafter, _ = load_drafter(trained_drafter, cache, EvalConfig())
+    differs = positions = 0
+    for (row, y, P), request in zip(_rows(cache), text["per_request"]):
+        features = _features(drafter, cache, row)
+        anchors, accepted = _loop(
+            y, P, lambda a, f=features, y=y: _dflash_block(drafter, f, y, a).argmax(-1).tolist()
+        )
+        assert (request["anchors"], request["accepted"]) == (anchors, accepted)
+        a = cache.target_argmax(row).numpy()
+        differs += int((y[P + 1 :] != a[P : len(y) - 1]).sum())
+        positions += len(y) - 1 - P
+    assert differs > 0 and argmax["off_greedy"]["positions"] == differs  # the planted text parts
+    assert text["off_greedy"] == {"positions": 0, "rounds_cut_short": 0}
+    assert text["greedy_reference"] == {
+        "reference": "text",
+        "argmax_differs": differs,
+        "positions": positions,
+    }
+    assert any(f"differs from it at {differs} of {positions}" in note for note in text["notes"])
+    assert text["config"]["greedy_reference"] == "text" and "greedy_reference" not in argmax["config"]
+    assert "greedy_reference" not in argmax and "sampling" not in text
+
+
+def test_greedy_reference_is_refused_where_it_means_nothing(
+    sampled_scorer_cache, engine_text_cache, tmp_path
+):
+    out = tmp_path / "r.json"
+    code, output = _invoke(["eval", "target:mtp", "--cache", str(sampled_scorer_cache), "--greedy-reference",
+                            "text", "--json", str(out)])  # fmt: skip
+    assert (
+        code == 2 and "--greedy-reference text is for a greedy cache" in output and "drop the flag" in output
+    )
+    assert len(output.strip().splitlines()) == 1 and not out.exists()
+    code, output = _invoke(["eval", "x", "--cache", str(engine_text_cache), "--greedy-reference", "served"])
+    assert code == 2 and "'served' is not one of 'argmax', 'text'" in output
