@@ -5,7 +5,9 @@ Setup: the built-in plain Qwen3 (fp32) and hybrid Qwen3.5 (bf16, vLLM CPU's Gate
 MTP head), each with a greedy cache and a T 0.7 / top-p 0.9 / top-k 20 cache (seed 5, 2 samples per
 prompt); DFlash (block 6, trained on the greedy cache with its last layer raw, as vLLM feeds it) and
 EAGLE-3 (layers 1,3,7) drafters; n-gram (K 3, lookup 2-3). Prints per family and setting: pooled tau on
-both sides, rounds, requests equal round for round; then the CPU seconds of the whole run (this process
+both sides, rounds, requests equal round for round, the report's verdict (a request that parts only
+where vLLM's own draft logits tie at the served dtype: "equal except ties") with every differing round
+and vLLM's own two best drafts at a request's first difference; then the CPU seconds of the whole run (this process
 and the vLLM worker). Needs the vLLM environment (``bash .ci/vllm-env.sh``).
 
     python bench/judged_families.py [--prompts 6] [--tokens 24] [--dflash-steps 150] [--vllm-python .vllm/bin/python]
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     row[setting] = (report["tau"]["offline_report"]["pooled"], report["tau"]["vllm"]["pooled"],
                                     report["tau"]["vllm"]["rounds"], equal, len(report["per_request"]))  # fmt: skip
                     row[setting + " differences"] = report["differences"]
+                    row[setting + " verdict"] = report["verdict"]
                 rows.append(row)
     seconds = _cpu() - t0
     print(
@@ -108,8 +111,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(
             f"| {row['drafter']} | {a0:.4f} / {b0:.4f} ({r0}) | {a7:.4f} / {b7:.4f} ({r7}) | {e0}/{n0}, {e7}/{n7} |"
         )
-    for row in rows:  # every round where the two sides differ (a near-tie of the bf16 states, so far)
+    for row in rows:  # the verdict, and every round where the two sides differ with vLLM's own draft there
         for setting in ("t0", "t0.7"):
+            print(f"{row['drafter']} {setting}: {row[setting + ' verdict']}")
             for d in row[setting + " differences"]:
                 print(f"differs: {row['drafter']} {setting} {d}")
     print(f"whole run: {seconds:.0f} CPU-s (setup, one vLLM process for both targets, scoring)")

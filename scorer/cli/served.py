@@ -39,6 +39,14 @@ def _echo(report: dict[str, Any]) -> None:
             f"differs: {d['record_id']} round {d['round']}: offline anchor {d['offline_anchor']} accepted "
             f"{d['offline_accepted']}, vLLM anchor {d['vllm_anchor']} accepted {d['vllm_accepted']}"
         )
+        if "vllm_draft" in d:
+            v = d["vllm_draft"]
+            (first, second), (high, low) = v["tokens"], v["logits"]
+            click.echo(
+                f"  vLLM's own draft at slot {v['slot'] + 1}: token {first} (logit {high:g}) over {second} ({low:g}), "
+                f"{v['steps']} {v['dtype']} step(s) apart: "
+                + ("a tie at the served dtype" if v["tie"] else "not a tie")
+            )
     tau, vllm = report["tau"], report["vllm"]
     click.echo("tau = tokens per round, the bonus token included; pooled = all tokens / all rounds")
     click.echo(
@@ -64,6 +72,12 @@ def _echo(report: dict[str, Any]) -> None:
             f"offline DP on the same text (mean difference per request {e['mean_difference']:.3f}, z {e['z']:.2f})"
         )
         click.echo("offline agrees with vLLM in expectation" if e["agrees"] else "offline != vLLM (|z| > 3)")
+        return
+    if report["verdict"] == "equal except ties":
+        click.echo(
+            f"offline = vLLM, round for round, except {len(report['ties'])} request(s) that part first where "
+            "vLLM's own draft logits tie at the served dtype (no replay outside vLLM's kernels decides those alike)"
+        )
         return
     click.echo("offline = vLLM, round for round" if report["equal"] else "offline != vLLM")
 
@@ -102,7 +116,8 @@ def _echo(report: dict[str, Any]) -> None:
 @friendly_errors
 def served(checkpoint: str, json_out: str | None, scored_rule: str | None, **options: Any) -> None:
     """Serve the cache's target with CHECKPOINT in vLLM and score what it produced offline: both per
-    request and pooled, every round where they differ. Exit status 1 when they differ.
+    request and pooled, every round where they differ, and at a request's first difference vLLM's own
+    two best drafts there. Exit status 1 when they differ other than at ties of the served dtype.
 
     \b
     Example:
@@ -117,5 +132,5 @@ def served(checkpoint: str, json_out: str | None, scored_rule: str | None, **opt
     report = judge(checkpoint, cache, ServedConfig(overrides=overrides, scored=scored_rule, **options))
     _echo(report)
     write_json(json_out, report)
-    if not report["equal"]:
+    if report["verdict"] == "differs":
         raise SystemExit(1)

@@ -255,6 +255,56 @@ def compare_rounds(offline: dict[str, Any], request: dict[str, Any], prompt_len:
     return out
 
 
+# A draft decision whose two best logits, as vLLM computed them, are at most this many representable
+# values of the served dtype apart is a tie: no replay that does not run vLLM's own kernels decides it
+# the same way (draft_record.py: measured one bf16 step, 4.0 over 3.984375, on the hybrid's MTP head).
+TIE_STEPS = 2
+
+
+def dtype_steps(high: float, low: float, dtype: str) -> int:
+    """How many representable values of ``dtype`` ("bf16" or "fp32") lie from ``low`` up to ``high``
+    (both already values of that dtype, as vLLM's logits are): 0 equal, 1 adjacent."""
+    import numpy as np
+
+    def ordinal(x: float) -> int:
+        bits = int(np.array(x, dtype=np.float32).view(np.uint32))
+        if dtype == "bf16":
+            bits, sign, magnitude = bits >> 16, 1 << 15, (1 << 15) - 1
+        elif dtype == "fp32":
+            sign, magnitude = 1 << 31, (1 << 31) - 1
+        else:
+            raise ValueError(f"dtype {dtype!r}; choose bf16 or fp32")
+        return -(bits & magnitude) if bits & sign else bits  # monotonic in x, -0 and +0 alike
+
+    return ordinal(high) - ordinal(low)
+
+
+def first_difference_draft(
+    difference: dict[str, Any], request: dict[str, Any], prompt_len: int, dtype: str
+) -> dict[str, Any] | None:
+    """vLLM's own draft decision at a request's first differing round (both sides at one anchor): the
+    slot where one side's draft was accepted and the other's not, vLLM's two best tokens there and their
+    logits (the worker's ``draft_top2``, draft_record.py), how many ``dtype`` steps apart, and whether
+    that is a tie (``TIE_STEPS``; where the offline draft was the accepted one, it must also be vLLM's
+    second choice). None when vLLM recorded nothing there (n-gram; a version not transcribed)."""
+    anchor = difference["offline_anchor"]
+    if anchor is None or anchor != difference["vllm_anchor"]:
+        return None
+    slots = (request.get("draft_top2") or {}).get(str(anchor))
+    slot = min(difference["offline_accepted"], difference["vllm_accepted"])
+    if not slots or slot >= len(slots):
+        return None
+    first, first_logit, second, second_logit = slots[slot]
+    steps = dtype_steps(first_logit, second_logit, dtype)
+    served = request["token_ids"][anchor + 1 + slot - prompt_len]
+    offline_took_second = difference["offline_accepted"] > difference["vllm_accepted"]
+    tie = steps <= TIE_STEPS and (not offline_took_second or served == int(second))
+    return {
+        "slot": slot, "tokens": [int(first), int(second)], "logits": [first_logit, second_logit],
+        "dtype": dtype, "steps": steps, "tie": tie,
+    }  # fmt: skip
+
+
 def _pooled(rows: Sequence[dict[str, Any]], side: str) -> dict[str, Any]:
     tokens = [t for r in rows for t in r[side]["tokens"]]
     per_request = [r[side]["tau"] for r in rows if r[side]["tau"] is not None]
@@ -284,9 +334,13 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
     # At T = 0 both rules verify greedily (and the offline side refuses the probabilistic one there).
     scored = "greedy" if cache.sampling.greedy else (config.scored or config.draft_sampling)
     eval_config = EvalConfig(
+        dtype=cache.settings["dtype"],
         ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
         draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
         raw_last_layer=True,  # what vLLM feeds a DFlash drafter (EvalConfig.raw_last_layer)
+        # vLLM's greedy tokens are the target's decisions (its argmax of ITS states): the served cache's
+        # argmax comes from transformers' states, which part from them at bf16 near-ties (issue 33)
+        greedy_reference="text" if cache.sampling.greedy else "argmax",
     )  # fmt: skip
     drafter, _ = load_drafter(checkpoint, cache, eval_config)
     if (
@@ -525,17 +579,34 @@ def _report(offline: dict, served: Served, offline_rule: str, seconds: float) ->
             reported is None or abs(reported - vllm_tau) < 1e-9
         )
         compared["equal"] = compared["equal"] and same
+        if compared["differences"]:
+            draft = first_difference_draft(
+                compared["differences"][0], request, prompt_len, served.eval_config.dtype
+            )
+            if draft is not None:
+                compared["differences"][0]["vllm_draft"] = draft
         rows.append({"record_id": row["record_id"], "prompt_len": prompt_len, "generated": len(request["token_ids"]),
                      "offline_reported_tau": reported, **compared})  # fmt: skip
     cache = hscache.open_cache(served.cache_path)
     equal = all(r["equal"] for r in rows) and len(rows) == len(served.requests)
+    # Requests that part only where vLLM's own draft logits tie at the served dtype (first_difference_draft)
+    ties = [
+        r["record_id"] for r in rows
+        if not r["equal"] and r["differences"] and r["differences"][0].get("vllm_draft", {}).get("tie")
+    ]  # fmt: skip
+    verdict = "equal" if equal else "differs"
+    if not equal and len(rows) == len(served.requests) and len(ties) == sum(not r["equal"] for r in rows):
+        verdict = "equal except ties"
     expectation = None
     if config.draft_sampling == "probabilistic" and offline_rule == "probabilistic":
         expectation = _expectation(rows, offline["per_request"])
         equal = expectation["agrees"]
+        verdict = "agrees in expectation" if equal else "differs"
     report = {
         "schema_version": 1,
         "equal": equal,
+        "verdict": verdict,
+        "ties": ties,
         "vllm": {
             "version": served.vllm_version,
             "patches": served.patches,

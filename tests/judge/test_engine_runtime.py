@@ -99,3 +99,42 @@ def test_a_relative_vllm_python_is_made_absolute_and_a_bare_name_is_left_to_path
     assert vllm_python("python3") == "python3"
     monkeypatch.setenv("HSCACHE_VLLM_PYTHON", "v/bin/python")
     assert vllm_python() == str(tmp_path / "v" / "bin" / "python")
+
+
+def test_dtype_steps_counts_representable_values():
+    from scorer.studies.vllm_judge import dtype_steps
+
+    assert dtype_steps(4.0, 3.984375, "bf16") == 1  # the measured MTP tie: adjacent bf16 values
+    assert dtype_steps(4.0, 3.96875, "bf16") == 2 and dtype_steps(4.03125, 4.0, "bf16") == 1
+    assert dtype_steps(4.0, 4.0, "bf16") == 0 and dtype_steps(0.0, -0.0, "bf16") == 0
+    assert dtype_steps(2.0**-133, -(2.0**-133), "bf16") == 2  # the smallest subnormals, across zero
+    below_one = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
+    assert dtype_steps(1.0, below_one, "fp32") == 1 and dtype_steps(1.0, 0.5, "fp32") == 1 << 23
+    with pytest.raises(ValueError, match="choose bf16 or fp32"):
+        dtype_steps(1.0, 0.0, "fp16")
+
+
+def test_first_difference_draft_reads_vllms_own_decision():
+    from scorer.studies.vllm_judge import first_difference_draft
+
+    # prompt of 10; vLLM's output; round at anchor 12 drafted 2 slots: slot 0 accepted by both sides,
+    # slot 1 accepted by vLLM only (its top draft 7 is the served token at 12 + 1 + 1 = 14)
+    request = {
+        "token_ids": [1, 2, 3, 5, 7, 9],
+        "draft_top2": {"12": [[5, 3.0, 6, 1.0], [7, 4.0, 8, 3.984375]]},
+    }
+    vllm_ahead = {"offline_anchor": 12, "vllm_anchor": 12, "offline_accepted": 1, "vllm_accepted": 2}
+    draft = first_difference_draft(vllm_ahead, request, 10, "bf16")
+    assert draft == {"slot": 1, "tokens": [7, 8], "logits": [4.0, 3.984375], "dtype": "bf16", "steps": 1,
+                     "tie": True}  # fmt: skip
+    assert first_difference_draft(vllm_ahead, request, 10, "fp32")["tie"] is False  # 131072 fp32 steps
+    # the offline side accepted where vLLM did not: a tie only if the served token is vLLM's SECOND choice
+    offline_ahead = {**vllm_ahead, "offline_accepted": 2, "vllm_accepted": 1}
+    assert first_difference_draft(offline_ahead, request, 10, "bf16")["tie"] is False  # served 7 is its first
+    request["draft_top2"]["12"][1] = [8, 4.0, 7, 3.984375]
+    assert first_difference_draft(offline_ahead, request, 10, "bf16")["tie"] is True
+    far = {"12": [[5, 3.0, 6, 1.0], [8, 4.0, 7, 3.5]]}
+    assert first_difference_draft(offline_ahead, {**request, "draft_top2": far}, 10, "bf16")["tie"] is False
+    # nothing recorded there (n-gram), or the sides already at different anchors: no verdict
+    assert first_difference_draft(vllm_ahead, {**request, "draft_top2": {}}, 10, "bf16") is None
+    assert first_difference_draft({**vllm_ahead, "vllm_anchor": 13}, request, 10, "bf16") is None

