@@ -254,3 +254,42 @@ def test_vllms_recorded_drafts_are_the_drafts_it_verified(served, family):
                     assert slots[j][1] >= slots[j][3]
                     checked += 1
     assert checked > 20
+
+
+def _parted_at(run, second_logit: float):
+    """``run`` with vLLM's first accepted round of its first request rejected instead, and vLLM's own
+    draft there recorded as a near-miss: its top draft another token, the served one second at
+    ``second_logit`` below 4.0 (what vLLM would have recorded had its head's logits tied the other way)."""
+    import copy
+    import dataclasses
+
+    requests = copy.deepcopy(run.requests)
+    request, prompt_len = requests[0], run.prompt_lens[0]
+    rounds = request["rounds"]
+    n = next(i for i, a in enumerate(rounds["accepted"]) if a > 0)
+    anchor = rounds["anchors"][n]
+    rounds["accepted"][n] = 0
+    served_token = request["token_ids"][anchor + 1 - prompt_len]
+    request["draft_top2"][str(anchor)] = [[served_token + 1, 4.0, served_token, second_logit]]
+    return dataclasses.replace(run, requests=requests)
+
+
+def test_a_difference_at_vllms_own_tie_is_equal_except_ties_and_any_other_differs(served, monkeypatch):
+    """The verdict and exit status on a real MTP run with one round of vLLM's planted: where vLLM's own
+    logits are one bf16 step apart it is a tie (exit 0, the tie printed); where they are 0.5 apart it is
+    a difference (exit 1)."""
+    import scorer.studies.vllm_judge as vllm_judge
+
+    tie = score_served(_parted_at(served["mtp"]["t0"], 3.984375))
+    wide = score_served(_parted_at(served["mtp"]["t0"], 3.5))
+    record = tie["per_request"][0]["record_id"]
+    assert tie["equal"] is False and tie["verdict"] == "equal except ties" and tie["ties"] == [record]
+    first = tie["differences"][0]
+    assert first["record_id"] == record and first["offline_anchor"] == first["vllm_anchor"]
+    assert first["vllm_draft"]["steps"] == 1 and first["vllm_draft"]["tie"] is True
+    assert wide["verdict"] == "differs" and wide["ties"] == [] and wide["differences"][0]["vllm_draft"]["steps"] == 32
+    for report, code, line in ((tie, 0, "a tie at the served dtype"), (wide, 1, "not a tie")):
+        monkeypatch.setattr(vllm_judge, "judge", lambda *a, report=report, **k: report)
+        result = CliRunner().invoke(main, ["served", "target:mtp", "--cache", "c", "--vllm-python", "p"])
+        assert result.exit_code == code and line in result.output, result.output
+    assert "except 1 request(s) that part first where vLLM's own draft logits tie" not in result.output
