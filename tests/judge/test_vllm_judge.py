@@ -287,7 +287,11 @@ def test_a_difference_at_vllms_own_tie_is_equal_except_ties_and_any_other_differ
     first = tie["differences"][0]
     assert first["record_id"] == record and first["offline_anchor"] == first["vllm_anchor"]
     assert first["vllm_draft"]["steps"] == 1 and first["vllm_draft"]["tie"] is True
-    assert wide["verdict"] == "differs" and wide["ties"] == [] and wide["differences"][0]["vllm_draft"]["steps"] == 32
+    assert (
+        wide["verdict"] == "differs"
+        and wide["ties"] == []
+        and wide["differences"][0]["vllm_draft"]["steps"] == 32
+    )
     for report, code, line in ((tie, 0, "a tie at the served dtype"), (wide, 1, "not a tie")):
         monkeypatch.setattr(vllm_judge, "judge", lambda *a, report=report, **k: report)
         result = CliRunner().invoke(main, ["served", "target:mtp", "--cache", "c", "--vllm-python", "p"])
