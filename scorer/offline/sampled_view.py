@@ -23,7 +23,9 @@ the rule, the setting, the trajectories, tau with a bootstrap interval over PROM
 The rule is chosen once per run, here only: ``served_rule(cache, config)`` returns a ``ServedRule``
 (greedy, one-hot or probabilistic: the view the families read, how rows are scored, what it adds to
 the report) that ``scorer.studies.evaluate`` hands to ``score_rows`` and ``build_report``. A greedy
-cache takes none of these paths: its scores are what they always were.
+cache takes none of these paths: its scores are what they always were, unless its text is a serving
+engine's own greedy output (``greedy_reference="text"``, ``GREEDY_ON_TEXT_RULE``): then the families read
+it through ``SampledView`` too, the engine's tokens being its decisions.
 """
 
 from __future__ import annotations

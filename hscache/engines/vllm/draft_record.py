@@ -23,6 +23,7 @@ logit] per slot]}``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 __all__ = ["AFFECTED", "RECORDER_PATCH", "DraftRecorder", "install"]
@@ -84,21 +85,21 @@ def install(version: str) -> DraftRecorder | None:
     recorder = DraftRecorder()
     propose_draft_token_ids = GPUModelRunner.propose_draft_token_ids
     propose = SpecDecodeBaseProposer.propose
+    arguments = inspect.signature(propose).bind  # the proposer's arguments by name, however passed
 
     def runner_proposes(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder._batch = list(self.input_batch.req_ids)
         return propose_draft_token_ids(self, *args, **kwargs)
 
     def proposer_proposes(self: Any, *args: Any, **kwargs: Any) -> Any:
-        import inspect
-
-        bound = inspect.signature(propose).bind(self, *args, **kwargs).arguments
+        bound = arguments(self, *args, **kwargs).arguments
         metadata = bound["common_attn_metadata"]
         batch = metadata.batch_size()
         starts = metadata.query_start_loc_cpu[: batch + 1].tolist()
         rows = bound["token_indices_to_sample"]
         rows = [hi - 1 for hi in starts[1:]] if rows is None else rows.cpu().tolist()[:batch]
         positions = bound["target_positions"].cpu()
+        positions = positions[0] if positions.dim() == 2 else positions  # M-RoPE: [3, tokens], row 0 is text
         anchors = [int(positions[r]) + 1 for r in rows]
         slots: list[Any] = []
         model = self.model
