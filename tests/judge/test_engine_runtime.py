@@ -138,3 +138,17 @@ def test_first_difference_draft_reads_vllms_own_decision():
     # nothing recorded there (n-gram), or the sides already at different anchors: no verdict
     assert first_difference_draft(vllm_ahead, {**request, "draft_top2": {}}, 10, "bf16") is None
     assert first_difference_draft({**vllm_ahead, "vllm_anchor": 13}, request, 10, "bf16") is None
+
+
+def test_a_kv_cache_shortfall_is_read_from_vllms_refusal():
+    """vLLM 0.32.0's refusal of a KV cache smaller than one request (kv_cache_utils.py:1030), as it
+    refused bench/real_dims.py's target with the 64 MB the tests' tiny targets need: start_engine
+    retries once with room for it."""
+    from hscache.engines.vllm.runtime import kv_cache_needed_bytes
+
+    seen = (
+        "To serve at least one request with the model's max seq len (161), (0.09 GiB KV cache is needed, which "
+        "is larger than the available KV cache memory (0.06 GiB). Try increasing `gpu_memory_utilization`"
+    )
+    assert kv_cache_needed_bytes(seen) == int(0.09 * 2**30)
+    assert kv_cache_needed_bytes("No available memory for the cache blocks.") is None
