@@ -1,5 +1,6 @@
-"""hscache/engines/vllm without an engine: the checks, the CPU patch's kernel, the rounds placed from
-vLLM's counters, and vLLM's outputs read back by hscache's --responses-from reader."""
+"""hscache/engines/vllm mostly without an engine: the checks, the CPU patch's kernel, the rounds placed from
+vLLM's counters, vLLM's outputs read back by hscache's --responses-from reader, the judge's tie reading,
+and (one engine, in vLLM's venv) start_engine growing a KV cache vLLM refuses."""
 
 from __future__ import annotations
 
@@ -150,5 +151,40 @@ def test_a_kv_cache_shortfall_is_read_from_vllms_refusal():
         "To serve at least one request with the model's max seq len (161), (0.09 GiB KV cache is needed, which "
         "is larger than the available KV cache memory (0.06 GiB). Try increasing `gpu_memory_utilization`"
     )
-    assert kv_cache_needed_bytes(seen) == int(0.09 * 2**30)
-    assert kv_cache_needed_bytes("No available memory for the cache blocks.") is None
+    assert kv_cache_needed_bytes(seen, 64 << 20) == int(0.09 * 2**30)
+    # a tiny target: vLLM's figure rounds to 0.0 GiB, the length it says fits scales what was given
+    tiny = (
+        "To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which "
+        "is larger than the available KV cache memory (0.0 GiB). Based on the available memory, the estimated "
+        "maximum model length is 256. Try increasing `gpu_memory_utilization`"
+    )
+    assert kv_cache_needed_bytes(tiny, 1_000_000) == 2_000_000
+    assert kv_cache_needed_bytes(tiny.replace("is 256", "is 0"), 1_000_000) == 1_000_001  # never less
+    assert kv_cache_needed_bytes("No available memory for the cache blocks.", 1_000_000) is None
+
+
+def test_an_engine_given_too_small_a_kv_cache_starts_with_a_larger_one(vllm_python, judge_caches):
+    """start_engine in vLLM itself: 1 MB holds no request of 512 tokens of the built-in tiny-qwen3 (vLLM's
+    refusal reads "0.0 GiB ... needed" and gives no length); the retries grow it until vLLM starts."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import hscache
+    from hscache.engines.vllm.capture import model_directory
+
+    settings = hscache.open_cache(judge_caches["t0"]).settings
+    target = model_directory(settings["model"], settings["weights_sha256"])
+    code = (
+        "import os; from hscache.engines.vllm.runtime import engine_env, engine_kwargs, start_engine\n"
+        "os.environ.update(engine_env())\n"
+        f"kwargs = dict(engine_kwargs({str(target)!r}, dtype='fp32', max_model_len=512), kv_cache_memory_bytes=10**6)\n"
+        "llm = start_engine(kwargs)\n"
+        "print('KV', llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    kv = int(next(line for line in done.stdout.splitlines() if line.startswith("KV")).split()[1])
+    assert kv == 4 * 10**6  # one retry: max(2 x vLLM's figure, 4 x the 1 MB it had)

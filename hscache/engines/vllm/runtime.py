@@ -299,30 +299,46 @@ def start_engine(kwargs: Mapping[str, Any]) -> Any:
     from vllm import LLM
 
     gc.freeze()
-    try:
-        return LLM(**kwargs)
-    except Exception as exc:  # vLLM raises ValueError; anything else is not a KV cache shortfall
-        needed = kv_cache_needed_bytes(str(exc))
-        given = kwargs.get("kv_cache_memory_bytes")
-        if needed is None or given is None:
-            raise
-    # Once, with room for the request vLLM asked for (twice it: vLLM rounds the figure to 0.01 GiB and
-    # holds one block back, kv_cache_utils.py:1127).
-    return LLM(**{**kwargs, "kv_cache_memory_bytes": max(2 * needed, 2 * int(given))})
+    kwargs = dict(kwargs)
+    for attempt in range(_KV_RETRIES + 1):
+        try:
+            return LLM(**kwargs)
+        except Exception as exc:  # vLLM raises ValueError; anything else is not a KV cache shortfall
+            given = kwargs.get("kv_cache_memory_bytes")
+            needed = None if given is None else kv_cache_needed_bytes(str(exc), int(given))
+            if needed is None or attempt == _KV_RETRIES:
+                raise
+        # Twice what vLLM asked for (it holds one block back, kv_cache_utils.py:1127, and prints its figure
+        # rounded to 0.01 GiB), at least four times what it had (a tiny target's figure reads "0.0 GiB").
+        kwargs["kv_cache_memory_bytes"] = max(2 * needed, 4 * int(given))
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+_KV_RETRIES = 3  # engine starts after the first, each with a larger KV cache
 
 
 # vllm 0.32.0 v1/core/kv_cache_utils.py:1030-1034, ``_check_enough_kv_cache_memory``: the KV cache given is
 # smaller than one request of max_model_len needs. A small KV cache suits the tests' tiny targets; a
 # target with large attention heads or Gated DeltaNet states (bench/real_dims.py's: 0.09 GiB for 161
 # tokens, vLLM sizing every layer's page to the recurrent state's) needs more.
-_KV_SHORTFALL = re.compile(r"\(([0-9.]+) GiB KV cache is needed, which is larger than the available KV cache")
+_KV_SHORTFALL = re.compile(
+    r"max seq len \(([0-9]+)\), \(([0-9.]+) GiB KV cache is needed, which is larger than the available KV cache"
+)
+_KV_FITS = re.compile(r"the estimated maximum model length is ([0-9]+)")
 
 
-def kv_cache_needed_bytes(message: str) -> int | None:
-    """The bytes of KV cache vLLM said one request needs, from its refusal's message; None for another
-    message."""
+def kv_cache_needed_bytes(message: str, given: int) -> int | None:
+    """The bytes of KV cache one request needs, read from vLLM's refusal of ``given`` bytes (None for
+    another message): its own figure (GiB, two decimals: "0.0" for a small target), or ``given`` scaled
+    by max_model_len over the longest request vLLM says ``given`` holds, whichever is larger."""
     found = _KV_SHORTFALL.search(message)
-    return None if found is None else int(float(found.group(1)) * 2**30)
+    if found is None:
+        return None
+    needed = int(float(found.group(2)) * 2**30)
+    fits = _KV_FITS.search(message)
+    if fits is not None and int(fits.group(1)) > 0:
+        needed = max(needed, -(-given * int(found.group(1)) // int(fits.group(1))))
+    return max(needed, given + 1)
 
 
 def _package_root() -> Path:
