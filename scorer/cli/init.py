@@ -110,6 +110,12 @@ def _families() -> tuple[Any, ...]:
     "DFlash with --train-steps: print tau on the cache every N steps (scorer.evaluate_module, "
     "the drafter in memory, first 64 sequences); 0: never.",
 )
+@click.option(
+    "--prompt-anchors",
+    is_flag=True,
+    help="DFlash with --train-steps: also train at anchors inside the prompts, slot 1 against the "
+    "target's argmax there (the drafter learns to read its anchor token; bench/dflash_anchor.py).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
 @writes_drafter
@@ -126,6 +132,7 @@ def init(
     seed: int,
     train_steps: int,
     eval_every: int,
+    prompt_anchors: bool,
     overwrite: bool,
 ) -> None:
     """Write a drafter for CACHE's target to OUT (DFlash: an HF directory; EAGLE-3: --layout).
@@ -151,6 +158,7 @@ def init(
             mask_token_id=mask_token_id,
             num_speculative_tokens=num_speculative_tokens,
             eval_every=eval_every,
+            prompt_anchors=prompt_anchors,
         ).items()
         if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
     }
@@ -172,6 +180,10 @@ def init(
     if given.get("eval_every") and not train_steps:
         raise ScorerError(
             f"--eval-every watches a {chosen.display_name} drafter while it trains: add --train-steps N"
+        )
+    if given.get("prompt_anchors") and not train_steps:
+        raise ScorerError(
+            f"--prompt-anchors chooses where a {chosen.display_name} drafter trains: add --train-steps N"
         )
     options = {**given, "seed": seed, "overwrite": overwrite}
     if train_steps:

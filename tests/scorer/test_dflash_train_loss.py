@@ -32,3 +32,61 @@ def test_gamma_zero_is_no_decay_and_a_negative_one_is_refused_before_training(sc
     with pytest.raises(ScorerError, match=r"^loss_decay_gamma -1 is negative: pass a positive decay"):
         train_drafter(scorer_cache, tmp_path / "bad", steps=2, log_every=0, loss_decay_gamma=-1)
     assert not (tmp_path / "bad").exists()
+
+
+def test_prompt_anchors_train_slot_one_on_the_targets_argmax_inside_the_prompt(scorer_cache):
+    """``training_batch``: without the option every anchor lies in the generated region and every slot
+    learns the text; with it anchors start at position 1, and one inside the prompt learns slot 1 from
+    the target's argmax there (not the prompt's own next token) and nothing else."""
+    import hscache
+    from hscache.data import SequenceDataset
+    from scorer.families.dflash.features import feature_index
+    from scorer.families.dflash.init import dflash_config_for_cache
+    from scorer.families.dflash.model import DFlashDrafter
+    from scorer.families.dflash.train import training_batch
+
+    cache = hscache.open_cache(scorer_cache)
+    drafter = DFlashDrafter(dflash_config_for_cache(cache, num_layers=1, block_size=4))
+    drafter.context_norm = None
+    index, data, row = feature_index(drafter.config, cache.layer_ids), SequenceDataset(scorer_cache), 0
+    x, a = cache.token_ids(row), cache.target_argmax(row)
+    P = cache.index.column("prompt_len")[row].as_py()
+    for prompt_anchors in (False, True):
+        gen, seen = torch.Generator().manual_seed(0), torch.zeros(len(x), dtype=torch.bool)
+        for _ in range(20):
+            _, anchors, blocks, targets = training_batch(
+                data, [row], index, drafter, 16, gen, {}, prompt_anchors
+            )
+            seen[anchors] = True
+            assert torch.equal(blocks[:, 0], x[anchors]) and (anchors >= 1).all()
+            for p, t in zip(anchors.tolist(), targets.tolist()):
+                want = [int(x[p + j]) if p + j < len(x) else -100 for j in range(1, 4)]
+                if p < P:
+                    want = [int(a[p]), -100, -100]
+                assert t == want, (prompt_anchors, p)
+        assert seen[:P].any() == prompt_anchors  # the prompt is visited only with the option
+        assert (x[1:P] != a[: P - 1]).any()  # the prompt's own tokens are not the target's choices
+
+
+def test_prompt_anchors_change_the_training_and_are_refused_where_they_mean_nothing(scorer_cache, tmp_path):
+    from click.testing import CliRunner
+
+    from scorer.cli import main
+
+    default = _weights(scorer_cache, tmp_path / "default")
+    prompts = _weights(scorer_cache, tmp_path / "prompts", prompt_anchors=True)
+    assert any(not torch.equal(default[k], prompts[k]) for k in default)
+    for args, message in (
+        ([], "--prompt-anchors chooses where a DFlash drafter trains: add --train-steps N"),
+        (["--family", "eagle3", "--train-steps", "2"], "--prompt-anchors does not apply to --family eagle3"),
+    ):
+        out = tmp_path / "refused"
+        result = CliRunner().invoke(
+            main, ["init", str(out), "--cache", str(scorer_cache), "--prompt-anchors", *args]
+        )
+        assert (
+            result.exit_code == 2
+            and message in result.output
+            and len(result.output.strip().splitlines()) == 1
+        )
+        assert not out.exists()
