@@ -16,8 +16,8 @@ is one drafted slot (a chain: one call per slot, L700-; parallel drafting such a
 batch x K rows). The round at anchor p (the offline replay's numbering: the position of the last
 committed token) is drafted from the row at position p - 1.
 
-Applied only to the versions in ``AFFECTED``, only when a job asks for it; ``install`` returns the
-recorder, whose ``take(request_id)`` gives ``{anchor: [[top token, its logit, second token, its
+Applied to the versions in ``AFFECTED`` only, by every judge worker (hscache/engines/vllm/worker.py);
+``install`` returns the recorder, whose ``take(request_id)`` gives ``{anchor: [[top token, its logit, second token, its
 logit] per slot]}``.
 """
 
@@ -58,18 +58,21 @@ class DraftRecorder:
 
         for logits in slots:
             rows = logits.float()
-            per_request = rows.view(len(anchors), -1, rows.shape[-1]) if parallel else rows[:, None]
-            for b, (request, anchor) in enumerate(zip(batch, anchors)):
-                for j in range(per_request.shape[1]):
-                    # argmax, as vLLM drafts (llm_base_proposer.py:448): the FIRST of equal logits, which
-                    # torch.topk does not promise (exact ties happen: 8.125 and 8.125, the MTP head at T 0.7)
-                    row = per_request[b, j].clone()
-                    first = int(row.argmax())
-                    high = float(row[first])
-                    row[first] = -torch.inf
-                    second = int(row.argmax())
-                    top = [first, high, second, float(row[second])]
-                    self._by_request.setdefault(request, {}).setdefault(anchor, []).append(top)
+            rows = (
+                rows.view(len(anchors), -1, rows.shape[-1]) if parallel else rows[:, None]
+            )  # [batch, slots, V]
+            # argmax, as vLLM drafts (llm_base_proposer.py:448): the FIRST of equal logits, which torch.topk
+            # does not promise (exact ties happen: 8.125 and 8.125, the MTP head at T 0.7)
+            first = rows.argmax(-1, keepdim=True)
+            high = rows.gather(-1, first)
+            rest = rows.scatter(-1, first, -torch.inf)
+            second = rest.argmax(-1, keepdim=True)
+            low = rest.gather(-1, second)
+            top = torch.cat([first.double(), high.double(), second.double(), low.double()], -1).tolist()
+            for request, anchor, per_slot in zip(batch, anchors, top):
+                for first_id, high_logit, second_id, low_logit in per_slot:
+                    entry = [int(first_id), high_logit, int(second_id), low_logit]
+                    self._by_request.setdefault(request, {}).setdefault(anchor, []).append(entry)
 
 
 def install(version: str) -> DraftRecorder | None:

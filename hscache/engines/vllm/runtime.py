@@ -300,18 +300,18 @@ def start_engine(kwargs: Mapping[str, Any]) -> Any:
 
     gc.freeze()
     kwargs = dict(kwargs)
-    for attempt in range(_KV_RETRIES + 1):
+    for _ in range(_KV_RETRIES):
         try:
             return LLM(**kwargs)
         except Exception as exc:  # vLLM raises ValueError; anything else is not a KV cache shortfall
             given = kwargs.get("kv_cache_memory_bytes")
             needed = None if given is None else kv_cache_needed_bytes(str(exc), int(given))
-            if needed is None or attempt == _KV_RETRIES:
+            if needed is None:
                 raise
         # Twice what vLLM asked for (it holds one block back, kv_cache_utils.py:1127, and prints its figure
         # rounded to 0.01 GiB), at least four times what it had (a tiny target's figure reads "0.0 GiB").
         kwargs["kv_cache_memory_bytes"] = max(2 * needed, 4 * int(given))
-    raise AssertionError("unreachable")  # the loop returns or raises
+    return LLM(**kwargs)  # the last try: its refusal is raised as vLLM's
 
 
 _KV_RETRIES = 3  # engine starts after the first, each with a larger KV cache
