@@ -270,12 +270,11 @@ BUILDS_ON = {"scorer.families.dflash2": ("scorer.families.dflash",)}
 ABOVE_FAMILIES = (
     "scorer.cli",
     "scorer.diagnose.run",
-    "scorer.init",
+    "scorer.make",
     "scorer.offline.scoring",
     "scorer.online",
     "scorer.report",
     "scorer.studies",
-    "scorer.train",
     "scorer.families",  # the registry itself (its own module, not the shared base)
 )
 
