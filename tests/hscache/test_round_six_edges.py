@@ -77,7 +77,9 @@ def test_overwrite_refuses_a_folder_whose_manifest_is_not_an_hscache_manifest(tm
     before = _files(webapp)
     with pytest.raises(InputError, match='not an hscache manifest \\(no "format": "hscache"\\)'):
         clear_for_overwrite(webapp)
-    result = CliRunner().invoke(hscache_main, ["extract", "--out", str(webapp), "--overwrite", "--limit", "1"])
+    result = CliRunner().invoke(
+        hscache_main, ["extract", "--out", str(webapp), "--overwrite", "--limit", "1"]
+    )
     assert result.exit_code != 0 and "not an hscache manifest" in result.output, result.output
     assert _files(webapp) == before
 
@@ -127,7 +129,9 @@ def test_a_planted_importing_mark_does_not_empty_an_import_output(tmp_path):
     out = _webapp(tmp_path / "webapp")
     (out / IMPORTING_MARK).write_bytes(b"")
     before = _files(out)
-    result = CliRunner().invoke(hscache_main, ["import", "--format", "specforge", str(source), "--out", str(out)])
+    result = CliRunner().invoke(
+        hscache_main, ["import", "--format", "specforge", str(source), "--out", str(out)]
+    )
     assert result.exit_code != 0 and "was not written by hscache" in result.output, result.output
     assert _files(out) == before
 
