@@ -125,3 +125,60 @@ def test_a_report_hscache_wrote_may_be_replaced(tmp_path):
     (tmp_path / "r.html").write_text(html_page("eval", ["<p>tau</p>"]))
     for name, kind in (("r.json", "json"), ("many.json", "json"), ("r.html", "html"), ("new.json", "json")):
         assert check_output_path(tmp_path / name, "--x", kind=kind) == tmp_path / name
+
+
+def test_ctrl_c_while_training_saves_the_last_completed_step(scorer_cache, tmp_path, monkeypatch):
+    """51.6: was: "interrupted: nothing was saved" after 75 s of training."""
+    import signal
+
+    import torch
+    from safetensors.torch import load_file
+
+    import scorer.families.dflash.train as dflash_train
+    from scorer.train import train_drafter
+    from scorer.training_stop import TRAINED_STEPS_KEY
+
+    real_batch, calls = dflash_train.training_batch, {"n": 0}
+
+    def batch_then_ctrl_c(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, in the middle of step 3
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(dflash_train, "training_batch", batch_then_ctrl_c)
+    out = tmp_path / "drafter"
+    args = ["init", str(out), "--cache", str(scorer_cache), "--train-steps", "50", "--block-size", "4"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 130, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted after step 3 of 50: the drafter trained so far is saved at {out}"), (
+        last
+    )
+    assert "--overwrite" in last and calls["n"] == 3
+    assert json.loads((out / "config.json").read_text())[TRAINED_STEPS_KEY] == {"done": 3, "requested": 50}
+    monkeypatch.undo()
+    whole = tmp_path / "three"  # the same training run to its end at 3 steps: the same weights
+    train_drafter(scorer_cache, whole, steps=3, block_size=4, log_every=0)
+    assert json.loads((whole / "config.json").read_text())[TRAINED_STEPS_KEY] == {"done": 3, "requested": 3}
+    saved, expected = load_file(out / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert saved.keys() == expected.keys()
+    assert all(torch.equal(saved[k], expected[k]) for k in saved)  # bit-exact: the same 3 steps
+
+
+def test_ctrl_c_while_training_eagle3_saves_the_last_completed_step(scorer_cache, tmp_path):
+    import signal
+
+    from scorer.train import train_drafter
+    from scorer.training_stop import TRAINED_STEPS_KEY, TrainingInterrupted
+
+    def ctrl_c_at_two(step, _loss):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    out = tmp_path / "eagle3"
+    with pytest.raises(TrainingInterrupted, match="after step 2 of 40"):
+        train_drafter(
+            scorer_cache, out, family="eagle3", steps=40, on_step=ctrl_c_at_two, layer_ids=[1, 3, 7]
+        )
+    assert json.loads((out / "config.json").read_text())[TRAINED_STEPS_KEY] == {"done": 2, "requested": 40}
