@@ -158,3 +158,19 @@ def test_a_connector_dir_holding_files_no_extraction_into_this_cache_wrote_is_re
     (conn / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="holds notes.txt"):
         check_connector_dir(conn, out)
+
+
+def test_verify_and_info_never_wait_on_a_fifo_named_like_the_writer_lock(fp32_cache, tmp_path):
+    """52.6: was: `hscache verify` (always) and `info` on an incomplete cache hung in os.open."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from hscache.cli import main as hscache_main
+
+    cache = shutil.copytree(fp32_cache, tmp_path / "c")
+    os.mkfifo(cache / WRITER_LOCK)  # the lock is not sealed: a received cache may carry anything there
+    with _no_hang(20):
+        for command in (["verify", str(cache)], ["info", str(cache)]):
+            result = CliRunner().invoke(hscache_main, command)
+            assert result.exit_code == 0, result.output
