@@ -102,7 +102,12 @@ def check_no_writer(root: Path | str) -> None:
 
     Raises:
         CacheLockedError: the same line ``writer_lock`` would raise.
+        InputError: the lock path is a link, a FIFO or another non-regular file (as ``writer_lock``).
     """
+    try:  # a link or a FIFO in its place: refused now, not after the model is loaded
+        os.close(_open_lock(Path(root) / WRITER_LOCK, os.O_RDONLY))
+    except FileNotFoundError:
+        pass
     holder = current_writer(root)
     if holder is not None:
         raise _locked_error(Path(root), holder or None)

@@ -13,7 +13,7 @@ import pytest
 
 from hscache.errors import InputError
 from hscache.store.layout import WRITER_LOCK
-from hscache.store.lock import current_writer, writer_lock
+from hscache.store.lock import check_no_writer, current_writer, writer_lock
 
 
 @contextlib.contextmanager
@@ -41,6 +41,8 @@ def test_a_symlinked_writer_lock_is_refused_and_its_target_untouched(tmp_path):
     with pytest.raises(InputError) as refused, writer_lock(root, "hscache extract"):
         pass
     assert "symbolic link" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(InputError, match="symbolic link"):
+        check_no_writer(root)  # extract's preflight: before the model loads
     assert outside.read_text() == "keep me"
     assert current_writer(root) is None
 
@@ -51,6 +53,8 @@ def test_a_fifo_writer_lock_never_blocks_a_reader_and_is_refused_to_a_writer(tmp
     os.mkfifo(root / WRITER_LOCK)
     with _no_hang():
         assert current_writer(root) is None
+        with pytest.raises(InputError, match="is a FIFO"):
+            check_no_writer(root)
         with pytest.raises(InputError, match="is a FIFO, not hscache's writer lock"), writer_lock(root, "x"):
             pass
 
