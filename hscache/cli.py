@@ -438,14 +438,14 @@ def diff(
     Example:
       hscache diff cache_fp32/ cache_bf16/ --report drift.html --json drift.json
     """
-    from hscache.store.fsio import check_output_path
     from hscache.store.open import check_cache_path
+    from hscache.store.output_paths import check_output_path
 
     for path in (cache_a, cache_b):
         check_cache_path(path)  # before torch is imported
-    for flag, path in (("--json", json_out), ("--report", report_out)):
-        if path:
-            check_output_path(path, flag)  # before the diff, not after it
+    for flag, path, kind in (("--json", json_out, "json"), ("--report", report_out, "html")):
+        if path is not None:
+            check_output_path(path, flag, kind=kind)  # before the diff, not after it
     from hscache.diff.compare import diff_caches
     from hscache.diff.report import format_report, save_json
     from hscache.progress import StepProgress

@@ -176,7 +176,7 @@ def report_outputs(document: str, page: str = "") -> Callable[[Callable], Callab
                 "--report",
                 "report_out",
                 default=None,
-                help=f"Write a self-contained HTML page here{': ' + page if page else ''}.",
+                help=f"Write a self-contained HTML page here (a .html path){': ' + page if page else ''}.",
             ),
         ]
     )

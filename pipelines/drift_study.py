@@ -351,8 +351,10 @@ def run_drift_study(config: DriftStudyConfig) -> dict[str, Any]:
         overwrite=True / --overwrite to rebuild that cache), scorer errors (an incompatible
         checkpoint), one line each.
     """
+    from hscache.store.output_paths import check_output_path
     from pipelines.drift_report import build_document, write_html
 
+    check_output_path(config.out, "--out", kind="directory")  # before the first extraction
     t0 = time.perf_counter()
     caches = build_caches(config)
     diffs = diff_all(config, caches)

@@ -15,6 +15,7 @@ naming the process, instead of training for minutes and then finding the directo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -23,12 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from hscache.errors import CacheLockedError
-from hscache.store.fsio import fsync_dir
+from hscache.store.fsio import fsync_dir, read_regular
 from hscache.store.layout import WRITER_LOCK
 from hscache.store.lock import current_writer, writer_lock
+from hscache.store.marks import manifest_problem
+from hscache.store.paths import drafter_files
 from scorer.errors import ScorerError
+from scorer.target_identity import IDENTITY_KEY
 
-__all__ = ["check_drafter_dir", "drafter_writer", "staged_drafter_dir"]
+__all__ = ["check_drafter_dir", "drafter_writer", "staged_drafter_dir", "written_here"]
 
 
 def _being_written(path: Path, holder: dict[str, Any] | None) -> ScorerError:
@@ -47,12 +51,22 @@ def _being_written(path: Path, holder: dict[str, Any] | None) -> ScorerError:
 
 
 def _check_writable(out: str | os.PathLike) -> Path:
-    """``out`` can become a drafter directory: no file in the way, no other process writing it."""
+    """``out`` can become a drafter directory: no file in the way, not a cache nor inside one, no
+    other process writing it."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ScorerError(f"{path} is a file, not a directory; pass a directory path for the drafter")
     if blocker := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
         raise ScorerError(f"{blocker} is a file, not a directory; pass a directory path for the drafter")
+    if path.is_dir() and manifest_problem(path) is None:
+        raise ScorerError(
+            f"{path} is a hidden-state cache, not a drafter directory: scorer init never replaces a cache "
+            "(--overwrite replaces only a drafter it wrote); choose a new directory for the drafter"
+        )
+    if (cache := next((p for p in path.absolute().parents if manifest_problem(p) is None), None)) is not None:
+        raise ScorerError(
+            f"{path} is inside the cache {cache}; choose a directory for the drafter outside it"
+        )
     holder = current_writer(path)
     if holder is not None and holder.get("pid") != os.getpid():  # this process's own lock is ours
         raise _being_written(path, holder)
@@ -96,20 +110,44 @@ def _recover_leftovers(path: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
+def written_here(path: Path) -> bool:
+    """Whether ``path`` holds a drafter this project wrote: its config.json (a regular file, read
+    without following a link) records the target it was made for (scorer/target_identity.py)."""
+    try:
+        config = json.loads(read_regular(Path(path) / "config.json"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(config, dict) and IDENTITY_KEY in config
+
+
 def check_drafter_dir(out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Refuse an ``out`` that is a file, that another process is writing (``drafter_writer``), or
-    a non-empty directory without ``overwrite``.
+    """Refuse an ``out`` that is a file, a cache or inside one, that another process is writing
+    (``drafter_writer``), or a non-empty directory unless ``overwrite`` and it holds a drafter this
+    project wrote (``written_here``): --overwrite replaces a drafter, never other files.
 
     Called before any expensive work (training), so a bad path costs nothing.
     """
     path = _check_writable(out)
     # The lock file of a writer (ours, or one killed) is no drafter file.
-    if path.is_dir() and not overwrite and any(p.name != WRITER_LOCK for p in path.iterdir()):
-        raise ScorerError(
-            f"{path} is not empty; pass --overwrite to replace it (the old files are removed), "
-            "or choose a new directory"
-        )
-    return path
+    held = sorted(p.name for p in path.iterdir() if p.name != WRITER_LOCK) if path.is_dir() else []
+    if not held:
+        return path
+    if written_here(path):
+        if not overwrite:
+            raise ScorerError(
+                f"{path} is not empty; pass --overwrite to replace it (the old files are removed), "
+                "or choose a new directory"
+            )
+        return path
+    what = (
+        f"a drafter this project did not write ({', '.join(files)}; its config.json records no {IDENTITY_KEY})"
+        if (files := drafter_files(path))
+        else f"files that are not a drafter ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''})"
+    )
+    raise ScorerError(
+        f"{path} is not empty: it holds {what}; --overwrite replaces only a drafter scorer wrote, so "
+        "nothing was touched: choose a new directory (or move those files away)"
+    )
 
 
 @contextlib.contextmanager

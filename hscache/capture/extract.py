@@ -76,6 +76,7 @@ from hscache.store.layout import (
     sampled_array_specs,
 )
 from hscache.store.lock import writer_lock
+from hscache.store.marks import write_connector_mark
 from hscache.store.reader import read_manifest
 from hscache.store.run_log import encode_run_log, read_run_log
 from hscache.store.sampling import GREEDY, SAMPLING_PARAMETERS, SamplingSetting
@@ -724,6 +725,8 @@ def _engine_for(config: ExtractConfig, target: Target, settings: dict[str, Any])
     from hscache.engines.vllm.capture import VllmCapture, model_directory
 
     directory = model_directory(config.model, target.weights_sha256)
+    if config.connector_dir:  # checked in preflight: new, empty, or this cache's own files
+        write_connector_mark(Path(config.connector_dir), Path(config.out))
     return VllmCapture(
         directory,
         config.dtype,

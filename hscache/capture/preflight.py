@@ -30,6 +30,7 @@ from hscache.errors import InputError, ModelNotFoundError, PromptFileError, Resu
 from hscache.store.cache_dir import check_out_dir
 from hscache.store.layout import COMPRESSIONS
 from hscache.store.lock import check_no_writer
+from hscache.store.marks import check_connector_dir
 from hscache.store.paths import enclosing_cache
 from hscache.store.reader import read_manifest
 from hscache.store.sampling import SamplingSetting
@@ -90,6 +91,8 @@ def check_extract_request(config: ExtractRequest) -> None:
     if not is_url(config.out):
         out = shard_path(config.out, *config.shard) if config.shard else Path(config.out)
         _check_out(out, config.overwrite)
+        if getattr(config, "connector_dir", None):
+            check_connector_dir(Path(config.connector_dir), out)
         if out.is_dir() and not config.overwrite:
             _check_resume_settings(out, config, layer_ids)
     if config.tokens_from:

@@ -42,6 +42,7 @@ from hscache.store import fsio, jsonio
 from hscache.store.cache_dir import write_provenance
 from hscache.store.layout import DEFAULT_COMPRESSION, IMPORTING_MARK, WRITER_LOCK, ArraySpec, spec_for
 from hscache.store.lock import writer_lock
+from hscache.store.marks import clear_marked_dir, write_mark
 from hscache.store.paths import check_empty_out
 from hscache.store.run_log import encode_run_log
 from hscache.store.writer import SequenceRows, StoreWriter
@@ -421,11 +422,11 @@ def write_imported_cache(
     """
     command = "the same `hscache import` command"
     with writer_lock(out, "hscache import"):  # one writer per cache, from before the emptiness check
-        if (Path(out) / IMPORTING_MARK).is_file():
-            _empty(out)  # our own import, killed: it is started over (nothing else was in --out)
+        if (Path(out) / IMPORTING_MARK).exists() or (Path(out) / IMPORTING_MARK).is_symlink():
+            # our own import, killed: what its mark records is deleted, anything else refused
+            clear_marked_dir(Path(out), IMPORTING_MARK)
         out = check_fresh_dir(out)
-        (out / IMPORTING_MARK).write_bytes(b"")
-        fsio.fsync_dir(out)
+        write_mark(out, IMPORTING_MARK)
         try:
             result = _write_imported(
                 out,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hscache.diff.report import DiffReport, LayerDrift
 from hscache.report.svg import Series, bar_chart, gradient, line_chart
+from hscache.store.output_paths import GENERATOR_META
 
 __all__ = [
     "LAYER_TYPE_COLORS",
@@ -240,9 +241,10 @@ def _provenance_table(report: DiffReport) -> str:
 
 
 def html_page(title: str, body: Sequence[str]) -> str:
-    """A whole self-contained page (inline CSS, nothing fetched) around the HTML fragments ``body``."""
+    """A whole self-contained page (inline CSS, nothing fetched) around the HTML fragments ``body``;
+    its generator tag marks it as ours, which a later --report may replace (store/output_paths.py)."""
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{GENERATOR_META}<title>{escape(title)}</title>'
         f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
 

@@ -1,8 +1,10 @@
 """The cache directory itself: the creation mark of a fresh run, ``--overwrite``, and ``provenance.json``.
 
-A fresh extraction first empties ``--out`` and writes ``.hscache-creating`` (layout.CREATING_MARK);
-the first durable manifest removes it (store/writer.py). A directory with the mark and no
-manifest is therefore a fresh run killed early: everything in it is ours to delete.
+A fresh extraction writes ``.hscache-creating`` (layout.CREATING_MARK) into an empty ``--out``,
+recording its nonce and the entries it creates (store/marks.py); the first durable manifest removes
+it (store/writer.py). A directory with the mark and no manifest is therefore a fresh run killed
+early: what the mark records is ours to delete, anything else there is named and kept.
+``--overwrite`` empties only a directory whose manifest parses as an hscache manifest.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any
 
 from hscache import schemas
 from hscache.errors import InputError
-from hscache.store import fsio, jsonio
+from hscache.store import jsonio
 from hscache.store.layout import CREATING_MARK, MANIFEST, PROVENANCE, WRITER_LOCK
+from hscache.store.marks import check_marked_dir, clear_marked_dir, manifest_problem, write_mark
 from hscache.store.paths import drafter_files
 from hscache.store.writer import StoreWriter
 
@@ -32,7 +35,14 @@ def clear_for_overwrite(out: Path) -> None:
     if not out.exists():
         return
     check_out_dir(out, overwrite=True)
-    _empty(out)
+    if _has(out, MANIFEST):
+        _empty(out)  # a proven cache: --overwrite replaces it whole
+    elif _has(out, CREATING_MARK):
+        clear_marked_dir(out, CREATING_MARK)
+
+
+def _has(out: Path, name: str) -> bool:
+    return (out / name).exists() or (out / name).is_symlink()
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -40,10 +50,22 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     empty, without touching it: what ``prepare_fresh_dir`` and ``clear_for_overwrite`` would refuse.
 
     Raises:
-        InputError: ``out`` holds files but no cache and no creation mark (naming a drafter or
+        InputError: ``out`` holds files but no hscache manifest (one that parses as ours) and no
+            creation mark of ours, or files its killed run did not create (naming a drafter or
             model directory as such).
     """
-    if not out.is_dir() or (out / MANIFEST).is_file() or (out / CREATING_MARK).is_file():
+    if not out.is_dir():
+        return
+    if _has(out, MANIFEST):
+        if (problem := manifest_problem(out)) is None:
+            return
+        verb = "--overwrite deletes only hscache caches, and" if overwrite else "an existing"
+        raise InputError(
+            f"{verb} --out {out} {problem}: it is not a cache, so nothing was touched; "
+            "choose an empty or new directory"
+        )
+    if _has(out, CREATING_MARK):
+        check_marked_dir(out, CREATING_MARK)
         return
     if not _contents(out):
         return
@@ -76,16 +98,16 @@ def prepare_fresh_dir(out: Path) -> None:
     """Make ``out`` an empty directory carrying the creation mark (see layout.CREATING_MARK).
 
     Raises:
-        InputError: ``out`` holds files but no cache and no creation mark.
+        InputError: ``out`` holds files but no cache and no creation mark of ours, or files
+            besides those its killed run recorded creating (named; nothing is deleted).
     """
     if out.exists() and _contents(out):
         check_out_dir(out, overwrite=False)
-        # A fresh run was killed before its first manifest: it committed nothing, and the
-        # directory was empty when the mark was written, so everything in it is ours.
-        _empty(out)
+        # A fresh run was killed before its first manifest: it committed nothing; what its mark
+        # records creating is deleted, and check_out_dir refused anything else.
+        clear_marked_dir(out, CREATING_MARK)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CREATING_MARK).write_bytes(b"")
-    fsio.fsync_dir(out)
+    write_mark(out, CREATING_MARK)
 
 
 def read_provenance(root: Path) -> dict[str, Any]:

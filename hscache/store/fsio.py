@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "check_output_path",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_with",
@@ -30,23 +29,6 @@ __all__ = [
     "read_regular",
     "TEMP_MARK",
 ]
-
-
-def check_output_path(path: str | os.PathLike, flag: str, *, directory: bool = False) -> None:
-    """Refuse, before any work, an output path that cannot be created because it, or a folder
-    above it, is a file (the write would fail at the end with a traceback or misleading advice).
-
-    Raises:
-        InputError: naming ``flag`` and the file in the way.
-    """
-    from hscache.errors import InputError
-
-    path = Path(path)
-    if blocker := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
-        raise InputError(f"{flag} {path}: {blocker} is a file, not a directory; choose another path")
-    if path.exists() and path.is_dir() != directory:
-        what = "a directory" if path.is_dir() else "a file"
-        raise InputError(f"{flag} {path} is {what}; choose a {'directory' if directory else 'file'} path")
 
 
 # Every temp file hscache creates contains this mark, so a resume can find and delete leftovers.

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,44 @@ def _read_info(fd: int) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
+# The lock is opened without following a link (a cache received from someone else may carry a link
+# named like it, pointing anywhere: the writer would truncate and overwrite its target) and without
+# blocking (a FIFO named like it would wait forever for a writer at its other end).
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _not_a_lock(path: Path, what: str) -> InputError:
+    return InputError(
+        f"{path} is {what}, not hscache's writer lock (a regular file a writer creates); hscache never "
+        "makes one: remove it by hand and re-run"
+    )
+
+
+def _open_lock(path: Path, flags: int) -> int:
+    """``os.open(path, flags)`` on the lock file, refused unless it is a regular file, the link
+    itself never followed and a FIFO never waited on (fstat on the descriptor: no swap slips in).
+
+    Raises:
+        InputError: ``path`` is a link, a FIFO, a directory, a socket or a device (one line).
+        OSError: any other failure to open it.
+    """
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or path.is_symlink():
+            raise _not_a_lock(path, "a symbolic link") from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO opened for writing, no reader
+            raise _not_a_lock(path, "a directory" if exc.errno == errno.EISDIR else "a FIFO") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+        raise _not_a_lock(path, next((w for test, w in kinds if test(mode)), "a device"))
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _locked_error(root: Path, info: dict[str, Any] | None) -> CacheLockedError:
     return CacheLockedError(
         f"{root} is being written by {_holder_text(info)}; one writer per cache: wait for it to "
@@ -63,7 +102,12 @@ def check_no_writer(root: Path | str) -> None:
 
     Raises:
         CacheLockedError: the same line ``writer_lock`` would raise.
+        InputError: the lock path is a link, a FIFO or another non-regular file (as ``writer_lock``).
     """
+    try:  # a link or a FIFO in its place: refused now, not after the model is loaded
+        os.close(_open_lock(Path(root) / WRITER_LOCK, os.O_RDONLY))
+    except FileNotFoundError:
+        pass
     holder = current_writer(root)
     if holder is not None:
         raise _locked_error(Path(root), holder or None)
@@ -125,7 +169,7 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
 
     Raises:
         CacheLockedError: another live process holds the lock (one line naming it).
-        InputError: ``root`` is a file.
+        InputError: ``root`` is a file, or its lock path is not a regular file (a link, a FIFO...).
     """
     root = Path(root)
     if root.exists() and not root.is_dir():
@@ -133,7 +177,11 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
     created = _make_directories(root)
     path = root / WRITER_LOCK
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
+        except InputError:
+            _remove_empty(created)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -172,11 +220,12 @@ def writer_lock(root: Path | str, command: str) -> Iterator[None]:
 
 def current_writer(root: Path | str) -> dict[str, Any] | None:
     """The recorded details (pid, host, command, started_at) of the live process writing the cache at
-    ``root``; ``None`` when nobody holds its lock (a file left by a killed writer does not count)."""
+    ``root``; ``None`` when nobody holds its lock (a file left by a killed writer does not count, nor
+    a link or a FIFO in its place, which is never followed nor waited on: ``writer_lock`` refuses it)."""
     path = Path(root) / WRITER_LOCK
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = _open_lock(path, os.O_RDONLY)
+    except (OSError, InputError):
         return None
     try:
         try:

@@ -88,17 +88,23 @@ def check_source_dir(path: str | Path, fmt: str) -> Path:
 
 def check_empty_out(out: str | Path, flag: str = "--out", *, restart_mark: str | None = None) -> None:
     """An output directory that must be new or empty (export, import), checked without creating it.
-    ``restart_mark``: a file whose presence marks our own killed run, which may be started over.
+    ``restart_mark``: a file whose presence marks our own killed run, which may be started over
+    (when hscache wrote it and ``out`` holds only what that run created: store/marks.py).
 
     Raises:
         InputError: a file is in the way, or ``out`` holds other files.
     """
+    from hscache.store.marks import check_marked_dir
+
     out = Path(out)
     if blocker := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
         raise InputError(f"{flag} {out}: {blocker} is a file, not a directory; choose another path")
     if out.exists() and not out.is_dir():
         raise InputError(f"{flag} {out} is a file; choose a new or empty directory")
-    if not out.is_dir() or (restart_mark and (out / restart_mark).is_file()):
+    if not out.is_dir():
+        return
+    if restart_mark and ((out / restart_mark).exists() or (out / restart_mark).is_symlink()):
+        check_marked_dir(out, restart_mark, flag)
         return
     if any(p.name != WRITER_LOCK for p in out.iterdir()):
         raise InputError(f"{flag} {out} exists and is not empty; choose a new or empty directory")

@@ -28,20 +28,25 @@ __all__ = ["init"]
 def writes_drafter(command: Callable) -> Callable:
     """Run a command that writes a drafter to its ``out`` as that directory's one writer
     (scorer/drafter_dir.py: a second one is refused at once, naming this process), and answer
-    Ctrl-C with what was kept instead of click's bare "Aborted!"."""
+    Ctrl-C with what was kept instead of click's bare "Aborted!": while training, the drafter of
+    the last completed step (scorer/training_stop.py); else nothing."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from scorer.drafter_dir import drafter_writer
+        from scorer.training_stop import TrainingInterrupted
 
         out = kwargs["out"]
         before = "did not exist" if not Path(out).exists() else "is as it was"
         try:
             with drafter_writer(out, command=f"scorer init --family {kwargs['family']}"):
                 return command(*args, **kwargs)
+        except TrainingInterrupted as stopped:
+            click.echo(f"\n{stopped}", err=True)
+            sys.exit(130)
         except KeyboardInterrupt:
-            # A drafter is published by one rename at the very end (scorer/drafter_dir.py), so an
-            # interrupted run has saved nothing.
+            # A drafter is published by one rename at the very end (scorer/drafter_dir.py), so a run
+            # interrupted outside training (or by a second Ctrl-C) has saved nothing.
             click.echo(f"\ninterrupted: nothing was saved; {out} {before}", err=True)
             sys.exit(130)
 

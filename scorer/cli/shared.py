@@ -111,13 +111,17 @@ DRAFT_SAMPLING = click.Choice(list(DRAFT_SAMPLE_METHODS))
 
 def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
     """Every output path of a command checked before its work (hscache's one definition,
-    ``check_output_path``): ``flag=path`` pairs, e.g. ``json=...`` for ``--json``; the flags named
-    in ``directories`` take a directory, the others a file."""
-    from hscache.store.fsio import check_output_path
+    ``check_output_path``, hscache/store/output_paths.py): ``flag=path`` pairs, e.g. ``json=...``
+    for ``--json`` (a JSON report), ``report=...`` (an HTML page); the flags named in
+    ``directories`` take a directory. A flag given an empty path is refused, not ignored."""
+    from hscache.store.output_paths import check_output_path
 
     for flag, path in paths.items():
-        if path:
-            check_output_path(path, "--" + flag.replace("_", "-"), directory=flag in directories)
+        if path is not None:
+            kind = (
+                "directory" if flag in directories else {"json": "json", "report": "html"}.get(flag, "file")
+            )
+            check_output_path(path, "--" + flag.replace("_", "-"), kind=kind)
 
 
 def write_json(path: str | None, document: dict) -> None:

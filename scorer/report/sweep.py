@@ -16,6 +16,7 @@ from typing import Any
 
 from hscache.report.svg import Series, gradient, line_chart
 from hscache.store import fsio
+from hscache.store.output_paths import GENERATOR_META
 
 __all__ = ["report_row", "write_outputs"]
 
@@ -139,7 +140,7 @@ def _html(document: dict[str, Any]) -> str:
     scored = max((r["requests"] for r in rows if r["requests"] is not None), default=held)
     sequences = f"{scored} sequences" if scored == held else f"{scored} of its {held} sequences scored"
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{GENERATOR_META}<title>{title}</title>'
         "<style>body{font-family:system-ui,sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
         "</style></head><body>"
         f"<h1>{title}</h1><p>cache {escape(document['cache']['path'])} ({sequences}), "

@@ -56,8 +56,14 @@ def test_init_refuses_a_file_and_a_non_empty_directory_and_replaces_whole(scorer
     result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache)])
     _one_line_error(result, "is not empty", "--overwrite")
     assert sorted(p.name for p in out.iterdir()) == ["stale.safetensors"]
+    # Issue 51.1 / 52.7: --overwrite replaces only a drafter scorer wrote, not a stray weights file.
     result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache), "--overwrite"])
-    assert result.exit_code == 0, result.output
+    _one_line_error(result, "not a drafter (stale.safetensors)", "replaces only a drafter scorer wrote")
+    assert sorted(p.name for p in out.iterdir()) == ["stale.safetensors"]
+    (out / "stale.safetensors").unlink()
+    for extra in ((), ("--overwrite",)):  # written, then replaced: a drafter of ours
+        result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache), *extra])
+        assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert not list(tmp_path.glob(".drafter.*"))  # no staging or retired directory left behind
     recorded = json.loads((out / "config.json").read_text())[IDENTITY_KEY]

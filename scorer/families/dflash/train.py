@@ -29,6 +29,7 @@ from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dflash.model import DFlashDrafter
 from scorer.offline.sequences import sequence_features
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
+from scorer.training_stop import TrainingInterrupted, stop_on_interrupt, trained_steps
 
 __all__ = ["DFlashTrainConfig", "train_dflash", "training_batch"]
 
@@ -184,8 +185,15 @@ def train_dflash(
     which ``scorer.train_drafter`` passes: no file written; chain anchors, no DDTree) and
     ``on_eval(step, report)`` gets the eval report.
 
+    A first Ctrl-C stops after the step in progress and saves the drafter of that step
+    (scorer/training_stop.py); its config.json, as every trained one's, records the steps done and
+    requested.
+
     Returns:
         {"config", "steps", "final_loss", "seconds", "tau_history": [(step, pooled tau), ...]}.
+
+    Raises:
+        TrainingInterrupted: after saving, when Ctrl-C stopped the training early.
     """
     check_drafter_dir(out, config.overwrite)  # before the training, not after it
     if config.loss_decay_gamma is not None and config.loss_decay_gamma < 0:
@@ -232,31 +240,37 @@ def train_dflash(
     gen = torch.Generator().manual_seed(config.seed)
     t0, loss, tau_history = time.perf_counter(), torch.tensor(0.0), []
     memo: dict = {}
-    for step in range(1, config.steps + 1):
-        features, anchors, blocks, targets = training_batch(
-            data, rows, index, drafter, config.anchors_per_step, gen, memo, config.prompt_anchors
-        )
-        logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
-        per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
-        weights = slot_weight[None] * (targets != -100)
-        loss = (per_slot * weights).sum() / weights.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if config.log_every and step % config.log_every == 0:
-            print(f"step {step}/{config.steps} loss {loss.item():.3f}", flush=True)
-        if on_step is not None:
-            on_step(step, float(loss.detach()))
-        if config.eval_every and step % config.eval_every == 0:
-            report = evaluate(drafter, cache, limit=config.eval_limit)  # a copy, in eval mode
-            tau_history.append((step, report["tau"]["pooled"]))
-            if on_eval is not None:
-                on_eval(step, report)
+    done = 0
+    with stop_on_interrupt() as stop:  # Ctrl-C: finish the step in progress, save, say so
+        for step in range(1, config.steps + 1):
+            features, anchors, blocks, targets = training_batch(
+                data, rows, index, drafter, config.anchors_per_step, gen, memo, config.prompt_anchors
+            )
+            logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
+            per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
+            weights = slot_weight[None] * (targets != -100)
+            loss = (per_slot * weights).sum() / weights.sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if config.log_every and step % config.log_every == 0:
+                print(f"step {step}/{config.steps} loss {loss.item():.3f}", flush=True)
+            if on_step is not None:
+                on_step(step, float(loss.detach()))
+            if config.eval_every and step % config.eval_every == 0:
+                report = evaluate(drafter, cache, limit=config.eval_limit)  # a copy, in eval mode
+                tau_history.append((step, report["tau"]["pooled"]))
+                if on_eval is not None:
+                    on_eval(step, report)
+            done = step
+            if stop.requested:
+                break
     weights = {k: v.detach() for k, v in drafter.state_dict().items()}
+    extra = {IDENTITY_KEY: cache_target_identity(cache), **trained_steps(done, config.steps)}
     with staged_drafter_dir(out, config.overwrite) as staging:
-        save_hf_checkpoint(
-            staging, drafter_config, weights, extra_config={IDENTITY_KEY: cache_target_identity(cache)}
-        )
+        save_hf_checkpoint(staging, drafter_config, weights, extra_config=extra)
+    if done < config.steps:
+        raise TrainingInterrupted(done, config.steps, out)
     return {
         "config": drafter_config,
         "steps": config.steps,

@@ -22,6 +22,7 @@ from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
 from scorer.offline.sequences import check_has_target, layer_fit_problem
 from scorer.rules.expectation import target_to_draft_index
+from scorer.training_stop import TrainingInterrupted, stop_on_interrupt, trained_steps
 
 __all__ = ["draft_vocabulary", "train_eagle3"]
 
@@ -68,7 +69,9 @@ def train_eagle3(
 ) -> dict[str, Any]:
     """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
     (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``);
-    ``on_step(step, loss)`` after each optimizer step (progress)."""
+    ``on_step(step, loss)`` after each optimizer step (progress). A first Ctrl-C stops after the
+    step in progress, saves that drafter (its config.json records the steps done and requested, as
+    every trained one's does) and raises TrainingInterrupted (scorer/training_stop.py)."""
     check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
     check_has_target(cache, str(cache_path), need_argmax=True)
@@ -90,24 +93,33 @@ def train_eagle3(
     drafter.attach_embedding(head["embed_tokens"].float(), d2t)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
     loss = torch.tensor(0.0)
-    for step in range(steps):
-        features, x, a = sequences[step % len(sequences)]
-        a = to_draft[a]  # the head's classes: draft ids, -1 where the draft vocabulary lacks the token
-        rows = len(x) - 2
-        normed, fed, kv0 = drafter.step0(features, x, rows)
-        index_rows = torch.arange(rows)
-        loss = _cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
-        own: list[list] = [[] for _ in drafter.layers]
-        for j in range(1, ttt_steps):
-            tokens = x[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
-            normed, fed = drafter.step(index_rows, tokens, fed, j, kv0, own)
-            target = a[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
-            valid = index_rows + 1 + j <= len(x) - 1
-            loss = loss + _cross_entropy(drafter.head_logits(normed)[valid], target[valid])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if on_step is not None:
-            on_step(step + 1, float(loss.detach()))
-    publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout, d2t)
+    done = 0
+    with stop_on_interrupt() as stop:  # Ctrl-C: finish the step in progress, save, say so
+        for step in range(steps):
+            features, x, a = sequences[step % len(sequences)]
+            a = to_draft[a]  # the head's classes: draft ids, -1 where the draft vocabulary lacks the token
+            rows = len(x) - 2
+            normed, fed, kv0 = drafter.step0(features, x, rows)
+            index_rows = torch.arange(rows)
+            loss = _cross_entropy(drafter.head_logits(normed), a[1 : rows + 1])
+            own: list[list] = [[] for _ in drafter.layers]
+            for j in range(1, ttt_steps):
+                tokens = x[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
+                normed, fed = drafter.step(index_rows, tokens, fed, j, kv0, own)
+                target = a[torch.clamp(index_rows + 1 + j, max=len(x) - 1)]
+                valid = index_rows + 1 + j <= len(x) - 1
+                loss = loss + _cross_entropy(drafter.head_logits(normed)[valid], target[valid])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if on_step is not None:
+                on_step(step + 1, float(loss.detach()))
+            done = step + 1
+            if stop.requested:
+                break
+    publish_eagle3(
+        out, overwrite, cache, config, drafter.state_dict(), layout, d2t, trained_steps(done, steps)
+    )
+    if done < steps:
+        raise TrainingInterrupted(done, steps, out)
     return {"final_loss": float(loss.detach()), "config": config}
