@@ -1,0 +1,78 @@
+"""Issue 52, faults and hostile input round six: the store's and the importers' side.
+
+Each test failed before its fix. The caches are the session fixtures (tests/hscache/conftest.py,
+tests/conftest.py), copied where a test edits them; CLI runs are in-process (CliRunner).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import hscache
+from hscache.errors import CacheFormatError
+from hscache.store import integrity
+from hscache.store.index import parquet_bytes
+
+
+def _lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.strip()]
+
+
+def _one_line_refusal(result, code: int = 2) -> bool:
+    lines = _lines(result)
+    return (
+        result.exit_code == code
+        and "Traceback" not in result.output
+        and len(lines) == 1
+        and lines[0].startswith("error: ")
+    )
+
+
+def _same_size_part(part: Path, change) -> None:
+    """Rewrite index part ``part`` with ``change(table)``, padded through its footer metadata to the
+    very size it had: a forged part that only a hash tells from the original."""
+    size, table = part.stat().st_size, change(pq.read_table(part))
+    for pad in range(0, 4096):
+        forged = parquet_bytes(table.replace_schema_metadata({"p": "x" * pad} if pad else None))
+        if len(forged) >= size:
+            break
+    assert len(forged) == size, (len(forged), size)
+    part.write_bytes(forged)
+
+
+# 1. An index part over 16 MiB (here: over a lowered bound) is hashed before it is parsed.
+def test_an_index_part_over_the_small_file_bound_is_hashed_before_it_is_parsed(
+    small_cache, tmp_path, monkeypatch
+):
+    root = small_cache.copy(tmp_path / "cache")
+    clean = hscache.open_cache(root)
+    prompt = clean.index.column("prompt_len").to_pylist()
+    monkeypatch.setattr(integrity, "SMALL_FILE_BYTES", 64)  # every part is "big": size-checked at open
+
+    def change(table: pa.Table) -> pa.Table:
+        i = table.column_names.index("prompt_len")
+        edited = pa.array([prompt[0] - 1, *prompt[1:]], table.schema.field(i).type)
+        return table.set_column(i, "prompt_len", edited)
+
+    _same_size_part(root / clean.manifest["index_parts"][0], change)
+    with pytest.raises(CacheFormatError, match="does not match its sha256"):
+        hscache.open_cache(root)
+
+
+# 2. An array's zarr.json swapped after open: zarr decodes with the metadata that was hashed.
+def test_an_array_metadata_swapped_after_open_is_not_what_the_rows_are_decoded_with(small_cache, tmp_path):
+    root = small_cache.copy(tmp_path / "cache")
+    clean = hscache.open_cache(root).target_argmax(0)
+    cache = hscache.open_cache(root)
+    meta_path = root / "arrays" / "target_argmax" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["data_type"] = "float32"
+    meta_path.write_text(json.dumps(meta))
+    assert cache.target_argmax(0).tolist() == clean.tolist()
+    assert cache.array("target_argmax").dtype == np.dtype(cache.specs["target_argmax"].stored_dtype)
