@@ -13,8 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zarr
+from click.testing import CliRunner
 
 import hscache
+from hscache.cli import main as hscache_main
 from hscache.errors import CacheFormatError
 from hscache.store import integrity
 from hscache.store.index import parquet_bytes
@@ -76,3 +79,22 @@ def test_an_array_metadata_swapped_after_open_is_not_what_the_rows_are_decoded_w
     meta_path.write_text(json.dumps(meta))
     assert cache.target_argmax(0).tolist() == clean.tolist()
     assert cache.array("target_argmax").dtype == np.dtype(cache.specs["target_argmax"].stored_dtype)
+
+
+def _rewrite_rows(array_dir: Path, rows: int = 4) -> None:
+    """Zero the first ``rows`` rows of the array at ``array_dir`` through zarr: valid crc32c, other
+    values, the manifest's chunk hashes left as they were."""
+    array = zarr.open_array(str(array_dir), mode="r+")
+    array[:rows] = np.zeros_like(np.asarray(array[:rows]))
+
+
+# 3. `hscache merge --into` checks each chunk's sha256 before it copies (and reseals) the rows.
+def test_merge_into_refuses_a_shard_rewritten_with_a_valid_crc32c(small_cache, tmp_path):
+    from tests.hscache.test_cache_contract import split_into_shards
+
+    sharded = split_into_shards(hscache.open_cache(small_cache.path), tmp_path / "sharded", 2)
+    shard = sorted(p for p in sharded.iterdir() if p.is_dir())[0]
+    _rewrite_rows(shard / "arrays" / "target_argmax")
+    result = CliRunner().invoke(hscache_main, ["merge", str(sharded), "--into", str(tmp_path / "merged")])
+    assert _one_line_refusal(result) and "does not match its sha256" in result.output, result.output
+    assert not (tmp_path / "merged" / "manifest.json").exists()
