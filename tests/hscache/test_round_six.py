@@ -98,3 +98,19 @@ def test_merge_into_refuses_a_shard_rewritten_with_a_valid_crc32c(small_cache, t
     result = CliRunner().invoke(hscache_main, ["merge", str(sharded), "--into", str(tmp_path / "merged")])
     assert _one_line_refusal(result) and "does not match its sha256" in result.output, result.output
     assert not (tmp_path / "merged" / "manifest.json").exists()
+
+
+# 4. hscache.data.open_xarray reads through the checked reader: rows that fail their sha256 are refused.
+def test_the_xarray_view_refuses_rows_whose_sha256_does_not_match(small_cache, tmp_path):
+    from hscache.data import open_xarray
+
+    root = small_cache.copy(tmp_path / "cache")
+    clean = open_xarray(root)["target_argmax"].values
+    assert (
+        clean.tolist()
+        == np.concatenate([hscache.open_cache(root).target_argmax(i).numpy() for i in range(12)]).tolist()
+    )
+    array = zarr.open_array(str(root / "arrays" / "target_argmax"), mode="r+")
+    array[5] = int(array[5]) + 1  # valid crc32c, the manifest's chunk hash left as it was
+    with pytest.raises(CacheFormatError, match="does not match its sha256"):
+        open_xarray(root)["target_argmax"].load()
