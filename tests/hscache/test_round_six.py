@@ -7,6 +7,7 @@ tests/conftest.py), copied where a test edits them; CLI runs are in-process (Cli
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,154 @@ def test_the_xarray_view_refuses_rows_whose_sha256_does_not_match(small_cache, t
     array[5] = int(array[5]) + 1  # valid crc32c, the manifest's chunk hash left as it was
     with pytest.raises(CacheFormatError, match="does not match its sha256"):
         open_xarray(root)["target_argmax"].load()
+
+
+class _FifoWatchdog:
+    """Open the FIFOs' write ends after ``seconds`` if the code under test is still waiting on them,
+    so a regression fails the test instead of hanging the suite (a blocked open or read returns)."""
+
+    def __init__(self, fifos: list[Path], seconds: float = 20.0):
+        import threading
+
+        self.fired = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(fifos, seconds), daemon=True)
+
+    def _run(self, fifos: list[Path], seconds: float) -> None:
+        if self._done.wait(seconds):
+            return
+        self.fired = True
+        for fifo in fifos:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+    def __enter__(self) -> _FifoWatchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _connector_file(path: Path, header_edit=None) -> Path:
+    """A vLLM connector file (4 positions, 2 layers, 8 wide), its header changed by ``header_edit``."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"hidden_states": torch.randn(4, 2, 8), "token_ids": torch.arange(4)}, str(path))
+    if header_edit is not None:
+        data = path.read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + n])
+        header_edit(header)
+        text = json.dumps(header).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n :])
+    return path
+
+
+def _entry(name: str, value):
+    return lambda header: header.__setitem__(name, value)
+
+
+def _offsets(value):
+    return lambda header: header["token_ids"].__setitem__("data_offsets", value)
+
+
+# 10 and 16: `hscache import --format vllm`: a FIFO never waited on; hostile headers, one line each.
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("fifo", "a FIFO, not a regular file"),
+        ("directory", "a directory, not a regular file"),
+        ("number entry", "tensor token_ids has an inconsistent header entry"),
+        ("empty offsets", "tensor token_ids has an inconsistent header entry"),
+        ("string offsets", "tensor token_ids has an inconsistent header entry"),
+    ],
+)
+def test_hostile_vllm_connector_files_are_one_line_each(tmp_path, case, message):
+    source = tmp_path / "files"
+    source.mkdir()
+    _connector_file(source / "0-ab12.safetensors")
+    bad = source / "1-ab12.safetensors"
+    if case == "fifo":
+        os.mkfifo(bad)
+    elif case == "directory":
+        bad.mkdir()
+    else:
+        edit = {
+            "number entry": _entry("token_ids", 5),
+            "empty offsets": _offsets([]),
+            "string offsets": _offsets("ab"),
+        }
+        _connector_file(bad, edit[case])
+    args = ["import", "--format", "vllm", str(source), "--out", str(tmp_path / "out"), "--layer-ids", "2,4"]
+    with _FifoWatchdog([bad] if case == "fifo" else []) as watchdog:
+        result = CliRunner().invoke(hscache_main, args)
+    assert not watchdog.fired, "the import waited on a FIFO"
+    assert _one_line_refusal(result) and message in result.output, result.output
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def _model_dir(root: Path, text: str) -> Path:
+    root.mkdir()
+    (root / "config.json").write_text(text)
+    return root
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+# 16: a target/model config.json that is not a model config: one line from import --target and extract --model.
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"num_hidden_layers": 8, "hidden_size": 8}', "vocab_size is missing, not a positive integer"),
+        ('{"vocab_size": "512", "num_hidden_layers": 8, "hidden_size": 8}', 'vocab_size is "512"'),
+        (DEEP, "is not valid JSON (nested too deeply"),
+        ("[1, 2]", "holds a JSON list, not an object"),
+        ("{bad", "is not valid JSON"),
+    ],
+)
+def test_a_model_config_that_is_not_one_is_refused_in_one_line(tmp_path, text, message):
+    model = _model_dir(tmp_path / "model", text)
+    source = tmp_path / "files"
+    source.mkdir()
+    _connector_file(source / "0-ab12.safetensors")
+    imported = CliRunner().invoke(
+        hscache_main,
+        ["import", "--format", "vllm", str(source), "--out", str(tmp_path / "out"), "--layer-ids", "2,4"]
+        + ["--target", str(model)],
+    )
+    assert _one_line_refusal(imported) and message in imported.output, imported.output
+    if "vocab_size" not in message:  # extract reads the config only to load it (transformers checks fields)
+        extracted = CliRunner().invoke(
+            hscache_main, ["extract", "--model", str(model), "--out", str(tmp_path / "x")]
+        )
+        assert _one_line_refusal(extracted) and message in extracted.output, extracted.output
+
+
+# 15 and 16: flags that must be refused before any work, in one short line.
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["extract", "--layers", "dflash:30000000"], "too small for 30000000 DFlash features"),
+        (["extract", "--layers", "dflash:" + "9" * 5000], "expected dflash:N with N a positive integer"),
+        (["extract", "--chunk-mb", "nan"], "'nan' is not a finite number"),
+        (["extract", "--memory-gb", "nan"], "'nan' is not a finite number"),
+        (
+            ["diff", "a", "b", "--position-buckets", "0,99999999999999999999"],
+            "past the longest possible sequence",
+        ),
+    ],
+)
+def test_absurd_flags_are_refused_before_any_work(tmp_path, args, message):
+    if args[0] == "extract":
+        args = [*args, "--out", str(tmp_path / "out"), "--limit", "1", "--max-new-tokens", "1"]
+    result = CliRunner().invoke(hscache_main, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    errors = [line for line in _lines(result) if line.lower().startswith("error")]
+    assert len(errors) == 1 and message in errors[0] and len(errors[0]) < 400, result.output
+    assert not (tmp_path / "out" / "manifest.json").exists()
