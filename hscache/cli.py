@@ -397,8 +397,12 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
         raise click.BadParameter(
             f"{value!r} is not a comma-separated list of integers, e.g. 0,16,64,256"
         ) from None
-    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
-        raise click.BadParameter(f"{value!r} must begin at 0 and increase strictly, e.g. 0,16,64,256")
+    from hscache.diff.stats import check_bucket_starts
+
+    try:
+        check_bucket_starts(starts)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value[:80]!r}: {exc}, e.g. 0,16,64,256") from None
     return starts
 
 

@@ -9,6 +9,7 @@ the scorer's own shared options are in scorer/cli/shared.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,6 +19,7 @@ from hscache.capture import BACKENDS, BUILTIN_TARGETS
 from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = [
+    "FiniteFloatRange",
     "allow_unsealed_option",
     "apply_options",
     "backend_option",
@@ -48,6 +50,16 @@ def apply_options(options: Iterable[Callable[[Callable], Callable]]) -> Callable
     return decorate
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (nan compares false with every bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def number_option(
     flag: str, default: float, help: str, *, minimum: float = 0, min_open: bool = False, name: str = ""
 ) -> Callable[[Callable], Callable]:
@@ -56,7 +68,7 @@ def number_option(
     kind = (
         click.IntRange(min=int(minimum))
         if isinstance(default, int)
-        else click.FloatRange(min=minimum, min_open=min_open)
+        else FiniteFloatRange(min=minimum, min_open=min_open)  # --chunk-mb nan was a ValueError
     )
     return click.option(flag, *filter(None, [name]), default=default, show_default=True, type=kind, help=help)
 

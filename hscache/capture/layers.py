@@ -20,6 +20,12 @@ def dflash_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
         raise LayerSpecError(f"dflash:{num_features} asks for no layers; use dflash:N with N >= 1")
     if num_features == 1:
         return [num_target_layers // 2]
+    if num_features > num_target_layers:  # more features than layers: never distinct
+        # Refused before the ids are expanded: dflash:30000000 took 65 s and printed 90 MB (issue 52).
+        raise LayerSpecError(
+            f"a target with {num_target_layers} layers is too small for {num_features} DFlash features; "
+            "ask for fewer (dflash:N) or list the layer ids"
+        )
     span = num_target_layers - 4
     ids = [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
     if len(set(ids)) != len(ids) or not all(0 <= i < num_target_layers for i in ids):
@@ -40,9 +46,9 @@ def check_layer_syntax(spec: str) -> int | list[int]:
     text = spec.strip()
     if text.startswith("dflash:"):
         count_text = text.removeprefix("dflash:")
-        if not count_text.isdigit():
+        if not (count_text.isascii() and count_text.isdigit() and len(count_text) <= 9):
             raise LayerSpecError(
-                f"--layers {spec!r}: expected dflash:N with N a positive integer, e.g. dflash:5"
+                f"--layers {spec[:80]!r}: expected dflash:N with N a positive integer below 10^9, e.g. dflash:5"
             )
         return int(count_text)
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -52,12 +58,14 @@ def check_layer_syntax(spec: str) -> int | list[int]:
         layer_ids = [int(p) for p in parts]
     except ValueError:
         raise LayerSpecError(
-            f"--layers {spec!r} is not a comma-separated list of integers; e.g. 1,9,17 or dflash:5"
+            f"--layers {spec[:80]!r} is not a comma-separated list of integers; e.g. 1,9,17 or dflash:5"
         ) from None
     seen: set[int] = set()
     dupes = [i for i in layer_ids if i in seen or seen.add(i)]
     if dupes:
-        raise LayerSpecError(f"layer {dupes[0]} is listed twice in --layers {spec!r}; list each layer once")
+        raise LayerSpecError(
+            f"layer {dupes[0]} is listed twice in --layers {spec[:80]!r}; list each layer once"
+        )
     return layer_ids
 
 

@@ -11,13 +11,14 @@ right after the load, still before anything is written (capture/extract.py).
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from pathlib import Path
 from typing import Protocol
 
 from hscache.capture import BUILTIN_CONTEXT, BUILTIN_LAYERS, BUILTIN_TARGETS
 from hscache.capture.layers import check_layer_syntax, parse_layer_spec
+from hscache.capture.model_config import config_int, read_model_config
 from hscache.capture.prompts import (
     DEFAULT_PROMPTS,
     assistant_turn,
@@ -117,6 +118,8 @@ def check_model_name(name: str) -> None:
             f"--model {name!r} is neither a built-in target ({', '.join(BUILTIN_TARGETS)}) "
             "nor a local Hugging Face directory with config.json; nothing is downloaded"
         )
+    else:
+        read_model_config(name, "--model")  # not JSON, not an object: one line before any load
 
 
 def target_depth(model: str) -> int | None:
@@ -136,14 +139,10 @@ def target_context(model: str) -> int | None:
 def _config_int(model: str, key: str) -> int | None:
     """A positive integer field of ``model``'s config.json (its text_config's for a multimodal one)."""
     try:
-        config = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # the load says what is wrong with it
-    if not isinstance(config, dict):
-        return None
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    value = text.get(key, config.get(key))
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        config = read_model_config(model, "--model")
+    except InputError:
+        return None  # check_model_name says what is wrong with it
+    return config_int(config, key)
 
 
 # Settings of an existing cache a resume must match that are known before the model loads (the
@@ -202,7 +201,7 @@ def _check_options(config: ExtractRequest) -> None:
         )
     if config.tokens_from and config.prompts != DEFAULT_PROMPTS:
         raise InputError("--tokens-from takes the prompts from the cache; drop --prompts")
-    if config.generate_batch < 0 or config.memory_gb <= 0:
+    if config.generate_batch < 0 or not (math.isfinite(config.memory_gb) and config.memory_gb > 0):
         raise InputError(
             f"--generate-batch {config.generate_batch} / --memory-gb {config.memory_gb}: "
             "pass a batch >= 1 (0: by device) and a positive budget in GB"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hscache.capture.builtin import build_builtin
 from hscache.capture.device import check_device
+from hscache.capture.model_config import read_model_config
 from hscache.capture.preflight import check_model_name
 from hscache.errors import InputError, ModelNotFoundError
 from hscache.store.dtypes import DTYPES
@@ -108,7 +108,7 @@ def _load_hf_directory(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = json.loads((directory / "config.json").read_text())
+    config = read_model_config(directory, "--model")
     architectures = config.get("architectures") or []
     if any(a.endswith("ForConditionalGeneration") for a in architectures):
         from transformers import AutoModelForImageTextToText as auto_cls

@@ -1,8 +1,9 @@
-"""The cache as an ``xarray.Dataset`` of lazy dask arrays: analysis with xarray/dask, no copy.
+"""The cache as an ``xarray.Dataset`` of lazy dask arrays: analysis with xarray/dask.
 
 Each array of ``arrays/`` becomes a variable along a ``token`` dimension (cut to the committed
 tokens: rows past them do not exist yet), chunked like the store (one dask chunk per zarr
-chunk). bfloat16, stored as raw uint16 bits, is viewed back as ``ml_dtypes.bfloat16`` (exact;
+chunk), each chunk read through the cache's checked reader (crc32c and its recorded sha256, as
+the scorer reads it). bfloat16, stored as raw uint16 bits, is viewed back as ``ml_dtypes.bfloat16`` (exact;
 ``.astype("float32")`` to compute). The index becomes variables along ``sequence``
 (``offset``, ``length``, ``prompt_len``, ``record_id``...), so sequence i is
 ``ds.isel(token=slice(offset[i], offset[i] + length[i]))``.
@@ -16,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from hscache.errors import InputError
+from hscache.errors import CacheFormatError, InputError
+from hscache.store.integrity import cache_digest
 from hscache.store.open import open_cache
 from hscache.store.reader import Cache
+from hscache.store.urls import absolute_location
 
 __all__ = ["open_xarray"]
 
@@ -36,6 +39,42 @@ def _bf16_view(block: np.ndarray) -> np.ndarray:
     return block.view(ml_dtypes.bfloat16)
 
 
+class _CheckedRows:
+    """Rows of one array for ``da.from_array``: each block read through the cache's checked reader
+    (crc32c and every chunk's sha256, as the scorer reads them), never zarr's crc32c-only decode
+    (issue 52). Pickles as the cache's location and digest: a dask worker opens the cache itself
+    and refuses one whose digest is not the one the view was built on."""
+
+    def __init__(self, cache: Cache, name: str, digest: str):
+        self._cache: Cache | None = cache
+        self.location = str(getattr(cache, "url", None) or absolute_location(cache.path))
+        self.name, self.digest = name, digest
+        spec = cache.specs[name]
+        self.shape = (cache.num_tokens, *spec.row_shape)
+        self.dtype = np.dtype(spec.stored_dtype)
+        self.ndim = len(self.shape)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cache": None}
+
+    def _open(self) -> Cache:
+        if self._cache is None:
+            cache = open_cache(self.location)
+            if cache_digest(cache) != self.digest:
+                raise CacheFormatError(
+                    f"{self.location} changed after open_xarray opened it (digest {cache_digest(cache)}, "
+                    f"not {self.digest}); open the view again"
+                )
+            self._cache = cache
+        return self._cache
+
+    def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
+        rows = key[0] if isinstance(key, tuple) else key
+        start, stop, _ = rows.indices(self.shape[0])
+        block = self._open().read_tokens(self.name, start, stop)
+        return block[(slice(None), *key[1:])] if isinstance(key, tuple) and len(key) > 1 else block
+
+
 def open_xarray(path_or_cache: Any) -> Any:
     """An ``xarray.Dataset`` over the cache at ``path_or_cache`` (a path, URL or open ``Cache``).
 
@@ -50,10 +89,14 @@ def open_xarray(path_or_cache: Any) -> Any:
     import dask.array as da
 
     cache = path_or_cache if isinstance(path_or_cache, Cache) else open_cache(path_or_cache)
-    n = cache.num_tokens
     variables: dict[str, Any] = {}
+    digest = cache_digest(cache)
     for name, spec in cache.specs.items():
-        data = da.from_zarr(cache.array(name))[:n]
+        cache.array(name)  # a directory of shards has none: refused by name
+        chunks = (spec.chunk_tokens, *spec.row_shape)
+        data = da.from_array(
+            _CheckedRows(cache, name, digest), chunks=chunks, name=f"hscache-{name}-{digest}", lock=False
+        )
         if spec.logical_dtype == "bfloat16":
             import ml_dtypes
 

@@ -16,13 +16,13 @@ give ``target_argmax``/top-k/logsumexp (interop/target.py), as for speculators' 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hscache.capture.model_config import read_model_config, require_int
 from hscache.engines.vllm.files import (
     check_connector_header,
     connector_files,
@@ -53,9 +53,13 @@ def _target_shape(name: str) -> tuple[int, int, int]:
     path = Path(name) / "config.json"
     if not path.is_file():
         raise InputError(f"--target {name} is neither a built-in target nor a directory with config.json")
-    config = json.loads(path.read_text())
-    text = config.get("text_config") or config
-    return int(text["vocab_size"]), int(text["num_hidden_layers"]), int(text["hidden_size"])
+    config = read_model_config(name, "--target")
+    where = f"--target {name}: {path}"
+    return (
+        require_int(config, "vocab_size", where),
+        require_int(config, "num_hidden_layers", where),
+        require_int(config, "hidden_size", where),
+    )
 
 
 def _sequences(

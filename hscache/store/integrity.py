@@ -214,8 +214,10 @@ def _array_problems(
     spec: ArraySpec,
     entry: dict[str, Any],
     manifest: dict[str, Any],
+    keep: dict[str, bytes] | None = None,
 ) -> str | None:
-    """What is wrong with array ``name``'s directory and zarr.json, or None (one line)."""
+    """What is wrong with array ``name``'s directory and zarr.json, or None (one line); the bytes of
+    a zarr.json that passed go into ``keep`` (when given)."""
     array_dir = Path(root) / ARRAYS_GROUP / name
     for path in (Path(root) / ARRAYS_GROUP, array_dir, array_dir / "c", array_dir / "zarr.json"):
         if (path.exists() or path.is_symlink()) and not _inside(resolved_root, path):
@@ -227,7 +229,15 @@ def _array_problems(
     if meta_path.stat().st_size > _MAX_ZARR_JSON_BYTES:
         return f"{rel} holds {meta_path.stat().st_size} bytes, far more than array metadata"
     try:
-        meta = jsonio.loads(meta_path.read_bytes())
+        # One read, regular files only (a FIFO never blocks); the reader builds zarr's array from
+        # these very bytes (store/zarr_meta.py), never from a second read (issue 52).
+        document = bytes(fsio.read_regular(meta_path))
+    except OSError as exc:
+        return f"{rel} cannot be read ({exc.strerror or exc})"
+    if len(document) > _MAX_ZARR_JSON_BYTES:
+        return f"{rel} holds {len(document)} bytes, far more than array metadata"
+    try:
+        meta = jsonio.loads(document)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return f"{rel} is not valid JSON ({exc})"
     if not isinstance(meta, dict):
@@ -278,6 +288,8 @@ def _array_problems(
     recorded = [digest for _, digest in matching]
     if not bad and None not in recorded and zarr_json_sha256(meta) not in recorded:
         bad.append("content differs from the zarr_json_sha256 recorded at commit")
+    if not bad and keep is not None:
+        keep[rel] = document
     return f"{rel}: {'; '.join(b if len(b) <= 200 else b[:200] + '...' for b in bad)}" if bad else None
 
 
@@ -286,12 +298,15 @@ def _obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]:
+def check_array_metadata(
+    root: Path, manifest: dict[str, Any], keep: dict[str, bytes] | None = None
+) -> list[Mismatch]:
     """Each array's directory stays inside the cache and its zarr.json agrees with the manifest's
     ``arrays`` (dtype, endianness, row shape, chunk grid, codecs, a row count no smaller than the
     committed tokens) and with its recorded ``zarr_json_sha256``; the per-chunk hash list has one
     entry per committed chunk. Parsed by hand before zarr sees it: damage is a ``Mismatch``, never
-    an exception, and a claimed shape of 10^12 rows costs nothing."""
+    an exception, and a claimed shape of 10^12 rows costs nothing. ``keep`` receives the bytes of
+    each zarr.json that passed: the reader opens the arrays from those (store/zarr_meta.py)."""
     problems = []
     committed = int(manifest["committed"]["tokens"])
     resolved_root = Path(root).resolve()
@@ -307,7 +322,7 @@ def check_array_metadata(root: Path, manifest: dict[str, Any]) -> list[Mismatch]
         except (KeyError, TypeError, ValueError) as exc:
             problems.append(Mismatch("manifest.json", f"manifest.json array {name} is malformed ({exc})"))
             continue
-        message = _array_problems(Path(root), resolved_root, name, spec, entry, manifest)
+        message = _array_problems(Path(root), resolved_root, name, spec, entry, manifest, keep)
         if message:
             problems.append(Mismatch(f"{ARRAYS_GROUP}/{name}/zarr.json", message))
         hashes = chunk_sha256_of(manifest, name)
@@ -357,7 +372,7 @@ def check_cache(
     if "checksums" not in manifest or "content_sha256" not in manifest:
         return [
             Mismatch("manifest.json", f"the cache {UNSEALED_MESSAGE}", warning=allow_unsealed),
-            *check_array_metadata(root, manifest),
+            *check_array_metadata(root, manifest, keep),
         ]
     recorded = manifest.get("content_sha256")
     if recorded != content_sha256(manifest):
@@ -367,7 +382,7 @@ def check_cache(
                 "manifest.json was edited after its last commit (its content_sha256 does not match)",
             )
         ]
-    problems = check_array_metadata(root, manifest)
+    problems = check_array_metadata(root, manifest, keep)
     checksums = manifest["checksums"]
     if not isinstance(checksums, dict):
         return [Mismatch("manifest.json", "manifest.json checksums is not an object")]

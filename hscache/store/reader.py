@@ -44,6 +44,7 @@ from hscache.store.target_files import (
     tensors_from_safetensors,
 )
 from hscache.store.urls import absolute_location
+from hscache.store.zarr_meta import array_from_metadata
 
 __all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
 
@@ -140,10 +141,9 @@ class Cache:
         # Each chunk's committed rows against its recorded sha256, the first time it is decoded
         # (store/integrity.py); setting it False before reading trades that for scan speed.
         self.check_chunks = True  # a public switch: set False before reading
-        parts = [
-            read_part_bytes(p, self._files[p]) if p in self._files else read_part(self.path, p)
-            for p in manifest["index_parts"]
-        ]
+        # Every part parsed from the bytes that were hashed, whatever its size: those open_cache kept,
+        # or (a part over 16 MiB) read once now and checked against its recorded sha256 (issue 52).
+        parts = [read_part_bytes(p, self._part_bytes(p)) for p in manifest["index_parts"]]
         table = pa.concat_tables(parts) if parts else empty_index()
         committed = int(manifest["committed"]["sequences"])
         if table.num_rows < committed:
@@ -156,6 +156,14 @@ class Cache:
         self._offsets = np.asarray(self.index.column("offset").to_numpy(), dtype=np.int64)
         self._lengths = np.asarray(self.index.column("length").to_numpy(), dtype=np.int64)
         self._check_rows()
+
+    def _part_bytes(self, name: str) -> bytes:
+        if name in self._files:
+            return self._files[name]
+        index_part_path(self.path, name)  # a name that leaves the cache: refused by name
+        if not (self.path / name).is_file() and not (self.path / name).is_symlink():
+            read_part(self.path, name)  # missing: its one line ("listed in manifest.json is missing")
+        return bytes(self.file_bytes(name))
 
     def _check_rows(self) -> None:
         """Every index row in range, as ``hscache verify`` checks it (a resealed edit passes the seal):
@@ -254,7 +262,10 @@ class Cache:
         if name not in self._arrays:
             if name not in self.specs:
                 raise KeyError(f"cache has no array {name!r}; it has {', '.join(self.specs)}")
-            self._arrays[name] = self._group[name]
+            checked = self._files.get(f"{ARRAYS_GROUP}/{name}/zarr.json")
+            self._arrays[name] = (
+                self._group[name] if checked is None else array_from_metadata(self._group, name, checked)
+            )
         return self._arrays[name]
 
     def _chunk_reader(self, name: str) -> ChunkReader | None:

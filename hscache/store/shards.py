@@ -391,7 +391,15 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
     with writer_lock(dest, "hscache shards --into"):
         if any(p.name != WRITER_LOCK for p in dest.iterdir()):
             raise InputError(f"--into {dest} exists and is not empty; choose a new directory")
-        _copy_shards(cache, dest, document)
+        try:
+            _copy_shards(cache, dest, document)
+        except BaseException:
+            # dest held nothing but our lock: what is there now is this merge's, half written
+            # (e.g. a shard refused for a chunk that fails its sha256). Leave no partial cache.
+            for path in dest.iterdir():
+                if path.name != WRITER_LOCK:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            raise
 
 
 def _copy_shards(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> None:
@@ -403,7 +411,9 @@ def _copy_shards(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> N
         row = shard.index.slice(local, 1).to_pylist()[0]
         writer.append(
             SequenceRows(
-                arrays={name: np.asarray(shard.array(name)[start:stop]) for name in cache.specs},
+                # Through the checked reader (crc32c and each chunk's sha256): a shard rewritten with
+                # a valid crc32c is refused, never resealed into the merged cache (issue 52).
+                arrays={name: shard.read_tokens(name, start, stop) for name in cache.specs},
                 record_id=row["record_id"],
                 prompt_len=row["prompt_len"],
                 stop_reason=row["stop_reason"],
@@ -412,8 +422,21 @@ def _copy_shards(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> N
             )
         )
     # Every file before the completion mark: a merge killed after finish() is whole (issue 36).
-    shutil.copytree(first.path / TARGET_DIR, dest / TARGET_DIR)
-    shutil.copy2(first.path / PROVENANCE, dest / PROVENANCE)
+    _copy_checked_files(first, dest)
     writer.record_files([TARGET_DIR, PROVENANCE])
     writer.finish()
     fsio.atomic_write_json(dest / SHARDS_FILE, document)
+
+
+def _copy_checked_files(shard: Cache, dest: Path) -> None:
+    """``target/`` and provenance of ``shard`` into ``dest``, from the bytes its seal vouches for
+    (``Cache.file_bytes``: hashed at open, or read once and hashed now), never re-read by name."""
+    sealed = shard.manifest.get("checksums")
+    if not isinstance(sealed, dict):  # an unsealed shard (--allow-unsealed): nothing to check against
+        shutil.copytree(shard.path / TARGET_DIR, dest / TARGET_DIR)
+        shutil.copy2(shard.path / PROVENANCE, dest / PROVENANCE)
+        return
+    for rel in sorted(sealed):
+        if rel == PROVENANCE or rel.startswith(f"{TARGET_DIR}/"):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(shard.file_bytes(rel))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import click
 
 from hscache.cli import error_boundary
-from hscache.cli_options import apply_options, number_option, renamed_sample_top_k
+from hscache.cli_options import FiniteFloatRange, apply_options, number_option, renamed_sample_top_k
 from hscache.errors import HscacheError
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
@@ -88,16 +87,6 @@ def int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
     if minimum is not None and any(v < minimum for v in values):
         raise click.BadParameter(f"{text!r}: every value must be at least {minimum}")
     return values
-
-
-class FiniteFloatRange(click.FloatRange):
-    """A FloatRange that also refuses nan and inf (nan compares false with every bound)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
 
 
 # Ranges of the numeric flags every command shares: a value that cannot be right is refused with

@@ -330,10 +330,9 @@ class VllmCapture:
 
 def _positions(model_dir: Path) -> int:
     """The target's ``max_position_embeddings`` (vLLM refuses a longer ``max_model_len``)."""
-    import json
+    from hscache.capture.model_config import config_int, read_model_config
 
-    config = json.loads((model_dir / "config.json").read_text())
-    return int((config.get("text_config") or config).get("max_position_embeddings") or 1 << 30)
+    return config_int(read_model_config(model_dir, "--model"), "max_position_embeddings") or 1 << 30
 
 
 def _remove(path: Path) -> None:

@@ -21,6 +21,7 @@ checked: shapes, a float dtype, finite values, token ids inside the vocabulary.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from pathlib import Path
 import torch
 
 from hscache.errors import InputError
+from hscache.store import jsonio
+from hscache.store.fsio import open_regular, read_regular
 
 __all__ = [
     "ConnectorFile",
@@ -105,22 +108,34 @@ def connector_files(directory: Path) -> list[Path]:
     return files
 
 
-def _header(path: Path) -> dict:
-    """The safetensors header of ``path``, bounded and consistent with the file's size."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise InputError(f"{path} is truncated ({size} bytes): not a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > _HEADER_LIMIT or 8 + n > size:
-            raise InputError(
-                f"{path}: its header claims {n} bytes in a {size}-byte file; the file is truncated or hostile"
-            )
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: its header is not JSON ({exc}); the file is damaged") from exc
+def _header(path: Path, data: bytes | bytearray | None = None) -> dict:
+    """The safetensors header of ``path`` (or of its content ``data``, already read), bounded and
+    consistent with the file's size. Only a regular file is opened, without blocking (a FIFO named
+    like a connector file made the import wait forever, issue 52)."""
+    try:
+        if data is None:
+            with open_regular(path) as f:
+                size, head = os.fstat(f.fileno()).st_size, f.read(8)
+                n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+                raw = f.read(min(n, _HEADER_LIMIT, size))
+        else:
+            size, head = len(data), bytes(data[:8])
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            raw = bytes(data[8 : 8 + min(n, _HEADER_LIMIT, size)])
+    except OSError as exc:
+        raise InputError(
+            f"{path} cannot be read ({exc.strerror or exc}); pass a folder of hidden-state files"
+        ) from None
+    if len(head) < 8:
+        raise InputError(f"{path} is truncated ({size} bytes): not a safetensors file")
+    if n > _HEADER_LIMIT or 8 + n > size:
+        raise InputError(
+            f"{path}: its header claims {n} bytes in a {size}-byte file; the file is truncated or hostile"
+        )
+    try:
+        header = jsonio.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: its header is not JSON ({exc}); the file is damaged") from exc
     if not isinstance(header, dict):
         raise InputError(f"{path}: its header is not a JSON object; the file is damaged")
     header.pop("__metadata__", None)
@@ -128,16 +143,21 @@ def _header(path: Path) -> dict:
         raise InputError(
             f"{path} holds {sorted(header)}, not hidden_states and token_ids: not a vLLM hidden-state file"
         )
+    for name in sorted(_KEYS):
+        entry = header[name]
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            raise InputError(
+                f"{path}: tensor {name} has an inconsistent header entry {str(entry)[:200]}; the file is damaged"
+            )
     end = 0
-    for name in sorted(_KEYS, key=lambda k: header[k].get("data_offsets", [0])[0]):
+    for name in sorted(_KEYS, key=lambda k: header[k]["data_offsets"][0]):
         entry = header[name]
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         ok = (
             dtype in _SIZES
             and isinstance(shape, list)
-            and all(isinstance(d, int) and d >= 0 for d in shape)
-            and isinstance(offsets, list)
-            and len(offsets) == 2
+            and all(type(d) is int and d >= 0 for d in shape)
             and offsets[0] == end
         )
         count = 1
@@ -145,7 +165,7 @@ def _header(path: Path) -> dict:
             count *= d
         if not ok or offsets[1] - offsets[0] != count * _SIZES[dtype]:
             raise InputError(
-                f"{path}: tensor {name} has an inconsistent header entry {entry}; the file is damaged"
+                f"{path}: tensor {name} has an inconsistent header entry {str(entry)[:200]}; the file is damaged"
             )
         end = offsets[1]
     if 8 + n + end != size:
@@ -164,7 +184,12 @@ def check_connector_header(
     Raises:
         InputError: as ``read_connector_file`` for everything but the values.
     """
-    header = _header(path)
+    return _check_header(path, _header(path), num_layers, hidden_size)
+
+
+def _check_header(
+    path: Path, header: dict, num_layers: int | None, hidden_size: int | None
+) -> tuple[list[int], str]:
     hs, ids = header["hidden_states"], header["token_ids"]
     if hs["dtype"] not in _FLOAT or ids["dtype"] not in _INT:
         raise InputError(
@@ -196,10 +221,16 @@ def read_connector_file(
         (rows, layer slots, width); a dtype that is not bf16/fp16/fp32 (states) or int (ids);
         NaN/Inf states; token ids outside the vocabulary.
     """
-    check_connector_header(path, num_layers, hidden_size)
-    from safetensors.torch import load_file
+    try:
+        data = read_regular(path)  # one read: the header checked is the file's that is loaded
+    except OSError as exc:
+        raise InputError(
+            f"{path} cannot be read ({exc.strerror or exc}); pass a folder of hidden-state files"
+        ) from None
+    _check_header(path, _header(path, data), num_layers, hidden_size)
+    from safetensors.torch import load
 
-    tensors = load_file(str(path))
+    tensors = load(bytes(data))
     states, tokens = tensors["hidden_states"], tensors["token_ids"].to(torch.int64)
     finite = torch.isfinite(states)
     if not bool(finite.all()):
