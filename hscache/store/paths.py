@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hscache.errors import CacheNotFoundError, InputError
 from hscache.store.layout import MANIFEST, WRITER_LOCK
+from hscache.store.marks import check_marked_dir
 
 __all__ = [
     "check_empty_out",
@@ -94,8 +95,6 @@ def check_empty_out(out: str | Path, flag: str = "--out", *, restart_mark: str |
     Raises:
         InputError: a file is in the way, or ``out`` holds other files.
     """
-    from hscache.store.marks import check_marked_dir
-
     out = Path(out)
     if blocker := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
         raise InputError(f"{flag} {out}: {blocker} is a file, not a directory; choose another path")
