@@ -26,6 +26,8 @@ __all__ = ["GENERATOR_META", "OUTPUT_KINDS", "check_output_path"]
 # Every HTML page hscache and the scorer write carries this tag in its <head> (hscache/report/html.py
 # html_page): the mark that a page at a --report path is ours to replace.
 GENERATOR_META = '<meta name="generator" content="hscache">'
+# How every page began before it carried the tag (2026-12-07): reports written then stay replaceable.
+_PAGE_BEFORE_THE_TAG = b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
 OUTPUT_KINDS = ("json", "html", "file", "directory")
 _HTML_SUFFIXES = (".html", ".htm")
 # Our reports stay far below this; a larger file is not read to find out whether it is one.
@@ -51,7 +53,7 @@ def _ours(path: Path, kind: str) -> bool:
     except OSError:
         return False
     if kind == "html":
-        return GENERATOR_META.encode() in data
+        return GENERATOR_META.encode() in data or data.startswith(_PAGE_BEFORE_THE_TAG)
     try:
         document = json.loads(data)
     except (ValueError, RecursionError):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hscache.errors import CacheNotFoundError, InputError
 from hscache.store.layout import MANIFEST, WRITER_LOCK
+from hscache.store.marks import check_marked_dir
 
 __all__ = [
     "check_empty_out",
@@ -92,15 +93,15 @@ def check_empty_out(out: str | Path, flag: str = "--out", *, restart_mark: str |
     (when hscache wrote it and ``out`` holds only what that run created: store/marks.py).
 
     Raises:
-        InputError: a file is in the way, or ``out`` holds other files.
+        InputError: a file is in the way, ``out`` is inside a cache, or it holds other files.
     """
-    from hscache.store.marks import check_marked_dir
-
     out = Path(out)
     if blocker := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
         raise InputError(f"{flag} {out}: {blocker} is a file, not a directory; choose another path")
     if out.exists() and not out.is_dir():
         raise InputError(f"{flag} {out} is a file; choose a new or empty directory")
+    if (inside := enclosing_cache(out)) is not None:
+        raise InputError(f"{flag} {out} is inside the cache {inside}; choose a directory outside it")
     if not out.is_dir():
         return
     if restart_mark and ((out / restart_mark).exists() or (out / restart_mark).is_symlink()):

@@ -178,3 +178,22 @@ def test_verify_and_info_never_wait_on_a_fifo_named_like_the_writer_lock(fp32_ca
         for command in (["verify", str(cache)], ["info", str(cache)]):
             result = CliRunner().invoke(hscache_main, command)
             assert result.exit_code == 0, result.output
+
+
+def test_export_and_import_refuse_an_out_inside_a_cache(fp32_cache, tmp_path):
+    """A command writes only the paths it names: not new files inside a cache (issue 51)."""
+    from click.testing import CliRunner
+
+    from hscache.cli import main as hscache_main
+
+    cache = tmp_path / "cache"  # a cache as far as its manifest goes: nothing reads more of it here
+    cache.mkdir()
+    (cache / "manifest.json").write_text('{"format": "hscache"}')
+    inside = cache / "exported"
+    for args in (
+        ["export", str(fp32_cache), "--format", "specforge", "--layers", "1", "--out", str(inside)],
+        ["import", "--format", "specforge", str(tmp_path), "--out", str(inside)],
+    ):
+        result = CliRunner().invoke(hscache_main, args)
+        assert result.exit_code == 2 and f"is inside the cache {cache}" in result.output, result.output
+    assert not inside.exists()

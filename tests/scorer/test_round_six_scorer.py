@@ -117,14 +117,26 @@ def test_an_unwritable_report_folder_is_refused_before_scoring(
 
 
 def test_a_report_hscache_wrote_may_be_replaced(tmp_path):
+    from hscache.errors import InputError
     from hscache.report.html import html_page
     from hscache.store.output_paths import check_output_path
 
     (tmp_path / "r.json").write_text(json.dumps({"schema_version": 3, "tau": {}}))
     (tmp_path / "many.json").write_text(json.dumps({"reports": [{"schema_version": 3}], "comparisons": []}))
     (tmp_path / "r.html").write_text(html_page("eval", ["<p>tau</p>"]))
-    for name, kind in (("r.json", "json"), ("many.json", "json"), ("r.html", "html"), ("new.json", "json")):
+    older = html_page("eval", ["<p>tau</p>"]).replace('<meta name="generator" content="hscache">', "")
+    (tmp_path / "older.html").write_text(older)  # a page written before pages carried the tag
+    (tmp_path / "mine.html").write_text("<!DOCTYPE html>\n<html><body>my notes</body></html>")
+    for name, kind in (
+        ("r.json", "json"),
+        ("many.json", "json"),
+        ("r.html", "html"),
+        ("older.html", "html"),
+        ("new.json", "json"),
+    ):
         assert check_output_path(tmp_path / name, "--x", kind=kind) == tmp_path / name
+    with pytest.raises(InputError, match="is not an HTML report hscache wrote"):
+        check_output_path(tmp_path / "mine.html", "--report", kind="html")
 
 
 def test_ctrl_c_while_training_saves_the_last_completed_step(scorer_cache, tmp_path, monkeypatch):
