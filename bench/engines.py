@@ -73,16 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = Path(tempfile.mkdtemp(prefix="bench-engines-"))
     try:
-        common = dict(
-            model=args.model,
-            prompts=args.prompts,
-            layers=args.layers,
-            max_new_tokens=args.max_new_tokens,
-            dtype=args.dtype,
-            limit=args.limit,
-            mtp=False,
-            device=args.device,
-        )
+        flags = ("model", "prompts", "layers", "max_new_tokens", "dtype", "limit", "device")
+        common = {**{name: getattr(args, name) for name in flags}, "mtp": False}
         runs = [_run(ExtractConfig(out=str(root / "tf"), **common))]
         files = root / "connector"
         runs.append(

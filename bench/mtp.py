@@ -13,19 +13,19 @@ trained MTP head (builtin:tiny-qwen3.5, trained jointly with the target: hscache
 
 from __future__ import annotations
 
-import argparse
 import os
+import runpy
 import sys
-import tempfile
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+# bench/common.py, loaded by path (bench/ is off sys.path)
+common = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("common.py"))))
 
 import numpy as np
 import torch
 
-import hscache
 from scorer.families.mtp.draft import draft_anchors, mtp_context
 from scorer.families.mtp.seam import mtp_hidden
 from scorer.studies.evaluate import EvalConfig, load_drafter
@@ -53,57 +53,25 @@ def _batched(head, hidden, tokens, prompt_len: int, k: int) -> np.ndarray:
     return draft_anchors(head, mtp_context(head, hidden, tokens), np.arange(prompt_len, len(tokens) - 1), k)
 
 
+def _setup(tmp: Path, cache_dir: Path, cache, k: int):
+    head, _ = load_drafter("target:mtp", cache, EvalConfig(num_speculative_tokens=k))
+    sequences = [
+        (
+            mtp_hidden(head, cache.hidden_states(r), cache.layer_ids, torch.float32, "cpu"),
+            cache.token_ids(r),
+            cache.index.column("prompt_len")[r].as_py(),
+        )
+        for r in range(len(cache))
+    ]
+    paths = {
+        name: (lambda h, x, p, path=path: path(head, h, x, p, k))
+        for name, path in (("batched", _batched), ("vllm_loop", _vllm_loop), ("shared_step0", _shared_step0))
+    }
+    return sequences, paths
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="2 sequences x 32 tokens (the test's form)")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.sequences, args.new_tokens = 2, 32
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        cache_dir = Path(tmp) / "cache"
-        hscache.extract(
-            hscache.ExtractConfig(
-                out=str(cache_dir),
-                layers="7",
-                max_new_tokens=args.new_tokens,
-                dtype="fp32",
-                limit=args.sequences,
-            )
-        )
-        cache = hscache.open_cache(cache_dir)
-        head, _ = load_drafter("target:mtp", cache, EvalConfig(num_speculative_tokens=args.k))
-        sequences = [
-            (
-                mtp_hidden(head, cache.hidden_states(r), cache.layer_ids, torch.float32, "cpu"),
-                cache.token_ids(r),
-                cache.index.column("prompt_len")[r].as_py(),
-            )
-            for r in range(len(cache))
-        ]
-        paths = {"batched": _batched, "vllm_loop": _vllm_loop, "shared_step0": _shared_step0}
-        timings, drafts = {}, {}
-        for name, path in paths.items():
-            t0 = time.perf_counter()
-            drafts[name] = [path(head, h, x, p, args.k) for h, x, p in sequences]
-            timings[name] = time.perf_counter() - t0
-        for name in ("vllm_loop", "shared_step0"):
-            for mine, theirs in zip(drafts["batched"], drafts[name]):
-                np.testing.assert_array_equal(mine, theirs)
-        anchors = sum(len(d) for d in drafts["batched"])
-        print(
-            f"sequences {len(sequences)}, anchors {anchors}, K {args.k}, threads 1, drafts equal on every path"
-        )
-        print(
-            f"mtp chain batched vs one anchor at a time (vLLM loop): {timings['vllm_loop'] / timings['batched']:.1f}x"
-        )
-        print(
-            "mtp chain batched vs step 0 shared, later steps per anchor: "
-            f"{timings['shared_step0'] / timings['batched']:.1f}x"
-        )
+    common.chain_speed("mtp", "7", _setup, argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

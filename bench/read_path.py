@@ -17,23 +17,24 @@ Cold numbers need a real disk: on tmpfs, or where posix_fadvise cannot evict, co
 from __future__ import annotations
 
 import argparse
-import hashlib
+import runpy
 import sys
 import tempfile
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 # Run as `python bench/read_path.py`, bench/ is sys.path[0], and bench/scorer.py would shadow the
 # scorer package: import the packages, never the sibling scripts.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# bench/common.py, loaded by path (bench/ is off sys.path)
+common = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("common.py"))))
 
 import numpy as np
 
 import hscache
 from hscache.data import SequenceDataset
-from hscache.store.fsio import drop_page_cache
 from hscache.store.layout import array_specs
-from hscache.store.writer import SequenceRows, StoreWriter
+from hscache.store.writer import StoreWriter
 
 
 def synthetic_cache(
@@ -47,62 +48,27 @@ def synthetic_cache(
     rng = np.random.default_rng(0)
     specs = array_specs(layers, hidden, "bfloat16", 8, None, 8 << 20)
     writer = StoreWriter.create(out, specs, compression, {"layer_ids": list(range(layers))})
-    for i in range(sequences):
-        tokens = rng.integers(0, 1000, length, dtype=np.int32)
+
+    def bf16() -> np.ndarray:  # truncation to bf16 bits
         values = rng.standard_normal((length, layers, hidden), dtype=np.float32)
-        bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)  # truncation to bf16 bits
-        arrays = {
-            "hidden_states": bf16,
-            "token_ids": tokens,
-            "target_argmax": tokens,
-            "target_topk_values": rng.standard_normal((length, 8), dtype=np.float32),
-            "target_topk_ids": rng.integers(0, 1000, (length, 8), dtype=np.int32),
-            "target_logsumexp": rng.standard_normal(length, dtype=np.float32),
-        }
-        digest = hashlib.sha256(tokens.astype("<i4").tobytes()).hexdigest()
-        writer.append(SequenceRows(arrays, f"s{i}", length // 4, "length", digest, "{}"))
+        return (values.view(np.uint32) >> 16).astype(np.uint16)
+
+    for i in range(sequences):
+        writer.append(common.synthetic_sequence(rng, f"s{i}", length, 1000, bf16))
     writer.finish()
     return out
 
 
-def _best(fn, repeats: int, evict: list[Path] | None = None) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        if evict:
-            drop_page_cache(evict)
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def scan(cache_path: Path, tmp: Path, repeats: int) -> dict[str, float]:
     """Reader/memmap ratios of a full ``hidden_states`` scan, warm and cold."""
-    cache = hscache.open_cache(cache_path)
-    compression = cache.manifest["compression"]
-    array = cache.array("hidden_states")
-    n, step = cache.num_tokens, cache.specs["hidden_states"].chunk_tokens
-    raw = tmp / f"raw-{compression}.bin"
-    data = cache.read_tokens("hidden_states", 0, n)
-    data.tofile(raw)
-    nbytes = data.nbytes
-    del data
-    files = [p for p in (cache_path / "arrays" / "hidden_states").rglob("*") if p.is_file()]
-
-    def reader() -> None:
-        for _first, _rows in cache.iter_tokens("hidden_states"):
-            pass
-
-    def memmap() -> None:
-        mm = np.memmap(raw, dtype=array.dtype, mode="r", shape=(n, *array.shape[1:]))
-        for a in range(0, n, step):
-            np.array(mm[a : min(n, a + step)])
+    copy = common.RawCopy(cache_path, tmp)
+    compression, nbytes, reader, memmap = copy.compression, copy.nbytes, copy.reader, copy.memmap
 
     ratios = {}
     reader()  # warm the thread pool and the page cache
-    for label, evict in (("warm", None), ("cold", files + [raw])):
-        t_reader = _best(reader, repeats, evict)
-        t_memmap = _best(memmap, repeats, evict)
+    for label, evict in (("warm", None), ("cold", copy.files + [copy.raw])):
+        t_reader = common.best_of(reader, repeats, evict)
+        t_memmap = common.best_of(memmap, repeats, evict)
         ratios[label] = t_memmap / t_reader
         print(
             f"scan {label}, codec {compression}: reader {nbytes / t_reader / 1e6:,.0f} MB/s, raw memmap "
@@ -114,8 +80,6 @@ def scan(cache_path: Path, tmp: Path, repeats: int) -> dict[str, float]:
 def floors(cache_path: Path, repeats: int) -> None:
     """What one thread pays per chunk, warm: the copy out of the page cache alone, + crc32c, +
     decode (the reader's whole work). Bounds the scan ratio: memmap does the copy only."""
-    import google_crc32c
-
     cache = hscache.open_cache(cache_path)
     reader = cache._chunk_reader("hidden_states")
     spec = cache.specs["hidden_states"]
@@ -125,12 +89,7 @@ def floors(cache_path: Path, repeats: int) -> None:
     rows = np.empty((spec.chunk_tokens, *spec.row_shape), np.uint16)
 
     def copy(crc: bool) -> None:
-        for path in paths:
-            with open(path, "rb", buffering=0) as f:
-                n = f.readinto(buffer)
-            if crc:
-                for k in range(0, n, 1 << 20):
-                    google_crc32c.extend(0, buffer[k : min(n, k + (1 << 20))])
+        common.read_chunks(paths, buffer, crc)
 
     def decode() -> None:
         for i in range(count):
@@ -139,7 +98,7 @@ def floors(cache_path: Path, repeats: int) -> None:
 
     nbytes = count * spec.chunk_tokens * spec.bytes_per_token
     copy(False)
-    t = [_best(fn, repeats) for fn in (lambda: copy(False), lambda: copy(True), decode)]
+    t = [common.best_of(fn, repeats) for fn in (lambda: copy(False), lambda: copy(True), decode)]
     print(
         f"one thread, warm, codec {cache.manifest['compression']}: read {nbytes / t[0] / 1e6:,.0f} MB/s, "
         f"read + crc32c {nbytes / t[1] / 1e6:,.0f} MB/s, read + crc32c + decode {nbytes / t[2] / 1e6:,.0f} MB/s "
@@ -180,7 +139,7 @@ def sequence_reads(cache_path: Path, repeats: int) -> float:
     sequences()
     dataset()
     t_seq, t_chunks, t_data, t_fresh = (
-        _best(fn, repeats) for fn in (sequences, chunks, dataset, dataset_fresh)
+        common.best_of(fn, repeats) for fn in (sequences, chunks, dataset, dataset_fresh)
     )
     per = len(order)
     ratio = t_seq / t_chunks
@@ -197,23 +156,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sequences", type=int, default=48)
-    parser.add_argument("--length", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="Where to write the caches (default: a temp dir).")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs")
+    common.add_size_flags(parser, repeats=3, sequences=48, length=1024, layers=4, hidden=1024)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.sequences, args.length, args.layers, args.hidden, args.repeats = 6, 300, 2, 64, 1
+    common.quick_sizes(args, sequences=6, length=300, layers=2, hidden=64)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp_name:
         tmp = Path(tmp_name)
-        size = args.sequences * args.length * args.layers * args.hidden * 2
-        print(
-            f"{args.sequences} sequences x {args.length} tokens, hidden_states [{args.layers}, {args.hidden}] "
-            f"bf16: {size / 2**20:.0f} MiB"
-        )
+        size, sizes = common.size_line(args)
+        print(f"{sizes}: {size / 2**20:.0f} MiB")
         for compression in ("none", "fast"):
             path = synthetic_cache(
                 tmp / compression, args.sequences, args.length, args.layers, args.hidden, compression

@@ -18,16 +18,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import runpy
 import shutil
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 # Run as `python bench/scale.py`, bench/ is sys.path[0], and bench/scorer.py would shadow the
 # scorer package: import the packages, never the sibling scripts.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# bench/common.py, loaded by path (bench/ is off sys.path)
+common = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("common.py"))))
 
 import numpy as np
 import torch
@@ -196,42 +200,25 @@ def scan(cache_path: Path, tmp: Path, repeats: int) -> None:
     """Full scan of ``hidden_states``: the reader (``Cache.iter_tokens``, chunk files read directly)
     and zarr-python's own slicing, each against a raw memmap of the same bytes; then random reads
     of single sequences against a raw pread of the same bytes."""
-    cache = hscache.open_cache(cache_path)
-    compression = cache.manifest["compression"]
-    array = cache.array("hidden_states")
-    n, step = cache.num_tokens, array.chunks[0]
-    raw = tmp / "raw.bin"
-    data = np.asarray(array[:n])
-    data.tofile(raw)
-    nbytes = data.nbytes
-    del data
-    files = [p for p in (cache_path / "arrays" / "hidden_states").rglob("*") if p.is_file()]
-
-    def reader() -> None:
-        for _first, _rows in cache.iter_tokens("hidden_states"):
-            pass
+    copy = common.RawCopy(cache_path, tmp)
+    cache, array, n, step, raw = copy.cache, copy.array, copy.n, copy.step, copy.raw
 
     def zarr_path() -> None:
         for a in range(0, n, step):
             np.asarray(array[a : min(n, a + step)])
 
-    def memmap() -> None:
-        mm = np.memmap(raw, dtype=array.dtype, mode="r", shape=(n, *array.shape[1:]))
-        for a in range(0, n, step):
-            np.array(mm[a : min(n, a + step)])
-
     for label, drop in (("cold", True), ("warm", False)):
         best = {"reader": float("inf"), "zarr": float("inf"), "memmap": float("inf")}
         for _ in range(repeats):
-            for name, fn in (("reader", reader), ("zarr", zarr_path), ("memmap", memmap)):
+            for name, fn in (("reader", copy.reader), ("zarr", zarr_path), ("memmap", copy.memmap)):
                 if drop:
-                    drop_page_cache(files + [raw])
+                    drop_page_cache(copy.files + [raw])
                 t0 = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)
         print(
-            f"full scan {label}, --compression {compression}: reader {nbytes / best['reader'] / 1e6:,.0f} MB/s, raw memmap "
-            f"{nbytes / best['memmap'] / 1e6:,.0f} MB/s; reader/memmap ratio {best['memmap'] / best['reader']:.2f} "
+            f"full scan {label}, --compression {copy.compression}: reader {copy.nbytes / best['reader'] / 1e6:,.0f} MB/s, "
+            f"raw memmap {copy.nbytes / best['memmap'] / 1e6:,.0f} MB/s; reader/memmap ratio {best['memmap'] / best['reader']:.2f} "
             f"(target >= 0.8; zarr-python slicing {best['memmap'] / best['zarr']:.2f})"
         )
     random_reads(cache, raw, repeats)

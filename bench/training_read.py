@@ -32,19 +32,22 @@ Needs ~4.5x the cache's raw size of disk under --dir (the caches, a raw copy, tw
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
+import runpy
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 # Run as `python bench/training_read.py`, bench/ is sys.path[0], and bench/scorer.py would shadow the
 # scorer package: import the packages, never the sibling scripts.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# bench/common.py, loaded by path (bench/ is off sys.path)
+common = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("common.py"))))
 
 import numpy as np
 import torch
@@ -58,7 +61,7 @@ from hscache.interop.speculators import HIDDEN_DIR, export_speculators
 from hscache.store.chunks import VERIFIED
 from hscache.store.fsio import drop_page_cache
 from hscache.store.layout import TARGET_DIR, array_specs
-from hscache.store.writer import SequenceRows, StoreWriter
+from hscache.store.writer import StoreWriter
 
 CODECS = ("none", "fast", "balanced")
 LAYER_IDS = [1, 16, 31, 46, 61]  # the DFlash drafter's target layers for a 64-layer target (spec/scale.md)
@@ -110,18 +113,11 @@ def write_cache(
     writer = StoreWriter.create(out, specs, codec, {"layer_ids": ids})
     writing += time.perf_counter() - t0
     for i in range(sequences):
-        tokens = rng.integers(0, 248_320, length, dtype=np.int32)
-        arrays = {
-            "hidden_states": _sequence(rng, length, layers, hidden, scale),
-            "token_ids": tokens,
-            "target_argmax": tokens,
-            "target_topk_values": rng.standard_normal((length, 8), dtype=np.float32),
-            "target_topk_ids": rng.integers(0, 248_320, (length, 8), dtype=np.int32),
-            "target_logsumexp": rng.standard_normal(length, dtype=np.float32),
-        }
-        digest = hashlib.sha256(tokens.astype("<i4").tobytes()).hexdigest()
+        rows = common.synthetic_sequence(
+            rng, f"s{i}", length, 248_320, lambda: _sequence(rng, length, layers, hidden, scale)
+        )
         t0 = time.perf_counter()
-        writer.append(SequenceRows(arrays, f"s{i}", length // 4, "length", digest, "{}"))
+        writer.append(rows)
         writing += time.perf_counter() - t0
     t0 = time.perf_counter()
     writer.finish()
@@ -257,20 +253,13 @@ def first_touch(root: Path, repeats: int) -> dict[str, float]:
     """What checking a chunk costs, warm. One thread over the chunk files into one reused buffer:
     the read alone, and the read with its crc32c (as a first touch does); then end to end, the GB/s
     of ``SequenceDataset.prefetched`` with the checksum computed (record cleared) and skipped."""
-    import google_crc32c
-
     paths = sorted((root / "arrays" / "hidden_states" / "c").rglob("*"))
     paths = [p for p in paths if p.is_file()]
     buffer = np.empty(max(p.stat().st_size for p in paths), np.uint8)
     nbytes = sum(p.stat().st_size for p in paths)
 
     def read(crc: bool) -> None:
-        for path in paths:
-            with open(path, "rb", buffering=0) as f:
-                n = f.readinto(buffer)
-            if crc:
-                for k in range(0, n, 1 << 20):
-                    google_crc32c.extend(0, buffer[k : min(n, k + (1 << 20))])
+        common.read_chunks(paths, buffer, crc)
 
     read(True)
     out = {"one_thread_read": 0.0, "one_thread_read_crc32c": 0.0}
@@ -361,26 +350,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sequences", type=int, default=16)
-    parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=5)
-    parser.add_argument("--hidden", type=int, default=5120)
-    parser.add_argument("--repeats", type=int, default=2)
+    common.add_size_flags(parser, repeats=2, sequences=16, length=2048, layers=5, hidden=5120)
     parser.add_argument("--chunk-mb", type=float, default=8.0, help="As hscache extract --chunk-mb.")
     parser.add_argument("--workers", default="1,2", help="DataLoader worker counts (besides 0: in-process).")
-    parser.add_argument("--dir", default=None, help="Where to write the caches (default: a temp dir).")
     parser.add_argument("--json", dest="json_path", default=None, help="Also write the figures here.")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.sequences, args.length, args.layers, args.hidden, args.repeats = 3, 256, 2, 64, 1
+    if common.quick_sizes(args, sequences=3, length=256, layers=2, hidden=64):
         args.chunk_mb = 1 / 16  # 256-token chunks, as at the real dimensions
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
     load = os.getloadavg()
-    size = args.sequences * args.length * args.layers * args.hidden * 2
+    size, sizes = common.size_line(args)
     print(
-        f"{args.sequences} sequences x {args.length} tokens, hidden_states [{args.layers}, {args.hidden}] bf16: "
-        f"{size / 2**30:.2f} GiB per copy; {os.cpu_count()} CPUs, load average {load[0]:.2f} at start"
+        f"{sizes}: {size / 2**30:.2f} GiB per copy; {os.cpu_count()} CPUs, load average {load[0]:.2f} at start"
     )
     # Every path below checks its chunks in-process only (the user's verification log off), as
     # before the log existed; first_touch measures the log separately. Restored at the end.

@@ -104,16 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from hscache.cluster import cluster_client
 
-    config = ExtractConfig(
-        out=args.out,
-        model=args.model,
-        prompts=args.prompts,
-        layers=args.layers,
-        max_new_tokens=args.max_new_tokens,
-        dtype=args.dtype,
-        device=args.device,
-        limit=args.limit,
-    )
+    flags = ("out", "model", "prompts", "layers", "max_new_tokens", "dtype", "device", "limit")
+    config = ExtractConfig(**{name: getattr(args, name) for name in flags})
     with cluster_client(scheduler=args.scheduler, workers=args.workers) as client:
         results = sharded_extract(config, args.shards, client)
     for result in results:

@@ -315,6 +315,48 @@ def _inside_folder(sidecar: Path, directory: Path, name: Any) -> str:
     return name
 
 
+def source_layer_ids(
+    directory: Path, layer_ids: list[int] | None, sidecar: dict[str, Any] | None, key: str | None, hint: str
+) -> tuple[list[int], str]:
+    """The layer ids a peer's files hold, as its format numbers them: ``--layer-ids``, else an hscache
+    export's sidecar's ``key`` (None: the format has no sidecar); and which of the two said so.
+
+    Raises:
+        InputError: neither says (one line: pass --layer-ids with ``hint``).
+    """
+    ids = layer_ids or ((sidecar or {}).get(key) if key else None)
+    if not ids:
+        raise InputError(
+            f"{directory} does not say which layers its files hold; pass --layer-ids with {hint}"
+        )
+    return list(ids), "--layer-ids" if layer_ids else "sidecar"
+
+
+def import_record(
+    fmt: str,
+    directory: Path,
+    files: int,
+    layer_ids: list[int],
+    source_layer_ids: list[int],
+    convention: str,
+    layer_ids_from: str,
+    sidecar: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Provenance's ``imported`` block of an import (``write_imported_cache``'s ``imported``): the format,
+    the folder, its file count, the layer ids in hscache's convention and in the format's own, and whether
+    ``--layer-ids`` or an hscache export's sidecar gave them."""
+    return {
+        "format": fmt,
+        "source": str(directory.resolve()),
+        "files": files,
+        "layer_ids": list(layer_ids),
+        "source_layer_ids": list(source_layer_ids),
+        "source_layer_convention": convention,
+        "layer_ids_from": layer_ids_from,
+        "exported_from": (sidecar or {}).get("exported_from"),
+    }
+
+
 def check_layer_count(layer_ids: list[int], total: int | None, flag: str, where: Any) -> None:
     """Refuse layer ids at or past ``total`` layers (the target's count, when known): a cache whose
     layer ids name no layer of its target cannot be read (issue 36).

@@ -40,10 +40,12 @@ from hscache.interop.common import (
     check_export_complete,
     export_errors,
     finish_export,
+    import_record,
     num_target_layers,
     publish_file,
     read_sidecar,
     select_layers,
+    source_layer_ids,
     write_imported_cache,
 )
 from hscache.progress import NO_PROGRESS
@@ -300,22 +302,9 @@ def import_specforge(
             "<sample_id>.ckpt dumps)"
         )
     sidecar = read_sidecar(directory, "specforge")
-    ids = layer_ids or (sidecar or {}).get("target_layer_ids")
-    if not ids:
-        raise InputError(
-            f"{directory} does not say which layers its files hold; pass --layer-ids with the draft "
-            "config's dflash_config.target_layer_ids"
-        )
-    imported = {
-        "format": "specforge",
-        "source": str(directory.resolve()),
-        "files": len(files),
-        "layer_ids": list(ids),
-        "source_layer_ids": list(ids),
-        "source_layer_convention": LAYER_CONVENTION,
-        "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
-        "exported_from": (sidecar or {}).get("exported_from"),
-    }
+    hint = "the draft config's dflash_config.target_layer_ids"
+    ids, given = source_layer_ids(directory, layer_ids, sidecar, "target_layer_ids", hint)
+    imported = import_record("specforge", directory, len(files), ids, ids, LAYER_CONVENTION, given, sidecar)
     total = (sidecar or {}).get("num_target_layers")
     if total is not None and any(not 0 <= i < total for i in ids):
         raise InputError(

@@ -40,10 +40,12 @@ from hscache.interop.common import (
     check_export_complete,
     export_errors,
     finish_export,
+    import_record,
     num_target_layers,
     publish_file,
     read_sidecar,
     select_layers,
+    source_layer_ids,
     write_imported_cache,
 )
 from hscache.progress import NO_PROGRESS
@@ -298,12 +300,8 @@ def import_speculators(
     check_export_complete(directory, expected_files)
     table = _read_dataset(directory)
     sidecar = read_sidecar(directory, "speculators")
-    aux = layer_ids or (sidecar or {}).get("vllm_layer_ids")
-    if not aux:
-        raise InputError(
-            f"{directory} does not say which layers its files hold; pass --layer-ids with the vLLM aux ids "
-            "(launch_vllm.py --target-layer-ids plus the last layer), e.g. 2,14,25,28"
-        )
+    hint = "the vLLM aux ids (launch_vllm.py --target-layer-ids plus the last layer), e.g. 2,14,25,28"
+    aux, given = source_layer_ids(directory, layer_ids, sidecar, "vllm_layer_ids", hint)
     if 0 in aux:
         raise InputError(f"--layer-ids {aux}: vLLM aux id 0 (the embeddings) has no hscache layer")
     total = (sidecar or {}).get("num_target_layers")
@@ -314,21 +312,15 @@ def import_speculators(
         )
     hidden_files = [p for p in (directory / HIDDEN_DIR).glob("hs_*.safetensors") if _HS_FILE.match(p.name)]
     files = len(hidden_files)
-    imported = {
-        "format": "speculators",
-        "source": str(directory.resolve()),
-        "files": max(1, files),
-        "layer_ids": [a - 1 for a in aux],
-        "source_layer_ids": list(aux),
-        "source_layer_convention": LAYER_CONVENTION,
-        "layer_ids_from": "--layer-ids" if layer_ids else "sidecar",
-        "exported_from": (sidecar or {}).get("exported_from"),
-    }
+    ids = [a - 1 for a in aux]
+    imported = import_record(
+        "speculators", directory, max(1, files), ids, aux, LAYER_CONVENTION, given, sidecar
+    )
     record_ids = (sidecar or {}).get("record_ids")
     return write_imported_cache(
         Path(out),
         _sequences(directory, table, len(aux), record_ids),
-        layer_ids=[a - 1 for a in aux],
+        layer_ids=ids,
         imported=imported,
         compression=compression,
         progress=progress,

@@ -30,7 +30,7 @@ from hscache.engines.vllm.files import (
     read_connector_file,
 )
 from hscache.errors import InputError
-from hscache.interop.common import ImportedSequence, write_imported_cache
+from hscache.interop.common import ImportedSequence, import_record, source_layer_ids, write_imported_cache
 from hscache.progress import NO_PROGRESS
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.paths import check_source_dir
@@ -94,11 +94,8 @@ def import_vllm(
     """
     directory = check_source_dir(directory, "vllm")
     files = connector_files(directory)
-    if not layer_ids:
-        raise InputError(
-            f"{directory}: vLLM's files do not say which layers they hold; pass --layer-ids with the engine's "
-            "eagle_aux_hidden_state_layer_ids (e.g. 2,4,8: hscache layers 1,3,7)"
-        )
+    hint = "the engine's eagle_aux_hidden_state_layer_ids (e.g. 2,4,8: hscache layers 1,3,7)"
+    layer_ids, given = source_layer_ids(directory, layer_ids, None, None, hint)  # vLLM's files do not say
     vocab = depth = width = None
     if target is not None:
         vocab, depth, width = _target_shape(target)
@@ -106,16 +103,7 @@ def import_vllm(
     for path in files:  # every header (shape, truncation) before anything is written
         check_connector_header(path, len(ids), width)
     last = ids.index(depth - 1) if depth is not None and depth - 1 in ids else None
-    imported = {
-        "format": "vllm",
-        "source": str(directory.resolve()),
-        "files": len(files),
-        "layer_ids": ids,
-        "source_layer_ids": list(layer_ids),
-        "source_layer_convention": LAYER_CONVENTION,
-        "layer_ids_from": "--layer-ids",
-        "exported_from": None,
-    }
+    imported = import_record("vllm", directory, len(files), ids, layer_ids, LAYER_CONVENTION, given, None)
     return write_imported_cache(
         Path(out),
         _sequences(files, len(ids), vocab, width),

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hscache.capture.responses import iter_responses, responses_sampling
-from hscache.engines.vllm import VllmTargetError, VllmVersionError, check_version, preflight_target
 from hscache.engines.vllm.cpu_patch import apply, expand_fill
 from hscache.engines.vllm.outputs import greedy_record, responses_record
+from hscache.engines.vllm.runtime import VllmTargetError, VllmVersionError, check_version, preflight_target
 from hscache.engines.vllm.worker import place_rounds, unrecorded_steps
 
 QWEN3 = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "layer_types": ["full_attention"] * 2}

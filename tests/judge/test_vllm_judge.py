@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from vllm_env import NEEDS_VLLM, VLLM_PYTHON
 
-from hscache.engines.vllm import VllmTargetError, VllmUnavailableError, VllmVersionError
 from hscache.engines.vllm.draft_record import RECORDER_PATCH
+from hscache.engines.vllm.runtime import VllmTargetError, VllmUnavailableError, VllmVersionError
 from scorer.cli import main
 from scorer.studies.vllm_judge import ServedConfig, judge, score_served
 
