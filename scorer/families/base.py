@@ -263,6 +263,8 @@ class Family:
             commands, their values passed as ``EvalConfig.overrides``; another family refuses them.
         vllm: how vLLM 0.32.0 serves its drafters (`VllmServing`, ``scorer served``); None: vLLM does
             not serve them as the scorer scores them, and ``scorer served`` refuses the family by name.
+        vllm_refusal: why vLLM 0.32.0 does not serve them (``vllm`` None), citing the engine's
+            file:line: ``scorer served``'s refusal says it; empty: the refusal names the family only.
         init: (cache path, out, **options) -> the written drafter's config: a fresh drafter sized
             for the cache's target (``scorer init --family F``); None when there is nothing to
             write (the head ships inside the target, or the family has no weights).
@@ -312,6 +314,7 @@ class Family:
     diagnose: Callable[[Any], Any] | None = None
     flags: tuple[FamilyFlag, ...] = ()
     vllm: VllmServing | None = None
+    vllm_refusal: str = ""
 
     def __post_init__(self) -> None:
         if not self.display_name:

@@ -44,8 +44,8 @@ from hscache.engines.vllm.runtime import (
 from hscache.store.view import CacheView
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
-from scorer.families import FAMILIES, family_named
-from scorer.families.base import VllmServing
+from scorer.families import FAMILIES, family_for, family_named
+from scorer.families.base import VllmServing, probe_checkpoint
 from scorer.offline.scoring import EvalConfig, effective_config, load_drafter
 from scorer.studies.evaluate import evaluate
 
@@ -118,14 +118,15 @@ def speculative_config(family: str, checkpoint: str, drafter: Any, k: int) -> di
 
 def _serving(family: str) -> VllmServing:
     """How vLLM serves ``family`` (the registry's ``Family.vllm``), or its refusal by name."""
-    serving = family_named(family).vllm
-    if serving is None:
+    row = family_named(family)
+    if row.vllm is None:
         served = sorted(f.name for f in FAMILIES if f.vllm is not None)
+        why = f": {row.vllm_refusal}" if row.vllm_refusal else ""
         raise ScorerError(
-            f"vLLM 0.32.0 does not serve {family} drafters as hscache scores them; scorer served judges "
+            f"vLLM 0.32.0 does not serve {family} drafters as hscache scores them{why}; scorer served judges "
             f"{', '.join(served)}"
         )
-    return serving
+    return row.vllm
 
 
 def engine_entry(name: str, family: str, spec: dict[str, Any], runs: list[dict], max_model_len: int) -> dict:
@@ -462,6 +463,8 @@ def plan_served(
     configs = [config] * len(checkpoints) if isinstance(config, ServedConfig) else list(config)
     for each in configs:
         _check_config(each)
+    for checkpoint in checkpoints:  # a family vLLM does not serve: refused before vLLM's interpreter starts
+        _serving(family_for(probe_checkpoint(str(checkpoint))).name)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     python = vllm_python(configs[0].vllm_python)

@@ -127,6 +127,10 @@ def test_vllm_cpu_refuses_the_dflash2_drafter_by_its_candidate_head(judged: dict
     """vLLM serves DFlash2 (architectures DFlash2DraftModel, qwen3_dflash2.py) only in its V2 model
     runner: V1 refuses "DFlash candidate-head drafts" rather than draft them as DFlash1 (vllm 0.32.0
     config/vllm.py:2987-2991), and V2 needs Triton, which vLLM CPU has not (config/vllm.py:723-727).
-    So vLLM CPU cannot judge DFlash2; the refusal names the candidate head, nothing else in the drafter."""
+    So vLLM CPU cannot judge DFlash2; the refusal names the candidate head, nothing else in the drafter, in
+    the words `scorer served`'s own refusal of the family quotes (scorer/families/dflash2: VLLM_REFUSAL)."""
+    from scorer.families.dflash2 import VLLM_REFUSAL, VLLM_V1_ERROR
+
     error = judged["raw"]["dflash2"].get("error", "")
-    assert "Model Runner V1 does not support: DFlash candidate-head drafts" in error
+    assert VLLM_V1_ERROR in error
+    assert f'"{VLLM_V1_ERROR}"' in VLLM_REFUSAL

