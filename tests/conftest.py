@@ -64,8 +64,11 @@ def skip_summary(reasons: list[str]) -> list[str]:
     ]
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """At the end of a run, how to run the tests it skipped (``skip_summary``)."""
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """At the end of a run, after pytest's short summary (the outermost wrapper finishes last), how to
+    run the tests it skipped (``skip_summary``)."""
+    result = yield
     reasons = [
         report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         for report in terminalreporter.stats.get("skipped", [])
@@ -75,6 +78,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         terminalreporter.write_sep("-", "skipped tests, and how to run them")
         for line in lines:
             terminalreporter.write_line(line)
+    return result
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

@@ -30,21 +30,32 @@ def test_skips_are_counted_by_what_runs_them_in_the_readme_order():
     assert skip_summary([]) == []
 
 
-def test_the_end_of_a_run_names_the_commands(tmp_path):
+def _finish(reporter) -> None:
+    """Run the hook as pluggy runs a wrapper: up to its yield (pytest's own summary), then past it."""
+    hook = pytest_terminal_summary(reporter, 0, None)
+    next(hook)
+    try:
+        hook.send(None)
+    except StopIteration:
+        return
+    raise AssertionError("the hook yields once")
+
+
+def test_the_end_of_a_run_names_the_commands():
     """The hook reads pytest's skip reports (longrepr (path, line, "Skipped: reason")) and writes after
-    a separator; a run with no skips writes nothing."""
+    pytest's own summary, under a separator; a run with no skips writes nothing."""
     written: list[str] = []
     reporter = SimpleNamespace(
         stats={"skipped": [SimpleNamespace(longrepr=("t.py", 3, f"Skipped: {VLLM}")) for _ in range(2)]},
         write_sep=lambda sep, title: written.append(f"{sep} {title}"),
         write_line=written.append,
     )
-    pytest_terminal_summary(reporter, 0, None)
+    _finish(reporter)
     assert written == [
         "- skipped tests, and how to run them",
         "2 tests skipped (vLLM): run `bash .ci/vllm-env.sh` to run them",
     ]
     written.clear()
     reporter.stats = {"passed": [object()]}
-    pytest_terminal_summary(reporter, 0, None)
+    _finish(reporter)
     assert written == []
