@@ -1,4 +1,5 @@
-"""The README's "Judged by vLLM" table: every family vLLM CPU serves, at T 0 and at a seeded T 0.7, scored
+"""docs/scoring.md's "Judged by vLLM: the families, measured" table (the README's until 2026-12-07):
+every family vLLM CPU serves, at T 0 and at a seeded T 0.7, scored
 offline and counted by vLLM on the same requests, in ONE vLLM process (scorer.studies.vllm_judge.serve_plans).
 
 Setup: the built-in plain Qwen3 (fp32) and hybrid Qwen3.5 (bf16, vLLM CPU's Gated DeltaNet kernel; its

@@ -35,6 +35,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ]
 
 
+# What a skipped test needs, told by its skip reason, and how to provide it (the README's "Run the
+# tests" sequence): the end of a run says it, so a run that never reached vLLM says how to reach it.
+SKIP_GROUPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("vLLM", (".ci/vllm-env.sh",), "run `bash .ci/vllm-env.sh` to run them"),
+    (
+        "peer oracles",
+        (".peers",),
+        "run `.venv/bin/pip install -q --no-deps --target .peers speculators==0.9.0 specforge==0.2.0 "
+        "nemo-automodel==0.7.0` to run them",
+    ),
+    ("browser", ("chromium",), "run `apt-get install chromium` to run them"),
+    ("dev extras", ("moto", "s3fs", "`datasets`"), 'run `.venv/bin/pip install -e ".[dev]"` to run them'),
+    ("GPU", ("CUDA", "flash-linear-attention"), "they run on a CUDA machine (`pytest -m gpu` there)"),
+)
+
+
+def skip_summary(reasons: list[str]) -> list[str]:
+    """One line per SKIP_GROUPS group that skip ``reasons`` fall in, in its order: "N tests skipped
+    (group): how to run them"; reasons in no group are counted on one last line."""
+    counts = dict.fromkeys([name for name, _, _ in SKIP_GROUPS] + ["other"], 0)
+    for reason in reasons:
+        name = next((name for name, marks, _ in SKIP_GROUPS if any(m in reason for m in marks)), "other")
+        counts[name] += 1
+    how = {name: command for name, _, command in SKIP_GROUPS} | {"other": "`pytest -rs` lists why"}
+    return [
+        f"{n} {'tests' if n > 1 else 'test'} skipped ({name}): {how[name]}" for name, n in counts.items() if n
+    ]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """At the end of a run, after pytest's short summary (the outermost wrapper finishes last), how to
+    run the tests it skipped (``skip_summary``)."""
+    result = yield
+    reasons = [
+        report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        for report in terminalreporter.stats.get("skipped", [])
+    ]
+    lines = skip_summary(reasons)
+    if lines:
+        terminalreporter.write_sep("-", "skipped tests, and how to run them")
+        for line in lines:
+            terminalreporter.write_line(line)
+    return result
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path

@@ -1,4 +1,4 @@
-"""The dependency rules of the layout, checked on the source (README "Architecture").
+"""The dependency rules of the layout, checked on the source (docs/architecture.md).
 
 Every import counts, including those inside functions (a lazy import hides a cycle, it does
 not remove it):

@@ -49,5 +49,8 @@ def test_quickstart_runs_and_scores_a_drafter_above_one(tmp_path, monkeypatch):
         result = CliRunner().invoke(entry_points[name], args)
         assert result.exit_code == 0, f"{step}\n{result.output}"
     report = json.loads((tmp_path / "report.json").read_text())
-    # issue 31's range for the quickstart drafter (2.366 measured 2026-12-04 on the trained target)
-    assert 2.0 <= report["tau"]["per_request"] <= 6.0
+    # 1.889 measured 2026-12-07 (the README's figure): the drafter trains at prompt anchors too, the
+    # trainer's default since that day. Issue 31's range, 2..6, was set for generated anchors only
+    # (2.366, `--no-prompt-anchors`); the saddle where a drafter drafts one constant token sits at
+    # ~1.2 (docs/benchmarks.md "Quickstart"), which this bound still tells apart.
+    assert 1.5 <= report["tau"]["per_request"] <= 6.0

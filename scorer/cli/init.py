@@ -117,10 +117,12 @@ def _families() -> tuple[Any, ...]:
     "the drafter in memory, first 64 sequences); 0: never.",
 )
 @click.option(
-    "--prompt-anchors",
-    is_flag=True,
+    "--prompt-anchors/--no-prompt-anchors",
+    default=True,
+    show_default=True,
     help="DFlash with --train-steps: also train at anchors inside the prompts, slot 1 against the "
-    "target's argmax there (the drafter learns to read its anchor token; bench/dflash_anchor.py).",
+    "target's argmax there (the drafter learns to read its anchor token; bench/dflash_anchor.py); "
+    "--no-prompt-anchors: only at anchors in the generated text.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT when it already holds files.")
 @friendly_errors
@@ -187,7 +189,7 @@ def init(
         raise ScorerError(
             f"--eval-every watches a {chosen.display_name} drafter while it trains: add --train-steps N"
         )
-    if given.get("prompt_anchors") and not train_steps:
+    if "prompt_anchors" in given and not train_steps:
         raise ScorerError(
             f"--prompt-anchors chooses where a {chosen.display_name} drafter trains: add --train-steps N"
         )

@@ -68,25 +68,38 @@ def test_prompt_anchors_train_slot_one_on_the_targets_argmax_inside_the_prompt(s
         assert (x[1:P] != a[: P - 1]).any()  # the prompt's own tokens are not the target's choices
 
 
-def test_prompt_anchors_change_the_training_and_are_refused_where_they_mean_nothing(scorer_cache, tmp_path):
+def test_prompt_anchors_are_the_default_and_are_refused_where_they_mean_nothing(scorer_cache, tmp_path):
+    """Prompt anchors are the trainer's and ``scorer init``'s default since 2026-12-07;
+    ``--no-prompt-anchors`` trains at generated anchors only. Either flag is refused without training
+    and for a family it does not apply to."""
     from click.testing import CliRunner
 
     from scorer.cli import main
 
     default = _weights(scorer_cache, tmp_path / "default")
     prompts = _weights(scorer_cache, tmp_path / "prompts", prompt_anchors=True)
-    assert any(not torch.equal(default[k], prompts[k]) for k in default)
-    for args, message in (
-        ([], "--prompt-anchors chooses where a DFlash drafter trains: add --train-steps N"),
-        (["--family", "eagle3", "--train-steps", "2"], "--prompt-anchors does not apply to --family eagle3"),
-    ):
-        out = tmp_path / "refused"
-        result = CliRunner().invoke(
-            main, ["init", str(out), "--cache", str(scorer_cache), "--prompt-anchors", *args]
-        )
-        assert (
-            result.exit_code == 2
-            and message in result.output
-            and len(result.output.strip().splitlines()) == 1
-        )
-        assert not out.exists()
+    generated = _weights(scorer_cache, tmp_path / "generated", prompt_anchors=False)
+    assert all(torch.equal(default[k], prompts[k]) for k in default)
+    assert any(not torch.equal(default[k], generated[k]) for k in default)
+    for flags, want in (([], prompts), (["--no-prompt-anchors"], generated)):
+        out = tmp_path / f"cli{len(flags)}"
+        args = ["init", str(out), "--cache", str(scorer_cache), "--train-steps", "2", "--block-size", "6"]
+        assert CliRunner().invoke(main, [*args, *flags]).exit_code == 0
+        got = load_file(str(out / "model.safetensors"))
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    for flag in ("--prompt-anchors", "--no-prompt-anchors"):
+        for args, message in (
+            ([], "--prompt-anchors chooses where a DFlash drafter trains: add --train-steps N"),
+            (
+                ["--family", "eagle3", "--train-steps", "2"],
+                "--prompt-anchors does not apply to --family eagle3",
+            ),
+        ):
+            out = tmp_path / "refused"
+            result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache), flag, *args])
+            assert (
+                result.exit_code == 2
+                and message in result.output
+                and len(result.output.strip().splitlines()) == 1
+            ), (flag, result.output)
+            assert not out.exists()

@@ -1,6 +1,6 @@
 """Load any DFlash drafter checkpoint into (DFlashConfig, state_dict) and say what was inferred.
 
-Accepted (spec/dflash.md section 2, README "Drafter formats"): an HF directory (config.json +
+Accepted (spec/dflash.md section 2, docs/scoring.md "Drafter formats"): an HF directory (config.json +
 model.safetensors, or shards with `model.safetensors.index.json`, or pytorch_model.bin) in the
 z-lab, SpecForge-export or speculators layout, a bare `.safetensors` file, a training pickle
 (`.pt`, `.pth`, `.bin`), or SpecForge's `{run}-stepN/training_state.pt` (`draft_state_dict`).

@@ -45,7 +45,7 @@ def training_batch(
     anchors_per_step: int,
     gen: torch.Generator,
     memo: dict,
-    prompt_anchors: bool = False,
+    prompt_anchors: bool = True,
 ):
     """One random sequence, ``anchors_per_step`` random anchors, blocks and targets. A row's token
     ids, target argmax, first generated position and features (the fixed final norm applied) are the
@@ -141,7 +141,8 @@ class DFlashTrainConfig:
             from this run's; its shapes may not).
         prompt_anchors: also train at anchors inside the prompt, slot 1 against the target's argmax
             there (``training_batch``; needs a cache with target_argmax), as EAGLE-3's trainer trains every
-            position. Measured on the families recipe (HumanEval 164 x 64 tokens, 600 steps, scored on
+            position. The default since 2026-12-07 (``scorer init --no-prompt-anchors``: generated anchors
+            only, as before). Measured on the families recipe (HumanEval 164 x 64 tokens, 600 steps, scored on
             8 held-out prompts, 2026-12-04): without it the drafter ignores its anchor token (slot 1
             right 13% held out, 13% with the anchor token randomised: bench/dflash_anchor.py) and
             tau is 1.148; with it slot 1 is right 33.5% (12.5% randomised) and tau 1.285; at 2,000
@@ -164,7 +165,7 @@ class DFlashTrainConfig:
     block_position_offset: int = 0
     last_layer_normed: bool = True
     init_from: str | Path | None = None
-    prompt_anchors: bool = False
+    prompt_anchors: bool = True
 
 
 def train_dflash(
@@ -207,7 +208,8 @@ def train_dflash(
     if config.prompt_anchors and "target_argmax" not in cache.specs:
         raise ScorerError(
             f"--prompt-anchors trains slot 1 against the target's argmax, which {cache_path} does not hold: "
-            "extract the cache again without dropping target_argmax, or drop --prompt-anchors"
+            "extract the cache again without dropping target_argmax, or pass --no-prompt-anchors "
+            "(prompt_anchors=False: generated anchors only)"
         )
     drafter_config = dflash_config_for_cache(
         cache,
