@@ -23,6 +23,7 @@ Refused by name: a cache without the target's last layer (or with it elsewhere t
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ import torch
 
 from hscache.data import SequenceDataset
 from hscache.errors import CacheFormatError, InputError
+from hscache.interop.arrow_stream import read_bounded_stream
 from hscache.interop.common import (
     ImportedSequence,
     begin_export,
@@ -211,7 +213,8 @@ def _read_dataset(directory: Path) -> pa.Table:
         path = directory / Path(entry["filename"]).name  # never outside the folder
         try:
             with open_regular(path) as raw, pa.PythonFile(raw, mode="r") as source:
-                tables.append(pa.ipc.open_stream(source).read_all())
+                # Each batch's inflated size bounded before it is decoded (a zstd bomb, issue 52).
+                tables.append(read_bounded_stream(source, os.fstat(raw.fileno()).st_size, str(path)))
         except (OSError, pa.ArrowException) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InputError(

@@ -266,3 +266,30 @@ def test_absurd_flags_are_refused_before_any_work(tmp_path, args, message):
     errors = [line for line in _lines(result) if line.lower().startswith("error")]
     assert len(errors) == 1 and message in errors[0] and len(errors[0]) < 400, result.output
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+# 11. `hscache import --format speculators`: an Arrow stream's inflated size is bounded before it is read.
+def test_a_speculators_arrow_stream_that_inflates_past_the_bound_is_refused_before_reading(tmp_path):
+    import pyarrow.ipc as ipc
+
+    source = tmp_path / "dataset"
+    (source / "hidden_states").mkdir(parents=True)
+    (source / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    )
+    zeros = pa.array(np.zeros(5 << 20, dtype=np.int64))  # 2 x 40 MiB of zeros: a few KB of zstd
+    column = pa.ListArray.from_arrays(pa.array([0, len(zeros)], pa.int32()), zeros)
+    table = pa.table({"input_ids": column, "loss_mask": column})
+    options = ipc.IpcWriteOptions(compression="zstd")
+    with pa.OSFile(str(source / "data-00000-of-00001.arrow"), "wb") as sink:
+        with ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+    del zeros, column, table
+    assert (source / "data-00000-of-00001.arrow").stat().st_size < 1 << 20
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        hscache_main,
+        ["import", "--format", "speculators", str(source), "--out", str(out), "--layer-ids", "2,4"],
+    )
+    assert _one_line_refusal(result) and "a decompression bomb" in result.output, result.output
+    assert not (out / "manifest.json").exists()
