@@ -50,11 +50,11 @@ from hscache.interop.common import (
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store import jsonio
-from hscache.store.fsio import open_regular
+from hscache.store.fsio import open_regular, read_regular
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 from hscache.store.paths import check_source_dir
-from hscache.store.target_files import check_safetensors
+from hscache.store.target_files import check_safetensors_bytes
 
 __all__ = ["export_speculators", "import_speculators"]
 
@@ -245,7 +245,7 @@ def _sequences(
     directory: Path, table: pa.Table, layers: int, record_ids: list[str] | None
 ) -> Iterator[ImportedSequence]:
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     input_ids, loss_mask = table.column("input_ids"), table.column("loss_mask")
     for i in range(table.num_rows):
@@ -255,8 +255,11 @@ def _sequences(
             what = "is zstd-compressed (.zst), which is not implemented" if zst.is_file() else "is missing"
             raise InputError(f"{path} {what}; every dataset row needs its hidden-state file")
         try:
-            check_safetensors(path)  # the header against the file, before safetensors allocates
-            loaded = load_file(str(path))
+            # One read, regular files only: the header checked (before safetensors allocates) is the
+            # header of the bytes that are loaded.
+            data = read_regular(path)
+            check_safetensors_bytes(data, str(path))
+            loaded = load(bytes(data))
         except (CacheFormatError, SafetensorError, OSError) as exc:
             raise InputError(
                 f"{path} is not a safetensors file of tensors ({' '.join(str(exc).split())[:200]}); every dataset "
