@@ -21,16 +21,7 @@ import hscache
 from scorer.cli import main
 from scorer.init import init_drafter
 from scorer.studies.sweep import cache_identity
-
-
-def _one_line_refusal(result) -> bool:
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    return (
-        result.exit_code == 2
-        and "Traceback" not in result.output
-        and len(lines) == 1
-        and lines[0].startswith("error: ")
-    )
+from tests.cli_result import one_line_refusal
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +51,7 @@ def test_a_fifo_named_like_a_weights_file_in_a_drafter_directory_does_not_hang_e
     except subprocess.TimeoutExpired:
         pytest.fail("probing the drafter directory waited on a FIFO named extra.safetensors")
     result = _eval(copy, scorer_cache)
-    assert result.exit_code == 0 or _one_line_refusal(result), result.output
+    assert result.exit_code == 0 or one_line_refusal(result), result.output
 
 
 def _config_edit(**changes):
@@ -95,7 +86,7 @@ def test_drafter_config_numbers_are_checked_as_the_flags_are(drafter, scorer_cac
     edit(config)
     (copy / "config.json").write_text(json.dumps(config))
     result = _eval(copy, scorer_cache)
-    assert _one_line_refusal(result) and message in result.output, result.output
+    assert one_line_refusal(result) and message in result.output, result.output
 
 
 # 16. SGLang's tree with a TOPK larger than the draft vocabulary: one line, not torch's IndexError.
@@ -104,9 +95,7 @@ def test_a_tree_topk_past_the_vocabulary_is_one_line(scorer_cache):
         main,
         ["eval", "target:mtp", "--cache", str(scorer_cache), "--limit", "1", "--tree", "2,1000,10"],
     )
-    assert _one_line_refusal(result) and "TOPK 1000 is more than the drafter's" in result.output, (
-        result.output
-    )
+    assert one_line_refusal(result) and "TOPK 1000 is more than the drafter's" in result.output, result.output
 
 
 # 13. `scorer sweep` keys its stored results by the cache's digest: a resealed cache of the same tokens
