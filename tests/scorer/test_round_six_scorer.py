@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,21 @@ def test_the_sweep_key_changes_with_the_cache_digest(scorer_cache, tmp_path):
     assert clean.index.column("token_sha256").equals(resealed.index.column("token_sha256"))
     assert hscache.cache_digest(clean) != hscache.cache_digest(resealed)
     assert cache_identity(clean) != cache_identity(resealed)
+
+
+# 9 (every reader): a FIFO given as a drafter's --config is refused in one line, never read.
+def test_a_fifo_given_as_the_drafter_config_is_refused_without_waiting(drafter, scorer_cache, tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    results: list = []
+    # A plain open() of a FIFO waits in Python (the GIL released): a thread bounds a regression.
+    runner = threading.Thread(
+        target=lambda: results.append(_eval(drafter, scorer_cache, "--config", str(fifo)))
+    )
+    runner.daemon = True
+    runner.start()
+    runner.join(30)
+    if runner.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let it go before failing
+        pytest.fail("scorer eval waited on a FIFO given as --config")
+    assert one_line_refusal(results[0]) and "not a regular file" in results[0].output, results[0].output
