@@ -1,4 +1,4 @@
-"""Issue 52, faults and hostile input round six: the scorer's side.
+"""Issue 52, faults and hostile input round six: what the scorer reads (drafter files, configs, sweeps).
 
 Each test failed before its fix. The cache is the session's ``scorer_cache`` (tests/scorer/conftest.py);
 the drafter a one-layer DFlash drafter initialised from it, copied where a test edits it.
