@@ -49,6 +49,7 @@ from hscache.store.writer import SequenceRows, StoreWriter
 
 __all__ = [
     "ABSENT_TARGET_ARRAYS",
+    "INFLATE_RATIO",
     "EXPORT_MARK",
     "IMPORTING_MARK",
     "SIDECAR",
@@ -60,6 +61,7 @@ __all__ = [
     "ImportedSequence",
     "check_fresh_dir",
     "check_layer_count",
+    "inflate_limit",
     "num_target_layers",
     "parse_layer_ids",
     "read_sidecar",
@@ -71,6 +73,21 @@ __all__ = [
 SIDECAR = "hscache_export.json"
 EXPORT_MARK = ".hscache-export-incomplete"
 ABSENT_TARGET_ARRAYS = ("target_argmax", "target_topk_values", "target_topk_ids", "target_logsumexp")
+# An imported file may hold at most this many times its own size once inflated (and at least
+# _INFLATE_FLOOR): hidden states compress about 1.2x (docs/storage.md), token ids and masks are
+# small, torch.save stores its entries uncompressed. A file that inflates further is a
+# decompression bomb (2 MB of gzip, deflated zip entries or zstd Arrow buffers inflating to
+# gigabytes): SpecForge and speculators files are refused before the inflated bytes are allocated
+# (issues 36, 52).
+INFLATE_RATIO = 20
+_INFLATE_FLOOR = 64 << 20
+
+
+def inflate_limit(size: int) -> int:
+    """The most bytes a ``size``-byte imported file may inflate to."""
+    return max(_INFLATE_FLOOR, INFLATE_RATIO * size)
+
+
 _CHUNK_BYTES = 8 << 20  # as hscache extract's default --chunk-mb 8
 _COMMIT_EVERY = 256  # sequences per commit: a killed import keeps what it committed
 _LOGICAL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

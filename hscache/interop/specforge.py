@@ -35,12 +35,14 @@ import torch
 from hscache.data import SequenceDataset
 from hscache.errors import InputError
 from hscache.interop.common import (
+    INFLATE_RATIO,
     ImportedSequence,
     begin_export,
     check_export_complete,
     export_errors,
     finish_export,
     import_record,
+    inflate_limit,
     num_target_layers,
     publish_file,
     read_sidecar,
@@ -170,18 +172,13 @@ def _sample_id(name: str) -> str:
     return name[: -len(".ckpt.gz")] if name.endswith(".ckpt.gz") else name[: -len(".ckpt")]
 
 
-# A feature file may hold at most this many times its own size once inflated (and at least
-# _INFLATE_FLOOR): hidden states compress about 1.2x (docs/storage.md), token ids and masks are
-# small, torch.save stores its entries uncompressed. A file that inflates further is a
-# decompression bomb (2 MB of gzip or deflated zip entries inflating to gigabytes): refused before
-# the inflated bytes are allocated (issue 36).
-INFLATE_RATIO = 20
-_INFLATE_FLOOR = 64 << 20
+# A feature file may inflate to at most ``inflate_limit`` of its size (interop/common.py): a file
+# that inflates further is a decompression bomb, refused before the inflated bytes are allocated.
 _PIECE = 1 << 20
 
 
 def _inflate_limit(path: Path, size: int) -> int:
-    return max(_INFLATE_FLOOR, INFLATE_RATIO * size)
+    return inflate_limit(size)
 
 
 def _inflated_at_most(path: Path) -> int:

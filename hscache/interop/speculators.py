@@ -23,6 +23,7 @@ Refused by name: a cache without the target's last layer (or with it elsewhere t
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ import torch
 
 from hscache.data import SequenceDataset
 from hscache.errors import CacheFormatError, InputError
+from hscache.interop.arrow_stream import read_bounded_stream
 from hscache.interop.common import (
     ImportedSequence,
     begin_export,
@@ -50,11 +52,11 @@ from hscache.interop.common import (
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store import jsonio
-from hscache.store.fsio import open_regular
+from hscache.store.fsio import open_regular, read_regular
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 from hscache.store.paths import check_source_dir
-from hscache.store.target_files import check_safetensors
+from hscache.store.target_files import check_safetensors_bytes
 
 __all__ = ["export_speculators", "import_speculators"]
 
@@ -216,7 +218,8 @@ def _read_dataset(directory: Path) -> pa.Table:
         path = directory / Path(entry["filename"]).name  # never outside the folder
         try:
             with open_regular(path) as raw, pa.PythonFile(raw, mode="r") as source:
-                tables.append(pa.ipc.open_stream(source).read_all())
+                # Each batch's inflated size bounded before it is decoded (a zstd bomb, issue 52).
+                tables.append(read_bounded_stream(source, os.fstat(raw.fileno()).st_size, str(path)))
         except (OSError, pa.ArrowException) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise InputError(
@@ -247,7 +250,7 @@ def _sequences(
     directory: Path, table: pa.Table, layers: int, record_ids: list[str] | None
 ) -> Iterator[ImportedSequence]:
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     input_ids, loss_mask = table.column("input_ids"), table.column("loss_mask")
     for i in range(table.num_rows):
@@ -257,8 +260,11 @@ def _sequences(
             what = "is zstd-compressed (.zst), which is not implemented" if zst.is_file() else "is missing"
             raise InputError(f"{path} {what}; every dataset row needs its hidden-state file")
         try:
-            check_safetensors(path)  # the header against the file, before safetensors allocates
-            loaded = load_file(str(path))
+            # One read, regular files only: the header checked (before safetensors allocates) is the
+            # header of the bytes that are loaded.
+            data = read_regular(path)
+            check_safetensors_bytes(data, str(path))
+            loaded = load(bytes(data))
         except (CacheFormatError, SafetensorError, OSError) as exc:
             raise InputError(
                 f"{path} is not a safetensors file of tensors ({' '.join(str(exc).split())[:200]}); every dataset "

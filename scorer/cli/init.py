@@ -13,7 +13,7 @@ import click
 
 from hscache.cli_options import number_option, renamed_flag
 from scorer.cli.shared import (
-    TOKEN_ID,
+    flag_type,
     friendly_errors,
     num_speculative_tokens_option,
     seed_option,
@@ -99,7 +99,7 @@ def _families() -> tuple[Any, ...]:
 @written_block_size_option
 @click.option(
     "--mask-token-id",
-    type=TOKEN_ID,
+    type=flag_type("mask_token_id"),
     default=None,
     help="DFlash: the mask id its blocks are filled with, recorded in its config (default: the target "
     "tokenizer's mask token; required when it defines none). Must be below the vocabulary size.",

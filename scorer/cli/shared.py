@@ -24,6 +24,7 @@ from hscache.cli_options import FiniteFloatRange, apply_options, number_option, 
 from hscache.errors import HscacheError
 from hscache.store.dtypes import SCORER_DTYPES
 from hscache.store.fsio import atomic_write_bytes
+from scorer.config_numbers import DRAFTER_NUMBERS
 from scorer.errors import ScorerError
 from scorer.families.base import FamilyFlag
 from scorer.rules import DRAFT_SAMPLE_METHODS
@@ -52,6 +53,7 @@ __all__ = [
     "family_flag_names",
     "family_flags",
     "family_settings",
+    "flag_type",
     "friendly_errors",
     "given_on_command_line",
     "int_list",
@@ -92,6 +94,17 @@ def int_list(text: str | None, minimum: int | None = None) -> tuple[int, ...]:
 # Ranges of the numeric flags every command shares: a value that cannot be right is refused with
 # the flag's name before anything loads, never scored (--rope-theta -5 gave tau 1.000, exit 0).
 POSITIVE = FiniteFloatRange(min=0, min_open=True)
+
+
+def flag_type(name: str) -> click.ParamType:
+    """The click type of the drafter-config flag ``--NAME``, from the one table of ranges the
+    families' config loaders check too (scorer/config_numbers.py)."""
+    wanted = DRAFTER_NUMBERS[name]
+    if wanted.integer:
+        return click.IntRange(min=int(wanted.minimum), min_open=wanted.min_open)
+    return FiniteFloatRange(min=wanted.minimum, min_open=wanted.min_open)
+
+
 SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
 TOKEN_ID = click.IntRange(min=0)
 # vLLM's draft_sample_method names: greedy (argmax drafts, one-hot verification), probabilistic.
@@ -322,7 +335,7 @@ limit_option = click.option(
 )
 block_size_option = click.option(
     "--block-size",
-    type=click.IntRange(min=2),
+    type=flag_type("block_size"),
     default=None,
     help="Override the drafter's block size (gives one to a checkpoint without a config).",
 )
@@ -389,7 +402,7 @@ written_block_size_option = number_option(
     "--block-size",
     8,
     "DFlash: tokens per draft block of the drafter written (the anchor + block size - 1 drafted).",
-    minimum=2,
+    minimum=DRAFTER_NUMBERS["block_size"].minimum,
 )
 
 
@@ -401,8 +414,18 @@ _checkpoint_options = apply_options(
             callback=lambda _ctx, _param, text: int_list(text, minimum=0),
             help="Override: comma-separated target layer ids.",
         ),
-        click.option("--mask-token-id", type=TOKEN_ID, default=None, help="Override the mask token id."),
-        click.option("--rope-theta", type=POSITIVE, default=None, help="Override the drafter's rope theta."),
+        click.option(
+            "--mask-token-id",
+            type=flag_type("mask_token_id"),
+            default=None,
+            help="Override the mask token id.",
+        ),
+        click.option(
+            "--rope-theta",
+            type=flag_type("rope_theta"),
+            default=None,
+            help="Override the drafter's rope theta.",
+        ),
         click.option(
             "--config",
             "config_path",

@@ -89,6 +89,11 @@ def candidate_trees(
     device = rows.device
     n = len(rows)
     probs = torch.softmax(drafter.head_logits(normed0[rows]).float(), dim=-1)
+    if topk > probs.shape[-1]:  # torch.topk's "selected index k out of range", as one line
+        raise ScorerError(
+            f"--tree {steps},{topk},{tokens}: TOPK {topk} is more than the drafter's {probs.shape[-1]}-token "
+            f"draft vocabulary; choose TOPK <= {probs.shape[-1]}"
+        )
     top = torch.topk(probs, topk, dim=-1)
     scores = top.values  # [n, k]
     frontier_tokens = drafter.to_target(top.indices)  # [n, k]

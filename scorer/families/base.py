@@ -454,12 +454,17 @@ def _safetensors_keys(root: Path) -> frozenset[str] | None:
     if not files:
         return None
     keys: set[str] = set()
-    try:
-        from safetensors import safe_open
+    from hscache.errors import CacheFormatError
+    from hscache.store.target_files import check_safetensors
 
-        for f in files:
-            with safe_open(str(f), framework="pt") as handle:
-                keys.update(handle.keys())
-    except Exception:  # a corrupt file: the loader reports it with the file's name
-        return None
-    return frozenset(keys)
+    read = False
+    for f in files:
+        try:
+            # Its header only, from a regular file opened without blocking (check_safetensors): a
+            # FIFO named *.safetensors made safe_open wait forever, deaf to Ctrl-C (issue 52).
+            header = check_safetensors(f)
+        except CacheFormatError:  # not a regular file, or corrupt: the loader names what it reads
+            continue
+        read = True
+        keys.update(k for k in header if k != "__metadata__")
+    return frozenset(keys) if read else None

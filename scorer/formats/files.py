@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from hscache.store import jsonio
+from hscache.store.fsio import read_regular
 from hscache.store.layout import MANIFEST
 from hscache.store.paths import is_cache_dir
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
@@ -121,8 +122,16 @@ def resolve_files(root: Path) -> tuple[str, list[Path], dict | None]:
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object in ``path``, read from a regular file only, never waiting (a FIFO given as
+    ``--config`` blocked ``scorer eval``, issue 52).
+
+    Raises:
+        CheckpointError: not readable, not a regular file, not JSON or not an object (one line).
+    """
     try:
-        data = jsonio.loads(path.read_bytes())
+        data = jsonio.loads(bytes(read_regular(path)))
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from e
     if not isinstance(data, dict):

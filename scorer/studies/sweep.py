@@ -6,8 +6,9 @@ the rest (in this process, or all submitted at once to a dask cluster) -> write 
 the plot (scorer/report/sweep.py).
 
 Stored reports live in ``OUT/results/<key>.json``; the key hashes the checkpoint's content,
-the cache's identity and the eval settings, so a renamed checkpoint is still skipped and a
-changed setting or re-extracted cache is scored again.
+the cache's identity (its digest among it) and the eval settings, so a renamed checkpoint is still
+skipped and a changed setting or any other cache (re-extracted, or resealed with other rows) is
+scored again.
 
     >>> result = sweep("runs/exp1", "cache/", "runs/exp1/sweep")        # doctest: +SKIP
     >>> [(row["step"], row["tau_per_request"]) for row in result["rows"]]  # doctest: +SKIP
@@ -149,8 +150,11 @@ def checkpoint_sha256(path: str | Path) -> str:
 
 
 def cache_identity(cache: CacheView) -> str:
-    """sha256 of what a cache holds for scoring: its settings, committed size and per-sequence token hashes."""
+    """sha256 of what a cache holds for scoring: its digest (every array's chunk hashes, the index,
+    the target files), settings, committed size and per-sequence token hashes. Without the digest a
+    resealed cache of the same tokens reused another cache's stored tau (issue 52)."""
     document = {
+        "digest": hscache.cache_digest(cache),
         "settings": cache.settings,
         "sequences": len(cache),
         "tokens": cache.num_tokens,

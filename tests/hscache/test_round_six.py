@@ -22,20 +22,7 @@ from hscache.cli import main as hscache_main
 from hscache.errors import CacheFormatError
 from hscache.store import integrity
 from hscache.store.index import parquet_bytes
-
-
-def _lines(result) -> list[str]:
-    return [line for line in result.output.splitlines() if line.strip()]
-
-
-def _one_line_refusal(result, code: int = 2) -> bool:
-    lines = _lines(result)
-    return (
-        result.exit_code == code
-        and "Traceback" not in result.output
-        and len(lines) == 1
-        and lines[0].startswith("error: ")
-    )
+from tests.cli_result import one_line_refusal, output_lines
 
 
 def _same_size_part(part: Path, change) -> None:
@@ -97,7 +84,7 @@ def test_merge_into_refuses_a_shard_rewritten_with_a_valid_crc32c(small_cache, t
     shard = sorted(p for p in sharded.iterdir() if p.is_dir())[0]
     _rewrite_rows(shard / "arrays" / "target_argmax")
     result = CliRunner().invoke(hscache_main, ["merge", str(sharded), "--into", str(tmp_path / "merged")])
-    assert _one_line_refusal(result) and "does not match its sha256" in result.output, result.output
+    assert one_line_refusal(result) and "does not match its sha256" in result.output, result.output
     assert not (tmp_path / "merged" / "manifest.json").exists()
 
 
@@ -202,7 +189,7 @@ def test_hostile_vllm_connector_files_are_one_line_each(tmp_path, case, message)
     with _FifoWatchdog([bad] if case == "fifo" else []) as watchdog:
         result = CliRunner().invoke(hscache_main, args)
     assert not watchdog.fired, "the import waited on a FIFO"
-    assert _one_line_refusal(result) and message in result.output, result.output
+    assert one_line_refusal(result) and message in result.output, result.output
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -236,12 +223,12 @@ def test_a_model_config_that_is_not_one_is_refused_in_one_line(tmp_path, text, m
         ["import", "--format", "vllm", str(source), "--out", str(tmp_path / "out"), "--layer-ids", "2,4"]
         + ["--target", str(model)],
     )
-    assert _one_line_refusal(imported) and message in imported.output, imported.output
+    assert one_line_refusal(imported) and message in imported.output, imported.output
     if "vocab_size" not in message:  # extract reads the config only to load it (transformers checks fields)
         extracted = CliRunner().invoke(
             hscache_main, ["extract", "--model", str(model), "--out", str(tmp_path / "x")]
         )
-        assert _one_line_refusal(extracted) and message in extracted.output, extracted.output
+        assert one_line_refusal(extracted) and message in extracted.output, extracted.output
 
 
 # 15 and 16: flags that must be refused before any work, in one short line.
@@ -263,6 +250,33 @@ def test_absurd_flags_are_refused_before_any_work(tmp_path, args, message):
         args = [*args, "--out", str(tmp_path / "out"), "--limit", "1", "--max-new-tokens", "1"]
     result = CliRunner().invoke(hscache_main, args)
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    errors = [line for line in _lines(result) if line.lower().startswith("error")]
+    errors = [line for line in output_lines(result) if line.lower().startswith("error")]
     assert len(errors) == 1 and message in errors[0] and len(errors[0]) < 400, result.output
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+# 11. `hscache import --format speculators`: an Arrow stream's inflated size is bounded before it is read.
+def test_a_speculators_arrow_stream_that_inflates_past_the_bound_is_refused_before_reading(tmp_path):
+    import pyarrow.ipc as ipc
+
+    source = tmp_path / "dataset"
+    (source / "hidden_states").mkdir(parents=True)
+    (source / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    )
+    zeros = pa.array(np.zeros(5 << 20, dtype=np.int64))  # 2 x 40 MiB of zeros: a few KB of zstd
+    column = pa.ListArray.from_arrays(pa.array([0, len(zeros)], pa.int32()), zeros)
+    table = pa.table({"input_ids": column, "loss_mask": column})
+    options = ipc.IpcWriteOptions(compression="zstd")
+    with pa.OSFile(str(source / "data-00000-of-00001.arrow"), "wb") as sink:
+        with ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+    del zeros, column, table
+    assert (source / "data-00000-of-00001.arrow").stat().st_size < 1 << 20
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        hscache_main,
+        ["import", "--format", "speculators", str(source), "--out", str(out), "--layer-ids", "2,4"],
+    )
+    assert one_line_refusal(result) and "a decompression bomb" in result.output, result.output
+    assert not (out / "manifest.json").exists()

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hscache.capture.layers import dflash_layer_ids
+from scorer.config_numbers import check_config_numbers
 
 __all__ = ["DFlashConfig", "derive_target_layer_ids", "draft_value", "hf_config_fields"]
 
@@ -63,6 +64,8 @@ class DFlashConfig:
     is_causal: bool | None = None
 
     def __post_init__(self) -> None:
+        # Each number as the CLI flag of its name checks it (rope_theta 0 / NaN, block_size 8.5).
+        check_config_numbers({f: getattr(self, f) for f in self.__dataclass_fields__}, "DFlash config")
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(str(t) for t in self.layer_types))
@@ -258,6 +261,7 @@ def _attention_fields(config: dict[str, Any]) -> dict[str, Any]:
 # Keys that change the math, with the value (or values) that leaves it unchanged; any other
 # value is refused by name. Looked up like z-lab's _draft_value (dflash_config, then top level).
 _INERT: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu", None),  # the MLP is SwiGLU (model.py): another activation is refused by name
     "input_embedding_scale": (1, None),
     "output_multiplier": (1, None),
     "final_logit_softcapping": (0, None),

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from scorer.config_numbers import check_config_numbers
+
 __all__ = [
     "ENGINE_DEFAULT_K",
     "ENGINE_DEFAULT_K_SOURCE",
@@ -84,6 +86,7 @@ class Eagle3Config:
     vllm_layer_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_config_numbers({f: getattr(self, f) for f in self.__dataclass_fields__}, "EAGLE-3 config")
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         if self.vllm_layer_ids is not None:
             vllm = tuple(int(i) for i in self.vllm_layer_ids)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scorer.config_numbers import check_config_numbers
 from scorer.layers import RMSNorm, SwiGLU, rotate_half
 
 __all__ = ["MtpConfig", "MtpHead"]
@@ -59,6 +60,9 @@ class MtpConfig:
     num_mtp_layers: int = 1
     num_speculative_tokens: int = 3
     hidden_source: str = "post_norm"
+
+    def __post_init__(self) -> None:
+        check_config_numbers({f: getattr(self, f) for f in self.__dataclass_fields__}, "MTP head config")
 
     @property
     def block_size(self) -> int:

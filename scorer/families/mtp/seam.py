@@ -93,6 +93,11 @@ def mtp_config(
     Raises:
         CheckpointError: a field the head needs is missing, or a setting it does not implement.
     """
+    if target_config.get("hidden_act", "silu") != "silu":  # the head's MLP is SwiGLU (model.py)
+        raise CheckpointError(
+            f"target:mtp: the target's hidden_act {str(target_config.get('hidden_act'))[:40]!r} is not "
+            "implemented for the MTP head (silu is)"
+        )
     rope = target_config.get("rope_parameters") or target_config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "mrope"):
@@ -117,6 +122,15 @@ def mtp_config(
     if missing:
         raise CheckpointError(f"target:mtp: the cache's target/config.json lacks {', '.join(missing)}")
     c = target_config
+    try:
+        return _mtp_config(c, rope, vocab_size, len(layers), fields)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"target:mtp: the cache's target/config.json: {exc}") from None
+
+
+def _mtp_config(
+    c: dict[str, Any], rope: dict[str, Any], vocab_size: int, num_layers: int, fields: dict[str, Any]
+) -> MtpConfig:
     return MtpConfig(
         hidden_size=int(c["hidden_size"]),
         intermediate_size=int(c["intermediate_size"]),
@@ -128,7 +142,7 @@ def mtp_config(
         partial_rotary_factor=float(c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))),
         vocab_size=int(vocab_size),
         num_target_layers=int(c["num_hidden_layers"]),
-        num_mtp_layers=len(layers),
+        num_mtp_layers=num_layers,
         **fields,
     )
 
