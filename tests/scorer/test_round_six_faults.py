@@ -19,8 +19,8 @@ import zarr
 from click.testing import CliRunner
 
 import hscache
+from scorer import init_drafter
 from scorer.cli import main
-from scorer.init import init_drafter
 from scorer.studies.sweep import cache_identity
 from tests.cli_result import one_line_refusal
 

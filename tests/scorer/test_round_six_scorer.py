@@ -147,7 +147,7 @@ def test_ctrl_c_while_training_saves_the_last_completed_step(scorer_cache, tmp_p
     from safetensors.torch import load_file
 
     import scorer.families.dflash.train as dflash_train
-    from scorer.train import train_drafter
+    from scorer import train_drafter
     from scorer.training_stop import TRAINED_STEPS_KEY
 
     real_batch, calls = dflash_train.training_batch, {"n": 0}
@@ -181,7 +181,7 @@ def test_ctrl_c_while_training_saves_the_last_completed_step(scorer_cache, tmp_p
 def test_ctrl_c_while_training_eagle3_saves_the_last_completed_step(scorer_cache, tmp_path):
     import signal
 
-    from scorer.train import train_drafter
+    from scorer import train_drafter
     from scorer.training_stop import TRAINED_STEPS_KEY, TrainingInterrupted
 
     def ctrl_c_at_two(step, _loss):
