@@ -15,6 +15,7 @@ from scorer.errors import CheckpointError
 from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint, target_head_name
 from scorer.families.dflash import DFLASH
 from scorer.families.dflash2 import DFLASH2
+from scorer.families.draft_model import DRAFT_MODEL
 from scorer.families.eagle3 import EAGLE3
 from scorer.families.mtp import MTP
 from scorer.families.ngram import NGRAM
@@ -29,7 +30,7 @@ __all__ = [
     "probe_checkpoint",
 ]
 
-FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH, NGRAM)
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH, NGRAM, DRAFT_MODEL)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
