@@ -164,8 +164,9 @@ def is_eagle3_config(config: dict[str, Any] | None) -> bool:
     """A config any of the EAGLE-3 layouts wrote."""
     if not config:
         return False
-    if config.get("speculators_model_type") == "eagle3":
-        return True
+    kind = config.get("speculators_model_type")
+    if kind is not None:  # a speculators config says which algorithm it holds (its architectures may not)
+        return kind == "eagle3"
     archs = config.get("architectures") or []
     return any(a in HF_ARCHITECTURES or a in SPECULATORS_ARCHITECTURES for a in archs)
 

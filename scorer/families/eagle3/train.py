@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import hscache
 from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import IncompatibleCacheError
+from scorer.families.eagle3.config import Eagle3Config
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
@@ -64,11 +65,15 @@ def train_eagle3(
     layout: str = "speculators",
     overwrite: bool = False,
     on_step: Callable[[int, float], None] | None = None,
+    make_drafter: Callable[[Eagle3Config], Eagle3Drafter] = Eagle3Drafter,
+    publish: Callable[..., None] = publish_eagle3,
     **config_options: Any,
 ) -> dict[str, Any]:
     """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
     (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``);
-    ``on_step(step, loss)`` after each optimizer step (progress)."""
+    ``on_step(step, loss)`` after each optimizer step (progress). A family built on EAGLE-3 trains its
+    own drafter through this: ``make_drafter(config)`` builds it (its ``step`` defines what the later
+    slots are fed) and ``publish`` (``publish_eagle3``'s arguments) writes it."""
     check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
     check_has_target(cache, str(cache_path), need_argmax=True)
@@ -86,7 +91,7 @@ def train_eagle3(
         for row in range(len(cache))
     ]
     d2t, to_draft = draft_vocabulary([a for _, _, a in sequences], config.vocab_size, config.draft_vocab_size)
-    drafter = seeded_init(lambda: Eagle3Drafter(config), seed, std=0.05)
+    drafter = seeded_init(lambda: make_drafter(config), seed, std=0.05)
     drafter.attach_embedding(head["embed_tokens"].float(), d2t)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
     loss = torch.tensor(0.0)
@@ -109,5 +114,5 @@ def train_eagle3(
         optimizer.step()
         if on_step is not None:
             on_step(step + 1, float(loss.detach()))
-    publish_eagle3(out, overwrite, cache, config, drafter.state_dict(), layout, d2t)
+    publish(out, overwrite, cache, config, drafter.state_dict(), layout, d2t)
     return {"final_loss": float(loss.detach()), "config": config}
