@@ -235,7 +235,10 @@ def test_unknown_layout_is_one_line_naming_it(scorer_cache, eagle3_drafter, tmp_
     (other / "config.json").write_text(json.dumps(config))
     result = CliRunner().invoke(main, ["eval", str(other), "--cache", str(scorer_cache)])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
-    assert "speculators_model_type 'xpress'" in result.output and "known: dflash, eagle3, peagle" in result.output
+    assert (
+        "speculators_model_type 'xpress'" in result.output
+        and "known: dflash, eagle3, peagle" in result.output
+    )
 
 
 class TestEagle3Contract(FamilyContract):
