@@ -84,8 +84,7 @@ def _inputs(root: Path, cache: str | None, drafter: str | None, quick: bool) -> 
     """The README quickstart's cache and trained drafter where not given; with ``quick``, a
     4-sequence cache and an untrained drafter (tau near 1: the most rounds, chain's worst case)."""
     import hscache
-    from scorer.init import init_drafter
-    from scorer.train import train_drafter
+    from scorer import init_drafter, train_drafter
 
     if cache is None:
         cache = str(root / "cache")

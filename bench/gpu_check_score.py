@@ -47,7 +47,7 @@ def make_drafter(plan: Plan, target: str, cache: Path, out: Path) -> dict[str, A
     """The built-in target's drafter is trained on the reference cache (CPU); the shape-real one is
     random: training at a 248k vocabulary on a CPU does not fit the run's minutes."""
     if target == "builtin":
-        from scorer.train import train_drafter
+        from scorer import train_drafter
 
         result = train_drafter(
             cache, out, steps=plan.train_steps, block_size=plan.block_size, log_every=0, overwrite=True

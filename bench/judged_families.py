@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
 
     torch.set_num_threads(1)
+    from scorer import train_drafter
     from scorer.families.eagle3.train import train_eagle3
     from scorer.studies.vllm_judge import ServedConfig, plan_served, score_served, serve_plans
-    from scorer.train import train_drafter
 
     t0 = _cpu()
     with tempfile.TemporaryDirectory(prefix="bench-judged-") as tmp:

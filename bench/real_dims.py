@@ -4,7 +4,7 @@ The target has the real vocabulary (248,320), head dims and layer pattern of Qwe
 (24 query / 4 KV heads of 256, Gated DeltaNet 16 key / 48 value heads of 128, conv 4, layers
 [linear, linear, linear, full], untied head); hidden size and depth are reduced to what a
 2-core CPU holds (--hidden, default 512; 4 layers). The drafter: 5 layers (--drafter-layers), block 16, the
-target's head dims and vocabulary (scorer.init, random weights).
+target's head dims and vocabulary (scorer.init_drafter, random weights).
 
 Prints, each a ratio of two sides measured in this run:
   1. extract tokens/s vs a bare forward of the same model (hooks + chunked head + top-k)

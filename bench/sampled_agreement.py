@@ -121,9 +121,9 @@ def tempered(checkpoint: Path, out: Path, tensor: str, scale: float) -> Path:
 
 def drafters(work: Path, prompts: int, quick: bool, scale: float) -> dict[str, str]:
     """The tests' recipe (tests/scorer/conftest.py) on a greedy cache of the same prompts, tempered."""
+    from scorer import train_drafter
     from scorer.families.dflash2.init import init_from_dflash
     from scorer.families.eagle3.train import train_eagle3
-    from scorer.train import train_drafter
 
     greedy = work / "greedy"
     # quick: the drafter only has to exist (its logits are tempered x 0.001 anyway), so one

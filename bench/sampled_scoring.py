@@ -1,7 +1,7 @@
 """Scoring a sampled cache as served against the greedy replay of the same shape: ratios in one run.
 
 One sampled cache (Qwen's thinking-coding preset, the built-in target) is scored three ways, by a
-fresh DFlash drafter (``scorer.init``) and by the target's MTP head (``target:mtp``):
+fresh DFlash drafter (``scorer.init_drafter``) and by the target's MTP head (``target:mtp``):
   1. greedy: the same cache seen as greedy (its recorded setting hidden: the same tokens, lengths
      and chunks, so the shape is identical), the usual replay matched against the target's argmax;
   2. one-hot as served (the default on a sampled cache): the same replay matched against the
@@ -32,7 +32,7 @@ import torch
 
 import hscache
 from hscache.store.sampling import SamplingSetting
-from scorer.init import init_drafter
+from scorer import init_drafter
 from scorer.offline.scoring import effective_config, load_drafter
 from scorer.report.build import build_report
 from scorer.studies.evaluate import EvalConfig, score_cache

@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     torch.set_num_threads(1)
     import hscache
+    from scorer import train_drafter
     from scorer.studies.evaluate import EvalConfig, evaluate
     from scorer.studies.vllm_judge import ServedConfig, score_served, serve
-    from scorer.train import train_drafter
 
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         cache, drafter = Path(tmp) / "cache", Path(tmp) / "dflash"
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             dtype=dtype, limit=args.prompts, mtp=False,
         ))  # fmt: skip
         if args.real_dims:
-            from scorer.init import init_drafter
+            from scorer import init_drafter
 
             init_drafter(cache, drafter, block_size=6)
         else:

@@ -45,8 +45,9 @@ s/\blookup_settings\b/family_settings/g
 # The scorer by role (issue 32, 2026-12-03): the flat modules of scorer/ moved into rules/ (each engine's
 # verification rule), offline/ (the replay over cached rows), online/ (the target in the loop),
 # diagnose/ and studies/. scorer.online and scorer.diagnose are packages now: their old modules are
-# scorer.online.greedy and scorer.diagnose.ranking. These lines are idempotent. Kept one release:
-# scorer.evaluate, scorer.online_sampled, and `from scorer.online import OnlineConfig, run_online`.
+# scorer.online.greedy and scorer.diagnose.ranking. These lines are idempotent. The old paths kept one
+# release (scorer.evaluate, scorer.online_sampled, `from scorer.online import OnlineConfig, run_online`)
+# were removed 2026-12-07 (issue 47): importing one fails naming its new path (scorer.MOVED).
 s/\bscorer\.online\.(greedy|sampled)\b/scorer.online@@\1/g
 s/\bscorer\.online\b([^@]|$)/scorer.online.greedy\1/g
 s/\bscorer\.online@@/scorer.online./g
@@ -89,3 +90,7 @@ s/\bfrom scorer\.offline\.sampled_view import probabilistic_rounds$/from scorer.
 s/\bn_sequences\b/n_requests/g
 # (settings[].sequences of a compare-settings document: rename by hand, ["sequences"] means a cache's
 # count elsewhere.)
+# The compatibility modules removed 2026-12-07 (issue 47): init_drafter and train_drafter live in
+# scorer/make.py and are exported as scorer.init_drafter / scorer.train_drafter (the old paths fail naming it):
+s/\bfrom scorer\.(init|train) import /from scorer import /g
+s/\bscorer([./])(init|train)\b/scorer\1make/g

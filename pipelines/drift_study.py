@@ -288,7 +288,7 @@ def ensure_checkpoints(config: DriftStudyConfig, reference: Path) -> list[dict[s
         labels = [Path(p.rstrip("/")).name for p in config.checkpoints]
         labels = labels if len(set(labels)) == len(labels) else [f"{i}-{n}" for i, n in enumerate(labels)]
         return [{"path": p, "label": n, "trained_here": False} for p, n in zip(config.checkpoints, labels)]
-    from scorer.train import train_drafter
+    from scorer import train_drafter
 
     out = Path(config.out) / "drafter"
     recipe = {

@@ -51,8 +51,7 @@ OWNERS = {
     "scorer/families/dflash/init.py": {"scorer init"},
     "scorer/families/eagle3/init.py": {"scorer init"},
     "scorer/families/dflash2/init.py": {"scorer init"},
-    "scorer/init.py": {"scorer init"},
-    "scorer/train.py": {"scorer init"},  # the drift study trains --family dflash only
+    "scorer/make.py": {"scorer init"},  # the drift study trains --family dflash only
     "scorer/drafter_dir.py": {"scorer init", "hscache-drift"},
     "hscache/capture/preflight.py": {"hscache extract"},
     "hscache/capture/responses.py": {"hscache extract"},

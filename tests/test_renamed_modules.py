@@ -1,6 +1,6 @@
-"""The Python API names that README.md and docs/python-api.md showed before the scorer was regrouped by
-role (issue 32) still import, as the very objects of their new modules, and docs/renames.sed rewrites
-the old module paths to the new ones (and leaves the new ones alone)."""
+"""The import paths that moved (the scorer regrouped by role, issue 32; its compatibility modules removed,
+issue 47) fail naming the new path (scorer.MOVED), and docs/renames.sed rewrites the old module paths to
+the new ones (and leaves the new ones alone)."""
 
 from __future__ import annotations
 
@@ -13,27 +13,46 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_old_import_paths_are_the_new_objects():
-    from scorer.evaluate import EvalConfig, evaluate
-    from scorer.online import OnlineConfig, greedy, run_online, sampled
-    from scorer.online_sampled import SampledOnlineConfig, run_online_sampled
-    from scorer.studies import evaluate as studies_evaluate
+@pytest.mark.parametrize(
+    "statement,new",
+    [
+        ("from scorer.evaluate import EvalConfig, evaluate", "scorer.studies.evaluate"),
+        ("import scorer.online_sampled", "scorer.online.sampled"),
+        ("from scorer.init import init_drafter", "scorer.make"),
+        ("from scorer.train import train_drafter", "scorer.make"),
+        ("from scorer.online import OnlineConfig, run_online", "scorer.online.greedy.OnlineConfig"),
+    ],
+)
+def test_an_old_import_path_fails_naming_the_new_one(statement, new):
+    """The compatibility modules are gone (issue 47): an old path is an ImportError whose one line says
+    where it went, and Python's own message for any other missing name is untouched."""
+    with pytest.raises(ImportError) as raised:
+        exec(statement, {})
+    message = str(raised.value)
+    assert "\n" not in message and f"moved to {new} " in message and "docs/renames.sed" in message
+    assert message.startswith("No module named 'scorer.")
 
-    assert (EvalConfig, evaluate) == (studies_evaluate.EvalConfig, studies_evaluate.evaluate)
-    assert (OnlineConfig, run_online) == (greedy.OnlineConfig, greedy.run_online)
-    assert (SampledOnlineConfig, run_online_sampled) == (
-        sampled.SampledOnlineConfig,
-        sampled.run_online_sampled,
+
+def test_the_new_paths_and_the_public_api_import_and_other_misses_are_pythons_own():
+    import scorer
+    import scorer.make
+    from scorer.online import greedy, sampled
+
+    assert (scorer.init_drafter, scorer.train_drafter) == (
+        scorer.make.init_drafter,
+        scorer.make.train_drafter,
     )
-
-
-def test_the_online_package_re_exports_exactly_the_greedy_loops_names():
-    import scorer.online
-    from scorer.online import greedy
-
-    assert all(getattr(scorer.online, name) is getattr(greedy, name) for name in greedy.__all__)
+    assert (greedy.OnlineConfig.__module__, sampled.SampledOnlineConfig.__module__) == (
+        "scorer.online.greedy",
+        "scorer.online.sampled",
+    )
+    assert "OnlineConfig" not in vars(scorer.online)  # refused, never re-exported
+    with pytest.raises(ModuleNotFoundError, match=r"^No module named 'scorer\.nope'$"):
+        import scorer.nope
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         scorer.online.nope  # noqa: B018
+    with pytest.raises(ImportError, match=r"^cannot import name 'nope' from 'scorer'"):
+        from scorer import nope  # noqa: F401
 
 
 @pytest.mark.skipif(shutil.which("sed") is None, reason="needs sed")
@@ -48,6 +67,8 @@ def test_renames_sed_rewrites_the_old_module_paths_once():
             "from scorer import served",
             "x = scorer.evaluate_module  # scorer/served.py, scorer.cli.online",
             "from scorer.evaluate import evaluate",
+            "from scorer.train import train_drafter",
+            "monkeypatch.setattr(scorer.init, 'init_drafter', f)  # scorer/init.py",
         ]
     )
     new = "\n".join(
@@ -60,6 +81,8 @@ def test_renames_sed_rewrites_the_old_module_paths_once():
             "from scorer.offline import sampled_view as served",
             "x = scorer.evaluate_module  # scorer/offline/sampled_view.py, scorer.cli.online",
             "from scorer.studies.evaluate import evaluate",
+            "from scorer import train_drafter",
+            "monkeypatch.setattr(scorer.make, 'init_drafter', f)  # scorer/make.py",
         ]
     )
 

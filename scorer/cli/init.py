@@ -1,5 +1,5 @@
 """``scorer init``: a drafter of any family written for a cache's target, random or trained
-(scorer.init / scorer.train; the family makes it)."""
+(scorer.make: init_drafter / train_drafter; the family makes it)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ def _families() -> tuple[Any, ...]:
 @num_speculative_tokens_option("EAGLE-3 only: the K written into its config.", default=3)
 @seed_option("Seed of the weights and the training.")
 @train_steps_option(
-    0, "Train for N CPU steps on the cache (the family's trainer, scorer.train) instead of random weights."
+    0,
+    "Train for N CPU steps on the cache (the family's trainer, scorer.train_drafter) instead of random weights.",
 )
 @number_option(
     "--eval-every",
@@ -194,7 +195,7 @@ def init(
             )
         from hscache.progress import StepProgress
         from scorer.drafter_dir import check_drafter_dir
-        from scorer.train import train_drafter
+        from scorer.make import train_drafter
 
         check_drafter_dir(out, overwrite)  # said before the progress line and the training
         if given.get("eval_every"):
@@ -218,7 +219,7 @@ def init(
             f"trained {train_steps} steps (final loss {result['final_loss']:.3f})",
         )
     else:
-        from scorer.init import init_drafter
+        from scorer.make import init_drafter
 
         config, what = init_drafter(cache, out, family=family, **options), "random"
     # DFlash2 starts from the --from drafter's weights (its identity start), not from random ones.

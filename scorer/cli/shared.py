@@ -388,7 +388,7 @@ def num_speculative_tokens_option(
 # What ``scorer init`` and the drift study (which trains a DFlash drafter when given no checkpoint)
 # declare alike: the training steps and the block size of the drafter written.
 def train_steps_option(default: int, help_text: str) -> Callable[[Callable], Callable]:
-    """--train-steps N (scorer.train), ``default`` shown."""
+    """--train-steps N (scorer.train_drafter), ``default`` shown."""
     return number_option("--train-steps", default, help_text)
 
 

@@ -7,29 +7,12 @@ imports the offline replay (scorer/offline/).
 
 from typing import Any
 
-# ``from scorer.online import OnlineConfig, run_online`` (the module scorer/online.py before it became
-# this package, 2026-12-03, issue 32) keeps working for one release: the greedy loop's public names,
-# imported on first use so that ``import scorer.online.sampled`` stays what it was.
-_GREEDY_NAMES = frozenset(
-    {
-        "ONLINE_SCHEMA_VERSION",
-        "OnlineConfig",
-        "OnlineRequest",
-        "OnlineSession",
-        "commit_round",
-        "eos_ids",
-        "open_online",
-        "request_row",
-        "run_online",
-        "speculative_decode",
-        "tau_of_requests",
-    }
-)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _GREEDY_NAMES:
-        from scorer.online import greedy
+    # The greedy loop's names were this package's while it was the module scorer/online.py (before
+    # 2026-12-03, issue 32): refused naming scorer.online.greedy (scorer.MOVED), never re-exported.
+    from scorer import MOVED, moved_error
 
-        return getattr(greedy, name)
+    if f"scorer.online.{name}" in MOVED:
+        raise moved_error(f"scorer.online.{name}")
     raise AttributeError(f"module 'scorer.online' has no attribute {name!r}")

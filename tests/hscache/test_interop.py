@@ -117,7 +117,7 @@ def test_import_of_export_equals_the_cache_on_every_shared_array(
 
 
 def test_scorer_refuses_an_imported_cache_by_name(speculators_dir, bf16_cache, tmp_path):
-    from scorer.init import init_drafter
+    from scorer import init_drafter
     from scorer.studies.evaluate import evaluate
 
     import_speculators(speculators_dir, tmp_path / "c")
@@ -187,7 +187,7 @@ def test_import_with_target_computes_the_target_arrays_from_the_last_layer(
 ):
     """speculators' last slot is the target's last layer before the final norm: the target's own norm
     and head give back exactly the arrays hscache extract stored (same dtype and device)."""
-    from scorer.init import init_drafter
+    from scorer import init_drafter
     from scorer.studies.evaluate import EvalConfig, evaluate
 
     result = CliRunner().invoke(

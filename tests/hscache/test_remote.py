@@ -7,7 +7,7 @@ import torch
 
 import hscache
 from hscache.store.remote import RemoteCache, upload_cache
-from scorer.init import init_drafter
+from scorer import init_drafter
 from scorer.studies.evaluate import EvalConfig, evaluate
 from tests.hscache.tamper import reseal
 

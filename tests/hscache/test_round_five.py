@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 
 import hscache
 from hscache.cli import main as hscache_main
+from scorer import init_drafter
 from scorer.cli import main as scorer_main
-from scorer.init import init_drafter
 
 
 def _lines(result) -> list[str]:

@@ -28,8 +28,8 @@ import hscache
 from hscache.cli import main as hscache_main
 from hscache.store.layout import PROVENANCE, RUN_LOG, TARGET_DIR
 from hscache.store.writer import SequenceRows, StoreWriter
+from scorer import init_drafter
 from scorer.cli import main as scorer_main
-from scorer.init import init_drafter
 from tests.hscache.tamper import reseal
 
 _INDEX_FIELDS = ("record_id", "prompt_len", "stop_reason", "token_sha256", "metadata_json")

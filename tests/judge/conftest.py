@@ -73,10 +73,10 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
     eagle_config, which vLLM reads one layer lower than SGLang; docs/families.md); ``refused``: the EAGLE-3
     drafter as its export wrote it before vLLM could load it (no ``max_position_embeddings`` in its layer
     config: vLLM 0.32.0 fails at models/qwen3.py:205), which the offline scorer still reads."""
+    from scorer import train_drafter
     from scorer.families.dflash2.init import init_from_dflash
     from scorer.families.eagle3.init import init_eagle3
     from scorer.families.eagle3.train import train_eagle3
-    from scorer.train import train_drafter
 
     root = tmp_path_factory.mktemp("judge")
     # Layer 7 is the target's last: vLLM feeds it raw (no final norm, vllm 0.32.0 models/qwen2.py:420-434),
@@ -109,7 +109,8 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
 
 
 # name -> (drafter, ServedConfig fields). The worker builds n-gram engines last (after one, vLLM 0.32.0
-# builds no other engine in that process: hscache/engines/vllm/worker.py ``_run_engines``).
+# builds no other engine in that process: scorer/families/ngram/served.py, the engine entry's start_rank),
+# so the raw engines appended after it below are built before it.
 QWEN3_ENGINES = {
     "refused": ("refused", {}),
     "dflash": ("dflash", {}),

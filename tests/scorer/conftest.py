@@ -8,7 +8,7 @@ import pytest
 
 import hscache
 from hscache.capture.final_norm import KINDS
-from scorer.train import train_drafter
+from scorer import train_drafter
 
 
 @pytest.fixture(scope="session")

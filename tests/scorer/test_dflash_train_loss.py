@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from scorer import train_drafter
 from scorer.errors import ScorerError
-from scorer.train import train_drafter
 
 
 def _weights(cache, out, **settings) -> dict[str, torch.Tensor]:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from scorer import init_drafter
 from scorer.cli import main
 from scorer.errors import ScorerError
-from scorer.init import init_drafter
 from scorer.studies.distributed import TaskSpec, evaluate_distributed, plan_tasks, score_task, submit_scoring
 from scorer.studies.evaluate import EvalConfig, evaluate
 

@@ -239,7 +239,7 @@ def test_cpu_and_gpu_paths_agree(scorer_cache, trained_drafter):
 
 
 def test_records_without_a_category_are_reported_under_none(tmp_path):
-    from scorer.init import init_drafter
+    from scorer import init_drafter
     from tests.conftest import write_jsonl
 
     prompts = write_jsonl(

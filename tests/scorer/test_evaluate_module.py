@@ -33,7 +33,7 @@ def _module(checkpoint: Path) -> DFlashDrafter:
 
 
 def test_a_training_loop_reads_tau_from_memory_equal_to_the_saved_drafters(scorer_cache, tmp_path):
-    from scorer.train import train_drafter
+    from scorer import train_drafter
 
     seen = []
     result = train_drafter(

@@ -71,9 +71,9 @@ def _hold_lock(directory: Path) -> subprocess.Popen:
 
 def test_a_second_init_into_a_directory_being_written_is_refused_at_once(scorer_cache, tmp_path, monkeypatch):
     """Was: both trained; the second said "not empty; pass --overwrite" after 320 s of training."""
-    import scorer.train
+    import scorer.make
 
-    monkeypatch.setattr(scorer.train, "train_drafter", _never("training"))
+    monkeypatch.setattr(scorer.make, "train_drafter", _never("training"))
     out = tmp_path / "drafter"
     holder = _hold_lock(out)
     try:
@@ -102,7 +102,7 @@ def test_a_refused_init_leaves_no_directory_it_made(tmp_path):
 
 
 def test_init_holds_the_lock_while_it_trains(scorer_cache, tmp_path, monkeypatch):
-    import scorer.train
+    import scorer.make
     from hscache.store.lock import current_writer
 
     out, seen = tmp_path / "drafter", []
@@ -111,7 +111,7 @@ def test_init_holds_the_lock_while_it_trains(scorer_cache, tmp_path, monkeypatch
         seen.append(current_writer(where))
         raise KeyboardInterrupt  # and Ctrl-C while training (item 13)
 
-    monkeypatch.setattr(scorer.train, "train_drafter", train)
+    monkeypatch.setattr(scorer.make, "train_drafter", train)
     result = CliRunner().invoke(main, ["init", str(out), "--cache", str(scorer_cache), "--train-steps", "5"])
     assert seen[0]["pid"] == os.getpid() and seen[0]["command"] == "scorer init --family dflash"
     assert result.exit_code == 130, result.output
@@ -123,7 +123,7 @@ def test_ctrl_c_during_an_overwrite_keeps_the_old_drafter(
     trained_drafter, scorer_cache, tmp_path, monkeypatch
 ):
     """Was: only "Aborted!"."""
-    import scorer.train
+    import scorer.make
 
     out = tmp_path / "drafter"
     shutil.copytree(trained_drafter, out)
@@ -132,7 +132,7 @@ def test_ctrl_c_during_an_overwrite_keeps_the_old_drafter(
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(scorer.train, "train_drafter", interrupted)
+    monkeypatch.setattr(scorer.make, "train_drafter", interrupted)
     args = ["init", str(out), "--cache", str(scorer_cache), "--train-steps", "5", "--overwrite"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 130 and "Aborted" not in result.output, result.output

@@ -68,7 +68,7 @@ def test_init_refuses_a_file_and_a_non_empty_directory_and_replaces_whole(scorer
 def test_a_crash_while_writing_leaves_the_old_drafter_whole(scorer_cache, tmp_path, monkeypatch):
     """Issue 18.7: the config of a new drafter never sits next to the weights of the old one."""
     import scorer.families.dflash.init as dflash_init
-    from scorer.init import init_drafter
+    from scorer import init_drafter
 
     out = tmp_path / "drafter"
     init_drafter(scorer_cache, out, seed=0)

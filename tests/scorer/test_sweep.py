@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 import hscache
 import scorer.studies.sweep as sweep_module
+from scorer import init_drafter
 from scorer.cli import main
 from scorer.errors import ScorerError
-from scorer.init import init_drafter
 from scorer.report.sweep import write_outputs
 from scorer.studies.evaluate import EvalConfig
 from scorer.studies.sweep import find_checkpoints, parse_step, sweep

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from scorer import train_drafter
 from scorer.errors import ScorerError
-from scorer.train import train_drafter
 
 
 def test_a_run_from_a_drafter_starts_at_its_weights(scorer_cache, trained_drafter, tmp_path):

@@ -4,7 +4,7 @@ Not a training framework: it exists so a newcomer can see a drafter whose tau is
 above 1 without downloads. Loss: cross-entropy of slot j against x_{p+j} at random anchors,
 weighted by exp(-(j-1)/gamma), gamma = B/2 by default, like DFlash training (early slots matter most
 for acceptance).
-Run it as ``scorer init OUT --cache C --train-steps N`` or ``scorer.train.train_drafter``.
+Run it as ``scorer init OUT --cache C --train-steps N`` or ``scorer.train_drafter``.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def train_dflash(
     ``config.overwrite``, and its config records the cache's target (scorer/target_identity.py).
     ``on_step(step, loss)`` is called after every step (progress). With ``config.eval_every`` N > 0,
     every N steps the drafter in memory is scored with ``evaluate`` (``scorer.evaluate_module``,
-    which ``scorer.train.train_drafter`` passes: no file written; chain anchors, no DDTree) and
+    which ``scorer.train_drafter`` passes: no file written; chain anchors, no DDTree) and
     ``on_eval(step, report)`` gets the eval report.
 
     Returns:
@@ -194,7 +194,7 @@ def train_dflash(
             "or leave it unset (block size / 2)"
         )
     if config.eval_every and evaluate is None:
-        raise ScorerError("eval_every needs the evaluate function (scorer.train.train_drafter passes it)")
+        raise ScorerError("eval_every needs the evaluate function (scorer.train_drafter passes it)")
     cache = hscache.open_cache(cache_path)
     if config.prompt_anchors and "target_argmax" not in cache.specs:
         raise ScorerError(
