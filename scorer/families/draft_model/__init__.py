@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scorer.families.base import Family, lazy
+from scorer.families.base import Family, VllmServing, lazy
 
 __all__ = ["DRAFT_MODEL"]
 
@@ -47,4 +47,6 @@ DRAFT_MODEL = Family(
     init=lazy("scorer.families.draft_model.init", "init_draft_model"),
     init_options=("num_layers",),
     bound_to_target=True,  # reads no target state; the tokenizer is checked on load instead
+    # vLLM 0.32.0 method draft_model (v1/spec_decode/draft_model.py); its attention runs in vLLM CPU's kernels
+    vllm=VllmServing(method="draft_model", settings=lazy(_DRAFTER, "vllm_settings"), drafter_attention=True),
 )

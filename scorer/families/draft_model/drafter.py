@@ -63,7 +63,7 @@ __all__ = [
     "next_token_argmax",
     "proposals",
     "score_rows",
-    "speculative_config",
+    "vllm_settings",
 ]
 
 PREFIX = "draft:"  # a CKPT that says "this model, as a standalone draft model"
@@ -131,8 +131,8 @@ class DraftModel:
     family = "draft_model"
     backend_used = "eager"
 
-    def __init__(self, model: Any, settings: DraftModelSettings) -> None:
-        self.model, self.config = model, settings
+    def __init__(self, model: Any, settings: DraftModelSettings, weights_sha256: str = "") -> None:
+        self.model, self.config, self.weights_sha256 = model, settings, weights_sha256
 
     def parameters(self) -> Iterator[Any]:
         return self.model.parameters()
@@ -240,12 +240,18 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[DraftModel, Lo
         ),
         layout="vllm",
     )
-    return DraftModel(target.model.eval(), settings), LoadedDraftModel(settings, report)
+    return DraftModel(target.model.eval(), settings, target.weights_sha256), LoadedDraftModel(
+        settings, report
+    )
 
 
 def _public(lm_config: dict[str, Any]) -> dict[str, Any]:
     """The LM's config as JSON (the report's ``drafter``): its architecture and sizes."""
-    keep = ("architectures", "model_type", "num_hidden_layers", "hidden_size", "vocab_size", "torch_dtype")
+    keep = (
+        "architectures", "model_type", "num_hidden_layers", "hidden_size", "vocab_size", "head_dim",
+        "num_attention_heads", "num_key_value_heads", "layer_types", "linear_key_head_dim",
+        "linear_value_head_dim",
+    )  # fmt: skip
     return {key: lm_config[key] for key in keep if key in lm_config}
 
 
@@ -343,10 +349,12 @@ def cost(drafter: DraftModel, tau: float, context: float) -> dict[str, Any]:
     return {"draft_forwards_per_round": k, "flops_per_round": flops}
 
 
-def speculative_config(drafter: DraftModel, model_dir: str | Path) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` serving this draft LM (``model_dir``: a directory vLLM loads)."""
-    return {
-        "method": "draft_model",
-        "model": str(model_dir),
-        "num_speculative_tokens": drafter.config.num_speculative_tokens,
-    }
+def vllm_settings(checkpoint: str, drafter: DraftModel) -> dict[str, Any]:
+    """``VllmServing.settings``: the directory vLLM loads the draft LM from (a built-in written out once,
+    as the judge writes a built-in target: hscache.engines.vllm.capture.model_directory)."""
+    from hscache.engines.vllm.capture import model_directory
+
+    name = drafter.config.model
+    if name.startswith(_BUILTIN):
+        return {"model": str(model_directory(name, drafter.weights_sha256))}
+    return {"model": str(Path(name).resolve())}

@@ -9,7 +9,7 @@ its functions bound lazily (importing the registry imports no torch).
 
 from __future__ import annotations
 
-from scorer.families.base import Family, lazy
+from scorer.families.base import Family, VllmServing, lazy
 
 __all__ = ["PEAGLE"]
 
@@ -32,4 +32,5 @@ PEAGLE = Family(
     init=lazy(_SEAM, "init"),
     train=lazy(_SEAM, "train"),
     init_options=("num_layers", "num_speculative_tokens", "mask_token_id"),
+    vllm=VllmServing(method="eagle3", settings=lazy(_SEAM, "vllm_settings"), drafter_attention=True),
 )

@@ -25,6 +25,9 @@ EAGLE-3 drafting path (scorer/families/eagle3/drafting.py, proposal.py) drafts P
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -67,3 +70,41 @@ class PEagleDrafter(Eagle3Drafter):
         mask_tokens = torch.full((n,), int(self.pard_token), dtype=torch.long, device=rows.device)
         mask_state = self.combine(self.mask_hidden.reshape(1, -1)).expand(n, -1)
         return super().step(rows, mask_tokens, mask_state, j, kv0, own)
+
+    @torch.no_grad()
+    def draft_one_anchor(
+        self,
+        features: torch.Tensor,
+        token_ids: torch.Tensor,
+        anchor: int,
+        num_tokens: int,
+        draw: Callable[[torch.Tensor], int] | None = None,
+    ) -> list[int]:
+        """vLLM's first pass for one request at anchor p, literally (the reference): rows 0..p-1 (feature
+        F[i], token x[i+1], position i) and K-1 parallel slots (the mask state and token, positions
+        p..p+K-2) in ONE causal forward; the K drafts are the argmax (or ``draw``) of rows p-1..p+K-2.
+
+        ``features`` [>= p, K*Ht] rows 0..p-1; ``token_ids`` [>= p+1] tokens 0..p.
+        """
+        if self.pard_token is None:
+            raise RuntimeError("PEagleDrafter.pard_token (the mask token) is not set")
+        c = self.config
+        p, k = int(anchor), int(num_tokens)
+        rep = c.num_attention_heads // c.num_key_value_heads
+        scale = 1.0 / math.sqrt(c.head_dim)
+        mask_state = self.combine(self.mask_hidden.reshape(1, -1)).expand(k - 1, -1)
+        h = torch.cat([self.combine(features[:p]), mask_state])
+        slots = torch.full((k - 1,), int(self.pard_token), dtype=torch.long, device=token_ids.device)
+        embeds = self._embed(torch.cat([token_ids[1 : p + 1], slots]))
+        positions = torch.arange(p + k - 1, device=h.device)
+        cos, sin = self._cos_sin(positions, h.dtype)
+        causal = positions[None, :] <= positions[:, None]
+        for layer in self.layers:
+            x, residual = layer.enter(embeds, h)
+            q, key, v = layer.self_attn.qkv(x, cos, sin)
+            scores = torch.einsum("qhd,khd->hqk", q, key.repeat_interleave(rep, dim=1)) * scale
+            scores = scores.masked_fill(~causal[None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            h = layer.leave(residual, torch.einsum("hqk,khd->qhd", probs, v.repeat_interleave(rep, dim=1)))
+        normed, _ = self.finish(h[p - 1 :])
+        return [self._pick(normed[i : i + 1], draw) for i in range(k)]

@@ -15,7 +15,7 @@ import hscache
 from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import CheckpointError, IncompatibleCacheError, ScorerError
-from scorer.families.base import CheckpointProbe, attention_flops, linear_params
+from scorer.families.base import CheckpointProbe, attention_flops, checkpoint_model, linear_params
 from scorer.families.eagle3.init import eagle3_config_for_cache, save_eagle3
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.peagle.model import PEagleDrafter
@@ -31,8 +31,8 @@ __all__ = [
     "effective_config",
     "init",
     "load",
-    "speculative_config",
     "train",
+    "vllm_settings",
 ]
 
 SPECULATORS_TYPE = "peagle"  # speculators 0.9 models/peagle/config.py; vLLM's speculators reader knows it
@@ -112,14 +112,11 @@ def cost(drafter: PEagleDrafter, tau: float, context: float) -> dict[str, Any]:
     return {"draft_forwards_per_round": 1, "flops_per_round": flops}
 
 
-def speculative_config(checkpoint: str | Path, num_speculative_tokens: int) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` serving a P-EAGLE directory: EAGLE-3 with parallel drafting."""
-    return {
-        "method": "eagle3",
-        "model": str(Path(checkpoint).resolve()),
-        "num_speculative_tokens": int(num_speculative_tokens),
-        "parallel_drafting": True,
-    }
+def vllm_settings(checkpoint: str | Path, drafter: Any) -> dict[str, Any]:
+    """``VllmServing.settings``: EAGLE-3 with ``parallel_drafting`` (what vLLM's speculators reader makes of a
+    peagle config, transformers_utils/configs/speculators/base.py:133-134; the method must be named:
+    without it vLLM 0.32.0 takes the directory for a ``draft_model``)."""
+    return {**checkpoint_model(checkpoint, drafter), "parallel_drafting": True}
 
 
 def _config_json(config: Any, mask_token_id: int) -> dict[str, Any]:
