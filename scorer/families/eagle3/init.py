@@ -240,9 +240,11 @@ def publish_eagle3(
     state_dict: dict[str, torch.Tensor],
     layout: str,
     d2t: torch.Tensor | None = None,
+    extra_config: dict[str, Any] | None = None,
 ) -> None:
     """Write a drafter made for ``cache`` whole at ``out`` in ``layout`` (scorer/drafter_dir.py),
-    the target's embedding beside it and the cache's target recorded (scorer/target_identity.py)."""
+    the target's embedding beside it and the cache's target recorded (scorer/target_identity.py);
+    ``extra_config``: keys a family built on EAGLE-3 adds to (or changes in) config.json."""
     with staged_drafter_dir(out, overwrite) as staging:
         save_eagle3(
             staging,
@@ -251,5 +253,5 @@ def publish_eagle3(
             layout=layout,
             embed_tokens=cache.target_head()["embed_tokens"],
             d2t=d2t,
-            extra_config={IDENTITY_KEY: cache_target_identity(cache)},
+            extra_config={**(extra_config or {}), IDENTITY_KEY: cache_target_identity(cache)},
         )

@@ -13,16 +13,16 @@ import torch
 
 import hscache
 from hscache.store.view import CacheView
-from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
+from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import CheckpointError, IncompatibleCacheError, ScorerError
-from scorer.families.base import CheckpointProbe, attention_flops, checkpoint_model, linear_params
-from scorer.families.eagle3.init import eagle3_config_for_cache, save_eagle3
+from scorer.families.base import CheckpointProbe, checkpoint_model
+from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.layouts import load_eagle3
+from scorer.families.eagle3.seam import cost as eagle3_cost
 from scorer.families.peagle.model import PEagleDrafter
 from scorer.formats.files import read_json, resolve_files
 from scorer.layers import seeded_init
 from scorer.offline.sequences import layer_fit_problem
-from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
 __all__ = [
     "SPECULATORS_TYPE",
@@ -101,15 +101,9 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[PEagleD
 
 
 def cost(drafter: PEagleDrafter, tau: float, context: float) -> dict[str, Any]:
-    """One served round: ONE forward over the ~tau newly verified rows and the K-1 mask rows (fc on the
-    verified rows; the head on the K sampled rows)."""
-    c = drafter.config
-    k = c.num_speculative_tokens
-    rows = tau + k - 1
-    flops = 2.0 * drafter.fc.weight.numel() * tau + 2.0 * linear_params(drafter.layers) * rows
-    flops += 2.0 * drafter.lm_head.weight.numel() * k
-    flops += attention_flops(c, rows, context)
-    return {"draft_forwards_per_round": 1, "flops_per_round": flops}
+    """One served round: EAGLE-3's rows (the ~tau newly verified ones and K-1 more, the head on K), all in
+    ONE forward (the K-1 mask slots instead of K-1 chained steps)."""
+    return {**eagle3_cost(drafter, tau, context), "draft_forwards_per_round": 1}
 
 
 def vllm_settings(checkpoint: str | Path, drafter: Any) -> dict[str, Any]:
@@ -156,27 +150,10 @@ def _make(mask: int) -> Callable[[Any], PEagleDrafter]:
 
 
 def _publisher(mask: int) -> Callable[..., None]:
-    """``publish_eagle3``'s signature, writing speculators' P-EAGLE layout (mask_hidden is in the state dict)."""
+    """EAGLE-3's publisher writing speculators' P-EAGLE layout (mask_hidden is in the state dict)."""
 
-    def publish(
-        out: str | Path,
-        overwrite: bool,
-        cache: CacheView,
-        config: Any,
-        state_dict: dict[str, torch.Tensor],
-        layout: str,
-        d2t: torch.Tensor | None = None,
-    ) -> None:
-        with staged_drafter_dir(out, overwrite) as staging:
-            save_eagle3(
-                staging,
-                config,
-                state_dict,
-                layout=layout,
-                embed_tokens=cache.target_head()["embed_tokens"],
-                d2t=d2t,
-                extra_config={**_config_json(config, mask), IDENTITY_KEY: cache_target_identity(cache)},
-            )
+    def publish(out: str | Path, overwrite: bool, cache: CacheView, config: Any, *rest: Any) -> None:
+        publish_eagle3(out, overwrite, cache, config, *rest, extra_config=_config_json(config, mask))
 
     return publish
 
