@@ -232,6 +232,10 @@ def init(
     # DFlash2 starts from the --from drafter's weights (its identity start), not from random ones.
     start = f" at its identity start from {from_dir}" if from_dir and not train_steps else ""
     what = "" if start else f"{what} "
+    summary = getattr(config, "init_summary", None)  # a family that says what it wrote in its own words
+    if summary is not None:
+        click.echo(f"saved {summary} to {out}")
+        return
     click.echo(
         f"saved a {what}{chosen.display_name} drafter{start} (hidden {config.hidden_size}, "
         f"{config.num_hidden_layers} layer(s), drafting {config.block_size - 1} tokens a round, target layers "

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from method_families import METHOD_ENGINES, method_drafters
 from vllm_env import NGRAM
 
 import hscache
@@ -105,7 +106,8 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
     (root / "refused" / "config.json").write_text(json.dumps(config))
     names = ("dflash", "eagle3", "eagle3-specforge", "eagle3-specforge-as-specforge-writes")
     names += ("eagle3-release", "dflash2", "refused")
-    return {**{name: str(root / name) for name in names}, "ngram": "ngram"}
+    extra = method_drafters(judge_caches["t0"], root)  # tests/judge/method_families.py
+    return {**{name: str(root / name) for name in names}, "ngram": "ngram", **extra}
 
 
 # name -> (drafter, ServedConfig fields). The worker builds n-gram engines last (after one, vLLM 0.32.0
@@ -121,6 +123,7 @@ QWEN3_ENGINES = {
     "eagle3-specforge": ("eagle3-specforge", {}),
     "eagle3-specforge-as-specforge-writes": ("eagle3-specforge-as-specforge-writes", {}),
     "eagle3-release": ("eagle3-release", {}),
+    **METHOD_ENGINES,
     "ngram": ("ngram", NGRAM),
 }
 

@@ -28,6 +28,7 @@ __all__ = [
     "SGLANG_DEFAULT_TREE",
     "Eagle3Config",
     "default_layer_ids",
+    "new_drafter_layer_ids",
     "from_hf_eagle3",
     "from_speculators",
     "layers_of_vllm_aux_ids",
@@ -163,12 +164,35 @@ def default_layer_ids(num_target_layers: int) -> list[int]:
     return [1, num_target_layers // 2 - 1, num_target_layers - 4]
 
 
+def new_drafter_layer_ids(num_target_layers: int) -> list[int]:
+    """The layers a NEW drafter reads (``scorer init``): the engines' default where its three layers are
+    distinct, else three distinct layers spread as it spreads them (early, middle, late; the last layer
+    kept out while the target has room). The default repeats a layer below 7 layers (6: [1, 2, 2], vLLM aux
+    ids [2, 3, 3]), which vLLM 0.32.0 loads and then fails on at its first forward (fc's input is 3 x H
+    wide, the states it gets 2 x H: ``shape '[-1, 384]' is invalid``, _custom_ops.py onednn_mm).
+
+    Raises:
+        ValueError: fewer than 3 target layers (an EAGLE-3 drafter reads three distinct ones).
+    """
+    if num_target_layers < 3:
+        raise ValueError(
+            f"the target has {num_target_layers} layer(s); an EAGLE-3 drafter reads 3 distinct target layers"
+        )
+    ids = default_layer_ids(num_target_layers)
+    if len(set(ids)) == 3 and min(ids) >= 0:
+        return ids
+    lo = 1 if num_target_layers >= 4 else 0
+    hi = num_target_layers - 2 if num_target_layers - 2 - lo >= 2 else num_target_layers - 1
+    return [lo, (lo + hi) // 2, hi]
+
+
 def is_eagle3_config(config: dict[str, Any] | None) -> bool:
     """A config any of the EAGLE-3 layouts wrote."""
     if not config:
         return False
-    if config.get("speculators_model_type") == "eagle3":
-        return True
+    kind = config.get("speculators_model_type")
+    if kind is not None:  # a speculators config says which algorithm it holds (its architectures may not)
+        return kind == "eagle3"
     archs = config.get("architectures") or []
     return any(a in HF_ARCHITECTURES or a in SPECULATORS_ARCHITECTURES for a in archs)
 

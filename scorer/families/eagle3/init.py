@@ -21,7 +21,7 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import IncompatibleCacheError
 from scorer.families.base import check_new_drafter_sizes
-from scorer.families.eagle3.config import Eagle3Config, default_layer_ids, vllm_aux_ids
+from scorer.families.eagle3.config import Eagle3Config, new_drafter_layer_ids, vllm_aux_ids
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
 from scorer.offline.sequences import check_has_target, layer_fit_problem
@@ -43,7 +43,8 @@ def eagle3_config_for_cache(
     layout: str = "speculators",
     **options: Any,
 ) -> Eagle3Config:
-    """An EAGLE-3 config sized for the cache's target (default layers: the engines' default);
+    """An EAGLE-3 config sized for the cache's target (default layers: the engines' default where its
+    layers are distinct, else distinct ones: ``new_drafter_layer_ids``);
     ``options`` set any other Eagle3Config field (fc_norm, norm_before_residual, ...)."""
     check_has_target(cache, str(cache.path))
     check_new_drafter_sizes(cache, num_layers=num_layers, num_speculative_tokens=num_speculative_tokens)
@@ -52,6 +53,16 @@ def eagle3_config_for_cache(
     heads = int(target.get("num_attention_heads", max(1, hidden // 64)))
     rope = target.get("rope_parameters") or {}
     n_layers = int(target["num_hidden_layers"])
+    if layer_ids is None:
+        try:
+            layer_ids = new_drafter_layer_ids(n_layers)
+        except ValueError as exc:
+            raise IncompatibleCacheError(f"{cache.path}: {exc}; choose a deeper target") from exc
+    elif len(set(layer_ids)) != len(layer_ids):
+        raise IncompatibleCacheError(
+            f"target layers {list(layer_ids)} repeat a layer, which vLLM 0.32.0 loads and then fails on at its "
+            "first forward (fc expects one state per layer): pass distinct layers"
+        )
     return Eagle3Config(
         hidden_size=hidden,
         intermediate_size=int(target.get("intermediate_size", 4 * hidden)),
@@ -64,7 +75,7 @@ def eagle3_config_for_cache(
         rope_scaling=None,
         vocab_size=cache.vocab_size,
         draft_vocab_size=draft_vocab_size or cache.vocab_size,
-        target_layer_ids=tuple(layer_ids if layer_ids is not None else default_layer_ids(n_layers)),
+        target_layer_ids=tuple(layer_ids),
         num_speculative_tokens=num_speculative_tokens,
         qk_norm=qk_norm if layout == "speculators" else False,
         layout=layout,
@@ -229,11 +240,12 @@ def publish_eagle3(
     state_dict: dict[str, torch.Tensor],
     layout: str,
     d2t: torch.Tensor | None = None,
-    extra_config: dict | None = None,
+    extra_config: dict[str, Any] | None = None,
 ) -> None:
     """Write a drafter made for ``cache`` whole at ``out`` in ``layout`` (scorer/drafter_dir.py),
     the target's embedding beside it and the cache's target recorded (scorer/target_identity.py);
-    ``extra_config``: more config.json entries (a trained drafter's steps, scorer/training_stop.py)."""
+    ``extra_config``: more config.json entries (a trained drafter's steps, scorer/training_stop.py;
+    keys a family built on EAGLE-3 adds or changes)."""
     with staged_drafter_dir(out, overwrite) as staging:
         save_eagle3(
             staging,
@@ -242,5 +254,5 @@ def publish_eagle3(
             layout=layout,
             embed_tokens=cache.target_head()["embed_tokens"],
             d2t=d2t,
-            extra_config={IDENTITY_KEY: cache_target_identity(cache), **(extra_config or {})},
+            extra_config={**(extra_config or {}), IDENTITY_KEY: cache_target_identity(cache)},
         )

@@ -70,8 +70,10 @@ def _normalize(
     return weights, head, sorted(changes)
 
 
-def _validate(sd: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> None:
-    check_state_dict(sd, lambda: Eagle3Drafter(config), f"{root} is not an EAGLE-3 checkpoint")
+def _validate(
+    sd: dict[str, torch.Tensor], config: Eagle3Config, root: Path, drafter_class: type[Eagle3Drafter]
+) -> None:
+    check_state_dict(sd, lambda: drafter_class(config), f"{root} is not an EAGLE-3 checkpoint")
 
 
 def _d2t(head: dict[str, torch.Tensor], config: Eagle3Config, root: Path) -> torch.Tensor | None:
@@ -105,8 +107,14 @@ def read_eagle3(
     num_speculative_tokens: int | None = None,
     trust_checkpoint: bool = False,
     config_path: str | None = None,
+    speculators_type: str = "eagle3",
+    drafter_class: type[Eagle3Drafter] = Eagle3Drafter,
 ) -> tuple[Eagle3Config, dict[str, torch.Tensor], dict[str, torch.Tensor], LoadReport]:
     """Read an EAGLE-3 checkpoint: (config, drafter weights, own head tensors, load report).
+
+    A family built on EAGLE-3 reads its own speculators layout through this: ``speculators_type`` is the
+    ``speculators_model_type`` read as a speculators config, ``drafter_class`` (a subclass of
+    `Eagle3Drafter`) the module whose state dict the weights must fit.
 
     Raises:
         CheckpointError: unreadable files, no config, an unsupported option or key (named).
@@ -124,7 +132,7 @@ def read_eagle3(
             "from the weights); pass --config DRAFT_CONFIG.json (SpecForge: the run's draft model config)"
         )
     try:
-        if config.get("speculators_model_type") == "eagle3":
+        if config.get("speculators_model_type") == speculators_type:
             fields, sources, notes = from_speculators(config, num_target_layers)
         else:
             layout = "eagle_release" if fmt == FORMAT_PICKLE and root.is_dir() else "specforge"
@@ -148,7 +156,7 @@ def read_eagle3(
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{root}: invalid EAGLE-3 config: {e}") from e
     weights, head, changes = _normalize(raw)
-    _validate(weights, eagle, root)
+    _validate(weights, eagle, root, drafter_class)
     report = LoadReport.of_files(
         root,
         fmt,
@@ -204,8 +212,22 @@ def check_eagle3_compatible(config: Eagle3Config, cache: CacheView, cache_name: 
     check_fits(problems)
 
 
-def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[Eagle3Drafter, Any]:
+def load_eagle3(
+    checkpoint: str | Path,
+    cache: CacheView,
+    config: Any,
+    *,
+    speculators_type: str = "eagle3",
+    drafter_class: type[Eagle3Drafter] = Eagle3Drafter,
+    own_embedding_unless_identical: bool = False,
+) -> tuple[Eagle3Drafter, Any]:
     """The family's loader: read, check against ``cache``, build and ready the drafter.
+
+    ``speculators_type`` / ``drafter_class``: as `read_eagle3` (a family built on this one).
+    ``own_embedding_unless_identical``: keep a shipped ``embed_tokens`` of the target's shape unless it
+    equals the target's (vLLM 0.32.0 ``llm_base_proposer.py`` ``_maybe_share_embeddings``, lines
+    1435-1460: the target's is shared only when the drafter ships none or an identical one); without it,
+    the target's whenever the shapes match.
 
     Raises:
         CheckpointError: a DFlash-only flag was given (named), or the checkpoint is unreadable.
@@ -234,6 +256,8 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
         num_speculative_tokens=config.num_speculative_tokens,
         trust_checkpoint=config.trust_checkpoint,
         config_path=config.config_path,
+        speculators_type=speculators_type,
+        drafter_class=drafter_class,
     )
     check_eagle3_compatible(eagle, cache, str(cache.path))
     check_scored_sizes(
@@ -245,7 +269,7 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
         else "its config's K",
     )
     dtype = DTYPES[config.dtype]
-    drafter = Eagle3Drafter(eagle)
+    drafter = drafter_class(eagle)
     drafter.load_state_dict(weights)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
     embed = cache.target_head()["embed_tokens"]
@@ -258,6 +282,8 @@ def load_eagle3(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[
             own,
             "embedding: the checkpoint's own embed_tokens (its shape differs from the target's)",
         )
+    elif own is not None and own_embedding_unless_identical and not torch.equal(own.to(embed.dtype), embed):
+        embed, note = own, "embedding: the checkpoint's own embed_tokens (it differs from the target's)"
     drafter.attach_embedding(embed.to(device=config.device, dtype=dtype), head.get("d2t"))
     return drafter, _Loaded(eagle, dataclasses.replace(report, notes=(*report.notes, note)))
 

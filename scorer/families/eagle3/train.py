@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import hscache
 from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import IncompatibleCacheError
+from scorer.families.eagle3.config import Eagle3Config
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 from scorer.layers import seeded_init
@@ -65,13 +66,18 @@ def train_eagle3(
     layout: str = "speculators",
     overwrite: bool = False,
     on_step: Callable[[int, float], None] | None = None,
+    make_drafter: Callable[[Eagle3Config], Eagle3Drafter] = Eagle3Drafter,
+    publish: Callable[..., None] = publish_eagle3,
     **config_options: Any,
 ) -> dict[str, Any]:
     """Train an EAGLE-3 drafter for ``steps`` optimizer steps on the cache and save it in ``layout``
     (whole, as scorer/drafter_dir.py publishes drafters: a non-empty ``out`` needs ``overwrite``);
     ``on_step(step, loss)`` after each optimizer step (progress). A first Ctrl-C stops after the
     step in progress, saves that drafter (its config.json records the steps done and requested, as
-    every trained one's does) and raises TrainingInterrupted (scorer/training_stop.py)."""
+    every trained one's does) and raises TrainingInterrupted (scorer/training_stop.py). A family
+    built on EAGLE-3 trains its own drafter through this: ``make_drafter(config)`` builds it (its
+    ``step`` defines what the later slots are fed) and ``publish`` (``publish_eagle3``'s arguments)
+    writes it."""
     check_drafter_dir(out, overwrite)  # before the training, not after it
     cache = hscache.open_cache(cache_path)
     check_has_target(cache, str(cache_path), need_argmax=True)
@@ -89,7 +95,7 @@ def train_eagle3(
         for row in range(len(cache))
     ]
     d2t, to_draft = draft_vocabulary([a for _, _, a in sequences], config.vocab_size, config.draft_vocab_size)
-    drafter = seeded_init(lambda: Eagle3Drafter(config), seed, std=0.05)
+    drafter = seeded_init(lambda: make_drafter(config), seed, std=0.05)
     drafter.attach_embedding(head["embed_tokens"].float(), d2t)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
     loss = torch.tensor(0.0)
@@ -117,8 +123,15 @@ def train_eagle3(
             done = step + 1
             if stop.requested:
                 break
-    publish_eagle3(
-        out, overwrite, cache, config, drafter.state_dict(), layout, d2t, trained_steps(done, steps)
+    publish(
+        out,
+        overwrite,
+        cache,
+        config,
+        drafter.state_dict(),
+        layout,
+        d2t,
+        extra_config=trained_steps(done, steps),
     )
     if done < steps:
         raise TrainingInterrupted(done, steps, out)

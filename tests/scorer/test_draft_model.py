@@ -1,0 +1,128 @@
+"""The standalone draft model (scorer/families/draft_model/): its replay's drafts are vLLM's autoregressive
+chain (an independent greedy loop on the LM's own KV cache, as draft_model.py drafts) wherever the replay
+can count them; the built-in tiny-qwen3 drafts for a tiny-qwen3.5 cache (they share the tokenizer); a draft
+LM of another tokenizer, or one without K, is refused by name. vLLM's own judgement:
+tests/judge/test_draft_model.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import hscache
+from scorer.cli import main
+from scorer.families.draft_model.drafter import draft_positions, load, sequence_drafts
+from scorer.families.draft_model.init import init_draft_model
+from scorer.offline.scoring import EvalConfig
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def draft_lm(qwen3_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("draft_model") / "lm"
+    init_draft_model(qwen3_cache, out, num_layers=2)
+    return out
+
+
+def _greedy_chain(model, prefix: torch.Tensor, k: int) -> list[int]:
+    """vLLM's draft_model proposer for one request: the verified tokens through the LM (its KV cache), then
+    K argmax tokens, each fed back (transformers' own cache: an independent computation)."""
+    out = model(input_ids=prefix[None], use_cache=True)
+    drafted, past = [int(out.logits[0, -1].argmax())], out.past_key_values
+    for _ in range(k - 1):
+        out = model(input_ids=torch.tensor([[drafted[-1]]]), past_key_values=past, use_cache=True)
+        drafted.append(int(out.logits[0, -1].argmax()))
+        past = out.past_key_values
+    return drafted
+
+
+def test_replay_drafts_are_vllms_chain_where_they_count(draft_lm, qwen3_cache):
+    cache = hscache.open_cache(qwen3_cache)
+    drafter, loaded = load(str(draft_lm), cache, EvalConfig(num_speculative_tokens=K))
+    assert loaded.report.format == "hf_dir" and drafter.config.to_hf_config()["num_hidden_layers"] == 2
+    ids, prompt_len = cache.token_ids(0), int(cache.index.column("prompt_len")[0].as_py())
+    replay = sequence_drafts(drafter, ids, prompt_len, memory_gb=1.0)
+    assert replay.shape == (len(ids) - 1 - prompt_len, K)
+    counted = 0
+    with torch.no_grad():
+        for r, p in enumerate(range(prompt_len, len(ids) - 1)):
+            chain = _greedy_chain(drafter.model, ids[: p + 1], K)
+            for j in range(K):
+                if p + j + 1 > len(ids) - 1:
+                    assert replay[r, j] == -1  # past the sequence: never matches
+                    continue
+                assert replay[r, j] == chain[j], (p, j)
+                counted += 1
+                if chain[j] != int(ids[p + j + 1]):
+                    break  # later slots are drafted after a miss: the replay never counts them
+    assert counted > len(replay)  # later slots were compared too, not only slot 1
+    pos = draft_positions(prompt_len, len(ids), K)
+    assert pos[0].tolist() == [prompt_len, prompt_len + 1, prompt_len + 2]
+
+
+def test_builtin_lm_drafts_for_a_target_of_its_tokenizer(scorer_cache, tmp_path):
+    """``scorer eval builtin:tiny-qwen3`` on a tiny-qwen3.5 cache, and the same LM named as a draft model."""
+    reports = []
+    for name in ("builtin:tiny-qwen3", "draft:builtin:tiny-qwen3"):
+        out = tmp_path / f"{name.count(':')}.json"
+        args = [
+            "eval",
+            name,
+            "--cache",
+            str(scorer_cache),
+            "--num-speculative-tokens",
+            str(K),
+            "--json",
+            str(out),
+        ]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(out.read_text()))
+    assert (
+        reports[0]["drafter"]["family"] == "draft_model" and reports[0]["drafter"]["method"] == "draft_model"
+    )
+    assert reports[0]["per_request"] == reports[1]["per_request"]
+    assert 1.0 < reports[0]["tau"]["pooled"] <= K + 1
+
+
+def test_another_tokenizer_or_no_k_is_refused_by_name(draft_lm, qwen3_cache, tmp_path):
+    from transformers import AutoTokenizer
+
+    result = CliRunner().invoke(main, ["eval", str(draft_lm), "--cache", str(qwen3_cache)])
+    assert result.exit_code == 2 and "pass --num-speculative-tokens K" in result.output
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in draft_lm.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    tokenizer = AutoTokenizer.from_pretrained(str(other))
+    tokenizer.add_tokens(["<not-the-target's>"])
+    tokenizer.save_pretrained(str(other))
+    args = ["eval", str(other), "--cache", str(qwen3_cache), "--num-speculative-tokens", "3"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "its tokenizer is not the target's" in result.output and "<not-the-target's>" in result.output
+
+
+def test_probabilistic_proposals_are_the_lms_temperature_softmax(draft_lm, qwen3_cache):
+    """q_{a,j}(y_{a+j}) = softmax(LM logits at a+j-1 / T), computed here from the full logits."""
+    from scorer.families.draft_model.drafter import proposals
+
+    cache = hscache.open_cache(qwen3_cache)
+    drafter, _ = load(str(draft_lm), cache, EvalConfig(num_speculative_tokens=K))
+    draft, log_q = proposals(drafter, cache, 0, EvalConfig(num_speculative_tokens=K), 0.7)
+    ids, prompt_len = cache.token_ids(0), int(cache.index.column("prompt_len")[0].as_py())
+    with torch.no_grad():
+        logits = drafter.model(input_ids=ids[None]).logits[0].double()
+    want = torch.log_softmax(logits / 0.7, dim=-1)
+    for r, a in enumerate(range(prompt_len, len(ids) - 1)):
+        for j in range(K):
+            if a + j + 1 <= len(ids) - 1:
+                assert log_q[r, j] == pytest.approx(float(want[a + j, ids[a + j + 1]]), abs=1e-5)
+                assert draft[r, j] == int(logits[a + j].argmax())
+            else:
+                assert log_q[r, j] == -np.inf
