@@ -265,7 +265,10 @@ FAMILY_PACKAGES = sorted(
     if (p / "__init__.py").is_file()
 )
 # A family may build on another (a subclass of its drafter, its loader with a variant).
-BUILDS_ON = {"scorer.families.dflash2": ("scorer.families.dflash",)}
+BUILDS_ON = {
+    "scorer.families.dflash2": ("scorer.families.dflash",),
+    "scorer.families.dspark": ("scorer.families.dflash",),
+}
 # What sits above the families: they are called by these, never call them.
 ABOVE_FAMILIES = (
     "scorer.cli",

@@ -15,6 +15,7 @@ from scorer.errors import CheckpointError
 from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_checkpoint, target_head_name
 from scorer.families.dflash import DFLASH
 from scorer.families.dflash2 import DFLASH2
+from scorer.families.dspark import DSPARK
 from scorer.families.eagle3 import EAGLE3
 from scorer.families.mtp import MTP
 from scorer.families.ngram import NGRAM
@@ -29,12 +30,12 @@ __all__ = [
     "probe_checkpoint",
 ]
 
-FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH, NGRAM)
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DSPARK, DFLASH, NGRAM)
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
 # speculators_model_type values some family reads; any other is refused by name, not guessed.
-SPECULATORS_TYPES = ("dflash", "eagle3")
+SPECULATORS_TYPES = ("dflash", "dspark", "eagle3")
 
 
 def family_named(name: str) -> Family:

@@ -86,6 +86,7 @@ class CheckpointVariant:
     config_keys: tuple[str, ...]
     architectures: tuple[str, ...]
     tensor_markers: tuple[str, ...]  # a key containing one of these belongs to the variant
+    speculators_type: str | None = None  # its speculators_model_type, in speculators' DFlash layout
 
     def split_config(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         config, found = dict(config), {}
@@ -173,8 +174,12 @@ def load_checkpoint(
     for n, (label, cfg) in enumerate(layers):
         if speculators.is_speculators(cfg):
             try:
-                layers[n] = (label, speculators.to_hf_config(cfg)[0])
-                notes += speculators.to_hf_config(cfg)[1]
+                kinds = ("dflash",) + (
+                    (variant.speculators_type,) if variant and variant.speculators_type else ()
+                )
+                converted, converted_notes = speculators.to_hf_config(cfg, kinds)
+                layers[n] = (label, converted)
+                notes += converted_notes
                 head = speculators.split_head(raw, cfg)
             except ValueError as e:
                 raise CheckpointError(f"{root}: {e}") from e

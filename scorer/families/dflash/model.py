@@ -105,6 +105,12 @@ class DFlashDrafter(nn.Module):
     """
 
     family = "dflash"
+    # The block row that predicts the first draft. DFlash's row 0 holds the anchor token x_p and
+    # predicts nothing: a block of ``block_size`` tokens drafts from rows 1..B-1. A variant whose
+    # anchor row is itself the first prediction sets 0: its block is the B-1 tokens [x_p, MASK ...]
+    # and every row drafts (row j predicts x_{p+j+1}); block_hidden then drops the callers' last
+    # mask column, so every caller keeps building blocks of ``block_size`` tokens.
+    first_draft_slot: int = 1
 
     def __init__(
         self, config: DFlashConfig, layer: Callable[[DFlashConfig], DFlashLayer] = DFlashLayer
@@ -261,8 +267,9 @@ class DFlashDrafter(nn.Module):
             anchor_pos: p, the absolute position of slot 0.
 
         Returns:
-            logits [B-1, V]; row j-1 predicts x_{p+j}.
+            logits [B-1, V]; row j-1 predicts x_{p+j} (``first_draft_slot``).
         """
+        block_token_ids = block_token_ids[: block_token_ids.shape[0] - 1 + self.first_draft_slot]
         p, B = int(anchor_pos), block_token_ids.shape[0]
         ctx = self.project_context(context_features[:p])  # [p, H]
         h = self._embed(block_token_ids)  # [B, H]
@@ -284,7 +291,7 @@ class DFlashDrafter(nn.Module):
                 scores = scores.masked_fill(~visible(q_pos, pos[None], causal, window), float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             h = layer.finish(h, (probs @ v).transpose(0, 1), state, B)
-        return self.head(self.norm(h)[1:])
+        return self.head(self.norm(h)[self.first_draft_slot :])
 
     def forward(
         self, context_features: torch.Tensor, anchors: torch.Tensor, block_token_ids: torch.Tensor
@@ -367,6 +374,8 @@ class DFlashDrafter(nn.Module):
                 f"anchors span {int(anchors.min())}..{int(anchors.max())} but there are "
                 f"{context_features.shape[0]} context rows; anchors must be in 0..T"
             )
+        # the block's query rows: the drafted slots, after the anchor row where it predicts nothing
+        block_token_ids = block_token_ids[:, : B - 1 + self.first_draft_slot]
         use_flex = pick_flex(backend, context_features.device)
         out = torch.empty(
             N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype, device=self.fc.weight.device
@@ -423,7 +432,7 @@ class DFlashDrafter(nn.Module):
             k = torch.cat([k_ctx[:t_c], k_blk])  # [t_c + n*B, kv, D]
             v = torch.cat([v_ctx[:t_c], v_blk])
             h = layer.finish(h, attend(q, k, v, mask), state, B)
-        return self.norm(h).unflatten(0, (n, B))[:, 1:]
+        return self.norm(h).unflatten(0, (n, B))[:, self.first_draft_slot :]
 
     def forward_blocks(
         self,

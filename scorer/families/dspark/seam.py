@@ -1,0 +1,226 @@
+"""DSpark as a drafter family: DFlash's layouts with DSpark's config keys and heads.
+
+A checkpoint is DSpark when its architecture names DSpark (vLLM's ``Qwen3DSparkModel``, speculators'
+``DSparkSpeculator``, SpecForge's ``DSparkDraftModel``), its speculators_model_type is ``dspark``, its
+config sets a Markov key, or its weights hold the Markov or confidence head. The DFlash loader reads
+everything else (scorer.families.dflash, ``CheckpointVariant``); the drafts of every anchor are the Markov
+walk (scorer/families/dspark/model.py), replayed by the shared loop. This module holds the functions of
+the family's row (scorer/families/dspark/__init__.py binds them lazily).
+
+Which layout vLLM serves (``sample_from_anchor``): vLLM reads the config's top-level key, True when
+absent (v1/worker/gpu/spec_decode/dspark/speculator.py:49-51) for the dense layout; a speculators config
+without it is read as False (transformers_utils/configs/speculators/algos.py:186-188). Scored as served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from scorer.errors import CheckpointError
+from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
+from scorer.families.dflash import seam as dflash
+from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
+from scorer.families.dspark.model import DSparkConfig, DSparkDrafter
+
+__all__ = ["VARIANT", "build_dspark", "claims", "cost", "effective_config", "init", "load", "online"]
+
+VARIANT = CheckpointVariant(
+    config_keys=(
+        "markov_rank",
+        "markov_head_type",
+        "enable_confidence_head",
+        "confidence_head_with_markov",
+        "sample_from_anchor",
+        "dspark_bonus_anchor",
+        "dspark_draft_topk",
+        "draft_vocab_size",
+        "projector_type",
+        "confidence_head_alpha",
+    ),
+    architectures=("Qwen3DSparkModel", "DSparkSpeculator", "DSparkDraftModel"),
+    tensor_markers=("markov_head.", "confidence_head."),
+    speculators_type="dspark",
+)
+_MARKER_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head")
+
+
+def claims(probe: CheckpointProbe) -> bool:
+    config = probe.config or {}
+    archs = config.get("architectures") or []
+    nested = config.get("dflash_config") or {}
+    keys = probe.weight_keys or frozenset()
+    return (
+        any(a in VARIANT.architectures for a in archs)
+        or config.get("speculators_model_type") == "dspark"
+        or any(k in config or k in nested for k in _MARKER_KEYS)
+        or any(m in k for k in keys for m in VARIANT.tensor_markers)
+    )
+
+
+def _flag(loaded: LoadedCheckpoint, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise CheckpointError(f"{loaded.report.path}: {key} {value!r} must be true or false")
+    return value
+
+
+def dspark_config(loaded: LoadedCheckpoint) -> DSparkConfig:
+    """DSpark's settings from a checkpoint read with VARIANT, on its DFlash config.
+
+    Raises:
+        CheckpointError: a setting of the wrong kind, a Markov head vLLM 0.32.0 does not serve, or a
+            top-k outside the draft vocabulary (each named).
+    """
+    found, path = loaded.variant_config, loaded.report.path
+    head_type = found.get("markov_head_type", "vanilla")
+    if head_type != "vanilla":
+        raise CheckpointError(
+            f"{path}: markov_head_type {head_type!r}: vLLM 0.32.0 serves the vanilla Markov head only "
+            "(model_executor/models/qwen3_dspark.py:48-93 has no gate or recurrence), so its drafts cannot "
+            "be replayed as served; train a vanilla head"
+        )
+    rank = found.get("markov_rank")
+    if rank is None:
+        w1 = loaded.variant_state.get("markov_head.markov_w1.weight")
+        rank = None if w1 is None else int(w1.shape[1])
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise CheckpointError(
+            f"{path}: markov_rank {rank!r}: a DSpark drafter needs a positive Markov rank (0 is DFlash: "
+            "score it as one)"
+        )
+    c = loaded.config
+    w2 = loaded.variant_state.get("markov_head.markov_w2.weight")
+    draft_vocab = int(found.get("draft_vocab_size") or (w2.shape[0] if w2 is not None else c.vocab_size))
+    anchor = found.get("sample_from_anchor")
+    if anchor is None:  # the module docstring: what vLLM reads when the key is absent
+        anchor = loaded.report.layout != "speculators"
+    anchor = _flag(loaded, "sample_from_anchor", anchor)
+    if (
+        "dspark_bonus_anchor" in found
+        and _flag(loaded, "dspark_bonus_anchor", found["dspark_bonus_anchor"]) == anchor
+    ):
+        raise CheckpointError(
+            f"{path}: dspark_bonus_anchor {found['dspark_bonus_anchor']} and sample_from_anchor {anchor} "
+            "disagree (vLLM writes one as the other's negation, speculators/algos.py:187-188)"
+        )
+    topk = found.get("dspark_draft_topk")
+    if topk is not None and (
+        not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= draft_vocab
+    ):
+        raise CheckpointError(
+            f"{path}: dspark_draft_topk {topk!r} must be between 1 and the draft vocabulary ({draft_vocab}) "
+            "(vllm/config/speculative.py:1520-1529)"
+        )
+    block = c.block_size
+    if anchor and loaded.report.field_sources.get("block_size") != "override":
+        block += 1  # the anchor layout drafts its whole query block: N drafts, the seam's block N + 1
+    return DSparkConfig(
+        dataclasses.replace(c, block_size=block),
+        markov_rank=rank,
+        draft_vocab_size=draft_vocab,
+        enable_confidence_head=_flag(
+            loaded, "enable_confidence_head", found.get("enable_confidence_head", False)
+        ),
+        confidence_head_with_markov=_flag(
+            loaded, "confidence_head_with_markov", found.get("confidence_head_with_markov", False)
+        ),
+        sample_from_anchor=anchor,
+        dspark_draft_topk=topk,
+    )
+
+
+def build_dspark(loaded: LoadedCheckpoint) -> DSparkDrafter:
+    """The DSpark drafter of a checkpoint read with VARIANT: backbone, Markov head, confidence head.
+
+    vLLM drops a confidence head the config does not enable, and enables none the weights lack
+    (qwen3_dspark.py:366-368): so does this.
+
+    Raises:
+        CheckpointError: tensors that do not fit the config (missing, unknown or misshapen, each named).
+    """
+    config = dspark_config(loaded)
+    got = dict(loaded.variant_state)
+    if not any(k.startswith("confidence_head.") for k in got):
+        config = dataclasses.replace(config, enable_confidence_head=False)
+    if not config.enable_confidence_head:
+        got = {k: v for k, v in got.items() if not k.startswith("confidence_head.")}
+    drafter = DSparkDrafter(config)
+    want = {k: v for k, v in drafter.state_dict().items() if any(m in k for m in VARIANT.tensor_markers)}
+    problems = [f"missing {k}" for k in sorted(set(want) - set(got))][:3]
+    problems += [f"unknown {k}" for k in sorted(set(got) - set(want))][:3]
+    problems += [
+        f"{k} has shape {list(got[k].shape)}, expected {list(want[k].shape)}"
+        for k in sorted(set(want) & set(got))
+        if got[k].shape != want[k].shape
+    ][:3]
+    if problems:
+        raise CheckpointError(
+            f"{loaded.report.path}: not a DSpark drafter of this config: {'; '.join(problems)}"
+        )
+    drafter.load_state_dict({**loaded.state_dict, **got})
+    return drafter
+
+
+def load(checkpoint: str | Path, cache: Any, config: Any) -> tuple[DSparkDrafter, LoadedCheckpoint]:
+    return dflash.load(checkpoint, cache, config, variant=VARIANT, build=build_dspark)
+
+
+def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    return dflash.online(checkpoint, target, options, variant=VARIANT, build=build_dspark)
+
+
+def effective_config(config: Any) -> Any:
+    # vLLM serves the Markov walk; DDTree is built from per-slot marginals alone and would score
+    # another drafter, so it is not run (the report's config says so).
+    return dataclasses.replace(config, ddtree=())
+
+
+def cost(drafter: DSparkDrafter, tau: float, context: float) -> dict[str, Any]:
+    """DFlash's round (its block of block_size - 1 + first_draft_slot query rows) plus the Markov walk:
+    one rank-r embedding and one [r -> Vd] projection per drafted slot (the whole draft vocabulary, or
+    the top-k candidates), and the confidence head's dot product per slot."""
+    out = dflash.cost(drafter, tau, context)
+    c = drafter.config
+    columns = c.dspark_draft_topk or c.draft_vocab_size
+    per_slot = 2.0 * c.markov_rank * columns
+    if drafter.confidence_head is not None:
+        per_slot += 2.0 * drafter.confidence_head.proj.weight.numel()
+    out["flops_per_round"] += per_slot * c.num_draft_tokens
+    return out
+
+
+def init(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    num_layers: int = 1,
+    block_size: int = 8,
+    mask_token_id: int | None = None,
+    markov_rank: int = 32,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> DSparkConfig:
+    """``scorer init --family dspark``: a random DSpark drafter for the cache (init.py), its config."""
+    from scorer.families.dspark.init import init_dspark
+
+    return init_dspark(
+        cache_path,
+        out,
+        num_layers=num_layers,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        markov_rank=markov_rank,
+        seed=seed,
+        overwrite=overwrite,
+    )
+
+
+def loaded_config(path: str | Path) -> DSparkConfig:
+    """The DSparkConfig of a DSpark directory (tests, init)."""
+    return dspark_config(load_checkpoint(path, variant=VARIANT))
+
+
+def hf_config(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "config.json").read_text())

@@ -1,0 +1,252 @@
+"""DSpark (scorer/families/dspark/): drafts equal a replay through speculators' own DSparkDraftModel
+(its class, its saver), vLLM's sequential Markov walk transcribed (qwen3_dspark.py,
+v1/worker/gpu/spec_decode/dspark/speculator.py), and ``scorer init --family dspark`` writes what
+vLLM's config reads as a Qwen3 DSpark drafter.
+
+The peer runs from ``.peers/`` (``pip install --no-deps --target .peers speculators==0.9.0``), its
+training-data imports stubbed, as in test_eagle3_peers.py (whose ``peers`` fixture this reuses). CPU:
+~3 s (the peer import is shared with test_eagle3_peers.py when both run).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import hscache
+from scorer.errors import CheckpointError
+from scorer.families.dflash.score import draft_all_anchors
+from scorer.offline.sequences import sequence_features
+from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
+from tests.scorer.test_eagle3_peers import peers  # noqa: F401  (the shared peer fixture)
+
+N = 4  # drafted tokens per round: speculators' block_size in the anchor layout
+RANK = 8
+
+
+def _speculators_dspark(peers, cache, *, anchor: bool, topk: int | None = None):  # noqa: F811
+    from speculators.models.dspark import DSparkSpeculatorConfig
+    from speculators.models.dspark.core import DSparkDraftModel
+    from transformers import Qwen3Config
+
+    vocab = cache.vocab_size
+    layer = Qwen3Config(
+        vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+    )  # fmt: skip
+    layer._attn_implementation = "eager"
+    config = DSparkSpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=vocab,
+        block_size=N if anchor else N + 1,
+        aux_hidden_state_layer_ids=[2, 4, 8],  # vLLM aux ids: this project's layers 1, 3, 7
+        mask_token_id=cache.mask_token_id,
+        sample_from_anchor=anchor,
+        markov_rank=RANK,
+        enable_confidence_head=True,
+        confidence_head_with_markov=True,
+        speculators_config=peers.SpeculatorsConfig(
+            algorithm="dspark",
+            proposal_methods=[peers.GreedyTokenProposalConfig(speculative_tokens=N)],
+            default_proposal_method="greedy",
+            verifier=peers.VerifierConfig(name_or_path=None, architectures=[]),
+        ),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = DSparkDraftModel(config).eval()
+        head = cache.target_head()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name == "embed_tokens.weight":
+                    param.copy_(head["embed_tokens"])
+                elif name == "lm_head.weight":
+                    param.copy_(head["lm_head"])
+                elif "markov" in name:
+                    param.normal_(0, 0.5)  # a bias that moves the drafts
+                elif param.ndim == 2:
+                    param.normal_(0, 0.25)
+                else:
+                    param.uniform_(0.8, 1.2)
+    return model
+
+
+def _their_drafts(
+    model, features, tokens, anchor: int, *, anchor_layout: bool
+) -> tuple[list[int], list[float]]:
+    """speculators' modules on one block at ``anchor`` (its training forward for one anchor: queries see
+    the context before the anchor and their whole block, ``_backbone_forward``), then vLLM's greedy
+    Markov walk over its logits with speculators' own MarkovHead and ConfidenceHead."""
+    width = N if anchor_layout else N + 1
+    block = torch.full((1, width), model.mask_token_id, dtype=torch.long)
+    block[0, 0] = tokens[anchor]
+    with torch.no_grad():
+        context = model.hidden_norm(model.fc(features[None, :anchor]))
+        positions = torch.arange(anchor + width)[None]
+        embeddings = model.rotary_emb(context, positions)
+        h = model.embed_tokens(block)
+        for layer in model.layers:
+            h = layer(
+                hidden_states=h, target_hidden=context, attention_mask=None, position_ids=positions,
+                use_cache=False, position_embeddings=embeddings,
+            )  # fmt: skip
+        hidden = model.norm(h)[0, 0 if anchor_layout else 1 :]
+        logits = model.lm_head(hidden)
+        prev, drafts, embeds = tokens[anchor : anchor + 1], [], []
+        for slot in range(N):
+            embed = model.markov_head.prev_embeddings(prev)
+            embeds.append(embed[0])
+            corrected = logits[slot] + model.markov_head.markov_w2(embed)[0]
+            prev = corrected.argmax(-1, keepdim=True)
+            drafts.append(int(prev))
+        conf = torch.sigmoid(model.confidence_head(torch.cat([hidden, torch.stack(embeds)], dim=-1)))
+    return drafts, conf.tolist()
+
+
+@pytest.mark.parametrize("anchor_layout", [True, False])
+def test_speculators_dspark_drafts_like_its_modules(peers, scorer_cache, tmp_path, anchor_layout):  # noqa: F811
+    cache = hscache.open_cache(scorer_cache)
+    model = _speculators_dspark(peers, cache, anchor=anchor_layout)
+    model.save_pretrained(str(tmp_path / "speculators"))
+    saved = json.loads((tmp_path / "speculators" / "config.json").read_text())
+    assert saved["speculators_model_type"] == "dspark" and saved["sample_from_anchor"] is anchor_layout
+
+    drafter, loaded = load_drafter(tmp_path / "speculators", cache, EvalConfig(ddtree=()))
+    assert drafter.family == "dspark" and loaded.report.layout == "speculators"
+    assert drafter.config.num_draft_tokens == N and drafter.config.target_layer_ids == (1, 3, 7)
+    row = 1
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", None)
+    tokens = cache.token_ids(row).long()
+    prompt_len = cache.index.column("prompt_len")[row].as_py()
+    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
+    anchors = list(range(prompt_len, len(tokens) - 1))
+    for n in range(0, len(anchors), 3):
+        theirs, conf = _their_drafts(model, features, tokens, anchors[n], anchor_layout=anchor_layout)
+        assert ours[n].tolist() == theirs, anchors[n]
+        # the confidence head, read as vLLM reads it (rows and the walk's predecessors)
+        block = torch.full((1, N + 1), drafter.config.mask_token_id, dtype=torch.long)
+        block[0, 0] = tokens[anchors[n]]
+        rows = drafter.block_hidden(features, torch.tensor([anchors[n]]), block)[0]
+        prev = torch.tensor([int(tokens[anchors[n]]), *theirs[:-1]])
+        np.testing.assert_allclose(drafter.confidence(rows, prev).tolist(), conf, rtol=1e-5, atol=1e-6)
+    # the Markov head moves the drafts: they are not each slot's own argmax everywhere
+    plain = drafter.head(
+        drafter.block_hidden(features, torch.tensor(anchors), _blocks(drafter, tokens, anchors))
+    ).argmax(-1)
+    assert (plain.numpy() != ours).any() and len(np.unique(ours)) > 3
+
+
+def _blocks(drafter, tokens, anchors):
+    blocks = torch.full((len(anchors), drafter.config.block_size), drafter.config.mask_token_id)
+    blocks[:, 0] = tokens[torch.tensor(anchors)]
+    return blocks
+
+
+def test_dspark_topk_walks_the_corrected_candidates(peers, scorer_cache, tmp_path):  # noqa: F811
+    """``dspark_draft_topk`` (speculator.py:201-248): the walk over each slot's top-k base logits
+    corrected by the Markov bias equals the full walk restricted to those candidates."""
+    cache = hscache.open_cache(scorer_cache)
+    model = _speculators_dspark(peers, cache, anchor=True)
+    model.save_pretrained(str(tmp_path / "s"))
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    config["dspark_draft_topk"] = 2
+    (tmp_path / "s" / "config.json").write_text(json.dumps(config))
+    drafter, _ = load_drafter(tmp_path / "s", cache, EvalConfig(ddtree=()))
+    assert drafter.config.dspark_draft_topk == 2
+    row = 1
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", None)
+    tokens = cache.token_ids(row).long()
+    prompt_len = cache.index.column("prompt_len")[row].as_py()
+    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
+    anchors = list(range(prompt_len, len(tokens) - 1))
+    hidden = drafter.block_hidden(features, torch.tensor(anchors), _blocks(drafter, tokens, anchors))
+    logits = drafter.head(hidden)
+    for n, anchor in enumerate(anchors):
+        prev = tokens[anchor : anchor + 1]
+        for slot in range(N):
+            top = logits[n, slot].topk(2)
+            corrected = top.values + drafter.markov_bias(prev)[0, top.indices]
+            prev = top.indices[corrected.argmax()].reshape(1)
+            assert int(prev) == ours[n, slot]
+
+
+def test_dspark_init_writes_what_vllm_reads_and_scores(scorer_cache, tmp_path):
+    """``scorer init --family dspark`` writes the dense layout (vLLM config/speculative.py:1342-1355
+    detects ``Qwen3DSparkModel``; qwen3_dspark.py:205-230 reads markov_rank and the confidence keys at
+    top level; dflash/speculator.py:77-85 refuses sample_from_anchor inside dflash_config) and the
+    scorer reads it back: N drafts from a block of N rows, every row drafting."""
+    from scorer.families import family_named
+
+    out = tmp_path / "dspark"
+    family_named("dspark").init(scorer_cache, out, block_size=N + 1, markov_rank=RANK)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3DSparkModel"] and config["block_size"] == N
+    assert config["markov_rank"] == RANK and config["sample_from_anchor"] is True
+    assert "sample_from_anchor" not in config["dflash_config"]
+    assert config["enable_confidence_head"] and config["confidence_head_with_markov"]
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert {
+        "markov_head.markov_w1.weight",
+        "markov_head.markov_w2.weight",
+        "confidence_head.proj.bias",
+    } <= keys
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in keys)  # vLLM shares the target's
+    report = evaluate(out, scorer_cache, EvalConfig(n_boot=10, limit=1))
+    assert report["drafter"]["family"] == "dspark" and report["config"]["ddtree"] == []
+    drafter, _ = load_drafter(out, hscache.open_cache(scorer_cache), EvalConfig())
+    assert drafter.first_draft_slot == 0 and drafter.config.block_size == N + 1
+
+
+def test_dspark_bad_checkpoints_are_refused_by_name(scorer_cache, tmp_path):
+    from scorer.families import family_named
+
+    out = tmp_path / "d"
+    family_named("dspark").init(scorer_cache, out, block_size=N + 1, markov_rank=RANK)
+    cache = hscache.open_cache(scorer_cache)
+    config = json.loads((out / "config.json").read_text())
+    for key, value, said in (
+        ("markov_head_type", "gated", "vanilla Markov head only"),
+        ("dspark_draft_topk", 10**6, "dspark_draft_topk"),
+        ("markov_rank", 0, "markov_rank 0"),
+    ):
+        (out / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(CheckpointError, match=said):
+            load_drafter(out, cache, EvalConfig())
+
+
+def test_dspark_probabilistic_proposals_feed_the_trajectory(scorer_cache, tmp_path):
+    """The probabilistic rule's q (spec/sampling.md 4.3): slot j proposes from softmax((base_j +
+    bias(y_{a+j-1})) / T), the anchor token for slot 1; checked against the head computed directly."""
+    from scorer.families import family_named
+    from scorer.families.dflash.proposals import block_log_q
+
+    out = tmp_path / "d"
+    family_named("dspark").init(scorer_cache, out, block_size=N + 1, markov_rank=RANK)
+    cache = hscache.open_cache(scorer_cache)
+    drafter, _ = load_drafter(out, cache, EvalConfig())
+    with torch.no_grad():
+        drafter.markov_head.markov_w2.weight.normal_(0, 1.0)
+    row, temperature = 0, 0.7
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", drafter.context_norm)
+    tokens = cache.token_ids(row).long()
+    prompt_len = cache.index.column("prompt_len")[row].as_py()
+    draft, log_q = block_log_q(drafter, features, tokens, prompt_len, temperature)
+    a = prompt_len + 1
+    block = torch.full((1, N + 1), drafter.config.mask_token_id)
+    block[0, 0] = tokens[a]
+    rows = drafter.block_hidden(features, torch.tensor([a]), block)[0]
+    for j in range(min(N, len(tokens) - 1 - a)):
+        with torch.no_grad():
+            scores = drafter.head(rows[j]).float() + drafter.markov_bias(tokens[a + j : a + j + 1])[0]
+        want = torch.log_softmax(scores / temperature, -1)[tokens[a + j + 1]]
+        np.testing.assert_allclose(log_q[a - prompt_len, j], float(want), rtol=1e-6)  # fp32
+        assert draft[a - prompt_len, j] == int(scores.argmax())
