@@ -75,7 +75,10 @@ def test_scorer_init_of_a_family_without_weights_is_refused(scorer_cache, tmp_pa
     unknown = CliRunner().invoke(
         main, ["init", str(tmp_path / "x"), "--cache", str(scorer_cache), "--family", "medusa"]
     )
-    assert unknown.exit_code == 2 and "known families: mtp, eagle3, dflash2, dspark, dflash, ngram" in unknown.output
+    assert (
+        unknown.exit_code == 2
+        and "known families: mtp, eagle3, dflash2, dspark, dflash, ngram" in unknown.output
+    )
 
 
 def test_scorer_init_eagle3_through_the_seam_says_what_it_wrote(diagnose_cache, tmp_path):
