@@ -514,3 +514,81 @@ def test_the_sampled_rule_is_chosen_in_one_place():
     # not vacuous: what scorer/report/build.py did before the rule was chosen once is caught
     before = "if sampled_view.is_sampled(cache):\n    view = sampled_view.SampledView(cache)\n"
     assert _calls(before, RULE_CHOOSERS) == ["is_sampled", "SampledView"]
+
+
+# Code that serves or studies drafters of any family (issue 47): it asks the family seam (the registry's
+# ``Family.vllm``, ``Family.flags``...) and names no family, so that a new family touches only its folder.
+FAMILY_FREE = ("hscache/engines", "scorer/studies", "scorer/cli/served.py")
+# Text there that spells a family's name but is not one: hscache's ExtractConfig field ``mtp`` (store the
+# target's own head with the cache: an hscache setting the served cache copies from the cache it serves).
+NOT_A_FAMILY = {"scorer/studies/vllm_judge.py": ('mtp=bool(cache.settings.get("mtp"))',)}
+
+
+def _family_words() -> set[str]:
+    """Every registered family's name and the vLLM method that serves it, lower-cased."""
+    from scorer.families import FAMILIES
+
+    return {f.name.lower() for f in FAMILIES} | {f.vllm.method.lower() for f in FAMILIES if f.vllm}
+
+
+def _family_names(label: str, source: str, words: set[str]) -> list[str]:
+    """``label:line: word`` for each family name in ``source``: code, strings, comments and docstrings,
+    split at every character that is not a letter or digit (``_is_ngram`` -> is, ngram) and compared
+    lower-cased. A string passed straight to the registry's lookup (``family_named("x")``) is allowed."""
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source, label)):
+        func = node.func if isinstance(node, ast.Call) else None
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name != "family_named":
+            continue
+        for arg in node.args:
+            if isinstance(arg, ast.Constant) and arg.lineno == arg.end_lineno:
+                row = lines[arg.lineno - 1]
+                lines[arg.lineno - 1] = (
+                    row[: arg.col_offset]
+                    + " " * (arg.end_col_offset - arg.col_offset)
+                    + row[arg.end_col_offset :]
+                )
+    hits = []
+    for number, line in enumerate(lines, 1):
+        for allowed in NOT_A_FAMILY.get(label, ()):
+            line = line.replace(allowed, "")
+        hits += [f"{label}:{number}: {w}" for w in re.split(r"[^a-z0-9]+", line.lower()) if w in words]
+    return hits
+
+
+def _family_free_files() -> list[Path]:
+    return [
+        p
+        for part in FAMILY_FREE
+        for p in ([ROOT / part] if part.endswith(".py") else _python_files(ROOT / part))
+    ]
+
+
+def test_engine_and_study_code_names_no_family():
+    words = _family_words()
+    assert {"dflash", "eagle3", "mtp", "ngram"} <= words
+    files = _family_free_files()
+    assert len(files) > 10 and (ROOT / "hscache/engines/vllm/worker.py") in files
+    bad = [h for p in files for h in _family_names(str(p.relative_to(ROOT)), p.read_text(), words)]
+    assert bad == []
+
+
+def test_the_family_name_check_sees_a_planted_name():
+    words = _family_words()
+    worker = ROOT / "hscache/engines/vllm/worker.py"
+    source = worker.read_text()
+    label = "hscache/engines/vllm/worker.py"
+    assert _family_names(label, source, words) == []
+    planted = {
+        'if spec.get("method") == "ngram":\n    pass\n': "ngram",  # a branch on a vLLM method
+        "def _is_eagle3(engine):\n    return False\n": "eagle3",  # an identifier
+        "x = 1  # DFlash's K is its block - 1\n": "dflash",  # a comment
+        '"""Measured on the MTP head."""\n': "mtp",  # a docstring
+    }
+    for code, word in planted.items():
+        found = _family_names(label, source + code, words)
+        assert [h.rsplit(": ", 1)[1] for h in found] == [word], code
+    # the registry's lookup is the one place a literal name may stand
+    assert _family_names(label, source + 'family = family_named("dflash")\n', words) == []
+    assert _family_names(label, source + 'family = family_named("dflash") if "dflash" else 0\n', words) != []

@@ -55,7 +55,7 @@ def _echo(report: dict[str, Any]) -> None:
     click.echo(
         f"vLLM:    pooled {_tau(tau['vllm']['pooled'])}, per request {_tau(tau['vllm']['per_request'])} "
         f"({tau['vllm']['rounds']} rounds; vLLM's own mean_acceptance_length, unclipped and without "
-        f"ngram's unrecorded steps: {_tau(vllm['counters']['mean_acceptance_length'])})"
+        f"the steps it does not record: {_tau(vllm['counters']['mean_acceptance_length'])})"
     )
     patches = ", ".join(vllm["patches"]) or "none"
     click.echo(f"vLLM {vllm['version']}, {report['family']} ({vllm['speculative_config']['method']}, K "
@@ -122,7 +122,7 @@ def served(checkpoint: str, json_out: str | None, scored_rule: str | None, **opt
     \b
     Example:
       scorer served drafter/ --cache cache/ --vllm-python .vllm/bin/python
-      scorer served ngram --cache cache/ --num-speculative-tokens 3 --prompt-lookup-min 2 --prompt-lookup-max 3
+      scorer served drafter/ --cache cache/ --num-speculative-tokens 3   # K other than the drafter's
     """
     check_outputs(json=json_out, workdir=options["workdir"], directories=("workdir",))
     from scorer.studies.vllm_judge import ServedConfig, judge

@@ -21,6 +21,7 @@ from scorer.families.mtp import MTP
 from scorer.families.ngram import NGRAM
 
 __all__ = [
+    "DEFAULT_FAMILY",
     "FAMILIES",
     "CheckpointProbe",
     "Family",
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DSPARK, DFLASH, NGRAM)
+# The family made (scorer init, scorer.train_drafter) or read (scorer.evaluate_module) when none is named.
+DEFAULT_FAMILY = DFLASH.name
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}

@@ -47,7 +47,9 @@ __all__ = [
     "OnlineOptions",
     "Proposer",
     "TARGET_PREFIX",
+    "VllmServing",
     "attention_flops",
+    "checkpoint_model",
     "lazy",
     "linear_params",
     "target_head_name",
@@ -186,6 +188,45 @@ class FamilyFlag:
         return "--" + self.name.replace("_", "-")
 
 
+def checkpoint_model(checkpoint: str | Path, drafter: Any) -> dict[str, Any]:
+    """``VllmServing.settings`` of a drafter vLLM loads from its checkpoint: ``{"model": its absolute path}``."""
+    return {"model": str(Path(checkpoint).resolve())}
+
+
+@dataclass(frozen=True)
+class VllmServing:
+    """How vLLM 0.32.0 serves a family's drafters: all that ``scorer served`` (scorer.studies.vllm_judge)
+    and the engine worker (hscache/engines/vllm/worker.py, run in vLLM's interpreter) need, so that
+    neither names a family. The worker imports nothing of the scorer: what it must do differently for a
+    family reaches it as data in its job's engine entry (``unrecorded_steps``, ``start_rank``).
+
+    Attributes:
+        method: vLLM's speculative method (``speculative_config["method"]``).
+        settings: (checkpoint, drafter) -> the ``speculative_config`` keys besides ``method`` and
+            ``num_speculative_tokens``: ``checkpoint_model`` for a drafter vLLM loads from the
+            checkpoint, a proposer's own settings for one without weights; None: none.
+        k_sets_block: vLLM drafts a block of K + 1 (K its ``num_speculative_tokens``): a K given
+            reloads the drafter with ``block_size`` K + 1, so both sides draft the same block; without
+            it, K is the drafter's block size - 1 either way.
+        drafter_attention: the drafter's own attention runs in vLLM CPU's kernels: its config
+            (``to_hf_config()``) meets the limits a target does (hscache.engines.vllm.runtime
+            .preflight_target), checked before vLLM starts.
+        unrecorded_steps: (speculative_config, max_model_len) -> the worker's ``unrecorded_steps``
+            entry ``{"proposer": "module:function", "args": [...]}``: vLLM takes a plain decode step,
+            and records none, where ``function(context as int32 array, *args)`` proposes no token;
+            None: vLLM records every step.
+        start_rank: the worker builds its engines in ascending rank (ties in the job's order); a
+            family whose engine leaves the process unable to build another one ranks after the rest.
+    """
+
+    method: str
+    settings: Callable[[str, Any], dict[str, Any]] | None = None
+    k_sets_block: bool = False
+    drafter_attention: bool = False
+    unrecorded_steps: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+    start_rank: int = 0
+
+
 @dataclass(frozen=True)
 class Family:
     """One drafter family.
@@ -220,6 +261,8 @@ class Family:
             the names of its ``flags`` are added to them.
         flags: the command-line settings only this family reads (`FamilyFlag`): options of the scoring
             commands, their values passed as ``EvalConfig.overrides``; another family refuses them.
+        vllm: how vLLM 0.32.0 serves its drafters (`VllmServing`, ``scorer served``); None: vLLM does
+            not serve them as the scorer scores them, and ``scorer served`` refuses the family by name.
         init: (cache path, out, **options) -> the written drafter's config: a fresh drafter sized
             for the cache's target (``scorer init --family F``); None when there is nothing to
             write (the head ships inside the target, or the family has no weights).
@@ -268,6 +311,7 @@ class Family:
     diagnose_kinds: tuple[str, ...] = ()
     diagnose: Callable[[Any], Any] | None = None
     flags: tuple[FamilyFlag, ...] = ()
+    vllm: VllmServing | None = None
 
     def __post_init__(self) -> None:
         if not self.display_name:

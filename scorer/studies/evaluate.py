@@ -21,7 +21,7 @@ from hscache.store.integrity import check_expected_digest
 from hscache.store.row_ranges import RowRangeView, check_other_arrays, plan_row_ranges, read_rows
 from hscache.store.view import CacheView
 from scorer.errors import ScorerError
-from scorer.families import family_named
+from scorer.families import DEFAULT_FAMILY, family_named
 from scorer.families.base import Drafter
 from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows, served_rule
 from scorer.offline.sequences import SequenceResult
@@ -99,19 +99,20 @@ def evaluate_module(
     eval_config: EvalConfig | None = None,
     *,
     limit: int | None = None,
-    family: str = "dflash",
+    family: str = DEFAULT_FAMILY,
 ) -> dict[str, Any]:
     """Score an in-memory drafter (a training loop's module, or its state_dict) without writing a file.
 
     Args:
-        module_or_state_dict: a ``scorer.families.dflash.model.DFlashDrafter`` (its config is used when ``config``
-            is None; a target head it already has attached is reused, no cache read), or a
-            state_dict with the checkpoint's keys.
+        module_or_state_dict: a drafter module of a family with ``Family.from_module`` (its config is used
+            when ``config`` is None; a target head it already has attached is reused, no cache read), or
+            a state_dict with the checkpoint's keys.
         cache: a cache path/URL or an open ``CacheView`` (open it once outside the loop).
-        config: the drafter's ``DFlashConfig`` or HF config dict; required with a state_dict.
+        config: the drafter's config (the family's config object) or HF config dict; required with a state_dict.
         eval_config: defaults to chain anchors and no DDTree (tau only, the cheapest replay).
         limit: only the first N sequences (wins over ``eval_config.limit``).
-        family: the family of a state_dict (a module says its own: ``Drafter.family``).
+        family: the family of a state_dict (a module says its own: ``Drafter.family``; default the
+            registry's ``DEFAULT_FAMILY``).
 
     Returns:
         The ``scorer eval`` report (``report["tau"]["pooled"]``...), checkpoint format "module".

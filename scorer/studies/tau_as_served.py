@@ -62,7 +62,7 @@ def tau_as_served(
     Args:
         rule: "one-hot" (argmax drafts, every engine's default at T > 0) or "probabilistic"
             (drafts ~ softmax(logits / T), min(1, p/q); chains only).
-        mode: "chain" (the drafter's chain or DFlash block), "ddtree-N" (DFlash's DDTree with budget
+        mode: "chain" (the drafter's chain or block), "ddtree-N" (a block drafter's DDTree with budget
             N) or "tree" (SGLang's EAGLE tree: pass ``config.tree``).
         config: everything else (device, dtype, limit, K, n_boot, seed...); its ``draft_sampling``
             is set from ``rule``.

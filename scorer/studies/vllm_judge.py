@@ -11,8 +11,12 @@ processed logprobs as p) -> ``scorer eval`` of CKPT on it -> the rounds of both,
 
 Conventions reconciled (docs/scoring.md "Judged by vLLM"): the first generated token comes from prefill
 (no round on either side); vLLM does not clip its last step at ``max_tokens`` or EOS (its accepted count
-is clipped to the positions the output has, as the offline replay stops there); ngram's steps without a
-match are not recorded by vLLM (the worker places them with vLLM's own proposer).
+is clipped to the positions the output has, as the offline replay stops there); the steps vLLM takes
+without recording them (a family's ``VllmServing.unrecorded_steps``: a proposer that found nothing) are
+placed by the worker with vLLM's own proposer.
+
+Nothing here names a family: what vLLM needs of one (its method and settings, its quirks) is its
+``Family.vllm`` (scorer.families.base.VllmServing), read from the registry.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from hscache.engines.vllm.runtime import (
 from hscache.store.view import CacheView
 from scorer.documents import run_stamp
 from scorer.errors import ScorerError
+from scorer.families import FAMILIES, family_named
+from scorer.families.base import VllmServing
 from scorer.offline.scoring import EvalConfig, effective_config, load_drafter
 from scorer.studies.evaluate import evaluate
 
@@ -50,6 +56,7 @@ __all__ = [
     "ServedPlan",
     "collect_served",
     "compare_rounds",
+    "engine_entry",
     "judge",
     "plan_served",
     "score_served",
@@ -66,8 +73,6 @@ RULES = {
     "probabilistic": "probabilistic: x ~ softmax(draft logits / T); accept iff u q(x) < p(x), resample "
     "norm(max(p - q, 0)) (same file)",
 }
-# The drafter families vLLM 0.32.0 serves, and its speculative method for each.
-_METHODS = {"dflash": "dflash", "eagle3": "eagle3", "ngram": "ngram", "mtp": "mtp"}
 _MAX_LOGPROBS_FLOOR = 1
 
 
@@ -86,7 +91,7 @@ class ServedConfig:
     limit: int | None = None
     vllm_python: str | None = None
     workdir: str | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)  # prompt_lookup_min / _max (ngram)
+    overrides: dict[str, Any] = field(default_factory=dict)  # a family's own settings (Family.flags)
 
 
 def _check_config(config: ServedConfig) -> None:
@@ -98,25 +103,42 @@ def _check_config(config: ServedConfig) -> None:
 
 
 def speculative_config(family: str, checkpoint: str, drafter: Any, k: int) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` for a loaded drafter (its family's method, K drafted tokens).
+    """vLLM's ``speculative_config`` for a loaded drafter of ``family`` (its method, K drafted tokens and
+    the keys the family adds: ``Family.vllm``).
 
     Raises:
-        ScorerError: a family vLLM 0.32.0 does not serve (named, with what it serves).
+        ScorerError: a family vLLM 0.32.0 does not serve (named, with those it serves).
     """
-    if family not in _METHODS:
+    serving = _serving(family)
+    spec: dict[str, Any] = {"method": serving.method, "num_speculative_tokens": k}
+    if serving.settings is not None:
+        spec.update(serving.settings(checkpoint, drafter))
+    return spec
+
+
+def _serving(family: str) -> VllmServing:
+    """How vLLM serves ``family`` (the registry's ``Family.vllm``), or its refusal by name."""
+    serving = family_named(family).vllm
+    if serving is None:
+        served = sorted(f.name for f in FAMILIES if f.vllm is not None)
         raise ScorerError(
             f"vLLM 0.32.0 does not serve {family} drafters as hscache scores them; scorer served judges "
-            f"{', '.join(sorted(_METHODS))}"
+            f"{', '.join(served)}"
         )
-    spec: dict[str, Any] = {"method": _METHODS[family], "num_speculative_tokens": k}
-    if family == "ngram":
-        proposer = drafter.config.proposer
-        spec.update(
-            prompt_lookup_min=proposer.prompt_lookup_min, prompt_lookup_max=proposer.prompt_lookup_max
-        )
-    elif family in ("dflash", "eagle3"):
-        spec["model"] = str(Path(checkpoint).resolve())
-    return spec
+    return serving
+
+
+def engine_entry(name: str, family: str, spec: dict[str, Any], runs: list[dict], max_model_len: int) -> dict:
+    """One engine of the worker's job: its speculative config, its runs, and what the worker must do
+    differently for the family, as data (hscache/engines/vllm/worker.py: ``unrecorded_steps``,
+    ``start_rank``)."""
+    serving = _serving(family)
+    entry: dict[str, Any] = {"name": name, "speculative_config": spec, "runs": runs}
+    if serving.unrecorded_steps is not None:
+        entry["unrecorded_steps"] = serving.unrecorded_steps(spec, max_model_len)
+    if serving.start_rank:
+        entry["start_rank"] = serving.start_rank
+    return entry
 
 
 @dataclass(frozen=True)
@@ -142,7 +164,7 @@ def _prompts(cache: CacheView, limit: int | None) -> list[_Prompt]:
 
 def _target_dir(cache: CacheView) -> str:
     """The cache's target as an HF directory vLLM can load: a built-in one written out once (its
-    ``mtp.*`` head included, under ~/.cache/hscache/builtin keyed by its weights), else its path."""
+    own draft head included, under ~/.cache/hscache/builtin keyed by its weights), else its path."""
     from hscache.engines.vllm.capture import model_directory
 
     return str(model_directory(cache.settings["model"], cache.settings["weights_sha256"]))
@@ -160,19 +182,23 @@ def _run(name: str, cache: CacheView, prompts: list[_Prompt]) -> dict[str, Any]:
     }
 
 
-def _job(target: str, caches: list[CacheView], runs: list[dict], specs: list[dict]) -> dict[str, Any]:
+def _job(
+    target: str, caches: list[CacheView], runs: list[dict], engines: list[tuple[str, dict]]
+) -> dict[str, Any]:
+    """The worker's job for one target: ``engines`` are (family, speculative config), one engine each."""
     first = caches[0]
     longest = max(len(p) + r["sampling"]["max_tokens"] for r in runs for p in r["prompts"])
+    max_model_len = longest + max(spec["num_speculative_tokens"] for _, spec in engines) + 8
     return {
         "target": target,
         "dtype": first.settings["dtype"],
-        "max_model_len": longest + max(spec["num_speculative_tokens"] for spec in specs) + 8,
+        "max_model_len": max_model_len,
         "seed": 0,  # every sampled request carries its own seed (request_seed)
         "hybrid": "linear_attention" in (first.target_config.get("layer_types") or ()),
         "max_logprobs": max([_MAX_LOGPROBS_FLOOR, *(r["sampling"].get("logprobs", 0) for r in runs)]),
         "engines": [
-            {"name": f"{n}:{spec['method']}", "speculative_config": spec, "runs": runs}
-            for n, spec in enumerate(specs)
+            engine_entry(f"{n}:{spec['method']}", family, spec, runs, max_model_len)
+            for n, (family, spec) in enumerate(engines)
         ],
     }
 
@@ -207,7 +233,7 @@ def _served_cache(cache: CacheView, kind: str, records: str, workdir: Path) -> P
     common = dict(
         out=str(out), model=cache.settings["model"], layers=",".join(map(str, cache.layer_ids)),
         dtype=cache.settings["dtype"], max_new_tokens=0, top_k=int(cache.settings.get("top_k", 64)),
-        mtp=bool(cache.settings.get("mtp")), commit_every_s=0.0, overwrite=True,  # target:mtp scores it
+        mtp=bool(cache.settings.get("mtp")), commit_every_s=0.0, overwrite=True,  # a target's own head scores from it
     )  # fmt: skip
     path = workdir / f"served_{kind}.jsonl"
     path.write_text(records)
@@ -257,7 +283,7 @@ def compare_rounds(offline: dict[str, Any], request: dict[str, Any], prompt_len:
 
 # A draft decision whose two best logits, as vLLM computed them, are at most this many representable
 # values of the served dtype apart is a tie: no replay that does not run vLLM's own kernels decides it
-# the same way (draft_record.py: measured one bf16 step, 4.0 over 3.984375, on the hybrid's MTP head).
+# the same way (draft_record.py: measured one bf16 step, 4.0 over 3.984375, on the hybrid's own draft head).
 TIE_STEPS = 2
 
 
@@ -286,7 +312,7 @@ def first_difference_draft(
     slot where one side's draft was accepted and the other's not, vLLM's two best tokens there and their
     logits (the worker's ``draft_top2``, draft_record.py), how many ``dtype`` steps apart, and whether
     that is a tie (``TIE_STEPS``; where the offline draft was the accepted one, it must also be vLLM's
-    second choice). None when vLLM recorded nothing there (n-gram; a version not transcribed)."""
+    second choice). None when vLLM recorded nothing there (a drafter without logits; a version not transcribed)."""
     anchor = difference["offline_anchor"]
     if anchor is None or anchor != difference["vllm_anchor"]:
         return None
@@ -337,19 +363,18 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
         dtype=cache.settings["dtype"],
         ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
         draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
-        raw_last_layer=True,  # what vLLM feeds a DFlash drafter (EvalConfig.raw_last_layer)
+        raw_last_layer=True,  # what vLLM feeds a drafter (EvalConfig.raw_last_layer)
         # vLLM's greedy tokens are the target's decisions (its argmax of ITS states): the served cache's
         # argmax comes from transformers' states, which part from them at bf16 near-ties (issue 33)
         greedy_reference="text" if cache.sampling.greedy else "argmax",
     )  # fmt: skip
     drafter, _ = load_drafter(checkpoint, cache, eval_config)
-    if (
-        drafter.family == "dflash" and config.num_speculative_tokens is not None
-    ):  # DFlash's K is its block - 1
+    serving = _serving(drafter.family)
+    if serving.k_sets_block and config.num_speculative_tokens is not None:  # vLLM drafts a block of K + 1
         eval_config = replace(eval_config, block_size=config.num_speculative_tokens + 1)
         drafter, _ = load_drafter(checkpoint, cache, eval_config)
     eval_config = effective_config(drafter, eval_config)
-    if drafter.family in ("dflash", "eagle3"):  # its attention runs in vLLM CPU's kernels too
+    if serving.drafter_attention:  # its attention runs in vLLM CPU's kernels too
         preflight_target(
             drafter.config.to_hf_config(), cache.settings["dtype"], what=f"the drafter {checkpoint}"
         )
@@ -447,7 +472,7 @@ def plan_served(
     loaded = [[_drafter(str(c), v, each) for v in views] for c, each in zip(checkpoints, configs)]
     prompts = [_prompts(v, configs[0].limit) for v in views]
     runs = [_run(f"cache{j}", v, p) for j, (v, p) in enumerate(zip(views, prompts))]
-    job = _job(_target_dir(views[0]), views, runs, [row[0][1] for row in loaded])
+    job = _job(_target_dir(views[0]), views, runs, [(row[0][0].family, row[0][1]) for row in loaded])
     return ServedPlan(
         [str(c) for c in checkpoints], [str(c) for c in caches], configs, views, loaded, prompts, runs, job,
         workdir, python, version, t0,

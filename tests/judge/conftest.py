@@ -109,7 +109,8 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
 
 
 # name -> (drafter, ServedConfig fields). The worker builds n-gram engines last (after one, vLLM 0.32.0
-# builds no other engine in that process: hscache/engines/vllm/worker.py ``_run_engines``).
+# builds no other engine in that process: scorer/families/ngram/served.py, the engine entry's start_rank),
+# so the raw engines appended after it below are built before it.
 QWEN3_ENGINES = {
     "refused": ("refused", {}),
     "dflash": ("dflash", {}),

@@ -13,7 +13,7 @@ from hscache.capture.responses import iter_responses, responses_sampling
 from hscache.engines.vllm import VllmTargetError, VllmVersionError, check_version, preflight_target
 from hscache.engines.vllm.cpu_patch import apply, expand_fill
 from hscache.engines.vllm.outputs import greedy_record, responses_record
-from hscache.engines.vllm.worker import place_rounds
+from hscache.engines.vllm.worker import place_rounds, unrecorded_steps
 
 QWEN3 = {"hidden_size": 128, "num_attention_heads": 4, "head_dim": 32, "layer_types": ["full_attention"] * 2}
 
@@ -188,3 +188,25 @@ def test_an_engine_given_too_small_a_kv_cache_starts_with_a_larger_one(vllm_pyth
     assert done.returncode == 0, done.stderr[-2000:]
     kv = int(next(line for line in done.stdout.splitlines() if line.startswith("KV")).split()[1])
     assert kv == 4 * 10**6  # one retry: max(2 x vLLM's figure, 4 x the 1 MB it had)
+
+
+def test_unrecorded_steps_call_the_named_proposer_on_each_context(tmp_path, monkeypatch):
+    """The job names the proposer (the family computed it: scorer/families/ngram/served.py); the worker
+    imports it by name, calls it on the prompt + tokens so far with the entry's args, and a step is
+    unrecorded where it proposes nothing."""
+    (tmp_path / "toy_proposer.py").write_text(
+        "import numpy as np\nCALLS = []\n"
+        "def propose(context, lo, hi):\n"
+        "    CALLS.append((context.dtype.name, context.tolist(), lo, hi))\n"
+        "    return context[-1:] if lo <= context[-1] <= hi else np.zeros(0, np.int32)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import toy_proposer
+
+    unrecorded = unrecorded_steps({"proposer": "toy_proposer:propose", "args": [3, 5]}, [9, 9])
+    assert unrecorded([1]) is True and unrecorded([1, 4]) is False
+    assert toy_proposer.CALLS == [("int32", [9, 9, 1], 3, 5), ("int32", [9, 9, 1, 4], 3, 5)]
+    # placed on an output: a context ending in 1 finds nothing (a plain one-token step), one ending in 4 is recorded
+    rounds = place_rounds(2, [1, 4, 1, 4, 7], [1, 0], [2, 2], unrecorded=unrecorded_steps(
+        {"proposer": "toy_proposer:propose", "args": [3, 5]}, [9, 9]))  # fmt: skip
+    assert rounds == {"anchors": [2, 3, 5], "accepted": [0, 1, 0], "drafted": [0, 2, 2]}

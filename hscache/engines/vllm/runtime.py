@@ -257,7 +257,7 @@ def engine_kwargs(
         max_model_len: prompt + generated tokens of the longest request.
         speculative_config: vLLM's ``speculative_config`` (None: the target alone).
         max_logprobs: the most logprobs a request asks for.
-        hybrid: a target with Gated DeltaNet layers: prefix caching off (MTP on it calls a Triton kernel
+        hybrid: a target with Gated DeltaNet layers: prefix caching off (its own draft head calls a Triton kernel
             with no CPU path, vllm/v1/worker/mamba_utils.py:1226).
     """
     kwargs: dict[str, Any] = dict(

@@ -6,7 +6,9 @@ for all of them), each::
 
     {"target": DIR, "dtype": "fp32"|"bf16", "max_model_len": N, "seed": S, "hybrid": false,
      "max_logprobs": N,
-     "engines": [{"name": "dflash", "speculative_config": {...} | null,
+     "engines": [{"name": "0:<method>", "speculative_config": {...} | null,
+                  "unrecorded_steps": {"proposer": "module:function", "args": [...]},  (optional)
+                  "start_rank": 0,  (optional)
                   "runs": [{"name": "t0", "sampling": {temperature, top_p, top_k, min_p, presence_penalty,
                             frequency_penalty, repetition_penalty, max_tokens, logprobs},
                             "prompts": [[ids], ...], "seeds": [int | null, ...]}]}]}
@@ -15,23 +17,29 @@ OUT: ``{"vllm_version", "patches", "jobs": [{"engines": [{"name", "seconds", "ru
 [...]}]}]}, ...]}``, one request per prompt, each ``{"token_ids", "finish_reason", "logprobs": [[[id, logprob], ...] per
 position] | null, "spec_decode_metrics": {...} | null, "rounds": {"anchors", "accepted", "drafted"},
 "draft_top2": {anchor: [[token, logit, second token, logit] per drafted slot]}}`` (draft_record.py; {} for
-n-gram and where vLLM's version is not transcribed).
+a proposer without logits and where vLLM's version is not transcribed).
 ``rounds`` are vLLM's spec steps placed on the output: the first generated token comes from prefill (no
-step), a step that accepted a tokens commits a + 1, and for ngram the steps vLLM does not record (its
-proposer found no match: a plain decode step) are placed by running vLLM's own proposer
-(vllm/v1/spec_decode/ngram_proposer.py:210 ``_find_longest_matched_ngram_and_propose_tokens``) on the
-context before each step. ``anchors`` are absolute positions (prompt length + committed - 1), as the
+step), a step that accepted a tokens commits a + 1, and where an engine has ``unrecorded_steps`` the
+steps vLLM takes without recording them (its proposer proposed nothing: a plain decode step) are placed
+by calling that proposer of vLLM's (``function(context as an int32 array, *args)``) on the context before
+each step. ``anchors`` are absolute positions (prompt length + committed - 1), as the
 offline replay numbers them. A refusal (an untranscribed version, a drafter vLLM will not load) is
 written as ``{"error": "one line", "kind": ...}`` with exit status 2; a drafter vLLM will not load as
 ``{"name", "error"}`` in place of its engine (the job's other engines still run).
+
+Engines are built in ascending ``start_rank`` (default 0; ties in the job's order): an engine after which
+vLLM builds no other in the process ranks last. This module never names a drafter family: what differs
+per family comes in the job, computed by the family on the scorer's side (scorer.families.base.VllmServing).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +54,7 @@ from hscache.engines.vllm.runtime import (
     vision_stub,
 )
 
-__all__ = ["main", "place_rounds"]
+__all__ = ["main", "place_rounds", "unrecorded_steps"]
 
 
 def place_rounds(
@@ -60,7 +68,7 @@ def place_rounds(
 
     Args:
         unrecorded: ``unrecorded(context) -> bool``, True where vLLM took a step without recording it
-            (ngram: its proposer found no match on ``context``); None: every step is recorded.
+            (its proposer proposed nothing on ``context``); None: every step is recorded.
     """
     anchors: list[int] = []
     accepted: list[int] = []
@@ -80,15 +88,18 @@ def place_rounds(
     return {"anchors": anchors, "accepted": accepted, "drafted": drafted}
 
 
-def _ngram_unrecorded(prompt_ids: list[int], config: dict[str, Any], max_model_len: int):
+def unrecorded_steps(entry: dict[str, Any], prompt_ids: list[int]) -> Callable[[list[int]], bool]:
+    """``place_rounds``' ``unrecorded`` for one request of an engine whose job entry has
+    ``unrecorded_steps`` ``{"proposer": "module:function", "args": [...]}``: True where that function of
+    vLLM's, called on the prompt and the tokens generated so far, proposes nothing."""
     import numpy as np
-    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
+
+    module, _, name = entry["proposer"].partition(":")
+    propose, args = getattr(importlib.import_module(module), name), list(entry["args"])
 
     def unrecorded(generated: list[int]) -> bool:
         context = np.asarray(prompt_ids + generated, dtype=np.int32)
-        k = int(config["num_speculative_tokens"])
-        lo, hi = int(config.get("prompt_lookup_min") or 1), int(config.get("prompt_lookup_max") or 1)
-        return len(propose(context, lo, hi, max_model_len, k)) == 0
+        return len(propose(context, *args)) == 0
 
     return unrecorded
 
@@ -133,8 +144,8 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any], drafts: Any = None)
         requests = []
         for prompt_ids, output in zip(prompts, outputs):
             unrecorded = None
-            if spec is not None and spec.get("method") == "ngram":
-                unrecorded = _ngram_unrecorded(prompt_ids, spec, job["max_model_len"])
+            if engine.get("unrecorded_steps") is not None:
+                unrecorded = unrecorded_steps(engine["unrecorded_steps"], prompt_ids)
             requests.append(_request(output, prompt_ids, unrecorded, drafts))
         if drafts is not None:
             drafts.clear()
@@ -189,22 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _is_ngram(engine: dict[str, Any]) -> bool:
-    return (engine.get("speculative_config") or {}).get("method") == "ngram"
-
-
 def _run_engines(jobs: list[dict[str, Any]], drafts: Any = None) -> list[list[dict[str, Any]]]:
-    """Every engine of every job, n-gram engines last; the results in the jobs' own order.
-
-    Why last: each engine start makes vLLM rebind its CPU kernel overrides by scanning every module's
-    namespace (vllm 0.32.0 triton_utils/dispatcher.py:125-139, ``vars(value).get("kernel")``); once an
-    n-gram engine has run, numba's JIT has left llvmlite ``_lib_fn_wrapper`` objects in module
-    namespaces, which that scan cannot read, and every later engine fails to build ("'_lib_fn_wrapper'
-    object has no attribute 'get'"). Measured: the three engines built after an n-gram one in one
-    process (a target alone, an MTP one) were all refused so; with n-gram last, every engine built (or
-    was refused for its own reason)."""
+    """Every engine of every job in ascending ``start_rank`` (the family says why its engines wait: e.g.
+    one that leaves objects in module namespaces which vLLM's kernel rebinding at the next engine's start
+    cannot read); the results in the jobs' own order."""
     order = [(j, e) for j, each in enumerate(jobs) for e in range(len(each["engines"]))]
-    order.sort(key=lambda je: _is_ngram(jobs[je[0]]["engines"][je[1]]))  # stable: otherwise the jobs' order
+    # a stable sort: the jobs' order among engines of one rank
+    order.sort(key=lambda je: jobs[je[0]]["engines"][je[1]].get("start_rank", 0))
     results: list[list[Any]] = [[None] * len(each["engines"]) for each in jobs]
     for j, e in order:
         results[j][e] = _engine_or_refusal(jobs[j], jobs[j]["engines"][e], drafts)

@@ -9,7 +9,7 @@ score.py).
 
 from __future__ import annotations
 
-from scorer.families.base import Family, lazy
+from scorer.families.base import Family, VllmServing, checkpoint_model, lazy
 
 __all__ = ["DFLASH", "DFLASH_KINDS", "EVAL_OPTIONS"]
 
@@ -63,4 +63,6 @@ DFLASH = Family(
     fallback=True,
     diagnose_kinds=DFLASH_KINDS,
     diagnose=lazy("scorer.families.dflash.diagnose", "diagnose"),
+    # vLLM loads the drafter from its directory, drafts a block of K + 1 and runs its attention.
+    vllm=VllmServing(method="dflash", settings=checkpoint_model, k_sets_block=True, drafter_attention=True),
 )

@@ -8,7 +8,7 @@ layouts.py, online.py, proposal.py and diagnose.py.
 
 from __future__ import annotations
 
-from scorer.families.base import Family, lazy
+from scorer.families.base import Family, VllmServing, checkpoint_model, lazy
 
 __all__ = ["EAGLE3", "EAGLE3_KINDS", "EVAL_OPTIONS"]
 
@@ -42,4 +42,6 @@ EAGLE3 = Family(
     init_options=("layout", "num_layers", "num_speculative_tokens"),
     diagnose_kinds=EAGLE3_KINDS,
     diagnose=lazy("scorer.families.eagle3.diagnose", "diagnose"),
+    # vLLM loads the drafter from its directory and runs its attention in its own kernels.
+    vllm=VllmServing(method="eagle3", settings=checkpoint_model, drafter_attention=True),
 )

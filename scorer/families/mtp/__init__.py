@@ -10,7 +10,7 @@ proposal.py and diagnose.py.
 
 from __future__ import annotations
 
-from scorer.families.base import Family, lazy
+from scorer.families.base import Family, VllmServing, lazy
 
 __all__ = ["MTP", "MTP_KINDS"]
 
@@ -37,4 +37,5 @@ MTP = Family(
     eval_options=frozenset({"num_speculative_tokens", "tree"}),
     diagnose_kinds=MTP_KINDS,
     diagnose=lazy("scorer.families.mtp.diagnose", "diagnose"),
+    vllm=VllmServing(method="mtp"),  # the head ships inside the target vLLM serves
 )

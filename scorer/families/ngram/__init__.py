@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scorer.families.base import Family, FamilyFlag, lazy
+from scorer.families.base import Family, FamilyFlag, VllmServing, lazy
 
 __all__ = ["FLAGS", "NGRAM"]
 
@@ -35,6 +35,7 @@ FLAGS = (
     ),
 )
 _DRAFTER = "scorer.families.ngram.drafter"
+_SERVED = "scorer.families.ngram.served"
 
 
 def _effective(config: Any) -> Any:
@@ -58,4 +59,11 @@ NGRAM = Family(
     online=lazy(_DRAFTER, "online"),
     time_round=lazy(_DRAFTER, "time_round"),
     bound_to_target=True,
+    # vLLM records no step without a match, and its engines start last: served.py says why.
+    vllm=VllmServing(
+        method="ngram",
+        settings=lazy(_SERVED, "settings"),
+        unrecorded_steps=lazy(_SERVED, "unrecorded_steps"),
+        start_rank=1,
+    ),
 )
