@@ -53,7 +53,7 @@ def init_dspark(
     """
     if markov_rank < 1:
         raise ScorerError(
-            f"--markov-rank {markov_rank}: a DSpark drafter needs a rank of at least 1 (e.g. 32)"
+            f"markov_rank {markov_rank}: a DSpark drafter needs a Markov rank of at least 1 (e.g. 32)"
         )
     if block_size < 2:
         raise ScorerError(f"--block-size {block_size}: a block drafts block_size - 1 tokens; pass at least 2")
