@@ -250,3 +250,56 @@ def test_dspark_probabilistic_proposals_feed_the_trajectory(scorer_cache, tmp_pa
         want = torch.log_softmax(scores / temperature, -1)[tokens[a + j + 1]]
         np.testing.assert_allclose(log_q[a - prompt_len, j], float(want), rtol=1e-6)  # fp32
         assert draft[a - prompt_len, j] == int(scores.argmax())
+
+
+def test_adaptive_budget_is_vllms_argmax_over_stale_survival():
+    """adaptive_verification.py:303-359: n maximising (1 + sum of the first n survival probabilities) /
+    (round cost + 1 + n), from the PREVIOUS round's confidences (the first round's all 1.0). Worked by
+    hand: confidences .9, .9, .1, .1 at cost 2 give .5, .633, .678, .558, .467 for n = 0..4: n = 2."""
+    from scorer.families.dspark.adaptive import draft_budget
+
+    assert draft_budget([0.9, 0.9, 0.1, 0.1], 4, 2.0) == 2
+    assert draft_budget([0.9, 0.9, 0.1, 0.1], 4, 0.0) == 0  # a round costs no more than its token: decode
+    assert draft_budget([1.0] * 4, 4, 2.0) == 4  # a new request: every draft
+    rounds = ([0.9, 0.9, 0.1, 0.1], [0.5, 0.5, 0.5, 0.5], [1.0] * 4)  # three rounds' confidences
+    stale = ([1.0] * 4, *rounds[:-1])  # each round's budget reads the round before's (1.0 first)
+    assert [draft_budget(c, 4, 2.0) for c in stale] == [4, 2, 1]
+    # off by one round (each round's own confidences) verifies otherwise
+    assert [draft_budget(c, 4, 2.0) for c in rounds] == [2, 1, 4]
+
+
+def test_scorer_eval_replays_the_adaptive_budget_per_round(scorer_cache, tmp_path):
+    """``--adaptive-verification C``: every round accepts min(its leading match, the budget of the
+    previous round's confidences); without a confidence head, and online, it is refused by name."""
+    from scorer.families import family_named
+    from scorer.families.dspark.adaptive import draft_budget
+    from scorer.families.dspark.adaptive_replay import anchor_confidences
+    from scorer.rules.onehot_chain import leading_matches, slot_matches
+
+    out = tmp_path / "d"
+    family_named("dspark").init(scorer_cache, out, block_size=N + 1, markov_rank=RANK)
+    cache = hscache.open_cache(scorer_cache)
+    config = EvalConfig(ddtree=(), n_boot=10, limit=2, overrides={"adaptive_verification": 1.0})
+    report = evaluate(out, scorer_cache, config)
+    assert report["family_metrics"]["adaptive_budget"]["value"] < N  # the budget cut some rounds
+    drafter, _ = load_drafter(out, cache, config)
+    for row, request in enumerate(report["per_request"]):
+        index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+        features = sequence_features(
+            cache.hidden_states(row), index, torch.float32, "cpu", drafter.context_norm
+        )
+        tokens, P = cache.token_ids(row).long(), cache.index.column("prompt_len")[row].as_py()
+        drafts, _, _ = draft_all_anchors(drafter, features, tokens, P, tree_k=0)
+        conf = anchor_confidences(drafter, features, tokens, P, drafts)
+        lead = leading_matches(slot_matches(drafts, tokens.numpy(), cache.target_argmax(row).numpy(), P)[0])
+        stale = [1.0] * N
+        for anchor, accepted in zip(request["anchors"], request["accepted"], strict=True):
+            budget = draft_budget(stale, N, 1.0)
+            assert accepted == min(int(lead[anchor - P]), budget, len(tokens) - 1 - anchor)
+            stale = conf[anchor - P]
+    plain = tmp_path / "plain"
+    family_named("dspark").init(scorer_cache, plain, block_size=N + 1, markov_rank=RANK)
+    hf = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps({**hf, "enable_confidence_head": False}))
+    with pytest.raises(CheckpointError, match="confidence head"):
+        load_drafter(plain, cache, config)

@@ -8,7 +8,7 @@ This module is the family's row in the registry: plain data, its functions bound
 
 from __future__ import annotations
 
-from scorer.families.base import Family, VllmServing, checkpoint_model, lazy
+from scorer.families.base import Family, FamilyFlag, VllmServing, checkpoint_model, lazy
 from scorer.families.dflash import EVAL_OPTIONS
 
 __all__ = ["CPU_REFUSAL", "DSPARK"]
@@ -36,7 +36,7 @@ DSPARK = Family(
     ),
     claims=lazy(_SEAM, "claims"),
     load=lazy(_SEAM, "load"),
-    score_rows=lazy(_DFLASH_SEAM, "score_rows"),
+    score_rows=lazy(_SEAM, "score_rows"),
     effective_config=lazy(_SEAM, "effective_config"),
     online=lazy(_SEAM, "online"),
     cost=lazy(_SEAM, "cost"),
@@ -46,6 +46,17 @@ DSPARK = Family(
     eval_options=EVAL_OPTIONS,
     init=lazy(_SEAM, "init"),
     init_options=("num_layers", "block_size", "mask_token_id", "markov_rank"),
+    summarize=lazy(_SEAM, "summarize"),
+    flags=(
+        FamilyFlag(
+            "adaptive_verification",
+            float,
+            "DSpark: replay vLLM's enable_adaptive_verification, each round verifying the drafts its "
+            "confidence head sizes (one request per batch); the value is a round's fixed cost in verified "
+            "tokens (vLLM profiles it; e.g. 4).",
+            minimum=0.0,
+        ),
+    ),
     # vLLM's DSpark query block is K rows in the anchor layout, 1 + K in the fill-in one: a given K drafts
     # K tokens either way, the seam's block K + 1 (seam.py). vLLM CPU will not build it (CPU_REFUSAL).
     vllm=VllmServing(

@@ -25,7 +25,19 @@ from scorer.families.dflash import seam as dflash
 from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
 from scorer.families.dspark.model import DSparkConfig, DSparkDrafter
 
-__all__ = ["VARIANT", "build_dspark", "claims", "cost", "effective_config", "init", "load", "online"]
+__all__ = [
+    "ADAPTIVE",
+    "VARIANT",
+    "build_dspark",
+    "claims",
+    "cost",
+    "effective_config",
+    "init",
+    "load",
+    "online",
+    "score_rows",
+    "summarize",
+]
 
 VARIANT = CheckpointVariant(
     config_keys=(
@@ -163,11 +175,81 @@ def build_dspark(loaded: LoadedCheckpoint) -> DSparkDrafter:
     return drafter
 
 
+# The family's flag (Family.flags): vLLM's enable_adaptive_verification replayed (adaptive.py), its value
+# a round's fixed cost in verified tokens (the cost model vLLM profiles on its own machine).
+ADAPTIVE = "adaptive_verification"
+
+
+def _adaptive(config: Any) -> tuple[Any, float | None]:
+    """``config`` without the adaptive flag (DFlash's loader reads overrides as config fields), and its value."""
+    overrides = dict(getattr(config, "overrides", {}) or {})
+    cost = overrides.pop(ADAPTIVE, None)
+    return dataclasses.replace(config, overrides=overrides), cost
+
+
 def load(checkpoint: str | Path, cache: Any, config: Any) -> tuple[DSparkDrafter, LoadedCheckpoint]:
-    return dflash.load(checkpoint, cache, config, variant=VARIANT, build=build_dspark)
+    """DFlash's loader with DSpark's variant; ``--adaptive-verification`` checked against the drafter.
+
+    Raises:
+        CheckpointError: adaptive verification asked of a drafter without a confidence head (vLLM then
+            sizes budgets with its online acceptance estimator, v1/worker/gpu/spec_decode/
+            acceptance_estimator.py, which is not transcribed) or with probabilistic drafts.
+    """
+    config, cost = _adaptive(config)
+    drafter, loaded = dflash.load(checkpoint, cache, config, variant=VARIANT, build=build_dspark)
+    if cost is not None and drafter.confidence_head is None:
+        raise CheckpointError(
+            f"{checkpoint}: --adaptive-verification needs the drafter's confidence head, and this one has none "
+            "(vLLM then sizes the budget with its online acceptance estimator, v1/worker/gpu/spec_decode/"
+            "acceptance_estimator.py, which the scorer does not replay); drop the flag"
+        )
+    if cost is not None and getattr(config, "draft_sampling", "greedy") == "probabilistic":
+        raise CheckpointError(
+            "--adaptive-verification replays greedy drafts (the budget cuts the leading match); with "
+            "--draft-sampling probabilistic drop one of them"
+        )
+    return drafter, loaded
+
+
+def score_rows(
+    drafter: DSparkDrafter, cache: Any, rows: Any, config: Any, on_sequence: Any = None
+) -> list[Any]:
+    """DFlash's scoring of the Markov walk's drafts; with ``--adaptive-verification C`` the chain replays
+    vLLM's confidence-sized budget per round instead (adaptive.py: each round verifies the budget the
+    previous round's confidences give, accepting at most that many), the budgets in the results' extras."""
+    config, cost = _adaptive(config)
+    if cost is None:
+        return dflash.score_rows(drafter, cache, rows, config, on_sequence)
+    from scorer.families.dspark.adaptive_replay import adaptive_results
+
+    results = adaptive_results(drafter, cache, dflash.score_rows(drafter, cache, rows, config), config, cost)
+    if on_sequence:
+        for result in results:
+            on_sequence(result)
+    return results
+
+
+def summarize(results: list[Any]) -> dict[str, dict[str, Any]]:
+    """Under ``--adaptive-verification``: the drafts vLLM's budget verified per round, on average."""
+    budgets = [b for r in results for b in r.extras.get("adaptive_budgets", ())]
+    if not budgets:
+        return {}
+    return {
+        "adaptive_budget": {
+            "label": "drafts verified per round (adaptive verification)",
+            "value": sum(budgets) / len(budgets),
+            "definition": "mean over rounds of the verify budget vLLM's adaptive verification chose from the "
+            "previous round's confidences (scorer/families/dspark/adaptive.py)",
+        }
+    }
 
 
 def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    if ADAPTIVE in options.overrides:
+        raise CheckpointError(
+            "--adaptive-verification: scorer online verifies every draft; the confidence-sized budget is "
+            "replayed offline (scorer eval), where vLLM's rounds are"
+        )
     return dflash.online(checkpoint, target, options, variant=VARIANT, build=build_dspark)
 
 
