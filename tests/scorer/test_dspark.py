@@ -303,3 +303,25 @@ def test_scorer_eval_replays_the_adaptive_budget_per_round(scorer_cache, tmp_pat
     (plain / "config.json").write_text(json.dumps({**hf, "enable_confidence_head": False}))
     with pytest.raises(CheckpointError, match="confidence head"):
         load_drafter(plain, cache, config)
+
+
+def test_dspark_trains_its_markov_and_confidence_heads(scorer_cache, tmp_path):
+    """``scorer init --family dspark --train-steps N``: DFlash's trainer with the Markov bias of each slot's
+    teacher-forced predecessor in the logits and the confidence head's BCE (gradients reach both heads);
+    saved in the dense layout, scored as a DSpark drafter."""
+    from scorer.families import family_named
+
+    family = family_named("dspark")
+    out = tmp_path / "trained"
+    result = family.train(scorer_cache, out, steps=6, block_size=N + 1, anchors_per_step=8, markov_rank=RANK)
+    assert np.isfinite(result["final_loss"]) and result["config"].markov_rank == RANK
+    start = tmp_path / "start"  # the trainer's seed, without steps: its heads as initialised
+    family.train(scorer_cache, start, steps=0, block_size=N + 1, markov_rank=RANK)
+    from safetensors.torch import load_file
+
+    trained, initial = load_file(str(out / "model.safetensors")), load_file(str(start / "model.safetensors"))
+    for key in ("markov_head.markov_w2.weight", "confidence_head.proj.weight"):
+        assert not torch.equal(trained[key], initial[key]), key
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3DSparkModel"]
+    drafter, _ = load_drafter(out, hscache.open_cache(scorer_cache), EvalConfig())
+    assert drafter.family == "dspark" and drafter.confidence_head is not None

@@ -252,6 +252,21 @@ class DFlashDrafter(nn.Module):
         arg, log_q = head_log_q(self.head, hidden.reshape(-1, h), want.reshape(-1), temperature, rows)
         return arg.reshape(n, k), log_q.reshape(n, k)
 
+    # What a trainer's loss reads (scorer/families/dflash/train.py); a variant with more heads overrides them.
+
+    def training_logits(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [N, B-1, V] of blocks' rows ``hidden`` [N, B-1, H] for the training loss (``targets``
+        [N, B-1] the tokens each slot should draft, -100 where none): DFlash's head."""
+        return self.head(hidden)
+
+    def auxiliary_loss(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A loss the trainer adds to the drafts' cross-entropy (another head's): none for DFlash."""
+        return None
+
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)
 

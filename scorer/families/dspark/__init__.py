@@ -45,7 +45,8 @@ DSPARK = Family(
     display_name="DSpark",
     eval_options=EVAL_OPTIONS,
     init=lazy(_SEAM, "init"),
-    init_options=("num_layers", "block_size", "mask_token_id", "markov_rank"),
+    train=lazy(_SEAM, "train"),
+    init_options=("num_layers", "block_size", "mask_token_id", "markov_rank", "prompt_anchors"),
     summarize=lazy(_SEAM, "summarize"),
     flags=(
         FamilyFlag(

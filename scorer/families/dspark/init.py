@@ -12,12 +12,34 @@ import hscache
 from hscache.store.fsio import atomic_write_with
 from scorer.drafter_dir import check_drafter_dir, staged_drafter_dir
 from scorer.errors import ScorerError
+from scorer.families.dflash.config import DFlashConfig
 from scorer.families.dflash.init import dflash_config_for_cache
 from scorer.families.dspark.model import DSparkConfig, DSparkDrafter
 from scorer.layers import seeded_init
 from scorer.target_identity import IDENTITY_KEY, cache_target_identity
 
-__all__ = ["init_dspark", "save_dspark"]
+__all__ = ["dspark_config_from", "init_dspark", "save_dspark"]
+
+
+def dspark_config_from(base: DFlashConfig, markov_rank: int) -> DSparkConfig:
+    """The DSpark drafter this project writes around a DFlash config: the anchor layout vLLM defaults to,
+    a full vocabulary, a confidence head reading the Markov embedding (as speculators builds one).
+
+    Raises:
+        ScorerError: a Markov rank below 1.
+    """
+    if markov_rank < 1:
+        raise ScorerError(
+            f"markov_rank {markov_rank}: a DSpark drafter needs a Markov rank of at least 1 (e.g. 32)"
+        )
+    return DSparkConfig(
+        base,
+        markov_rank=markov_rank,
+        draft_vocab_size=base.vocab_size,
+        enable_confidence_head=True,
+        confidence_head_with_markov=True,
+        sample_from_anchor=True,
+    )
 
 
 def save_dspark(out: Path, config: DSparkConfig, drafter: DSparkDrafter, extra: dict | None = None) -> None:
@@ -51,10 +73,6 @@ def init_dspark(
     Raises:
         ScorerError: a Markov rank below 1, a block too small to draft, or what DFlash's sizing refuses.
     """
-    if markov_rank < 1:
-        raise ScorerError(
-            f"markov_rank {markov_rank}: a DSpark drafter needs a Markov rank of at least 1 (e.g. 32)"
-        )
     if block_size < 2:
         raise ScorerError(f"--block-size {block_size}: a block drafts block_size - 1 tokens; pass at least 2")
     check_drafter_dir(out, overwrite)
@@ -62,14 +80,7 @@ def init_dspark(
     base = dflash_config_for_cache(
         cache, num_layers=num_layers, block_size=block_size, mask_token_id=mask_token_id
     )
-    config = DSparkConfig(
-        base,
-        markov_rank=markov_rank,
-        draft_vocab_size=base.vocab_size,
-        enable_confidence_head=True,
-        confidence_head_with_markov=True,
-        sample_from_anchor=True,
-    )
+    config = dspark_config_from(base, markov_rank)
     drafter = seeded_init(lambda: DSparkDrafter(config), seed, std=0.02)
     with torch.no_grad():  # speculators' MarkovHead init: markov_w1 N(0, 0.01) (model_definitions.py)
         gen = torch.Generator().manual_seed(seed + 1)

@@ -255,6 +255,40 @@ class DSparkDrafter(DFlashDrafter):
                 log_q[new:hi] = draft_log_q(scores, columns[new:hi], temperature).double().cpu().numpy()
         return draft.reshape(n, k), log_q.reshape(n, k)
 
+    # -- training (scorer/families/dflash/train.py's loop): teacher-forced predecessors, as speculators
+    # trains (core.py: slot k's bias from the block's ground-truth token before it)
+
+    @staticmethod
+    def _teacher_prev(anchor_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Each slot's predecessor along the text: the anchor token, then the targets (-100: any id, unused)."""
+        return torch.cat([anchor_tokens[:, None].long(), targets[:, :-1].clamp(min=0)], dim=1)
+
+    def training_logits(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The head plus the Markov bias of each slot's teacher-forced predecessor: [N, B-1, V]."""
+        prev = self._teacher_prev(anchor_tokens, targets)
+        bias = self.markov_bias(prev.reshape(-1)).reshape(*prev.shape, -1)
+        return self.head(hidden) + bias.to(hidden.dtype)
+
+    def auxiliary_loss(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The confidence head's BCE against each slot's acceptance rate, sum_v min(q_v, p_v)
+        (speculators dspark/metrics.py L1-5, weight 1.0, its default ``confidence_head_alpha``); the
+        cached target is one-hot (its greedy token), so that is q(target), detached."""
+        if self.confidence_head is None:
+            return None
+        valid = targets != -100
+        prev = self._teacher_prev(anchor_tokens, targets)
+        q = torch.softmax(logits.float(), dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0].detach()
+        x = hidden
+        if self.config.confidence_head_with_markov:
+            x = torch.cat([hidden, self.markov_head.markov_w1(prev).to(hidden.dtype)], dim=-1)
+        raw = self.confidence_head.proj(x.float())[..., 0]
+        bce = F.binary_cross_entropy_with_logits(raw, q, reduction="none")
+        return (bce * valid).sum() / valid.sum().clamp(min=1)
+
     def confidence(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """Per-slot acceptance confidence (qwen3_dspark.py:185-189, 305-310): block rows [m, H] and their
         slots' predecessors [m] -> sigmoid(proj(cat(row, markov_w1(prev)))) [m], fp32.

@@ -299,6 +299,41 @@ def init(
     )
 
 
+def train(
+    cache_path: str | Path,
+    out: str | Path,
+    *,
+    on_step: Any = None,
+    on_eval: Any = None,
+    evaluate: Any = None,
+    markov_rank: int = 32,
+    **settings: Any,
+) -> dict[str, Any]:
+    """``scorer init --family dspark --train-steps N``: DFlash's CPU trainer (scorer/families/dflash/train.py)
+    on a DSpark drafter in the anchor layout: the drafts' cross-entropy with the Markov bias of each
+    slot's teacher-forced predecessor, plus the confidence head's BCE (model.py); saved in the dense
+    layout vLLM reads (init.py)."""
+    from scorer.families.dflash.train import DFlashTrainConfig, train_dflash
+    from scorer.families.dspark.init import dspark_config_from, save_dspark
+
+    if on_step is not None:
+        settings.setdefault("log_every", 0)
+
+    def save(staging: Path, drafter: Any, extra: dict[str, Any]) -> None:
+        save_dspark(staging, drafter.config, drafter, extra)
+
+    return train_dflash(
+        cache_path,
+        out,
+        DFlashTrainConfig(**settings),
+        on_step=on_step,
+        on_eval=on_eval,
+        evaluate=evaluate,
+        make=lambda base: DSparkDrafter(dspark_config_from(base, markov_rank)),
+        save=save,
+    )
+
+
 def loaded_config(path: str | Path) -> DSparkConfig:
     """The DSparkConfig of a DSpark directory (tests, init)."""
     return dspark_config(load_checkpoint(path, variant=VARIANT))
