@@ -325,3 +325,67 @@ def test_dspark_trains_its_markov_and_confidence_heads(scorer_cache, tmp_path):
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3DSparkModel"]
     drafter, _ = load_drafter(out, hscache.open_cache(scorer_cache), EvalConfig())
     assert drafter.family == "dspark" and drafter.confidence_head is not None
+
+
+def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tmp_path):  # noqa: F811
+    """SpecForge 0.2's ``DSparkDraftModel`` (modeling/draft/dspark.py): DFlash's fill-in block (the anchor a
+    bonus token, ``_sample_draft_tokens`` reads rows 1..B-1) and its Markov keys in dflash_config. Its
+    export has no top-level ``sample_from_anchor``, which vLLM reads as True (dspark/speculator.py:49-51):
+    served, every row drafts from a block one row shorter than SpecForge trained; the scorer reads it so.
+    With ``sample_from_anchor: false`` written, the drafts equal SpecForge's own forward and Markov walk."""
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+    from transformers import Qwen3Config
+
+    cache = hscache.open_cache(scorer_cache)
+    B = N + 1
+    config = Qwen3Config(
+        vocab_size=cache.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+        block_size=B, num_target_layers=8,
+        dflash_config={
+            "mask_token_id": cache.mask_token_id, "target_layer_ids": [1, 3, 7], "markov_rank": RANK,
+            "markov_head_type": "vanilla", "enable_confidence_head": True, "confidence_head_with_markov": True,
+        },
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = DSparkDraftModel(config).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "markov" in name:
+                    param.normal_(0, 0.5)
+                elif param.ndim == 2:
+                    param.normal_(0, 0.25)
+                else:
+                    param.uniform_(0.8, 1.2)
+    model.save_pretrained(str(tmp_path / "specforge"))
+    drafter, _ = load_drafter(tmp_path / "specforge", cache, EvalConfig(ddtree=()))
+    assert drafter.family == "dspark" and drafter.first_draft_slot == 0  # as vLLM serves the export
+    written = json.loads((tmp_path / "specforge" / "config.json").read_text())
+    (tmp_path / "specforge" / "config.json").write_text(json.dumps({**written, "sample_from_anchor": False}))
+    drafter, _ = load_drafter(tmp_path / "specforge", cache, EvalConfig(ddtree=()))
+    assert drafter.first_draft_slot == 1 and drafter.config.num_draft_tokens == N
+
+    row = 1
+    features = sequence_features(cache.hidden_states(row), [0, 1, 2], torch.float32, "cpu", None)
+    tokens = cache.token_ids(row).long()
+    prompt_len = cache.index.column("prompt_len")[row].as_py()
+    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
+    head = cache.target_head()
+    anchors = list(range(prompt_len, len(tokens) - 1))
+    for n in range(0, len(anchors), 3):
+        p = anchors[n]
+        block = torch.full((1, B), model.mask_token_id, dtype=torch.long)
+        block[0, 0] = tokens[p]
+        with torch.no_grad():
+            hidden = model(
+                position_ids=torch.arange(p + B)[None],
+                noise_embedding=torch.nn.functional.embedding(block, head["embed_tokens"]),
+                target_hidden=features[None, :p],
+            )[:, -B + 1 :]
+            base = hidden @ head["lm_head"].T
+            theirs, _ = model.markov_head.sample_block_tokens(
+                base, first_prev_token_ids=block[:, 0], hidden_states=hidden
+            )
+        assert ours[n].tolist() == theirs[0].tolist(), p
