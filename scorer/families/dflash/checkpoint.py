@@ -46,6 +46,7 @@ __all__ = [
     "in_memory_checkpoint",
     "load_checkpoint",
     "save_hf_checkpoint",
+    "variant_tensor_problems",
 ]
 
 # Fixed strings: they are written into cache manifests and result files.
@@ -105,6 +106,19 @@ class CheckpointVariant:
     def split_state(self, sd: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         mine = {k: v for k, v in sd.items() if any(m in k for m in self.tensor_markers)}
         return {k: v for k, v in sd.items() if k not in mine}, mine
+
+
+def variant_tensor_problems(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps a variant's tensors ``got`` (``LoadedCheckpoint.variant_state``) from its drafter's
+    ``want``: up to three missing, three unknown and three misshapen keys, each named; [] when they fit."""
+    problems = [f"missing {k}" for k in sorted(set(want) - set(got))][:3]
+    problems += [f"unknown {k}" for k in sorted(set(got) - set(want))][:3]
+    problems += [
+        f"{k} has shape {list(got[k].shape)}, expected {list(want[k].shape)}"
+        for k in sorted(set(want) & set(got))
+        if got[k].shape != want[k].shape
+    ][:3]
+    return problems
 
 
 def load_checkpoint(

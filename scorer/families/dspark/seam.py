@@ -22,7 +22,12 @@ from typing import Any
 from scorer.errors import CheckpointError
 from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
 from scorer.families.dflash import seam as dflash
-from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
+from scorer.families.dflash.checkpoint import (
+    CheckpointVariant,
+    LoadedCheckpoint,
+    load_checkpoint,
+    variant_tensor_problems,
+)
 from scorer.families.dspark.model import DSparkConfig, DSparkDrafter
 
 __all__ = [
@@ -160,14 +165,7 @@ def build_dspark(loaded: LoadedCheckpoint) -> DSparkDrafter:
         got = {k: v for k, v in got.items() if not k.startswith("confidence_head.")}
     drafter = DSparkDrafter(config)
     want = {k: v for k, v in drafter.state_dict().items() if any(m in k for m in VARIANT.tensor_markers)}
-    problems = [f"missing {k}" for k in sorted(set(want) - set(got))][:3]
-    problems += [f"unknown {k}" for k in sorted(set(got) - set(want))][:3]
-    problems += [
-        f"{k} has shape {list(got[k].shape)}, expected {list(want[k].shape)}"
-        for k in sorted(set(want) & set(got))
-        if got[k].shape != want[k].shape
-    ][:3]
-    if problems:
+    if problems := variant_tensor_problems(want, got):
         raise CheckpointError(
             f"{loaded.report.path}: not a DSpark drafter of this config: {'; '.join(problems)}"
         )
@@ -273,30 +271,12 @@ def cost(drafter: DSparkDrafter, tau: float, context: float) -> dict[str, Any]:
     return out
 
 
-def init(
-    cache_path: str | Path,
-    out: str | Path,
-    *,
-    num_layers: int = 1,
-    block_size: int = 8,
-    mask_token_id: int | None = None,
-    markov_rank: int = 32,
-    seed: int = 0,
-    overwrite: bool = False,
-) -> DSparkConfig:
-    """``scorer init --family dspark``: a random DSpark drafter for the cache (init.py), its config."""
+def init(cache_path: str | Path, out: str | Path, **options: Any) -> DSparkConfig:
+    """``scorer init --family dspark``: a random DSpark drafter for the cache (init.py ``init_dspark``, its
+    options), its config."""
     from scorer.families.dspark.init import init_dspark
 
-    return init_dspark(
-        cache_path,
-        out,
-        num_layers=num_layers,
-        block_size=block_size,
-        mask_token_id=mask_token_id,
-        markov_rank=markov_rank,
-        seed=seed,
-        overwrite=overwrite,
-    )
+    return init_dspark(cache_path, out, **options)
 
 
 def train(
