@@ -117,13 +117,7 @@ def test_speculators_dspark_drafts_like_its_modules(peers, scorer_cache, tmp_pat
     drafter, loaded = load_drafter(tmp_path / "speculators", cache, EvalConfig(ddtree=()))
     assert drafter.family == "dspark" and loaded.report.layout == "speculators"
     assert drafter.config.num_draft_tokens == N and drafter.config.target_layer_ids == (1, 3, 7)
-    row = 1
-    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
-    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", None)
-    tokens = cache.token_ids(row).long()
-    prompt_len = cache.index.column("prompt_len")[row].as_py()
-    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
-    anchors = list(range(prompt_len, len(tokens) - 1))
+    features, tokens, anchors, ours = _drafted(cache, drafter)
     for n in range(0, len(anchors), 3):
         theirs, conf = _their_drafts(model, features, tokens, anchors[n], anchor_layout=anchor_layout)
         assert ours[n].tolist() == theirs, anchors[n]
@@ -138,6 +132,16 @@ def test_speculators_dspark_drafts_like_its_modules(peers, scorer_cache, tmp_pat
         drafter.block_hidden(features, torch.tensor(anchors), _blocks(drafter, tokens, anchors))
     ).argmax(-1)
     assert (plain.numpy() != ours).any() and len(np.unique(ours)) > 3
+
+
+def _drafted(cache, drafter, row: int = 1):
+    """Row ``row``'s features, tokens, anchors P..T-2 and the scorer's drafts there."""
+    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", None)
+    tokens = cache.token_ids(row).long()
+    prompt_len = cache.index.column("prompt_len")[row].as_py()
+    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
+    return features, tokens, list(range(prompt_len, len(tokens) - 1)), ours
 
 
 def _blocks(drafter, tokens, anchors):
@@ -157,13 +161,7 @@ def test_dspark_topk_walks_the_corrected_candidates(peers, scorer_cache, tmp_pat
     (tmp_path / "s" / "config.json").write_text(json.dumps(config))
     drafter, _ = load_drafter(tmp_path / "s", cache, EvalConfig(ddtree=()))
     assert drafter.config.dspark_draft_topk == 2
-    row = 1
-    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
-    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", None)
-    tokens = cache.token_ids(row).long()
-    prompt_len = cache.index.column("prompt_len")[row].as_py()
-    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
-    anchors = list(range(prompt_len, len(tokens) - 1))
+    features, tokens, anchors, ours = _drafted(cache, drafter)
     hidden = drafter.block_hidden(features, torch.tensor(anchors), _blocks(drafter, tokens, anchors))
     logits = drafter.head(hidden)
     for n, anchor in enumerate(anchors):
