@@ -228,8 +228,9 @@ def check_rejection_method(method: str, draft_sampling: str) -> None:
         raise ScorerError(
             "--rejection-sample-method block with --draft-sampling probabilistic: whether a block round passes "
             "a slot depends on the drafts after it and on the target at prefixes the served text never took "
-            "(spec/sampling.md 4.5, scorer/rules/block_verify.py), which no cache holds; score block "
-            "verification with greedy drafts, or probabilistic drafts with the standard rule"
+            "(spec/sampling.md 4.5, scorer/rules/block_verify.py), which no cache holds; score it online "
+            "(scorer online --rejection-sample-method block --draft-sampling probabilistic), or offline with "
+            "greedy drafts"
         )
 
 

@@ -135,3 +135,55 @@ def test_scorer_eval_block_scores_greedy_drafts_as_the_standard_rule(
     assert "--rejection-sample-method block with --draft-sampling probabilistic" in result.output
     result = CliRunner().invoke(main, [*args, "--rejection-sample-method", "synthetic"])
     assert result.exit_code == 2 and "synthetic" in result.output
+
+
+def test_online_block_verification_runs_the_block_kernel(trained_drafter, tmp_path):
+    """``scorer online --rejection-sample-method block``: every chain round is block verification
+    (scorer.rules.block_verify on the round's recorded target rows, drafts, q and noise emits what the loop
+    committed), with probabilistic drafts too (the one way to score that), and the report names the rule."""
+    import json
+
+    from click.testing import CliRunner
+
+    from hscache import schemas
+    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+    from hscache.store.sampling import SamplingSetting
+    from scorer.cli import main
+    from scorer.families.base import OnlineOptions
+    from scorer.online.greedy import open_online
+    from scorer.online.sampled import DecodeSettings, decode_runs
+
+    session = open_online(str(trained_drafter), "builtin:tiny-qwen3.5", "fp32", OnlineOptions(overrides={}))
+    record = list(iter_records(resolve_prompts("builtin:default")))[4]
+    prompts = [(record.record_id, prompt_token_ids(record, session.target.tokenizer))]
+    setting = SamplingSetting(temperature=0.7, top_k=8, seed=3)
+    records = []
+    settings = DecodeSettings(setting, "probabilistic", 8, 4096, rejection_sample_method="block")
+    decode_runs(session.target, session.layer_ids, session.propose, prompts, settings, [0], records.append)
+    assert records
+    for rec in records:
+        again = block_verify(
+            rec.target_probs[None],
+            rec.drafts[None],
+            rec.noise.uniforms,
+            rec.noise.gumbel,
+            rec.draft_probs[None],
+        )
+        assert again.emitted(0) == rec.verified.emitted(0)
+    out = tmp_path / "online.json"
+    args = ["online", str(trained_drafter), "--temperature", "0.7", "--top-k", "8", "--runs", "2"]
+    args += [
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--rejection-sample-method",
+        "block",
+        "--json",
+        str(out),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    schemas.validate(document, "online_report")
+    assert document["sampled"]["rule"]["name"] == "vllm-mrv2-block"
