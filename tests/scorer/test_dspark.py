@@ -27,7 +27,7 @@ N = 4  # drafted tokens per round: speculators' block_size in the anchor layout
 RANK = 8
 
 
-def _speculators_dspark(peers, cache, *, anchor: bool, topk: int | None = None):  # noqa: F811
+def _speculators_dspark(peers, cache, *, anchor: bool, draft_vocab: int | None = None):  # noqa: F811
     from speculators.models.dspark import DSparkSpeculatorConfig
     from speculators.models.dspark.core import DSparkDraftModel
     from transformers import Qwen3Config
@@ -40,7 +40,7 @@ def _speculators_dspark(peers, cache, *, anchor: bool, topk: int | None = None):
     layer._attn_implementation = "eager"
     config = DSparkSpeculatorConfig(
         transformer_layer_config=layer,
-        draft_vocab_size=vocab,
+        draft_vocab_size=draft_vocab or vocab,
         block_size=N if anchor else N + 1,
         aux_hidden_state_layer_ids=[2, 4, 8],  # vLLM aux ids: this project's layers 1, 3, 7
         mask_token_id=cache.mask_token_id,
@@ -63,7 +63,7 @@ def _speculators_dspark(peers, cache, *, anchor: bool, topk: int | None = None):
             for name, param in model.named_parameters():
                 if name == "embed_tokens.weight":
                     param.copy_(head["embed_tokens"])
-                elif name == "lm_head.weight":
+                elif name == "lm_head.weight" and draft_vocab is None:
                     param.copy_(head["lm_head"])
                 elif "markov" in name:
                     param.normal_(0, 0.5)  # a bias that moves the drafts
@@ -71,6 +71,11 @@ def _speculators_dspark(peers, cache, *, anchor: bool, topk: int | None = None):
                     param.normal_(0, 0.25)
                 else:
                     param.uniform_(0.8, 1.2)
+            if draft_vocab is not None:  # every other target id, as speculators' sorted reduced vocabulary
+                ids = torch.arange(draft_vocab) * (vocab // draft_vocab)
+                model.d2t.copy_(ids - torch.arange(draft_vocab))
+                model.t2d.zero_()
+                model.t2d[ids] = True
     return model
 
 
@@ -101,15 +106,21 @@ def _their_drafts(
             embeds.append(embed[0])
             corrected = logits[slot] + model.markov_head.markov_w2(embed)[0]
             prev = corrected.argmax(-1, keepdim=True)
+            if model.d2t is not None:  # a draft id to its target id (vLLM map_draft_to_target)
+                prev = prev + model.d2t[prev]
             drafts.append(int(prev))
         conf = torch.sigmoid(model.confidence_head(torch.cat([hidden, torch.stack(embeds)], dim=-1)))
     return drafts, conf.tolist()
 
 
-@pytest.mark.parametrize("anchor_layout", [True, False])
-def test_speculators_dspark_drafts_like_its_modules(peers, scorer_cache, tmp_path, anchor_layout):  # noqa: F811
+@pytest.mark.parametrize("anchor_layout, reduced", [(True, False), (False, False), (True, True)])
+def test_speculators_dspark_drafts_like_its_modules(peers, scorer_cache, tmp_path, anchor_layout, reduced):  # noqa: F811
+    """Both layouts, and a reduced draft vocabulary (its own lm_head, d2t: the Markov bias lives in draft
+    space, qwen3_dspark.py:273-282, the walk's predecessor is the mapped target id)."""
     cache = hscache.open_cache(scorer_cache)
-    model = _speculators_dspark(peers, cache, anchor=anchor_layout)
+    model = _speculators_dspark(
+        peers, cache, anchor=anchor_layout, draft_vocab=cache.vocab_size // 2 if reduced else None
+    )
     model.save_pretrained(str(tmp_path / "speculators"))
     saved = json.loads((tmp_path / "speculators" / "config.json").read_text())
     assert saved["speculators_model_type"] == "dspark" and saved["sample_from_anchor"] is anchor_layout

@@ -129,6 +129,13 @@ class DSparkDrafter(DFlashDrafter):
             extra = c.markov_rank if c.confidence_head_with_markov else 0
             self.confidence_head = ConfidenceHead(c.hidden_size + extra)
 
+    def attach_target(
+        self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None
+    ) -> None:
+        """DFlash's (the target's embedding and head, a reduced vocabulary's d2t); forgets the inverse map."""
+        super().attach_target(embed_weight, lm_head_weight, d2t)
+        self._target_to_draft = None
+
     # -- the Markov bias over the target vocabulary
 
     def markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
@@ -146,8 +153,11 @@ class DSparkDrafter(DFlashDrafter):
         """Target ids -> rows of markov_w2 (draft ids) for a reduced vocabulary; the ids themselves otherwise."""
         if self.draft_to_target is None:
             return target_ids
-        inverse = torch.full((self.config.vocab_size,), 0, dtype=torch.long, device=target_ids.device)
-        inverse[self.draft_to_target] = torch.arange(len(self.draft_to_target), device=target_ids.device)
+        inverse = getattr(self, "_target_to_draft", None)
+        if inverse is None or inverse.device != target_ids.device:  # built once per attach_target and device
+            inverse = torch.zeros(self.config.vocab_size, dtype=torch.long, device=target_ids.device)
+            inverse[self.draft_to_target] = torch.arange(len(self.draft_to_target), device=target_ids.device)
+            self._target_to_draft = inverse
         return inverse[target_ids]
 
     def _corrected(self, candidate: Any, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

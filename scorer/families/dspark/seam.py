@@ -15,7 +15,6 @@ without it is read as False (transformers_utils/configs/speculators/algos.py:186
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from scorer.families.dflash import seam as dflash
 from scorer.families.dflash.checkpoint import (
     CheckpointVariant,
     LoadedCheckpoint,
-    load_checkpoint,
     variant_tensor_problems,
 )
 from scorer.families.dspark.model import DSparkConfig, DSparkDrafter
@@ -312,12 +310,3 @@ def train(
         make=lambda base: DSparkDrafter(dspark_config_from(base, markov_rank)),
         save=save,
     )
-
-
-def loaded_config(path: str | Path) -> DSparkConfig:
-    """The DSparkConfig of a DSpark directory (tests, init)."""
-    return dspark_config(load_checkpoint(path, variant=VARIANT))
-
-
-def hf_config(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "config.json").read_text())
