@@ -12,7 +12,7 @@ from vllm_env import NEEDS_VLLM
 
 from scorer.errors import ScorerError
 from scorer.families.dspark import CPU_REFUSAL
-from scorer.studies.vllm_judge import ServedConfig, plan_served
+from scorer.studies.vllm_judge import speculative_config
 
 pytestmark = NEEDS_VLLM
 V1 = "Model Runner V1 does not support: dspark speculative decoding"
@@ -26,9 +26,9 @@ def test_vllm_cpu_refuses_dspark_as_the_family_row_says(judged):
     assert not judged["raw"]["dspark"].get("runs")
 
 
-def test_scorer_served_refuses_dspark_by_name(judge_caches, judge_drafters, tmp_path, vllm_python):
+def test_scorer_served_refuses_dspark_by_name(judge_drafters):
+    """What ``scorer served`` asks for the drafter's speculative config (plan_served -> _drafter), before
+    any engine is built: the refusal, by name, with vLLM's own reasons."""
     with pytest.raises(ScorerError, match="does not serve dspark drafters") as refused:
-        plan_served(
-            [judge_drafters["dspark"]], [judge_caches["t0"]], tmp_path, ServedConfig(vllm_python=vllm_python)
-        )
+        speculative_config("dspark", judge_drafters["dspark"], None, 4)
     assert V1 in str(refused.value) and "Model Runner V2 requires Triton" in str(refused.value)
