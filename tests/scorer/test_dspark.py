@@ -21,6 +21,7 @@ from scorer.errors import CheckpointError
 from scorer.families.dflash.score import draft_all_anchors
 from scorer.offline.sequences import sequence_features
 from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
+from tests.scorer.family_contract import FamilyContract
 from tests.scorer.test_eagle3_peers import peers  # noqa: F401  (the shared peer fixture)
 
 N = 4  # drafted tokens per round: speculators' block_size in the anchor layout
@@ -398,3 +399,33 @@ def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tm
                 base, first_prev_token_ids=block[:, 0], hidden_states=hidden
             )
         assert ours[n].tolist() == theirs[0].tolist(), p
+
+
+@pytest.fixture(scope="module")
+def dspark_drafter(scorer_cache, tmp_path_factory):
+    """``scorer init --family dspark`` on the session cache, its Markov head made strong enough to move
+    the drafts (a random head at init's scale barely does)."""
+    from safetensors.torch import load_file, save_file
+
+    from scorer.families import family_named
+
+    out = tmp_path_factory.mktemp("dspark") / "d"
+    family_named("dspark").init(scorer_cache, out, block_size=N + 1, markov_rank=RANK)
+    tensors = load_file(str(out / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    for key in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"):
+        tensors[key] = torch.randn(tensors[key].shape, generator=gen)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+
+class TestDSparkContract(FamilyContract):
+    """The family contract (tests/scorer/family_contract.py) on a DSpark drafter: online == offline round
+    for round (the online proposer walks the Markov head from the same anchor tokens), refusals, the
+    target identity, compare pairing, cost keys and the timed round."""
+
+    family = "dspark"
+
+    @pytest.fixture
+    def checkpoint(self, dspark_drafter):
+        return dspark_drafter
