@@ -268,6 +268,7 @@ FAMILY_PACKAGES = sorted(
 BUILDS_ON = {
     "scorer.families.dflash2": ("scorer.families.dflash",),
     "scorer.families.peagle": ("scorer.families.eagle3",),
+    "scorer.families.dspark": ("scorer.families.dflash",),
 }
 # What sits above the families: they are called by these, never call them.
 ABOVE_FAMILIES = (

@@ -19,6 +19,7 @@ from hscache.cli_options import (
 from hscache.store.dtypes import DTYPE_NAMES
 from scorer.cli.shared import (
     DRAFT_SAMPLING,
+    REJECTION_SAMPLING,
     SAMPLING_PARAMETER_FLAGS,
     SEED,
     ScoringCommand,
@@ -58,6 +59,13 @@ online_sampling_flags = apply_options(
             help="Sampled only: decodings of every prompt, each seeded (default 64).",
         ),
         click.option(
+            "--rejection-sample-method",
+            type=REJECTION_SAMPLING,
+            default=None,
+            help="Sampled only: vLLM's verification of a chain round, standard or block (block verification, "
+            "vLLM's V2 runner); with --draft-sampling probabilistic only the online loop scores block.",
+        ),
+        click.option(
             "--draft-sampling",
             type=DRAFT_SAMPLING,
             default=None,
@@ -69,16 +77,26 @@ online_sampling_flags = apply_options(
 )
 
 
-def _sampled_setting(options: dict[str, Any]) -> tuple[Any, int, str] | None:
+def _sampled_setting(options: dict[str, Any]) -> tuple[Any, int, str, str] | None:
     """Pop the sampling flags from ``options``: None (greedy), or the validated SamplingSetting, the
-    runs and the drafting rule of a SampledOnlineConfig (checked before torch is imported)."""
+    runs, the drafting rule and vLLM's rejection_sample_method of a SampledOnlineConfig (checked before
+    torch is imported)."""
     from hscache.store.sampling import SamplingSetting
 
     preset, runs, draft_sampling = options.pop("sampling"), options.pop("runs"), options.pop("draft_sampling")
+    method = options.pop("rejection_sample_method")
     flags = {name: options.pop(name) for name in (*(f[1] for f in SAMPLING_PARAMETER_FLAGS), "seed")}
     setting = SamplingSetting.from_flags(preset, model=options["model"], **flags)  # one line, before torch
     if setting.greedy:
-        given = [f for f, v in (("--runs", runs), ("--draft-sampling", draft_sampling)) if v is not None]
+        given = [
+            f
+            for f, v in (
+                ("--runs", runs),
+                ("--draft-sampling", draft_sampling),
+                ("--rejection-sample-method", method),
+            )
+            if v is not None
+        ]
         if given:
             raise ScorerError(
                 f"{given[0]} applies to sampled decoding only; pass --temperature T > 0 or --sampling PRESET"
@@ -89,6 +107,7 @@ def _sampled_setting(options: dict[str, Any]) -> tuple[Any, int, str] | None:
         setting,
         64 if runs is None else runs,
         "probabilistic" if draft_sampling == "probabilistic" else "greedy",
+        method or "standard",
     )
 
 
@@ -208,9 +227,16 @@ def online(
     else:
         from scorer.online.sampled import SampledOnlineConfig, check_runs_fit, run_online_sampled
 
-        setting, runs, draft_sampling = sampled
+        setting, runs, draft_sampling, method = sampled
         sampled_config = SampledOnlineConfig(
-            checkpoint, setting, runs, draft_sampling, tree, ddtree, online=config
+            checkpoint,
+            setting,
+            runs,
+            draft_sampling,
+            tree,
+            ddtree,
+            online=config,
+            rejection_sample_method=method,
         ).validate()
         check_runs_fit(runs, prompts, config.max_length)
         config.check_sizes(ddtree)

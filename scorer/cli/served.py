@@ -9,6 +9,7 @@ import click
 
 from scorer.cli.shared import (
     DRAFT_SAMPLING,
+    REJECTION_SAMPLING,
     ScoringCommand,
     check_outputs,
     family_flags,
@@ -94,6 +95,15 @@ def _echo(report: dict[str, Any]) -> None:
     default="greedy",
     show_default=True,
     help="vLLM's draft_sample_method: greedy (one-hot verification, vLLM's default) or probabilistic.",
+)
+@click.option(
+    "--rejection-sample-method",
+    type=REJECTION_SAMPLING,
+    default="standard",
+    show_default=True,
+    help="vLLM's rejection_sample_method: standard, or block (block verification). vLLM CPU's V1 model "
+    "runner reads only 'synthetic' and verifies block requests with the standard rule; with greedy drafts "
+    "both accept the leading match of the served text, so the judge compares the same rounds.",
 )
 @click.option(
     "--scored-rule",

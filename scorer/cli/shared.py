@@ -27,7 +27,7 @@ from hscache.store.fsio import atomic_write_bytes
 from scorer.config_numbers import DRAFTER_NUMBERS
 from scorer.errors import ScorerError
 from scorer.families.base import FamilyFlag
-from scorer.rules import DRAFT_SAMPLE_METHODS
+from scorer.rules import DRAFT_SAMPLE_METHODS, REJECTION_SAMPLE_METHODS
 
 __all__ = [
     "DRAFT_SAMPLING",
@@ -109,6 +109,7 @@ SEED = click.IntRange(min=0, max=2**32 - 1)  # numpy's and torch's seeds alike
 TOKEN_ID = click.IntRange(min=0)
 # vLLM's draft_sample_method names: greedy (argmax drafts, one-hot verification), probabilistic.
 DRAFT_SAMPLING = click.Choice(list(DRAFT_SAMPLE_METHODS))
+REJECTION_SAMPLING = click.Choice(list(REJECTION_SAMPLE_METHODS))
 
 
 def check_outputs(*, directories: tuple[str, ...] = (), **paths: str | None) -> None:
@@ -519,6 +520,16 @@ sampling_check_flags = apply_options(
             help="On a sampled cache: greedy = argmax drafts, one-hot verification (every engine's default); "
             "probabilistic = drafts ~ softmax(logits / T), min(1, p/q) (vLLM draft_sample_method=probabilistic, "
             "SGLang --speculative-use-rejection-sampling): chains, E[rounds | y] by the exact DP.",
+        ),
+        click.option(
+            "--rejection-sample-method",
+            type=REJECTION_SAMPLING,
+            default="standard",
+            show_default=True,
+            help="vLLM's verification rule: standard (token by token) or block (Sun et al.'s block "
+            "verification, vLLM's V2 model runner). With greedy drafts both accept the leading match of the "
+            "served text, so the replay is the same; block with --draft-sampling probabilistic is refused "
+            "(its expectation needs the target at drafts the text never took).",
         ),
         click.option(
             "--sampling",

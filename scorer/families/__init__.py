@@ -16,6 +16,7 @@ from scorer.families.base import TARGET_PREFIX, CheckpointProbe, Family, probe_c
 from scorer.families.dflash import DFLASH
 from scorer.families.dflash2 import DFLASH2
 from scorer.families.draft_model import DRAFT_MODEL
+from scorer.families.dspark import DSPARK
 from scorer.families.eagle3 import EAGLE3
 from scorer.families.mtp import MTP
 from scorer.families.ngram import NGRAM
@@ -32,14 +33,14 @@ __all__ = [
     "probe_checkpoint",
 ]
 
-FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DFLASH, NGRAM, DRAFT_MODEL, PEAGLE)
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DSPARK, DFLASH, NGRAM, DRAFT_MODEL, PEAGLE)
 # The family made (scorer init, scorer.train_drafter) or read (scorer.evaluate_module) when none is named.
 DEFAULT_FAMILY = DFLASH.name
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;
 # "mtp-prenorm" is the same head fed the last layer before the final norm (as speculators trains).
 TARGET_HEADS = {"mtp": "mtp", "mtp-prenorm": "mtp"}
 # speculators_model_type values some family reads; any other is refused by name, not guessed.
-SPECULATORS_TYPES = ("dflash", "eagle3", "peagle")
+SPECULATORS_TYPES = ("dflash", "dspark", "eagle3", "peagle")
 
 
 def family_named(name: str) -> Family:

@@ -217,6 +217,10 @@ class VllmServing:
             None: vLLM records every step.
         start_rank: the worker builds its engines in ascending rank (ties in the job's order); a
             family whose engine leaves the process unable to build another one ranks after the rest.
+        cpu_refusal: why vLLM CPU 0.32.0 (the judge's build) will not build this family's engine, in one
+            line with vLLM's own error and where it is raised (file:line); ``scorer served`` says it by
+            name before vLLM starts. None: vLLM CPU serves it. ``method`` and ``settings`` still say how
+            a vLLM that runs it (a GPU build) is configured.
     """
 
     method: str
@@ -225,6 +229,7 @@ class VllmServing:
     drafter_attention: bool = False
     unrecorded_steps: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
     start_rank: int = 0
+    cpu_refusal: str | None = None
 
 
 @dataclass(frozen=True)

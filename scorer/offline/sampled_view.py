@@ -63,6 +63,7 @@ __all__ = [
     "SampledView",
     "RowsToScore",
     "ServedRule",
+    "check_rejection_method",
     "check_request",
     "effective_config",
     "head_log_q",
@@ -156,6 +157,7 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
     draft_sampling = getattr(config, "draft_sampling", "greedy")
     if draft_sampling not in DRAFT_SAMPLING:
         raise ScorerError(f"--draft-sampling {draft_sampling!r}; choose {' or '.join(DRAFT_SAMPLING)}")
+    check_rejection_method(getattr(config, "rejection_sample_method", "standard"), draft_sampling)
     if draft_sampling == "probabilistic":
         if setting.greedy:
             raise ScorerError(
@@ -204,6 +206,31 @@ def check_request(cache: CacheView, config: Any, family: Any, where: str) -> Non
             f"--tree is SGLang's rule, and {where} was sampled with {', '.join(penalties)}: SGLang applies "
             "penalties from the history before each round to every slot of it, which is not lossless, so no "
             f"cache gives its tau: {advice}, or score a cache sampled without penalties"
+        )
+
+
+def check_rejection_method(method: str, draft_sampling: str) -> None:
+    """vLLM's ``rejection_sample_method`` as the offline replay can score it (scorer/rules/block_verify.py):
+    "block" with greedy drafts accepts what "standard" accepts given the text (a rejected round emits a
+    token other than its draft), so the one-hot replay scores it; with probabilistic drafts it does not.
+
+    Raises:
+        ScorerError: an unknown method, or block verification with probabilistic drafts (named).
+    """
+    from scorer.rules import REJECTION_SAMPLE_METHODS
+
+    if method not in REJECTION_SAMPLE_METHODS:
+        raise ScorerError(
+            f"--rejection-sample-method {method!r}; choose {' or '.join(REJECTION_SAMPLE_METHODS)} (vLLM's "
+            "'synthetic' accepts at configured rates whatever the drafts: a benchmark, not a drafter's tau)"
+        )
+    if method == "block" and draft_sampling == "probabilistic":
+        raise ScorerError(
+            "--rejection-sample-method block with --draft-sampling probabilistic: whether a block round passes "
+            "a slot depends on the drafts after it and on the target at prefixes the served text never took "
+            "(spec/sampling.md 4.5, scorer/rules/block_verify.py), which no cache holds; score it online "
+            "(scorer online --rejection-sample-method block --draft-sampling probabilistic), or offline with "
+            "greedy drafts"
         )
 
 

@@ -58,6 +58,9 @@ class EvalConfig:
     # on the command line (a preset and/or fields), checked against the cache's setting, never applied.
     draft_sampling: str = "greedy"
     sampling: dict[str, Any] = field(default_factory=dict)
+    # vLLM's rejection_sample_method (scorer/rules/block_verify.py): "block" replays as "standard" with
+    # greedy drafts (the same accepted counts given the text) and is refused with probabilistic ones.
+    rejection_sample_method: str = "standard"
     # DFlash: read the last target layer raw, as vLLM 0.32.0 captures it (the residual stream after the
     # layer, never the final norm: vllm/model_executor/models/qwen2.py:420-434, interfaces.py:1601-1611),
     # not transformers' hidden_states[L] that z-lab checkpoints are trained on (features.context_norm).
@@ -73,6 +76,8 @@ class EvalConfig:
         # At their defaults they are left out: a greedy report and a sweep's result keys stay as before.
         if d["draft_sampling"] == "greedy":
             del d["draft_sampling"]
+        if d["rejection_sample_method"] == "standard":
+            del d["rejection_sample_method"]
         if not d["sampling"]:
             del d["sampling"]
         if not d["raw_last_layer"]:

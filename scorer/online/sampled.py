@@ -68,7 +68,8 @@ from scorer.online.greedy import (
     request_row,
     tau_of_requests,
 )
-from scorer.rules import DRAFT_SAMPLE_METHODS
+from scorer.rules import DRAFT_SAMPLE_METHODS, REJECTION_SAMPLE_METHODS
+from scorer.rules.block_verify import block_verify
 from scorer.rules.penalties import (
     SGLANG_PENALTY,
     VLLM_PENALTY,
@@ -88,6 +89,7 @@ from scorer.rules.vllm_chain import (
 
 __all__ = [
     "DRAFT_SAMPLING",
+    "BLOCK_RULE",
     "RULE",
     "TREE_RULE",
     "DecodeSettings",
@@ -110,6 +112,7 @@ __all__ = [
 
 DRAFT_SAMPLING = DRAFT_SAMPLE_METHODS  # as --draft-sampling (vLLM draft_sample_method)
 RULE = "vllm-mrv2"  # scorer.rules.vllm_chain.mrv2_verify
+BLOCK_RULE = "vllm-mrv2-block"  # scorer.rules.block_verify.block_verify (--rejection-sample-method block)
 TREE_RULE = "sglang-target-only"  # scorer.rules.sglang_tree.sglang_target_only_verify (--tree)
 _STREAM_DOMAIN = "hscache-online-v1"
 
@@ -133,6 +136,9 @@ class SampledOnlineConfig:
         lanes_per_forward: (run, prompt) sequences verified in one batched target forward; 1 runs
             each alone (the exact forward ``scorer online`` at T = 0 makes).
         n_boot: bootstrap resamples of the interval over runs.
+        rejection_sample_method: vLLM's; "block" verifies each chain round by block verification
+            (scorer.rules.block_verify, vLLM's V2 runner: the same noise streams), the one way to score it
+            with probabilistic drafts (no cache gives that: scorer/offline/sampled_view.py).
     """
 
     checkpoint: str
@@ -144,6 +150,7 @@ class SampledOnlineConfig:
     online: OnlineConfig = field(default_factory=OnlineConfig)
     lanes_per_forward: int = 64
     n_boot: int = 1000
+    rejection_sample_method: str = "standard"
 
     def validate(self) -> SampledOnlineConfig:
         """Refuse what cannot run, in one line each; return ``self``.
@@ -167,6 +174,15 @@ class SampledOnlineConfig:
         if self.n_boot < 1:
             raise ScorerError(f"n_boot {self.n_boot} must be at least 1")
         check_tree_request(self.tree, self.draft_sampling, self.sampling, self.ddtree)
+        if self.rejection_sample_method not in REJECTION_SAMPLE_METHODS:
+            raise ScorerError(
+                f"--rejection-sample-method {self.rejection_sample_method!r}: choose one of "
+                f"{', '.join(REJECTION_SAMPLE_METHODS)}"
+            )
+        if self.rejection_sample_method == "block" and (self.tree is not None or self.ddtree is not None):
+            raise ScorerError(
+                "--rejection-sample-method block verifies vLLM's chains; a tree is SGLang's rule: drop one of them"
+            )
         return self
 
 
@@ -232,6 +248,7 @@ class DecodeSettings:
     lanes_per_forward: int = 64
     tree: tuple[int, int, int] | None = None
     ddtree: int | None = None
+    rejection_sample_method: str = "standard"
 
 
 @dataclass(frozen=True)
@@ -520,7 +537,12 @@ def _step(
         noise = draw_round_noise(
             1, len(draft), vocab, accept=lane.streams["accept"], residual=lane.streams["residual"]
         )
-        verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
+        if settings.rejection_sample_method == "block":
+            verified = block_verify(
+                probs[None], x, noise.uniforms, noise.gumbel, None if q is None else q[None]
+            )
+        else:
+            verified = mrv2_verify(probs[None], x, noise, None if q is None else q[None])
         if on_round is not None:
             on_round(RoundRecord(lane.run, lane.record_id, tuple(lane.ids), x[0], probs, q, noise, verified))
         p = len(lane.ids) - 1
@@ -694,6 +716,7 @@ def run_online_sampled(
         config.lanes_per_forward,
         config.tree,
         config.ddtree,
+        config.rejection_sample_method,
     )
     if config.tree is not None and "tree" not in session.family.online_trees:
         raise ScorerError(
@@ -725,7 +748,9 @@ def run_online_sampled(
         "sampled": {
             "sampling": config.sampling.to_dict(),
             "rule": {
-                "name": RULE if config.tree is None and config.ddtree is None else TREE_RULE,
+                "name": (BLOCK_RULE if config.rejection_sample_method == "block" else RULE)
+                if config.tree is None and config.ddtree is None
+                else TREE_RULE,
                 "draft_sampling": config.draft_sampling,
                 "description": _describe_rule(
                     config.draft_sampling, config.tree, config.ddtree, config.sampling

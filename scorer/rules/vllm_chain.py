@@ -45,7 +45,9 @@ __all__ = [
     "TL_RAND_MIN",
     "RoundNoise",
     "VerifiedRounds",
+    "check_round",
     "draw_gumbel",
+    "emit_rounds",
     "draw_round_noise",
     "gumbel_argmax",
     "mrv1_verify",
@@ -117,7 +119,12 @@ def gumbel_argmax(probs: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
     return torch.argmax(torch.log(probs.double()) + gumbel, dim=-1)
 
 
-def _check_round(target_probs: torch.Tensor, drafts: torch.Tensor, rows: int) -> tuple[int, int, int]:
+def check_round(target_probs: torch.Tensor, drafts: torch.Tensor, rows: int) -> tuple[int, int, int]:
+    """Check one batch of rounds' shapes: target_probs [B, ``rows``, V], drafts [B, K] -> (B, K, V).
+
+    Raises:
+        ValueError: the shapes do not fit (named).
+    """
     if target_probs.ndim != 3 or drafts.ndim != 2 or drafts.shape[0] != target_probs.shape[0]:
         raise ValueError(
             f"target_probs {tuple(target_probs.shape)} must be [B, K+{rows - drafts.shape[-1]}, V] and "
@@ -142,7 +149,8 @@ def _lead(ok: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(ok.long(), dim=1).sum(dim=1)
 
 
-def _emit(drafts: torch.Tensor, accepted: torch.Tensor, last: torch.Tensor) -> VerifiedRounds:
+def emit_rounds(drafts: torch.Tensor, accepted: torch.Tensor, last: torch.Tensor) -> VerifiedRounds:
+    """The rounds' tokens: the accepted drafts [B, K], then ``last`` (the residual or bonus token)."""
     b, k = drafts.shape
     tokens = torch.full((b, k + 1), -1, dtype=torch.long)
     keep = torch.arange(k)[None, :] < accepted[:, None]
@@ -170,7 +178,7 @@ def mrv2_verify(
     Returns:
         VerifiedRounds.
     """
-    b, k, v = _check_round(target_probs, drafts, drafts.shape[1] + 1)
+    b, k, v = check_round(target_probs, drafts, drafts.shape[1] + 1)
     if noise.uniforms.shape != (b, k) or noise.gumbel.shape != (b, v):
         raise ValueError(f"noise must hold uniforms [{b}, {k}] and gumbel [{b}, {v}]")
     x = drafts.long()
@@ -192,7 +200,7 @@ def mrv2_verify(
         ratio = torch.exp(torch.log(_at(draft_probs, stop).double()) - row)
         resid = torch.where(ratio < 1.0, row + torch.log1p(-ratio.clamp(max=1.0)), -torch.inf)
     residual = torch.where(use_target[:, None], row, resid)
-    return _emit(x, accepted, torch.argmax(residual + noise.gumbel, dim=-1))
+    return emit_rounds(x, accepted, torch.argmax(residual + noise.gumbel, dim=-1))
 
 
 def mrv1_verify(
@@ -216,7 +224,7 @@ def mrv1_verify(
     Returns:
         VerifiedRounds.
     """
-    b, k, v = _check_round(target_probs, drafts, drafts.shape[1])
+    b, k, v = check_round(target_probs, drafts, drafts.shape[1])
     p = target_probs.double()
     x = drafts.long()
     xc = x.clamp(min=0)
@@ -232,4 +240,4 @@ def mrv1_verify(
     recovered = torch.argmax(prob / exponentials.double()[:, None, :], dim=-1)  # [B, K]
     stop = accepted.clamp(max=k - 1)
     last = torch.where(accepted == k, bonus_tokens.long(), _at(recovered, stop))
-    return _emit(x, accepted, last)
+    return emit_rounds(x, accepted, last)

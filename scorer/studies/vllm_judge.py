@@ -46,6 +46,7 @@ from scorer.documents import run_stamp
 from scorer.errors import ScorerError
 from scorer.families import FAMILIES, family_for, family_named
 from scorer.families.base import VllmServing, probe_checkpoint
+from scorer.offline.sampled_view import check_rejection_method
 from scorer.offline.scoring import EvalConfig, effective_config, load_drafter
 from scorer.studies.evaluate import evaluate
 
@@ -87,6 +88,7 @@ class ServedConfig:
 
     num_speculative_tokens: int | None = None
     draft_sampling: str = "greedy"
+    rejection_sample_method: str = "standard"  # vLLM's; "block": scorer/rules/block_verify.py
     scored: str | None = None
     limit: int | None = None
     vllm_python: str | None = None
@@ -98,6 +100,12 @@ def _check_config(config: ServedConfig) -> None:
     for name in (config.draft_sampling, config.scored or config.draft_sampling):
         if name not in RULES:
             raise ScorerError(f"--draft-sampling {name!r}; choose one of {', '.join(RULES)}")
+    check_rejection_method(config.rejection_sample_method, config.draft_sampling)
+    if config.rejection_sample_method == "block" and config.scored not in (None, "greedy"):
+        raise ScorerError(
+            f"--scored-rule {config.scored} with --rejection-sample-method block: block verification is scored "
+            "with greedy drafts only (scorer/rules/block_verify.py)"
+        )
     if config.num_speculative_tokens is not None and config.num_speculative_tokens < 1:
         raise ScorerError(f"--num-speculative-tokens {config.num_speculative_tokens} must be at least 1")
 
@@ -117,16 +125,20 @@ def speculative_config(family: str, checkpoint: str, drafter: Any, k: int) -> di
 
 
 def _serving(family: str) -> VllmServing:
-    """How vLLM serves ``family`` (the registry's ``Family.vllm``), or its refusal by name."""
+    """How vLLM serves ``family`` (the registry's ``Family.vllm``), or its refusal by name: a family vLLM
+    does not serve as hscache scores it (``Family.vllm`` None, why in ``Family.vllm_refusal``), or one vLLM
+    CPU will not build (``VllmServing.cpu_refusal``)."""
     row = family_named(family)
-    if row.vllm is None:
-        served = sorted(f.name for f in FAMILIES if f.vllm is not None)
-        why = f": {row.vllm_refusal}" if row.vllm_refusal else ""
+    serving = row.vllm
+    if serving is None or serving.cpu_refusal is not None:
+        served = sorted(f.name for f in FAMILIES if f.vllm is not None and f.vllm.cpu_refusal is None)
+        reason = row.vllm_refusal if serving is None else serving.cpu_refusal
+        why = f": {reason}" if reason else ""
         raise ScorerError(
             f"vLLM 0.32.0 does not serve {family} drafters as hscache scores them{why}; scorer served judges "
             f"{', '.join(served)}"
         )
-    return row.vllm
+    return serving
 
 
 def engine_entry(name: str, family: str, spec: dict[str, Any], runs: list[dict], max_model_len: int) -> dict:
@@ -364,6 +376,7 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
         dtype=cache.settings["dtype"],
         ddtree=(), anchors="all", num_speculative_tokens=config.num_speculative_tokens,
         draft_sampling=scored, overrides=dict(config.overrides), n_boot=200,
+        rejection_sample_method=config.rejection_sample_method,
         raw_last_layer=True,  # what vLLM feeds a drafter (EvalConfig.raw_last_layer)
         # vLLM's greedy tokens are the target's decisions (its argmax of ITS states): the served cache's
         # argmax comes from transformers' states, which part from them at bf16 near-ties (issue 33)
@@ -382,6 +395,10 @@ def _drafter(checkpoint: str, cache: CacheView, config: ServedConfig) -> tuple[A
     spec = speculative_config(drafter.family, checkpoint, drafter, int(drafter.config.block_size) - 1)
     if config.draft_sampling != "greedy":
         spec["draft_sample_method"] = config.draft_sampling
+    if config.rejection_sample_method != "standard":
+        # vLLM CPU's V1 runner takes it and verifies with the standard rule (block_verify.py): with greedy
+        # drafts, the only drafts check_rejection_method lets through, both accept the text's leading match
+        spec["rejection_sample_method"] = config.rejection_sample_method
     return drafter, spec, eval_config
 
 

@@ -76,6 +76,7 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
     config: vLLM 0.32.0 fails at models/qwen3.py:205), which the offline scorer still reads."""
     from scorer import train_drafter
     from scorer.families.dflash2.init import init_from_dflash
+    from scorer.families.dspark.init import init_dspark
     from scorer.families.eagle3.init import init_eagle3
     from scorer.families.eagle3.train import train_eagle3
 
@@ -100,12 +101,15 @@ def judge_drafters(judge_caches: dict[str, Path], tmp_path_factory: pytest.TempP
     (specforge / "config.json").write_text(json.dumps(config))
     init_eagle3(judge_caches["t0"], root / "eagle3-release", layout="eagle_release", layer_ids=[1, 3, 7])
     init_from_dflash(root / "dflash", root / "dflash2", cache=hscache.open_cache(judge_caches["t0"]))
+    init_dspark(
+        judge_caches["t0"], root / "dspark", block_size=5
+    )  # vLLM CPU refuses it (test_dspark_judged.py)
     shutil.copytree(root / "eagle3", root / "refused")
     config = json.loads((root / "refused" / "config.json").read_text())
     del config["transformer_layer_config"]["max_position_embeddings"]
     (root / "refused" / "config.json").write_text(json.dumps(config))
     names = ("dflash", "eagle3", "eagle3-specforge", "eagle3-specforge-as-specforge-writes")
-    names += ("eagle3-release", "dflash2", "refused")
+    names += ("eagle3-release", "dflash2", "refused", "dspark")
     extra = method_drafters(judge_caches["t0"], root)  # tests/judge/method_families.py
     return {**{name: str(root / name) for name in names}, "ngram": "ngram", **extra}
 
@@ -124,6 +128,8 @@ QWEN3_ENGINES = {
     "eagle3-specforge-as-specforge-writes": ("eagle3-specforge-as-specforge-writes", {}),
     "eagle3-release": ("eagle3-release", {}),
     **METHOD_ENGINES,
+    # vLLM's block verification (test_block_verification_judged.py)
+    "dflash-block": ("dflash", {"rejection_sample_method": "block"}),
     "ngram": ("ngram", NGRAM),
 }
 
@@ -135,6 +141,7 @@ def judged(vllm_python, judge_caches, mtp_caches, judge_drafters, tmp_path_facto
     ``raw`` holds the engines the scorer does not judge but the tests check: each target alone
     (``target``, ``mtp-target``: the drafters must not change its greedy text) and DFlash2 (vLLM CPU
     refuses it by its candidate head)."""
+    from scorer.families.dspark import DSPARK
     from scorer.studies.vllm_judge import ServedConfig, plan_served, serve_plans
 
     root = tmp_path_factory.mktemp("judged")
@@ -151,6 +158,14 @@ def judged(vllm_python, judge_caches, mtp_caches, judge_drafters, tmp_path_facto
         {"name": "target", "speculative_config": None, "runs": runs},
         {"name": "dflash2", "speculative_config": dflash2, "runs": runs[:1]},
     ]
+    # DSpark as its row says vLLM serves it, without and with adaptive verification: vLLM CPU refuses both
+    # (test_dspark_judged.py)
+    dspark = {"method": DSPARK.vllm.method, "model": judge_drafters["dspark"], "num_speculative_tokens": 4}
+    qwen3.job["engines"] += [
+        {"name": "dspark", "speculative_config": dspark, "runs": runs[:1]},
+        {"name": "dspark-adaptive", "speculative_config": {**dspark, "enable_adaptive_verification": True},
+         "runs": runs[:1]},
+    ]  # fmt: skip
     # The MTP head also under vLLM's probabilistic rule: it accepts often at T 0.7, where the DFlash
     # drafter (trained on 4 greedy sequences) hardly does, so a swapped offline rule shows there.
     mtp = plan_served(

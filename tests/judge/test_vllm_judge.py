@@ -231,7 +231,10 @@ def test_the_judge_reads_what_vllm_needs_of_a_family_from_its_row(monkeypatch):
         "proposer": "vllm.v1.spec_decode.ngram_proposer:_find_longest_matched_ngram_and_propose_tokens",
         "args": [2, 4, 40, 3],  # vLLM's (min_ngram, max_ngram, max_model_len, k) after the context
     }
-    for family in (f for f in FAMILIES if f.vllm is not None and f.vllm.unrecorded_steps is None):
+    served = [
+        f for f in FAMILIES if f.vllm is not None and f.vllm.cpu_refusal is None
+    ]  # vLLM CPU builds them
+    for family in (f for f in served if f.vllm.unrecorded_steps is None):
         entry = engine_entry(
             "0", family.name, {"method": family.vllm.method, "num_speculative_tokens": 2}, [], 40
         )

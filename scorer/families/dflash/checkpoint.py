@@ -46,6 +46,7 @@ __all__ = [
     "in_memory_checkpoint",
     "load_checkpoint",
     "save_hf_checkpoint",
+    "variant_tensor_problems",
 ]
 
 # Fixed strings: they are written into cache manifests and result files.
@@ -86,6 +87,7 @@ class CheckpointVariant:
     config_keys: tuple[str, ...]
     architectures: tuple[str, ...]
     tensor_markers: tuple[str, ...]  # a key containing one of these belongs to the variant
+    speculators_type: str | None = None  # its speculators_model_type, in speculators' DFlash layout
 
     def split_config(self, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         config, found = dict(config), {}
@@ -104,6 +106,19 @@ class CheckpointVariant:
     def split_state(self, sd: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         mine = {k: v for k, v in sd.items() if any(m in k for m in self.tensor_markers)}
         return {k: v for k, v in sd.items() if k not in mine}, mine
+
+
+def variant_tensor_problems(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps a variant's tensors ``got`` (``LoadedCheckpoint.variant_state``) from its drafter's
+    ``want``: up to three missing, three unknown and three misshapen keys, each named; [] when they fit."""
+    problems = [f"missing {k}" for k in sorted(set(want) - set(got))][:3]
+    problems += [f"unknown {k}" for k in sorted(set(got) - set(want))][:3]
+    problems += [
+        f"{k} has shape {list(got[k].shape)}, expected {list(want[k].shape)}"
+        for k in sorted(set(want) & set(got))
+        if got[k].shape != want[k].shape
+    ][:3]
+    return problems
 
 
 def load_checkpoint(
@@ -173,8 +188,12 @@ def load_checkpoint(
     for n, (label, cfg) in enumerate(layers):
         if speculators.is_speculators(cfg):
             try:
-                layers[n] = (label, speculators.to_hf_config(cfg)[0])
-                notes += speculators.to_hf_config(cfg)[1]
+                kinds = ("dflash",) + (
+                    (variant.speculators_type,) if variant and variant.speculators_type else ()
+                )
+                converted, converted_notes = speculators.to_hf_config(cfg, kinds)
+                layers[n] = (label, converted)
+                notes += converted_notes
                 head = speculators.split_head(raw, cfg)
             except ValueError as e:
                 raise CheckpointError(f"{root}: {e}") from e

@@ -105,6 +105,12 @@ class DFlashDrafter(nn.Module):
     """
 
     family = "dflash"
+    # The block row that predicts the first draft. DFlash's row 0 holds the anchor token x_p and
+    # predicts nothing: a block of ``block_size`` tokens drafts from rows 1..B-1. A variant whose
+    # anchor row is itself the first prediction sets 0: its block is the B-1 tokens [x_p, MASK ...]
+    # and every row drafts (row j predicts x_{p+j+1}); block_hidden then drops the callers' last
+    # mask column, so every caller keeps building blocks of ``block_size`` tokens.
+    first_draft_slot: int = 1
 
     def __init__(
         self, config: DFlashConfig, layer: Callable[[DFlashConfig], DFlashLayer] = DFlashLayer
@@ -246,6 +252,21 @@ class DFlashDrafter(nn.Module):
         arg, log_q = head_log_q(self.head, hidden.reshape(-1, h), want.reshape(-1), temperature, rows)
         return arg.reshape(n, k), log_q.reshape(n, k)
 
+    # What a trainer's loss reads (scorer/families/dflash/train.py); a variant with more heads overrides them.
+
+    def training_logits(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [N, B-1, V] of blocks' rows ``hidden`` [N, B-1, H] for the training loss (``targets``
+        [N, B-1] the tokens each slot should draft, -100 where none): DFlash's head."""
+        return self.head(hidden)
+
+    def auxiliary_loss(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, targets: torch.Tensor, logits: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A loss the trainer adds to the drafts' cross-entropy (another head's): none for DFlash."""
+        return None
+
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self._target()[0]).to(self.fc.weight.dtype)
 
@@ -261,8 +282,9 @@ class DFlashDrafter(nn.Module):
             anchor_pos: p, the absolute position of slot 0.
 
         Returns:
-            logits [B-1, V]; row j-1 predicts x_{p+j}.
+            logits [B-1, V]; row j-1 predicts x_{p+j} (``first_draft_slot``).
         """
+        block_token_ids = block_token_ids[: block_token_ids.shape[0] - 1 + self.first_draft_slot]
         p, B = int(anchor_pos), block_token_ids.shape[0]
         ctx = self.project_context(context_features[:p])  # [p, H]
         h = self._embed(block_token_ids)  # [B, H]
@@ -284,7 +306,7 @@ class DFlashDrafter(nn.Module):
                 scores = scores.masked_fill(~visible(q_pos, pos[None], causal, window), float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             h = layer.finish(h, (probs @ v).transpose(0, 1), state, B)
-        return self.head(self.norm(h)[1:])
+        return self.head(self.norm(h)[self.first_draft_slot :])
 
     def forward(
         self, context_features: torch.Tensor, anchors: torch.Tensor, block_token_ids: torch.Tensor
@@ -367,6 +389,8 @@ class DFlashDrafter(nn.Module):
                 f"anchors span {int(anchors.min())}..{int(anchors.max())} but there are "
                 f"{context_features.shape[0]} context rows; anchors must be in 0..T"
             )
+        # the block's query rows: the drafted slots, after the anchor row where it predicts nothing
+        block_token_ids = block_token_ids[:, : B - 1 + self.first_draft_slot]
         use_flex = pick_flex(backend, context_features.device)
         out = torch.empty(
             N, B - 1, self.config.hidden_size, dtype=self.fc.weight.dtype, device=self.fc.weight.device
@@ -423,7 +447,7 @@ class DFlashDrafter(nn.Module):
             k = torch.cat([k_ctx[:t_c], k_blk])  # [t_c + n*B, kv, D]
             v = torch.cat([v_ctx[:t_c], v_blk])
             h = layer.finish(h, attend(q, k, v, mask), state, B)
-        return self.norm(h).unflatten(0, (n, B))[:, 1:]
+        return self.norm(h).unflatten(0, (n, B))[:, self.first_draft_slot :]
 
     def forward_blocks(
         self,

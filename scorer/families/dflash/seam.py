@@ -398,7 +398,7 @@ def cost(drafter: DFlashDrafter, tau: float, context: float) -> dict[str, Any]:
     """One round served: ONE forward of the B-slot block (every layer), the newly verified ~tau
     context rows through fc and each layer's k/v projections, the head on the B-1 drafted slots."""
     c = drafter.config
-    block = c.block_size
+    block = c.block_size - 1 + drafter.first_draft_slot  # the block's query rows (model.py first_draft_slot)
     kv = sum(
         linear_params(layer.self_attn.k_proj) + linear_params(layer.self_attn.v_proj)
         for layer in drafter.layers
@@ -409,7 +409,7 @@ def cost(drafter: DFlashDrafter, tau: float, context: float) -> dict[str, Any]:
         2.0
         * c.hidden_size
         * (len(drafter.draft_to_target) if drafter.draft_to_target is not None else c.vocab_size)
-        * (block - 1)
+        * (c.block_size - 1)
     )
     flops += attention_flops(c, block, context + block)
     return {"draft_forwards_per_round": 1, "flops_per_round": flops}

@@ -19,6 +19,12 @@ __all__ = ["HEAD_KEYS", "is_speculators", "split_head", "to_hf_config"]
 HEAD_KEYS = ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d")
 # Top-level speculators keys that change the math; passed on so hf_config_fields reads or refuses them.
 _PASSED = ("architectures", "block_size", "mask_token_id", "sliding_window_non_causal", "sample_from_anchor")
+# speculators' own keys, translated here (a variant's other top-level keys are passed on to it).
+_TRANSLATED = (
+    "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config",
+    "aux_hidden_state_layer_ids", "target_hidden_size", "draft_vocab_size", "auto_package", "torch_dtype",
+    "dtype", "transformers_version", "has_no_defaults_at_init",
+)  # fmt: skip
 
 
 def is_speculators(config: dict[str, Any] | None) -> bool:
@@ -26,8 +32,12 @@ def is_speculators(config: dict[str, Any] | None) -> bool:
     return bool(config) and "speculators_model_type" in config
 
 
-def to_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The equivalent z-lab style config dict, and notes on what was translated.
+def to_hf_config(
+    config: dict[str, Any], kinds: tuple[str, ...] = ("dflash",)
+) -> tuple[dict[str, Any], list[str]]:
+    """The equivalent z-lab style config dict, and notes on what was translated. ``kinds``: the
+    speculators model types read (a later DFlash variant in speculators' DFlash layout adds its own;
+    its keys are passed on at top level for the variant to take).
 
     Raises:
         ValueError: another speculators model type, a layer config that is not qwen3, or no
@@ -36,8 +46,10 @@ def to_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     from transformers import Qwen3Config
 
     kind = config.get("speculators_model_type")
-    if kind != "dflash":
-        raise ValueError(f"speculators_model_type {kind!r} is not a DFlash drafter (expected 'dflash')")
+    if kind not in kinds:
+        raise ValueError(
+            f"speculators_model_type {kind!r} is not a DFlash drafter (expected {' or '.join(map(repr, kinds))})"
+        )
     layer_config = dict(config.get("transformer_layer_config") or {})
     model_type = layer_config.pop("model_type", "qwen3")
     if model_type != "qwen3":
@@ -45,7 +57,8 @@ def to_hf_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     # speculators builds Qwen3Config(**transformer_layer_config): fill the defaults it implies.
     hf = Qwen3Config(**layer_config).to_dict()
     notes = ["speculators config: fields read from transformer_layer_config (Qwen3Config defaults filled)"]
-    for key in _PASSED:
+    passed = _PASSED if kind == "dflash" else tuple(k for k in config if k not in _TRANSLATED)
+    for key in passed:
         if key in config:
             hf[key] = config[key]
     if "block_size" not in config:  # DFlashSpeculatorConfig's own default, not z-lab's 16

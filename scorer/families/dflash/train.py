@@ -176,8 +176,14 @@ def train_dflash(
     on_step: Callable[[int, float], None] | None = None,
     on_eval: Callable[[int, dict], None] | None = None,
     evaluate: Callable[..., dict] | None = None,
+    make: Callable[[DFlashConfig], DFlashDrafter] = DFlashDrafter,
+    save: Callable[[Path, DFlashDrafter, dict], None] | None = None,
 ) -> dict:
     """Train a small drafter on the cache's sequences and save it as an HF directory at ``out``.
+
+    ``make`` builds the drafter from its DFlash config and ``save(staging dir, drafter, extra config)``
+    writes it (default: DFlash's HF layout): a later variant (its own heads, its loss terms through the
+    drafter's ``training_logits`` / ``auxiliary_loss``) trains with this loop.
 
     ``out`` is written whole (scorer/drafter_dir.py): a non-empty directory needs
     ``config.overwrite``, and its config records the cache's target (scorer/target_identity.py).
@@ -219,7 +225,7 @@ def train_dflash(
         mask_token_id=config.mask_token_id,
     )
     torch.manual_seed(config.seed)
-    drafter = DFlashDrafter(drafter_config)
+    drafter = make(drafter_config)
     # Fan-in init (std 1/sqrt(hidden)). At N(0, 0.02), 4.4x smaller at hidden 128, the drafter sat
     # for hundreds of steps on a saddle where it drafts one constant token at every anchor (tau ~1.2
     # on a trained target); at fan-in it leaves it within 300 steps on every seed measured.
@@ -248,10 +254,14 @@ def train_dflash(
             features, anchors, blocks, targets = training_batch(
                 data, rows, index, drafter, config.anchors_per_step, gen, memo, config.prompt_anchors
             )
-            logits = drafter.head(drafter(features, anchors, blocks))  # [N, B-1, V]
+            hidden = drafter(features, anchors, blocks)  # [N, B-1, H]
+            logits = drafter.training_logits(hidden, blocks[:, 0], targets)  # [N, B-1, V]
             per_slot = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
             weights = slot_weight[None] * (targets != -100)
             loss = (per_slot * weights).sum() / weights.sum()
+            extra_loss = drafter.auxiliary_loss(hidden, blocks[:, 0], targets, logits)
+            if extra_loss is not None:
+                loss = loss + extra_loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -270,11 +280,14 @@ def train_dflash(
     weights = {k: v.detach() for k, v in drafter.state_dict().items()}
     extra = {IDENTITY_KEY: cache_target_identity(cache), **trained_steps(done, config.steps)}
     with staged_drafter_dir(out, config.overwrite) as staging:
-        save_hf_checkpoint(staging, drafter_config, weights, extra_config=extra)
+        if save is None:
+            save_hf_checkpoint(staging, drafter_config, weights, extra_config=extra)
+        else:
+            save(staging, drafter, extra)
     if done < config.steps:
         raise TrainingInterrupted(done, config.steps, out)
     return {
-        "config": drafter_config,
+        "config": drafter.config,
         "steps": config.steps,
         "final_loss": float(loss.detach()),
         "seconds": time.perf_counter() - t0,

@@ -16,7 +16,12 @@ from typing import Any
 from scorer.errors import CheckpointError
 from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer
 from scorer.families.dflash import seam as dflash
-from scorer.families.dflash.checkpoint import CheckpointVariant, LoadedCheckpoint, load_checkpoint
+from scorer.families.dflash.checkpoint import (
+    CheckpointVariant,
+    LoadedCheckpoint,
+    load_checkpoint,
+    variant_tensor_problems,
+)
 from scorer.families.dflash2.model import DFlash2Config, DFlash2Drafter
 
 __all__ = ["VARIANT", "build_dflash2", "claims", "cost", "effective_config", "init", "load", "online"]
@@ -68,14 +73,7 @@ def build_dflash2(loaded: LoadedCheckpoint) -> DFlash2Drafter:
     drafter = DFlash2Drafter(DFlash2Config(c, **settings))
     want = {k: v for k, v in drafter.state_dict().items() if any(m in k for m in VARIANT.tensor_markers)}
     got = loaded.variant_state
-    problems = [f"missing {k}" for k in sorted(set(want) - set(got))][:3]
-    problems += [f"unknown {k}" for k in sorted(set(got) - set(want))][:3]
-    problems += [
-        f"{k} has shape {list(got[k].shape)}, expected {list(want[k].shape)}"
-        for k in sorted(set(want) & set(got))
-        if got[k].shape != want[k].shape
-    ][:3]
-    if problems:
+    if problems := variant_tensor_problems(want, got):
         raise CheckpointError(
             f"{loaded.report.path}: not a DFlash2 drafter of this config: {'; '.join(problems)}"
         )
