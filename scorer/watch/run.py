@@ -35,7 +35,7 @@ from scorer.watch.record import refused_record, scored_record
 from scorer.watch.results import ResultsLog
 from scorer.watch.sinks import Sinks, check_sinks
 
-__all__ = ["HTML_NAME", "WatchConfig", "WatchSummary", "default_results", "watch"]
+__all__ = ["HTML_NAME", "WatchConfig", "WatchSummary", "default_results", "publish", "watch"]
 
 HTML_NAME = "watch.html"
 
@@ -188,21 +188,24 @@ class _Watcher:
             summary.skipped.append(str(ck.path))
             return
         record = scored_record(described, self.cache, self.eval_dict, report)
-        self.log.append(record)  # the log first: it is what a restart trusts
+        publish(record, self.log, self.sinks, f"scorer watch: {self.run_dir}")
         self.done.add((str(ck.path), digest))
         self.last_step = ck.step if self.last_step is None else max(self.last_step, ck.step)
         self.last_change = time.monotonic()
         summary.scored.append(ck.step)
-        self.sinks.log(record)
-        self.write_page()
         tau = record["metrics"]["tau"]
         self.say(
             f"step {ck.step}: tau {_num(tau['per_request'])} per request, {_num(tau['pooled'])} pooled ({ck.path.name})"
         )
 
-    def write_page(self) -> None:
-        page = render_watch_html(self.log.records(), title=f"scorer watch: {self.run_dir}")
-        fsio.atomic_write_bytes(self.log.folder / HTML_NAME, page.encode())
+
+def publish(record: dict[str, Any], log: ResultsLog, sinks: Sinks | None, title: str) -> None:
+    """A record into the log (first: it is what a restart trusts), then the sinks and the page."""
+    log.append(record)
+    if sinks is not None:
+        sinks.log(record)
+    page = render_watch_html(log.records(), title=title)
+    fsio.atomic_write_bytes(log.folder / HTML_NAME, page.encode())
 
 
 def _num(x: float | None) -> str:
