@@ -147,6 +147,14 @@ def test_watch_follows_a_fake_trainer(tmp_path, scorer_cache, trained_drafter, r
         assert record["metrics"]["acceptance"]["conditional"] == report["acceptance"]["conditional"]
         assert record["metrics"]["ddtree"] == report["ddtree_detail"]
         assert record["step_source"] == "trainer_state.json global_step"
+        m = record["metrics"]  # the added metrics cover every round of the report once
+        assert (
+            sum(b["n_rounds"] for b in m["context_length"])
+            == report["rounds"]
+            == sum(m["acceptance_histogram"]["total"])
+        )
+        assert sum(b["n_tokens"] for b in m["context_length"]) == report["tokens"]
+        assert len(m["acceptance_histogram"]["total"]) == 6  # block 6: 0..5 drafts accepted
     assert records[0]["metrics"]["tau"] != records[2]["metrics"]["tau"]  # two drafters, two values
 
     # TensorBoard events, read back with tensorboard's own reader

@@ -63,6 +63,9 @@ def _same_values(a: dict, b: dict) -> None:
 
 
 def test_transformers_trainer_callback_logs_scorer_eval_values(tmp_path, scorer_cache, trained_drafter):
+    pytest.importorskip(
+        "accelerate", reason="transformers' Trainer needs accelerate: pip install -e '.[dev]'"
+    )
     from transformers import Trainer, TrainingArguments
 
     shutil.copy(trained_drafter / "config.json", tmp_path / "drafter_config.json")
