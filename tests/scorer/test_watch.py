@@ -258,3 +258,30 @@ def test_cli_scores_a_run_and_stops_when_idle(tmp_path, scorer_cache, random_dra
         "folder name epoch_0_step_5",
         "specforge",
     )
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_finishes_the_checkpoint_being_scored_and_twice_abandons_it(
+    presses, tmp_path, scorer_cache, random_drafter, monkeypatch
+):
+    run = tmp_path / "run"
+    _hf_checkpoint(random_drafter, run / "checkpoint-7", step=7)
+    real_evaluate = run_module.evaluate
+
+    def interrupted(checkpoint, cache, eval_config):  # Ctrl-C while the checkpoint is being scored
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_evaluate(checkpoint, cache, eval_config)
+
+    monkeypatch.setattr(run_module, "evaluate", interrupted)
+    args = ["watch", str(run), "--cache", str(scorer_cache), "--limit", "1", "--ddtree", "", "--log-to", ""]
+    result = CliRunner().invoke(main, [*args, "--poll-s", "0.01"])
+    records = list(read_records(tmp_path / "run-watch" / LOG_NAME))
+    assert "stopping after the checkpoint being scored (Ctrl-C again: at once)" in result.output
+    if presses == 1:  # finished, written, then stopped
+        assert result.exit_code == 0 and "1 scored, 0 refused, 0 skipped; stopped by stop" in result.output
+        assert [r["step"] for r in records] == [7]
+    else:  # abandoned: nothing of it written, the lock released
+        assert result.exit_code == 130 and records == []
+    assert not (tmp_path / "run-watch" / LOCK_NAME).exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
