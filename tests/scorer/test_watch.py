@@ -245,13 +245,15 @@ def test_cli_refuses_a_sink_not_installed_in_one_line(tmp_path, scorer_cache, mo
 def test_cli_scores_a_run_and_stops_when_idle(tmp_path, scorer_cache, random_drafter):
     run = tmp_path / "exp"
     shutil.copytree(random_drafter, run / "epoch_0_step_5")
+    shutil.copytree(random_drafter, run / "epoch_0_step_6")  # fewer than --every 2 steps after 5
     result = CliRunner().invoke(
         main,
         ["watch", str(run), "--cache", str(scorer_cache), "--limit", "1", "--ddtree", "", "--log-to", "",
-         "--poll-s", "0.01", "--until-idle-s", "0.05"],
+         "--every", "2", "--poll-s", "0.01", "--until-idle-s", "0.05"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "1 scored, 0 refused, 0 skipped; stopped by idle 0.05 s" in result.output
+    assert "1 scored, 0 refused, 1 skipped; stopped by idle 0.05 s" in result.output
+    assert "step 6: fewer than --every 2 steps after 5" in result.output
     [record] = read_records(tmp_path / "exp-watch" / LOG_NAME)
     assert (record["step"], record["step_source"], record["layout"]) == (
         5,
