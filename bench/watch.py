@@ -22,8 +22,8 @@ Train cache: HumanEval's odd records; eval cache: its even records (held out). E
 ``prompt_anchors`` (the families recipe's setting: the drafter then reads its anchor token). CPU seconds of
 this process (``resource.getrusage``); the machine is shared, so the ratio is what to read.
 
-    python bench/watch.py [--train-prompts 96] [--eval-prompts 64] [--tokens 48] [--steps 400]
-                          [--eval-every 25] [--save-every 500] [--svg docs/watch_planted.svg] [--quick]
+    python bench/watch.py [--train-prompts 96] [--eval-prompts 64] [--tokens 48] [--steps 600]
+                          [--eval-every 50] [--save-every 500] [--svg docs/watch_planted.svg] [--json F] [--quick]
 """
 
 from __future__ import annotations
@@ -187,14 +187,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--train-prompts", type=int, default=96)
     parser.add_argument("--eval-prompts", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=48, help="greedy tokens per prompt of both caches")
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--save-every", type=int, default=500, help="checkpoint interval for the overhead")
     parser.add_argument("--cost-steps", type=int, default=40, help="training steps timed for the cost")
     parser.add_argument("--noise", type=float, default=1.0, help="noise plant: std as a multiple of RMS")
     parser.add_argument("--n-boot", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--svg", help="write the planted-bug figure here")
+    parser.add_argument("--json", help="write the cost, every run's tau by step and the visible steps here")
     parser.add_argument("--quick", action="store_true", help="tiny: 4 steps, eval every 2, no figure")
     args = parser.parse_args(argv)
     if args.quick:
@@ -228,10 +229,15 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{plant} visible at step: {step if step is not None else 'never'} (below the clean run's 95% interval)"
         )
+    result = {"cost": spent, "ratio": ratio, "runs": runs, "visible": visible}
     if args.svg and not args.quick:
         _svg(runs, Path(args.svg))
         print(f"wrote {args.svg}")
-    return {"cost": spent, "ratio": ratio, "runs": runs, "visible": visible}
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":
