@@ -28,6 +28,8 @@ __all__ = [
     "tokens_per_round_histogram", "AcceptanceCounts", "AcceptanceStats", "acceptance_counts",
     "acceptance_rates", "acceptance_per_position", "AcceptLen", "train_accept_len",
     "PipelineWarningThresholds", "pipeline_warnings", "CategoryTau", "per_category_tau",
+    "acceptance_histogram", "round_tokens_from_accepted", "CONTEXT_LENGTH_EDGES", "ContextBucketTau",
+    "tau_by_context_length",
 ]  # fmt: skip
 
 RoundsPerSeq = Sequence[RoundLog | Sequence[int]]  # per request: a RoundLog or its tokens per round
@@ -488,3 +490,104 @@ def per_category_tau(rounds_per_seq: RoundsPerSeq, categories: Sequence[str]) ->
             tau_pooled=tau_pooled_from_totals(t) if has_rounds else None,
         )
     return out
+
+
+# ---------------------------------------------------------------- vLLM's per-request histogram
+
+
+def acceptance_histogram(accepted_per_round: Sequence[int], num_spec_tokens: int) -> list[int]:
+    """vLLM's per-request ``acceptance_histogram`` (``--per-request-spec-decode-metrics``): index j
+    counts the verify steps that accepted exactly j draft tokens, the bonus token excluded; length
+    ``num_spec_tokens + 1`` (vllm/v1/metrics/stats.py:380-388, ``RequestSpecDecodeMetrics.new`` /
+    ``observe``: ``histogram[num_accepted] += 1``).
+
+    Raises:
+        ValueError: a round accepted fewer than 0 or more than ``num_spec_tokens`` drafts.
+    """
+    counts = [0] * (num_spec_tokens + 1)
+    for j in accepted_per_round:
+        if not 0 <= j <= num_spec_tokens:
+            raise ValueError(
+                f"a round accepted {j} drafts; with {num_spec_tokens} drafted it lies in 0..{num_spec_tokens}"
+            )
+        counts[j] += 1
+    return counts
+
+
+# ---------------------------------------------------------------- tau by context length
+
+
+def round_tokens_from_accepted(accepted_per_round: Sequence[int], total_tokens: int) -> list[int]:
+    """Tokens committed per round, from a request's accepted drafts per round and its total tokens
+    (the eval report's ``per_request`` ``accepted`` and ``tokens``): every round commits its accepted
+    drafts + the bonus token, but the last, which the sequence's end may cut
+    (RoundLog.tokens = min(acc + 1, T - 1 - p): only the last round can reach T - 1).
+
+    Raises:
+        ValueError: the last round would commit fewer than 1 or more than acc + 1 tokens.
+    """
+    tokens = [a + 1 for a in accepted_per_round]
+    if tokens:
+        last = total_tokens - sum(tokens[:-1])
+        if not 1 <= last <= tokens[-1]:
+            raise ValueError(
+                f"{total_tokens} tokens over rounds accepting {list(accepted_per_round)}: the last round "
+                f"would commit {last}, outside 1..{tokens[-1]}"
+            )
+        tokens[-1] = last
+    elif total_tokens:
+        raise ValueError(f"{total_tokens} tokens without a round")
+    return tokens
+
+
+# Context lengths (tokens before and at the anchor) where a round's bucket starts; the last is open.
+CONTEXT_LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class ContextBucketTau:
+    """Pooled tau of the rounds drafted at a context length in [start, stop) (stop None: open)."""
+
+    start: int
+    stop: int | None
+    n_rounds: int
+    n_tokens: int
+    tau_pooled: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tau_by_context_length(
+    anchors_per_request: Sequence[Sequence[int]],
+    tokens_per_request: Sequence[Sequence[int]],
+    edges: Sequence[int] = CONTEXT_LENGTH_EDGES,
+) -> list[ContextBucketTau]:
+    """Pooled tau (tokens / rounds) of the rounds grouped by the context the drafter saw: a round
+    anchored at position p drafts after p + 1 tokens (prompt and accepted text up to the anchor).
+    Rounds, not requests, are grouped: one long request spans several buckets. Empty buckets are
+    left out.
+
+    Raises:
+        ValueError: edges not increasing from 0, or a request's anchors and tokens of different lengths.
+    """
+    if not edges or edges[0] != 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"context-length edges {list(edges)} must start at 0 and increase")
+    if len(anchors_per_request) != len(tokens_per_request):
+        raise ValueError(f"{len(anchors_per_request)} anchor lists for {len(tokens_per_request)} requests")
+    rounds = np.zeros(len(edges), dtype=np.int64)
+    tokens = np.zeros(len(edges), dtype=np.int64)
+    for anchors, committed in zip(anchors_per_request, tokens_per_request):
+        if len(anchors) != len(committed):
+            raise ValueError(f"{len(anchors)} anchors for {len(committed)} rounds; give one per round")
+        bucket = np.searchsorted(np.asarray(edges), np.asarray(anchors, dtype=np.int64) + 1, side="right") - 1
+        np.add.at(rounds, bucket, 1)
+        np.add.at(tokens, bucket, np.asarray(committed, dtype=np.int64))
+    stops = [*edges[1:], None]
+    return [
+        ContextBucketTau(
+            int(edges[i]), stops[i], int(rounds[i]), int(tokens[i]), float(tokens[i] / rounds[i])
+        )
+        for i in range(len(edges))
+        if rounds[i]
+    ]

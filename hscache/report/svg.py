@@ -19,11 +19,13 @@ _FONT = 'font-family="system-ui,sans-serif" font-size="12"'
 
 @dataclass(frozen=True)
 class Series:
-    """One line: a value per x label (None: no point), its color and whether it is dashed."""
+    """One line: a value per x label (None: no point), its color and whether it is dashed; ``band``:
+    an interval (low, high) per x label (None: none there), drawn as a shaded area behind the line."""
 
     values: Sequence[float | None]
     color: str
     dashed: bool = False
+    band: Sequence[tuple[float, float] | None] | None = None
 
 
 def nice_ticks(top: float, count: int = 5) -> list[float]:
@@ -122,6 +124,35 @@ def bar_chart(
     return "\n".join(parts + ["</svg>"])
 
 
+def _band(name: str, s: Series, xs: Sequence[float], top: float, plot_h: float) -> list[str]:
+    """The series' interval as one shaded polygon per run of x labels that have one."""
+    if s.band is None:
+        return []
+
+    def y(v: float) -> float:
+        return _TOP + plot_h * (1 - v / top)
+
+    runs: list[list[tuple[float, tuple[float, float]]]] = [[]]
+    for x, b in zip(xs, s.band):
+        if b is None:
+            runs.append([])
+        else:
+            runs[-1].append((x, b))
+    parts = []
+    for run in (r for r in runs if r):
+        if len(run) == 1:  # one point: a vertical bar
+            x, (lo, hi) = run[0]
+            run = [(x - 3, (lo, hi)), (x + 3, (lo, hi))]
+        edge = [f"{x:.1f},{y(hi):.1f}" for x, (_, hi) in run] + [
+            f"{x:.1f},{y(lo):.1f}" for x, (lo, _) in run[::-1]
+        ]
+        parts.append(
+            f'<polygon points="{" ".join(edge)}" fill="{s.color}" fill-opacity="0.18" stroke="none">'
+            f"<title>{escape(name)}: interval</title></polygon>"
+        )
+    return parts
+
+
 def line_chart(
     x_labels: Sequence[str],
     series: Mapping[str, Series],
@@ -132,8 +163,9 @@ def line_chart(
     percent: bool = False,
 ) -> str:
     """One polyline per series over shared x labels, with a dot at each defined point."""
+    highs = [b[1] for s in series.values() for b in (s.band or ()) if b is not None]
     top = max((v for s in series.values() for v in s.values if v is not None), default=0.0)
-    ticks = nice_ticks(1.0 if percent else top)
+    ticks = nice_ticks(1.0 if percent else max([top, *highs]))
     parts = _frame(title, y_label, ticks, percent)
     plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
     step = plot_w / max(1, len(x_labels))
@@ -141,6 +173,7 @@ def line_chart(
     for x, label in zip(xs, x_labels):
         parts.append(f'<text x="{x:.1f}" y="{_H - _BOTTOM + 16}" text-anchor="middle">{escape(label)}</text>')
     for name, s in series.items():
+        parts += _band(name, s, xs, ticks[-1], plot_h)
         points = [(x, _TOP + plot_h * (1 - v / ticks[-1])) for x, v in zip(xs, s.values) if v is not None]
         dash = ' stroke-dasharray="5,3"' if s.dashed else ""
         if len(points) > 1:

@@ -1,5 +1,5 @@
 """The ``scorer`` command line: a thin layer over the Python API (scorer.studies.evaluate, compare, sweep,
-online, init, train, diagnose_run), one module per command; what the commands share (option
+online, init, train, diagnose_run, watch), one module per command; what the commands share (option
 declarations, range checks, output helpers) is in shared.py."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from scorer.cli.init import init
 from scorer.cli.online import online
 from scorer.cli.served import served
 from scorer.cli.sweep import sweep
+from scorer.cli.watch import watch_command
 
 __all__ = ["main"]
 
@@ -23,5 +24,5 @@ def main() -> None:
     """Score drafter checkpoints (DFlash, EAGLE-3, ...) against hidden-state caches, without the target."""
 
 
-for _command in (eval_command, compare, diagnose, sweep, online, served, init):
+for _command in (eval_command, compare, diagnose, sweep, watch_command, online, served, init):
     main.add_command(_command)

@@ -226,3 +226,31 @@ def test_quickstart_time_bench_runs_the_readmes_four_steps():
     if parent.returncode != 0:
         pytest.skip(f"a shallow clone without {module.BASELINE}: {parent.stderr.strip()}")
     assert parent.stdout.startswith("Trained built-in targets")
+
+
+def test_watch_bench_quick(fp32_cache: Path, capsys):
+    """bench/watch.py --quick on the session's fp32 cache: the cost lines and a first-visible step per plant."""
+    threads = torch.get_num_threads()  # the bench pins one thread
+    try:
+        with torch.random.fork_rng(devices=[]):
+            result = _bench("watch").main(
+                ["--quick", "--train-cache", str(fp32_cache), "--eval-cache", str(fp32_cache)]
+            )
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for line in ("score one checkpoint / one training step:", "overhead at a checkpoint every 500 steps:"):
+        assert line in out, out
+    assert [step for step, _ in result["runs"]["clean"]] == [2, 4]
+    for plant in ("noise", "shortcut", "gamma10"):
+        assert f"{plant} visible at step:" in out, out
+
+
+def test_watch_bench_first_visible_step_by_hand():
+    first_visible_step = _bench("watch").first_visible_step
+    clean = [(10, {"pooled_ci95": [1.5, 1.7]}), (20, {"pooled_ci95": [2.0, 2.4]})]
+    assert first_visible_step(clean, [(10, {"pooled": 1.6}), (20, {"pooled": 1.9})]) == 20
+    assert first_visible_step(clean, [(10, {"pooled": 1.4}), (20, {"pooled": 1.9})]) == 10
+    assert (
+        first_visible_step(clean, [(10, {"pooled": 1.5}), (20, {"pooled": 2.0})]) is None
+    )  # at the edge: inside
