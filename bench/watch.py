@@ -136,8 +136,8 @@ def first_visible_step(clean: list[tuple[int, dict]], planted: list[tuple[int, d
 
 def cost(train_cache: str, eval_cache: str, root: Path, args) -> dict[str, float]:
     """CPU-s of one training step and of scoring one checkpoint at the watch's defaults."""
+    from scorer import train_drafter
     from scorer.studies.evaluate import evaluate
-    from scorer.train import train_drafter
     from scorer.watch.run import WatchConfig
 
     few, many = 2, 2 + args.cost_steps

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 import scorer.watch.run as run_module
+from scorer import init_drafter
 from scorer.cli import main
 from scorer.errors import ScorerError
-from scorer.init import init_drafter
 from scorer.studies.evaluate import EvalConfig, evaluate
 from scorer.watch.checkpoints import find_checkpoints, incomplete_reason
 from scorer.watch.results import LOCK_NAME, LOG_NAME, ResultsLog, WatchLockedError, read_records
