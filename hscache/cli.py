@@ -35,6 +35,7 @@ from hscache.cli_options import (
 )
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
+from hscache.store.layout import COMPRESSIONS
 
 __all__ = ["error_boundary", "main"]
 
@@ -258,6 +259,14 @@ def main() -> None:
 @compression_option(
     "none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
     "zstd-1+shuffle, 20% smaller, slow to decode (docs/storage.md). `hscache recompress` converts later.",
+)
+@click.option(
+    "--states",
+    type=click.Choice(["source", "fp8"]),
+    default="source",
+    show_default=True,
+    help="source: hidden states at --dtype (lossless); fp8: float8 e4m3 bits + a scale per token and "
+    "layer, about half of bf16, converted once the run completes (docs/storage.md).",
 )
 @number_option(
     "--chunk-mb",
@@ -559,21 +568,41 @@ def merge(out: str, into: str | None) -> None:
 
 @main.command()
 @click.argument("cache_dir")
-@compression_option(
-    "The codec to convert every array to: none (training: memory-speed reads), fast, balanced.", required=True
+@click.option(
+    "--compression",
+    type=click.Choice(list(COMPRESSIONS)),
+    help="The codec to convert every array to: none (training: memory-speed reads), fast, balanced.",
+)
+@click.option(
+    "--states",
+    type=click.Choice(["source", "fp8"]),
+    help="fp8: store the hidden states as float8 e4m3 bits + a scale per token and layer (about half "
+    "of bf16; lossy, one way), keeping an exact slice at the source dtype.",
 )
 @friendly_errors
-def recompress(cache_dir: str, compression: str) -> None:
-    """Convert CACHE_DIR's arrays to another codec in place (crash-safe; re-run to resume).
+def recompress(cache_dir: str, compression: str | None, states: str | None) -> None:
+    """Convert CACHE_DIR's arrays to another codec, or its states to fp8, in place (crash-safe; re-run
+    to resume).
 
     \b
     Example:
       hscache recompress cache/ --compression none
+      hscache recompress cache/ --states fp8
     """
-    from hscache.store.recompress import recompress_cache
+    from hscache.errors import InputError
 
-    recompress_cache(cache_dir, compression, progress=click.echo)
-    click.echo(f"{cache_dir} now stores every array with compression {compression}")
+    if compression is None and states is None:
+        raise InputError("say what to convert: --compression none|fast|balanced and/or --states fp8")
+    if states is not None:
+        from hscache.store.compact_convert import convert_states
+
+        convert_states(cache_dir, states, progress=click.echo)
+        click.echo(f"{cache_dir} now stores its hidden states as {states}")
+    if compression is not None:
+        from hscache.store.recompress import recompress_cache
+
+        recompress_cache(cache_dir, compression, progress=click.echo)
+        click.echo(f"{cache_dir} now stores every array with compression {compression}")
 
 
 _INTEROP_FORMATS = ("speculators", "specforge")

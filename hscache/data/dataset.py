@@ -122,7 +122,7 @@ def _hidden(
 ) -> torch.Tensor:
     """Hidden-state rows ``[start, stop)`` (layers at ``positions``), read straight into their buffer."""
     spec = cache.specs["hidden_states"]
-    dtype = getattr(torch, spec.logical_dtype)
+    dtype = cache.dtype  # the logical dtype; a compact cache's source dtype (fp8 states dequantised)
     if positions is None:
         return cache.rows(
             "hidden_states", start, stop, out=_empty((stop - start, *spec.row_shape), dtype, pin_memory)

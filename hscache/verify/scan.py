@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hscache.progress import NO_PROGRESS
+from hscache.store.compact import SCALE_ARRAY, dequantise_numpy
 from hscache.store.integrity import chunk_sha256_of, rows_sha256
 from hscache.store.layout import SAMPLED_ARRAYS
 from hscache.verify.report import LayerStats, Problem, VerifyReport
@@ -161,7 +162,11 @@ def scan_sequences(
         block = _read(layout, report, "hidden_states", start, stop, acc)
         chunk_hashes["token_ids"].feed(start, ids)
         chunk_hashes["hidden_states"].feed(start, block)
-        if block is not None:
+        if block is not None and "states" in layout.manifest:  # fp8 states: statistics of what readers get
+            scales = _read(layout, report, SCALE_ARRAY, start, stop, acc)
+            if scales is not None:
+                acc.add_block(dequantise_numpy(block, scales), seq_of_row)
+        elif block is not None:
             acc.add_block(as_float32(block, spec.logical_dtype), seq_of_row)
         if ids is not None:
             # seq_of_row is sorted: split the block at sequence boundaries.
