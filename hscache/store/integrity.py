@@ -393,9 +393,7 @@ def check_cache(
         problem = _file_problem(Path(root), resolved_root, rel, entry, digests, keep)
         if problem is not None:
             problems.append(problem)
-    from hscache.store.compact import exact_problems  # a compact cache's exact slice (store/compact.py)
-
-    return [*problems, *exact_problems(Path(root), manifest, digests)]
+    return problems
 
 
 def _file_problem(
