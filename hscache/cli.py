@@ -413,7 +413,7 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
 
 @main.command()
 @click.argument("cache_a")
-@click.argument("cache_b")
+@click.argument("cache_b", required=False)
 @report_outputs("the full report")
 @click.option(
     "--intersect", is_flag=True, help="Compare only the sequences both caches hold with identical token ids."
@@ -431,24 +431,46 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
     help="Compare caches of different targets anyway (refused by default: their distance is not drift); "
     "the report says so.",
 )
+@click.option(
+    "--exact-slice",
+    is_flag=True,
+    help="CACHE_A is a compact cache (--states fp8), no CACHE_B: its codec's error per layer (relative L2) "
+    "against the sequences it keeps exact.",
+)
 @friendly_errors
 def diff(
     cache_a: str,
-    cache_b: str,
+    cache_b: str | None,
     json_out: str | None,
     report_out: str | None,
     intersect: bool,
     position_buckets: tuple[int, ...],
     allow_target_mismatch: bool,
+    exact_slice: bool,
 ) -> None:
     """Measure drift between two caches of the same tokens (A is the reference), layer by layer.
 
     \b
     Example:
       hscache diff cache_fp32/ cache_bf16/ --report drift.html --json drift.json
+      hscache diff cache_fp8/ --exact-slice
     """
+    from hscache.errors import InputError
     from hscache.store.fsio import check_output_path
     from hscache.store.open import check_cache_path
+
+    if exact_slice:
+        if cache_b is not None or json_out or report_out:
+            raise InputError(
+                "--exact-slice takes one cache and prints its table: drop CACHE_B, --json, --report"
+            )
+        check_cache_path(cache_a)
+        from hscache.diff.codec import exact_slice_error, format_exact_slice_error
+
+        click.echo(format_exact_slice_error(exact_slice_error(cache_a)))
+        return
+    if cache_b is None:
+        raise InputError("hscache diff needs CACHE_A and CACHE_B (or one compact cache with --exact-slice)")
 
     for path in (cache_a, cache_b):
         check_cache_path(path)  # before torch is imported

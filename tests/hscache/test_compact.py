@@ -212,3 +212,22 @@ def test_bad_requests_get_one_line(compact, tmp_path):
     ):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_diff_exact_slice_reports_the_codec_error_per_layer(compact):
+    from hscache.diff.codec import exact_slice_error
+
+    source_path, path = compact
+    source, cache = hscache.open_cache(source_path), hscache.open_cache(path)
+    rows = cache.manifest["states"]["exact"]["rows"]
+    fp8 = torch.cat([cache.hidden_states(r) for r in rows])
+    exact = torch.cat([source.hidden_states(r) for r in rows])
+    want = relative_l2_per_layer(fp8, exact)
+    got = exact_slice_error(path)
+    assert got["layer_ids"] == [1, 3, 5] and got["tokens"] == len(exact)
+    np.testing.assert_allclose(got["rel_l2"], want, rtol=1e-5)  # fp32 sums in another order
+    assert all(0.01 < e < 0.04 for e in want)
+    result = CliRunner().invoke(main, ["diff", str(path), "--exact-slice"])
+    assert result.exit_code == 0 and f"{want[0]:.2e}" in result.output
+    result = CliRunner().invoke(main, ["diff", str(source_path), "--exact-slice"])
+    assert result.exit_code == 2 and "is not a compact cache" in result.output
