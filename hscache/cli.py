@@ -434,7 +434,7 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
 @click.option(
     "--exact-slice",
     is_flag=True,
-    help="CACHE_A is a compact cache (--states fp8), no CACHE_B: its codec's error per layer (relative L2) "
+    help="CACHE_A is a compact cache (fp8 states), no CACHE_B: its codec's error per layer (relative L2) "
     "against the sequences it keeps exact.",
 )
 @friendly_errors
@@ -655,8 +655,18 @@ def _interop_options(
     is_flag=True,
     help="Export a cache whose extraction has not finished (its committed sequences only; refused by default).",
 )
+@click.option(
+    "--states",
+    type=click.Choice(["source", "fp8"]),
+    default="source",
+    show_default=True,
+    help="speculators only: fp8 writes hs-connectors' fp8 files (float8 hidden_states + hidden_states_scales "
+    "per token), what speculators' fp8 hidden-states backend reads.",
+)
 @friendly_errors
-def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None, allow_incomplete: bool) -> None:
+def export_cmd(
+    cache_dir: str, fmt: str, out: str, layers: str | None, allow_incomplete: bool, states: str
+) -> None:
     """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/).
 
     \b
@@ -667,10 +677,18 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None, allow_inc
     from hscache.store.paths import check_empty_out
 
     check_cache_path(cache_dir)  # before torch is imported
+    if states != "source" and fmt != "speculators":
+        from hscache.errors import InputError
+
+        raise InputError(f"--states {states} is implemented for --format speculators only, not {fmt}")
     _check_complete(cache_dir, allow_incomplete)
     check_empty_out(out)
     if fmt == "speculators":
-        from hscache.interop.speculators import export_speculators as export
+        from functools import partial
+
+        from hscache.interop.speculators import export_speculators
+
+        export = partial(export_speculators, states=states)
     else:
         from hscache.interop.specforge import export_specforge as export
     from hscache.interop.common import parse_layer_ids

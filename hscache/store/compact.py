@@ -48,6 +48,7 @@ __all__ = [
     "exact_states",
     "is_compact",
     "quantise",
+    "quantise_per_token",
     "read_states",
     "relative_l2_per_layer",
     "states_dtype",
@@ -155,6 +156,23 @@ def read_states(cache: Any, start: int, stop: int, out: torch.Tensor | None = No
         )
         a = b
     return out
+
+
+def quantise_per_token(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hs-connectors' fp8 format (0.9.0 ``fp8_utils.quantize_tensor_to_fp8``, what speculators' fp8
+    backend reads): ``[T, K, H]`` -> (float8_e4m3fn ``[T, K, H]``, float32 scales ``[T, 1, 1]``), one
+    scale per token over all layers, ``max(absmax / 448, 1e-12)``. For export only: a per-token scale
+    is set by the token's largest layer, so the others lose range (spec/compact.md)."""
+    import torch
+
+    out = torch.empty(tuple(rows.shape), dtype=torch.float8_e4m3fn)
+    scales = torch.empty((rows.shape[0], 1, 1), dtype=torch.float32)
+    for a in range(0, rows.shape[0], _BLOCK_TOKENS):
+        block = rows[a : a + _BLOCK_TOKENS].float()
+        scale = (block.abs().amax(dim=(1, 2), keepdim=True) / FP8_MAX).clamp(min=1e-12)
+        out[a : a + len(block)] = (block / scale).to(torch.float8_e4m3fn)
+        scales[a : a + len(block)] = scale
+    return out, scales
 
 
 def relative_l2_per_layer(a: torch.Tensor, b: torch.Tensor) -> list[float]:
