@@ -12,7 +12,7 @@ Protocol (under the writer lock; crash-safe like store/recompress.py):
 3. move the scale array and the exact slice into place (paths the current manifest does not name),
    then swap the two ``hidden_states`` directories in one ``renameat2(RENAME_EXCHANGE)`` (two renames
    with the old one parked where the system has none);
-4. publish the compact manifest (``states``, the new arrays' entries and chunk hashes: the cache's
+4. rewrite ``provenance.json`` with ``states`` and publish the compact manifest (``states``, the new arrays' entries and chunk hashes: the cache's
    digest changes), then delete the old array and the work directory.
 
 A kill before step 3's swap leaves the source cache as it was (a re-run starts the conversion over);
@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 import zarr
 
+from hscache import schemas
 from hscache.errors import InputError, StoreWriteError
-from hscache.store import fsio, integrity
+from hscache.store import fsio, integrity, jsonio
 from hscache.store.compact import EXACT_ARRAY, FP8, SCALE_ARRAY, STATES, exact_rows_for, is_compact, quantise
-from hscache.store.layout import ARRAYS_GROUP, ArraySpec, chunk_key, chunk_tokens_for, codecs_for
+from hscache.store.layout import ARRAYS_GROUP, PROVENANCE, ArraySpec, chunk_key, chunk_tokens_for, codecs_for
 from hscache.store.lock import writer_lock
 from hscache.store.reader import open_local, read_manifest
 from hscache.store.recompress import exchange_dirs
@@ -191,8 +192,32 @@ def _move_in(root: Path, work: Path) -> None:
     fsio.fsync_dir(work)
 
 
+def _record_provenance(root: Path, manifest: dict[str, Any], states: dict[str, Any]) -> None:
+    """provenance.json says so too (``states``), written after the swap: until the compact manifest
+    records its checksum the cache is refused anyway (module docstring), and a re-run writes the same."""
+    path = root / PROVENANCE
+    if not path.is_file():
+        return  # a cache written by the store layer alone has none
+    provenance = jsonio.load_cache_object(path.read_bytes(), path)
+    exact = states["exact"]
+    provenance["states"] = {
+        "codec": states["codec"],
+        "scale": states["scale"],
+        "source_dtype": states["dtype"],
+        "exact_rule": exact["rule"],
+        "exact_seed": exact["seed"],
+        "exact_every": exact["every"],
+    }
+    schemas.validate(provenance, "provenance")
+    data = (json.dumps(provenance, indent=2, sort_keys=True) + "\n").encode()
+    fsio.atomic_write_bytes(path, data)
+    if "checksums" in manifest:
+        manifest["checksums"][PROVENANCE] = integrity.digest_bytes(data)
+
+
 def _publish_compact(root: Path, manifest: dict[str, Any], announced: dict[str, Any]) -> dict[str, Any]:
-    """Step 4: the compact manifest, then the old array and the work directory deleted."""
+    """Step 4: provenance and the compact manifest, then the old array and the work directory deleted."""
+    _record_provenance(root, manifest, announced["states"])
     manifest.pop("states_converting", None)
     manifest["arrays"] = {**manifest["arrays"], **announced["arrays"]}
     manifest["states"] = announced["states"]

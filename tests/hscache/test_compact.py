@@ -109,6 +109,8 @@ def test_states_take_a_quarter_of_fp32_and_info_says_so(compact):
     summary = json.loads(result.output)
     assert summary["states"] == {"codec": "fp8", "read_as": "float32", "exact_sequences": 1}
     assert "fp8 e4m3fn" in CliRunner().invoke(main, ["info", str(path)]).output
+    provenance = hscache.open_cache(path).provenance["states"]  # checked against its recorded sha256
+    assert provenance["codec"] == "float8_e4m3fn" and provenance["source_dtype"] == "float32"
 
 
 def test_the_exact_slice_is_the_source_bit_for_bit_and_the_rule_is_recorded(compact):
