@@ -233,3 +233,14 @@ def test_diff_exact_slice_reports_the_codec_error_per_layer(compact):
     assert result.exit_code == 0 and f"{want[0]:.2e}" in result.output
     result = CliRunner().invoke(main, ["diff", str(source_path), "--exact-slice"])
     assert result.exit_code == 2 and "is not a compact cache" in result.output
+
+
+def test_the_pair_table_decodes_every_byte_pair_as_torch_casts_it():
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2, 2)  # rows of 2 x 2 bytes
+    every = every[~np.isnan(every.view(ml_dtypes.float8_e4m3fn).astype(np.float32)).any(axis=(1, 2))]
+    scales = np.ones(every.shape[:2], np.float32)
+    got = dequantise(every, scales, torch.float32)
+    want = torch.from_numpy(every).view(torch.float8_e4m3fn).float()
+    assert torch.equal(got, want)
+    odd = every[:, :, :1].copy()  # an odd row size: torch's cast
+    assert torch.equal(dequantise(odd, scales, torch.float32), want[:, :, :1])
