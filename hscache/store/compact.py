@@ -43,6 +43,7 @@ __all__ = [
     "STATES",
     "dequantise",
     "dequantise_numpy",
+    "dequantise_tensor",
     "exact_problems",
     "exact_rows_for",
     "exact_states",
@@ -147,6 +148,12 @@ def dequantise(
             values = torch.from_numpy(block).view(torch.float8_e4m3fn).float()
         out[a:b].copy_(values.mul_(sc[a:b].unsqueeze(-1)))
     return out
+
+
+def dequantise_tensor(hidden: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float8_e4m3fn ``[..., K, H]`` and float32 scales ``[..., K]`` -> ``dtype``, on their device (e.g.
+    a GPU, after ``PackedWindows(..., dequantise=False)`` moved half the bytes): the values readers get."""
+    return (hidden.float() * scales.float().unsqueeze(-1)).to(dtype)
 
 
 def dequantise_numpy(bits: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from hscache.store.compact import (
     EXACT_ARRAY,
     SCALE_ARRAY,
     dequantise,
+    dequantise_tensor,
     exact_states,
     quantise,
     relative_l2_per_layer,
@@ -95,6 +96,12 @@ def test_every_reader_gets_the_dequantised_states_in_the_source_dtype(compact):
     assert torch.equal(item["hidden_states"], want[a:b][:, [2, 0]])
     window = next(iter(PackedWindows(path, window=16, shuffle=False)))
     assert torch.equal(window["hidden_states"], want[:16])
+    raw = next(iter(PackedWindows(path, window=16, shuffle=False, dequantise=False, layer_ids=[5, 3])))
+    assert raw["hidden_states"].dtype == torch.float8_e4m3fn and raw["hidden_states_scale"].shape == (16, 2)
+    assert torch.equal(
+        dequantise_tensor(raw["hidden_states"], raw["hidden_states_scale"], torch.float32),
+        want[:16][:, [2, 1]],
+    )
     out = torch.empty(b - a, 3, want.shape[2])
     assert cache.rows("hidden_states", a, b, out=out) is out and torch.equal(out, want[a:b])
     xr = open_xarray(path)["hidden_states"].values
