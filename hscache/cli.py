@@ -32,6 +32,7 @@ from hscache.cli_options import (
     prompts_option,
     renamed_sample_top_k,
     report_outputs,
+    states_option,
 )
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
@@ -260,13 +261,9 @@ def main() -> None:
     "none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
     "zstd-1+shuffle, 20% smaller, slow to decode (docs/storage.md). `hscache recompress` converts later.",
 )
-@click.option(
-    "--states",
-    type=click.Choice(["source", "fp8"]),
-    default="source",
-    show_default=True,
-    help="source: hidden states at --dtype (lossless); fp8: float8 e4m3 bits + a scale per token and "
-    "layer, about half of bf16, converted once the run completes (docs/storage.md).",
+@states_option(
+    "source: hidden states at --dtype (lossless); fp8: float8 e4m3 bits + a scale per token and "
+    "layer, about half of bf16, converted once the run completes (docs/storage.md)."
 )
 @number_option(
     "--chunk-mb",
@@ -595,11 +592,10 @@ def merge(out: str, into: str | None) -> None:
     type=click.Choice(list(COMPRESSIONS)),
     help="The codec to convert every array to: none (training: memory-speed reads), fast, balanced.",
 )
-@click.option(
-    "--states",
-    type=click.Choice(["source", "fp8"]),
-    help="fp8: store the hidden states as float8 e4m3 bits + a scale per token and layer (about half "
+@states_option(
+    "fp8: store the hidden states as float8 e4m3 bits + a scale per token and layer (about half "
     "of bf16; lossy, one way), keeping an exact slice at the source dtype.",
+    required_default=False,
 )
 @friendly_errors
 def recompress(cache_dir: str, compression: str | None, states: str | None) -> None:
@@ -655,13 +651,9 @@ def _interop_options(
     is_flag=True,
     help="Export a cache whose extraction has not finished (its committed sequences only; refused by default).",
 )
-@click.option(
-    "--states",
-    type=click.Choice(["source", "fp8"]),
-    default="source",
-    show_default=True,
-    help="speculators only: fp8 writes hs-connectors' fp8 files (float8 hidden_states + hidden_states_scales "
-    "per token), what speculators' fp8 hidden-states backend reads.",
+@states_option(
+    "speculators only: fp8 writes hs-connectors' fp8 files (float8 hidden_states + hidden_states_scales "
+    "per token), what speculators' fp8 hidden-states backend reads."
 )
 @friendly_errors
 def export_cmd(
