@@ -213,7 +213,7 @@ def _totals(report: dict, ids: list[str]) -> np.ndarray:
     return np.array([[by_id[i]["tokens"], by_id[i]["rounds"]] for i in ids], dtype=float)
 
 
-def part_families(work: Path) -> dict:
+def part_families(work: Path, train_limit: int | None, eagle3_steps: int) -> dict:
     from scorer.metrics import paired_bootstrap_delta, tau_per_request_from_totals
     from scorer.studies.evaluate import EvalConfig, evaluate
 
@@ -221,13 +221,13 @@ def part_families(work: Path) -> dict:
     train, cache = work / "train", work / "cache"
     steps = [
         (train, ("hscache.cli", "extract", "--out", str(train), "--prompts", "humaneval", "--layers", "1,3,4,7",
-                 "--max-new-tokens", "64", "--quiet")),
+                 "--max-new-tokens", "64", "--quiet", *(("--limit", str(train_limit)) if train_limit else ()))),
         (cache, ("hscache.cli", "extract", "--out", str(cache), "--layers", "1,3,4,7", "--limit", "8",
                  "--max-new-tokens", "32", "--quiet")),
         (work / "dflash", ("scorer.cli", "init", str(work / "dflash"), "--cache", str(train), "--train-steps",
                            "600", "--prompt-anchors")),
         (work / "eagle3", ("scorer.cli", "init", str(work / "eagle3"), "--cache", str(train), "--family",
-                           "eagle3", "--train-steps", "1000")),
+                           "eagle3", "--train-steps", str(eagle3_steps))),
     ]  # fmt: skip
     for done, args in steps:
         if not (done / ("manifest.json" if done in (train, cache) else "config.json")).exists():
@@ -289,6 +289,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", default=None, help="Keep the families' caches and drafters here.")
+    parser.add_argument(
+        "--train-limit", type=int, default=None, help="HumanEval prompts to train on (all: 164)."
+    )
+    parser.add_argument("--eagle3-steps", type=int, default=1000)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -303,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
             document["read"] = part_read(tmp / "read", args.sequences, args.length, args.repeats)
         if "families" in parts:
             work = Path(args.work) if args.work else tmp / "families"
-            document["families"] = part_families(work)
+            document["families"] = part_families(work, args.train_limit, args.eagle3_steps)
     document["load_average_at_end"] = os.getloadavg()[0]
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(document, indent=2, default=str) + "\n")

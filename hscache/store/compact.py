@@ -228,9 +228,16 @@ def exact_rows_for(record_ids: list[str], seed: int, every: int) -> list[int]:
     return rows
 
 
-def _exact_array(root: Path) -> Any:
+def _exact_array(root: Path, url: str | None = None) -> Any:
+    """The exact slice's zarr array: local, or read through ``url`` (a remote cache's mirror holds
+    only its small files)."""
     import zarr
 
+    if url is not None:
+        from zarr.storage import FsspecStore
+
+        store = FsspecStore.from_url(f"{url}/{EXACT_ARRAY}", read_only=True)
+        return zarr.open_array(store, mode="r", zarr_format=3)
     return zarr.open_array(str(Path(root) / EXACT_ARRAY), mode="r", zarr_format=3)
 
 
@@ -252,7 +259,7 @@ def exact_states(cache: Any, row: int) -> torch.Tensor | None:
     step, total = int(exact["chunk_tokens"]), int(exact["tokens"])
     lo, hi = a // step * step, min(total, -(-(a + n) // step) * step)
     try:
-        rows = np.asarray(_exact_array(cache.path)[lo:hi])
+        rows = np.asarray(_exact_array(cache.path, getattr(cache, "url", None))[lo:hi])
     except Exception as exc:  # zarr: a bad crc32c, a missing file, codec errors
         raise CacheFormatError(
             f"{cache.path}/{EXACT_ARRAY} cannot be read ({exc}); run `hscache verify {cache.path}`"
