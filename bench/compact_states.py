@@ -213,7 +213,7 @@ def _totals(report: dict, ids: list[str]) -> np.ndarray:
     return np.array([[by_id[i]["tokens"], by_id[i]["rounds"]] for i in ids], dtype=float)
 
 
-def part_families(work: Path, train_limit: int | None, eagle3_steps: int) -> dict:
+def part_families(work: Path, train_limit: int | None, eagle3_steps: int, dflash_steps: int) -> dict:
     from scorer.metrics import paired_bootstrap_delta, tau_per_request_from_totals
     from scorer.studies.evaluate import EvalConfig, evaluate
 
@@ -225,7 +225,7 @@ def part_families(work: Path, train_limit: int | None, eagle3_steps: int) -> dic
         (cache, ("hscache.cli", "extract", "--out", str(cache), "--layers", "1,3,4,7", "--limit", "8",
                  "--max-new-tokens", "32", "--quiet")),
         (work / "dflash", ("scorer.cli", "init", str(work / "dflash"), "--cache", str(train), "--train-steps",
-                           "600", "--prompt-anchors")),
+                           str(dflash_steps), "--prompt-anchors")),
         (work / "eagle3", ("scorer.cli", "init", str(work / "eagle3"), "--cache", str(train), "--family",
                            "eagle3", "--train-steps", str(eagle3_steps))),
     ]  # fmt: skip
@@ -239,7 +239,7 @@ def part_families(work: Path, train_limit: int | None, eagle3_steps: int) -> dic
             convert_states(fp8, every=1 if src is cache else 32)  # the scoring cache: every sequence exact
     if not (work / "dflash-fp8" / "config.json").exists():
         _run("scorer.cli", "init", str(work / "dflash-fp8"), "--cache", str(work / "train-fp8"), "--train-steps",
-             "600", "--prompt-anchors")  # fmt: skip
+             str(dflash_steps), "--prompt-anchors")  # fmt: skip
     config = EvalConfig(ddtree=())
     drift = {}
     print("paired delta tau per request, fp8 - exact, on the scoring cache's 8 sequences [95%]:")
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--train-limit", type=int, default=None, help="HumanEval prompts to train on (all: 164)."
     )
     parser.add_argument("--eagle3-steps", type=int, default=1000)
+    parser.add_argument("--dflash-steps", type=int, default=600)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
             document["read"] = part_read(tmp / "read", args.sequences, args.length, args.repeats)
         if "families" in parts:
             work = Path(args.work) if args.work else tmp / "families"
-            document["families"] = part_families(work, args.train_limit, args.eagle3_steps)
+            document["families"] = part_families(work, args.train_limit, args.eagle3_steps, args.dflash_steps)
     document["load_average_at_end"] = os.getloadavg()[0]
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(document, indent=2, default=str) + "\n")
