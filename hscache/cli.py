@@ -732,9 +732,19 @@ def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
     help="The model that produced the files (builtin:... or a local HF dir): adds target/ and, for "
     "speculators (whose last slot is the last layer), computes target_argmax/top-k/logsumexp.",
 )
+@states_option(
+    "fp8: store the imported states compact (float8 e4m3 + a scale per token and layer, converted once the "
+    "import completes; fp8 files are requantised with those scales, not kept bit for bit)."
+)
 @friendly_errors
 def import_cmd(
-    source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
+    source_dir: str,
+    fmt: str,
+    out: str,
+    layer_ids: str | None,
+    compression: str,
+    target: str | None,
+    states: str,
 ) -> None:
     """Turn SOURCE_DIR (speculators or SpecForge offline data, or vLLM's hidden-state files) into a cache.
 
@@ -761,6 +771,10 @@ def import_cmd(
         count, tokens = load(
             source_dir, out, parse_layer_ids(layer_ids), compression, target, progress=progress
         )
+    if states != "source":
+        from hscache.store.compact_convert import convert_states
+
+        convert_states(out, states, progress=click.echo)
     from hscache.store.open import open_cache
 
     scorable = "target_argmax" in open_cache(out).specs

@@ -54,6 +54,18 @@ def test_import_vllm_reads_fp8_connector_files_dequantised(tmp_path):
         ["import", "--format", "vllm", str(source), "--out", str(tmp_path / "o2"), "--layer-ids", "2,4,8"],
     )
     assert result.exit_code == 2 and "hs-connectors' fp8 files hold F8_E4M3" in result.output
+    bad.unlink()
+    result = CliRunner().invoke(
+        main,
+        ["import", "--format", "vllm", str(source), "--out", str(tmp_path / "o3"), "--layer-ids", "2,4,8"]
+        + ["--states", "fp8"],
+    )
+    assert result.exit_code == 0, result.output
+    compact = hscache.open_cache(tmp_path / "o3")
+    assert "states" in compact.manifest and compact.dtype == torch.float32
+    for r in range(len(compact)):  # requantised per token and layer: the codec's error, not more
+        i = int(compact.index.column("record_id")[r].as_py().split("-")[0])
+        assert (compact.hidden_states(r) - want[i]).norm() / want[i].norm() < 0.04
 
 
 @pytest.fixture(scope="module")
