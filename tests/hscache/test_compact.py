@@ -251,3 +251,26 @@ def test_the_pair_table_decodes_every_byte_pair_as_torch_casts_it():
     assert torch.equal(got, want)
     odd = every[:, :, :1].copy()  # an odd row size: torch's cast
     assert torch.equal(dequantise(odd, scales, torch.float32), want[:, :, :1])
+
+
+def test_extract_states_fp8_writes_a_compact_cache_and_a_rerun_keeps_it(tmp_path):
+    config = hscache.ExtractConfig(
+        out=str(tmp_path / "c"),
+        layers="1,3",
+        max_new_tokens=2,
+        dtype="fp32",
+        limit=1,
+        mtp=False,
+        states="fp8",
+    )
+    result = hscache.extract(config)
+    cache = hscache.open_cache(result.path)
+    assert cache.manifest["states"]["exact"]["rows"] == [0] and cache.dtype == torch.float32
+    assert max(relative_l2_per_layer(cache.hidden_states(0), exact_states(cache, 0))) < 0.04
+    digest = manifest_digest(cache.manifest)
+    assert (
+        hscache.extract(config).unchanged
+        and manifest_digest(hscache.open_cache(result.path).manifest) == digest
+    )
+    with pytest.raises(InputError, match="convert a local cache, then upload it"):
+        hscache.extract(hscache.ExtractConfig(out="s3://bucket/c", states="fp8"))
