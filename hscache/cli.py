@@ -32,9 +32,11 @@ from hscache.cli_options import (
     prompts_option,
     renamed_sample_top_k,
     report_outputs,
+    states_option,
 )
 from hscache.errors import HscacheError
 from hscache.store.dtypes import DTYPE_NAMES
+from hscache.store.layout import COMPRESSIONS
 
 __all__ = ["error_boundary", "main"]
 
@@ -259,6 +261,10 @@ def main() -> None:
     "none: memory-speed reads (training); fast: blosc lz4+bitshuffle, 13% smaller; balanced: blosc "
     "zstd-1+shuffle, 20% smaller, slow to decode (docs/storage.md). `hscache recompress` converts later.",
 )
+@states_option(
+    "source: hidden states at --dtype (lossless); fp8: float8 e4m3 bits + a scale per token and "
+    "layer, about half of bf16, converted once the run completes (docs/storage.md)."
+)
 @number_option(
     "--chunk-mb",
     8.0,
@@ -408,7 +414,7 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
 
 @main.command()
 @click.argument("cache_a")
-@click.argument("cache_b")
+@click.argument("cache_b", required=False)
 @report_outputs("the full report")
 @click.option(
     "--intersect", is_flag=True, help="Compare only the sequences both caches hold with identical token ids."
@@ -426,24 +432,46 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
     help="Compare caches of different targets anyway (refused by default: their distance is not drift); "
     "the report says so.",
 )
+@click.option(
+    "--exact-slice",
+    is_flag=True,
+    help="CACHE_A is a compact cache (fp8 states), no CACHE_B: its codec's error per layer (relative L2) "
+    "against the sequences it keeps exact.",
+)
 @friendly_errors
 def diff(
     cache_a: str,
-    cache_b: str,
+    cache_b: str | None,
     json_out: str | None,
     report_out: str | None,
     intersect: bool,
     position_buckets: tuple[int, ...],
     allow_target_mismatch: bool,
+    exact_slice: bool,
 ) -> None:
     """Measure drift between two caches of the same tokens (A is the reference), layer by layer.
 
     \b
     Example:
       hscache diff cache_fp32/ cache_bf16/ --report drift.html --json drift.json
+      hscache diff cache_fp8/ --exact-slice
     """
+    from hscache.errors import InputError
     from hscache.store.open import check_cache_path
     from hscache.store.output_paths import check_output_path
+
+    if exact_slice:
+        if cache_b is not None or json_out or report_out:
+            raise InputError(
+                "--exact-slice takes one cache and prints its table: drop CACHE_B, --json, --report"
+            )
+        check_cache_path(cache_a)
+        from hscache.diff.codec import exact_slice_error, format_exact_slice_error
+
+        click.echo(format_exact_slice_error(exact_slice_error(cache_a)))
+        return
+    if cache_b is None:
+        raise InputError("hscache diff needs CACHE_A and CACHE_B (or one compact cache with --exact-slice)")
 
     for path in (cache_a, cache_b):
         check_cache_path(path)  # before torch is imported
@@ -563,21 +591,40 @@ def merge(out: str, into: str | None) -> None:
 
 @main.command()
 @click.argument("cache_dir")
-@compression_option(
-    "The codec to convert every array to: none (training: memory-speed reads), fast, balanced.", required=True
+@click.option(
+    "--compression",
+    type=click.Choice(list(COMPRESSIONS)),
+    help="The codec to convert every array to: none (training: memory-speed reads), fast, balanced.",
+)
+@states_option(
+    "fp8: store the hidden states as float8 e4m3 bits + a scale per token and layer (about half "
+    "of bf16; lossy, one way), keeping an exact slice at the source dtype.",
+    required_default=False,
 )
 @friendly_errors
-def recompress(cache_dir: str, compression: str) -> None:
-    """Convert CACHE_DIR's arrays to another codec in place (crash-safe; re-run to resume).
+def recompress(cache_dir: str, compression: str | None, states: str | None) -> None:
+    """Convert CACHE_DIR's arrays to another codec, or its states to fp8, in place (crash-safe; re-run
+    to resume).
 
     \b
     Example:
       hscache recompress cache/ --compression none
+      hscache recompress cache/ --states fp8
     """
-    from hscache.store.recompress import recompress_cache
+    from hscache.errors import InputError
 
-    recompress_cache(cache_dir, compression, progress=click.echo)
-    click.echo(f"{cache_dir} now stores every array with compression {compression}")
+    if compression is None and states is None:
+        raise InputError("say what to convert: --compression none|fast|balanced and/or --states fp8")
+    if states is not None:
+        from hscache.store.compact_convert import convert_states
+
+        convert_states(cache_dir, states, progress=click.echo)
+        click.echo(f"{cache_dir} now stores its hidden states as {states}")
+    if compression is not None:
+        from hscache.store.recompress import recompress_cache
+
+        recompress_cache(cache_dir, compression, progress=click.echo)
+        click.echo(f"{cache_dir} now stores every array with compression {compression}")
 
 
 _INTEROP_FORMATS = ("speculators", "specforge")
@@ -608,8 +655,14 @@ def _interop_options(
     is_flag=True,
     help="Export a cache whose extraction has not finished (its committed sequences only; refused by default).",
 )
+@states_option(
+    "speculators only: fp8 writes hs-connectors' fp8 files (float8 hidden_states + hidden_states_scales "
+    "per token), what speculators' fp8 hidden-states backend reads."
+)
 @friendly_errors
-def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None, allow_incomplete: bool) -> None:
+def export_cmd(
+    cache_dir: str, fmt: str, out: str, layers: str | None, allow_incomplete: bool, states: str
+) -> None:
     """Write CACHE_DIR in speculators' or SpecForge's offline training format (hscache/interop/).
 
     \b
@@ -620,10 +673,18 @@ def export_cmd(cache_dir: str, fmt: str, out: str, layers: str | None, allow_inc
     from hscache.store.paths import check_empty_out
 
     check_cache_path(cache_dir)  # before torch is imported
+    if states != "source" and fmt != "speculators":
+        from hscache.errors import InputError
+
+        raise InputError(f"--states {states} is implemented for --format speculators only, not {fmt}")
     _check_complete(cache_dir, allow_incomplete)
     check_empty_out(out)
     if fmt == "speculators":
-        from hscache.interop.speculators import export_speculators as export
+        from functools import partial
+
+        from hscache.interop.speculators import export_speculators
+
+        export = partial(export_speculators, states=states)
     else:
         from hscache.interop.specforge import export_specforge as export
     from hscache.interop.common import parse_layer_ids
@@ -675,9 +736,19 @@ def _check_complete(cache_dir: str, allow_incomplete: bool) -> None:
     help="The model that produced the files (builtin:... or a local HF dir): adds target/ and, for "
     "speculators (whose last slot is the last layer), computes target_argmax/top-k/logsumexp.",
 )
+@states_option(
+    "fp8: store the imported states compact (float8 e4m3 + a scale per token and layer, converted once the "
+    "import completes; fp8 files are requantised with those scales, not kept bit for bit)."
+)
 @friendly_errors
 def import_cmd(
-    source_dir: str, fmt: str, out: str, layer_ids: str | None, compression: str, target: str | None
+    source_dir: str,
+    fmt: str,
+    out: str,
+    layer_ids: str | None,
+    compression: str,
+    target: str | None,
+    states: str,
 ) -> None:
     """Turn SOURCE_DIR (speculators or SpecForge offline data, or vLLM's hidden-state files) into a cache.
 
@@ -704,6 +775,10 @@ def import_cmd(
         count, tokens = load(
             source_dir, out, parse_layer_ids(layer_ids), compression, target, progress=progress
         )
+    if states != "source":
+        from hscache.store.compact_convert import convert_states
+
+        convert_states(out, states, progress=click.echo)
     from hscache.store.open import open_cache
 
     scorable = "target_argmax" in open_cache(out).specs

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from hscache.capture import BACKENDS, BUILTIN_TARGETS
+from hscache.store.compact import STATES
 from hscache.store.layout import COMPRESSIONS, DEFAULT_COMPRESSION
 
 __all__ = [
@@ -80,6 +81,13 @@ def compression_option(help: str, *, required: bool = False) -> Callable[[Callab
     return click.option(
         "--compression", type=click.Choice(list(COMPRESSIONS)), required=required, help=help, **default
     )
+
+
+def states_option(help: str, *, required_default: bool = True) -> Callable[[Callable], Callable]:
+    """``--states source|fp8``: how hidden states are stored (hscache/store/compact.py); defaulting to
+    ``source`` (lossless), or absent unless given (``required_default=False``: recompress)."""
+    default = {"default": "source", "show_default": True} if required_default else {}
+    return click.option("--states", type=click.Choice(list(STATES)), help=help, **default)
 
 
 model_option = click.option(

@@ -170,6 +170,9 @@ class ExtractConfig:
     # --engine vllm from an interpreter without vLLM: the one that has it (else $HSCACHE_VLLM_PYTHON);
     # the whole extraction then runs there (engines/vllm/extract_worker.py). Not a content setting.
     vllm_python: str | None = None
+    # "fp8": once the run is complete, store the hidden states as fp8 e4m3fn bits + a scale per token
+    # and layer, in place (store/compact_convert.py); "source" (the default): the dtype as extracted.
+    states: str = "source"
 
 
 @dataclass
@@ -642,6 +645,8 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
         HscacheError subclasses for bad input, before any model work where possible;
         StoreWriteError when the disk fails (the committed part stays intact and resumable).
     """
+    if config.states != "source":
+        return _extract_compact(config, progress)
     if is_url(config.out):
         return _extract_to_url(config, progress)
     if config.engine == "vllm" and _elsewhere(config):
@@ -686,6 +691,24 @@ def extract(config: ExtractConfig, progress: Progress | None = None) -> ExtractR
             layer_ids = [*layer_ids, mtp_layer_id(target.num_layers)]
         settings = _settings(config, target, layer_ids, backend, prompts, bool(mtp))
         return _extract_locked(config, target, settings, mtp, backend, prompts, progress, t0)
+
+
+def _extract_compact(config: ExtractConfig, progress: Progress | None) -> ExtractResult:
+    """``--states fp8``: the extraction at the source dtype, then its states converted in place (a
+    re-run resumes either step; a compact cache is complete and left as it is)."""
+    from hscache.store.compact import STATES
+    from hscache.store.compact_convert import convert_states
+
+    if config.states not in STATES:
+        raise InputError(f"--states {config.states!r}: choose one of {', '.join(STATES)}")
+    if is_url(config.out):
+        raise InputError(
+            f"--states {config.states} with --out {config.out}: convert a local cache, then upload it "
+            "(extract to a directory, then `hscache recompress DIR --states fp8`, then copy it up)"
+        )
+    result = extract(replace(config, states="source"), progress)
+    convert_states(result.path, config.states, progress=(progress or Progress()).step)
+    return result
 
 
 def _extract_locked(

@@ -122,7 +122,7 @@ def _hidden(
 ) -> torch.Tensor:
     """Hidden-state rows ``[start, stop)`` (layers at ``positions``), read straight into their buffer."""
     spec = cache.specs["hidden_states"]
-    dtype = getattr(torch, spec.logical_dtype)
+    dtype = cache.dtype  # the logical dtype; a compact cache's source dtype (fp8 states dequantised)
     if positions is None:
         return cache.rows(
             "hidden_states", start, stop, out=_empty((stop - start, *spec.row_shape), dtype, pin_memory)
@@ -130,6 +130,21 @@ def _hidden(
     rows = cache.rows("hidden_states", start, stop)
     out = _empty((stop - start, len(positions), spec.row_shape[1]), dtype, pin_memory)
     return torch.index_select(rows, 1, torch.tensor(positions), out=out)
+
+
+def _fp8_hidden(
+    cache: Cache, start: int, stop: int, positions: list[int] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compact cache's rows as stored: (float8_e4m3fn ``[n, K, H]``, float32 scales ``[n, K]``), for a
+    consumer that dequantises on its own device (``hscache.store.compact.dequantise_tensor``)."""
+    from hscache.store.compact import SCALE_ARRAY
+
+    bits = torch.from_numpy(cache.read_tokens("hidden_states", start, stop)).view(torch.float8_e4m3fn)
+    scales = torch.from_numpy(cache.read_tokens(SCALE_ARRAY, start, stop))
+    if positions is None:
+        return bits, scales
+    index = torch.tensor(positions)
+    return bits.index_select(1, index), scales.index_select(1, index)
 
 
 def _tensor(cache: Cache, name: str, start: int, stop: int) -> torch.Tensor:
@@ -233,6 +248,11 @@ class PackedWindows(_CacheHandle, IterableDataset):
     ``pin_memory``: blocks land in pinned memory (needs CUDA; for a loop without worker processes:
     with workers, pass ``pin_memory=True`` to the ``DataLoader`` instead); windows are views of
     their block.
+
+    ``dequantise=False`` on a compact cache (``--states fp8``): ``hidden_states`` as stored, float8_e4m3fn,
+    with ``hidden_states_scale [W, K]`` float32: half the bytes to move, dequantised where the model
+    runs (``hscache.store.compact.dequantise_tensor(h, scale, dtype)``, any device). By default (True)
+    every cache's items hold its source dtype.
     """
 
     def __init__(
@@ -246,6 +266,7 @@ class PackedWindows(_CacheHandle, IterableDataset):
         shuffle: bool = True,
         prefetch: int = 1,
         pin_memory: bool = False,
+        dequantise: bool = True,
     ):
         _check_rank(rank, world_size)
         if window < 1:
@@ -272,6 +293,8 @@ class PackedWindows(_CacheHandle, IterableDataset):
         self._windows = cache.num_tokens // self.window
         self._names = [n for n in ("token_ids", "target_argmax") if n in cache.specs]
         self._has_mask = "loss_mask" in cache.specs
+        # Raw fp8 items only from a compact cache: any other cache's states are its source dtype already.
+        self._fp8 = not dequantise and "states" in cache.manifest
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call on every rank with the same value before iterating)."""
@@ -336,7 +359,13 @@ class PackedWindows(_CacheHandle, IterableDataset):
         """The rows of every array from the first to the last of ``windows`` (one storage chunk's)."""
         cache, w = self.cache, self.window
         first, last = int(windows.min()) * w, (int(windows.max()) + 1) * w
-        block = {"hidden_states": _hidden(cache, first, last, self._positions, self.pin_memory)}
+        if self._fp8:
+            hidden, scales = _fp8_hidden(cache, first, last, self._positions)
+            if self.pin_memory:
+                hidden, scales = hidden.pin_memory(), scales.pin_memory()
+            block = {"hidden_states": hidden, "hidden_states_scale": scales}
+        else:
+            block = {"hidden_states": _hidden(cache, first, last, self._positions, self.pin_memory)}
         for name in self._names:
             block[name] = _tensor(cache, name, first, last)
         if self._has_mask:

@@ -4,7 +4,9 @@ Each array of ``arrays/`` becomes a variable along a ``token`` dimension (cut to
 tokens: rows past them do not exist yet), chunked like the store (one dask chunk per zarr
 chunk), each chunk read through the cache's checked reader (crc32c and its recorded sha256, as
 the scorer reads it). bfloat16, stored as raw uint16 bits, is viewed back as ``ml_dtypes.bfloat16`` (exact;
-``.astype("float32")`` to compute). The index becomes variables along ``sequence``
+``.astype("float32")`` to compute). A compact cache's fp8 ``hidden_states`` (store/compact.py) are
+dequantised block by block to its source dtype (bfloat16 as ``ml_dtypes.bfloat16``), its scales
+kept as ``hidden_states_scale``. The index becomes variables along ``sequence``
 (``offset``, ``length``, ``prompt_len``, ``record_id``...), so sequence i is
 ``ds.isel(token=slice(offset[i], offset[i] + length[i]))``.
 
@@ -30,7 +32,23 @@ _DIMS = {
     "target_topk_values": ("token", "k"),
     "target_topk_ids": ("token", "k"),
     "target_logits": ("token", "vocab"),
+    "hidden_states_scale": ("token", "layer"),
 }
+
+
+def _numpy_dtype(logical: str) -> np.dtype:
+    if logical == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(logical)
+
+
+def _dequantised(bits: np.ndarray, scales: np.ndarray, dtype_name: str) -> np.ndarray:
+    """One block of fp8 bits ``[n, K, H]`` and its scales ``[n, K, 1]`` -> the source dtype."""
+    from hscache.store.compact import dequantise_numpy
+
+    return dequantise_numpy(bits, scales[..., 0]).astype(_numpy_dtype(dtype_name), copy=False)
 
 
 def _bf16_view(block: np.ndarray) -> np.ndarray:
@@ -75,6 +93,17 @@ class _CheckedRows:
         return block[(slice(None), *key[1:])] if isinstance(key, tuple) and len(key) > 1 else block
 
 
+def _checked_array(cache: Cache, name: str, digest: str) -> Any:
+    """One array as a dask array, one dask chunk per zarr chunk, each read through ``_CheckedRows``."""
+    import dask.array as da
+
+    spec = cache.specs[name]
+    chunks = (spec.chunk_tokens, *spec.row_shape)
+    return da.from_array(
+        _CheckedRows(cache, name, digest), chunks=chunks, name=f"hscache-{name}-{digest}", lock=False
+    )
+
+
 def open_xarray(path_or_cache: Any) -> Any:
     """An ``xarray.Dataset`` over the cache at ``path_or_cache`` (a path, URL or open ``Cache``).
 
@@ -93,11 +122,16 @@ def open_xarray(path_or_cache: Any) -> Any:
     digest = cache_digest(cache)
     for name, spec in cache.specs.items():
         cache.array(name)  # a directory of shards has none: refused by name
-        chunks = (spec.chunk_tokens, *spec.row_shape)
-        data = da.from_array(
-            _CheckedRows(cache, name, digest), chunks=chunks, name=f"hscache-{name}-{digest}", lock=False
-        )
-        if spec.logical_dtype == "bfloat16":
+        data = _checked_array(cache, name, digest)
+        if name == "hidden_states" and "states" in cache.manifest:
+            from hscache.store.compact import SCALE_ARRAY, states_dtype
+
+            logical = states_dtype(cache.manifest)
+            scales = _checked_array(cache, SCALE_ARRAY, digest).rechunk((data.chunks[0], -1))
+            data = da.map_blocks(
+                _dequantised, data, scales[:, :, None], dtype=_numpy_dtype(logical), dtype_name=logical
+            )
+        elif spec.logical_dtype == "bfloat16":
             import ml_dtypes
 
             data = data.map_blocks(_bf16_view, dtype=ml_dtypes.bfloat16)

@@ -34,6 +34,7 @@ import pyarrow as pa
 import torch
 
 from hscache.data import SequenceDataset
+from hscache.engines.vllm.files import SCALES_KEY
 from hscache.errors import CacheFormatError, InputError
 from hscache.interop.arrow_stream import read_bounded_stream
 from hscache.interop.common import (
@@ -52,6 +53,7 @@ from hscache.interop.common import (
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store import jsonio
+from hscache.store.compact import quantise_per_token
 from hscache.store.fsio import open_regular, read_regular
 from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
@@ -117,26 +119,43 @@ def _write_dataset(out: Path, rows: dict[str, list]) -> None:
 
 
 def export_speculators(
-    cache_path: str | Path, out: str | Path, layer_ids: list[int] | None = None, progress: Any = NO_PROGRESS
+    cache_path: str | Path,
+    out: str | Path,
+    layer_ids: list[int] | None = None,
+    progress: Any = NO_PROGRESS,
+    states: str = "source",
 ) -> int:
     """Write the cache at ``cache_path`` as speculators offline data under ``out``; return the count.
 
+    ``states="fp8"``: each ``hs_{i}.safetensors`` as hs-connectors' fp8 backend writes it (float8_e4m3fn
+    ``hidden_states`` and ``hidden_states_scales`` [T, 1, 1], store/compact.py ``quantise_per_token``),
+    read by speculators with ``--hidden-states-backend fp8``.
+
     Raises:
-        InputError: ``out`` is not new/empty, or the cache lacks the target's last layer.
+        InputError: ``out`` is not new/empty, the cache lacks the target's last layer, or an unknown ``states``.
     """
     from safetensors.torch import save_file
 
+    if states not in ("source", "fp8"):
+        raise InputError(f"--states {states!r}: choose source or fp8")
     cache = open_cache(cache_path)
     ids, total = _check_layers(cache, layer_ids)
     data = SequenceDataset(cache_path, layer_ids=ids)
     out = begin_export(Path(out), len(data))
     command = f"hscache export {cache_path} --format speculators --out {out}"
     with export_errors(out, command, (HIDDEN_DIR, ARROW_FILE, DATASET_INFO, STATE_FILE)):
-        return _export(cache, data, out, ids, total, save_file, progress)
+        return _export(cache, data, out, ids, total, save_file, progress, states)
 
 
 def _export(
-    cache: Any, data: Any, out: Path, ids: list[int], total: int, save_file: Any, progress: Any
+    cache: Any,
+    data: Any,
+    out: Path,
+    ids: list[int],
+    total: int,
+    save_file: Any,
+    progress: Any,
+    states: str = "source",
 ) -> int:
     (out / HIDDEN_DIR).mkdir()
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
@@ -146,6 +165,8 @@ def _export(
         item = data[i]
         ids_i = item["token_ids"]
         tensors = {"hidden_states": item["hidden_states"].contiguous(), "token_ids": ids_i.contiguous()}
+        if states == "fp8":
+            tensors["hidden_states"], tensors[SCALES_KEY] = quantise_per_token(tensors["hidden_states"])
         publish_file(
             out / HIDDEN_DIR / f"hs_{i}.safetensors", lambda tmp, t=tensors: _save(save_file, t, tmp)
         )
@@ -167,6 +188,14 @@ def _export(
             "hidden_size": int(cache.specs["hidden_states"].row_shape[1]),
             "record_ids": record_ids,
             "exported_from": str(getattr(cache, "url", cache.path)),
+            **(
+                {
+                    "states": "fp8",
+                    "hidden_states_backend": "fp8 (hs-connectors FP8Transfer: hidden_states_scales)",
+                }
+                if states == "fp8"
+                else {}
+            ),
             "note": (
                 "launch_vllm.py --target-layer-ids aux_hidden_state_layer_ids (--include-last-layer adds "
                 "the last); speculator config aux_hidden_state_layer_ids = aux_hidden_state_layer_ids"
@@ -273,6 +302,14 @@ def _sequences(
         hidden, tokens = loaded.get("hidden_states"), loaded.get("token_ids")
         if hidden is None or tokens is None:
             raise InputError(f"{path} lacks hidden_states/token_ids; not a speculators hidden-state file")
+        scales = loaded.get(SCALES_KEY)
+        if scales is not None:  # hs-connectors' fp8 backend: fp8 x the token's scale, in float32
+            if hidden.dtype != torch.float8_e4m3fn or tuple(scales.shape) != (len(hidden), 1, 1):
+                raise InputError(
+                    f"{path}: {SCALES_KEY} {tuple(scales.shape)} with hidden_states {hidden.dtype}; hs-connectors' "
+                    "fp8 files hold float8_e4m3fn [T, layers, H] and float32 [T, 1, 1]"
+                )
+            hidden = hidden.float().mul_(scales.float())
         expected = torch.tensor(input_ids[i].as_py(), dtype=torch.int64)
         if not torch.equal(tokens.to(torch.int64), expected):
             raise InputError(

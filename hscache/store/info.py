@@ -110,6 +110,7 @@ def cache_summary(path: str | os.PathLike, allow_unsealed: bool = False) -> dict
         # the target's own MTP head in target/mtp.safetensors (score it as CKPT target:mtp)
         "mtp_head": bool(cache.settings.get("mtp")),
         "compression": cache.manifest["compression"],
+        "states": _states_summary(cache.manifest),
         "bytes_on_disk": _dir_bytes(cache.path),
         "arrays": {
             name: {
@@ -190,6 +191,26 @@ def _pin_advice(s: dict[str, Any]) -> str:
     return "not final, do not pin: the cache is incomplete and changes when it is finished"
 
 
+def _states_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the hidden states are stored as (store/compact.py) and the dtype readers get."""
+    from hscache.store.compact import is_compact, states_dtype
+
+    if not is_compact(manifest):
+        return {"codec": "source", "read_as": states_dtype(manifest), "exact_sequences": 0}
+    exact = manifest["states"]["exact"]
+    return {"codec": "fp8", "read_as": states_dtype(manifest), "exact_sequences": len(exact["rows"])}
+
+
+def _states_line(s: dict[str, Any]) -> str:
+    states = s.get("states") or {"codec": "source"}
+    if states["codec"] == "source":
+        return "source dtype (lossless)"
+    return (
+        f"fp8 e4m3fn + a float32 scale per token and layer, read as {states['read_as']}; exact slice: "
+        f"{states['exact_sequences']} sequences at {states['read_as']} (scorer eval reports the drift)"
+    )
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as aligned text lines (``hscache info``)."""
     runs = s.get("runs") or 0
@@ -200,6 +221,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"layers     {s['layer_ids']}  types {s['layer_types']}",
         f"dtype      {s['dtype']} on {s['device']}, backend {s['backend']}{_kernels(s['kernels'])}",
         f"storage    {_storage(s)}",
+        f"states     {_states_line(s)}",
         f"mask id    {s['mask_token_id']}",
         f"mtp head   {'stored (scorer eval target:mtp)' if s.get('mtp_head') else 'none'}",
         f"runs       {runs} in runs.json (when, where, versions; outside the digest)"

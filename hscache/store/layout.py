@@ -78,8 +78,14 @@ WRITER_LOCK = ".hscache-writer.lock"
 IMPORTING_MARK = ".hscache-importing"
 
 # zarr 3.1 has no bfloat16: store the raw 16 bits as uint16 and name the logical dtype in the
-# array's attributes. Bit-exact, and readable by any zarr reader without a registration.
-LOGICAL_TO_STORED = {"bfloat16": "uint16", "float16": "float16", "float32": "float32"}
+# array's attributes. Bit-exact, and readable by any zarr reader without a registration. fp8 states
+# (--states fp8, store/compact.py) likewise: float8_e4m3fn bits as uint8.
+LOGICAL_TO_STORED = {
+    "bfloat16": "uint16",
+    "float16": "float16",
+    "float32": "float32",
+    "float8_e4m3fn": "uint8",
+}
 
 # Measured on bf16 hidden states at real dimensions (bench/training_read.py, docs/storage.md): "none"
 # (the default) reads 2-3x faster than "fast" warm and ~1.5x cold on 2 cores, writes as fast, and

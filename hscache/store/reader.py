@@ -206,9 +206,10 @@ class Cache:
 
     @property
     def dtype(self) -> torch.dtype:
+        from hscache.store.compact import states_dtype
         from hscache.store.dtypes import torch_dtype_of_logical
 
-        return torch_dtype_of_logical(self.specs["hidden_states"].logical_dtype)
+        return torch_dtype_of_logical(states_dtype(self.manifest))  # a compact cache's: its source dtype
 
     def file_bytes(self, rel: str) -> bytes:
         """The bytes of the cache file ``rel`` (e.g. ``"target/config.json"``): those checked at open,
@@ -378,6 +379,13 @@ class Cache:
         Raises:
             as ``read_tokens``.
         """
+        if (
+            name == "hidden_states" and "states" in self.manifest
+        ):  # fp8 states: dequantised (store/compact.py)
+            from hscache.store.compact import read_states
+
+            self._check_tokens(start, stop)
+            return read_states(self, start, stop, out)
         if out is None:
             return self._rows(name, start, stop)
         from hscache.store.dtypes import stored_view
@@ -386,6 +394,8 @@ class Cache:
         return out
 
     def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name == "hidden_states" and "states" in self.manifest:
+            return self.rows(name, start, stop)
         from hscache.store.dtypes import tensor_from_stored  # imports torch: not at `hscache info`
 
         return tensor_from_stored(self.read_tokens(name, start, stop), self.specs[name].logical_dtype)
@@ -421,7 +431,7 @@ class Cache:
         return start, start + int(self._lengths[i])
 
     def hidden_states(self, i: int | str) -> torch.Tensor:
-        """``[T, K, H]`` in the logical dtype; K follows ``layer_ids``."""
+        """``[T, K, H]`` in the logical dtype (a compact cache's: its source dtype); K follows ``layer_ids``."""
         return self._rows("hidden_states", *self.sequence_span(i))
 
     def token_ids(self, i: int | str) -> torch.Tensor:

@@ -46,7 +46,7 @@ from hscache.store.reader import read_manifest
 from hscache.store.shards import has_shards
 from hscache.store.writer import publish_manifest
 
-__all__ = ["WORK_DIR", "recompress_cache"]
+__all__ = ["WORK_DIR", "exchange_dirs", "recompress_cache"]
 
 WORK_DIR = ".hscache-recompress"
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -67,6 +67,12 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), str(a))
+
+
+def exchange_dirs(a: Path, b: Path) -> bool:
+    """Swap directories ``a`` and ``b`` in one ``renameat2(RENAME_EXCHANGE)``; False where the system
+    cannot (then nothing moved): the caller falls back to two renames (store/compact_convert.py too)."""
+    return _exchange(a, b)
 
 
 def _codec_names(array_dir: Path) -> list[dict[str, Any]]:

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from hscache.store.dtypes import tensor_from_stored
 from hscache.store.layout import SAMPLED_ARRAYS
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.view import CacheView
@@ -77,7 +76,7 @@ def _read_single(cache: CacheView, rows: range, arrays: tuple[str, ...]) -> RowR
     spans = {r: (int(offsets[r]) - first, int(offsets[r] + lengths[r]) - first) for r in rows}
     # read_tokens reads a local cache's chunk files directly, several at once (store/chunks.py).
     data = {
-        name: tensor_from_stored(cache.read_tokens(name, first, end), cache.specs[name].logical_dtype)
+        name: cache.rows(name, first, end)  # logical dtype; fp8 states dequantised (store/compact.py)
         for name in arrays
     }
     return RowRangeData(rows, spans, data)

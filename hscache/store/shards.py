@@ -388,6 +388,11 @@ def _write_merged(cache: ShardedCache, dest: Path, document: dict[str, Any]) -> 
         raise CacheFormatError(
             f"{cache.path} has unfinished shards; finish every shard before merging into one cache"
         )
+    if any("states" in s.manifest for s in cache.shards):  # fp8 states (store/compact.py)
+        raise InputError(
+            f"{cache.path} has shards with fp8 states, whose exact slices are per shard: merging them is not "
+            "implemented; merge shards extracted without --states fp8, then `hscache recompress DEST --states fp8`"
+        )
     with writer_lock(dest, "hscache shards --into"):
         if any(p.name != WRITER_LOCK for p in dest.iterdir()):
             raise InputError(f"--into {dest} exists and is not empty; choose a new directory")

@@ -27,7 +27,7 @@ from hscache.store.urls import is_url
 from hscache.verify.crc import check_chunk_crcs
 from hscache.verify.report import CHECKS, LayerStats, Problem, RecomputeResult, VerifyReport, format_report
 from hscache.verify.sampled import check_sampling
-from hscache.verify.scan import deep_decode, scan_sequences
+from hscache.verify.scan import deep_decode, hashed_by_scan, scan_sequences
 from hscache.verify.structure import check_structure
 
 __all__ = [
@@ -139,7 +139,7 @@ def _checked_once(
             check_sampling(layout, report, _provenance(layout.root))
         else:
             check_chunk_crcs(layout, report, tried, progress)
-            unhashed = [name for name in layout.arrays if name not in ("hidden_states", "token_ids")]
+            unhashed = [name for name in layout.arrays if name not in hashed_by_scan(layout.manifest)]
             if unhashed:
                 report.not_checked.append(f"the sha256 of the rows of {', '.join(unhashed)} (--deep)")
             if set(SAMPLED_ARRAYS) <= set(layout.arrays):

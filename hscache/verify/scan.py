@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 
 from hscache.progress import NO_PROGRESS
+from hscache.store.compact import SCALE_ARRAY, dequantise_numpy
 from hscache.store.integrity import chunk_sha256_of, rows_sha256
 from hscache.store.layout import SAMPLED_ARRAYS
 from hscache.verify.report import LayerStats, Problem, VerifyReport
 from hscache.verify.structure import CacheLayout, sequences_in
 
-__all__ = ["as_float32", "deep_decode", "robust_outliers", "scan_sequences"]
+__all__ = ["as_float32", "hashed_by_scan", "deep_decode", "robust_outliers", "scan_sequences"]
 
 # A sequence's mean token norm is an outlier when its robust z-score (median/MAD) exceeds this.
 OUTLIER_Z = 6.0
@@ -29,6 +30,15 @@ OUTLIER_Z = 6.0
 # (zeroed layers, a wrong layer, overflow) moves the norm by far more than this fraction.
 _MIN_SEQUENCES_FOR_OUTLIERS = 10
 OUTLIER_MIN_RELATIVE = 0.25
+
+
+def hashed_by_scan(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The arrays whose rows' sha256 the quick scan checks: a compact cache's scales with its states."""
+    return (
+        ("token_ids", "hidden_states", SCALE_ARRAY)
+        if "states" in manifest
+        else ("token_ids", "hidden_states")
+    )
 
 
 def as_float32(raw: np.ndarray, logical_dtype: str) -> np.ndarray:
@@ -151,7 +161,7 @@ def scan_sequences(
     acc = _Accumulators(len(layout.offsets), len(report.layer_ids))
     hashers: dict[int, Any] = {}
     ends = layout.offsets + layout.lengths
-    chunk_hashes = {name: _ChunkHashes(layout, report, name) for name in ("token_ids", "hidden_states")}
+    chunk_hashes = {name: _ChunkHashes(layout, report, name) for name in hashed_by_scan(layout.manifest)}
     progress.start(layout.committed_tokens, label="verify", unit="tokens")
     for start in range(0, layout.committed_tokens, spec.chunk_tokens):
         stop = min(start + spec.chunk_tokens, layout.committed_tokens)
@@ -161,7 +171,12 @@ def scan_sequences(
         block = _read(layout, report, "hidden_states", start, stop, acc)
         chunk_hashes["token_ids"].feed(start, ids)
         chunk_hashes["hidden_states"].feed(start, block)
-        if block is not None:
+        if block is not None and "states" in layout.manifest:  # fp8 states: statistics of what readers get
+            scales = _read(layout, report, SCALE_ARRAY, start, stop, acc)
+            chunk_hashes[SCALE_ARRAY].feed(start, scales)
+            if scales is not None:
+                acc.add_block(dequantise_numpy(block, scales), seq_of_row)
+        elif block is not None:
             acc.add_block(as_float32(block, spec.logical_dtype), seq_of_row)
         if ids is not None:
             # seq_of_row is sorted: split the block at sequence boundaries.

@@ -21,6 +21,7 @@ import zarr
 from hscache import schemas
 from hscache.errors import CacheFormatError
 from hscache.store import jsonio
+from hscache.store.compact import exact_problems
 from hscache.store.fsio import read_regular
 from hscache.store.index import INDEX_SCHEMA, expand_metadata, index_part_path
 from hscache.store.integrity import ARRAY_GROUP_META, Mismatch, check_cache, manifest_digest
@@ -158,6 +159,7 @@ def check_structure(
     # Before zarr parses anything: damaged metadata (or a seal stripped) is a finding, and an array
     # whose zarr.json disagrees with the manifest is never opened.
     mismatches = check_cache(root, manifest, digests="all", allow_unsealed=allow_unsealed)
+    mismatches += exact_problems(root, manifest, "all")  # a compact cache's exact slice (store/compact.py)
     hidden = specs.get("hidden_states")
     if hidden is None or hidden.row_shape[:1] != (len(report.layer_ids),) or "token_ids" not in specs:
         report.add(

@@ -80,6 +80,7 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         of = f" of {cache['expected_sequences']}" if cache.get("expected_sequences") else ""
         head.add_row("[bold red]cache INCOMPLETE[/]", f"{cache.get('committed_sequences')}{of} sequences", "")
     console.print(head)
+    _render_exact_slice(report, console)
     render_served(report, console)  # a sampled cache: the rule, the setting, tau as served
     _render_config_sources(report, console)
     # Under the probabilistic rule tau and rounds above are its own; what follows is the one-hot
@@ -119,6 +120,20 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         console.print(f"[bold yellow]warning:[/] {warning}")
     for note in report.get("notes", []):
         console.print(f"[bold]note:[/] {note}")
+
+
+def _render_exact_slice(report: dict[str, Any], console: Console) -> None:
+    """A compact cache's drift line: its exact slice scored both ways (scorer/studies/exact_slice.py)."""
+    drift = report.get("exact_slice")
+    if not drift:
+        return
+    d, tau = drift["delta"]["per_request"], drift["tau"]
+    console.print(
+        f"fp8 states, exact slice of {drift['requests']} requests: tau per request "
+        f"{_f(tau['compact']['per_request'])} (fp8) vs {_f(tau['exact']['per_request'])} (exact), "
+        f"delta {d['delta']:+.4f} 95% CI [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+        + (" [bold yellow](excludes 0)[/]" if drift["interval_excludes_zero"] else " (contains 0)")
+    )
 
 
 def _render_config_sources(report: dict[str, Any], console: Console) -> None:

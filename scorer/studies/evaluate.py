@@ -27,6 +27,7 @@ from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, s
 from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
 from scorer.studies.distributed import evaluate_distributed
+from scorer.studies.exact_slice import exact_slice_drift, exact_slice_warning
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
@@ -86,10 +87,18 @@ def evaluate(
     if on_start is not None:
         on_start(len(_rows(cache, config.limit)))
     results = score_cache(drafter, cache, config, on_sequence, rule)
+    # A compact cache (--states fp8): its exact slice scored from the source-dtype states too.
+    drift = exact_slice_drift(drafter, cache, config, results, rule, score_rows)
     seconds = time.perf_counter() - t0
-    return build_report(
+    report = build_report(
         results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=seconds, rule=rule
     )
+    if drift is not None:
+        report["exact_slice"] = drift
+        warning = exact_slice_warning(drift)
+        if warning is not None:
+            report["warnings"].append(warning)
+    return report
 
 
 def evaluate_module(

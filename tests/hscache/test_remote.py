@@ -219,3 +219,21 @@ def test_an_empty_folder_marker_object_is_not_a_file(bucket, scale_cache):
     assert len(cache) == 4 and cache.target_config == hscache.open_cache(scale_cache).target_config
     result = CliRunner().invoke(main, ["verify", url])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+
+
+def test_a_compact_cache_reads_the_same_through_s3(bucket, scale_cache, tmp_path):
+    import shutil
+
+    from hscache.store.compact import exact_states
+    from hscache.store.compact_convert import convert_states
+
+    local = shutil.copytree(scale_cache, tmp_path / "fp8")
+    convert_states(local, every=2)
+    url = f"{bucket}/fp8"
+    upload_cache(local, url)
+    remote, here = hscache.open_cache(url), hscache.open_cache(local)
+    assert remote.dtype == here.dtype == torch.float32
+    for i in range(len(here)):
+        assert torch.equal(remote.hidden_states(i), here.hidden_states(i))
+    row = here.manifest["states"]["exact"]["rows"][0]
+    assert torch.equal(exact_states(remote, row), hscache.open_cache(scale_cache).hidden_states(row))

@@ -93,6 +93,21 @@ def test_merge_writes_one_identical_cache(reference, sharded, tmp_path):
     )
 
 
+def test_fp8_shards_read_dequantised_and_their_merge_is_refused(reference, sharded, tmp_path):
+    from hscache.store.compact import relative_l2_per_layer
+    from hscache.store.compact_convert import convert_states
+
+    copy = shutil.copytree(sharded, tmp_path / "c")
+    for shard in sorted(copy.glob("shard-*")):
+        convert_states(shard)
+    view, one = hscache.open_cache(copy), hscache.open_cache(reference)
+    assert view.dtype == one.dtype
+    for i in range(len(one)):
+        assert max(relative_l2_per_layer(view.hidden_states(i), one.hidden_states(i))) < 0.04
+    result = CliRunner().invoke(main, ["merge", str(copy), "--into", str(tmp_path / "merged")])
+    assert result.exit_code == 2 and "shards with fp8 states" in result.output
+
+
 def test_shards_with_different_settings_are_refused(sharded, tmp_path):
     copy = shutil.copytree(sharded, tmp_path / "c")
     manifest_path = copy / "shard-00001-of-00002" / "manifest.json"

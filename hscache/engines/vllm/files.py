@@ -34,6 +34,7 @@ from hscache.store import jsonio
 from hscache.store.fsio import open_regular, read_regular
 
 __all__ = [
+    "SCALES_KEY",
     "ConnectorFile",
     "check_connector_header",
     "connector_files",
@@ -44,9 +45,13 @@ __all__ = [
 
 _HEADER_LIMIT = 1 << 20  # bytes: two tensors need ~200; safetensors itself allows 100 MB
 _KEYS = {"hidden_states", "token_ids"}
+# hs-connectors' fp8 backend (FP8HiddenStatesConnector, hs_connectors/fp8_utils.py, 0.9.0): hidden_states
+# float8_e4m3fn [T, layers, H] and one float32 scale per token over all layers, [T, 1, 1]; read back as
+# fp8 x scale, in float32 here (its FP8Transfer rounds that to bf16: float32 keeps every value exact).
+SCALES_KEY = "hidden_states_scales"
 _FLOAT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 _INT = {"I64", "I32"}
-_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4}
+_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "F8_E4M3": 1}
 # The connector's "<request index>-<hash>.safetensors" and speculators' "hs_<i>.safetensors".
 _CONNECTOR_NAME = re.compile(r"^(\d+)-[0-9a-zA-Z]+\.safetensors$")
 _SPECULATORS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
@@ -139,11 +144,12 @@ def _header(path: Path, data: bytes | bytearray | None = None) -> dict:
     if not isinstance(header, dict):
         raise InputError(f"{path}: its header is not a JSON object; the file is damaged")
     header.pop("__metadata__", None)
-    if set(header) != _KEYS:
+    if set(header) not in (_KEYS, _KEYS | {SCALES_KEY}):
         raise InputError(
-            f"{path} holds {sorted(header)}, not hidden_states and token_ids: not a vLLM hidden-state file"
+            f"{path} holds {sorted(header)}, not hidden_states and token_ids (and hs-connectors' "
+            f"{SCALES_KEY}): not a vLLM hidden-state file"
         )
-    for name in sorted(_KEYS):
+    for name in sorted(header):
         entry = header[name]
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
@@ -151,7 +157,7 @@ def _header(path: Path, data: bytes | bytearray | None = None) -> dict:
                 f"{path}: tensor {name} has an inconsistent header entry {str(entry)[:200]}; the file is damaged"
             )
     end = 0
-    for name in sorted(_KEYS, key=lambda k: header[k]["data_offsets"][0]):
+    for name in sorted(header, key=lambda k: header[k]["data_offsets"][0]):
         entry = header[name]
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         ok = (
@@ -191,6 +197,14 @@ def _check_header(
     path: Path, header: dict, num_layers: int | None, hidden_size: int | None
 ) -> tuple[list[int], str]:
     hs, ids = header["hidden_states"], header["token_ids"]
+    if SCALES_KEY in header:  # hs-connectors' fp8 file: read back as float32
+        scales = header[SCALES_KEY]
+        if hs["dtype"] != "F8_E4M3" or scales["dtype"] != "F32" or scales["shape"] != [hs["shape"][0], 1, 1]:
+            raise InputError(
+                f"{path}: hidden_states {hs['dtype']} {hs['shape']} with {SCALES_KEY} {scales['dtype']} "
+                f"{scales['shape']}; hs-connectors' fp8 files hold F8_E4M3 [T, layers, H] and F32 [T, 1, 1]"
+            )
+        hs = {**hs, "dtype": "F32"}
     if hs["dtype"] not in _FLOAT or ids["dtype"] not in _INT:
         raise InputError(
             f"{path}: hidden_states {hs['dtype']} / token_ids {ids['dtype']}; expected BF16/F16/F32 and I64"
@@ -218,7 +232,8 @@ def read_connector_file(
 
     Raises:
         InputError: a header that is truncated, hostile or names other tensors; shapes that disagree
-        (rows, layer slots, width); a dtype that is not bf16/fp16/fp32 (states) or int (ids);
+        (rows, layer slots, width); a dtype that is not bf16/fp16/fp32 (states; or hs-connectors'
+        fp8 with its per-token scales, dequantised to float32) or int (ids);
         NaN/Inf states; token ids outside the vocabulary.
     """
     try:
@@ -232,6 +247,8 @@ def read_connector_file(
 
     tensors = load(bytes(data))
     states, tokens = tensors["hidden_states"], tensors["token_ids"].to(torch.int64)
+    if SCALES_KEY in tensors:  # hs-connectors' fp8: fp8 x its token's scale, in float32
+        states = states.float().mul_(tensors[SCALES_KEY].float())
     finite = torch.isfinite(states)
     if not bool(finite.all()):
         row, slot = (int(v) for v in (~finite).nonzero()[0][:2])
