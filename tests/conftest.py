@@ -43,7 +43,7 @@ SKIP_GROUPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "peer oracles",
         (".peers",),
         "run `.venv/bin/pip install -q --no-deps --target .peers speculators==0.9.0 specforge==0.2.0 "
-        "nemo-automodel==0.7.0` to run them",
+        "nemo-automodel==0.7.0 hs-connectors==0.9.0` to run them",
     ),
     ("browser", ("chromium",), "run `apt-get install chromium` to run them"),
     ("dev extras", ("moto", "s3fs", "`datasets`"), 'run `.venv/bin/pip install -e ".[dev]"` to run them'),

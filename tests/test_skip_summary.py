@@ -9,7 +9,7 @@ from tests.conftest import pytest_terminal_summary, skip_summary
 # The reasons the suite's own skips give (tests/conftest.py, tests/judge/, tests/scorer/test_eagle3_peers.py,
 # test_dflash2.py, tests/chromium.py, tests/hscache/test_remote.py, the GPU checks), and one of no group.
 VLLM = "no vLLM environment at /x/.vllm/bin/python: `bash .ci/vllm-env.sh` builds it (CI always does)"
-PEERS = "peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0"
+PEERS = "peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0 hs-connectors==0.9.0"
 CHROMIUM = "chromium not installed (apt-get install chromium); the HTML report was not rendered"
 MOTO = "could not import 'moto.server': pip install 'moto[server]' to test s3:// caches"
 GPU = "needs CUDA and flash-linear-attention (GPU machine)"
@@ -21,7 +21,7 @@ def test_skips_are_counted_by_what_runs_them_in_the_readme_order():
     assert skip_summary(reasons) == [
         "3 tests skipped (vLLM): run `bash .ci/vllm-env.sh` to run them",
         "2 tests skipped (peer oracles): run `.venv/bin/pip install -q --no-deps --target .peers "
-        "speculators==0.9.0 specforge==0.2.0 nemo-automodel==0.7.0` to run them",
+        "speculators==0.9.0 specforge==0.2.0 nemo-automodel==0.7.0 hs-connectors==0.9.0` to run them",
         "1 test skipped (browser): run `apt-get install chromium` to run them",
         '1 test skipped (dev extras): run `.venv/bin/pip install -e ".[dev]"` to run them',
         "1 test skipped (GPU): they run on a CUDA machine (`pytest -m gpu` there)",
