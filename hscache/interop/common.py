@@ -17,7 +17,8 @@ sidecar last with the list of every file (the completion record), and only then 
 mark; import refuses a folder with the mark, or whose sidecar lists a missing file, naming them.
 An import writes ``.hscache-importing`` into its --out first and removes it last: re-running the
 same import over one that was killed starts it over. Disk full during either: one line, and the
-partial output is deleted.
+partial output is deleted: the entries the run writes (store/marks.py remove_entries), not a file the
+user put into --out meanwhile.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ from hscache.store import fsio, jsonio
 from hscache.store.cache_dir import write_provenance
 from hscache.store.layout import DEFAULT_COMPRESSION, IMPORTING_MARK, WRITER_LOCK, ArraySpec, spec_for
 from hscache.store.lock import writer_lock
-from hscache.store.marks import clear_marked_dir, write_mark
+from hscache.store.marks import CACHE_ENTRIES, clear_marked_dir, remove_entries, write_mark
 from hscache.store.paths import check_empty_out
 from hscache.store.run_log import encode_run_log
 from hscache.store.writer import SequenceRows, StoreWriter
@@ -187,28 +187,19 @@ def finish_export(out: Path, document: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def export_errors(out: Path, command: str) -> Iterator[None]:
-    """Turn an ``OSError`` while exporting (disk full) into one line, deleting the partial export."""
+def export_errors(out: Path, command: str, creates: Iterable[str]) -> Iterator[None]:
+    """Turn an ``OSError`` while exporting (disk full) into one line, deleting the partial export:
+    the top-level entries ``creates`` the export writes, its sidecar and mark, and nothing else (a
+    file the user put in ``out`` meanwhile stays)."""
     try:
         yield
     except OSError as exc:
-        _empty(out)
+        remove_entries(out, (*creates, SIDECAR, EXPORT_MARK))
         where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
         raise StoreWriteError(
             f"writing the export to {out} failed{where} ({getattr(exc, 'strerror', None) or exc}); the partial "
             f"export was deleted: free space and re-run `{command}`"
         ) from exc
-
-
-def _empty(out: Path) -> None:
-    """Delete everything in ``out`` but the writer lock (a directory this command made or found empty)."""
-    for child in Path(out).iterdir() if Path(out).is_dir() else []:
-        if child.name == WRITER_LOCK:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
 
 
 def check_export_complete(directory: Path, expected_files: Callable[[int], list[str]]) -> None:
@@ -482,7 +473,7 @@ def write_imported_cache(
                 source_bytes=source_bytes,
             )
         except OSError as exc:  # StoreWriteError included: disk full, permissions
-            _empty(out)
+            remove_entries(out, (*CACHE_ENTRIES, IMPORTING_MARK))  # what write_mark records creating
             where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
             detail = getattr(exc, "strerror", None) or exc
             if isinstance(exc, StoreWriteError):

@@ -100,7 +100,8 @@ def export_specforge(
     ids = _check_layers(cache, layer_ids)
     data = SequenceDataset(cache_path, layer_ids=ids)
     out = begin_export(Path(out), len(data))
-    with export_errors(out, f"hscache export {cache_path} --format specforge --out {out}"):
+    groups = {feature_path(Path(), i).parts[0] for i in range(len(data))}  # rows_<g>-<g+2000>/
+    with export_errors(out, f"hscache export {cache_path} --format specforge --out {out}", groups):
         return _export(cache, data, out, ids, progress)
 
 

@@ -60,6 +60,8 @@ __all__ = ["export_speculators", "import_speculators"]
 
 HIDDEN_DIR = "hidden_states"
 ARROW_FILE = "data-00000-of-00001.arrow"
+DATASET_INFO = "dataset_info.json"
+STATE_FILE = "state.json"
 LAYER_CONVENTION = (
     "vLLM aux ids: aux id a = output of decoder layer a - 1 before the final norm (hscache layer a - 1); "
     "the last slot is aux id L = the target's last layer"
@@ -99,7 +101,7 @@ def _write_dataset(out: Path, rows: dict[str, list]) -> None:
     with pa.OSFile(str(out / ARROW_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         writer.write_table(table)
     info = {"citation": "", "description": "", "features": _FEATURES, "homepage": "", "license": ""}
-    (out / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    (out / DATASET_INFO).write_text(json.dumps(info, indent=2))
     state = {
         "_data_files": [{"filename": ARROW_FILE}],
         "_fingerprint": uuid.uuid4().hex[:16],
@@ -109,7 +111,7 @@ def _write_dataset(out: Path, rows: dict[str, list]) -> None:
         "_output_all_columns": False,
         "_split": None,
     }
-    (out / "state.json").write_text(json.dumps(state, indent=2))
+    (out / STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
 def export_speculators(
@@ -126,7 +128,8 @@ def export_speculators(
     ids, total = _check_layers(cache, layer_ids)
     data = SequenceDataset(cache_path, layer_ids=ids)
     out = begin_export(Path(out), len(data))
-    with export_errors(out, f"hscache export {cache_path} --format speculators --out {out}"):
+    command = f"hscache export {cache_path} --format speculators --out {out}"
+    with export_errors(out, command, (HIDDEN_DIR, ARROW_FILE, DATASET_INFO, STATE_FILE)):
         return _export(cache, data, out, ids, total, save_file, progress)
 
 
@@ -182,7 +185,7 @@ def _save(save_file: Any, tensors: dict[str, torch.Tensor], path: str) -> None:
 
 def expected_files(sequences: int) -> list[str]:
     """The files an export of ``sequences`` sequences writes (what a killed one may lack)."""
-    return [*(f"{HIDDEN_DIR}/hs_{i}.safetensors" for i in range(sequences)), ARROW_FILE, "state.json"]
+    return [*(f"{HIDDEN_DIR}/hs_{i}.safetensors" for i in range(sequences)), ARROW_FILE, STATE_FILE]
 
 
 def _read_dataset(directory: Path) -> pa.Table:

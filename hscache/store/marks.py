@@ -40,6 +40,7 @@ __all__ = [
     "check_marked_dir",
     "clear_marked_dir",
     "manifest_problem",
+    "remove_entries",
     "write_connector_mark",
     "write_mark",
 ]
@@ -162,16 +163,31 @@ def clear_marked_dir(out: Path, name: str, flag: str = "--out") -> None:
     Raises:
         InputError: as ``check_marked_dir`` (then nothing is deleted).
     """
+    _, creates = _mark_problem(out, name)
     check_marked_dir(out, name, flag)
-    for child in out.iterdir():
-        if child.name in (name, WRITER_LOCK):
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    remove_entries(out, creates, strict=True)
     (out / name).unlink()
     fsio.fsync_dir(out)
+
+
+def remove_entries(out: Path, names: list[str] | tuple[str, ...], strict: bool = False) -> None:
+    """Delete the top-level entries ``names`` of ``out`` that a run created (and our temp files),
+    nothing else: a file another program or the user put there meanwhile is kept, and so is the
+    writer lock. A failed run cleaning its own output (hscache/interop/common.py) is not strict: what
+    cannot be deleted (the disk error that failed it) stays; strict, the first failure raises."""
+    if not Path(out).is_dir():
+        return
+    for child in Path(out).iterdir():
+        if child.name == WRITER_LOCK or (child.name not in names and fsio.TEMP_MARK not in child.name):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=not strict)
+        else:
+            try:
+                child.unlink()
+            except OSError:
+                if strict:
+                    raise
 
 
 # ``hscache extract --engine vllm --connector-dir DIR`` keeps vLLM's files there (hs_<n>.safetensors):

@@ -81,6 +81,53 @@ def test_disk_full_during_export_is_one_line_and_leaves_nothing(bf16_cache, tmp_
     assert not out.exists() or [p.name for p in out.iterdir()] in ([], [".hscache-writer.lock"])
 
 
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_a_failed_export_deletes_only_what_it_wrote(bf16_cache, tmp_path, monkeypatch, fmt):
+    """A file the user put into --out while the export ran is kept; the export's own files go."""
+    import hscache.interop.speculators as speculators
+
+    out = tmp_path / "export"
+    calls = {"n": 0}
+    original = common.publish_file
+
+    def publish(path, write):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            (out / "notes.txt").write_text("mine")  # written by the user during the run
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(path, write)
+
+    import hscache.interop.specforge as specforge
+
+    for module in (common, specforge, speculators):
+        monkeypatch.setattr(module, "publish_file", publish)
+    with pytest.raises(StoreWriteError, match="partial export was deleted"):
+        if fmt == "specforge":
+            export_specforge(bf16_cache, out, layer_ids=[1, 3])
+        else:
+            speculators.export_speculators(bf16_cache, out)
+    assert calls["n"] == 2  # one file was written before the failure: there was something to delete
+    assert sorted(p.name for p in out.iterdir() if p.name != ".hscache-writer.lock") == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_failed_import_deletes_only_what_it_wrote(bf16_cache, tmp_path, monkeypatch):
+    source = tmp_path / "export"
+    export_specforge(bf16_cache, source, layer_ids=[1, 3])
+    out = tmp_path / "c"
+
+    def finish(self):
+        assert (out / "arrays").is_dir()  # the import wrote its arrays: there is something to delete
+        (out / "notes.txt").write_text("mine")  # written by the user during the run
+        raise StoreWriteError(f"writing to {out} failed (No space left on device); the 0 sequences ...")
+
+    monkeypatch.setattr(StoreWriter, "finish", finish)
+    with pytest.raises(StoreWriteError, match="partial cache was deleted"):
+        import_specforge(source, out)
+    assert sorted(p.name for p in out.iterdir() if p.name != ".hscache-writer.lock") == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_a_killed_import_is_started_over_by_the_same_command(bf16_cache, tmp_path, monkeypatch):
     source = tmp_path / "export"
     export_specforge(bf16_cache, source, layer_ids=[1, 3])
