@@ -81,6 +81,11 @@ def test_disk_full_during_export_is_one_line_and_leaves_nothing(bf16_cache, tmp_
     assert not out.exists() or [p.name for p in out.iterdir()] in ([], [".hscache-writer.lock"])
 
 
+def _only_the_users_file_is_left(out) -> None:
+    assert sorted(p.name for p in out.iterdir() if p.name != ".hscache-writer.lock") == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("fmt", ["specforge", "speculators"])
 def test_a_failed_export_deletes_only_what_it_wrote(bf16_cache, tmp_path, monkeypatch, fmt):
     """A file the user put into --out while the export ran is kept; the export's own files go."""
@@ -107,8 +112,7 @@ def test_a_failed_export_deletes_only_what_it_wrote(bf16_cache, tmp_path, monkey
         else:
             speculators.export_speculators(bf16_cache, out)
     assert calls["n"] == 2  # one file was written before the failure: there was something to delete
-    assert sorted(p.name for p in out.iterdir() if p.name != ".hscache-writer.lock") == ["notes.txt"]
-    assert (out / "notes.txt").read_text() == "mine"
+    _only_the_users_file_is_left(out)
 
 
 def test_a_failed_import_deletes_only_what_it_wrote(bf16_cache, tmp_path, monkeypatch):
@@ -124,8 +128,7 @@ def test_a_failed_import_deletes_only_what_it_wrote(bf16_cache, tmp_path, monkey
     monkeypatch.setattr(StoreWriter, "finish", finish)
     with pytest.raises(StoreWriteError, match="partial cache was deleted"):
         import_specforge(source, out)
-    assert sorted(p.name for p in out.iterdir() if p.name != ".hscache-writer.lock") == ["notes.txt"]
-    assert (out / "notes.txt").read_text() == "mine"
+    _only_the_users_file_is_left(out)
 
 
 def test_a_killed_import_is_started_over_by_the_same_command(bf16_cache, tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ def _nemo_dflash2():
     """NeMo's DFlash2 module from ``.peers/`` (sys.path and sys.modules restored afterwards, except
     the NeMo modules themselves); skip when it is not installed."""
     if not (PEERS / "nemo_automodel").is_dir():
-        pytest.skip("peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0 hs-connectors==0.9.0")
+        pytest.skip("peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0")
     saved_path, stubbed = list(sys.path), []
     sys.path.insert(0, str(PEERS))
     if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
