@@ -403,7 +403,7 @@ def _position_buckets(ctx: click.Context, param: click.Parameter, value: str) ->
         raise click.BadParameter(
             f"{value!r} is not a comma-separated list of integers, e.g. 0,16,64,256"
         ) from None
-    from hscache.diff.stats import check_bucket_starts
+    from hscache.diff.buckets import check_bucket_starts
 
     try:
         check_bucket_starts(starts)

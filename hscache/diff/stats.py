@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
+from hscache.diff.buckets import check_bucket_starts
+
 __all__ = [
-    "MAX_POSITION",
     "REST_MASS_FLOOR",
     "TokenDrift",
     "argmax_agreement",
     "bucket_positions",
-    "check_bucket_starts",
     "logit_drift",
     "margin_at_risk",
     "token_drift",
@@ -87,27 +87,6 @@ def token_drift(a: torch.Tensor, b: torch.Tensor) -> TokenDrift:
     cos = torch.where(denom > 0, (a64 * b64).sum(-1) / denom, (sq_ref == sq_b).to(torch.float64))
     max_abs = diff.abs().amax(-1) if diff.shape[-1] else torch.zeros_like(sq_err)
     return TokenDrift(sq_err, sq_ref, rel, cos.clamp(-1.0, 1.0), max_abs, finite)
-
-
-# A token position fits the index's int32 lengths: a start past it names no token (and one past
-# int64 overflowed in torch.tensor, issue 52).
-MAX_POSITION = 2**31 - 1
-
-
-def check_bucket_starts(starts: Sequence[int]) -> None:
-    """Position bucket starts begin at 0, increase strictly and stay within ``MAX_POSITION``.
-
-    Raises:
-        ValueError: otherwise (one line, naming the rule).
-    """
-    if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
-        raise ValueError(
-            f"position bucket starts must begin at 0 and increase strictly, got {list(starts)[:12]}"
-        )
-    if starts[-1] > MAX_POSITION:
-        raise ValueError(
-            f"position bucket start {starts[-1]} is past the longest possible sequence ({MAX_POSITION} tokens)"
-        )
 
 
 def bucket_positions(positions: torch.Tensor, starts: Sequence[int]) -> torch.Tensor:
