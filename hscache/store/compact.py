@@ -12,7 +12,7 @@ Every reader dequantises to the **source dtype** (the dtype the cache was extrac
 ``cache.rows("hidden_states", ...)``, the torch datasets, row ranges, xarray and export all see the
 dtype they saw before the conversion. ``read_tokens`` / ``iter_tokens`` stay raw (stored dtype:
 the uint8 bits), as they are for bfloat16's uint16. Dequantisation runs in blocks of
-``_BLOCK_TOKENS`` tokens: never a float32 copy of a whole read.
+``_DECODE_TOKENS`` tokens: never a float32 copy of a whole read.
 
 The exact slice: a few sequences whose states are also kept at the source dtype, in
 ``exact/hidden_states`` (a zarr v3 array, the exact sequences one after another in row order,
@@ -60,7 +60,7 @@ FP8 = "float8_e4m3fn"
 FP8_MAX = 448.0  # e4m3fn's largest finite value
 SCALE_ARRAY = "hidden_states_scale"
 EXACT_ARRAY = "exact/hidden_states"
-# Tokens dequantised at a time: a float32 temporary of 256 x K x H (20 MB at K 4, H 5120), never [T, K, H].
+# Tokens quantised at a time: a float32 temporary of 256 x K x H (20 MB at K 4, H 5120), never [T, K, H].
 _BLOCK_TOKENS = 256
 
 
@@ -102,51 +102,49 @@ def quantise(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return bits, scales
 
 
-_PAIRS: np.ndarray | None = None
-
-
-def _pair_table() -> np.ndarray:
-    """uint16 (two fp8 bytes, little endian) -> their two float32 values as one uint64: 512 KiB, built once.
-
-    Decoding through it is one gather per two values: 1.7x faster than torch's fp8 -> float32 cast
-    on this CPU (which converts value by value), and the same values bit for bit (tested).
-    """
-    global _PAIRS
-    if _PAIRS is None:
-        import torch
-
-        values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
-        index = np.arange(1 << 16)
-        table = np.empty((1 << 16, 2), np.float32)
-        table[:, 0], table[:, 1] = values[index & 0xFF], values[index >> 8]
-        _PAIRS = table.view(np.uint64).ravel()
-    return _PAIRS
+# Tokens decoded at a time by ``dequantise``: an int32 block of 16 x K x H (1.3 MB at K 4, H 5120)
+# stays in this CPU's 2 MiB L2 through its five passes; 256-token blocks (21 MB) ran 1.5x slower.
+_DECODE_TOKENS = 16
+_E4M3_TO_F32_BITS = -0x78100000  # 0x87F00000 as int32: the sign bit and e4m3's 7 exponent+mantissa bits
+_E4M3_UNBIAS = 2.0**120  # fp32 bias 127 - e4m3fn bias 7
 
 
 def dequantise(
     bits: np.ndarray, scales: np.ndarray, dtype: torch.dtype, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """fp8 bits ``uint8 [n, K, H]`` and scales ``[n, K]`` -> ``[n, K, H]`` of ``dtype`` (bits x scale
-    in float32, then rounded once to ``dtype``), ``_BLOCK_TOKENS`` tokens at a time into ``out``."""
-    import sys
+    """fp8 bits ``uint8 [n, K, H]`` and scales ``[n, K]`` -> ``[n, K, H]`` of ``dtype``: bit for bit
+    ``(torch's float8_e4m3fn -> float32 cast * scale)`` rounded once to ``dtype`` (tested over every
+    byte), ``_DECODE_TOKENS`` tokens at a time into ``out``.
 
+    Why it is fast: an e4m3fn byte ``s eeee mmm`` moved to bits 31 and 26..20 of an int32 is the fp32
+    ``value * 2**-120`` exactly, subnormals included (fp32's subnormals mirror e4m3fn's), so the
+    decode is three whole-tensor integer passes and the scale multiply takes ``scale * 2**120``
+    (exact: a power of two). The product is the same real number as ``value * scale``, rounded once
+    to fp32, so the same bits. 3x faster than a 64 Ki-entry byte-pair table gathered with numpy and
+    5x faster than torch's own cast on this CPU. A block holding NaN bytes (``0x7F``/``0xFF``, which
+    the shift would read as 480) or a scale past ``2**8`` (whose ``* 2**120`` overflows fp32) takes
+    torch's cast instead."""
     import torch
 
     n = bits.shape[0]
     if out is None:
         out = torch.empty(tuple(bits.shape), dtype=dtype)
-    bits = np.ascontiguousarray(bits)
-    sc = torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32))
-    pairs = sys.byteorder == "little" and bits[:1].size % 2 == 0  # whole pairs per row block
-    for a in range(0, n, _BLOCK_TOKENS):
-        b = min(n, a + _BLOCK_TOKENS)
-        block = bits[a:b]
-        if pairs:
-            values = torch.from_numpy(_pair_table()[block.reshape(-1).view(np.uint16)].view(np.float32))
-            values = values.view(block.shape)
-        else:
-            values = torch.from_numpy(block).view(torch.float8_e4m3fn).float()
-        out[a:b].copy_(values.mul_(sc[a:b].unsqueeze(-1)))
+    stored = torch.from_numpy(np.ascontiguousarray(bits))
+    sc = torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)).unsqueeze(-1)
+    unbiased = sc * _E4M3_UNBIAS
+    block = torch.empty((min(n, _DECODE_TOKENS), *bits.shape[1:]), dtype=torch.int32)
+    for a in range(0, n, _DECODE_TOKENS):
+        b = min(n, a + _DECODE_TOKENS)
+        raw = stored[a:b]
+        nan = int(raw.view(torch.int8).max()) == 0x7F or int(raw.max()) == 0xFF if raw.numel() else False
+        if nan or not bool(torch.isfinite(unbiased[a:b]).all()):
+            out[a:b].copy_(raw.view(torch.float8_e4m3fn).float().mul_(sc[a:b]))
+            continue
+        ints = block[: b - a]
+        ints.copy_(raw.view(torch.int8))  # sign-extended: bits 31..7 all hold the sign
+        ints.bitwise_left_shift_(20)
+        ints.bitwise_and_(_E4M3_TO_F32_BITS)
+        out[a:b].copy_(ints.view(torch.float32).mul_(unbiased[a:b]))
     return out
 
 
