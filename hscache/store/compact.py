@@ -103,10 +103,10 @@ def quantise(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 # Tokens decoded at a time by ``dequantise``: an int32 block of 16 x K x H (1.3 MB at K 4, H 5120)
-# stays in this CPU's 2 MiB L2 through its five passes; 256-token blocks (21 MB) ran 1.5x slower.
+# stays in this CPU's 2 MiB L2 through its passes; 256-token blocks (21 MB) ran 1.5x slower.
 _DECODE_TOKENS = 16
-_E4M3_TO_F32_BITS = -0x78100000  # 0x87F00000 as int32: the sign bit and e4m3's 7 exponent+mantissa bits
-_E4M3_UNBIAS = 2.0**120  # fp32 bias 127 - e4m3fn bias 7
+_E4M3_TO_F32_BITS = np.int32(-0x78100000)  # 0x87F00000: the sign bit and e4m3's 7 exponent+mantissa bits
+_E4M3_UNBIAS = np.float32(2.0**120)  # 2 ** (fp32's exponent bias 127 - e4m3fn's 7)
 
 
 def dequantise(
@@ -118,33 +118,39 @@ def dequantise(
 
     Why it is fast: an e4m3fn byte ``s eeee mmm`` moved to bits 31 and 26..20 of an int32 is the fp32
     ``value * 2**-120`` exactly, subnormals included (fp32's subnormals mirror e4m3fn's), so the
-    decode is three whole-tensor integer passes and the scale multiply takes ``scale * 2**120``
-    (exact: a power of two). The product is the same real number as ``value * scale``, rounded once
-    to fp32, so the same bits. 3x faster than a 64 Ki-entry byte-pair table gathered with numpy and
-    5x faster than torch's own cast on this CPU. A block holding NaN bytes (``0x7F``/``0xFF``, which
-    the shift would read as 480) or a scale past ``2**8`` (whose ``* 2**120`` overflows fp32) takes
-    torch's cast instead."""
+    decode is three integer passes and the scale multiply takes ``scale * 2**120`` (exact: a power
+    of two): the product is the same real number as ``value * scale``, rounded once to fp32, so the
+    same bits. The passes run in numpy (one thread, the GIL released: torch's two-thread ops on 16
+    tokens waited on each other on the shared CPU) and torch rounds to ``dtype``. A block holding
+    NaN bytes (``0x7F``/``0xFF``, which the shift would read as 480) or a scale past ``2**8`` (whose
+    ``* 2**120`` overflows fp32) takes torch's cast instead. Measured in docs/storage.md."""
     import torch
 
     n = bits.shape[0]
     if out is None:
         out = torch.empty(tuple(bits.shape), dtype=dtype)
-    stored = torch.from_numpy(np.ascontiguousarray(bits))
-    sc = torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)).unsqueeze(-1)
-    unbiased = sc * _E4M3_UNBIAS
-    block = torch.empty((min(n, _DECODE_TOKENS), *bits.shape[1:]), dtype=torch.int32)
+    bits = np.ascontiguousarray(bits)
+    scales = np.ascontiguousarray(scales, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        unbiased = scales[..., None] * _E4M3_UNBIAS
+    direct = dtype == torch.float32 and out.is_contiguous()  # decode straight into out's memory
+    block = np.empty((min(n, _DECODE_TOKENS), *bits.shape[1:]), np.int32)
     for a in range(0, n, _DECODE_TOKENS):
         b = min(n, a + _DECODE_TOKENS)
-        raw = stored[a:b]
-        nan = int(raw.view(torch.int8).max()) == 0x7F or int(raw.max()) == 0xFF if raw.numel() else False
-        if nan or not bool(torch.isfinite(unbiased[a:b]).all()):
-            out[a:b].copy_(raw.view(torch.float8_e4m3fn).float().mul_(sc[a:b]))
+        raw = bits[a:b]
+        nan = raw.size and (raw.view(np.int8).max() == 0x7F or raw.max() == 0xFF)
+        if nan or not np.isfinite(unbiased[a:b]).all():
+            values = torch.from_numpy(raw).view(torch.float8_e4m3fn).float()
+            out[a:b].copy_(values.mul_(torch.from_numpy(scales[a:b]).unsqueeze(-1)))
             continue
-        ints = block[: b - a]
-        ints.copy_(raw.view(torch.int8))  # sign-extended: bits 31..7 all hold the sign
-        ints.bitwise_left_shift_(20)
-        ints.bitwise_and_(_E4M3_TO_F32_BITS)
-        out[a:b].copy_(ints.view(torch.float32).mul_(unbiased[a:b]))
+        ints = out[a:b].view(torch.int32).numpy() if direct else block[: b - a]
+        np.copyto(ints, raw.view(np.int8), casting="unsafe")  # sign-extended: bits 31..7 hold the sign
+        np.left_shift(ints, 20, out=ints)
+        np.bitwise_and(ints, _E4M3_TO_F32_BITS, out=ints)
+        values = ints.view(np.float32)
+        np.multiply(values, unbiased[a:b], out=values)
+        if not direct:
+            out[a:b].copy_(torch.from_numpy(values))
     return out
 
 
