@@ -11,7 +11,7 @@ Three parts, each in one run (``--parts bytes,read,families``):
             Every array's bytes on disk / tokens (the next-token data included, the exact slice apart).
   read      the training read, ``PackedWindows`` (one window per sequence, no shuffle, in-process) over
             the bf16 codec-none cache and its fp8 copy, dequantised to bf16 on the CPU and as stored
-            (``dequantise=False``: fp8 + scales, for a device to dequantise), warm and cold, best of
+            (``dequantise=False``: fp8 + scales, for a device to dequantise), warm and cold, the median of
             ``--repeats`` interleaved: the ratio to none of the bf16 states' bytes delivered per second.
   families  the built-in trained target and the README's families recipe (a HumanEval training
             cache, an 8-prompt scoring cache, DFlash 600 steps with --prompt-anchors, EAGLE-3 1000
@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -178,27 +179,38 @@ def part_read(tmp: Path, sequences: int, length: int, repeats: int) -> dict:
         return sum(w["hidden_states"].numel() * 2 for w in windows)
 
     paths = {"none": (none, True), "fp8": (fp8, True), "fp8_raw": (fp8, False)}
-    best: dict[str, dict[str, float]] = {"warm": {}, "cold": {}}
+    runs: dict[str, dict[str, list[float]]] = {"warm": {n: [] for n in paths}, "cold": {n: [] for n in paths}}
+    load = [os.getloadavg()[0]]
     for root, dequantise in paths.values():
         epoch(root, dequantise)  # page cache, chunk checks
     for label in ("warm", "cold"):
-        for _ in range(repeats):
+        for _ in range(repeats):  # the paths alternate: load shifts hit each about alike
             for name, (root, dequantise) in paths.items():
                 if label == "cold":
                     _make_cold(root)
                 t0 = time.perf_counter()
                 nbytes = epoch(root, dequantise)
-                gbps = nbytes / (time.perf_counter() - t0) / 1e9
-                best[label][name] = max(best[label].get(name, 0.0), gbps)
-    ratios = {f"{name}_{label}": best[label][name] / best[label]["none"] for label in best for name in paths}
-    for label in best:
+                runs[label][name].append(nbytes / (time.perf_counter() - t0) / 1e9)
+    load.append(os.getloadavg()[0])
+    median = {label: {n: statistics.median(v) for n, v in by.items()} for label, by in runs.items()}
+    ratios = {
+        f"{name}_{label}": median[label][name] / median[label]["none"] for label in median for name in paths
+    }
+    for label in median:
         print(
-            f"training read ({label}), PackedWindows, GB/s of bf16 states: codec none {best[label]['none']:.2f}, "
-            f"fp8 dequantised on the CPU {best[label]['fp8']:.2f} (ratio {ratios['fp8_' + label]:.2f}), fp8 as "
-            f"stored (dequantise=False: the device dequantises) {best[label]['fp8_raw']:.2f} (ratio "
-            f"{ratios['fp8_raw_' + label]:.2f}); torch threads {torch.get_num_threads()}"
+            f"training read ({label}), PackedWindows, median of {repeats}, GB/s of bf16 states: codec none "
+            f"{median[label]['none']:.2f}, fp8 dequantised on the CPU {median[label]['fp8']:.2f} (ratio "
+            f"{ratios['fp8_' + label]:.2f}), fp8 as stored (dequantise=False: the device dequantises) "
+            f"{median[label]['fp8_raw']:.2f} (ratio {ratios['fp8_raw_' + label]:.2f}); torch threads "
+            f"{torch.get_num_threads()}, load {load[0]:.1f} -> {load[1]:.1f}"
         )
-    return {"gb_per_s": best, "ratios_vs_none": ratios, "threads": torch.get_num_threads()}
+    return {
+        "gb_per_s": median,
+        "runs": runs,
+        "ratios_vs_none": ratios,
+        "threads": torch.get_num_threads(),
+        "load": load,
+    }
 
 
 def _run(*args: str) -> None:

@@ -242,15 +242,24 @@ def test_diff_exact_slice_reports_the_codec_error_per_layer(compact):
     assert result.exit_code == 2 and "is not a compact cache" in result.output
 
 
-def test_the_pair_table_decodes_every_byte_pair_as_torch_casts_it():
-    every = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2, 2)  # rows of 2 x 2 bytes
-    every = every[~np.isnan(every.view(ml_dtypes.float8_e4m3fn).astype(np.float32)).any(axis=(1, 2))]
-    scales = np.ones(every.shape[:2], np.float32)
-    got = dequantise(every, scales, torch.float32)
-    want = torch.from_numpy(every).view(torch.float8_e4m3fn).float()
-    assert torch.equal(got, want)
-    odd = every[:, :, :1].copy()  # an odd row size: torch's cast
-    assert torch.equal(dequantise(odd, scales, torch.float32), want[:, :, :1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dequantise_is_torchs_fp8_cast_times_the_scale_bit_for_bit(dtype):
+    every = np.arange(256, dtype=np.uint8)  # +-0, subnormals, 448 (0x7E), NaN (0x7F, 0xFF)
+    finite = every[(every & 0x7F) != 0x7F]
+    small = [1.0, 0.0, 1e-40, 2.0**-130, 1.5e-3, 1 / 448, 0.7, 3.0, 255.9] * 4
+    # tokens 0-15 (one decode block): the shifted decode; token 16's scales pass 2**8: torch's cast
+    scales = np.array([*small[:32], 300.0, 1e30], np.float32).reshape(-1, 2)  # [tokens 17, K 2]
+    for rows in (finite, every):  # the shifted decode; a block with NaN bytes: torch's cast
+        bits = np.broadcast_to(rows, (*scales.shape, len(rows))).copy()
+        bits[1::2] = bits[1::2, :, ::-1]  # not the same byte order in every token
+        want = (
+            torch.from_numpy(bits).view(torch.float8_e4m3fn).float() * torch.from_numpy(scales)[..., None]
+        ).to(dtype)
+        got = dequantise(bits, scales, dtype)
+        view = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert got.dtype == dtype and torch.equal(got.view(view), want.view(view))
+        odd = bits[:, :, :3].copy()  # an odd row size
+        assert torch.equal(dequantise(odd, scales, dtype).view(view), want[:, :, :3].view(view))
 
 
 def test_extract_states_fp8_writes_a_compact_cache_and_a_rerun_keeps_it(tmp_path):
