@@ -2,7 +2,7 @@
 chain (an independent greedy loop on the LM's own KV cache, as draft_model.py drafts) wherever the replay
 can count them; the built-in tiny-qwen3 drafts for a tiny-qwen3.5 cache (they share the tokenizer); a draft
 LM of another tokenizer, or one without K, is refused by name. vLLM's own judgement:
-tests/judge/test_draft_model.py."""
+tests/judge/test_draft_model_judged.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 0.32.0 lays out parallel drafting. The batched replay (EAGLE-3's drafting with `PEagleDrafter.step`) equals
 the literal one-anchor first pass (`PEagleDrafter.draft_one_anchor`: rows and mask slots in one causal
 forward) at every anchor; the EAGLE-3 chain rule or the parallel slots one position late do not. vLLM's
-own judgement of the same family: tests/judge/test_peagle.py."""
+own judgement of the same family: tests/judge/test_peagle_judged.py."""
 
 from __future__ import annotations
 
