@@ -51,6 +51,7 @@ __all__ = [
     "attention_flops",
     "checkpoint_model",
     "lazy",
+    "lazy_functions",
     "linear_params",
     "target_head_name",
 ]
@@ -160,6 +161,12 @@ def lazy(module: str, name: str) -> LazyFunction:
     """``module``'s function ``name``, imported when first called: how a family's row binds the
     functions of its heavy modules (torch and the model code) without importing them."""
     return LazyFunction(module, name)
+
+
+def lazy_functions(module: str, *names: str) -> dict[str, LazyFunction]:
+    """The row fields ``name=lazy(module, name)`` for each of ``names``: how a row binds, in one line,
+    the functions of its seam that bear the fields' own names (``claims``, ``load``, ``cost``...)."""
+    return {name: lazy(module, name) for name in names}
 
 
 @dataclass(frozen=True)
