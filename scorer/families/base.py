@@ -35,6 +35,7 @@ from hscache.store import jsonio
 
 __all__ = [
     "CheckpointProbe",
+    "DecoderDims",
     "check_new_drafter_sizes",
     "check_scored_sizes",
     "longest_sequence",
@@ -83,6 +84,23 @@ class Drafter(Protocol):
 
     family: str
     config: DrafterSettings
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """The decoder dimensions every transformer drafter's config starts with, as HF ``config.json``
+    names them; a family's config dataclass adds its own fields after them."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    vocab_size: int
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from hscache.capture.layers import dflash_layer_ids
 from scorer.config_numbers import check_config_numbers
+from scorer.families.base import DecoderDims
 
 __all__ = ["DFlashConfig", "derive_target_layer_ids", "draft_value", "hf_config_fields"]
 
@@ -38,19 +39,9 @@ def _rope_type(rope_scaling: dict | None) -> str:
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(DecoderDims):
     """Architecture of a DFlash drafter; mirrors the HF `config.json` fields (spec section 1)."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    vocab_size: int
     attention_bias: bool
     block_size: int
     mask_token_id: int
