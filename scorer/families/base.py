@@ -102,6 +102,14 @@ class DecoderDims:
     rope_scaling: dict | None
     vocab_size: int
 
+    def check_attention_heads(self) -> None:
+        """Refuse query heads that the key/value heads do not divide into equal groups (GQA)."""
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+
 
 @dataclass(frozen=True)
 class CheckpointProbe:

@@ -67,11 +67,7 @@ class DFlashConfig(DecoderDims):
         self._check_layer_types()
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty; a drafter reads at least one target layer")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
-            )
+        self.check_attention_heads()
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (slot 0 is the known token), got {self.block_size}")
         if not 0 <= self.mask_token_id < self.vocab_size:

@@ -83,11 +83,7 @@ class Eagle3Config(DecoderDims):
         if self.vllm_layer_ids is not None:
             vllm = tuple(int(i) for i in self.vllm_layer_ids)
             object.__setattr__(self, "vllm_layer_ids", None if vllm == self.target_layer_ids else vllm)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
-            )
+        self.check_attention_heads()
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
