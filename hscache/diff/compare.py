@@ -297,12 +297,8 @@ def _compare_sequence(
             bucket,
             arg_a[span],
             arg_b[span],
-            top_a[0][span, :k],
-            top_a[1][span, :k],
-            lse_a[span],
-            top_b[0][span, :k],
-            top_b[1][span, :k],
-            lse_b[span],
+            (top_a[0][span, :k], top_a[1][span, :k], lse_a[span]),
+            (top_b[0][span, :k], top_b[1][span, :k], lse_b[span]),
         )
     rel = torch.where(seq_ref > 0, (seq_err / seq_ref).sqrt(), torch.where(seq_err > 0, torch.inf, 0.0))
     worst = int(rel.argmax())

@@ -125,16 +125,16 @@ class NextTokenSums:
         bucket: torch.Tensor,
         arg_a: torch.Tensor,
         arg_b: torch.Tensor,
-        values_a: torch.Tensor,
-        ids_a: torch.Tensor,
-        lse_a: torch.Tensor,
-        values_b: torch.Tensor,
-        ids_b: torch.Tensor,
-        lse_b: torch.Tensor,
+        topk_a: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        topk_b: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> int:
-        """Add one chunk of positions; returns how many of them agree on the argmax."""
+        """Add one chunk of positions; returns how many of them agree on the argmax. ``topk_a`` /
+        ``topk_b``: each cache's (top-k values [T, k], their ids [T, k], log-sum-exp [T]), the
+        arguments of ``stats.topk_kl`` for that side."""
+        values_a, ids_a, _ = topk_a
+        values_b, ids_b, _ = topk_b
         agree = drift.argmax_agreement(arg_a, arg_b)
-        kl = drift.topk_kl(values_a, ids_a, lse_a, values_b, ids_b, lse_b)
+        kl = drift.topk_kl(*topk_a, *topk_b)
         self.positions.index_add_(0, bucket, torch.ones(len(bucket), dtype=_F64))
         self.agree.index_add_(0, bucket, agree.to(_F64))
         self.overlap.index_add_(0, bucket, drift.topk_overlap(ids_a, ids_b))

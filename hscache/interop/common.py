@@ -58,7 +58,9 @@ __all__ = [
     "export_errors",
     "finish_export",
     "publish_file",
+    "ImportSource",
     "ImportedSequence",
+    "importer",
     "check_fresh_dir",
     "check_layer_count",
     "inflate_limit",
@@ -441,6 +443,51 @@ def _stored(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)  # raw bits, as hscache extract stores them
     return t.numpy()
+
+
+@dataclass(frozen=True)
+class ImportSource:
+    """What a peer's reader found in a source folder: all ``write_imported_cache`` needs but the output."""
+
+    sequences: Iterable[ImportedSequence]
+    layer_ids: list[int]
+    imported: dict[str, Any]
+    source_bytes: int | None
+    last_layer_slot: int | None = None
+
+
+def importer(
+    name: str, read: Callable[[str | Path, list[int] | None, str | None], ImportSource]
+) -> Callable[..., tuple[int, int]]:
+    """The public ``import_<format>`` function of a peer format whose reader is ``read(directory,
+    layer_ids, target)``: every format's import takes the same arguments and writes the same way;
+    its docstring is the reader's."""
+
+    def load(
+        directory: str | Path,
+        out: str | Path,
+        layer_ids: list[int] | None = None,
+        compression: str = DEFAULT_COMPRESSION,
+        target: str | None = None,
+        progress: Any = NO_PROGRESS,
+    ) -> tuple[int, int]:
+        source = read(directory, layer_ids, target)
+        return write_imported_cache(
+            Path(out),
+            source.sequences,
+            layer_ids=source.layer_ids,
+            imported=source.imported,
+            compression=compression,
+            progress=progress,
+            target=target,
+            last_layer_slot=source.last_layer_slot,
+            source_bytes=source.source_bytes,
+        )
+
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = read.__doc__
+    load.__module__ = read.__module__
+    return load
 
 
 def write_imported_cache(

@@ -37,22 +37,22 @@ from hscache.errors import InputError
 from hscache.interop.common import (
     INFLATE_RATIO,
     ImportedSequence,
+    ImportSource,
     begin_export,
     check_export_complete,
     export_errors,
     finish_export,
     import_record,
+    importer,
     inflate_limit,
     num_target_layers,
     publish_file,
     read_sidecar,
     select_layers,
     source_layer_ids,
-    write_imported_cache,
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store.fsio import open_regular
-from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 from hscache.store.paths import check_source_dir
 
@@ -275,14 +275,7 @@ def _sequences(
         yield ImportedSequence(name, hidden.reshape(T, layers, -1), ids, mask)
 
 
-def import_specforge(
-    directory: str | Path,
-    out: str | Path,
-    layer_ids: list[int] | None = None,
-    compression: str = DEFAULT_COMPRESSION,
-    target: str | None = None,
-    progress: Any = NO_PROGRESS,
-) -> tuple[int, int]:
+def _read_specforge(directory: str | Path, layer_ids: list[int] | None, target: str | None) -> ImportSource:
     """Turn SpecForge DFlash feature files under ``directory`` into a cache at ``out``.
 
     ``layer_ids``: the draft config's ``dflash_config.target_layer_ids`` (needed unless the folder
@@ -310,13 +303,12 @@ def import_specforge(
             "sidecar records; pass the layers the files hold"
         )
     record_ids = (sidecar or {}).get("record_ids")
-    return write_imported_cache(
-        Path(out),
+    return ImportSource(  # a target adds target/ only: SpecForge's files never hold the last layer
         _sequences(files, len(ids), record_ids),
         layer_ids=list(ids),
         imported=imported,
-        compression=compression,
-        progress=progress,
-        target=target,  # adds target/ only: SpecForge's files never hold the last layer
         source_bytes=sum(_inflated_at_most(path) for _, path, _ in files),
     )
+
+
+import_specforge = importer("import_specforge", _read_specforge)

@@ -39,23 +39,23 @@ from hscache.errors import CacheFormatError, InputError
 from hscache.interop.arrow_stream import read_bounded_stream
 from hscache.interop.common import (
     ImportedSequence,
+    ImportSource,
     begin_export,
     check_export_complete,
     export_errors,
     finish_export,
     import_record,
+    importer,
     num_target_layers,
     publish_file,
     read_sidecar,
     select_layers,
     source_layer_ids,
-    write_imported_cache,
 )
 from hscache.progress import NO_PROGRESS
 from hscache.store import jsonio
 from hscache.store.compact import quantise_per_token
 from hscache.store.fsio import open_regular, read_regular
-from hscache.store.layout import DEFAULT_COMPRESSION
 from hscache.store.open import open_cache
 from hscache.store.paths import check_source_dir
 from hscache.store.target_files import check_safetensors_bytes
@@ -324,14 +324,7 @@ def _sequences(
         yield ImportedSequence(name, hidden, tokens, torch.tensor(loss_mask[i].as_py()))
 
 
-def import_speculators(
-    directory: str | Path,
-    out: str | Path,
-    layer_ids: list[int] | None = None,
-    compression: str = DEFAULT_COMPRESSION,
-    target: str | None = None,
-    progress: Any = NO_PROGRESS,
-) -> tuple[int, int]:
+def _read_speculators(directory: str | Path, layer_ids: list[int] | None, target: str | None) -> ImportSource:
     """Turn speculators offline data at ``directory`` into a cache at ``out``.
 
     ``layer_ids``: the vLLM aux ids of the file's slots, last layer included (e.g. ``2,14,25,28``
@@ -363,14 +356,13 @@ def import_speculators(
         "speculators", directory, max(1, files), ids, aux, LAYER_CONVENTION, given, sidecar
     )
     record_ids = (sidecar or {}).get("record_ids")
-    return write_imported_cache(
-        Path(out),
+    return ImportSource(
         _sequences(directory, table, len(aux), record_ids),
         layer_ids=ids,
         imported=imported,
-        compression=compression,
-        progress=progress,
-        target=target,
-        last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
         source_bytes=sum(p.stat().st_size for p in hidden_files),
+        last_layer_slot=len(aux) - 1,  # by the format, the last slot is the target's last layer
     )
+
+
+import_speculators = importer("import_speculators", _read_speculators)

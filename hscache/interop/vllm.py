@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -30,9 +29,7 @@ from hscache.engines.vllm.files import (
     read_connector_file,
 )
 from hscache.errors import InputError
-from hscache.interop.common import ImportedSequence, import_record, source_layer_ids, write_imported_cache
-from hscache.progress import NO_PROGRESS
-from hscache.store.layout import DEFAULT_COMPRESSION
+from hscache.interop.common import ImportedSequence, ImportSource, import_record, importer, source_layer_ids
 from hscache.store.paths import check_source_dir
 
 __all__ = ["LAYER_CONVENTION", "import_vllm"]
@@ -73,14 +70,7 @@ def _sequences(
         )
 
 
-def import_vllm(
-    directory: str | Path,
-    out: str | Path,
-    layer_ids: list[int] | None = None,
-    compression: str = DEFAULT_COMPRESSION,
-    target: str | None = None,
-    progress: Any = NO_PROGRESS,
-) -> tuple[int, int]:
+def _read_vllm(directory: str | Path, layer_ids: list[int] | None, target: str | None) -> ImportSource:
     """Turn the vLLM hidden-state files in ``directory`` into a cache at ``out``; return (sequences, tokens).
 
     ``layer_ids``: the engine's ``eagle_aux_hidden_state_layer_ids`` (required: the files do not say).
@@ -104,14 +94,13 @@ def import_vllm(
         check_connector_header(path, len(ids), width)
     last = ids.index(depth - 1) if depth is not None and depth - 1 in ids else None
     imported = import_record("vllm", directory, len(files), ids, layer_ids, LAYER_CONVENTION, given, None)
-    return write_imported_cache(
-        Path(out),
+    return ImportSource(
         _sequences(files, len(ids), vocab, width),
         layer_ids=ids,
         imported=imported,
-        compression=compression,
-        progress=progress,
-        target=target,
-        last_layer_slot=last,
         source_bytes=sum(path.stat().st_size for path in files),
+        last_layer_slot=last,
     )
+
+
+import_vllm = importer("import_vllm", _read_vllm)

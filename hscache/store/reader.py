@@ -46,7 +46,16 @@ from hscache.store.target_files import (
 from hscache.store.urls import absolute_location
 from hscache.store.zarr_meta import array_from_metadata
 
-__all__ = ["ARRAY_NAME", "Cache", "check_integrity", "open_local", "read_manifest", "row_of", "sequence_row"]
+__all__ = [
+    "ARRAY_NAME",
+    "Cache",
+    "SequenceSpans",
+    "check_integrity",
+    "open_local",
+    "read_manifest",
+    "row_of",
+    "sequence_row",
+]
 
 # Array names become paths inside arrays/: plain identifiers only, never "..", "/" or absolute paths.
 ARRAY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -109,7 +118,25 @@ def _check_shape(path: Path, manifest: dict[str, Any]) -> None:
             raise CacheFormatError(f"{path} names array {name!r}, which is not a plain identifier")
 
 
-class Cache:
+class SequenceSpans:
+    """Where each sequence's tokens lie, for a cache view that sets ``_offsets`` and ``_lengths``
+    (a cache's index columns; a sharded cache's concatenation in global order)."""
+
+    _offsets: np.ndarray
+    _lengths: np.ndarray
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[len(self)]``: the first token of each sequence (the index's ``offset`` column)."""
+        return self._offsets
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 ``[len(self)]``: the tokens of each sequence (the index's ``length`` column)."""
+        return self._lengths
+
+
+class Cache(SequenceSpans):
     """A read-only view of the committed part of a cache directory.
 
     Per-sequence accessors take a row number ``i`` of ``index`` (or a record id, e.g. ``"chat-1"``)
@@ -399,16 +426,6 @@ class Cache:
         from hscache.store.dtypes import tensor_from_stored  # imports torch: not at `hscache info`
 
         return tensor_from_stored(self.read_tokens(name, start, stop), self.specs[name].logical_dtype)
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """int64 ``[len(self)]``: the first token of each sequence (the index's ``offset`` column)."""
-        return self._offsets
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """int64 ``[len(self)]``: the tokens of each sequence (the index's ``length`` column)."""
-        return self._lengths
 
     def row_of(self, record_id: str) -> int:
         """The row of the sequence whose record id is ``record_id``.

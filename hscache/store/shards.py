@@ -32,7 +32,7 @@ from hscache.store.index import INDEX_SCHEMA, expand_metadata
 from hscache.store.layout import MANIFEST, PROVENANCE, TARGET_DIR, WRITER_LOCK, ArraySpec
 from hscache.store.lock import writer_lock
 from hscache.store.paths import is_cache_dir, not_a_cache
-from hscache.store.reader import Cache, open_local, row_of, sequence_row
+from hscache.store.reader import Cache, SequenceSpans, open_local, row_of, sequence_row
 from hscache.store.sampling import SamplingSetting, sampling_setting
 from hscache.store.writer import SequenceRows, StoreWriter
 
@@ -159,7 +159,7 @@ def _check_same(root: Path, shards: list[Cache]) -> None:
             )
 
 
-class ShardedCache:
+class ShardedCache(SequenceSpans):
     """Read-only view of a sharded cache as one cache, in the original record order.
 
     Offers the ``Cache`` API (``index``, ``hidden_states(i)``, ``target_head()``...) except
@@ -207,16 +207,6 @@ class ShardedCache:
             f"ShardedCache({str(self.path)!r}, shards={len(self.shards)}, sequences={len(self)}, "
             f"tokens={self.num_tokens}, layers={self.layer_ids})"
         )
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """int64: each sequence's first token in the concatenation of all sequences in global order."""
-        return self._offsets
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """int64: the tokens of each sequence, in global order."""
-        return self._lengths
 
     @property
     def num_tokens(self) -> int:

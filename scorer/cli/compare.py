@@ -3,26 +3,23 @@ of several sampling settings side by side (scorer.studies.compare_settings)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import click
 
 from hscache.cli_options import report_outputs
 from scorer.cli.shared import (
-    DROPPED_QUIETLY,
     ScoringCommand,
+    TauProgress,
     check_outputs,
     ddtree_option,
     device_option,
     drafting_flags,
-    family_flag_names,
-    family_settings,
     friendly_errors,
-    given_on_command_line,
     limit_option,
-    refuse_foreign_settings,
     sampling_check_flags,
-    sampling_request,
+    scoring_config,
     scoring_dtype_option,
     seed_option,
     write_json,
@@ -82,14 +79,9 @@ def compare(
     from scorer.report.html import per_category_table
     from scorer.report.tables import print_table
     from scorer.studies.compare import compare_drafters
-    from scorer.studies.evaluate import EvalConfig
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
-    sampling = sampling_request(options)
-    config = EvalConfig(overrides=family_settings(options), sampling=sampling, **options)
-    refuse_foreign_settings(
-        checkpoints, config.config_path, given_on_command_line((*DROPPED_QUIETLY, *family_flag_names()))
-    )
+    config = scoring_config(checkpoints, options)
     if len(caches) > 1:
         from rich.console import Console
 
@@ -103,20 +95,13 @@ def compare(
 
             click.echo(f"wrote {write_settings_html(document, report_out)}", err=True)
         return
-    rounds = tokens = drafters = 0
-
-    def started(checkpoint: str, sequences: int) -> None:
-        nonlocal rounds, tokens, drafters
-        rounds, tokens, drafters = 0, 0, drafters + 1
-        progress.start(sequences, note=f"drafter {drafters} of {len(checkpoints)}: {checkpoint}")
-
-    def scored(result: Any) -> None:
-        nonlocal rounds, tokens
-        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
-        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
-
     with StepProgress("compare", "sequences") as progress:
-        document = compare_drafters(checkpoints, caches[0], config, on_sequence=scored, on_start=started)
+        tau, drafters = TauProgress(progress), itertools.count(1)
+
+        def started(checkpoint: str, sequences: int) -> None:
+            tau.restart(sequences, f"drafter {next(drafters)} of {len(checkpoints)}: {checkpoint}")
+
+        document = compare_drafters(checkpoints, caches[0], config, on_sequence=tau.scored, on_start=started)
     names = drafter_names(document)
     for header, rows in ((TAU_HEADER, tau_rows(document, names)), (COST_HEADER, cost_rows(document, names))):
         print_table(header, rows, table_format)

@@ -8,9 +8,9 @@ import click
 
 from hscache.cli_options import allow_unsealed_option, report_outputs
 from scorer.cli.shared import (
-    DROPPED_QUIETLY,
     POSITIVE,
     ScoringCommand,
+    TauProgress,
     anchors_option,
     block_size_option,
     check_outputs,
@@ -19,15 +19,11 @@ from scorer.cli.shared import (
     ddtree_option,
     device_option,
     drafting_flags,
-    family_flag_names,
-    family_settings,
     friendly_errors,
-    given_on_command_line,
     limit_option,
     maybe_cluster,
-    refuse_foreign_settings,
     sampling_check_flags,
-    sampling_request,
+    scoring_config,
     scoring_dtype_option,
     seed_option,
     write_json,
@@ -110,37 +106,26 @@ def eval_command(
 
     from hscache.progress import StepProgress
     from scorer.report.terminal import render_comparison, render_report
-    from scorer.studies.evaluate import EvalConfig, evaluate_many
+    from scorer.studies.evaluate import evaluate_many
 
-    sampling = sampling_request(options)
-    config = EvalConfig(overrides={**overrides, **family_settings(options)}, sampling=sampling, **options)
-    refuse_foreign_settings(
-        checkpoint, config.config_path, given_on_command_line((*DROPPED_QUIETLY, *family_flag_names()))
-    )
+    config = scoring_config(checkpoint, options, overrides)
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
     console = Console(stderr=False)
-    rounds = tokens = 0
-
-    def scored(result: Any) -> None:
-        nonlocal rounds, tokens
-        rounds, tokens = rounds + result.chain.n_rounds, tokens + result.chain.n_tokens
-        progress.advance(1, status=f"{rounds} rounds, tau so far {tokens / max(1, rounds):.2f}")
 
     def started(path: str, sequences: int) -> None:
-        nonlocal rounds, tokens
-        rounds = tokens = 0
         label = f"cache {caches.index(path) + 1} of {len(caches)}: {path}" if len(caches) > 1 else None
-        progress.start(sequences, note=label)
+        tau.restart(sequences, label)
 
     with (
         maybe_cluster(scheduler, workers) as client,
         StepProgress("eval", "sequences") as progress,
     ):
+        tau = TauProgress(progress)
         result = evaluate_many(
             checkpoint,
             caches,
             config,
-            on_sequence=scored,
+            on_sequence=tau.scored,
             client=client,
             on_start=started,
             expect_digests=expect_digests,

@@ -36,6 +36,7 @@ __all__ = [
     "POSITIVE",
     "SAMPLING_PARAMETER_FLAGS",
     "SEED",
+    "TauProgress",
     "TOKEN_ID",
     "FiniteFloatRange",
     "ScoringCommand",
@@ -66,6 +67,7 @@ __all__ = [
     "sampling_check_flags",
     "sampling_parameter_flags",
     "sampling_request",
+    "scoring_config",
     "scoring_dtype_option",
     "seed_option",
     "train_steps_option",
@@ -546,6 +548,44 @@ sampling_check_flags = apply_options(
         ),
     ]
 )
+
+
+def scoring_config(
+    checkpoint: str | Sequence[str], options: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> Any:
+    """The ``EvalConfig`` of a scoring command's ``options`` (its sampling check flags and family flags
+    popped, ``overrides`` under the family's own), after refusing the settings given on the command line
+    that the checkpoint's family does not read (``refuse_foreign_settings``)."""
+    from scorer.studies.evaluate import EvalConfig
+
+    sampling = sampling_request(options)
+    config = EvalConfig(
+        overrides={**(overrides or {}), **family_settings(options)}, sampling=sampling, **options
+    )
+    refuse_foreign_settings(
+        checkpoint, config.config_path, given_on_command_line((*DROPPED_QUIETLY, *family_flag_names()))
+    )
+    return config
+
+
+class TauProgress:
+    """A scoring command's progress line: sequences scored and the tau (tokens per round) so far,
+    counted afresh from each ``restart`` (a new drafter, a new cache)."""
+
+    def __init__(self, progress: Any) -> None:
+        self.progress, self.rounds, self.tokens = progress, 0, 0
+
+    def restart(self, sequences: int, note: str | None) -> None:
+        self.rounds = self.tokens = 0
+        self.progress.start(sequences, note=note)
+
+    def scored(self, result: Any) -> None:
+        """``on_sequence`` of the studies: one sequence's ``SequenceResult`` scored."""
+        self.rounds += result.chain.n_rounds
+        self.tokens += result.chain.n_tokens
+        self.progress.advance(
+            1, status=f"{self.rounds} rounds, tau so far {self.tokens / max(1, self.rounds):.2f}"
+        )
 
 
 def sampling_request(options: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from hscache.store import jsonio
 
 __all__ = [
     "CheckpointProbe",
+    "DecoderDims",
     "check_new_drafter_sizes",
     "check_scored_sizes",
     "longest_sequence",
@@ -51,6 +52,7 @@ __all__ = [
     "attention_flops",
     "checkpoint_model",
     "lazy",
+    "lazy_functions",
     "linear_params",
     "target_head_name",
 ]
@@ -82,6 +84,31 @@ class Drafter(Protocol):
 
     family: str
     config: DrafterSettings
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """The decoder dimensions every transformer drafter's config starts with, as HF ``config.json``
+    names them; a family's config dataclass adds its own fields after them."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    vocab_size: int
+
+    def check_attention_heads(self) -> None:
+        """Refuse query heads that the key/value heads do not divide into equal groups (GQA)."""
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,12 @@ def lazy(module: str, name: str) -> LazyFunction:
     """``module``'s function ``name``, imported when first called: how a family's row binds the
     functions of its heavy modules (torch and the model code) without importing them."""
     return LazyFunction(module, name)
+
+
+def lazy_functions(module: str, *names: str) -> dict[str, LazyFunction]:
+    """The row fields ``name=lazy(module, name)`` for each of ``names``: how a row binds, in one line,
+    the functions of its seam that bear the fields' own names (``claims``, ``load``, ``cost``...)."""
+    return {name: lazy(module, name) for name in names}
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,9 @@ def test_batched_drafts_equal_vllms_one_forward_layout(peagle, qwen3_cache, monk
     torch.testing.assert_close(late[:, 0], reference[:, 0], rtol=1e-5, atol=1e-5)  # slot 1: step 0's row
     assert (late[:, 1:] - reference[:, 1:]).abs().max() > 1e-3
     drafter.step_position_offset = 0
-    monkeypatch.setattr(PEagleDrafter, "step", Eagle3Drafter.step)  # EAGLE-3's chain: its drafts fed back
+    monkeypatch.setattr(
+        PEagleDrafter, "step_inputs", Eagle3Drafter.step_inputs
+    )  # EAGLE-3's chain: its drafts fed back
     chain, _ = _slot_logits(drafter, cache)
     assert (chain[:, 1:] - reference[:, 1:]).abs().max() > 1e-3
 

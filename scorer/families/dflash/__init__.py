@@ -9,7 +9,7 @@ score.py).
 
 from __future__ import annotations
 
-from scorer.families.base import Family, VllmServing, checkpoint_model, lazy
+from scorer.families.base import Family, VllmServing, checkpoint_model, lazy, lazy_functions
 
 __all__ = ["DFLASH", "DFLASH_KINDS", "EVAL_OPTIONS"]
 
@@ -46,18 +46,11 @@ DFLASH = Family(
         "speculators DFlash",
         "training pickles (.pt/.pth/.bin)",
     ),
-    claims=lazy(_SEAM, "claims"),
-    load=lazy(_SEAM, "load"),
-    score_rows=lazy(_SEAM, "score_rows"),
-    online=lazy(_SEAM, "online"),
+    **lazy_functions(_SEAM, "claims", "load", "score_rows", "online", "cost", "time_round", "init", "train"),
     online_trees=frozenset({"ddtree"}),
-    cost=lazy(_SEAM, "cost"),
-    time_round=lazy(_SEAM, "time_round"),
     proposals=lazy("scorer.families.dflash.proposals", "block_proposals"),
     display_name="DFlash",
     eval_options=EVAL_OPTIONS,
-    init=lazy(_SEAM, "init"),
-    train=lazy(_SEAM, "train"),
     init_options=("num_layers", "block_size", "mask_token_id", "eval_every", "on_eval", "prompt_anchors"),
     from_module=lazy(_SEAM, "module_drafter"),
     fallback=True,

@@ -12,6 +12,7 @@ from typing import Any
 
 from hscache.capture.layers import dflash_layer_ids
 from scorer.config_numbers import check_config_numbers
+from scorer.families.base import DecoderDims
 
 __all__ = ["DFlashConfig", "derive_target_layer_ids", "draft_value", "hf_config_fields"]
 
@@ -38,19 +39,9 @@ def _rope_type(rope_scaling: dict | None) -> str:
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(DecoderDims):
     """Architecture of a DFlash drafter; mirrors the HF `config.json` fields (spec section 1)."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    vocab_size: int
     attention_bias: bool
     block_size: int
     mask_token_id: int
@@ -76,11 +67,7 @@ class DFlashConfig:
         self._check_layer_types()
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty; a drafter reads at least one target layer")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
-            )
+        self.check_attention_heads()
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (slot 0 is the known token), got {self.block_size}")
         if not 0 <= self.mask_token_id < self.vocab_size:

@@ -213,7 +213,7 @@ class DFlashDrafter(nn.Module):
     # Drafting from the head. Callers project a block's rows through the head in row chunks (the
     # vocabulary is large): ``slot_candidates`` keeps what the drafts need from one chunk's logits,
     # ``path`` turns the chunks' candidates into the drafts. DFlash's draft of a slot is its own
-    # argmax, at T > 0 a draw from its own softmax (``drawn_block``, ``proposal_log_q``); a variant
+    # argmax, at T > 0 a draw from its own softmax (``drawn_block``, ``teacher_forced_log_q``); a variant
     # that drafts otherwise overrides these four.
 
     def slot_candidates(self, logits: torch.Tensor, dtype: torch.dtype) -> Any:
@@ -246,10 +246,22 @@ class DFlashDrafter(nn.Module):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Drafts and log q(y) of blocks along a sampled trajectory (scorer.families.dflash.proposals):
         normed rows [n, K, H], anchor tokens [n], the trajectory's tokens ``want`` [n, K] (-1 past
-        the end) -> (drafts [n, K], log q [n, K]). Slot j proposes from softmax(l_j / T) over the
-        whole vocabulary; the head projects ``rows`` rows at a time."""
+        the end) -> (drafts [n, K], log q [n, K]), from ``teacher_forced_log_q`` given each slot's
+        predecessor along y: the anchor token for slot 1, then y_{a+1..a+K-1}."""
+        wanted = torch.as_tensor(want, dtype=torch.long, device=hidden.device)  # [n, K], -1 past the end
+        # past the end the predecessor is any valid id: its slot's y is -1, never counted
+        prev = torch.cat([anchor_tokens[:, None].long(), wanted[:, :-1].clamp(min=0)], dim=1)
+        return self.teacher_forced_log_q(hidden, prev, wanted, temperature, rows)
+
+    def teacher_forced_log_q(
+        self, hidden: torch.Tensor, prev: torch.Tensor, wanted: torch.Tensor, temperature: float, rows: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``proposal_log_q`` given the predecessors ``prev`` [n, K] along y: here slot j proposes from
+        softmax(l_j / T) over the whole vocabulary, whatever came before it (a variant whose slots
+        read their predecessor overrides this); the head projects ``rows`` rows at a time."""
+        del prev
         n, k, h = hidden.shape
-        arg, log_q = head_log_q(self.head, hidden.reshape(-1, h), want.reshape(-1), temperature, rows)
+        arg, log_q = head_log_q(self.head, hidden.reshape(-1, h), wanted.reshape(-1), temperature, rows)
         return arg.reshape(n, k), log_q.reshape(n, k)
 
     # What a trainer's loss reads (scorer/families/dflash/train.py); a variant with more heads overrides them.

@@ -6,7 +6,7 @@ a is the block along y. The drafter's ``proposal_log_q`` turns the rows into eac
 log q_{a,j}(y_{a+j}). DFlash's: slot j proposes from q_{a,j} = softmax(l_{a,j} / T) over the whole
 vocabulary (vLLM samples each slot from its own marginal); the draft is its argmax. A reduced draft
 vocabulary (``draft_to_target``) has -inf logits outside it (``DFlashDrafter.head``): q = 0 there.
-A variant that drafts otherwise overrides ``proposal_log_q``.
+A variant that drafts otherwise overrides ``teacher_forced_log_q`` (given each slot's predecessor along y).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ This module is the family's row in the registry: plain data, its functions bound
 
 from __future__ import annotations
 
-from scorer.families.base import Family, lazy
+from scorer.families.base import Family, lazy, lazy_functions
 from scorer.families.dflash import DFLASH_KINDS, EVAL_OPTIONS
 
 __all__ = ["DFLASH2", "DFLASH2_KINDS", "VLLM_REFUSAL", "VLLM_V1_ERROR"]
@@ -38,17 +38,12 @@ DFLASH2 = Family(
         "NeMo Automodel Qwen3DFlash2DraftModel (save_pretrained)",
         "z-lab DFlash2 (DFlash layout + dflash_config conv_* / selector_* keys)",
     ),
-    claims=lazy(_SEAM, "claims"),
-    load=lazy(_SEAM, "load"),
+    **lazy_functions(_SEAM, "claims", "load", "effective_config", "online", "cost", "init"),
     score_rows=lazy(_DFLASH_SEAM, "score_rows"),
-    effective_config=lazy(_SEAM, "effective_config"),
-    online=lazy(_SEAM, "online"),
-    cost=lazy(_SEAM, "cost"),
     time_round=lazy(_DFLASH_SEAM, "time_round"),
     proposals=lazy("scorer.families.dflash.proposals", "block_proposals"),
     display_name="DFlash2",
     eval_options=EVAL_OPTIONS,
-    init=lazy(_SEAM, "init"),
     init_options=("from_dir",),
     diagnose_kinds=DFLASH2_KINDS,
     diagnose=lazy("scorer.families.dflash2.diagnose", "diagnose"),

@@ -17,7 +17,7 @@ draft_qwen3_dflash2.py`` (nemo-automodel 0.7.0):
 The backbone is scorer.families.dflash.model.DFlashDrafter, subclassed: `DFlash2Layer` overrides
 DFlash's sublayer hooks (``attention_input``, ``attention_output``, ``mlp_block``) with the
 convolutions, `DFlash2Drafter` DFlash's drafting from the head (``slot_candidates``, ``path``,
-``drawn_block``, ``proposal_log_q``) with the selector. Parameter names are NeMo's checkpoint keys
+``drawn_block``, ``teacher_forced_log_q``) with the selector. Parameter names are NeMo's checkpoint keys
 (``layers.N.{attention,mlp}_conv.{base_kernel,kernel_projection.weight}``,
 ``candidate_selector.{predecessor_codebook,successor_codebook,hidden_projection.weight}``).
 """
@@ -230,13 +230,8 @@ class DFlash2Drafter(DFlashDrafter):
             hidden, top.values[None], top.indices[None], anchor_tokens, draw=draw
         )[0].tolist()
 
-    def proposal_log_q(
-        self,
-        hidden: torch.Tensor,
-        anchor_tokens: torch.Tensor,
-        want: np.ndarray,
-        temperature: float,
-        rows: int,
+    def teacher_forced_log_q(
+        self, hidden: torch.Tensor, prev: torch.Tensor, wanted: torch.Tensor, temperature: float, rows: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """vLLM MRV2's selector walk at T > 0, fed the trajectory y: slot j proposes from the softmax
         over its candidates (``slot_candidates``, the head projected ``rows`` rows at a time) of
@@ -251,9 +246,6 @@ class DFlash2Drafter(DFlashDrafter):
         ]
         unary = torch.cat([top.values for top in chunks]).reshape(n, k, -1)
         cand = torch.cat([top.indices for top in chunks]).reshape(n, k, -1)
-        wanted = torch.as_tensor(want, dtype=torch.long, device=hidden.device)  # [n, K], -1 past the end
-        # predecessors along y: the anchor token, then y_{a+1..a+K-1} (past the end: any valid id, unused)
-        prev = torch.cat([anchor_tokens[:, None], wanted[:, :-1].clamp(min=0)], dim=1)
         scores = self.candidate_selector.teacher_forced_scores(hidden, unary, cand, prev)
         draft = cand.gather(-1, scores.argmax(dim=-1, keepdim=True))[..., 0]
         logq_all = torch.log_softmax(scores.float() / temperature, dim=-1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scorer.families.base import Family, VllmServing, lazy
+from scorer.families.base import Family, VllmServing, lazy, lazy_functions
 
 __all__ = ["DRAFT_MODEL"]
 
@@ -35,13 +35,9 @@ DRAFT_MODEL = Family(
         "draft:<model>: any causal LM hscache loads (builtin:<name> or an HF directory) with the target's tokenizer",
         "an HF causal-LM directory (config.json architectures *ForCausalLM, no drafter layout keys)",
     ),
-    claims=lazy(_DRAFTER, "claims"),
-    load=lazy(_DRAFTER, "load"),
-    score_rows=lazy(_DRAFTER, "score_rows"),
+    **lazy_functions(_DRAFTER, "claims", "load", "score_rows", "cost", "proposals"),
     effective_config=_effective,
     autoregressive=True,
-    cost=lazy(_DRAFTER, "cost"),
-    proposals=lazy(_DRAFTER, "proposals"),
     display_name="draft model (standalone LM)",
     eval_options=frozenset({"num_speculative_tokens"}),
     init=lazy("scorer.families.draft_model.init", "init_draft_model"),

@@ -8,7 +8,7 @@ This module is the family's row in the registry: plain data, its functions bound
 
 from __future__ import annotations
 
-from scorer.families.base import Family, FamilyFlag, VllmServing, checkpoint_model, lazy
+from scorer.families.base import Family, FamilyFlag, VllmServing, checkpoint_model, lazy, lazy_functions
 from scorer.families.dflash import EVAL_OPTIONS
 
 __all__ = ["CPU_REFUSAL", "DSPARK"]
@@ -34,20 +34,23 @@ DSPARK = Family(
         "speculators DSpark (speculators_model_type dspark)",
         "SpecForge DSpark export (dflash_config markov_* keys)",
     ),
-    claims=lazy(_SEAM, "claims"),
-    load=lazy(_SEAM, "load"),
-    score_rows=lazy(_SEAM, "score_rows"),
-    effective_config=lazy(_SEAM, "effective_config"),
-    online=lazy(_SEAM, "online"),
-    cost=lazy(_SEAM, "cost"),
+    **lazy_functions(
+        _SEAM,
+        "claims",
+        "load",
+        "score_rows",
+        "effective_config",
+        "online",
+        "cost",
+        "init",
+        "train",
+        "summarize",
+    ),
     time_round=lazy(_DFLASH_SEAM, "time_round"),
     proposals=lazy("scorer.families.dflash.proposals", "block_proposals"),
     display_name="DSpark",
     eval_options=EVAL_OPTIONS,
-    init=lazy(_SEAM, "init"),
-    train=lazy(_SEAM, "train"),
     init_options=("num_layers", "block_size", "mask_token_id", "markov_rank", "prompt_anchors"),
-    summarize=lazy(_SEAM, "summarize"),
     flags=(
         FamilyFlag(
             "adaptive_verification",

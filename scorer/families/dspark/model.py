@@ -19,7 +19,7 @@ head, transcribed from vLLM, which defines how it is served:
 - the backbone is DFlash's (qwen3_dflash.py, reused by L192 ``Qwen3DSparkModel(DFlashQwen3Model)``):
   scorer.families.dflash.model.DFlashDrafter, subclassed; the anchor-row layout through its
   ``first_draft_slot`` hook, the Markov walk through its drafting hooks (``slot_candidates``, ``path``,
-  ``drawn_block``, ``proposal_log_q``).
+  ``drawn_block``, ``teacher_forced_log_q``).
 
 Parameter names are the checkpoints' (vLLM maps ``X`` to ``model.X``, qwen3_dspark.py:325-326):
 ``markov_head.markov_w1.weight`` [V, r], ``markov_head.markov_w2.weight`` [Vd, r],
@@ -237,13 +237,8 @@ class DSparkDrafter(DFlashDrafter):
             return scores
         return scores.new_full((len(prev), self.config.vocab_size), float("-inf")).scatter(1, ids, scores)
 
-    def proposal_log_q(
-        self,
-        hidden: torch.Tensor,
-        anchor_tokens: torch.Tensor,
-        want: np.ndarray,
-        temperature: float,
-        rows: int,
+    def teacher_forced_log_q(
+        self, hidden: torch.Tensor, prev: torch.Tensor, wanted: torch.Tensor, temperature: float, rows: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """vLLM's DSpark drafting at T > 0 fed the trajectory y: slot j proposes from softmax(corrected
         logits / T) with the predecessor the previous drafted token, which along y is y_{a+j-1} (the
@@ -252,9 +247,7 @@ class DSparkDrafter(DFlashDrafter):
 
         n, k, h = hidden.shape
         flat = hidden.reshape(-1, h)
-        wanted = torch.as_tensor(want, dtype=torch.long, device=hidden.device)  # [n, K], -1 past the end
-        prev = torch.cat([anchor_tokens[:, None].long(), wanted[:, :-1].clamp(min=0)], dim=1).reshape(-1)
-        columns = wanted.reshape(-1)
+        prev, columns = prev.reshape(-1), wanted.reshape(-1)
         draft = np.zeros(n * k, dtype=np.int64)
         log_q = np.zeros(n * k, dtype=np.float64)
         with torch.no_grad():

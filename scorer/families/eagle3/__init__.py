@@ -8,7 +8,7 @@ layouts.py, online.py, proposal.py and diagnose.py.
 
 from __future__ import annotations
 
-from scorer.families.base import Family, VllmServing, checkpoint_model, lazy
+from scorer.families.base import Family, VllmServing, checkpoint_model, lazy, lazy_functions
 
 __all__ = ["EAGLE3", "EAGLE3_KINDS", "EVAL_OPTIONS"]
 
@@ -25,20 +25,16 @@ EAGLE3 = Family(
         "SpecForge LlamaForCausalLMEagle3 export / training checkpoints",
         "original EAGLE-3 release (config.json + pytorch_model.bin)",
     ),
-    claims=lazy(_SEAM, "claims"),
+    **lazy_functions(
+        _SEAM, "claims", "score_rows", "effective_config", "cost", "time_round", "init", "train"
+    ),
     load=lazy("scorer.families.eagle3.layouts", "load_eagle3"),
-    score_rows=lazy(_SEAM, "score_rows"),
-    effective_config=lazy(_SEAM, "effective_config"),
     autoregressive=True,
     online=lazy("scorer.families.eagle3.online", "online"),
     online_trees=frozenset({"tree"}),
-    cost=lazy(_SEAM, "cost"),
-    time_round=lazy(_SEAM, "time_round"),
     proposals=lazy("scorer.families.eagle3.proposal", "eagle3_proposals"),
     display_name="EAGLE-3",
     eval_options=EVAL_OPTIONS,
-    init=lazy(_SEAM, "init"),
-    train=lazy(_SEAM, "train"),
     init_options=("layout", "num_layers", "num_speculative_tokens"),
     diagnose_kinds=EAGLE3_KINDS,
     diagnose=lazy("scorer.families.eagle3.diagnose", "diagnose"),

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from scorer.config_numbers import check_config_numbers
+from scorer.families.base import DecoderDims
 
 __all__ = [
     "ENGINE_DEFAULT_K",
@@ -49,23 +50,13 @@ SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
+class Eagle3Config(DecoderDims):
     """Architecture of an EAGLE-3 drafter (vLLM ``llama_eagle3.py`` / speculators ``Eagle3DraftModel``).
 
     ``target_layer_ids`` are this project's ids. ``qk_norm`` is the Qwen3 decoder layer (q/k RMSNorm
     per head); Llama layers have none. ``block_size`` = K + 1 is the report's slot count.
     """
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    vocab_size: int
     draft_vocab_size: int
     target_layer_ids: tuple[int, ...]
     num_speculative_tokens: int
@@ -92,11 +83,7 @@ class Eagle3Config:
         if self.vllm_layer_ids is not None:
             vllm = tuple(int(i) for i in self.vllm_layer_ids)
             object.__setattr__(self, "vllm_layer_ids", None if vllm == self.target_layer_ids else vllm)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
-            )
+        self.check_attention_heads()
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 0 < self.draft_vocab_size <= self.vocab_size:

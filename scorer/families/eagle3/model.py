@@ -250,6 +250,14 @@ class Eagle3Drafter(nn.Module):
         return normed, fed, out_cache
 
     # ---- later steps for many rows at once ----------------------------------------------------
+    def step_inputs(
+        self, rows: torch.Tensor, tokens: torch.Tensor, fed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a later step for ``rows`` is fed: here the chain's own draft ``tokens`` [N] and fed-back
+        state [N, H]; a variant that feeds something else (P-EAGLE's mask slots) overrides this."""
+        del rows
+        return tokens, fed
+
     def step(
         self,
         rows: torch.Tensor,
@@ -267,6 +275,7 @@ class Eagle3Drafter(nn.Module):
         Returns:
             (normed [N, H], fed-back state [N, H]).
         """
+        tokens, fed = self.step_inputs(rows, tokens, fed)
         c = self.config
         rep = c.num_attention_heads // c.num_key_value_heads
         embeds = self._embed(tokens)
@@ -314,22 +323,7 @@ class Eagle3Drafter(nn.Module):
         p = int(anchor)
         rep = c.num_attention_heads // c.num_key_value_heads
         scale = 1.0 / math.sqrt(c.head_dim)
-        g = self.combine(features[:p])
-        embeds = self._embed(token_ids[1 : p + 1])
-        cache: KV = []
-        positions = torch.arange(p, device=g.device)
-        h = g
-        for layer in self.layers:
-            cos, sin = self._cos_sin(positions, g.dtype)
-            x, residual = layer.enter(embeds, h)
-            q, k, v = layer.self_attn.qkv(x, cos, sin)
-            cache.append((k, v))
-            scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(rep, dim=1)) * scale
-            causal = positions[None, :] <= positions[:, None]
-            scores = scores.masked_fill(~causal[None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.einsum("hqk,khd->qhd", probs, v.repeat_interleave(rep, dim=1))
-            h = layer.leave(residual, out)
+        h, cache = self.causal_forward(self._embed(token_ids[1 : p + 1]), self.combine(features[:p]))
         normed, fed = self.finish(h[-1:])
         drafted = [self._pick(normed, draw)]
         position = p - 1
@@ -350,6 +344,26 @@ class Eagle3Drafter(nn.Module):
             normed, fed = self.finish(h)
             drafted.append(self._pick(normed, draw))
         return drafted
+
+    def causal_forward(self, embeds: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        """One eager causal forward of rows at positions 0..len-1 (token embeddings ``embeds`` [R, H],
+        input states ``h`` [R, H]): the pre-norm states [R, H] and each layer's (keys, values)."""
+        c = self.config
+        rep = c.num_attention_heads // c.num_key_value_heads
+        scale = 1.0 / math.sqrt(c.head_dim)
+        positions = torch.arange(h.shape[0], device=h.device)
+        cos, sin = self._cos_sin(positions, h.dtype)
+        causal = positions[None, :] <= positions[:, None]
+        cache: KV = []
+        for layer in self.layers:
+            x, residual = layer.enter(embeds, h)
+            q, k, v = layer.self_attn.qkv(x, cos, sin)
+            cache.append((k, v))
+            scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(rep, dim=1)) * scale
+            scores = scores.masked_fill(~causal[None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            h = layer.leave(residual, torch.einsum("hqk,khd->qhd", probs, v.repeat_interleave(rep, dim=1)))
+        return h, cache
 
     def _pick(self, normed: torch.Tensor, draw: Callable[[torch.Tensor], int] | None) -> int:
         """The target token id of one step's [1, H] normed state: argmax, or ``draw`` of its logits."""

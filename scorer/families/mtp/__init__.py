@@ -10,7 +10,7 @@ proposal.py and diagnose.py.
 
 from __future__ import annotations
 
-from scorer.families.base import Family, VllmServing, lazy
+from scorer.families.base import Family, VllmServing, lazy, lazy_functions
 
 __all__ = ["MTP", "MTP_KINDS"]
 
@@ -22,16 +22,12 @@ MTP = Family(
     layouts=(
         "the target's own MTP head (mtp.* in a Qwen3.5/3.6/Qwen3-Next checkpoint, stored by hscache extract)",
     ),
-    claims=lazy(_SEAM, "claims"),
+    **lazy_functions(
+        _SEAM, "claims", "score_rows", "effective_config", "online", "cost", "time_round", "proposals"
+    ),
     load=lazy(_SEAM, "load_mtp"),
-    score_rows=lazy(_SEAM, "score_rows"),
-    effective_config=lazy(_SEAM, "effective_config"),
     autoregressive=True,
-    online=lazy(_SEAM, "online"),
     online_trees=frozenset({"tree"}),
-    cost=lazy(_SEAM, "cost"),
-    time_round=lazy(_SEAM, "time_round"),
-    proposals=lazy(_SEAM, "proposals"),
     display_name="MTP head",
     bound_to_target=True,
     eval_options=frozenset({"num_speculative_tokens", "tree"}),

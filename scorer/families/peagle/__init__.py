@@ -9,7 +9,7 @@ its functions bound lazily (importing the registry imports no torch).
 
 from __future__ import annotations
 
-from scorer.families.base import Family, VllmServing, lazy
+from scorer.families.base import Family, VllmServing, lazy, lazy_functions
 
 __all__ = ["PEAGLE"]
 
@@ -20,17 +20,12 @@ PEAGLE = Family(
     layouts=(
         "speculators PEagleSpeculator directory (speculators_model_type peagle, mask_hidden, mask_token_id)",
     ),
-    claims=lazy(_SEAM, "claims"),
-    load=lazy(_SEAM, "load"),
+    **lazy_functions(_SEAM, "claims", "load", "effective_config", "cost", "init", "train"),
     score_rows=lazy("scorer.families.eagle3.seam", "score_rows"),
-    effective_config=lazy(_SEAM, "effective_config"),
     autoregressive=True,
-    cost=lazy(_SEAM, "cost"),
     proposals=lazy("scorer.families.eagle3.proposal", "eagle3_proposals"),
     display_name="P-EAGLE (parallel drafting)",
     eval_options=frozenset({"num_speculative_tokens", "mask_token_id"}),
-    init=lazy(_SEAM, "init"),
-    train=lazy(_SEAM, "train"),
     init_options=("num_layers", "num_speculative_tokens", "mask_token_id"),
     vllm=VllmServing(method="eagle3", settings=lazy(_SEAM, "vllm_settings"), drafter_attention=True),
 )

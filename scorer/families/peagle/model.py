@@ -19,20 +19,19 @@ config maps to exactly that, ``transformers_utils/configs/speculators/base.py:13
 
 So slot j+1 (j >= 1) is EAGLE-3's step j with its inputs replaced: the mask token and the mask state
 instead of d_j and the previous step's fed-back state, at the same position p-1+j and attending to the
-same keys (step-0 rows 0..p-1 and the slots before it). ``PEagleDrafter.step`` is exactly that, so every
-EAGLE-3 drafting path (scorer/families/eagle3/drafting.py, proposal.py) drafts P-EAGLE as served.
+same keys (step-0 rows 0..p-1 and the slots before it). ``PEagleDrafter.step_inputs`` makes EAGLE-3's
+step exactly that, so every EAGLE-3 drafting path (scorer/families/eagle3/drafting.py, proposal.py) drafts P-EAGLE as served.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from scorer.families.eagle3.config import Eagle3Config
-from scorer.families.eagle3.model import KV, Eagle3Drafter
+from scorer.families.eagle3.model import Eagle3Drafter
 
 __all__ = ["PEagleDrafter"]
 
@@ -50,17 +49,11 @@ class PEagleDrafter(Eagle3Drafter):
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, width))
         self.pard_token: int | None = None  # vLLM's name for the token (configs/speculators/algos.py:83)
 
-    def step(
-        self,
-        rows: torch.Tensor,
-        tokens: torch.Tensor,
-        fed: torch.Tensor,
-        j: int,
-        kv0: KV,
-        own: list[list[tuple[torch.Tensor, torch.Tensor]]],
+    def step_inputs(
+        self, rows: torch.Tensor, tokens: torch.Tensor, fed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Parallel-drafting slot j >= 1 for step-0 rows ``rows``: the mask token and the mask state at
-        position row + j, whatever ``tokens`` / ``fed`` the chain would have fed (module docstring)."""
+        """Parallel-drafting slots are fed the mask token and the mask state, whatever ``tokens`` / ``fed``
+        the chain would have fed (module docstring); ``step`` places them at position row + j."""
         if self.pard_token is None:
             raise RuntimeError(
                 "PEagleDrafter.pard_token (the mask token) is not set (the loader sets it from the config)"
@@ -69,7 +62,7 @@ class PEagleDrafter(Eagle3Drafter):
         n = len(rows)
         mask_tokens = torch.full((n,), int(self.pard_token), dtype=torch.long, device=rows.device)
         mask_state = self.combine(self.mask_hidden.reshape(1, -1)).expand(n, -1)
-        return super().step(rows, mask_tokens, mask_state, j, kv0, own)
+        return mask_tokens, mask_state
 
     @torch.no_grad()
     def draft_one_anchor(
@@ -88,23 +81,10 @@ class PEagleDrafter(Eagle3Drafter):
         """
         if self.pard_token is None:
             raise RuntimeError("PEagleDrafter.pard_token (the mask token) is not set")
-        c = self.config
         p, k = int(anchor), int(num_tokens)
-        rep = c.num_attention_heads // c.num_key_value_heads
-        scale = 1.0 / math.sqrt(c.head_dim)
         mask_state = self.combine(self.mask_hidden.reshape(1, -1)).expand(k - 1, -1)
         h = torch.cat([self.combine(features[:p]), mask_state])
         slots = torch.full((k - 1,), int(self.pard_token), dtype=torch.long, device=token_ids.device)
-        embeds = self._embed(torch.cat([token_ids[1 : p + 1], slots]))
-        positions = torch.arange(p + k - 1, device=h.device)
-        cos, sin = self._cos_sin(positions, h.dtype)
-        causal = positions[None, :] <= positions[:, None]
-        for layer in self.layers:
-            x, residual = layer.enter(embeds, h)
-            q, key, v = layer.self_attn.qkv(x, cos, sin)
-            scores = torch.einsum("qhd,khd->hqk", q, key.repeat_interleave(rep, dim=1)) * scale
-            scores = scores.masked_fill(~causal[None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            h = layer.leave(residual, torch.einsum("hqk,khd->qhd", probs, v.repeat_interleave(rep, dim=1)))
+        h, _ = self.causal_forward(self._embed(torch.cat([token_ids[1 : p + 1], slots])), h)
         normed, _ = self.finish(h[p - 1 :])
         return [self._pick(normed[i : i + 1], draw) for i in range(k)]
