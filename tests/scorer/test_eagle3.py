@@ -237,7 +237,7 @@ def test_unknown_layout_is_one_line_naming_it(scorer_cache, eagle3_drafter, tmp_
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert (
         "speculators_model_type 'xpress'" in result.output
-        and "known: dflash, eagle3, peagle" in result.output
+        and "known: dflash, dspark, eagle3, peagle" in result.output
     )
 
 
