@@ -19,8 +19,11 @@ B, K, V = 40_000, 3, 6
 
 def _toy(seed: int, probabilistic: bool):
     gen = torch.Generator().manual_seed(seed)
-    p = torch.distributions.Dirichlet(torch.full((V,), 0.6)).sample((K + 1,))  # [K+1, V]
-    q = torch.distributions.Dirichlet(torch.full((V,), 0.6)).sample((K,))
+    # Dirichlet draws from the global generator: seeded here, or the toy would depend on the tests run before
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        p = torch.distributions.Dirichlet(torch.full((V,), 0.6)).sample((K + 1,))  # [K+1, V]
+        q = torch.distributions.Dirichlet(torch.full((V,), 0.6)).sample((K,))
     q = 0.5 * q + 0.5 * p[:K]  # a drafter that is partly right
     if probabilistic:
         drafts = torch.stack(
