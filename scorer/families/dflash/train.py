@@ -211,19 +211,19 @@ def train_dflash(
     if config.eval_every and evaluate is None:
         raise ScorerError("eval_every needs the evaluate function (scorer.train_drafter passes it)")
     cache = hscache.open_cache(cache_path)
-    if config.prompt_anchors and "target_argmax" not in cache.specs:
-        raise ScorerError(
-            f"--prompt-anchors trains slot 1 against the target's argmax, which {cache_path} does not hold: "
-            "extract the cache again without dropping target_argmax, or pass --no-prompt-anchors "
-            "(prompt_anchors=False: generated anchors only)"
-        )
     drafter_config = dflash_config_for_cache(
         cache,
         num_layers=config.num_layers,
         block_size=config.block_size,
         layer_ids=config.layer_ids,
         mask_token_id=config.mask_token_id,
-    )
+    )  # a cache without target/ is refused here, before what prompt anchors need
+    if config.prompt_anchors and "target_argmax" not in cache.specs:
+        raise ScorerError(
+            f"--prompt-anchors trains slot 1 against the target's argmax, which {cache_path} does not hold: "
+            "extract the cache again without dropping target_argmax, or pass --no-prompt-anchors "
+            "(prompt_anchors=False: generated anchors only)"
+        )
     torch.manual_seed(config.seed)
     drafter = make(drafter_config)
     # Fan-in init (std 1/sqrt(hidden)). At N(0, 0.02), 4.4x smaller at hidden 128, the drafter sat
