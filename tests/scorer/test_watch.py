@@ -276,6 +276,7 @@ def test_ctrl_c_finishes_the_checkpoint_being_scored_and_twice_abandons_it(
         return real_evaluate(checkpoint, cache, eval_config)
 
     monkeypatch.setattr(run_module, "evaluate", interrupted)
+    caller_handler = signal.getsignal(signal.SIGINT)  # whatever the suite's earlier tests left installed
     args = ["watch", str(run), "--cache", str(scorer_cache), "--limit", "1", "--ddtree", "", "--log-to", ""]
     result = CliRunner().invoke(main, [*args, "--poll-s", "0.01"])
     records = list(read_records(tmp_path / "run-watch" / LOG_NAME))
@@ -286,4 +287,4 @@ def test_ctrl_c_finishes_the_checkpoint_being_scored_and_twice_abandons_it(
     else:  # abandoned: nothing of it written, the lock released
         assert result.exit_code == 130 and records == []
     assert not (tmp_path / "run-watch" / LOCK_NAME).exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+    assert signal.getsignal(signal.SIGINT) is caller_handler  # the caller's handler is back
