@@ -28,6 +28,6 @@ def test_the_chain_rule_differs(served, monkeypatch):
     """The same checkpoint replayed as an EAGLE-3 chain (its later slots fed its own drafts and states, not
     the mask): vLLM's rounds are not matched. (A parallel slot one position late moves the slot logits, not
     this briefly trained drafter's accepted counts: tests/scorer/test_peagle.py checks that unit-level.)"""
-    monkeypatch.setattr(PEagleDrafter, "step", Eagle3Drafter.step)
+    monkeypatch.setattr(PEagleDrafter, "step_inputs", Eagle3Drafter.step_inputs)
     chain = score_served(served["peagle"]["t0"])
     assert chain["equal"] is False and chain["differences"]
