@@ -116,7 +116,10 @@ PLANTS: dict[str, tuple[dict, dict, int]] = {
     # [+0.87, +1.94]); the others read "inconclusive between mask token id 2 and mask token id 0".
     "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 400),
     "layers": ({}, {"target_layer_ids": [0, 2, 6]}, 0),  # trained on [1, 3, 7]: the config is one off
-    "prenorm": ({"last_layer_normed": False}, {}, 250),
+    # 150 steps (was 250): measured 2026-12-07 on all 16 sequences, finding final_norm pre with interval
+    # lower ends 125: +0.90, 150: +1.20, 175: +0.99, 200: +1.00, 250: +0.74 (100: +0.03): 150 sits
+    # inside the plateau, clear of the 0.05 the test asks, in 1.7 CPU-s less than 250
+    "prenorm": ({"last_layer_normed": False}, {}, 150),
 }
 FROM_SCRATCH = {"mask2"}  # trained from random weights, not fine-tuned from the clean drafter
 

@@ -477,9 +477,9 @@ def test_the_default_sample_grows_to_what_the_variance_asks_and_equals_that_limi
 
 
 def test_on_too_few_sequences_a_plant_is_inconclusive_never_another_finding(planted_drafter, diagnose_cache):
-    """The final-norm plant (+1.22 on all 16 sequences, found on 6) on 4: measured inconclusive
-    between it and the configured setting with --limit 8 (docs/diagnose.md); never a finding for
-    anything else."""
+    """The final-norm plant (fine-tuned 150 steps: +1.96 [+1.20, +2.78] on all 16 sequences, found on
+    6) on 4: measured inconclusive between it and the configured setting with --limit 11
+    (2026-12-07; at 250 steps, docs/diagnose.md: --limit 8); never a finding for anything else."""
     report = _diagnose(planted_drafter("prenorm"), diagnose_cache, limit=4)
     finding, open_ = report["finding"], report["inconclusive"]
     if finding is not None:
