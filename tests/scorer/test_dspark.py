@@ -22,7 +22,7 @@ from scorer.families.dflash.score import draft_all_anchors
 from scorer.offline.sequences import sequence_features
 from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 from tests.scorer.family_contract import FamilyContract
-from tests.scorer.test_eagle3_peers import peers  # noqa: F401  (the shared peer fixture)
+from tests.scorer.test_eagle3_peers import greedy_speculators_config, peers  # noqa: F401  (the shared peer fixture)
 
 N = 4  # drafted tokens per round: speculators' block_size in the anchor layout
 RANK = 8
@@ -49,12 +49,7 @@ def _speculators_dspark(peers, cache, *, anchor: bool, draft_vocab: int | None =
         markov_rank=RANK,
         enable_confidence_head=True,
         confidence_head_with_markov=True,
-        speculators_config=peers.SpeculatorsConfig(
-            algorithm="dspark",
-            proposal_methods=[peers.GreedyTokenProposalConfig(speculative_tokens=N)],
-            default_proposal_method="greedy",
-            verifier=peers.VerifierConfig(name_or_path=None, architectures=[]),
-        ),
+        speculators_config=greedy_speculators_config(peers, "dspark", N),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

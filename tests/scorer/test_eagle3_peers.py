@@ -90,6 +90,17 @@ def peers():
                 del sys.modules[name]
 
 
+def greedy_speculators_config(peers, algorithm: str, tokens: int):
+    """speculators' own ``SpeculatorsConfig`` for a drafter of ``algorithm`` proposing ``tokens`` greedily
+    (no verifier checkpoint): what each peer test builds its speculators model with."""
+    return peers.SpeculatorsConfig(
+        algorithm=algorithm,
+        proposal_methods=[peers.GreedyTokenProposalConfig(speculative_tokens=tokens)],
+        default_proposal_method="greedy",
+        verifier=peers.VerifierConfig(name_or_path=None, architectures=[]),
+    )
+
+
 def _from_peers(module: types.ModuleType) -> bool:
     """The module (or package) lives under ``.peers/``."""
     places = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
@@ -154,12 +165,7 @@ def test_speculators_eagle3_saved_by_speculators_drafts_like_its_forward(
         transformer_layer_config=layer_config,
         draft_vocab_size=vocab // 2,
         eagle_aux_hidden_state_layer_ids=[2, 4, 8],  # vLLM aux ids: this project's layers 1, 3, 7
-        speculators_config=peers.SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[peers.GreedyTokenProposalConfig(speculative_tokens=K)],
-            default_proposal_method="greedy",
-            verifier=peers.VerifierConfig(name_or_path=None, architectures=[]),
-        ),
+        speculators_config=greedy_speculators_config(peers, "eagle3", K),
         **options,
     )
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from test_eagle3_peers import K, peers  # noqa: F401  (the fixture, used by name)
+from test_eagle3_peers import K, greedy_speculators_config, peers  # noqa: F401  (the fixture, used by name)
 
 import hscache
 from scorer.families.eagle3.drafting import draft_every_anchor
@@ -40,12 +40,7 @@ def test_speculators_peagle_drafts_like_its_forward(peers, scorer_cache, tmp_pat
         draft_vocab_size=vocab,
         eagle_aux_hidden_state_layer_ids=[2, 4, 8],  # vLLM aux ids: this project's layers 1, 3, 7
         mask_token_id=MASK,
-        speculators_config=peers.SpeculatorsConfig(
-            algorithm="peagle",
-            proposal_methods=[peers.GreedyTokenProposalConfig(speculative_tokens=K)],
-            default_proposal_method="greedy",
-            verifier=peers.VerifierConfig(name_or_path=None, architectures=[]),
-        ),
+        speculators_config=greedy_speculators_config(peers, "peagle", K),
     )
     torch.manual_seed(0)
     model = core.PEagleDraftModel(config).eval()
