@@ -30,10 +30,9 @@ def read_model_config(directory: str | Path, flag: str) -> dict[str, Any]:
     """
     path = Path(directory) / "config.json"
     try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            raise InputError(
-                f"{flag} {directory}: {path} holds {path.stat().st_size} bytes, not a model config"
-            )
+        size = path.stat().st_size
+        if size > _MAX_CONFIG_BYTES:
+            raise InputError(f"{flag} {directory}: {path} holds {size} bytes, not a model config")
         config = jsonio.loads(bytes(read_regular(path)))
     except OSError as exc:
         raise InputError(f"{flag} {directory}: {path} cannot be read ({exc.strerror or exc})") from None
