@@ -19,20 +19,7 @@ import hscache
 from hscache.cli import main as hscache_main
 from scorer import init_drafter
 from scorer.cli import main as scorer_main
-
-
-def _lines(result) -> list[str]:
-    return [line for line in result.output.splitlines() if line.strip()]
-
-
-def _one_line_refusal(result, code: int = 2) -> bool:
-    lines = _lines(result)
-    return (
-        result.exit_code == code
-        and "Traceback" not in result.output
-        and len(lines) == 1
-        and lines[0].startswith("error: ")
-    )
+from tests.cli_result import one_line_refusal
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +63,7 @@ def test_a_target_file_swapped_after_open_is_not_scored_under_the_pinned_digest(
         assert report["cache"]["digest"] == pinned
         assert report["tau"] == clean["tau"], (report["tau"], clean["tau"])
     else:
-        assert _one_line_refusal(result), result.output
+        assert one_line_refusal(result), result.output
     # The Python API: every target file is what open_cache hashed, whatever is on disk now.
     cache = real_open(small_cache.path)
     swapped = real_open(small_cache.copy(tmp_path / "api"))
@@ -145,7 +132,7 @@ def test_a_directory_with_shards_and_a_cache_of_its_own_is_refused_by_verify_and
     assert verify.exit_code != 0 and "Traceback" not in verify.output, verify.output[-1500:]
     assert "holds both a cache of its own (manifest.json) and shard folders" in verify.output
     scored, _ = _eval(drafter, sharded, tmp_path / "eval.json")
-    assert _one_line_refusal(scored), scored.output
+    assert one_line_refusal(scored), scored.output
     assert "holds both a cache of its own (manifest.json) and shard folders" in scored.output
 
 
@@ -220,7 +207,7 @@ def test_a_link_out_of_the_cache_is_refused_by_eval_and_verify(small_cache, draf
     (root / rel).symlink_to(outside)
     verify, scored = _eval_and_verify(drafter, root, pinned, tmp_path)
     assert verify.exit_code != 0 and "Traceback" not in verify.output, verify.output[-800:]
-    assert _one_line_refusal(scored), scored.output
+    assert one_line_refusal(scored), scored.output
     assert "outside the cache" in scored.output, scored.output
 
 
@@ -244,7 +231,7 @@ def test_a_fifo_in_place_of_a_cache_file_is_refused_without_waiting(small_cache,
     os.mkfifo(root / rel)
     verify, scored = _eval_and_verify(drafter, root, pinned, tmp_path, seconds=30)
     assert verify.exit_code != 0 and "Traceback" not in verify.output, verify.output[-800:]
-    assert _one_line_refusal(scored), scored.output
+    assert one_line_refusal(scored), scored.output
 
 
 # 7. Decompression bombs in the SpecForge importer: sizes bounded before anything is allocated.
@@ -295,7 +282,7 @@ def test_specforge_decompression_bombs_are_refused_before_allocating(tmp_path):
              "--out", str(tmp_path / f"out-{folder}")],
         )  # fmt: skip
         grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-        assert _one_line_refusal(result), (folder, result.output[-1500:])
+        assert one_line_refusal(result), (folder, result.output[-1500:])
         assert "inflates to more than" in result.output, result.output
         assert grown_mb < 128, (folder, grown_mb)
         assert not (tmp_path / f"out-{folder}" / "manifest.json").exists()  # only the restart mark
@@ -413,7 +400,7 @@ def test_hostile_speculators_folders_are_one_line_each(speculators_folder, tmp_p
         result = CliRunner().invoke(
             hscache_main, ["import", "--format", "speculators", str(source), "--out", str(tmp_path / f"o{k}")]
         )
-        if not _one_line_refusal(result):
+        if not one_line_refusal(result):
             failures.append(f"{name}: exit {result.exit_code}: {result.output[-400:]!r} {result.exception!r}")
         elif "outside" in name and "which is not a path inside" not in result.output:
             failures.append(f"{name}: probed the path instead of refusing it: {result.output!r}")
@@ -424,7 +411,7 @@ def test_hostile_speculators_folders_are_one_line_each(speculators_folder, tmp_p
         ["import", "--format", "speculators", str(speculators_folder), "--layer-ids", "2,4,20000",
          "--out", str(tmp_path / "layers")],
     )  # fmt: skip
-    assert _one_line_refusal(result) and "20000" in result.output, result.output
+    assert one_line_refusal(result) and "20000" in result.output, result.output
 
 
 # 10. An index whose prompt_len is out of range, resealed: one line from eval, never a ValueError.
@@ -450,7 +437,7 @@ def test_an_out_of_range_prompt_len_resealed_is_one_line(small_cache, drafter, t
     assert "Traceback" not in result.output and not (
         result.exception and not isinstance(result.exception, SystemExit)
     ), (result.output, result.exception)
-    assert _one_line_refusal(result) and "prompt_len" in result.output, result.output
+    assert one_line_refusal(result) and "prompt_len" in result.output, result.output
 
 
 def test_a_lone_surrogate_in_a_prompt_or_an_id_is_refused_before_anything_is_written(tmp_path):
@@ -461,7 +448,7 @@ def test_a_lone_surrogate_in_a_prompt_or_an_id_is_refused_before_anything_is_wri
         result = CliRunner().invoke(
             hscache_main, ["extract", "--prompts", str(prompts), "--out", str(out), "--quiet"]
         )
-        assert _one_line_refusal(result) and "lone surrogate" in result.output, result.output
+        assert one_line_refusal(result) and "lone surrogate" in result.output, result.output
         assert not (out / "manifest.json").exists()
 
 
@@ -472,7 +459,7 @@ def test_a_shard_that_selects_no_record_is_refused_and_leaves_nothing(tmp_path):
         hscache_main,
         ["extract", "--out", str(out), "--limit", "2", "--shard", "3/4", "--max-new-tokens", "2", "--quiet"],
     )
-    assert _one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
+    assert one_line_refusal(result) and "--shard 3/4 selects no record" in result.output, result.output
     assert not out.exists(), list(out.rglob("*"))
 
 
