@@ -15,7 +15,6 @@ from typing import Any
 
 from hscache.errors import InputError
 from hscache.store import jsonio
-from hscache.store.fsio import read_regular
 
 __all__ = ["config_int", "read_model_config", "require_int", "text_config"]
 
@@ -30,19 +29,10 @@ def read_model_config(directory: str | Path, flag: str) -> dict[str, Any]:
     """
     path = Path(directory) / "config.json"
     try:
-        size = path.stat().st_size
-        if size > _MAX_CONFIG_BYTES:
-            raise InputError(f"{flag} {directory}: {path} holds {size} bytes, not a model config")
-        config = jsonio.loads(bytes(read_regular(path)))
-    except OSError as exc:
-        raise InputError(f"{flag} {directory}: {path} cannot be read ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{flag} {directory}: {path} is not valid JSON ({str(exc)[:200]})") from None
-    if not isinstance(config, dict):
-        raise InputError(
-            f"{flag} {directory}: {path} holds a JSON {type(config).__name__}, not an object; "
-            "pass a Hugging Face model directory"
-        )
+        config = jsonio.read_object(path, max_bytes=_MAX_CONFIG_BYTES)
+    except jsonio.JsonObjectError as exc:
+        hint = "; pass a Hugging Face model directory" if "not an object" in str(exc) else ""
+        raise InputError(f"{flag} {directory}: {exc}{hint}") from None
     return config
 
 

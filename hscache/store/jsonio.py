@@ -3,7 +3,9 @@
 ``json.loads`` raises ``RecursionError`` on input nested a few thousand levels deep (100,000
 levels of ``[`` is a 100 KB file): that is bad input, not a bug, so it becomes the same
 ``json.JSONDecodeError`` every caller already turns into one line. `load_cache_object` is that line
-for the JSON objects a cache holds (manifest, provenance, the target's config).
+for the JSON objects a cache holds (manifest, provenance, the target's config); `read_object` reads
+a JSON object from a file a user names (a model's config.json, a checkpoint's), its callers adding
+which option gave the file and which error class says so.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hscache.errors import CacheFormatError
+from hscache.store.fsio import read_regular
 
-__all__ = ["first_surrogate", "load_cache_object", "loads"]
+__all__ = ["JsonObjectError", "first_surrogate", "load_cache_object", "loads", "read_object"]
 
 
 def loads(text: str | bytes) -> Any:
@@ -48,6 +51,33 @@ def load_cache_object(data: bytes, where: str | Path) -> dict[str, Any]:
         raise CacheFormatError(f"{where} is not valid JSON ({exc}); the cache is damaged") from exc
     if not isinstance(value, dict):
         raise CacheFormatError(f"{where} is not a JSON object; the cache is damaged")
+    return value
+
+
+class JsonObjectError(ValueError):
+    """``read_object``'s one-line reason (``"<path> is not valid JSON (...)"``); callers re-raise it as
+    their own error class, with the option that named the file in front."""
+
+
+def read_object(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]:
+    """The JSON object in the regular file ``path`` (never a FIFO's wait: ``fsio.read_regular``),
+    refused past ``max_bytes`` before it is read.
+
+    Raises:
+        JsonObjectError: unreadable, not a regular file, too big, not JSON (or not UTF-8), or JSON
+            but not an object.
+    """
+    path = Path(path)
+    try:
+        if max_bytes is not None and (size := path.stat().st_size) > max_bytes:
+            raise JsonObjectError(f"{path} holds {size} bytes, more than a JSON config ({max_bytes})")
+        value = loads(bytes(read_regular(path)))
+    except OSError as exc:
+        raise JsonObjectError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise JsonObjectError(f"{path} is not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(value, dict):
+        raise JsonObjectError(f"{path} holds a JSON {type(value).__name__}, not an object")
     return value
 
 

@@ -6,7 +6,6 @@ a path outside the directory, a pickle that needs code to load) is one Checkpoin
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import zipfile
@@ -18,7 +17,6 @@ import torch
 from safetensors.torch import load_file
 
 from hscache.store import jsonio
-from hscache.store.fsio import read_regular
 from hscache.store.layout import MANIFEST
 from hscache.store.paths import is_cache_dir
 from scorer.errors import CheckpointError, CheckpointNotFoundError, UntrustedCheckpointError
@@ -129,13 +127,9 @@ def read_json(path: Path) -> dict:
         CheckpointError: not readable, not a regular file, not JSON or not an object (one line).
     """
     try:
-        data = jsonio.loads(bytes(read_regular(path)))
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, expected an object")
+        data = jsonio.read_object(path)
+    except jsonio.JsonObjectError as exc:
+        raise CheckpointError(str(exc)) from None
     return data
 
 
