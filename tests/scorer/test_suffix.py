@@ -244,3 +244,11 @@ def test_settings_it_cannot_use_are_refused_in_one_line(scorer_cache, extra, mes
     )
     assert result.exit_code == 2, result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_scorer_compare_takes_it_beside_ngram(scorer_cache):
+    """`scorer compare` pairs suffix decoding with another proposer on the same rounds' requests."""
+    args = ["compare", "ngram", "suffix", "--cache", str(scorer_cache), "--num-speculative-tokens", "3"]
+    result = CliRunner().invoke(main, [*args, "--ddtree", "", "--format", "plain"])
+    assert result.exit_code == 0, result.output
+    assert "suffix (suffix)" in result.output and "ngram (ngram)" in result.output

@@ -21,13 +21,14 @@ between match lengths and between the prompt and global trees tie and order exac
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
 __all__ = ["Draft", "SuffixTree"]
 
 _F32 = np.float32
+_ZERO = _F32(0.0)
 
 
 class _Node:
@@ -41,15 +42,30 @@ class _Node:
         self.order: list[_Node] = []  # the children, non-increasing count (the C++ sibling list)
 
 
-@dataclass
 class Draft:
     """``Draft`` of suffix_tree.h:102-117: the drafted chain, each token's estimated probability, their
     float32 sum (``score``) and the matched context length."""
 
-    token_ids: list[int] = field(default_factory=list)
-    probs: list[float] = field(default_factory=list)
-    score: np.float32 = field(default_factory=lambda: _F32(0.0))
-    match_len: int = 0
+    __slots__ = ("match_len", "probs", "score", "token_ids")
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.probs: list[float] = []
+        self.score = _ZERO
+        self.match_len = 0
+
+    def __repr__(self) -> str:
+        return f"Draft(token_ids={self.token_ids}, probs={self.probs}, score={self.score}, match_len={self.match_len})"
+
+
+@lru_cache(maxsize=64)
+def _max_tokens(max_spec_tokens: int, factor: float, offset: float, longest: int) -> tuple[int, ...]:
+    """Per match length 1..longest, the draft's length bound (suffix_tree.cc:606-609): int(match_len *
+    factor + offset + 1e-6) with the product and sum in float32 and the 1e-6 added in double, as the C++
+    evaluates it, at most ``max_spec_tokens`` and at least 0 (entry 0 is unused)."""
+    lengths = np.arange(longest + 1, dtype=np.float32)
+    bound = (lengths * np.float32(factor) + np.float32(offset)).astype(np.float64) + 1e-6
+    return tuple(max(min(max_spec_tokens, int(b)), 0) for b in bound)
 
 
 def _group_head(order: list[_Node], i: int) -> int:
@@ -248,14 +264,14 @@ class SuffixTree:
         context = [int(t) for t in context]
         best = Draft()
         threshold = _F32(min_token_prob)
+        limits = _max_tokens(
+            int(max_spec_tokens), float(max_spec_factor), float(max_spec_offset), max(len(context) - 1, 0)
+        )
         for match_len in range(1, len(context)):
             found = self._match(context[len(context) - match_len :])
             if found is None:
                 break
-            # float arithmetic as in the C++: int * float + float in float32, then + 1e-6 in double
-            limit = float(_F32(_F32(match_len) * _F32(max_spec_factor)) + _F32(max_spec_offset)) + 1e-6
-            max_tokens = max(min(max_spec_tokens, int(limit)), 0)
-            draft = self._path(found[0], found[1], max_tokens, threshold)
+            draft = self._path(found[0], found[1], limits[match_len], threshold)
             if draft.score >= best.score:
                 best = draft
                 best.match_len = match_len
