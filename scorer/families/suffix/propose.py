@@ -111,7 +111,7 @@ class ServedProposer:
 
     def __init__(self, config: SuffixConfig) -> None:
         self.config = config
-        self._responses: list[list[int]] = []  # row -> its generated tokens, as fed
+        self._responses: list[np.ndarray] = []  # row -> its generated tokens, as fed (int64: 8 bytes a token)
         self._cache = self._fresh()
 
     def _fresh(self) -> SuffixCache:
@@ -124,7 +124,7 @@ class ServedProposer:
         self._cache = self._fresh()
         for seen, response in enumerate(self._responses[:row]):
             self._cache.start_request(seen, [])
-            self._cache.add_active_response(seen, response)
+            self._cache.add_active_response(seen, response.tolist())
             self._cache.stop_request(seen)
         del self._responses[row:]
 
@@ -169,5 +169,5 @@ class ServedProposer:
             lengths[n] = len(draft)
         cache.add_active_response(row, x[max(prompt_len, len(x) - 1) :])  # the response's last token
         cache.stop_request(row)
-        self._responses.append(x[prompt_len:])
+        self._responses.append(np.asarray(x[prompt_len:], dtype=np.int64))
         return out, lengths
