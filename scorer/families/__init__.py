@@ -21,6 +21,7 @@ from scorer.families.eagle3 import EAGLE3
 from scorer.families.mtp import MTP
 from scorer.families.ngram import NGRAM
 from scorer.families.peagle import PEAGLE
+from scorer.families.suffix import SUFFIX
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -33,7 +34,7 @@ __all__ = [
     "probe_checkpoint",
 ]
 
-FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DSPARK, DFLASH, NGRAM, DRAFT_MODEL, PEAGLE)
+FAMILIES: tuple[Family, ...] = (MTP, EAGLE3, DFLASH2, DSPARK, DFLASH, NGRAM, DRAFT_MODEL, PEAGLE, SUFFIX)
 # The family made (scorer init, scorer.train_drafter) or read (scorer.evaluate_module) when none is named.
 DEFAULT_FAMILY = DFLASH.name
 # Heads that ship inside the target (CKPT "target:<name>") and the family that will read them;

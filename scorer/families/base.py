@@ -231,7 +231,8 @@ class VllmServing:
     """How vLLM 0.32.0 serves a family's drafters: all that ``scorer served`` (scorer.studies.vllm_judge)
     and the engine worker (hscache/engines/vllm/worker.py, run in vLLM's interpreter) need, so that
     neither names a family. The worker imports nothing of the scorer: what it must do differently for a
-    family reaches it as data in its job's engine entry (``unrecorded_steps``, ``start_rank``).
+    family reaches it as data in its job's engine entry (``unrecorded_steps``, ``start_rank``, ``max_num_seqs``,
+    ``engine_per_run``, ``unrecorded_from_proposals``).
 
     Attributes:
         method: vLLM's speculative method (``speculative_config["method"]``).
@@ -250,6 +251,13 @@ class VllmServing:
             None: vLLM records every step.
         start_rank: the worker builds its engines in ascending rank (ties in the job's order); a
             family whose engine leaves the process unable to build another one ranks after the rest.
+        sequential_requests: its proposer keeps state across requests (what one drafts depends on those
+            served before it): the worker serves its requests one at a time in the cache's row order
+            (vLLM's ``max_num_seqs`` 1), each run (one cache's requests) in an engine of its own, as the
+            family's offline replay assumes.
+        proposals_recorded: the steps vLLM takes without recording them (its proposer drafted nothing) are
+            placed from the proposer's own drafts, which the worker records per request and step
+            (hscache/engines/vllm/draft_record.py), not from a function of the context (``unrecorded_steps``).
         cpu_refusal: why vLLM CPU 0.32.0 (the judge's build) will not build this family's engine, in one
             line with vLLM's own error and where it is raised (file:line); ``scorer served`` says it by
             name before vLLM starts. None: vLLM CPU serves it. ``method`` and ``settings`` still say how
@@ -262,6 +270,8 @@ class VllmServing:
     drafter_attention: bool = False
     unrecorded_steps: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
     start_rank: int = 0
+    sequential_requests: bool = False
+    proposals_recorded: bool = False
     cpu_refusal: str | None = None
 
 

@@ -129,10 +129,13 @@ def build_report(
     accept_len = sum((r.accept_len for r in results), AcceptLen(0, 0)) if every_anchor else AcceptLen(0, 0)
     acceptance = acceptance_rates(counts) if counts is not None else None
     tau = _tau_block(chains, config.n_boot, config.seed)
+    # A proposer without weights has no training for its all-anchor accept length to be checked against
+    # (a lookup's drafts run long inside repeated text, where one round covers many anchors).
+    weighted = not hasattr(drafter, "parameters") or next(iter(drafter.parameters()), None) is not None
     warnings = pipeline_warnings(
         acceptance=acceptance,
         tau_pooled=tau["pooled"],
-        train_accept_len=accept_len.mean,
+        train_accept_len=accept_len.mean if weighted else None,
         target_layer_ids=drafter.config.target_layer_ids,
         cache_layer_ids=cache.layer_ids,
     )

@@ -65,8 +65,8 @@ def parse_step(name: str) -> int | None:
     ``global_step1.5k`` -> 1500; ``epoch_3``, ``best.pt`` and ``final`` -> None (epochs are not steps).
     """
     stem = (
-        name[: -len(suffix)]
-        if (suffix := next((s for s in _WEIGHT_SUFFIXES if name.endswith(s)), ""))
+        name[: -len(ending)]
+        if (ending := next((s for s in _WEIGHT_SUFFIXES if name.endswith(s)), ""))
         else name
     )
     matches = list(_STEP.finditer(stem))

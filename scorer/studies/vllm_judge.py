@@ -144,13 +144,17 @@ def _serving(family: str) -> VllmServing:
 def engine_entry(name: str, family: str, spec: dict[str, Any], runs: list[dict], max_model_len: int) -> dict:
     """One engine of the worker's job: its speculative config, its runs, and what the worker must do
     differently for the family, as data (hscache/engines/vllm/worker.py: ``unrecorded_steps``,
-    ``start_rank``)."""
+    ``start_rank``, ``max_num_seqs``, ``engine_per_run``, ``unrecorded_from_proposals``)."""
     serving = _serving(family)
     entry: dict[str, Any] = {"name": name, "speculative_config": spec, "runs": runs}
     if serving.unrecorded_steps is not None:
         entry["unrecorded_steps"] = serving.unrecorded_steps(spec, max_model_len)
     if serving.start_rank:
         entry["start_rank"] = serving.start_rank
+    if serving.sequential_requests:  # one request at a time, in the cache's order, a fresh engine per run
+        entry["max_num_seqs"], entry["engine_per_run"] = 1, True
+    if serving.proposals_recorded:
+        entry["unrecorded_from_proposals"] = True
     return entry
 
 

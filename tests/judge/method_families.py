@@ -1,5 +1,6 @@
-"""The judge's drafters of the families issue 49 adds (the standalone draft model, P-EAGLE), built on the
-greedy tiny-qwen3 cache and served in the judge's one vLLM process (tests/judge/conftest.py adds them).
+"""The judge's drafters of the families issue 49 adds (the standalone draft model, P-EAGLE, suffix decoding),
+built on the greedy tiny-qwen3 cache and served in the judge's one vLLM process (tests/judge/conftest.py adds
+them).
 
 A module of its own (not conftest), as vllm_env.py: the conftest and the test files import it by name."""
 
@@ -13,7 +14,10 @@ METHOD_ENGINES = {
     "draft_model": ("draft_model", {"num_speculative_tokens": 3}),
     # P-EAGLE K 3 (EAGLE-3 with parallel_drafting), trained briefly so its parallel slots accept something
     "peagle": ("peagle", {}),
+    # suffix decoding at vLLM's defaults (K = tree depth 24): no file, its requests served one at a time
+    "suffix": ("suffix", {}),
 }
+WRITTEN = ("draft_model", "peagle")  # the engines above whose drafters are files written here
 PEAGLE_STEPS = 25  # ~4 CPU-s; slot 2 then accepts on the shipped target (slot 3 rarely)
 
 
@@ -24,7 +28,7 @@ def method_drafters(cache: Path, root: Path) -> dict[str, str]:
 
     init_draft_model(cache, root / "draft_model", num_layers=2)
     train(cache, root / "peagle", steps=PEAGLE_STEPS, num_speculative_tokens=3, layer_ids=[1, 3, 7])
-    return {name: str(root / name) for name in METHOD_ENGINES}
+    return {name: str(root / name) if name in WRITTEN else name for name in METHOD_ENGINES}
 
 
 def assert_equal_round_for_round(run, requests: int) -> dict:

@@ -238,7 +238,11 @@ def test_the_judge_reads_what_vllm_needs_of_a_family_from_its_row(monkeypatch):
         entry = engine_entry(
             "0", family.name, {"method": family.vllm.method, "num_speculative_tokens": 2}, [], 40
         )
-        assert set(entry) == {"name", "speculative_config", "runs"}, family.name
+        # a proposer with state across requests: one request at a time, an engine per run, its draftless
+        # steps placed from its recorded proposals (VllmServing.sequential_requests, proposals_recorded)
+        quirks = {"max_num_seqs", "engine_per_run"} if family.vllm.sequential_requests else set()
+        quirks |= {"unrecorded_from_proposals"} if family.vllm.proposals_recorded else set()
+        assert set(entry) == {"name", "speculative_config", "runs", *quirks}, family.name
     # a new family is its row: the judge serves it without a line of its own
     toy = dataclasses.replace(
         family_named("eagle3"), name="toy",
@@ -248,6 +252,18 @@ def test_the_judge_reads_what_vllm_needs_of_a_family_from_its_row(monkeypatch):
     spec = speculative_config("toy", "d/", None, 4)
     assert spec == {"method": "draft_model", "num_speculative_tokens": 4, "model": str(Path("d/").resolve())}
     assert engine_entry("0:draft_model", "toy", spec, [], 40)["start_rank"] == 2
+    stateful = dataclasses.replace(
+        toy,
+        name="stateful",
+        vllm=VllmServing(method="ngram", sequential_requests=True, proposals_recorded=True),
+    )
+    monkeypatch.setattr(scorer.families, "FAMILIES", (*FAMILIES, stateful))
+    entry = engine_entry("0:ngram", "stateful", {"method": "ngram", "num_speculative_tokens": 2}, [], 40)
+    assert (entry["max_num_seqs"], entry["engine_per_run"], entry["unrecorded_from_proposals"]) == (
+        1,
+        True,
+        True,
+    )
 
 
 def test_a_cache_sampled_with_min_p_is_refused_before_vllm_starts(tmp_path):

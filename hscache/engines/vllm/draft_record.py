@@ -16,6 +16,12 @@ is one drafted slot (a chain: one call per slot, L700-; parallel (block) draftin
 batch x K rows). The round at anchor p (the offline replay's numbering: the position of the last
 committed token) is drafted from the row at position p - 1.
 
+Proposers without a model (they return one list of draft tokens per request from
+``propose_draft_token_ids``, gpu_model_runner.py:4759) are recorded too: the length of each request's
+draft after each of its steps (``take_proposed``), from which the worker places the steps vLLM took
+without a draft, and so without recording them, for a proposer whose drafts depend on more than the
+context (its ``unrecorded_from_proposals`` engines).
+
 Applied to the versions in ``AFFECTED`` only, by every judge worker (hscache/engines/vllm/worker.py);
 ``install`` returns the recorder, whose ``take(request_id)`` gives ``{anchor: [[top token, its logit, second token, its
 logit] per slot]}``.
@@ -35,23 +41,48 @@ RECORDER_PATCH = (
 )
 
 
+def _ids_of(recorded: dict[str, Any], request_id: str) -> list[str]:
+    """The engine's ids recorded for the output's ``request_id`` (itself, or it and a tail after "-")."""
+    return [k for k in recorded if k == request_id or k.startswith(request_id + "-")]
+
+
 class DraftRecorder:
     """Top-2 draft logits per request, anchor and slot (module docstring)."""
 
     def __init__(self) -> None:
         self._batch: list[str] = []
         self._by_request: dict[str, dict[int, list[list[float]]]] = {}
+        self._proposed: dict[str, list[int]] = {}
+
+    def _record_proposed(self, batch: list[str], sampled: Any, drafts: Any) -> None:
+        """The draft lengths of a proposer that returned one list per request (``drafts``), for the
+        requests that sampled tokens this step (a partial prefill samples none and is not a step)."""
+        if not isinstance(drafts, list) or not isinstance(sampled, list):
+            return
+        for request, tokens, draft in zip(batch, sampled, drafts):
+            if len(tokens):
+                self._proposed.setdefault(request, []).append(len(draft))
 
     def take(self, request_id: str) -> dict[int, list[list[float]]]:
         """What was recorded for vLLM's ``request_id`` (the output's id; the engine's internal id is it
-        plus a suffix), removed from the recorder."""
+        and a tail after "-"), removed from the recorder."""
         found: dict[int, list[list[float]]] = {}
-        for key in [k for k in self._by_request if k == request_id or k.startswith(request_id + "-")]:
+        for key in _ids_of(self._by_request, request_id):
             found.update(self._by_request.pop(key))
+        return found
+
+    def take_proposed(self, request_id: str) -> list[int]:
+        """How many tokens vLLM's proposer drafted for ``request_id`` after each of its steps, in order
+        (proposers that return per-request lists, drafted on CPU: one entry per call that had sampled
+        tokens of the request), removed from the recorder."""
+        found: list[int] = []
+        for key in _ids_of(self._proposed, request_id):
+            found += self._proposed.pop(key)
         return found
 
     def clear(self) -> None:
         self._by_request.clear()
+        self._proposed.clear()
 
     def _record(self, anchors: list[int], batch: list[str], slots: list[Any], parallel: bool) -> None:
         import torch
@@ -89,10 +120,14 @@ def install(version: str) -> DraftRecorder | None:
     propose_draft_token_ids = GPUModelRunner.propose_draft_token_ids
     propose = SpecDecodeBaseProposer.propose
     arguments = inspect.signature(propose).bind  # the proposer's arguments by name, however passed
+    runner_arguments = inspect.signature(propose_draft_token_ids).bind
 
     def runner_proposes(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder._batch = list(self.input_batch.req_ids)
-        return propose_draft_token_ids(self, *args, **kwargs)
+        out = propose_draft_token_ids(self, *args, **kwargs)
+        sampled = runner_arguments(self, *args, **kwargs).arguments["sampled_token_ids"]
+        recorder._record_proposed(recorder._batch, sampled, out)
+        return out
 
     def proposer_proposes(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = arguments(self, *args, **kwargs).arguments

@@ -92,7 +92,7 @@ class VllmWorkerError(VllmError):
 
 
 def check_version(version: str) -> str:
-    """``version`` if its rules were transcribed (a local suffix such as ``+cpu`` ignored), else raise.
+    """``version`` if its rules were transcribed (a local version label such as ``+cpu`` ignored), else raise.
 
     Raises:
         VllmVersionError: naming the version, the transcribed ones and the fix.

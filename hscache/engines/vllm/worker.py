@@ -8,7 +8,8 @@ for all of them), each::
      "max_logprobs": N,
      "engines": [{"name": "0:<method>", "speculative_config": {...} | null,
                   "unrecorded_steps": {"proposer": "module:function", "args": [...]},  (optional)
-                  "start_rank": 0,  (optional)
+                  "unrecorded_from_proposals": true,  (optional)
+                  "start_rank": 0, "max_num_seqs": 1, "engine_per_run": true,  (optional)
                   "runs": [{"name": "t0", "sampling": {temperature, top_p, top_k, min_p, presence_penalty,
                             frequency_penalty, repetition_penalty, max_tokens, logprobs},
                             "prompts": [[ids], ...], "seeds": [int | null, ...]}]}]}
@@ -22,8 +23,11 @@ a proposer without logits and where vLLM's version is not transcribed).
 step), a step that accepted a tokens commits a + 1, and where an engine has ``unrecorded_steps`` the
 steps vLLM takes without recording them (its proposer proposed nothing: a plain decode step) are placed
 by calling that proposer of vLLM's (``function(context as an int32 array, *args)``) on the context before
-each step. ``anchors`` are absolute positions (prompt length + committed - 1), as the
-offline replay numbers them. A refusal (an untranscribed version, a drafter vLLM will not load) is
+each step, or, with ``unrecorded_from_proposals``, from the proposer's own draft lengths recorded per
+request and step (draft_record.py): a proposer whose drafts depend on other requests too. ``max_num_seqs``
+overrides the engine's (1: requests one at a time, in the run's order) and ``engine_per_run`` builds an
+engine for each run (a proposer's state starts empty for each). ``anchors`` are absolute positions
+(prompt length + committed - 1), as the offline replay numbers them. A refusal (an untranscribed version, a drafter vLLM will not load) is
 written as ``{"error": "one line", "kind": ...}`` with exit status 2; a drafter vLLM will not load as
 ``{"name", "error"}`` in place of its engine (the job's other engines still run).
 
@@ -54,7 +58,7 @@ from hscache.engines.vllm.runtime import (
     vision_stub,
 )
 
-__all__ = ["main", "place_rounds", "unrecorded_steps"]
+__all__ = ["main", "place_rounds", "proposed_steps", "unrecorded_steps"]
 
 
 def place_rounds(
@@ -104,6 +108,17 @@ def unrecorded_steps(entry: dict[str, Any], prompt_ids: list[int]) -> Callable[[
     return unrecorded
 
 
+def proposed_steps(lengths: list[int]) -> Callable[[list[int]], bool]:
+    """``place_rounds``' ``unrecorded`` from a request's recorded draft lengths, one per step in order
+    (draft_record.py ``take_proposed``): a step is unrecorded where its draft was empty."""
+    pending = list(lengths)
+
+    def unrecorded(generated: list[int]) -> bool:
+        return bool(pending) and pending.pop(0) == 0
+
+    return unrecorded
+
+
 def _request(output: Any, prompt_ids: list[int], unrecorded: Any, drafts: Any = None) -> dict[str, Any]:
     choice = output.outputs[0]
     metrics = choice.spec_decode_metrics.to_dict() if choice.spec_decode_metrics is not None else None
@@ -132,12 +147,20 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any], drafts: Any = None)
         job["target"], dtype=job["dtype"], max_model_len=job["max_model_len"], seed=job.get("seed", 0),
         speculative_config=spec, max_logprobs=job.get("max_logprobs", 0), hybrid=job.get("hybrid", False),
     )  # fmt: skip
-    try:
-        llm = start_engine(kwargs)
-    except Exception as exc:  # vLLM refuses the drafter (or target) with many exception types
-        raise _Refused(engine["name"], spec, exc) from exc
-    runs = []
-    for run in engine["runs"]:
+    if engine.get("max_num_seqs"):  # a proposer with state across requests: one at a time, in order
+        kwargs["max_num_seqs"] = engine["max_num_seqs"]
+
+    def started() -> Any:
+        try:
+            return start_engine(kwargs)
+        except Exception as exc:  # vLLM refuses the drafter (or target) with many exception types
+            raise _Refused(engine["name"], spec, exc) from exc
+
+    llm, runs = started(), []
+    for n, run in enumerate(engine["runs"]):
+        if n and engine.get("engine_per_run"):  # this run's proposer state starts empty
+            del llm
+            llm = started()
         prompts = run["prompts"]
         params = [sampling_params(run["sampling"], s) for s in run["seeds"]]
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -146,6 +169,8 @@ def _run_engine(job: dict[str, Any], engine: dict[str, Any], drafts: Any = None)
             unrecorded = None
             if engine.get("unrecorded_steps") is not None:
                 unrecorded = unrecorded_steps(engine["unrecorded_steps"], prompt_ids)
+            elif engine.get("unrecorded_from_proposals") and drafts is not None:
+                unrecorded = proposed_steps(drafts.take_proposed(output.request_id))
             requests.append(_request(output, prompt_ids, unrecorded, drafts))
         if drafts is not None:
             drafts.clear()

@@ -30,6 +30,7 @@ from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
 from scorer.formats.checkpoint_io import LoadReport
 from scorer.metrics import acceptance_counts, train_accept_len
+from scorer.offline.drafted_rounds import counters_summary
 from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
 __all__ = ["CHECKPOINT", "NgramDrafter", "claims", "load", "online", "score_rows", "summarize", "time_round"]
@@ -233,24 +234,4 @@ score_rows = score_rows_with(_sequence_scorer)
 
 def summarize(results: list[SequenceResult]) -> dict[str, dict[str, Any]]:
     """vLLM's spec-decode counters pooled over the sequences, as its logger pools an interval."""
-    totals = {key: sum(r.extras["ngram"][key] for r in results) for key in ("num_drafts", "num_draft_tokens")}
-    accepted = sum(r.extras["ngram"]["num_accepted_tokens"] for r in results)
-    drafts, drafted_tokens = totals["num_drafts"], totals["num_draft_tokens"]
-    return {
-        "mean_acceptance_length": {
-            "label": "vLLM mean_acceptance_length (rounds with a draft)",
-            "value": 1 + accepted / drafts if drafts else None,
-            "definition": "vLLM's 1 + accepted tokens / rounds that drafted (SpecDecodingLogging); "
-            "tau also counts the rounds with no n-gram match, as 1 token each",
-        },
-        "rounds_with_a_draft": {
-            "label": "rounds with a draft (vLLM num_drafts)",
-            "value": drafts,
-            "definition": "rounds in which the proposer found a match and drafted at least one token",
-        },
-        "draft_acceptance_rate": {
-            "label": "draft acceptance rate (accepted / drafted tokens)",
-            "value": accepted / drafted_tokens if drafted_tokens else None,
-            "definition": "vLLM's Avg Draft acceptance rate: accepted / proposed tokens over drafted rounds",
-        },
-    }
+    return counters_summary(lambda r: r.extras["ngram"], results)

@@ -5,111 +5,21 @@ An n-gram draft depends only on the tokens, so on a cached sequence the draft at
 (``scorer.offline.replay.RoundLoop``), from one ``NgramIndex`` of the sequence. A round whose proposal is
 empty is a plain decode step: acc = 0, one token committed, and tau counts it as a round of 1.
 
-vLLM's metrics count only rounds WITH drafts: the scheduler calls ``make_spec_decoding_stats``
-only when the request had scheduled spec tokens (vllm/v1/core/sched/scheduler.py,
-Scheduler.update_from_output, ``if scheduled_spec_token_ids and generated_token_ids`` at
-b4622cf9), and ``SpecDecodingStats.observe_draft`` adds one draft per call
-(vllm/v1/spec_decode/metrics.py at ee4ceaae). Its logged mean acceptance length is
-``1 + num_accepted_tokens / num_drafts`` (SpecDecodingLogging.log, same file), so
-
-    mean_acceptance_length = 1 + sum(acc over drafted rounds) / (number of drafted rounds)
-    tau                    = sum(tokens over ALL rounds) / (number of rounds)
-
-and with rounds that drafted nothing, mean_acceptance_length > tau. Both are reported.
-Offline, acc stops at the sequence end and before off-greedy data (scorer.offline.replay), so the last
-round of a sequence can count fewer accepted tokens than vLLM's counter, which counts what the
-rejection sampler accepted before a stop string or max_tokens trims the output.
+The rounds and vLLM's counters of them (which leave the rounds without a draft out) are the shared
+scorer.offline.drafted_rounds'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from scorer.families.ngram.propose import NgramConfig, NgramIndex
-from scorer.offline.replay import round_loop
-from scorer.rules.onehot_chain import RoundLog, chain_depth
+from scorer.offline.drafted_rounds import DraftedRounds, mean_acceptance_length, replay_drafted
 
 __all__ = ["NgramRounds", "mean_acceptance_length", "replay_ngram"]
 
 
-@dataclass(frozen=True)
-class NgramRounds:
-    """The rounds of one sequence under the n-gram proposer.
-
-    Attributes:
-        log: the shared RoundLog (tau over every round, off-greedy cuts, ...).
-        draft_lengths: tokens proposed per round (0: no match, a plain decode step).
-    """
-
-    log: RoundLog
-    draft_lengths: tuple[int, ...]
-
-    @property
-    def drafted(self) -> tuple[bool, ...]:
-        """Per round, whether the proposer drafted anything (vLLM counts only these)."""
-        return tuple(n > 0 for n in self.draft_lengths)
-
-    @property
-    def num_drafts(self) -> int:
-        """vLLM's ``num_drafts``: rounds with a draft."""
-        return sum(self.drafted)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        """vLLM's ``num_draft_tokens``: tokens proposed over the drafted rounds."""
-        return sum(self.draft_lengths)
-
-    @property
-    def num_accepted_tokens(self) -> int:
-        """vLLM's ``num_accepted_tokens``; rounds without a draft accept 0, so the sum is the same."""
-        return sum(self.log.accepted)
-
-    @property
-    def draft_acceptance_rate(self) -> float | None:
-        """vLLM's "Avg Draft acceptance rate": accepted / drafted tokens, None with no draft."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-
-    def accepted_per_position(self, k: int) -> list[int]:
-        """vLLM's ``num_accepted_tokens_per_pos``: drafted rounds whose acc reached position i+1.
-
-        vLLM divides these by num_drafts, so a draft shorter than K counts as rejected at the
-        positions it never proposed.
-        """
-        counts = [0] * k
-        for accepted in self.log.accepted:
-            for position in range(min(accepted, k)):
-                counts[position] += 1
-        return counts
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """vLLM's 1 + accepted / num_drafts, None when no round drafted."""
-        return mean_acceptance_length([self])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.log.to_dict(),
-            "draft_lengths": list(self.draft_lengths),
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "draft_acceptance_rate": self.draft_acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-        }
-
-
-def mean_acceptance_length(rounds: Sequence[NgramRounds]) -> float | None:
-    """vLLM's mean acceptance length pooled over sequences: 1 + sum accepted / sum drafts.
-
-    The pooling is vLLM's (its logger sums the counters over an interval, then divides); None
-    when no round of any sequence drafted (vLLM would log nothing useful there).
-    """
-    drafts = sum(r.num_drafts for r in rounds)
-    return 1 + sum(r.num_accepted_tokens for r in rounds) / drafts if drafts else None
+NgramRounds = DraftedRounds  # the n-gram proposer's rounds: the shared record of variable-length drafts
 
 
 def replay_ngram(token_ids: Any, target_argmax: Any, prompt_len: int, config: NgramConfig) -> NgramRounds:
@@ -128,14 +38,10 @@ def replay_ngram(token_ids: Any, target_argmax: Any, prompt_len: int, config: Ng
     Raises:
         ValueError: mismatched token_ids / target_argmax or prompt_len out of range (scorer.offline.replay).
     """
-    loop = round_loop(token_ids, target_argmax, prompt_len)
     index = NgramIndex(token_ids, config.prompt_lookup_min, config.prompt_lookup_max)
-    if hasattr(target_argmax, "detach"):  # torch tensor -> numpy without importing torch here
-        target_argmax = target_argmax.detach().cpu().numpy()
-    argmax = np.asarray(target_argmax)  # round_loop checked it: 1-D integer, as long as token_ids
-    lengths: list[int] = []
-    while not loop.done:
-        draft = index.draft(loop.p, config.num_speculative_tokens, config.max_model_len)
-        lengths.append(len(draft))
-        loop.step(chain_depth(draft, argmax, loop.p) if draft else 0)
-    return NgramRounds(loop.log(), tuple(lengths))
+    return replay_drafted(
+        lambda p: index.draft(p, config.num_speculative_tokens, config.max_model_len),
+        token_ids,
+        target_argmax,
+        prompt_len,
+    )
