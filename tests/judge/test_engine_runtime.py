@@ -210,3 +210,16 @@ def test_unrecorded_steps_call_the_named_proposer_on_each_context(tmp_path, monk
     rounds = place_rounds(2, [1, 4, 1, 4, 7], [1, 0], [2, 2], unrecorded=unrecorded_steps(
         {"proposer": "toy_proposer:propose", "args": [3, 5]}, [9, 9]))  # fmt: skip
     assert rounds == {"anchors": [2, 3, 5], "accepted": [0, 1, 0], "drafted": [0, 2, 2]}
+
+
+def test_a_relative_workdir_reaches_the_worker(tmp_path, monkeypatch):
+    """The worker runs with cwd=workdir: a relative ``--workdir`` once handed it ``wg/engine/job.json``,
+    a path that did not exist from there. ``python -m json.tool JOB OUT`` stands in for the worker."""
+    import sys
+
+    from hscache.engines.vllm.runtime import run_worker
+
+    monkeypatch.chdir(tmp_path)
+    job = {"engines": [{"method": "ngram"}], "k": 3}
+    assert run_worker("json.tool", job, "wg/engine", python=sys.executable) == job
+    assert (tmp_path / "wg" / "engine" / "result.json").is_file()

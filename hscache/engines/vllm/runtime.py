@@ -364,7 +364,7 @@ def run_worker(
         VllmTargetError, VllmVersionError, VllmUnavailableError: the worker's refusal.
         VllmWorkerError: any other failure (the log's last line and the log's path).
     """
-    workdir = Path(workdir)
+    workdir = Path(workdir).absolute()  # the worker runs with cwd=workdir: a relative job path would miss
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, out_path, log_path = workdir / "job.json", workdir / "result.json", workdir / "worker.log"
     job_path.write_text(json.dumps(job))
