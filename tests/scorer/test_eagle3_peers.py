@@ -107,7 +107,7 @@ def _from_peers(module: types.ModuleType) -> bool:
     return any(place and Path(place).resolve().is_relative_to(PEERS.resolve()) for place in places)
 
 
-def _randomize(model: torch.nn.Module, embed: torch.Tensor, vocab: int) -> torch.Tensor:
+def randomize_with_draft_vocab(model: torch.nn.Module, embed: torch.Tensor, vocab: int) -> torch.Tensor:
     """Random weights (norms near 1), the target's embedding, every other target id as the draft
     vocabulary; returns d2t."""
     draft_vocab = model.lm_head.weight.shape[0]
@@ -170,7 +170,7 @@ def test_speculators_eagle3_saved_by_speculators_drafts_like_its_forward(
     )
     torch.manual_seed(0)
     model = peers.Eagle3DraftModel(config).eval()
-    d2t = _randomize(model, cache.target_head()["embed_tokens"], vocab)
+    d2t = randomize_with_draft_vocab(model, cache.target_head()["embed_tokens"], vocab)
     model.save_pretrained(str(tmp_path / "speculators"))
 
     drafter, loaded = load_drafter(tmp_path / "speculators", cache, EvalConfig())
@@ -206,7 +206,7 @@ def test_specforge_llama_eagle3_saved_by_specforge_drafts_like_its_ttt_loop(peer
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}  # SGLang ids: layers 1, 3, 7
     torch.manual_seed(0)
     model = peers.LlamaForCausalLMEagle3(config).eval()
-    d2t = _randomize(model, cache.target_head()["embed_tokens"], vocab)
+    d2t = randomize_with_draft_vocab(model, cache.target_head()["embed_tokens"], vocab)
     model.save_pretrained(str(tmp_path / "specforge"))
 
     drafter, loaded = load_drafter(tmp_path / "specforge", cache, EvalConfig(num_speculative_tokens=K))

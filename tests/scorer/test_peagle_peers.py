@@ -1,18 +1,23 @@
-"""P-EAGLE written by speculators 0.9 (its ``PEagleDraftModel`` and saver) loads as the peagle family and drafts,
-at every anchor and parallel slot, what speculators' own forward predicts there.
+"""P-EAGLE written by speculators 0.9 (its ``PEagleDraftModel`` and saver) and by SpecForge 0.2 (its
+``PEagleDraftModel``, saved as its HF export saves it) loads as the peagle family and drafts, at every anchor
+and parallel slot, what the peer's own forward predicts there.
 
-speculators' forward is its TRAINING forward: COD sampling draws which (anchor, depth) rows it runs; here it is
-made to run all of them (``generate_cod_sample_indices`` replaced by every anchor x depth < K), and the drafts
-are read off its ``lm_head``. Its rows are vLLM's: depth 0 at anchor a is step 0's row (target state a, token
-a+1, position a), depth d the mask token and ``mask_hidden`` at position a+d, attending to the depth-0 rows up
-to a and to its own rollout (``create_peagle_mask_mod``). The ``peers`` fixture (.peers, stubs) is
-test_eagle3_peers.py's."""
+Both peers' forwards are their TRAINING forwards: COD sampling draws which (anchor, depth) rows they run; here
+they are made to run all of them (``generate_cod_sample_indices`` replaced by every anchor x depth < K), and
+the drafts are read off their ``lm_head``. Their rows are vLLM's: depth 0 at anchor a is step 0's row (target
+state a, token a+1, position a), depth d the mask token and ``mask_hidden`` at position a+d, attending to the
+depth-0 rows up to a and to its own rollout (``create_peagle_mask_mod``, the same in both). The ``peers``
+fixture (.peers, stubs) is test_eagle3_peers.py's."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import numpy as np
+import pytest
 import torch
-from test_eagle3_peers import K, greedy_speculators_config, peers  # noqa: F401  (the fixture, used by name)
+from test_eagle3_peers import K, greedy_speculators_config, peers, randomize_with_draft_vocab  # noqa: F401  (the fixture, used by name)
 
 import hscache
 from scorer.families.eagle3.drafting import draft_every_anchor
@@ -87,4 +92,95 @@ def test_speculators_peagle_drafts_like_its_forward(peers, scorer_cache, tmp_pat
             theirs[a - (prompt_len - 1), d] = token  # anchor p = a + 1, slot d + 1
     valid = theirs >= 0
     assert valid.sum() > 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
+    np.testing.assert_array_equal(ours[valid], theirs[valid])
+
+
+def test_specforge_peagle_export_drafts_like_its_cod_forward(peers, fp32_cache, tmp_path, monkeypatch):  # noqa: F811
+    """SpecForge 0.2's ``PEagleDraftModel`` (modeling/draft/peagle.py), saved as its HF export saves it
+    (``save_pretrained``: a flat LlamaConfig with ``norm_before_residual``, keys ``layers.N.*``, ``fc``,
+    ``mask_hidden``, ``t2d``/``d2t``, its own trained ``embed_tokens``; the layers only in eagle_config,
+    which vLLM reads one lower). It records no mask token (SpecForge resolves one at training time), so
+    the scorer refuses it by name until one is given where vLLM reads it; then every anchor's K drafts
+    equal ``OnlinePEagleModel.forward`` (algorithms/peagle/model.py) run over every anchor x depth, its
+    logits caught where its loss would take them (the loss is a Triton kernel), its flex-attention mask run
+    through sdpa."""
+    import types
+
+    # Its loss module imports Triton at import time; only LogSoftmaxLoss is named, and never runs here.
+    monkeypatch.setitem(sys.modules, "specforge.core.loss", types.SimpleNamespace(LogSoftmaxLoss=None))
+    from specforge.algorithms.peagle import model as cod
+    from specforge.modeling.draft import peagle as draft
+    from transformers import LlamaConfig
+
+    from scorer.errors import CheckpointError
+
+    cache = hscache.open_cache(fp32_cache)
+    vocab = cache.vocab_size
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
+    )  # fmt: skip
+    config.draft_vocab_size = vocab // 2
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}  # SGLang ids: layers 1, 3, 7
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = draft.PEagleDraftModel(config, norm_before_residual=True).eval()
+        d2t = randomize_with_draft_vocab(
+            model, torch.randn(vocab, 128), vocab
+        )  # P-EAGLE trains its embedding
+        with torch.no_grad():
+            model.mask_hidden.normal_(0, 0.05)
+            for name, param in model.named_parameters():
+                if name.endswith(("v_proj.weight", "o_proj.weight")):
+                    param.mul_(6)  # attention strong enough that the context moves the mask slots' drafts
+    out = tmp_path / "specforge"
+    model.save_pretrained(str(out))
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["PEagleDraftModel"] and written["norm_before_residual"] is True
+
+    with pytest.raises(CheckpointError, match="no mask_token_id"):
+        load_drafter(out, cache, EvalConfig(ddtree=(), num_speculative_tokens=K))
+    # vLLM reads dflash_config's first (llm_base_proposer.py:362-365), where SpecForge reads it too
+    (out / "config.json").write_text(json.dumps({**written, "dflash_config": {"mask_token_id": MASK}}))
+    drafter, loaded = load_drafter(out, cache, EvalConfig(ddtree=(), num_speculative_tokens=K))
+    assert drafter.family == "peagle" and drafter.pard_token == MASK and drafter.config.norm_before_residual
+    assert drafter.config.vllm_layer_ids == (0, 2, 6) and drafter.config.num_hidden_layers == 2
+    index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("vllm")]
+    features = sequence_features(cache.hidden_states(1), index, torch.float32, "cpu", None)
+    tokens, prompt_len = cache.token_ids(1).long(), int(cache.index.column("prompt_len")[1].as_py())
+    rows = len(tokens) - 2
+    ours = draft_every_anchor(drafter, features, tokens, prompt_len, K)
+
+    anchor = torch.cat([torch.arange(rows - d) for d in range(K)])  # every anchor x depth, depth-major
+    depth = torch.cat([torch.full((rows - d,), d) for d in range(K)])
+    monkeypatch.setattr(cod, "generate_cod_sample_indices", lambda **_: (anchor, depth))
+    caught = []
+    monkeypatch.setattr(cod, "compute_peagle_metrics", lambda logits, **_: caught.append(logits) or (0, {}))
+
+    def attention(query, key, value, block_mask, enable_gqa, kernel_options):
+        """SpecForge's COD mask (its ``mask_mod``, evaluated on every query x key) through torch's sdpa:
+        the math flex attention does, without tracing its op (seconds on a CPU)."""
+        rows = torch.arange(query.shape[-2])
+        allowed = block_mask.mask_mod(0, 0, rows[:, None], rows[None, :])
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=allowed, enable_gqa=enable_gqa
+        )
+
+    monkeypatch.setattr(draft, "compile_friendly_flex_attention", attention)
+    with torch.no_grad():
+        cod.OnlinePEagleModel(model, mask_token_id=MASK, num_depths=K)(
+            input_ids=tokens[None, 1 : rows + 1],  # SpecForge's capture shifts the ids: F[i] with x[i+1]
+            attention_mask=torch.ones(1, rows, dtype=torch.long),
+            target=None,
+            loss_mask=torch.ones(1, rows, dtype=torch.long),
+            hidden_states=features[None, :rows],
+        )
+    drafted = caught[0][0].argmax(-1)
+    drafted = (drafted + d2t[drafted]).numpy()
+    theirs = np.full_like(ours, -1)
+    for a, d, token in zip(anchor.tolist(), depth.tolist(), drafted):
+        if a >= prompt_len - 1:
+            theirs[a - (prompt_len - 1), d] = token  # anchor p = a + 1, slot d + 1
+    valid = theirs >= 0
+    assert valid.sum() >= 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
     np.testing.assert_array_equal(ours[valid], theirs[valid])

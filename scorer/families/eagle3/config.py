@@ -307,7 +307,8 @@ def _speculators_k(config: dict[str, Any]) -> int | None:
 def from_hf_eagle3(
     config: dict[str, Any], num_target_layers: int | None, layout: str
 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(fields, sources, notes) of a SpecForge / original-release ``LlamaForCausalLMEagle3`` config.
+    """(fields, sources, notes) of a SpecForge / original-release ``LlamaForCausalLMEagle3`` config (and of
+    SpecForge's ``PEagleDraftModel``, the same flat LlamaConfig).
 
     Raises:
         ValueError: an option that changes the math and is not implemented, named.
@@ -330,9 +331,17 @@ def from_hf_eagle3(
     sources["draft_vocab_size"] = "config" if config.get("draft_vocab_size") else "vocab_size (not reduced)"
     fields["fc_norm"] = bool(config.get("fc_norm", False))
     sources["fc_norm"] = "config" if "fc_norm" in config else "default (False)"
+    # vLLM reads both from a flat config too (llama_eagle3.py:101 norm_before_residual; :184-188
+    # norm_before_fc, eagle_config's first); SpecForge's PEagleDraftModel writes norm_before_residual.
+    fields["norm_before_residual"] = bool(config.get("norm_before_residual", False))
+    sources["norm_before_residual"] = "config" if "norm_before_residual" in config else "default (False)"
+    fields["norm_before_fc"] = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
+    sources["norm_before_fc"] = (
+        "config" if "norm_before_fc" in eagle or "norm_before_fc" in config else "default (False)"
+    )
     if config.get("target_hidden_size") is not None:
         fields["target_hidden_size"] = int(config["target_hidden_size"])
-    notes = [f"{layout} LlamaForCausalLMEagle3 layout ({fields['num_hidden_layers']} decoder layer(s))"]
+    notes = [f"{layout} {_architecture(config)} layout ({fields['num_hidden_layers']} decoder layer(s))"]
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     if ids:
         fields["target_layer_ids"] = tuple(int(i) for i in ids)
@@ -354,6 +363,11 @@ def from_hf_eagle3(
         )
     fields["layout"] = layout
     return fields, sources, notes
+
+
+def _architecture(config: dict[str, Any]) -> str:
+    archs = config.get("architectures") or []
+    return str(archs[0]) if archs else "LlamaForCausalLMEagle3"
 
 
 def _vllm_reading(top_level: Any, eagle_config_ids: Any) -> tuple[tuple[int, ...] | None, str]:

@@ -31,6 +31,7 @@ __all__ = [
     "effective_config",
     "init",
     "load",
+    "served_mask_token",
     "train",
     "vllm_settings",
 ]
@@ -75,11 +76,12 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[PEagleD
             f"{checkpoint}: {', '.join(served_off)} set, which vLLM 0.32.0 does not pass to a peagle drafter "
             "(transformers_utils/configs/speculators/algos.py update_peagle): it would serve another model"
         )
-    mask = config.overrides.get("mask_token_id", raw.get("mask_token_id"))
+    mask = config.overrides.get("mask_token_id", served_mask_token(raw))
     if mask is None:
         raise CheckpointError(
             f"{checkpoint}: no mask_token_id in its config; vLLM's parallel drafting needs it (the token of "
-            "the parallel slots): add it to config.json or pass --mask-token-id"
+            "the parallel slots; SpecForge resolves one at training time and saves none): add "
+            '"mask_token_id": ID to config.json or pass --mask-token-id'
         )
     plain = dataclasses.replace(
         config, overrides={k: v for k, v in config.overrides.items() if k != "mask_token_id"}
@@ -98,6 +100,22 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[PEagleD
         )
     drafter.pard_token = int(mask)
     return drafter, loaded
+
+
+def served_mask_token(raw: dict[str, Any]) -> int | None:
+    """The parallel slots' token as vLLM 0.32.0 reads it from the drafter's config.json, in its order
+    (``v1/spec_decode/llm_base_proposer.py`` ``_init_parallel_drafting_params``, lines 362-373):
+    ``dflash_config.mask_token_id`` (where SpecForge's trainer also looks, training/model_utils.py),
+    ``mask_token_id`` (speculators), ``dspark_noise_token_id``, ``pard_token``, ``ptd_token_id``; None: none."""
+    dflash = raw.get("dflash_config")
+    if isinstance(dflash, dict) and "mask_token_id" in dflash:
+        return dflash["mask_token_id"]
+    if raw.get("mask_token_id") is not None:
+        return raw["mask_token_id"]
+    for key in ("dspark_noise_token_id", "pard_token", "ptd_token_id"):
+        if key in raw:
+            return raw[key]
+    return None
 
 
 def cost(drafter: PEagleDrafter, tau: float, context: float) -> dict[str, Any]:
