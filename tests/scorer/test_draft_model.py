@@ -126,3 +126,36 @@ def test_probabilistic_proposals_are_the_lms_temperature_softmax(draft_lm, qwen3
                 assert draft[r, j] == int(logits[a + j].argmax())
             else:
                 assert log_q[r, j] == -np.inf
+
+
+def test_online_decoding_drafts_what_the_replay_drafted(scorer_cache):
+    """``scorer online builtin:tiny-qwen3`` against the live tiny-qwen3.5: vLLM's loop (the LM over the
+    verified tokens, then over its own drafts) commits the cached text in the replay's rounds, and drafts
+    what the replay drafted in every slot that decides a round (the accepted ones and the first rejected;
+    the replay's later slots are the LM on the cached tokens, which no round reads)."""
+    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+    from hscache.capture.target import load_target
+    from scorer.families import family_named
+    from scorer.families.base import OnlineOptions
+    from scorer.online.greedy import speculative_decode
+
+    family, name = family_named("draft_model"), "builtin:tiny-qwen3"
+    cache = hscache.open_cache(scorer_cache)
+    config = EvalConfig(num_speculative_tokens=K, ddtree=())
+    drafter, _ = family.load(name, cache, config)
+    offline = family.score_rows(drafter, cache, [0], family.effective_config(config))[0]
+    target = load_target("builtin:tiny-qwen3.5", "fp32")  # the cache's target, fp32 as the cache
+    layer_ids, propose, _ = family.online(name, target, OnlineOptions(overrides={}, num_speculative_tokens=K))
+    drafts = []
+
+    def recording(hidden, ids, p):
+        drafts.append(propose(hidden, ids, p))
+        return drafts[-1]
+
+    prompt = prompt_token_ids(next(iter_records(resolve_prompts("builtin:default"))), target.tokenizer)
+    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, 24, 4096)
+    assert ids == cache.token_ids(0).tolist() and rounds == list(offline.chain.tokens)
+    decisive = [min(n, K) for n in rounds]  # n = accepted + 1 (fewer at the sequence's end)
+    for drafted, replayed, n in zip(drafts, offline.chain_drafts, decisive, strict=True):
+        assert drafted[:n] == replayed[:n].tolist()
+    assert max(rounds) > 1 and sum(decisive) > len(rounds)  # later slots were compared too
