@@ -159,3 +159,37 @@ def test_online_decoding_drafts_what_the_replay_drafted(scorer_cache):
     for drafted, replayed, n in zip(drafts, offline.chain_drafts, decisive, strict=True):
         assert drafted[:n] == replayed[:n].tolist()
     assert max(rounds) > 1 and sum(decisive) > len(rounds)  # later slots were compared too
+
+
+def test_the_hybrid_target_drafting_for_itself_in_bf16_accepts_what_it_verifies(bf16_cache):
+    """``draft:builtin:tiny-qwen3.5`` on its own bf16 cache, drafting in bf16 as vLLM serves a draft model
+    (in the target's dtype, config/speculative.py:1301): a hybrid (Gated DeltaNet) draft LM whose every
+    draft is the cached argmax, so every round accepts all K slots the sequence has room for, except the
+    rounds the replay cuts where the bf16 text leaves the argmax (counted, and named as a bf16 effect)."""
+    from scorer.studies.evaluate import evaluate
+
+    config = EvalConfig(num_speculative_tokens=K, dtype="bf16", ddtree=(), n_boot=10)
+    report = evaluate("draft:builtin:tiny-qwen3.5", bf16_cache, config)
+    assert report["config"]["dtype"] == "bf16" and report["drafter"]["layer_types"][0] == "linear_attention"
+    for request in report["per_request"]:
+        last = request["anchors"][0] + request["tokens"]  # T - 1
+        short = [a < min(K, last - p) for a, p in zip(request["accepted"], request["anchors"], strict=True)]
+        assert sum(short) == request["rounds_cut_off_greedy"], request["record_id"]
+    assert report["tau"]["pooled"] > K  # nearly every round yields K + 1 tokens
+
+
+def test_the_off_greedy_warning_names_the_cause_the_cache_points_to(bf16_cache):
+    """A bf16 cache's cuts come from its greedy generation at near-ties (re-extracting with
+    --max-new-tokens, the advice for a text the target did not write, would change nothing)."""
+    from scorer.report.build import off_greedy_warning
+
+    settings = hscache.open_cache(bf16_cache).settings
+    bf16 = off_greedy_warning(2, settings)
+    assert (
+        bf16.startswith("2 rounds were cut short")
+        and "a bf16 cache" in bf16
+        and "--max-new-tokens" not in bf16
+    )
+    fp32 = {**settings, "dtype": "fp32"}
+    assert "build the cache with --max-new-tokens N" in off_greedy_warning(1, {**fp32, "max_new_tokens": 0})
+    assert "not the teacher-forced argmax path" in off_greedy_warning(1, fp32)
