@@ -20,9 +20,10 @@ PEERS = Path(__file__).resolve().parents[2] / ".peers"
 _DATASETS = "nemo_automodel.components.datasets.llm"
 
 
-def nemo_module(name: str) -> types.ModuleType:
+def nemo_module(name: str, bare: str | None = None) -> types.ModuleType:
     """NeMo's module ``name`` from ``.peers/`` (sys.path and sys.modules restored afterwards, except the
-    NeMo modules themselves); skip when nemo-automodel is not installed."""
+    NeMo modules themselves); skip when nemo-automodel is not installed. ``bare``: a NeMo package whose
+    ``__init__`` is skipped (the EAGLE package's imports every draft class, seconds of CPU)."""
     if not (PEERS / "nemo_automodel").is_dir():
         pytest.skip("peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0")
     saved_path, stubbed = list(sys.path), []
@@ -38,6 +39,11 @@ def nemo_module(name: str) -> types.ModuleType:
             package = types.ModuleType(_DATASETS)
             package.__path__ = [str(PEERS / "nemo_automodel" / "components" / "datasets" / "llm")]
             sys.modules[_DATASETS] = package
+        for stubbed_init in (bare,) if bare and bare not in sys.modules else ():
+            importlib.import_module(stubbed_init.rsplit(".", 1)[0])  # its parents, as they are
+            package = types.ModuleType(stubbed_init)
+            package.__path__ = [str(PEERS.joinpath(*stubbed_init.split(".")))]
+            sys.modules[stubbed_init] = package
         return importlib.import_module(name)
     finally:
         sys.path[:] = saved_path

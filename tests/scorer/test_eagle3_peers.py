@@ -84,10 +84,13 @@ def peers():
         sys.path[:] = saved_path
         # Forget the peers' own modules and the stubs, nothing else: a library module their import
         # pulled in (torch inductor's caches register themselves once per process) cannot be imported
-        # a second time, as NeMo's import in test_dflash2.py then would.
+        # a second time, as NeMo's import in test_dflash2.py then would. NeMo's modules (imported by
+        # tests/scorer/nemo_peer.py while this fixture is up) stay, imported once per process as there.
         for name in set(sys.modules) - set(saved_modules):
-            if name in _STUBBED or _from_peers(sys.modules[name]):
-                del sys.modules[name]
+            module = sys.modules.get(name)  # NeMo's imports drop some modules of their own as they go
+            if module is not None and name.split(".")[0] != "nemo_automodel":
+                if name in _STUBBED or _from_peers(module):
+                    del sys.modules[name]
 
 
 def greedy_speculators_config(peers, algorithm: str, tokens: int):

@@ -23,6 +23,7 @@ import hscache
 from scorer.families.eagle3.drafting import draft_every_anchor
 from scorer.offline.scoring import EvalConfig, load_drafter
 from scorer.offline.sequences import sequence_features
+from tests.scorer.nemo_peer import nemo_module
 
 MASK = 7
 
@@ -176,6 +177,94 @@ def test_specforge_peagle_export_drafts_like_its_cod_forward(peers, fp32_cache, 
             hidden_states=features[None, :rows],
         )
     drafted = caught[0][0].argmax(-1)
+    drafted = (drafted + d2t[drafted]).numpy()
+    theirs = np.full_like(ours, -1)
+    for a, d, token in zip(anchor.tolist(), depth.tolist(), drafted):
+        if a >= prompt_len - 1:
+            theirs[a - (prompt_len - 1), d] = token  # anchor p = a + 1, slot d + 1
+    valid = theirs >= 0
+    assert valid.sum() >= 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
+    np.testing.assert_array_equal(ours[valid], theirs[valid])
+
+
+def test_nemo_peagle_checkpoint_drafts_like_its_trainer(fp32_cache, tmp_path, monkeypatch):
+    """NeMo Automodel 0.7's P-EAGLE: its EAGLE-3 draft class ``LlamaEagle3DraftModel`` with
+    ``parallel_drafting`` (components/speculative/eagle/draft_llama.py), configured as its recipe writes it
+    (recipes/llm/train_eagle3.py:609-646 and peagle_recipe.py: the target's config plus draft_vocab_size,
+    target_hidden_size, fc_norm / norm_output false, mask_token_id, num_depths, 2 draft layers; no layer ids,
+    so NeMo and vLLM both take the target's default [1, L/2-1, L-4]) and saved as its consolidated export
+    saves it (model.safetensors with keys under ``model.``, config.json). Every anchor's K drafts equal its
+    ``PEagleTrainerModule.forward`` (peagle_trainer.py) over every anchor x depth (COD sampling replaced), its
+    logits caught at ``lm_head``, its flex-attention mask run through sdpa."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config
+
+    eagle = "nemo_automodel.components.speculative.eagle"
+    draft, trainer, cod, attention = (
+        nemo_module(f"{eagle}.{name}", bare=eagle)
+        for name in ("draft_llama", "peagle_trainer", "peagle_data", "peagle_draft")
+    )
+    cache = hscache.open_cache(fp32_cache)
+    vocab = cache.vocab_size
+    base = Qwen3Config(
+        vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=8, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+    ).to_dict()  # fmt: skip
+    base.update(
+        draft_vocab_size=vocab // 2, target_hidden_size=128, architectures=["LlamaEagle3DraftModel"],
+        tie_word_embeddings=False, attn_implementation="eager", fc_norm=False, norm_output=False,
+        parallel_drafting=True, mask_token_id=MASK, num_depths=K, down_sample_ratio=0.7,
+        down_sample_ratio_min=0.2, num_hidden_layers=2, layer_types=base["layer_types"][:2],
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = draft.LlamaEagle3DraftModel(Qwen3Config.from_dict(base)).float().eval()
+        d2t = randomize_with_draft_vocab(model, None, vocab)  # P-EAGLE trains its embedding
+        with torch.no_grad():
+            model.mask_hidden.normal_(0, 0.05)
+            for name, param in model.named_parameters():
+                if name.endswith(("v_proj.weight", "o_proj.weight")):
+                    param.mul_(6)  # attention strong enough that the context moves the mask slots' drafts
+    out = tmp_path / "nemo"
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    model.config.to_json_file(str(out / "config.json"))
+
+    drafter, loaded = load_drafter(out, cache, EvalConfig(ddtree=(), num_speculative_tokens=K))
+    assert drafter.family == "peagle" and drafter.pard_token == MASK and not drafter.config.qk_norm
+    assert drafter.config.target_layer_ids == (1, 3, 4) and drafter.config.num_hidden_layers == 2
+    index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("vllm")]
+    features = sequence_features(cache.hidden_states(1), index, torch.float32, "cpu", None)
+    tokens, prompt_len = cache.token_ids(1).long(), int(cache.index.column("prompt_len")[1].as_py())
+    rows = len(tokens) - 2
+    ours = draft_every_anchor(drafter, features, tokens, prompt_len, K)
+
+    anchor = torch.cat([torch.arange(rows - d) for d in range(K)])  # every anchor x depth, depth-major
+    depth = torch.cat([torch.full((rows - d,), d) for d in range(K)])
+    monkeypatch.setattr(cod, "generate_cod_sample_indices", lambda **_: (anchor, depth))
+
+    def dense(query, key, value, *, block_mask, scale):
+        rows = torch.arange(query.shape[-2])
+        allowed = block_mask.mask_mod(0, 0, rows[:, None], rows[None, :])
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=allowed, scale=scale
+        )
+
+    monkeypatch.setattr(attention, "_peagle_flex_attention", dense)
+    caught = []
+    model.lm_head.register_forward_hook(lambda _m, _i, logits: caught.append(logits[0]))
+    ids = torch.arange(vocab // 2) + d2t
+    with torch.no_grad():
+        trainer.PEagleTrainerModule(
+            model, selected_token_ids=ids, selected_token_mask=None, num_depths=K, mask_token_id=MASK
+        )(
+            input_ids=tokens[None, 1 : rows + 1],  # NeMo's target batch shifts the ids: F[i] with x[i+1]
+            attention_mask=torch.ones(1, rows, dtype=torch.long),
+            loss_mask=torch.ones(1, rows, dtype=torch.long),
+            aux_hidden_states=features[None, :rows],
+            target_logits=torch.zeros(1, rows, vocab),
+        )
+    drafted = caught[0].argmax(-1)
     drafted = (drafted + d2t[drafted]).numpy()
     theirs = np.full_like(ours, -1)
     for a, d, token in zip(anchor.tolist(), depth.tolist(), drafted):

@@ -26,6 +26,7 @@ from scorer.families.base import DecoderDims
 __all__ = [
     "ENGINE_DEFAULT_K",
     "ENGINE_DEFAULT_K_SOURCE",
+    "NEMO_ARCHITECTURE",
     "SGLANG_DEFAULT_TREE",
     "Eagle3Config",
     "default_layer_ids",
@@ -46,6 +47,10 @@ ENGINE_DEFAULT_K_SOURCE = "default (speculators' converter writes speculative_to
 # --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8.
 SGLANG_DEFAULT_TREE = (5, 4, 8)
 HF_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLMEagle3")
+# NeMo Automodel 0.7's EAGLE-3 draft class (components/speculative/eagle/draft_llama.py): a flat config (the
+# target's, plus draft_vocab_size, target_hidden_size, fc_norm, norm_output, parallel_drafting), weights under
+# ``model.``; its serve_vllm.py rewrites the architecture to LlamaForCausalLMEagle3 for vLLM.
+NEMO_ARCHITECTURE = "LlamaEagle3DraftModel"
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
 
 
@@ -314,9 +319,10 @@ def from_hf_eagle3(
         ValueError: an option that changes the math and is not implemented, named.
     """
     problems = _refusals(config, "")
+    nemo = NEMO_ARCHITECTURE in (config.get("architectures") or [])
     if config.get("model_type", "llama") not in ("llama", "qwen3"):
         problems.append(f"model_type={config.get('model_type')!r}")
-    if config.get("norm_output") is False:
+    if config.get("norm_output") is False and not nemo:  # NeMo's False is EAGLE-3's normed head
         # SpecForge's norm_output=False projects the UN-normed state (compute_logits); vLLM always norms.
         problems.append("norm_output=False (SpecForge: lm_head on the un-normed state; vLLM norms it)")
     eagle = config.get("eagle_config") or {}
@@ -326,7 +332,9 @@ def from_hf_eagle3(
         raise ValueError(f"unsupported EAGLE-3 option(s): {'; '.join(problems)}")
     fields = _decoder_fields(config)
     sources = {name: "config" for name in fields}
-    fields["qk_norm"] = config.get("model_type", "llama") == "qwen3"
+    # NeMo's draft carries the target's model_type but has no q/k norm (Eagle3LlamaAttention), and NeMo's
+    # vLLM export serves it as LlamaForCausalLMEagle3 (llama_eagle3.py, none either).
+    fields["qk_norm"] = config.get("model_type", "llama") == "qwen3" and not nemo
     fields["draft_vocab_size"] = int(config.get("draft_vocab_size") or fields["vocab_size"])
     sources["draft_vocab_size"] = "config" if config.get("draft_vocab_size") else "vocab_size (not reduced)"
     fields["fc_norm"] = bool(config.get("fc_norm", False))

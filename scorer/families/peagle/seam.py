@@ -16,6 +16,7 @@ from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import CheckpointError, IncompatibleCacheError, ScorerError
 from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer, checkpoint_model
+from scorer.families.eagle3.config import NEMO_ARCHITECTURE
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.layouts import load_eagle3
 from scorer.families.eagle3.online import captured_layers, eagle3_proposer, load_online
@@ -40,7 +41,7 @@ __all__ = [
 
 SPECULATORS_TYPE = "peagle"  # speculators 0.9 models/peagle/config.py; vLLM's speculators reader knows it
 ARCHITECTURES = ("PEagleSpeculator", "PEagleDraftModel")
-# Options vLLM's speculators reader does not pass on for peagle (configs/speculators/algos.py:53-87 sets
+# Options vLLM's speculators reader does not pass on for a speculators peagle config (configs/speculators/algos.py:53-87 sets
 # draft_vocab_size, target_hidden_size, norm_before_residual, norm_before_fc and the mask token only), so
 # vLLM serves such a drafter without them: refused by name rather than scored as it was not trained.
 _NOT_SERVED = ("fc_norm", "norm_output")
@@ -49,7 +50,11 @@ _NOT_SERVED = ("fc_norm", "norm_output")
 def claims(probe: CheckpointProbe) -> bool:
     config = probe.config or {}
     archs = config.get("architectures") or []
-    return config.get("speculators_model_type") == SPECULATORS_TYPE or any(a in ARCHITECTURES for a in archs)
+    return (
+        config.get("speculators_model_type") == SPECULATORS_TYPE
+        or any(a in ARCHITECTURES for a in archs)
+        or (NEMO_ARCHITECTURE in archs and bool(config.get("parallel_drafting")))  # NeMo's P-EAGLE
+    )
 
 
 def effective_config(config: Any) -> Any:
@@ -120,7 +125,10 @@ def _config_mask_token(checkpoint: str | Path, config_path: str | None, override
     """
     _, _, raw = resolve_files(Path(checkpoint))
     raw = (read_json(Path(config_path)) if config_path else raw) or {}
-    served_off = [key for key in _NOT_SERVED if raw.get(key)]
+    # A flat (SpecForge, NeMo) config reaches vLLM's llama_eagle3.py as it is, which reads fc_norm (line 231)
+    # and whose parallel drafting feeds no state back (norm_output changes nothing).
+    speculators = "speculators_model_type" in raw
+    served_off = [key for key in _NOT_SERVED if speculators and raw.get(key)]
     if served_off:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(served_off)} set, which vLLM 0.32.0 does not pass to a peagle drafter "
