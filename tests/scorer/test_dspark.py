@@ -334,6 +334,23 @@ def test_dspark_trains_its_markov_and_confidence_heads(scorer_cache, tmp_path):
     assert drafter.family == "dspark" and drafter.confidence_head is not None
 
 
+def _seeded_peer(build):
+    """A peer's DSpark module from ``build`` under seed 0, in eval mode, its weights large enough (the Markov
+    head's most) that the context and the walk move the drafts."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build().eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "markov" in name:
+                    param.normal_(0, 0.5)
+                elif param.ndim == 2:
+                    param.normal_(0, 0.25)
+                else:
+                    param.uniform_(0.8, 1.2)
+    return model
+
+
 def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tmp_path):  # noqa: F811
     """SpecForge 0.2's ``DSparkDraftModel`` (modeling/draft/dspark.py): DFlash's fill-in block (the anchor a
     bonus token, ``_sample_draft_tokens`` reads rows 1..B-1) and its Markov keys in dflash_config. Its
@@ -355,17 +372,7 @@ def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tm
         },
     )  # fmt: skip
     config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = DSparkDraftModel(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "markov" in name:
-                    param.normal_(0, 0.5)
-                elif param.ndim == 2:
-                    param.normal_(0, 0.25)
-                else:
-                    param.uniform_(0.8, 1.2)
+    model = _seeded_peer(lambda: DSparkDraftModel(config))
     model.save_pretrained(str(tmp_path / "specforge"))
     drafter, _ = load_drafter(tmp_path / "specforge", cache, EvalConfig(ddtree=()))
     assert drafter.family == "dspark" and drafter.first_draft_slot == 0  # as vLLM serves the export
@@ -420,19 +427,10 @@ def test_nemo_dspark_checkpoint_drafts_like_its_training_forward(scorer_cache, t
         enable_confidence_head=True, confidence_head_with_markov=True, tie_word_embeddings=False,
     )  # fmt: skip
     config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = nemo.Qwen3DSparkModel(config).float().eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "markov" in name:
-                    param.normal_(0, 0.5)
-                elif param.ndim == 2:
-                    param.normal_(0, 0.25)
-                else:
-                    param.uniform_(0.8, 1.2)
-            model.embed_tokens.weight.copy_(head["embed_tokens"])  # NeMo seeds both from the target
-            model.lm_head.weight.copy_(head["lm_head"])
+    model = _seeded_peer(lambda: nemo.Qwen3DSparkModel(config).float())
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(head["embed_tokens"])  # NeMo seeds both from the target
+        model.lm_head.weight.copy_(head["lm_head"])
     model.save_pretrained(str(tmp_path / "nemo"))
     drafter, loaded = load_drafter(tmp_path / "nemo", cache, EvalConfig(ddtree=()))
     assert (

@@ -116,7 +116,7 @@ def randomize_with_draft_vocab(model: torch.nn.Module, embed: torch.Tensor, voca
     draft_vocab = model.lm_head.weight.shape[0]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name == "embed_tokens.weight":
+            if name.endswith("embed_tokens.weight"):  # NeMo's sits under ``model.``
                 param.copy_(embed)
             elif param.ndim == 2:
                 param.normal_(0, 0.05)

@@ -28,6 +28,73 @@ from tests.scorer.nemo_peer import nemo_module
 MASK = 7
 
 
+def _our_drafts(drafter, cache, row: int = 1):
+    """(features of the layers vLLM serves the drafter, token ids, prompt length, the replay's drafts
+    [anchors, K]) of cached sequence ``row``."""
+    index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("vllm")]
+    features = sequence_features(cache.hidden_states(row), index, torch.float32, "cpu", None)
+    tokens, prompt_len = cache.token_ids(row).long(), int(cache.index.column("prompt_len")[row].as_py())
+    return features, tokens, prompt_len, draft_every_anchor(drafter, features, tokens, prompt_len, K)
+
+
+def _every_anchor_and_depth(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """COD's (anchor, depth) indices with nothing sampled away: every anchor x depth < K, depth-major."""
+    anchor = torch.cat([torch.arange(rows - d) for d in range(K)])
+    depth = torch.cat([torch.full((rows - d,), d) for d in range(K)])
+    return anchor, depth
+
+
+def _assert_same_as_peer(
+    drafter, features, tokens, prompt_len, ours, anchor, depth, logits, d2t=None
+) -> None:
+    """The peer's COD rows (a, d) are anchor p = a + 1, slot d + 1: its drafts (the argmax of its draft-
+    vocabulary ``logits`` [rows, Vd], as target ids) equal the replay's ``ours`` [anchors, K] wherever both
+    exist, and its logits equal the literal one-forward first pass's (``draft_one_anchor``, which
+    test_peagle.py checks against the replay) within 1e-4 (fp32, another attention kernel and order)."""
+    ids = torch.arange(logits.shape[-1]) + (0 if d2t is None else d2t)  # draft id -> target id
+    drafted = ids[logits.argmax(-1)].numpy()
+    theirs = np.full_like(ours, -1)
+    for a, d, token in zip(anchor.tolist(), depth.tolist(), drafted):
+        if a >= prompt_len - 1:
+            theirs[a - (prompt_len - 1), d] = token
+    valid = theirs >= 0
+    assert valid.sum() >= 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
+    np.testing.assert_array_equal(ours[valid], theirs[valid])
+    mine = {}
+    for p in range(prompt_len, int(anchor.max()) + 2):
+        caught = []
+        drafter.draft_one_anchor(features, tokens, p, K, draw=lambda row, got=caught: got.append(row) or 0)
+        mine[p] = torch.stack(caught)[:, ids]
+    rows = [n for n, a in enumerate(anchor.tolist()) if a >= prompt_len - 1]
+    expected = torch.stack([mine[int(anchor[n]) + 1][int(depth[n])] for n in rows])
+    torch.testing.assert_close(logits[rows].float(), expected, rtol=1e-4, atol=1e-4)
+
+
+def _trained_looking(build, vocab: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """(a peer's P-EAGLE module from ``build`` under seed 0, eval mode, with random weights, its own
+    embedding (P-EAGLE trains it), every other target id as the draft vocabulary, a small ``mask_hidden``
+    and attention strong enough that the context moves the mask slots' drafts; its d2t)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build().eval()
+        d2t = randomize_with_draft_vocab(model, torch.randn(vocab, model.config.hidden_size), vocab)
+        with torch.no_grad():
+            model.mask_hidden.normal_(0, 0.05)
+            for name, param in model.named_parameters():
+                if name.endswith(("v_proj.weight", "o_proj.weight")):
+                    param.mul_(6)  # attention strong enough that the context moves the mask slots' drafts
+    return model, d2t
+
+
+def _mask_mod_sdpa(query, key, value, block_mask, **options):
+    """A flex-attention call as sdpa: the peer's COD mask (its ``mask_mod`` on every query x key), the
+    math flex attention does, without tracing its op (seconds on a CPU)."""
+    rows = torch.arange(query.shape[-2])
+    allowed = block_mask.mask_mod(0, 0, rows[:, None], rows[None, :])
+    kept = {k: v for k, v in options.items() if k in ("scale", "enable_gqa")}
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, **kept)
+
+
 def test_speculators_peagle_drafts_like_its_forward(peers, scorer_cache, tmp_path, monkeypatch):  # noqa: F811
     from speculators.losses import resolve_loss_config
     from speculators.models.peagle import core
@@ -65,14 +132,9 @@ def test_speculators_peagle_drafts_like_its_forward(peers, scorer_cache, tmp_pat
     drafter, _ = load_drafter(tmp_path / "peagle", cache, EvalConfig(ddtree=()))
     assert drafter.family == "peagle" and drafter.pard_token == MASK
     assert drafter.config.target_layer_ids == (1, 3, 7) and drafter.config.num_speculative_tokens == K
-    index = [cache.layer_ids.index(i) for i in drafter.config.target_layer_ids]
-    features = sequence_features(cache.hidden_states(1), index, torch.float32, "cpu", None)
-    tokens, prompt_len = cache.token_ids(1).long(), int(cache.index.column("prompt_len")[1].as_py())
+    features, tokens, prompt_len, ours = _our_drafts(drafter, cache)
     rows = len(tokens) - 2
-    ours = draft_every_anchor(drafter, features, tokens, prompt_len, K)
-
-    anchor = torch.cat([torch.arange(rows - d) for d in range(K)])  # every anchor x depth, depth-major
-    depth = torch.cat([torch.full((rows - d,), d) for d in range(K)])
+    anchor, depth = _every_anchor_and_depth(rows)
     monkeypatch.setattr(core, "generate_cod_sample_indices", lambda **_: (anchor, depth))
     caught = []
     model.lm_head.register_forward_hook(lambda _m, _i, out: caught.append(out[0]))
@@ -86,14 +148,7 @@ def test_speculators_peagle_drafts_like_its_forward(peers, scorer_cache, tmp_pat
             num_depths=K,
             loss_config=resolve_loss_config("kl_div", "eager"),  # its fused losses need Triton
         )
-    theirs = np.full_like(ours, -1)
-    drafted = caught[0].argmax(-1).numpy()
-    for (a, d), token in zip(zip(anchor.tolist(), depth.tolist()), drafted):
-        if a >= prompt_len - 1:
-            theirs[a - (prompt_len - 1), d] = token  # anchor p = a + 1, slot d + 1
-    valid = theirs >= 0
-    assert valid.sum() > 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
-    np.testing.assert_array_equal(ours[valid], theirs[valid])
+    _assert_same_as_peer(drafter, features, tokens, prompt_len, ours, anchor, depth, caught[0])
 
 
 def test_specforge_peagle_export_drafts_like_its_cod_forward(peers, fp32_cache, tmp_path, monkeypatch):  # noqa: F811
@@ -123,17 +178,7 @@ def test_specforge_peagle_export_drafts_like_its_cod_forward(peers, fp32_cache, 
     )  # fmt: skip
     config.draft_vocab_size = vocab // 2
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}  # SGLang ids: layers 1, 3, 7
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = draft.PEagleDraftModel(config, norm_before_residual=True).eval()
-        d2t = randomize_with_draft_vocab(
-            model, torch.randn(vocab, 128), vocab
-        )  # P-EAGLE trains its embedding
-        with torch.no_grad():
-            model.mask_hidden.normal_(0, 0.05)
-            for name, param in model.named_parameters():
-                if name.endswith(("v_proj.weight", "o_proj.weight")):
-                    param.mul_(6)  # attention strong enough that the context moves the mask slots' drafts
+    model, d2t = _trained_looking(lambda: draft.PEagleDraftModel(config, norm_before_residual=True), vocab)
     out = tmp_path / "specforge"
     model.save_pretrained(str(out))
     written = json.loads((out / "config.json").read_text())
@@ -146,28 +191,19 @@ def test_specforge_peagle_export_drafts_like_its_cod_forward(peers, fp32_cache, 
     drafter, loaded = load_drafter(out, cache, EvalConfig(ddtree=(), num_speculative_tokens=K))
     assert drafter.family == "peagle" and drafter.pard_token == MASK and drafter.config.norm_before_residual
     assert drafter.config.vllm_layer_ids == (0, 2, 6) and drafter.config.num_hidden_layers == 2
-    index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("vllm")]
-    features = sequence_features(cache.hidden_states(1), index, torch.float32, "cpu", None)
-    tokens, prompt_len = cache.token_ids(1).long(), int(cache.index.column("prompt_len")[1].as_py())
+    features, tokens, prompt_len, ours = _our_drafts(drafter, cache)
     rows = len(tokens) - 2
-    ours = draft_every_anchor(drafter, features, tokens, prompt_len, K)
-
-    anchor = torch.cat([torch.arange(rows - d) for d in range(K)])  # every anchor x depth, depth-major
-    depth = torch.cat([torch.full((rows - d,), d) for d in range(K)])
+    anchor, depth = _every_anchor_and_depth(rows)
     monkeypatch.setattr(cod, "generate_cod_sample_indices", lambda **_: (anchor, depth))
     caught = []
     monkeypatch.setattr(cod, "compute_peagle_metrics", lambda logits, **_: caught.append(logits) or (0, {}))
-
-    def attention(query, key, value, block_mask, enable_gqa, kernel_options):
-        """SpecForge's COD mask (its ``mask_mod``, evaluated on every query x key) through torch's sdpa:
-        the math flex attention does, without tracing its op (seconds on a CPU)."""
-        rows = torch.arange(query.shape[-2])
-        allowed = block_mask.mask_mod(0, 0, rows[:, None], rows[None, :])
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=allowed, enable_gqa=enable_gqa
-        )
-
-    monkeypatch.setattr(draft, "compile_friendly_flex_attention", attention)
+    monkeypatch.setattr(
+        draft,
+        "compile_friendly_flex_attention",
+        lambda query, key, value, block_mask, **options: _mask_mod_sdpa(
+            query, key, value, block_mask, **options
+        ),
+    )
     with torch.no_grad():
         cod.OnlinePEagleModel(model, mask_token_id=MASK, num_depths=K)(
             input_ids=tokens[None, 1 : rows + 1],  # SpecForge's capture shifts the ids: F[i] with x[i+1]
@@ -176,15 +212,7 @@ def test_specforge_peagle_export_drafts_like_its_cod_forward(peers, fp32_cache, 
             loss_mask=torch.ones(1, rows, dtype=torch.long),
             hidden_states=features[None, :rows],
         )
-    drafted = caught[0][0].argmax(-1)
-    drafted = (drafted + d2t[drafted]).numpy()
-    theirs = np.full_like(ours, -1)
-    for a, d, token in zip(anchor.tolist(), depth.tolist(), drafted):
-        if a >= prompt_len - 1:
-            theirs[a - (prompt_len - 1), d] = token  # anchor p = a + 1, slot d + 1
-    valid = theirs >= 0
-    assert valid.sum() >= 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
-    np.testing.assert_array_equal(ours[valid], theirs[valid])
+    _assert_same_as_peer(drafter, features, tokens, prompt_len, ours, anchor, depth, caught[0][0], d2t)
 
 
 def test_nemo_peagle_checkpoint_drafts_like_its_trainer(fp32_cache, tmp_path, monkeypatch):
@@ -216,15 +244,9 @@ def test_nemo_peagle_checkpoint_drafts_like_its_trainer(fp32_cache, tmp_path, mo
         parallel_drafting=True, mask_token_id=MASK, num_depths=K, down_sample_ratio=0.7,
         down_sample_ratio_min=0.2, num_hidden_layers=2, layer_types=base["layer_types"][:2],
     )  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = draft.LlamaEagle3DraftModel(Qwen3Config.from_dict(base)).float().eval()
-        d2t = randomize_with_draft_vocab(model, None, vocab)  # P-EAGLE trains its embedding
-        with torch.no_grad():
-            model.mask_hidden.normal_(0, 0.05)
-            for name, param in model.named_parameters():
-                if name.endswith(("v_proj.weight", "o_proj.weight")):
-                    param.mul_(6)  # attention strong enough that the context moves the mask slots' drafts
+    model, d2t = _trained_looking(
+        lambda: draft.LlamaEagle3DraftModel(Qwen3Config.from_dict(base)).float(), vocab
+    )
     out = tmp_path / "nemo"
     out.mkdir()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
@@ -233,24 +255,11 @@ def test_nemo_peagle_checkpoint_drafts_like_its_trainer(fp32_cache, tmp_path, mo
     drafter, loaded = load_drafter(out, cache, EvalConfig(ddtree=(), num_speculative_tokens=K))
     assert drafter.family == "peagle" and drafter.pard_token == MASK and not drafter.config.qk_norm
     assert drafter.config.target_layer_ids == (1, 3, 4) and drafter.config.num_hidden_layers == 2
-    index = [cache.layer_ids.index(i) for i in drafter.config.layer_ids_served_by("vllm")]
-    features = sequence_features(cache.hidden_states(1), index, torch.float32, "cpu", None)
-    tokens, prompt_len = cache.token_ids(1).long(), int(cache.index.column("prompt_len")[1].as_py())
+    features, tokens, prompt_len, ours = _our_drafts(drafter, cache)
     rows = len(tokens) - 2
-    ours = draft_every_anchor(drafter, features, tokens, prompt_len, K)
-
-    anchor = torch.cat([torch.arange(rows - d) for d in range(K)])  # every anchor x depth, depth-major
-    depth = torch.cat([torch.full((rows - d,), d) for d in range(K)])
+    anchor, depth = _every_anchor_and_depth(rows)
     monkeypatch.setattr(cod, "generate_cod_sample_indices", lambda **_: (anchor, depth))
-
-    def dense(query, key, value, *, block_mask, scale):
-        rows = torch.arange(query.shape[-2])
-        allowed = block_mask.mask_mod(0, 0, rows[:, None], rows[None, :])
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=allowed, scale=scale
-        )
-
-    monkeypatch.setattr(attention, "_peagle_flex_attention", dense)
+    monkeypatch.setattr(attention, "_peagle_flex_attention", _mask_mod_sdpa)
     caught = []
     model.lm_head.register_forward_hook(lambda _m, _i, logits: caught.append(logits[0]))
     ids = torch.arange(vocab // 2) + d2t
@@ -264,12 +273,4 @@ def test_nemo_peagle_checkpoint_drafts_like_its_trainer(fp32_cache, tmp_path, mo
             aux_hidden_states=features[None, :rows],
             target_logits=torch.zeros(1, rows, vocab),
         )
-    drafted = caught[0].argmax(-1)
-    drafted = (drafted + d2t[drafted]).numpy()
-    theirs = np.full_like(ours, -1)
-    for a, d, token in zip(anchor.tolist(), depth.tolist(), drafted):
-        if a >= prompt_len - 1:
-            theirs[a - (prompt_len - 1), d] = token  # anchor p = a + 1, slot d + 1
-    valid = theirs >= 0
-    assert valid.sum() >= 30 and len(np.unique(ours[:, 1:])) > 1  # the mask slots' drafts vary
-    np.testing.assert_array_equal(ours[valid], theirs[valid])
+    _assert_same_as_peer(drafter, features, tokens, prompt_len, ours, anchor, depth, caught[0], d2t)
