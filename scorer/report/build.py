@@ -32,7 +32,14 @@ from scorer.offline import sampled_view
 from scorer.offline.sequences import SequenceResult, result_summary
 from scorer.report.text import token_pieces
 
-__all__ = ["REPORT_SCHEMA_VERSION", "TAU_DEFINITIONS", "build_report", "compare_reports", "merge_results"]
+__all__ = [
+    "REPORT_SCHEMA_VERSION",
+    "TAU_DEFINITIONS",
+    "build_report",
+    "compare_reports",
+    "merge_results",
+    "off_greedy_warning",
+]
 
 REPORT_SCHEMA_VERSION = 2  # 2: sampling.modes.*.n_sequences -> n_requests (issue 32)
 TAU_DEFINITIONS = {
@@ -103,6 +110,26 @@ def _samples(
     return out
 
 
+def off_greedy_warning(rounds_cut: int, settings: dict[str, Any]) -> str:
+    """The report's warning for rounds cut where the cached text leaves the target's greedy path, with
+    the cause the cache's settings point to: a text the target did not generate (``--max-new-tokens 0``),
+    or a half-precision cache, whose ``generate`` (incremental decode) can leave the teacher-forced argmax
+    at near-ties (docs/extract.md): re-extracting it with --max-new-tokens would change nothing."""
+    said = (
+        f"{rounds_cut} rounds were cut short where the cached text leaves the target's greedy path; "
+        "offline tau is then a lower bound"
+    )
+    dtype = settings.get("dtype")
+    if not settings.get("max_new_tokens"):
+        return f"{said} (the cached text is not the target's own: build the cache with --max-new-tokens N)"
+    if dtype in ("bf16", "fp16"):
+        return (
+            f"{said} (a {dtype} cache: its greedy generation left the teacher-forced argmax at near-ties, "
+            "docs/extract.md; an fp32 cache of the same prompts has none on the built-in targets)"
+        )
+    return f"{said} (the cached continuation is not the teacher-forced argmax path)"
+
+
 def build_report(
     results: Sequence[SequenceResult],
     *,
@@ -151,10 +178,7 @@ def build_report(
         warnings.append(_incomplete_warning(completeness))
     cut = sum(c.n_cut_off_greedy for c in chains)
     if cut:
-        warnings.append(
-            f"{cut} rounds were cut short where the cached text leaves the target's greedy path; "
-            "offline tau is then a lower bound (build the cache with --max-new-tokens for exact replay)"
-        )
+        warnings.append(off_greedy_warning(cut, cache.settings))
     ddtree = {
         str(b): _tau_block([r.ddtree[b] for r in results], config.n_boot, config.seed) for b in config.ddtree
     }

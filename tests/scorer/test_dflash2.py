@@ -1,18 +1,13 @@
 """DFlash2: drafts equal NeMo Automodel 0.7's own ``Qwen3DFlash2DraftModel`` forward and selector
 walk on the same inputs; scorer online == offline round for round; bad DFlash2 checkpoints refused.
 
-The oracle is nemo-automodel 0.7.0 installed ``--no-deps --target .peers`` (test-only; .ci/run
-installs it beside the EAGLE-3 peers): its draft model runs on CPU in plain torch. Its package ``__init__`` files import the training data
-stack (``datasets``), which the draft model never calls; the test stubs those two imports when
-``datasets`` is absent, and skips when nemo-automodel is not installed.
+The oracle is nemo-automodel 0.7.0 from ``.peers`` (tests/scorer/nemo_peer.py; skipped without it): its
+draft model runs on CPU in plain torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -26,44 +21,15 @@ from scorer.families.dflash2.seam import VARIANT, build_dflash2
 from scorer.offline.scoring import load_drafter, score_rows
 from scorer.studies.evaluate import EvalConfig, evaluate
 from tests.scorer.family_contract import FamilyContract
+from tests.scorer.nemo_peer import nemo_module
 
 BLOCK = 4
-
-
-PEERS = Path(__file__).resolve().parents[2] / ".peers"
-
-
-def _nemo_dflash2():
-    """NeMo's DFlash2 module from ``.peers/`` (sys.path and sys.modules restored afterwards, except
-    the NeMo modules themselves); skip when it is not installed."""
-    if not (PEERS / "nemo_automodel").is_dir():
-        pytest.skip("peer oracle not installed: pip install --no-deps --target .peers nemo-automodel==0.7.0")
-    saved_path, stubbed = list(sys.path), []
-    sys.path.insert(0, str(PEERS))
-    if "datasets" not in sys.modules and importlib.util.find_spec("datasets") is None:
-        stub = types.ModuleType("datasets")
-        stub.Dataset = type("Dataset", (), {})
-        stub.DatasetDict = type("DatasetDict", (), {})
-        sys.modules["datasets"] = stub
-        stubbed.append("datasets")
-    name = "nemo_automodel.components.datasets.llm"
-    try:
-        if name not in sys.modules:  # its __init__ imports dataset builders; the mask helper needs none
-            package = types.ModuleType(name)
-            package.__path__ = [str(PEERS / "nemo_automodel" / "components" / "datasets" / "llm")]
-            sys.modules[name] = package
-        from nemo_automodel.components.speculative.dflash import draft_qwen3_dflash2
-    finally:
-        sys.path[:] = saved_path
-        for stub_name in stubbed:  # nothing else may see a fake `datasets` (transformers probes it)
-            del sys.modules[stub_name]
-    return draft_qwen3_dflash2
 
 
 def _save_nemo_drafter(cache_path, out, target_layer_ids=(1, 3, 7)):
     """A NeMo DFlash2 drafter for the cache's target, saved with NeMo's own save_pretrained; its
     convolutions and selector moved off their identity start so they change the drafts."""
-    nemo = _nemo_dflash2()
+    nemo = nemo_module("nemo_automodel.components.speculative.dflash.draft_qwen3_dflash2")
     from transformers import Qwen3Config
 
     cache = hscache.open_cache(cache_path)

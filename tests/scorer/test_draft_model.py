@@ -126,3 +126,70 @@ def test_probabilistic_proposals_are_the_lms_temperature_softmax(draft_lm, qwen3
                 assert draft[r, j] == int(logits[a + j].argmax())
             else:
                 assert log_q[r, j] == -np.inf
+
+
+def test_online_decoding_drafts_what_the_replay_drafted(scorer_cache):
+    """``scorer online builtin:tiny-qwen3`` against the live tiny-qwen3.5: vLLM's loop (the LM over the
+    verified tokens, then over its own drafts) commits the cached text in the replay's rounds, and drafts
+    what the replay drafted in every slot that decides a round (the accepted ones and the first rejected;
+    the replay's later slots are the LM on the cached tokens, which no round reads)."""
+    from hscache.capture.prompts import iter_records, prompt_token_ids, resolve_prompts
+    from hscache.capture.target import load_target
+    from scorer.families import family_named
+    from scorer.families.base import OnlineOptions
+    from scorer.online.greedy import speculative_decode
+
+    family, name = family_named("draft_model"), "builtin:tiny-qwen3"
+    cache = hscache.open_cache(scorer_cache)
+    config = EvalConfig(num_speculative_tokens=K, ddtree=())
+    drafter, _ = family.load(name, cache, config)
+    offline = family.score_rows(drafter, cache, [0], family.effective_config(config))[0]
+    target = load_target("builtin:tiny-qwen3.5", "fp32")  # the cache's target, fp32 as the cache
+    layer_ids, propose, _ = family.online(name, target, OnlineOptions(overrides={}, num_speculative_tokens=K))
+    drafts = []
+
+    def recording(hidden, ids, p):
+        drafts.append(propose(hidden, ids, p))
+        return drafts[-1]
+
+    prompt = prompt_token_ids(next(iter_records(resolve_prompts("builtin:default"))), target.tokenizer)
+    ids, rounds = speculative_decode(target, layer_ids, recording, prompt, 24, 4096)
+    assert ids == cache.token_ids(0).tolist() and rounds == list(offline.chain.tokens)
+    decisive = [min(n, K) for n in rounds]  # n = accepted + 1 (fewer at the sequence's end)
+    for drafted, replayed, n in zip(drafts, offline.chain_drafts, decisive, strict=True):
+        assert drafted[:n] == replayed[:n].tolist()
+    assert max(rounds) > 1 and sum(decisive) > len(rounds)  # later slots were compared too
+
+
+def test_the_hybrid_target_drafting_for_itself_in_bf16_accepts_what_it_verifies(bf16_cache):
+    """``draft:builtin:tiny-qwen3.5`` on its own bf16 cache, drafting in bf16 as vLLM serves a draft model
+    (in the target's dtype, config/speculative.py:1301): a hybrid (Gated DeltaNet) draft LM whose every
+    draft is the cached argmax, so every round accepts all K slots the sequence has room for, except the
+    rounds the replay cuts where the bf16 text leaves the argmax (counted, and named as a bf16 effect)."""
+    from scorer.studies.evaluate import evaluate
+
+    config = EvalConfig(num_speculative_tokens=K, dtype="bf16", ddtree=(), n_boot=10)
+    report = evaluate("draft:builtin:tiny-qwen3.5", bf16_cache, config)
+    assert report["config"]["dtype"] == "bf16" and report["drafter"]["layer_types"][0] == "linear_attention"
+    for request in report["per_request"]:
+        last = request["anchors"][0] + request["tokens"]  # T - 1
+        short = [a < min(K, last - p) for a, p in zip(request["accepted"], request["anchors"], strict=True)]
+        assert sum(short) == request["rounds_cut_off_greedy"], request["record_id"]
+    assert report["tau"]["pooled"] > K  # nearly every round yields K + 1 tokens
+
+
+def test_the_off_greedy_warning_names_the_cause_the_cache_points_to(bf16_cache):
+    """A bf16 cache's cuts come from its greedy generation at near-ties (re-extracting with
+    --max-new-tokens, the advice for a text the target did not write, would change nothing)."""
+    from scorer.report.build import off_greedy_warning
+
+    settings = hscache.open_cache(bf16_cache).settings
+    bf16 = off_greedy_warning(2, settings)
+    assert (
+        bf16.startswith("2 rounds were cut short")
+        and "a bf16 cache" in bf16
+        and "--max-new-tokens" not in bf16
+    )
+    fp32 = {**settings, "dtype": "fp32"}
+    assert "build the cache with --max-new-tokens N" in off_greedy_warning(1, {**fp32, "max_new_tokens": 0})
+    assert "not the teacher-forced argmax path" in off_greedy_warning(1, fp32)

@@ -3,7 +3,8 @@
 v1/worker/gpu/spec_decode/dspark/speculator.py), and ``scorer init --family dspark`` writes what
 vLLM's config reads as a Qwen3 DSpark drafter.
 
-The peer runs from ``.peers/`` (``pip install --no-deps --target .peers speculators==0.9.0``), its
+The peers run from ``.peers/`` (``pip install --no-deps --target .peers speculators==0.9.0``; NeMo Automodel
+and SpecForge as tests/scorer/nemo_peer.py and test_eagle3_peers.py install them), speculators'
 training-data imports stubbed, as in test_eagle3_peers.py (whose ``peers`` fixture this reuses). CPU:
 ~3 s (the peer import is shared with test_eagle3_peers.py when both run).
 """
@@ -22,6 +23,7 @@ from scorer.families.dflash.score import draft_all_anchors
 from scorer.offline.sequences import sequence_features
 from scorer.studies.evaluate import EvalConfig, evaluate, load_drafter
 from tests.scorer.family_contract import FamilyContract
+from tests.scorer.nemo_peer import nemo_module
 from tests.scorer.test_eagle3_peers import greedy_speculators_config, peers  # noqa: F401  (the shared peer fixture)
 
 N = 4  # drafted tokens per round: speculators' block_size in the anchor layout
@@ -332,6 +334,23 @@ def test_dspark_trains_its_markov_and_confidence_heads(scorer_cache, tmp_path):
     assert drafter.family == "dspark" and drafter.confidence_head is not None
 
 
+def _seeded_peer(build):
+    """A peer's DSpark module from ``build`` under seed 0, in eval mode, its weights large enough (the Markov
+    head's most) that the context and the walk move the drafts."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build().eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "markov" in name:
+                    param.normal_(0, 0.5)
+                elif param.ndim == 2:
+                    param.normal_(0, 0.25)
+                else:
+                    param.uniform_(0.8, 1.2)
+    return model
+
+
 def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tmp_path):  # noqa: F811
     """SpecForge 0.2's ``DSparkDraftModel`` (modeling/draft/dspark.py): DFlash's fill-in block (the anchor a
     bonus token, ``_sample_draft_tokens`` reads rows 1..B-1) and its Markov keys in dflash_config. Its
@@ -353,17 +372,7 @@ def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tm
         },
     )  # fmt: skip
     config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = DSparkDraftModel(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "markov" in name:
-                    param.normal_(0, 0.5)
-                elif param.ndim == 2:
-                    param.normal_(0, 0.25)
-                else:
-                    param.uniform_(0.8, 1.2)
+    model = _seeded_peer(lambda: DSparkDraftModel(config))
     model.save_pretrained(str(tmp_path / "specforge"))
     drafter, _ = load_drafter(tmp_path / "specforge", cache, EvalConfig(ddtree=()))
     assert drafter.family == "dspark" and drafter.first_draft_slot == 0  # as vLLM serves the export
@@ -394,6 +403,68 @@ def test_specforge_dspark_export_drafts_like_its_modules(peers, scorer_cache, tm
                 base, first_prev_token_ids=block[:, 0], hidden_states=hidden
             )
         assert ours[n].tolist() == theirs[0].tolist(), p
+
+
+def test_nemo_dspark_checkpoint_drafts_like_its_training_forward(scorer_cache, tmp_path, monkeypatch):
+    """NeMo Automodel 0.7's ``Qwen3DSparkModel`` (components/speculative/dspark/draft_qwen3.py), configured
+    as its recipe writes it (recipes/llm/train_dspark.py:1066-1083: the target's config plus top-level
+    ``target_layer_ids``, ``block_size``, ``mask_token_id``, Markov and confidence keys, its own frozen copies
+    of the target's embedding and head) and saved with its ``save_pretrained``: vLLM's dense layout, whose
+    absent ``sample_from_anchor`` vLLM reads as True, as NeMo trains (the anchor row drafts too). Every
+    anchor's N drafts equal NeMo's training forward run over every anchor (``sample_anchor_positions``
+    replaced; its block rows caught after the final norm) and walked by its ``sample_draft_tokens``; the
+    confidences equal its ``predict_confidence_step`` on those rows."""
+    from transformers import Qwen3Config
+
+    nemo = nemo_module("nemo_automodel.components.speculative.dspark.draft_qwen3")
+    cache = hscache.open_cache(scorer_cache)
+    head = cache.target_head()
+    config = Qwen3Config(
+        vocab_size=cache.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+        architectures=["Qwen3DSparkModel"], num_target_layers=8, target_layer_ids=[1, 3, 7], block_size=N,
+        num_anchors=8, mask_token_id=cache.mask_token_id, markov_rank=RANK, markov_head_type="vanilla",
+        enable_confidence_head=True, confidence_head_with_markov=True, tie_word_embeddings=False,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    model = _seeded_peer(lambda: nemo.Qwen3DSparkModel(config).float())
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(head["embed_tokens"])  # NeMo seeds both from the target
+        model.lm_head.weight.copy_(head["lm_head"])
+    model.save_pretrained(str(tmp_path / "nemo"))
+    drafter, loaded = load_drafter(tmp_path / "nemo", cache, EvalConfig(ddtree=()))
+    assert (
+        drafter.family == "dspark" and drafter.first_draft_slot == 0 and drafter.config.num_draft_tokens == N
+    )
+    assert drafter.config.target_layer_ids == (1, 3, 7) and drafter.confidence_head is not None
+
+    row = 1
+    features = sequence_features(cache.hidden_states(row), [0, 1, 2], torch.float32, "cpu", None)
+    tokens = cache.token_ids(row).long()
+    prompt_len = cache.index.column("prompt_len")[row].as_py()
+    ours, _, _ = draft_all_anchors(drafter, features, tokens, prompt_len, tree_k=0)
+    anchors = torch.arange(prompt_len, len(tokens) - 1)[None]
+    monkeypatch.setattr(
+        nemo, "sample_anchor_positions", lambda **_: (anchors, torch.ones_like(anchors).bool())
+    )
+    caught = []
+    model.norm.register_forward_hook(lambda _m, _i, out: caught.append(out))
+    seq = len(tokens)
+    with torch.no_grad():
+        model(
+            input_ids=tokens[None], target_hidden_states=features[None], loss_mask=torch.ones(1, seq).long()
+        )
+        hidden = caught[0].view(anchors.shape[1], N, -1)
+        theirs, _ = model.sample_draft_tokens(
+            model.compute_logits(hidden), first_prev_token_ids=tokens[anchors[0]], hidden_states=hidden
+        )
+        prev = torch.cat([tokens[anchors[0], None], theirs[:, :-1]], dim=1)
+        confidence = torch.sigmoid(model.predict_confidence_step(hidden, prev_token_ids=prev))
+        mine = drafter.confidence(hidden.reshape(-1, hidden.shape[-1]), prev.reshape(-1)).view_as(confidence)
+    valid = ours >= 0
+    assert valid.sum() > 3 * len(ours) and len(np.unique(ours)) > 3
+    np.testing.assert_array_equal(ours[valid], theirs.numpy()[valid])
+    torch.testing.assert_close(mine.float(), confidence, rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -84,10 +84,13 @@ def peers():
         sys.path[:] = saved_path
         # Forget the peers' own modules and the stubs, nothing else: a library module their import
         # pulled in (torch inductor's caches register themselves once per process) cannot be imported
-        # a second time, as NeMo's import in test_dflash2.py then would.
+        # a second time, as NeMo's import in test_dflash2.py then would. NeMo's modules (imported by
+        # tests/scorer/nemo_peer.py while this fixture is up) stay, imported once per process as there.
         for name in set(sys.modules) - set(saved_modules):
-            if name in _STUBBED or _from_peers(sys.modules[name]):
-                del sys.modules[name]
+            module = sys.modules.get(name)  # NeMo's imports drop some modules of their own as they go
+            if module is not None and name.split(".")[0] != "nemo_automodel":
+                if name in _STUBBED or _from_peers(module):
+                    del sys.modules[name]
 
 
 def greedy_speculators_config(peers, algorithm: str, tokens: int):
@@ -107,13 +110,13 @@ def _from_peers(module: types.ModuleType) -> bool:
     return any(place and Path(place).resolve().is_relative_to(PEERS.resolve()) for place in places)
 
 
-def _randomize(model: torch.nn.Module, embed: torch.Tensor, vocab: int) -> torch.Tensor:
+def randomize_with_draft_vocab(model: torch.nn.Module, embed: torch.Tensor, vocab: int) -> torch.Tensor:
     """Random weights (norms near 1), the target's embedding, every other target id as the draft
     vocabulary; returns d2t."""
     draft_vocab = model.lm_head.weight.shape[0]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name == "embed_tokens.weight":
+            if name.endswith("embed_tokens.weight"):  # NeMo's sits under ``model.``
                 param.copy_(embed)
             elif param.ndim == 2:
                 param.normal_(0, 0.05)
@@ -170,7 +173,7 @@ def test_speculators_eagle3_saved_by_speculators_drafts_like_its_forward(
     )
     torch.manual_seed(0)
     model = peers.Eagle3DraftModel(config).eval()
-    d2t = _randomize(model, cache.target_head()["embed_tokens"], vocab)
+    d2t = randomize_with_draft_vocab(model, cache.target_head()["embed_tokens"], vocab)
     model.save_pretrained(str(tmp_path / "speculators"))
 
     drafter, loaded = load_drafter(tmp_path / "speculators", cache, EvalConfig())
@@ -206,7 +209,7 @@ def test_specforge_llama_eagle3_saved_by_specforge_drafts_like_its_ttt_loop(peer
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}  # SGLang ids: layers 1, 3, 7
     torch.manual_seed(0)
     model = peers.LlamaForCausalLMEagle3(config).eval()
-    d2t = _randomize(model, cache.target_head()["embed_tokens"], vocab)
+    d2t = randomize_with_draft_vocab(model, cache.target_head()["embed_tokens"], vocab)
     model.save_pretrained(str(tmp_path / "specforge"))
 
     drafter, loaded = load_drafter(tmp_path / "specforge", cache, EvalConfig(num_speculative_tokens=K))

@@ -7,6 +7,7 @@ own judgement of the same family: tests/judge/test_peagle_judged.py."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from scorer.families.peagle.model import PEagleDrafter
 from scorer.families.peagle.seam import init
 from scorer.offline.scoring import EvalConfig, load_drafter
 from scorer.offline.sequences import sequence_features
+from tests.scorer.family_contract import FamilyContract
 
 K = 3
 
@@ -105,3 +107,36 @@ def test_what_vllm_would_not_serve_is_refused_by_name(peagle, qwen3_cache, tmp_p
         result = CliRunner().invoke(main, ["eval", str(other), "--cache", str(qwen3_cache)])
         assert result.exit_code == 2 and said in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def peagle_from_eagle3(eagle3_drafter, tmp_path_factory):
+    """The session's trained EAGLE-3 (scorer_cache) as a P-EAGLE directory: its step 0 (slot 1, often
+    accepted) plus a learned-looking ``mask_hidden`` and mask token for the parallel slots."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("peagle") / "from_eagle3"
+    shutil.copytree(eagle3_drafter, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(speculators_model_type="peagle", architectures=["PEagleSpeculator"], mask_token_id=5)
+    config["speculators_config"]["algorithm"] = "peagle"
+    (out / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(out / "model.safetensors"))
+    width = tensors["fc.weight"].shape[1]
+    tensors["mask_hidden"] = torch.randn(1, 1, width, generator=torch.Generator().manual_seed(0))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+class TestPEagleOnline:
+    """``scorer online`` with a P-EAGLE drafter (its proposer: EAGLE-3's, drafting with P-EAGLE's
+    one-forward first pass) drafts round for round what the offline replay drafted: the family
+    contract's online == offline case (tests/scorer/family_contract.py), on the live target."""
+
+    family = "peagle"
+    config = FamilyContract.config
+    test_online_equals_offline_round_for_round = FamilyContract.test_online_equals_offline_round_for_round
+
+    @pytest.fixture
+    def checkpoint(self, peagle_from_eagle3):
+        return str(peagle_from_eagle3)

@@ -35,7 +35,7 @@ DRAFT_MODEL = Family(
         "draft:<model>: any causal LM hscache loads (builtin:<name> or an HF directory) with the target's tokenizer",
         "an HF causal-LM directory (config.json architectures *ForCausalLM, no drafter layout keys)",
     ),
-    **lazy_functions(_DRAFTER, "claims", "load", "score_rows", "cost", "proposals"),
+    **lazy_functions(_DRAFTER, "claims", "load", "score_rows", "online", "cost", "proposals"),
     effective_config=_effective,
     autoregressive=True,
     display_name="draft model (standalone LM)",

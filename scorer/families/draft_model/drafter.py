@@ -39,9 +39,18 @@ import numpy as np
 import torch
 
 from hscache.capture.logit_rows import head_rows, row_chunks
+from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
-from scorer.families.base import CheckpointProbe, attention_flops, check_scored_sizes, longest_sequence
+from scorer.families.base import (
+    CheckpointProbe,
+    DraftDraw,
+    OnlineOptions,
+    Proposer,
+    attention_flops,
+    check_scored_sizes,
+    longest_sequence,
+)
 from scorer.formats.checkpoint_io import LoadReport
 from scorer.offline.sampled_view import head_log_q, proposal_arrays
 from scorer.offline.sequences import (
@@ -58,9 +67,11 @@ __all__ = [
     "DraftModel",
     "claims",
     "cost",
+    "draft_model_proposer",
     "draft_positions",
     "load",
     "next_token_argmax",
+    "online",
     "proposals",
     "score_rows",
     "vllm_settings",
@@ -173,21 +184,20 @@ def _refuse_flags(checkpoint: str, config: Any) -> None:
         )
 
 
-def check_tokenizer(checkpoint: str, draft_tokenizer: Any, cache: CacheView) -> None:
+def check_tokenizer(checkpoint: str, draft_tokenizer: Any, target_tokenizer: Any, target_name: Any) -> None:
     """vLLM drafts in the target's token ids: the draft LM must read and write the same ones.
 
     Raises:
         CheckpointError: the vocabularies differ (sizes or any token's id), named with the fix.
     """
-    target = cache.tokenizer()
-    mine, theirs = draft_tokenizer.get_vocab(), target.get_vocab()
+    mine, theirs = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
     if mine != theirs:
         differ = sorted(set(mine.items()) ^ set(theirs.items()))[:1]
         where = f"e.g. {differ[0][0]!r}" if differ else "their special tokens"
         raise CheckpointError(
             f"{checkpoint}: its tokenizer is not the target's ({len(mine)} vs {len(theirs)} tokens, {where} "
             f"differs); vLLM's draft_model drafts in the target's token ids: pass a draft LM trained with the "
-            f"tokenizer of {cache.settings.get('model')}"
+            f"tokenizer of {target_name}"
         )
 
 
@@ -199,39 +209,113 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[DraftModel, Lo
         CheckpointError: no --num-speculative-tokens, a flag of another family, a model that does not load,
             or a tokenizer / vocabulary that is not the target's (one line each).
     """
-    from hscache.capture.target import load_target
-    from hscache.errors import HscacheError
-
     _refuse_flags(checkpoint, config)
-    k = config.num_speculative_tokens
+    k = _required_k(checkpoint, config.num_speculative_tokens)
+    check_scored_sizes(longest_sequence(cache), str(cache.path), num_speculative_tokens=k)
+    target_vocab = (cache.target_config or {}).get("vocab_size")
+    return _load_lm(
+        checkpoint,
+        k,
+        config.dtype,
+        config.device,
+        cache.tokenizer(),
+        target_vocab,
+        cache.settings.get("model"),
+    )
+
+
+def online(checkpoint: str, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, LoadReport]:
+    """``scorer online`` with a standalone draft model: the loader's checks against the live target (its
+    tokenizer and vocabulary), the draft LM in the target's dtype, and `draft_model_proposer`.
+
+    Raises:
+        CheckpointError: as `load` (a flag of another family, no K, another tokenizer or vocabulary).
+    """
+    flags = [f"--{key.replace('_', '-')}" for key in options.overrides]
+    flags += ["--config"] if options.config_path else []
+    if flags:
+        raise CheckpointError(
+            f"{checkpoint}: {', '.join(flags)} do not apply to a standalone draft model (vLLM draft_model: "
+            "a chain of K tokens from a causal LM): pass --num-speculative-tokens K only"
+        )
+    k = _required_k(checkpoint, options.num_speculative_tokens)
+    dtype = next(name for name, torch_type in DTYPES.items() if torch_type == target.model.dtype)
+    vocab = target.model.get_input_embeddings().weight.shape[0]
+    drafter, loaded = _load_lm(checkpoint, k, dtype, options.device, target.tokenizer, vocab, target.name)
+    # The draft LM reads no target state: the capture is asked for the first layer, which it ignores.
+    return [0], draft_model_proposer(drafter), loaded.report
+
+
+def draft_model_proposer(drafter: DraftModel) -> Proposer:
+    """One served round at anchor p, vLLM's loop literally (module docstring): d_1 from the LM over the
+    verified tokens 0..p, then d_j from the LM over them and d_1..d_{j-1} (its own drafts, or with
+    ``draw`` the drawn ones), each the argmax of (or ``draw`` over) the LM's next-token logits. The LM
+    pieces are the replay's (``DraftModel.hidden`` / ``head``); each step re-runs the prefix (exact for a
+    hybrid LM's recurrent layers too, whose state a KV cache would not hold)."""
+    k = drafter.config.num_speculative_tokens
+
+    @torch.no_grad()
+    def propose(hidden: Any, ids: list[int], p: int, draw: DraftDraw | None = None) -> list[int]:
+        del hidden  # the draft LM reads only tokens
+        tokens = [int(t) for t in ids[: p + 1]]
+        drafted: list[int] = []
+        for _ in range(k):
+            logits = drafter.head(drafter.hidden(torch.tensor(tokens + drafted))[-1:])[0].float()
+            drafted.append(int(logits.argmax()) if draw is None else int(draw(logits)))
+        return drafted
+
+    return propose
+
+
+def _required_k(checkpoint: str, k: int | None) -> int:
     if k is None:
         raise CheckpointError(
             f"{checkpoint}: pass --num-speculative-tokens K (vLLM's draft_model method has no default K)"
         )
-    check_scored_sizes(longest_sequence(cache), str(cache.path), num_speculative_tokens=k)
+    return int(k)
+
+
+def _load_lm(
+    checkpoint: str,
+    k: int,
+    dtype: str,
+    device: str,
+    target_tokenizer: Any,
+    target_vocab: int | None,
+    target_name: Any,
+) -> tuple[DraftModel, LoadedDraftModel]:
+    """The draft LM named by ``checkpoint`` in ``dtype`` on ``device``, checked against the target's
+    tokenizer and vocabulary size (vLLM requires them equal), with its load report.
+
+    Raises:
+        CheckpointError: a model that does not load, another tokenizer or vocabulary size (one line each).
+    """
+    from hscache.capture.target import load_target
+    from hscache.errors import HscacheError
+
     name = model_name(checkpoint)
     try:
-        target = load_target(name, dtype=config.dtype, device=config.device)
+        lm = load_target(name, dtype=dtype, device=device)
     except HscacheError as exc:
         raise CheckpointError(f"{checkpoint}: {exc}") from exc
-    check_tokenizer(checkpoint, target.tokenizer, cache)
-    lm_config = target.model.config.to_dict()
+    check_tokenizer(checkpoint, lm.tokenizer, target_tokenizer, target_name)
+    lm_config = lm.model.config.to_dict()
     draft_vocab = int(lm_config.get("vocab_size") or 0)
-    target_vocab = int((cache.target_config or {}).get("vocab_size") or draft_vocab)
+    target_vocab = int(target_vocab or draft_vocab)
     if draft_vocab != target_vocab:
         raise CheckpointError(
             f"{checkpoint}: vocab_size {draft_vocab} differs from the target's {target_vocab}; vLLM 0.32.0 "
             "refuses that for draft_model (config/speculative.py:1870-1885): pad the draft LM's embedding and "
             "head to the target's size"
         )
-    settings = DraftModelSettings(name, int(k), _public(lm_config))
-    described = json.dumps({"model": name, "num_speculative_tokens": int(k)}, sort_keys=True).encode()
+    settings = DraftModelSettings(name, k, _public(lm_config))
+    described = json.dumps({"model": name, "num_speculative_tokens": k}, sort_keys=True).encode()
     report = LoadReport(
         path=name,
         format="module" if name.startswith(_BUILTIN) else "hf_dir",  # a built-in is built in memory
         file_sha256={},
         sha256=hashlib.sha256(described).hexdigest(),
-        weights_sha256=target.weights_sha256,
+        weights_sha256=lm.weights_sha256,
         field_sources={"num_speculative_tokens": "override", "model": "checkpoint"},
         stripped_prefixes=(),
         dropped_keys=(),
@@ -240,9 +324,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[DraftModel, Lo
         ),
         layout="vllm",
     )
-    return DraftModel(target.model.eval(), settings, target.weights_sha256), LoadedDraftModel(
-        settings, report
-    )
+    return DraftModel(lm.model.eval(), settings, lm.weights_sha256), LoadedDraftModel(settings, report)
 
 
 def _public(lm_config: dict[str, Any]) -> dict[str, Any]:

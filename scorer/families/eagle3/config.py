@@ -26,6 +26,7 @@ from scorer.families.base import DecoderDims
 __all__ = [
     "ENGINE_DEFAULT_K",
     "ENGINE_DEFAULT_K_SOURCE",
+    "NEMO_ARCHITECTURE",
     "SGLANG_DEFAULT_TREE",
     "Eagle3Config",
     "default_layer_ids",
@@ -46,6 +47,10 @@ ENGINE_DEFAULT_K_SOURCE = "default (speculators' converter writes speculative_to
 # --speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8.
 SGLANG_DEFAULT_TREE = (5, 4, 8)
 HF_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLMEagle3")
+# NeMo Automodel 0.7's EAGLE-3 draft class (components/speculative/eagle/draft_llama.py): a flat config (the
+# target's, plus draft_vocab_size, target_hidden_size, fc_norm, norm_output, parallel_drafting), weights under
+# ``model.``; its serve_vllm.py rewrites the architecture to LlamaForCausalLMEagle3 for vLLM.
+NEMO_ARCHITECTURE = "LlamaEagle3DraftModel"
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
 
 
@@ -307,15 +312,17 @@ def _speculators_k(config: dict[str, Any]) -> int | None:
 def from_hf_eagle3(
     config: dict[str, Any], num_target_layers: int | None, layout: str
 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(fields, sources, notes) of a SpecForge / original-release ``LlamaForCausalLMEagle3`` config.
+    """(fields, sources, notes) of a SpecForge / original-release ``LlamaForCausalLMEagle3`` config (and of
+    SpecForge's ``PEagleDraftModel``, the same flat LlamaConfig).
 
     Raises:
         ValueError: an option that changes the math and is not implemented, named.
     """
     problems = _refusals(config, "")
+    nemo = NEMO_ARCHITECTURE in (config.get("architectures") or [])
     if config.get("model_type", "llama") not in ("llama", "qwen3"):
         problems.append(f"model_type={config.get('model_type')!r}")
-    if config.get("norm_output") is False:
+    if config.get("norm_output") is False and not nemo:  # NeMo's False is EAGLE-3's normed head
         # SpecForge's norm_output=False projects the UN-normed state (compute_logits); vLLM always norms.
         problems.append("norm_output=False (SpecForge: lm_head on the un-normed state; vLLM norms it)")
     eagle = config.get("eagle_config") or {}
@@ -325,14 +332,24 @@ def from_hf_eagle3(
         raise ValueError(f"unsupported EAGLE-3 option(s): {'; '.join(problems)}")
     fields = _decoder_fields(config)
     sources = {name: "config" for name in fields}
-    fields["qk_norm"] = config.get("model_type", "llama") == "qwen3"
+    # NeMo's draft carries the target's model_type but has no q/k norm (Eagle3LlamaAttention), and NeMo's
+    # vLLM export serves it as LlamaForCausalLMEagle3 (llama_eagle3.py, none either).
+    fields["qk_norm"] = config.get("model_type", "llama") == "qwen3" and not nemo
     fields["draft_vocab_size"] = int(config.get("draft_vocab_size") or fields["vocab_size"])
     sources["draft_vocab_size"] = "config" if config.get("draft_vocab_size") else "vocab_size (not reduced)"
     fields["fc_norm"] = bool(config.get("fc_norm", False))
     sources["fc_norm"] = "config" if "fc_norm" in config else "default (False)"
+    # vLLM reads both from a flat config too (llama_eagle3.py:101 norm_before_residual; :184-188
+    # norm_before_fc, eagle_config's first); SpecForge's PEagleDraftModel writes norm_before_residual.
+    fields["norm_before_residual"] = bool(config.get("norm_before_residual", False))
+    sources["norm_before_residual"] = "config" if "norm_before_residual" in config else "default (False)"
+    fields["norm_before_fc"] = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
+    sources["norm_before_fc"] = (
+        "config" if "norm_before_fc" in eagle or "norm_before_fc" in config else "default (False)"
+    )
     if config.get("target_hidden_size") is not None:
         fields["target_hidden_size"] = int(config["target_hidden_size"])
-    notes = [f"{layout} LlamaForCausalLMEagle3 layout ({fields['num_hidden_layers']} decoder layer(s))"]
+    notes = [f"{layout} {_architecture(config)} layout ({fields['num_hidden_layers']} decoder layer(s))"]
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     if ids:
         fields["target_layer_ids"] = tuple(int(i) for i in ids)
@@ -354,6 +371,11 @@ def from_hf_eagle3(
         )
     fields["layout"] = layout
     return fields, sources, notes
+
+
+def _architecture(config: dict[str, Any]) -> str:
+    archs = config.get("architectures") or []
+    return str(archs[0]) if archs else "LlamaForCausalLMEagle3"
 
 
 def _vllm_reading(top_level: Any, eagle_config_ids: Any) -> tuple[tuple[int, ...] | None, str]:

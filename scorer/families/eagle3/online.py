@@ -13,7 +13,7 @@ from scorer.families.base import DraftDraw, OnlineOptions, Proposer
 from scorer.families.eagle3.layouts import read_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 
-__all__ = ["captured_layers", "eagle3_proposer", "online"]
+__all__ = ["captured_layers", "eagle3_proposer", "load_online", "online"]
 
 
 def captured_layers(drafter: Eagle3Drafter) -> tuple[list[int], list[int], list[int]]:
@@ -48,24 +48,30 @@ def eagle3_proposer(drafter: Eagle3Drafter) -> Proposer:
     return propose
 
 
-def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
-    """Read the checkpoint, check it against the target, attach the target's embedding.
+def load_online(
+    checkpoint: str | Path,
+    target: Any,
+    options: OnlineOptions,
+    *,
+    speculators_type: str = "eagle3",
+    drafter_class: type[Eagle3Drafter] = Eagle3Drafter,
+    own_embedding_unless_identical: bool = False,
+) -> tuple[Eagle3Drafter, Any]:
+    """(the drafter on the target's device and dtype, its LoadReport): the checkpoint read, checked against
+    the live target, its embedding attached. ``speculators_type`` / ``drafter_class`` /
+    ``own_embedding_unless_identical``: as ``layouts.load_eagle3`` (a family built on this one).
 
     Raises:
-        CheckpointError: a DFlash override was given (named); IncompatibleCacheError: a mismatch.
+        IncompatibleCacheError: hidden size, vocabulary or layers do not fit the target (all named).
     """
-    if options.overrides:
-        flags = ", ".join("--" + name.replace("_", "-") for name in sorted(options.overrides))
-        raise CheckpointError(
-            f"{checkpoint}: {flags} set DFlash settings; an EAGLE-3 drafter takes them from its config "
-            "(drafting: --num-speculative-tokens K)"
-        )
     config, weights, head, report = read_eagle3(
         checkpoint,
         num_target_layers=target.num_layers,
         num_speculative_tokens=options.num_speculative_tokens,
         trust_checkpoint=options.trust_checkpoint,
         config_path=options.config_path,
+        speculators_type=speculators_type,
+        drafter_class=drafter_class,
     )
     embed = target.model.get_input_embeddings().weight.detach()
     problems = [
@@ -81,13 +87,32 @@ def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple
         problems.append(f"drafter target layers {bad} do not exist in a {target.num_layers}-layer target")
     if problems:
         raise IncompatibleCacheError("; ".join(problems))
-    drafter = Eagle3Drafter(config)
+    drafter = drafter_class(config)
     drafter.load_state_dict(weights)
     drafter = drafter.to(device=options.device, dtype=target.model.dtype).eval()
     own = head.get("embed_tokens.weight")
-    if own is not None and tuple(own.shape) != tuple(
-        embed.shape
-    ):  # vLLM shares the target's when shapes match
+    # vLLM shares the target's embedding when the shapes match (and, for a family that asks, when the
+    # shipped one equals it): the same rule as the offline loader (layouts.load_eagle3).
+    if own is not None and (
+        tuple(own.shape) != tuple(embed.shape)
+        or (own_embedding_unless_identical and not torch.equal(own.to(embed.device, embed.dtype), embed))
+    ):
         embed = own.to(options.device, target.model.dtype)
     drafter.attach_embedding(embed, head.get("d2t"))
+    return drafter, report
+
+
+def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    """Read the checkpoint, check it against the target, attach the target's embedding.
+
+    Raises:
+        CheckpointError: a DFlash override was given (named); IncompatibleCacheError: a mismatch.
+    """
+    if options.overrides:
+        flags = ", ".join("--" + name.replace("_", "-") for name in sorted(options.overrides))
+        raise CheckpointError(
+            f"{checkpoint}: {flags} set DFlash settings; an EAGLE-3 drafter takes them from its config "
+            "(drafting: --num-speculative-tokens K)"
+        )
+    drafter, report = load_online(checkpoint, target, options)
     return captured_layers(drafter)[0], eagle3_proposer(drafter), report

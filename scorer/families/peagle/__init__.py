@@ -19,8 +19,10 @@ PEAGLE = Family(
     name="peagle",
     layouts=(
         "speculators PEagleSpeculator directory (speculators_model_type peagle, mask_hidden, mask_token_id)",
+        "SpecForge PEagleDraftModel export (flat LlamaConfig; mask token added where vLLM reads it)",
+        "NeMo Automodel LlamaEagle3DraftModel with parallel_drafting (keys under model., mask_token_id)",
     ),
-    **lazy_functions(_SEAM, "claims", "load", "effective_config", "cost", "init", "train"),
+    **lazy_functions(_SEAM, "claims", "load", "effective_config", "online", "cost", "init", "train"),
     score_rows=lazy("scorer.families.eagle3.seam", "score_rows"),
     autoregressive=True,
     proposals=lazy("scorer.families.eagle3.proposal", "eagle3_proposals"),

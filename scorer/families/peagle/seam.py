@@ -15,9 +15,11 @@ import hscache
 from hscache.store.view import CacheView
 from scorer.drafter_dir import check_drafter_dir
 from scorer.errors import CheckpointError, IncompatibleCacheError, ScorerError
-from scorer.families.base import CheckpointProbe, checkpoint_model
+from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer, checkpoint_model
+from scorer.families.eagle3.config import NEMO_ARCHITECTURE
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
 from scorer.families.eagle3.layouts import load_eagle3
+from scorer.families.eagle3.online import captured_layers, eagle3_proposer, load_online
 from scorer.families.eagle3.seam import cost as eagle3_cost
 from scorer.families.peagle.model import PEagleDrafter
 from scorer.formats.files import read_json, resolve_files
@@ -31,13 +33,15 @@ __all__ = [
     "effective_config",
     "init",
     "load",
+    "online",
+    "served_mask_token",
     "train",
     "vllm_settings",
 ]
 
 SPECULATORS_TYPE = "peagle"  # speculators 0.9 models/peagle/config.py; vLLM's speculators reader knows it
 ARCHITECTURES = ("PEagleSpeculator", "PEagleDraftModel")
-# Options vLLM's speculators reader does not pass on for peagle (configs/speculators/algos.py:53-87 sets
+# Options vLLM's speculators reader does not pass on for a speculators peagle config (configs/speculators/algos.py:53-87 sets
 # draft_vocab_size, target_hidden_size, norm_before_residual, norm_before_fc and the mask token only), so
 # vLLM serves such a drafter without them: refused by name rather than scored as it was not trained.
 _NOT_SERVED = ("fc_norm", "norm_output")
@@ -46,7 +50,11 @@ _NOT_SERVED = ("fc_norm", "norm_output")
 def claims(probe: CheckpointProbe) -> bool:
     config = probe.config or {}
     archs = config.get("architectures") or []
-    return config.get("speculators_model_type") == SPECULATORS_TYPE or any(a in ARCHITECTURES for a in archs)
+    return (
+        config.get("speculators_model_type") == SPECULATORS_TYPE
+        or any(a in ARCHITECTURES for a in archs)
+        or (NEMO_ARCHITECTURE in archs and bool(config.get("parallel_drafting")))  # NeMo's P-EAGLE
+    )
 
 
 def effective_config(config: Any) -> Any:
@@ -65,22 +73,7 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[PEagleD
         raise CheckpointError(
             f"{checkpoint}: --tree does not apply to P-EAGLE (one forward drafts a chain of K)"
         )
-    root = Path(checkpoint)
-    _, _, raw = resolve_files(root)
-    raw = read_json(Path(config.config_path)) if config.config_path else raw
-    raw = raw or {}
-    served_off = [key for key in _NOT_SERVED if raw.get(key)]
-    if served_off:
-        raise CheckpointError(
-            f"{checkpoint}: {', '.join(served_off)} set, which vLLM 0.32.0 does not pass to a peagle drafter "
-            "(transformers_utils/configs/speculators/algos.py update_peagle): it would serve another model"
-        )
-    mask = config.overrides.get("mask_token_id", raw.get("mask_token_id"))
-    if mask is None:
-        raise CheckpointError(
-            f"{checkpoint}: no mask_token_id in its config; vLLM's parallel drafting needs it (the token of "
-            "the parallel slots): add it to config.json or pass --mask-token-id"
-        )
+    mask = _config_mask_token(checkpoint, config.config_path, config.overrides)
     plain = dataclasses.replace(
         config, overrides={k: v for k, v in config.overrides.items() if k != "mask_token_id"}
     )
@@ -92,12 +85,87 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[PEagleD
         drafter_class=PEagleDrafter,
         own_embedding_unless_identical=True,
     )
-    if not 0 <= int(mask) < drafter.config.vocab_size:
+    _set_mask_token(checkpoint, drafter, mask)
+    return drafter, loaded
+
+
+def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple[list[int], Proposer, Any]:
+    """``scorer online`` for P-EAGLE: the loader's checks and mask token, read against the live target; the
+    proposer is EAGLE-3's (``eagle3_proposer``), whose ``draft_one_anchor`` is P-EAGLE's one-forward first
+    pass (model.py), the same code the offline replay is checked against (tests/scorer/test_peagle.py).
+
+    Raises:
+        CheckpointError: a setting other than --mask-token-id, no mask token, or an option vLLM does not
+            serve for peagle (one line each); IncompatibleCacheError: a mismatch with the target.
+    """
+    if other := sorted(key for key in options.overrides if key != "mask_token_id"):
+        flags = ", ".join("--" + name.replace("_", "-") for name in other)
+        raise CheckpointError(
+            f"{checkpoint}: {flags} do not apply to a P-EAGLE drafter (drafting: --num-speculative-tokens K, "
+            "--mask-token-id ID)"
+        )
+    mask = _config_mask_token(checkpoint, options.config_path, options.overrides)
+    drafter, report = load_online(
+        checkpoint,
+        target,
+        options,
+        speculators_type=SPECULATORS_TYPE,
+        drafter_class=PEagleDrafter,
+        own_embedding_unless_identical=True,
+    )
+    _set_mask_token(checkpoint, drafter, mask)
+    return captured_layers(drafter)[0], eagle3_proposer(drafter), report
+
+
+def _config_mask_token(checkpoint: str | Path, config_path: str | None, overrides: dict[str, Any]) -> int:
+    """The parallel slots' token: ``--mask-token-id``, else where vLLM reads it (``served_mask_token``).
+
+    Raises:
+        CheckpointError: an option vLLM does not pass to a peagle drafter, or no mask token (named).
+    """
+    _, _, raw = resolve_files(Path(checkpoint))
+    raw = (read_json(Path(config_path)) if config_path else raw) or {}
+    # A flat (SpecForge, NeMo) config reaches vLLM's llama_eagle3.py as it is, which reads fc_norm (line 231)
+    # and whose parallel drafting feeds no state back (norm_output changes nothing).
+    speculators = "speculators_model_type" in raw
+    served_off = [key for key in _NOT_SERVED if speculators and raw.get(key)]
+    if served_off:
+        raise CheckpointError(
+            f"{checkpoint}: {', '.join(served_off)} set, which vLLM 0.32.0 does not pass to a peagle drafter "
+            "(transformers_utils/configs/speculators/algos.py update_peagle): it would serve another model"
+        )
+    mask = overrides.get("mask_token_id", served_mask_token(raw))
+    if mask is None:
+        raise CheckpointError(
+            f"{checkpoint}: no mask_token_id in its config; vLLM's parallel drafting needs it (the token of "
+            "the parallel slots; SpecForge resolves one at training time and saves none): add "
+            '"mask_token_id": ID to config.json or pass --mask-token-id'
+        )
+    return int(mask)
+
+
+def _set_mask_token(checkpoint: str | Path, drafter: PEagleDrafter, mask: int) -> None:
+    if not 0 <= mask < drafter.config.vocab_size:
         raise CheckpointError(
             f"{checkpoint}: mask_token_id {mask} is outside the vocabulary 0..{drafter.config.vocab_size - 1}"
         )
-    drafter.pard_token = int(mask)
-    return drafter, loaded
+    drafter.pard_token = mask
+
+
+def served_mask_token(raw: dict[str, Any]) -> int | None:
+    """The parallel slots' token as vLLM 0.32.0 reads it from the drafter's config.json, in its order
+    (``v1/spec_decode/llm_base_proposer.py`` ``_init_parallel_drafting_params``, lines 362-373):
+    ``dflash_config.mask_token_id`` (where SpecForge's trainer also looks, training/model_utils.py),
+    ``mask_token_id`` (speculators), ``dspark_noise_token_id``, ``pard_token``, ``ptd_token_id``; None: none."""
+    dflash = raw.get("dflash_config")
+    if isinstance(dflash, dict) and "mask_token_id" in dflash:
+        return dflash["mask_token_id"]
+    if raw.get("mask_token_id") is not None:
+        return raw["mask_token_id"]
+    for key in ("dspark_noise_token_id", "pard_token", "ptd_token_id"):
+        if key in raw:
+            return raw[key]
+    return None
 
 
 def cost(drafter: PEagleDrafter, tau: float, context: float) -> dict[str, Any]:
