@@ -162,6 +162,19 @@ def test_verify_and_a_pinned_digest_catch_an_edited_scale(compact, tmp_path):
         check_expected_digest(resealed, pinned, str(copy))  # what scorer eval --expect-digest runs
 
 
+def test_a_damaged_fp8_chunk_is_refused_on_read(compact, tmp_path):
+    """The states are decoded straight from their mapped chunk files: the crc32c still guards them."""
+    import shutil
+
+    copy = shutil.copytree(compact[1], tmp_path / "damaged")
+    chunk = copy / "arrays" / "hidden_states" / "c" / "0" / "0" / "0"  # sequence 0's first chunk
+    data = bytearray(chunk.read_bytes())
+    data[5] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CacheFormatError, match="crc32c"):
+        hscache.open_cache(copy).hidden_states(0)
+
+
 def test_an_edited_exact_slice_is_caught_by_verify(compact, tmp_path):
     import shutil
 
