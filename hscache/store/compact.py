@@ -110,10 +110,10 @@ def dequantise(
     byte), written into ``out``.
 
     bfloat16 and float32 (every source dtype a cache has) take the fused one-pass kernel
-    (``hscache.store.fp8_decode``: a byte's exact fp32 value times the scale, rounded in the same pass; no
-    temporary). A read holding NaN bytes or a non-finite scale (none that ``quantise`` writes), another
-    dtype or a non-contiguous ``out`` takes torch's cast, ``_BLOCK_TOKENS`` tokens at a time (never a
-    float32 copy of a whole read). Measured in docs/storage.md."""
+    (``hscache.store.fp8_decode``: a byte's exact fp32 value times the scale, rounded in the same
+    pass; no temporary). A read holding NaN bytes or a non-finite scale (none that ``quantise``
+    writes), another dtype or a non-contiguous ``out`` takes torch's cast, ``_BLOCK_TOKENS`` tokens
+    at a time (never a float32 copy of a whole read). Measured in docs/storage.md."""
     import torch
 
     if out is None:

@@ -1,7 +1,8 @@
 """The codec's drift on every score of a compact cache (``--states fp8``, hscache/store/compact.py).
 
 A compact cache keeps a few sequences (its exact slice) at the source dtype too. ``scorer eval``
-(and ``evaluate_module``, distributed eval, ``scorer compare``: ``with_exact_slice``) scores those sequences a second time from their exact states and reports the paired delta tau
+(and ``evaluate_module``, distributed eval, ``scorer compare``: ``with_exact_slice``) scores those
+sequences a second time from their exact states and reports the paired delta tau
 (compact - exact, the same requests resampled for both: scorer/metrics.py ``paired_bootstrap_delta``)
 with its 95% interval, and warns when the interval excludes 0: the codec then moved this drafter's
 score. Everything else about the run (drafter, rule, anchors) is the same; only the hidden states differ.
