@@ -11,8 +11,8 @@ Every reader dequantises to the **source dtype** (the dtype the cache was extrac
 ``manifest["states"]["dtype"]``: bfloat16 or float32), so ``cache.dtype``, ``cache.hidden_states(i)``,
 ``cache.rows("hidden_states", ...)``, the torch datasets, row ranges, xarray and export all see the
 dtype they saw before the conversion. ``read_tokens`` / ``iter_tokens`` stay raw (stored dtype:
-the uint8 bits), as they are for bfloat16's uint16. Dequantisation runs in blocks of
-``_DECODE_TOKENS`` tokens: never a float32 copy of a whole read.
+the uint8 bits), as they are for bfloat16's uint16. Dequantisation is one fused pass
+(``hscache.store.fp8_decode``) straight into the reader's tensor: never a float32 copy of a read.
 
 The exact slice: a few sequences whose states are also kept at the source dtype, in
 ``exact/hidden_states`` (a zarr v3 array, the exact sequences one after another in row order,
@@ -102,55 +102,36 @@ def quantise(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return bits, scales
 
 
-# Tokens decoded at a time by ``dequantise``: an int32 block of 16 x K x H (1.3 MB at K 4, H 5120)
-# stays in this CPU's 2 MiB L2 through its passes; 256-token blocks (21 MB) ran 1.5x slower.
-_DECODE_TOKENS = 16
-_E4M3_TO_F32_BITS = np.int32(-0x78100000)  # 0x87F00000: the sign bit and e4m3's 7 exponent+mantissa bits
-_E4M3_UNBIAS = np.float32(2.0**120)  # 2 ** (fp32's exponent bias 127 - e4m3fn's 7)
-
-
 def dequantise(
     bits: np.ndarray, scales: np.ndarray, dtype: torch.dtype, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """fp8 bits ``uint8 [n, K, H]`` and scales ``[n, K]`` -> ``[n, K, H]`` of ``dtype``: bit for bit
+    """fp8 bits ``uint8 [..., H]`` and scales ``[...]`` -> ``[..., H]`` of ``dtype``: bit for bit
     ``(torch's float8_e4m3fn -> float32 cast * scale)`` rounded once to ``dtype`` (tested over every
-    byte), ``_DECODE_TOKENS`` tokens at a time into ``out``.
+    byte), written into ``out``.
 
-    Why it is fast: an e4m3fn byte ``s eeee mmm`` moved to bits 31 and 26..20 of an int32 is the fp32
-    ``value * 2**-120`` exactly, subnormals included (fp32's subnormals mirror e4m3fn's), so the
-    decode is three integer passes and the scale multiply takes ``scale * 2**120`` (exact: a power
-    of two): the product is the same real number as ``value * scale``, rounded once to fp32, so the
-    same bits. The passes run in numpy (one thread, the GIL released: torch's two-thread ops on 16
-    tokens waited on each other on the shared CPU) and torch rounds to ``dtype``. A block holding
-    NaN bytes (``0x7F``/``0xFF``, which the shift would read as 480) or a scale past ``2**8`` (whose
-    ``* 2**120`` overflows fp32) takes torch's cast instead. Measured in docs/storage.md."""
+    bfloat16 and float32 (every source dtype a cache has) take the fused one-pass kernel
+    (``hscache.store.fp8_decode``: a byte's exact fp32 value times the scale, rounded in the same
+    pass; no temporary). A read holding NaN bytes or a non-finite scale (none that ``quantise``
+    writes), another dtype or a non-contiguous ``out`` takes torch's cast, ``_BLOCK_TOKENS`` tokens
+    at a time (never a float32 copy of a whole read). Measured in docs/storage.md."""
     import torch
 
-    n = bits.shape[0]
     if out is None:
         out = torch.empty(tuple(bits.shape), dtype=dtype)
     bits = np.ascontiguousarray(bits)
     scales = np.ascontiguousarray(scales, dtype=np.float32)
-    with np.errstate(over="ignore"):
-        unbiased = scales[..., None] * _E4M3_UNBIAS
-    direct = dtype == torch.float32 and out.is_contiguous()  # decode straight into out's memory
-    block = np.empty((min(n, _DECODE_TOKENS), *bits.shape[1:]), np.int32)
-    for a in range(0, n, _DECODE_TOKENS):
-        b = min(n, a + _DECODE_TOKENS)
-        raw = bits[a:b]
-        nan = raw.size and (raw.view(np.int8).max() == 0x7F or raw.max() == 0xFF)
-        if nan or not np.isfinite(unbiased[a:b]).all():
-            values = torch.from_numpy(raw).view(torch.float8_e4m3fn).float()
-            out[a:b].copy_(values.mul_(torch.from_numpy(scales[a:b]).unsqueeze(-1)))
-            continue
-        ints = out[a:b].view(torch.int32).numpy() if direct else block[: b - a]
-        np.copyto(ints, raw.view(np.int8), casting="unsafe")  # sign-extended: bits 31..7 hold the sign
-        np.left_shift(ints, 20, out=ints)
-        np.bitwise_and(ints, _E4M3_TO_F32_BITS, out=ints)
-        values = ints.view(np.float32)
-        np.multiply(values, unbiased[a:b], out=values)
-        if not direct:
-            out[a:b].copy_(torch.from_numpy(values))
+    if dtype in (torch.bfloat16, torch.float32) and out.is_contiguous():
+        from hscache.store.fp8_decode import decode_rows
+
+        rows = (scales.size, bits.shape[-1])
+        view = out.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16 else out.numpy()
+        if decode_rows(bits.reshape(rows), scales.reshape(-1), view.reshape(rows)):
+            return out
+    for a in range(0, bits.shape[0], _BLOCK_TOKENS):
+        values = torch.from_numpy(bits[a : a + _BLOCK_TOKENS]).view(torch.float8_e4m3fn).float()
+        out[a : a + len(values)].copy_(
+            values.mul_(torch.from_numpy(scales[a : a + _BLOCK_TOKENS]).unsqueeze(-1))
+        )
     return out
 
 
@@ -185,17 +166,12 @@ def read_states(cache: Any, start: int, stop: int, out: torch.Tensor | None = No
         out = torch.empty(shape, dtype=dtype)
     elif tuple(out.shape) != shape or out.dtype != dtype:
         raise ValueError(f"hidden_states: out is {tuple(out.shape)} {out.dtype}, need {shape} {dtype}")
-    step = spec.chunk_tokens
-    a = start
-    while a < stop:
-        b = min(stop, (a // step + 1) * step)
-        dequantise(
-            cache.read_tokens("hidden_states", a, b),
-            cache.read_tokens(SCALE_ARRAY, a, b),
-            dtype,
-            out[a - start : b - start],
-        )
-        a = b
+    # copy=False: a local uncompressed chunk is decoded straight from its mapped file (checked on
+    # first touch as every read is), not copied first: 0.79-1.08x of codec none warm against 0.67-0.69x
+    # with the copy (docs/storage.md); compressed or remote chunks are read as always.
+    for a, bits in cache.iter_tokens("hidden_states", start, stop, copy=False):
+        b = a + len(bits)
+        dequantise(bits, cache.read_tokens(SCALE_ARRAY, a, b), dtype, out[a - start : b - start])
     return out
 
 

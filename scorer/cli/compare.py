@@ -78,6 +78,7 @@ def compare(
     from scorer.report.compare_html import COST_HEADER, TAU_HEADER, cost_rows, drafter_names, tau_rows
     from scorer.report.html import per_category_table
     from scorer.report.tables import print_table
+    from scorer.report.terminal import exact_slice_line
     from scorer.studies.compare import compare_drafters
 
     check_outputs(json=json_out, report=report_out)  # before scoring, not after it
@@ -108,6 +109,9 @@ def compare(
     header, rows = per_category_table(document["reports"], names)
     if rows:  # the prompts' categories (the cache index): tau per category, per drafter
         print_table(header, rows, table_format)
+    for name, report in zip(names, document["reports"]):
+        if report.get("exact_slice"):  # a compact cache: what fp8 states did to each drafter's tau
+            click.echo(f"{name}: {exact_slice_line(report['exact_slice'], markup=False)}")
     for name, row in zip(names, document["drafters"]):
         for warning in row["warnings"]:
             click.echo(f"warning: {name}: {warning}", err=True)

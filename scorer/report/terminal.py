@@ -10,7 +10,7 @@ from rich.table import Table
 from scorer.report.served import render_served
 from scorer.report.text import readable
 
-__all__ = ["render_comparison", "render_report"]
+__all__ = ["exact_slice_line", "render_comparison", "render_report"]
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -122,18 +122,23 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]note:[/] {note}")
 
 
-def _render_exact_slice(report: dict[str, Any], console: Console) -> None:
-    """A compact cache's drift line: its exact slice scored both ways (scorer/studies/exact_slice.py)."""
-    drift = report.get("exact_slice")
-    if not drift:
-        return
+def exact_slice_line(drift: dict[str, Any], markup: bool = True) -> str:
+    """A compact cache's drift line: its exact slice scored both ways (scorer/studies/exact_slice.py);
+    ``markup``: rich's, for a console (False: plain text, e.g. ``scorer compare``'s per-drafter lines)."""
     d, tau = drift["delta"]["per_request"], drift["tau"]
-    console.print(
+    excludes = "[bold yellow](excludes 0)[/]" if markup else "(excludes 0)"
+    return (
         f"fp8 states, exact slice of {drift['requests']} requests: tau per request "
         f"{_f(tau['compact']['per_request'])} (fp8) vs {_f(tau['exact']['per_request'])} (exact), "
         f"delta {d['delta']:+.4f} 95% CI [{d['lo']:+.4f}, {d['hi']:+.4f}]"
-        + (" [bold yellow](excludes 0)[/]" if drift["interval_excludes_zero"] else " (contains 0)")
+        + (f" {excludes}" if drift["interval_excludes_zero"] else " (contains 0)")
     )
+
+
+def _render_exact_slice(report: dict[str, Any], console: Console) -> None:
+    drift = report.get("exact_slice")
+    if drift:
+        console.print(exact_slice_line(drift))
 
 
 def _render_config_sources(report: dict[str, Any], console: Console) -> None:

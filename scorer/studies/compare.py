@@ -24,10 +24,18 @@ from hscache import schemas
 from scorer.documents import cache_block, run_stamp
 from scorer.errors import ScorerError
 from scorer.families import family_for, probe_checkpoint
-from scorer.offline.scoring import EvalConfig, drafter_family, effective_config, load_drafter, served_rule
+from scorer.offline.scoring import (
+    EvalConfig,
+    drafter_family,
+    effective_config,
+    load_drafter,
+    score_rows,
+    served_rule,
+)
 from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
 from scorer.studies.evaluate import score_cache
+from scorer.studies.exact_slice import with_exact_slice
 from scorer.target_identity import cache_target_identity, check_target, recorded_target_identity
 
 __all__ = [
@@ -106,7 +114,7 @@ def _time_rounds(
     """(median seconds, spread, rounds timed) of ``rounds`` served rounds (the first anchors the
     replay visited, spread over the first sequences): WARMUP_ROUNDS untimed rounds first, then each
     round's fastest of TIMING_REPEATS runs."""
-    if family.time_round is None:
+    if family.time_round is None or rounds <= 0:  # timed_rounds=0: no timing asked for
         return None, None, 0
     from hscache.store.dtypes import DTYPES
     from scorer.offline.sequences import sequence_features
@@ -199,6 +207,7 @@ def compare_drafters(
         report = build_report(
             results, cache=cache, drafter=drafter, loaded=loaded, config=used, seconds=seconds, rule=rule
         )
+        with_exact_slice(report, drafter, cache, used, results, rule, score_rows)  # a compact cache's drift
         reports.append(report)
         family = drafter_family(drafter)
         tau = report["tau"]["pooled"] or 1.0

@@ -41,6 +41,7 @@ from scorer.errors import ScorerError
 from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, score_rows
 from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, merge_results
+from scorer.studies.exact_slice import with_exact_slice
 
 __all__ = [
     "DEFAULT_TASK_TOKENS",
@@ -238,14 +239,17 @@ class ScoringJob:
         backends = {o.backend_used for o in outputs if o.backend_used}
         drafter.backend_used = "+".join(sorted(backends)) or None
         results = merge_results([r for o in outputs for r in o.results])
-        return build_report(
+        config = effective_config(drafter, self.config)
+        report = build_report(
             results,
             cache=cache,
             drafter=drafter,
             loaded=loaded,
-            config=effective_config(drafter, self.config),
+            config=config,
             seconds=time.perf_counter() - self.started,
         )
+        # A compact cache's exact slice (1 sequence in 64) is scored here, as the workers scored the rest.
+        return with_exact_slice(report, drafter, cache, config, results, None, score_rows)
 
 
 def submit_scoring(

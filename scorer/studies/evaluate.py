@@ -27,7 +27,7 @@ from scorer.offline.scoring import EvalConfig, effective_config, load_drafter, s
 from scorer.offline.sequences import SequenceResult
 from scorer.report.build import build_report, compare_reports
 from scorer.studies.distributed import evaluate_distributed
-from scorer.studies.exact_slice import exact_slice_drift, exact_slice_warning
+from scorer.studies.exact_slice import with_exact_slice
 
 __all__ = ["EvalConfig", "evaluate", "evaluate_many", "evaluate_module", "load_drafter", "score_cache"]
 
@@ -87,18 +87,12 @@ def evaluate(
     if on_start is not None:
         on_start(len(_rows(cache, config.limit)))
     results = score_cache(drafter, cache, config, on_sequence, rule)
-    # A compact cache (--states fp8): its exact slice scored from the source-dtype states too.
-    drift = exact_slice_drift(drafter, cache, config, results, rule, score_rows)
     seconds = time.perf_counter() - t0
     report = build_report(
         results, cache=cache, drafter=drafter, loaded=loaded, config=config, seconds=seconds, rule=rule
     )
-    if drift is not None:
-        report["exact_slice"] = drift
-        warning = exact_slice_warning(drift)
-        if warning is not None:
-            report["warnings"].append(warning)
-    return report
+    # A compact cache (--states fp8): its exact slice scored from the source-dtype states too.
+    return with_exact_slice(report, drafter, cache, config, results, rule, score_rows)
 
 
 def evaluate_module(
@@ -148,7 +142,7 @@ def evaluate_module(
     drafter, loaded = readied.from_module(module_or_state_dict, view, config, eval_config)
     rule = served_rule(view, eval_config)
     results = score_cache(drafter, view, eval_config, rule=rule)
-    return build_report(
+    report = build_report(
         results,
         cache=view,
         drafter=drafter,
@@ -157,6 +151,7 @@ def evaluate_module(
         seconds=time.perf_counter() - t0,
         rule=rule,
     )
+    return with_exact_slice(report, drafter, view, eval_config, results, rule, score_rows)
 
 
 def evaluate_many(

@@ -1,7 +1,8 @@
 """The codec's drift on every score of a compact cache (``--states fp8``, hscache/store/compact.py).
 
 A compact cache keeps a few sequences (its exact slice) at the source dtype too. ``scorer eval``
-scores those sequences a second time from their exact states and reports the paired delta tau
+(and ``evaluate_module``, distributed eval, ``scorer compare``: ``with_exact_slice``) scores those
+sequences a second time from their exact states and reports the paired delta tau
 (compact - exact, the same requests resampled for both: scorer/metrics.py ``paired_bootstrap_delta``)
 with its 95% interval, and warns when the interval excludes 0: the codec then moved this drafter's
 score. Everything else about the run (drafter, rule, anchors) is the same; only the hidden states differ.
@@ -17,7 +18,7 @@ from hscache.store.compact import exact_states
 from hscache.store.row_ranges import RowRangeView, read_rows
 from scorer.metrics import paired_bootstrap_delta, tau_per_request_from_totals, tau_pooled_from_totals
 
-__all__ = ["exact_slice_drift", "exact_slice_warning"]
+__all__ = ["exact_slice_drift", "exact_slice_warning", "with_exact_slice"]
 
 
 def _totals(results: list[Any]) -> np.ndarray:
@@ -82,3 +83,24 @@ def exact_slice_warning(drift: dict[str, Any]) -> str | None:
         f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] (compact - exact); score a lossless cache "
         "(extract without --states fp8) before trusting differences this small"
     )
+
+
+def with_exact_slice(
+    report: dict[str, Any],
+    drafter: Any,
+    cache: Any,
+    config: Any,
+    results: list[Any],
+    rule: Any,
+    score_rows: Any,
+) -> dict[str, Any]:
+    """``report`` with its ``exact_slice`` drift (``exact_slice_drift``'s arguments) and, when the
+    interval excludes 0, its warning; unchanged for a cache that is not compact. Every scoring path
+    that builds a report calls this, so each says what the codec did to its score."""
+    drift = exact_slice_drift(drafter, cache, config, results, rule, score_rows)
+    if drift is not None:
+        report["exact_slice"] = drift
+        warning = exact_slice_warning(drift)
+        if warning is not None:
+            report["warnings"].append(warning)
+    return report

@@ -162,6 +162,19 @@ def test_verify_and_a_pinned_digest_catch_an_edited_scale(compact, tmp_path):
         check_expected_digest(resealed, pinned, str(copy))  # what scorer eval --expect-digest runs
 
 
+def test_a_damaged_fp8_chunk_is_refused_on_read(compact, tmp_path):
+    """The states are decoded straight from their mapped chunk files: the crc32c still guards them."""
+    import shutil
+
+    copy = shutil.copytree(compact[1], tmp_path / "damaged")
+    chunk = copy / "arrays" / "hidden_states" / "c" / "0" / "0" / "0"  # sequence 0's first chunk
+    data = bytearray(chunk.read_bytes())
+    data[5] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CacheFormatError, match="crc32c"):
+        hscache.open_cache(copy).hidden_states(0)
+
+
 def test_an_edited_exact_slice_is_caught_by_verify(compact, tmp_path):
     import shutil
 
@@ -242,24 +255,68 @@ def test_diff_exact_slice_reports_the_codec_error_per_layer(compact):
     assert result.exit_code == 2 and "is not a compact cache" in result.output
 
 
+def _torch_reference(bits: np.ndarray, scales: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """What every reader must return: torch's fp8 -> float32 cast x the scale, rounded to ``dtype``."""
+    values = torch.from_numpy(np.ascontiguousarray(bits)).view(torch.float8_e4m3fn).float()
+    return (values * torch.from_numpy(np.ascontiguousarray(scales))[..., None]).to(dtype)
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    view = torch.int16 if want.dtype == torch.bfloat16 else torch.int32
+    return got.dtype == want.dtype and torch.equal(got.contiguous().view(view), want.view(view))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dequantise_is_torchs_fp8_cast_times_the_scale_bit_for_bit(dtype):
     every = np.arange(256, dtype=np.uint8)  # +-0, subnormals, 448 (0x7E), NaN (0x7F, 0xFF)
     finite = every[(every & 0x7F) != 0x7F]
     small = [1.0, 0.0, 1e-40, 2.0**-130, 1.5e-3, 1 / 448, 0.7, 3.0, 255.9] * 4
-    # tokens 0-15 (one decode block): the shifted decode; token 16's scales pass 2**8: torch's cast
-    scales = np.array([*small[:32], 300.0, 1e30], np.float32).reshape(-1, 2)  # [tokens 17, K 2]
-    for rows in (finite, every):  # the shifted decode; a block with NaN bytes: torch's cast
+    # subnormal scales and products, products that round to bf16's largest finite value and past it
+    scales = np.array([*small[:32], 300.0, 1e30, 3e38, 7.6e35], np.float32).reshape(-1, 2)  # [18, K 2]
+    for rows in (finite, every):  # the fused kernel; a read with NaN bytes: torch's cast
         bits = np.broadcast_to(rows, (*scales.shape, len(rows))).copy()
         bits[1::2] = bits[1::2, :, ::-1]  # not the same byte order in every token
-        want = (
-            torch.from_numpy(bits).view(torch.float8_e4m3fn).float() * torch.from_numpy(scales)[..., None]
-        ).to(dtype)
-        got = dequantise(bits, scales, dtype)
-        view = torch.int16 if dtype == torch.bfloat16 else torch.int32
-        assert got.dtype == dtype and torch.equal(got.view(view), want.view(view))
+        want = _torch_reference(bits, scales, dtype)
+        assert _same_bits(dequantise(bits, scales, dtype), want)
         odd = bits[:, :, :3].copy()  # an odd row size
-        assert torch.equal(dequantise(odd, scales, dtype).view(view), want[:, :, :3].view(view))
+        assert _same_bits(dequantise(odd, scales, dtype), want[:, :, :3])
+        strided = torch.empty((*bits.shape[:2], 2 * bits.shape[2]), dtype=dtype)[..., ::2]
+        got = dequantise(bits, scales, dtype, out=strided)  # torch's cast
+        # torch's own NaN bits differ between its vectorised (0xFFFF) and strided (0x7FC0) bf16 casts
+        assert _same_bits(got, want) if rows is finite else torch.equal(got.isnan(), want.isnan())
+    # rows of random bytes past one vector's width, with a remainder: every lane and the loop's tail
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 256, (5, 3, 1027), dtype=np.uint8)
+    bits[(bits & 0x7F) == 0x7F] = 0x01
+    scales = (rng.random((5, 3), dtype=np.float32) * 10.0 ** rng.integers(-6, 3, (5, 3))).astype(np.float32)
+    out = torch.full(bits.shape, 7.0, dtype=dtype)
+    assert dequantise(bits, scales, dtype, out=out) is out and _same_bits(
+        out, _torch_reference(bits, scales, dtype)
+    )
+    for bad in (np.inf, -np.inf, np.nan):  # a non-finite scale: torch's cast (0 x inf is NaN)
+        broken = scales.copy()
+        broken[2, 1] = bad
+        assert _same_bits(dequantise(bits, broken, dtype), _torch_reference(bits, broken, dtype))
+
+
+def test_the_fused_kernel_decodes_clean_rows_and_hands_nan_bytes_and_bad_scales_back():
+    from hscache.store.fp8_decode import decode_rows
+
+    every = np.arange(256, dtype=np.uint8)
+    finite = np.stack([every[(every & 0x7F) != 0x7F]] * 2)
+    scales = np.array([0.5, 3e-3], np.float32)
+    out = np.zeros(finite.shape, np.float32)
+    assert decode_rows(finite, scales, out)  # the kernel decoded it, not torch's cast
+    assert np.array_equal(
+        out.view(np.int32), _torch_reference(finite, scales, torch.float32).view(torch.int32)
+    )
+    for byte in (0x7F, 0xFF):
+        with_nan = finite.copy()
+        with_nan[1, 17] = byte
+        assert not decode_rows(with_nan, scales, out)
+    assert not decode_rows(finite, np.array([1.0, np.inf], np.float32), np.zeros(finite.shape, np.uint16))
+    with pytest.raises(ValueError, match="float32 or bfloat16 bits"):
+        decode_rows(finite, scales, np.zeros(finite.shape, np.float64))
 
 
 def test_extract_states_fp8_writes_a_compact_cache_and_a_rerun_keeps_it(tmp_path):
