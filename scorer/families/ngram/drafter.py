@@ -8,10 +8,7 @@ at every anchor (``NgramIndex.propose_at``, a short proposal padded with -1, whi
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,8 +25,15 @@ from scorer.families.base import (
 from scorer.families.ngram import FLAGS
 from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
+from scorer.families.weightless import (
+    LoadedSettings,
+    WeightlessDrafter,
+    counters,
+    refused_flags,
+    sequence_parts,
+    settings_report,
+)
 from scorer.formats.checkpoint_io import LoadReport
-from scorer.metrics import acceptance_counts, train_accept_len
 from scorer.offline.drafted_rounds import counters_summary
 from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
@@ -44,43 +48,11 @@ def claims(probe: CheckpointProbe) -> bool:
     return probe.path == CHECKPOINT
 
 
-@dataclass(frozen=True)
-class NgramSettings:
-    """What the shared code reads off a drafter's config (``DrafterSettings``)."""
-
-    proposer: NgramConfig
-
-    @property
-    def block_size(self) -> int:  # K drafted slots + the bonus token
-        return self.proposer.num_speculative_tokens + 1
-
-    @property
-    def target_layer_ids(self) -> tuple[int, ...]:  # reads no hidden state
-        return ()
-
-    def to_hf_config(self) -> dict[str, Any]:
-        """vLLM's speculative config of this proposer (``--speculative-config``)."""
-        return {"method": "ngram", **self.proposer.to_dict()}
-
-
-class NgramDrafter:
-    """The loaded proposer: its settings; no module, no parameters."""
-
-    family = "ngram"
-    backend_used = None
+class NgramDrafter(WeightlessDrafter):
+    """The loaded proposer: its settings (``config.proposer``: an NgramConfig); no module."""
 
     def __init__(self, proposer: NgramConfig) -> None:
-        self.config = NgramSettings(proposer)
-
-    def parameters(self) -> Iterator[Any]:
-        return iter(())
-
-
-class LoadedSettings:
-    """What the report reads from a load: ``.report`` (``.config``: the proposer's settings)."""
-
-    def __init__(self, config: NgramConfig, report: LoadReport) -> None:
-        self.config, self.report = config, report
+        super().__init__("ngram", proposer)
 
 
 def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, LoadedSettings]:
@@ -90,17 +62,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, 
         CheckpointError: no --num-speculative-tokens (vLLM has no default for ngram), a setting vLLM
             refuses, or a flag of a weighted drafter (named).
     """
-    refused = [
-        flag
-        for flag, given in (
-            ("--block-size", config.block_size is not None),
-            ("--tree", config.tree is not None),
-            ("--anchors chain", config.anchors == "chain"),
-            ("--config", config.config_path is not None),
-            *((f"--{key.replace('_', '-')}", True) for key in config.overrides if key not in SETTINGS),
-        )
-        if given
-    ]
+    refused = refused_flags(config, SETTINGS)
     if refused:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(refused)} do not apply to the n-gram proposer (no weights, a chain "
@@ -124,22 +86,13 @@ def _settings(checkpoint: str, k: int | None, overrides: dict[str, Any]) -> tupl
         )
     settings = {key: overrides.get(key) for key in SETTINGS}
     proposer = NgramConfig.resolve(k, **settings)
-    described = json.dumps(proposer.to_dict(), sort_keys=True).encode()
     sources = {"num_speculative_tokens": "override"}
     sources.update({key: "override" if settings[key] is not None else "default" for key in SETTINGS})
-    report = LoadReport(
-        path=CHECKPOINT,
-        format="no_weights",
-        file_sha256={},
-        sha256=hashlib.sha256(described).hexdigest(),  # the settings name the proposer
-        weights_sha256=hashlib.sha256(b"").hexdigest(),
-        field_sources=sources,
-        stripped_prefixes=(),
-        dropped_keys=(),
-        notes=(
-            "vLLM ngram_proposer.py: the longest suffix n-gram that occurred earlier, its earliest match",
-        ),
-        layout="vllm",
+    report = settings_report(
+        CHECKPOINT,
+        proposer,
+        sources,
+        "vLLM ngram_proposer.py: the longest suffix n-gram that occurred earlier, its earliest match",
     )
     return proposer, report
 
@@ -194,16 +147,7 @@ def score_sequence_ngram(
         if len(anchors)
         else np.zeros((0, k), np.int64)
     )
-    visited = np.asarray([p - prompt_len for p in rounds.log.anchors], dtype=np.int64)
-    parts = (
-        rounds.log,
-        {},
-        {},
-        drafts[visited] if len(visited) else np.zeros((0, k), dtype=np.int64),
-        acceptance_counts(drafts, x, a, prompt_len),
-        train_accept_len(drafts, x, a, prompt_len),
-        len(drafts),  # every anchor's proposal (per-position acceptance needs them all)
-    )
+    parts = sequence_parts(rounds, drafts, x, a, prompt_len)
     return parts, rounds
 
 
@@ -219,12 +163,7 @@ def _sequence_scorer(
             np.asarray(seq.target_argmax()),
             seq.prompt_len,
         )
-        counts = {
-            "num_drafts": rounds.num_drafts,
-            "num_draft_tokens": rounds.num_draft_tokens,
-            "num_accepted_tokens": rounds.num_accepted_tokens,
-        }
-        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"ngram": counts})
+        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"ngram": counters(rounds)})
 
     return score
 

@@ -10,10 +10,7 @@ variable-length replay's (scorer.offline.drafted_rounds).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,8 +20,14 @@ from scorer.errors import CheckpointError
 from scorer.families.base import CheckpointProbe, check_scored_sizes, longest_sequence
 from scorer.families.suffix import FLAGS
 from scorer.families.suffix.propose import ServedProposer, SuffixConfig
-from scorer.formats.checkpoint_io import LoadReport
-from scorer.metrics import acceptance_counts, train_accept_len
+from scorer.families.weightless import (
+    LoadedSettings,
+    WeightlessDrafter,
+    counters,
+    refused_flags,
+    sequence_parts,
+    settings_report,
+)
 from scorer.offline.drafted_rounds import DraftedRounds, counters_summary, replay_drafted
 from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
@@ -38,45 +41,12 @@ def claims(probe: CheckpointProbe) -> bool:
     return probe.path == CHECKPOINT
 
 
-@dataclass(frozen=True)
-class SuffixSettings:
-    """What the shared code reads off a drafter's config (``DrafterSettings``)."""
-
-    proposer: SuffixConfig
-
-    @property
-    def block_size(self) -> int:  # K drafted slots + the bonus token
-        return self.proposer.num_speculative_tokens + 1
-
-    @property
-    def target_layer_ids(self) -> tuple[int, ...]:  # reads no hidden state
-        return ()
-
-    def to_hf_config(self) -> dict[str, Any]:
-        """vLLM's speculative config of this proposer (``--speculative-config``)."""
-        settings = self.proposer.to_dict()
-        return {"method": "suffix", **settings}
-
-
-class SuffixDrafter:
+class SuffixDrafter(WeightlessDrafter):
     """The loaded proposer: its settings and its trees (``proposer``); no module, no parameters."""
 
-    family = "suffix"
-    backend_used = None
-
     def __init__(self, config: SuffixConfig) -> None:
-        self.config = SuffixSettings(config)
+        super().__init__("suffix", config)
         self.proposer = ServedProposer(config)
-
-    def parameters(self) -> Iterator[Any]:
-        return iter(())
-
-
-class LoadedSettings:
-    """What the report reads from a load: ``.report`` (``.config``: the proposer's settings)."""
-
-    def __init__(self, config: SuffixConfig, report: LoadReport) -> None:
-        self.config, self.report = config, report
 
 
 def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter, LoadedSettings]:
@@ -85,17 +55,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter,
     Raises:
         CheckpointError: a setting vLLM refuses, or a flag this proposer does not read (named).
     """
-    refused = [
-        flag
-        for flag, given in (
-            ("--block-size", config.block_size is not None),
-            ("--tree", config.tree is not None),
-            ("--anchors chain", config.anchors == "chain"),
-            ("--config", config.config_path is not None),
-            *((f"--{key.replace('_', '-')}", True) for key in config.overrides if key not in SETTINGS),
-        )
-        if given
-    ]
+    refused = refused_flags(config, SETTINGS)
     if refused:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(refused)} do not apply to suffix decoding (no weights, a chain of at "
@@ -109,25 +69,16 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter,
     check_scored_sizes(
         longest_sequence(cache), str(cache.path), num_speculative_tokens=proposer.num_speculative_tokens
     )
-    described = json.dumps(proposer.to_dict(), sort_keys=True).encode()
     sources = {
         "num_speculative_tokens": "override" if config.num_speculative_tokens is not None else "default"
     }
     sources.update({key: "override" if settings[key] is not None else "default" for key in SETTINGS})
-    report = LoadReport(
-        path=CHECKPOINT,
-        format="no_weights",
-        file_sha256={},
-        sha256=hashlib.sha256(described).hexdigest(),  # the settings name the proposer
-        weights_sha256=hashlib.sha256(b"").hexdigest(),
-        field_sources=sources,
-        stripped_prefixes=(),
-        dropped_keys=(),
-        notes=(
-            "vLLM suffix_decoding.py with Arctic Inference 0.3.0's suffix trees: the prompt tree and the "
-            "global tree of the earlier rows' responses (rows served one at a time, in order)",
-        ),
-        layout="vllm",
+    report = settings_report(
+        CHECKPOINT,
+        proposer,
+        sources,
+        "vLLM suffix_decoding.py with Arctic Inference 0.3.0's suffix trees: the prompt tree and the "
+        "global tree of the earlier rows' responses (rows served one at a time, in order)",
     )
     return SuffixDrafter(proposer), LoadedSettings(proposer, report)
 
@@ -139,17 +90,7 @@ def score_sequence(
     x, a = np.asarray(token_ids), np.asarray(target_argmax)
     drafts, lengths = drafter.proposer.drafts(row, x, prompt_len)
     rounds = replay_drafted(lambda p: drafts[p - prompt_len, : lengths[p - prompt_len]], x, a, prompt_len)
-    k = drafter.config.proposer.num_speculative_tokens
-    visited = np.asarray([p - prompt_len for p in rounds.log.anchors], dtype=np.int64)
-    parts = (
-        rounds.log,
-        {},
-        {},
-        drafts[visited] if len(visited) else np.zeros((0, k), dtype=np.int64),
-        acceptance_counts(drafts, x, a, prompt_len),
-        train_accept_len(drafts, x, a, prompt_len),
-        len(drafts),  # every anchor's proposal (per-position acceptance needs them all)
-    )
+    parts = sequence_parts(rounds, drafts, x, a, prompt_len)
     return parts, rounds
 
 
@@ -160,12 +101,7 @@ def _sequence_scorer(
 
     def score(seq: CachedSequence) -> SequenceResult:
         parts, rounds = score_sequence(drafter, seq.row, seq.token_ids(), seq.target_argmax(), seq.prompt_len)
-        counts = {
-            "num_drafts": rounds.num_drafts,
-            "num_draft_tokens": rounds.num_draft_tokens,
-            "num_accepted_tokens": rounds.num_accepted_tokens,
-        }
-        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"suffix": counts})
+        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"suffix": counters(rounds)})
 
     return score
 
