@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,7 +18,8 @@ import numpy as np
 
 from scorer.formats.checkpoint_io import LoadReport
 from scorer.metrics import acceptance_counts, train_accept_len
-from scorer.offline.drafted_rounds import DraftedRounds
+from scorer.offline.drafted_rounds import DraftedRounds, counters_summary
+from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
 __all__ = [
     "LoadedSettings",
@@ -26,8 +27,10 @@ __all__ = [
     "WeightlessDrafter",
     "counters",
     "refused_flags",
+    "rows_scorer",
     "sequence_parts",
     "settings_report",
+    "summarize_counters",
 ]
 
 
@@ -140,3 +143,24 @@ def counters(rounds: DraftedRounds) -> dict[str, int]:
         "num_draft_tokens": rounds.num_draft_tokens,
         "num_accepted_tokens": rounds.num_accepted_tokens,
     }
+
+
+def rows_scorer(
+    family: str, score_sequence: Callable[[Any, CachedSequence], tuple[tuple, DraftedRounds]]
+) -> Any:
+    """A family's ``score_rows``: ``score_sequence(drafter, seq) -> (parts, rounds)`` on each sequence
+    (token ids only: no hidden state is read), vLLM's counters kept under ``extras[family]``."""
+
+    def sequence_scorer(drafter: Any, cache: Any, config: Any) -> Callable[[CachedSequence], SequenceResult]:
+        def score(seq: CachedSequence) -> SequenceResult:
+            parts, rounds = score_sequence(drafter, seq)
+            return result_from_parts(seq.row, seq.record_id, seq.category, parts, {family: counters(rounds)})
+
+        return score
+
+    return score_rows_with(sequence_scorer)
+
+
+def summarize_counters(family: str, results: list[SequenceResult]) -> dict[str, dict[str, Any]]:
+    """vLLM's spec-decode counters pooled over the sequences, as its logger pools an interval."""
+    return counters_summary(lambda r: r.extras[family], results)

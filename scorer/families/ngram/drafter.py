@@ -8,7 +8,6 @@ at every anchor (``NgramIndex.propose_at``, a short proposal padded with -1, whi
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,14 +27,14 @@ from scorer.families.ngram.replay import NgramRounds, replay_ngram
 from scorer.families.weightless import (
     LoadedSettings,
     WeightlessDrafter,
-    counters,
     refused_flags,
+    rows_scorer,
     sequence_parts,
     settings_report,
+    summarize_counters,
 )
 from scorer.formats.checkpoint_io import LoadReport
-from scorer.offline.drafted_rounds import counters_summary
-from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
+from scorer.offline.sequences import SequenceResult
 
 __all__ = ["CHECKPOINT", "NgramDrafter", "claims", "load", "online", "score_rows", "summarize", "time_round"]
 
@@ -151,26 +150,14 @@ def score_sequence_ngram(
     return parts, rounds
 
 
-def _sequence_scorer(
-    drafter: NgramDrafter, cache: CacheView, config: Any
-) -> Callable[[CachedSequence], SequenceResult]:
-    """Score the cache's sequences ``rows``: token ids only (no hidden state is read)."""
-
-    def score(seq: CachedSequence) -> SequenceResult:
-        parts, rounds = score_sequence_ngram(
-            drafter.config.proposer,
-            np.asarray(seq.token_ids()),
-            np.asarray(seq.target_argmax()),
-            seq.prompt_len,
-        )
-        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"ngram": counters(rounds)})
-
-    return score
-
-
-score_rows = score_rows_with(_sequence_scorer)
+score_rows = rows_scorer(
+    "ngram",
+    lambda drafter, seq: score_sequence_ngram(
+        drafter.config.proposer, np.asarray(seq.token_ids()), np.asarray(seq.target_argmax()), seq.prompt_len
+    ),
+)
 
 
 def summarize(results: list[SequenceResult]) -> dict[str, dict[str, Any]]:
     """vLLM's spec-decode counters pooled over the sequences, as its logger pools an interval."""
-    return counters_summary(lambda r: r.extras["ngram"], results)
+    return summarize_counters("ngram", results)

@@ -10,7 +10,6 @@ variable-length replay's (scorer.offline.drafted_rounds).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,13 +22,14 @@ from scorer.families.suffix.propose import ServedProposer, SuffixConfig
 from scorer.families.weightless import (
     LoadedSettings,
     WeightlessDrafter,
-    counters,
     refused_flags,
+    rows_scorer,
     sequence_parts,
     settings_report,
+    summarize_counters,
 )
-from scorer.offline.drafted_rounds import DraftedRounds, counters_summary, replay_drafted
-from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
+from scorer.offline.drafted_rounds import DraftedRounds, replay_drafted
+from scorer.offline.sequences import SequenceResult
 
 __all__ = ["CHECKPOINT", "SuffixDrafter", "claims", "load", "score_rows", "score_sequence", "summarize"]
 
@@ -94,21 +94,15 @@ def score_sequence(
     return parts, rounds
 
 
-def _sequence_scorer(
-    drafter: SuffixDrafter, cache: CacheView, config: Any
-) -> Callable[[CachedSequence], SequenceResult]:
-    """Score the cache's sequences ``rows``, in row order: token ids only (no hidden state is read)."""
-
-    def score(seq: CachedSequence) -> SequenceResult:
-        parts, rounds = score_sequence(drafter, seq.row, seq.token_ids(), seq.target_argmax(), seq.prompt_len)
-        return result_from_parts(seq.row, seq.record_id, seq.category, parts, {"suffix": counters(rounds)})
-
-    return score
-
-
-score_rows = score_rows_with(_sequence_scorer)
+# Rows in row order: each row's global tree holds the earlier rows' responses (propose.py).
+score_rows = rows_scorer(
+    "suffix",
+    lambda drafter, seq: score_sequence(
+        drafter, seq.row, seq.token_ids(), seq.target_argmax(), seq.prompt_len
+    ),
+)
 
 
 def summarize(results: list[SequenceResult]) -> dict[str, dict[str, Any]]:
     """vLLM's spec-decode counters pooled over the sequences, as its logger pools an interval."""
-    return counters_summary(lambda r: r.extras["suffix"], results)
+    return summarize_counters("suffix", results)
