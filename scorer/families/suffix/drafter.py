@@ -16,18 +16,11 @@ import numpy as np
 
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
+from scorer.families import weightless
 from scorer.families.base import CheckpointProbe, check_scored_sizes, longest_sequence
 from scorer.families.suffix import FLAGS
 from scorer.families.suffix.propose import ServedProposer, SuffixConfig
-from scorer.families.weightless import (
-    LoadedSettings,
-    WeightlessDrafter,
-    refused_flags,
-    rows_scorer,
-    sequence_parts,
-    settings_report,
-    summarize_counters,
-)
+from scorer.families.weightless import LoadedSettings, WeightlessDrafter
 from scorer.offline.drafted_rounds import DraftedRounds, replay_drafted
 from scorer.offline.sequences import SequenceResult
 
@@ -55,7 +48,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter,
     Raises:
         CheckpointError: a setting vLLM refuses, or a flag this proposer does not read (named).
     """
-    refused = refused_flags(config, SETTINGS)
+    refused = weightless.refused_flags(config, SETTINGS)
     if refused:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(refused)} do not apply to suffix decoding (no weights, a chain of at "
@@ -73,7 +66,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter,
         "num_speculative_tokens": "override" if config.num_speculative_tokens is not None else "default"
     }
     sources.update({key: "override" if settings[key] is not None else "default" for key in SETTINGS})
-    report = settings_report(
+    report = weightless.settings_report(
         CHECKPOINT,
         proposer,
         sources,
@@ -90,12 +83,12 @@ def score_sequence(
     x, a = np.asarray(token_ids), np.asarray(target_argmax)
     drafts, lengths = drafter.proposer.drafts(row, x, prompt_len)
     rounds = replay_drafted(lambda p: drafts[p - prompt_len, : lengths[p - prompt_len]], x, a, prompt_len)
-    parts = sequence_parts(rounds, drafts, x, a, prompt_len)
+    parts = weightless.sequence_parts(rounds, drafts, x, a, prompt_len)
     return parts, rounds
 
 
 # Rows in row order: each row's global tree holds the earlier rows' responses (propose.py).
-score_rows = rows_scorer(
+score_rows = weightless.rows_scorer(
     "suffix",
     lambda drafter, seq: score_sequence(
         drafter, seq.row, seq.token_ids(), seq.target_argmax(), seq.prompt_len
@@ -105,4 +98,4 @@ score_rows = rows_scorer(
 
 def summarize(results: list[SequenceResult]) -> dict[str, dict[str, Any]]:
     """vLLM's spec-decode counters pooled over the sequences, as its logger pools an interval."""
-    return summarize_counters("suffix", results)
+    return weightless.summarize_counters("suffix", results)
