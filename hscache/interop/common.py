@@ -214,9 +214,8 @@ def export_errors(out: Path, command: str, creates: Iterable[str]) -> Iterator[N
         yield
     except OSError as exc:
         remove_entries(out, (*creates, SIDECAR, EXPORT_MARK))
-        where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
         raise StoreWriteError(
-            f"writing the export to {out} failed{where} ({getattr(exc, 'strerror', None) or exc}); the partial "
+            f"writing the export to {out} failed{fsio.failure(exc)}; the partial "
             f"export was deleted: free space and re-run `{command}`"
         ) from exc
 
@@ -538,12 +537,10 @@ def write_imported_cache(
             )
         except OSError as exc:  # StoreWriteError included: disk full, permissions
             remove_entries(out, (*CACHE_ENTRIES, IMPORTING_MARK))  # what write_mark records creating
-            where = f" at {exc.filename}" if getattr(exc, "filename", None) else ""
-            detail = getattr(exc, "strerror", None) or exc
-            if isinstance(exc, StoreWriteError):
-                where, detail = "", str(exc).split(";")[0]
+            # a StoreWriteError already says where and why: its first clause, not its advice
+            failed = f" ({str(exc).split(';')[0]})" if isinstance(exc, StoreWriteError) else fsio.failure(exc)
             raise StoreWriteError(
-                f"importing into {out} failed{where} ({detail}); the partial cache was deleted: free space "
+                f"importing into {out} failed{failed}; the partial cache was deleted: free space "
                 f"and re-run {command}"
             ) from exc
         (out / IMPORTING_MARK).unlink()

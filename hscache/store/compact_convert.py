@@ -281,8 +281,7 @@ def convert_states(
             _move_in(root, work)
             return _publish_compact(root, manifest, announced)
         except OSError as exc:
-            where = f" at {exc.filename}" if exc.filename else ""
             raise StoreWriteError(
-                f"converting the states of {root} failed{where} ({exc.strerror or exc}); re-run the same "
+                f"converting the states of {root} failed{fsio.failure(exc)}; re-run the same "
                 "command to resume (fix the cause first, e.g. free disk space)"
             ) from exc

@@ -20,6 +20,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_with",
     "drop_page_cache",
+    "failure",
     "file_sha256",
     "fsync_dir",
     "fsync_file",
@@ -191,3 +192,11 @@ def drop_page_cache(paths: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def failure(exc: BaseException) -> str:
+    """``" at FILE (reason)"``: where an ``OSError`` struck and why, for a one-line write error
+    (``"writing to X failed" + failure(exc) + "; fix ..."``); no file, no ``at``."""
+    filename = getattr(exc, "filename", None)
+    where = f" at {filename}" if filename else ""
+    return f"{where} ({getattr(exc, 'strerror', None) or exc})"

@@ -283,9 +283,8 @@ def recompress_cache(
                 publish_manifest(root, manifest)
             shutil.rmtree(root / WORK_DIR, ignore_errors=True)
         except OSError as exc:
-            where = f" at {exc.filename}" if exc.filename else ""
             raise StoreWriteError(
-                f"recompressing {root} failed{where} ({exc.strerror or exc}); every array still reads as "
+                f"recompressing {root} failed{fsio.failure(exc)}; every array still reads as "
                 "before: fix the cause (e.g. free disk space) and re-run the same command to resume"
             ) from exc
     return manifest

@@ -480,9 +480,8 @@ def publish_manifest(root: Path, manifest: dict[str, Any]) -> None:
 
 def write_error(root: Path, committed_sequences: int, exc: OSError) -> StoreWriteError:
     """The one-line ``StoreWriteError`` for an ``OSError`` while writing the cache at ``root``."""
-    where = f" at {exc.filename}" if exc.filename else ""
     return StoreWriteError(
-        f"writing to {root} failed{where} ({exc.strerror or exc}); the {committed_sequences} sequences "
+        f"writing to {root} failed{fsio.failure(exc)}; the {committed_sequences} sequences "
         "committed before are intact: fix the cause (e.g. free disk space) and re-run the same command to resume"
     )
 
