@@ -66,12 +66,19 @@ def sampling_fields(setting: SamplingSetting, vocab_size: int, max_tokens: int) 
 
 def sampling_params(fields: Mapping[str, Any], seed: int | None, **extra: Any) -> Any:
     """``vllm.SamplingParams`` of ``sampling_fields``' output, the request's seed and ``extra`` fields
-    (``stop_token_ids``, ``max_tokens`` ...), which override ``fields``."""
+    (``stop_token_ids``, ``max_tokens`` ...), which override ``fields``.
+
+    ``detokenize=False``: hscache reads token ids and logprob values only (``returned``), never the text
+    or a logprob's decoded token, which vLLM would otherwise decode for every logprob of every position
+    (vllm 0.32.0 v1/engine/output_processor.py:250, logprobs.py:97-101; ~0.2 CPU-s of an engine's ~0.7 on
+    the tests' tiny target with 41 logprobs a position). What vLLM samples and returns as ids and
+    logprobs is the same; stopping is on token ids (``stop_token_ids``, EOS), checked without the text.
+    """
     from vllm import SamplingParams
 
     values = {**fields, **extra}
     logprobs = values.pop("logprobs", None)
-    return SamplingParams(**values, seed=seed, logprobs=logprobs or None)
+    return SamplingParams(**values, seed=seed, logprobs=logprobs or None, detokenize=False)
 
 
 def position_logprobs(entry: Mapping[int, Any]) -> list[list[float]]:

@@ -61,8 +61,15 @@ _FIX_INSTALL = (
 )
 # Settings that behave on a small CPU machine (docs/scoring.md "Judged by vLLM"): one OpenMP thread
 # per process, no core pinning, the engine in-process (no engine-core subprocess), no hub access.
+# NUMBA_NUM_THREADS: vLLM's prompt-lookup proposer is a numba parallel function that vLLM runs on at
+# most 1 thread (vllm 0.32.0 v1/spec_decode/, its batch_propose), but numba's OpenMP layer starts a pool
+# of NUMBA_NUM_THREADS (default: the cores) at its first call (the proposer's warm-up at engine start)
+# and sets the process's OpenMP thread count to it: torch ops then ran on 2 threads on a 2-core machine,
+# one of them spinning (measured: the judge's prompt-lookup engine 7.0 -> 1.9 CPU-s with it at 1; its
+# drafts and tokens the same, logprobs within fp32 rounding).
 _ENGINE_ENV = {
     "OMP_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "HF_HUB_OFFLINE": "1",
