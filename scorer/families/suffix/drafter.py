@@ -52,7 +52,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter,
     if refused:
         raise CheckpointError(
             f"{checkpoint}: {', '.join(refused)} do not apply to suffix decoding (no weights, a chain of at "
-            "most K): pass --num-speculative-tokens K and the --suffix-decoding-* settings"
+            "most K): pass --num-speculative-tokens K and --suffix-decoding-max-tree-depth and its kin (scorer eval --help)"
         )
     settings = {key: config.overrides.get(key) for key in SETTINGS}
     try:
