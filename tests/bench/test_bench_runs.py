@@ -32,7 +32,7 @@ def test_real_dims_bench_quick(capsys):
         "scorer --anchors chain vs all, DDTree off:",
         "scorer eval / bare drafter forward",
         "eval peak RSS - weights",
-        "open a 20,000-sequence index:",
+        "open a 2,000-sequence index:",
     ):
         assert line in out, out
 
