@@ -131,11 +131,12 @@ def test_sampled_scoring_bench_quick(capsys):
 
 
 @pytest.mark.slow
-def test_sampled_agreement_bench_quick(capsys):
-    """bench/sampled_agreement.py --quick: DFlash, both rules, offline vs online with z and swapped z."""
+def test_sampled_agreement_bench_quick(scale_cache: Path, capsys):
+    """bench/sampled_agreement.py --quick: DFlash, both rules, offline vs online with z and swapped z.
+    Its drafter trains on the session's greedy cache of layers 1,3,7 (built for the dask tests anyway)."""
     threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):  # the drafter training seeds torch
-        _bench("sampled_agreement").main(["--quick"])
+        _bench("sampled_agreement").main(["--quick", "--greedy-cache", str(scale_cache)])
     assert torch.get_num_threads() == threads  # the bench pins one thread and gives it back
     out = capsys.readouterr().out
     assert "setting T 0.03 top-k 2, drafters' logits x 0.001" in out, out
