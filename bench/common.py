@@ -136,29 +136,41 @@ def chain_speed(
 ) -> None:
     """An autoregressive family's chain drafting, batched over every anchor against the baselines that
     draft one anchor at a time (bench/eagle3.py, bench/mtp.py): on a fresh fp32 cache of the built-in
-    target at ``layers``, ``setup(tmp, cache dir, cache, K) -> (sequences, paths)`` gives each path
-    (``batched``, ``vllm_loop``, ``shared_step0``: ``path(*sequence) -> drafts [anchors, K]``); every
-    path's drafts are checked equal before the ratios are printed."""
+    target at ``layers`` (or ``--cache``, one that holds them), ``setup(tmp, cache dir, cache, K) ->
+    (sequences, paths)`` gives each path (``batched``, ``vllm_loop``, ``shared_step0``:
+    ``path(*sequence) -> drafts [anchors, K]``); every path's drafts are checked equal before the
+    ratios are printed."""
     import torch
 
     parser = argparse.ArgumentParser(description=description)
     int_flags(parser, sequences=4, new_tokens=128, k=3)
     parser.add_argument("--quick", action="store_true", help="2 sequences x 32 tokens (the test's form)")
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help=f"score this cache of the built-in target instead (it must hold layers {layers}; "
+        "--sequences and --new-tokens then do not apply): the test suite passes its session cache",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.sequences, args.new_tokens = 2, 32
+    if args.cache and (
+        missing := set(map(int, layers.split(","))) - set(hscache.open_cache(args.cache).layer_ids)
+    ):
+        parser.error(f"--cache {args.cache} lacks layers {sorted(missing)}: extract them (--layers {layers})")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        cache_dir = Path(tmp) / "cache"
-        hscache.extract(
-            hscache.ExtractConfig(
-                out=str(cache_dir),
-                layers=layers,
-                max_new_tokens=args.new_tokens,
-                dtype="fp32",
-                limit=args.sequences,
+        cache_dir = Path(args.cache) if args.cache else Path(tmp) / "cache"
+        if args.cache is None:
+            hscache.extract(
+                hscache.ExtractConfig(
+                    out=str(cache_dir),
+                    layers=layers,
+                    max_new_tokens=args.new_tokens,
+                    dtype="fp32",
+                    limit=args.sequences,
+                )
             )
-        )
         sequences, paths = setup(Path(tmp), cache_dir, hscache.open_cache(cache_dir), args.k)
         timings, drafts = {}, {}
         for name, path in paths.items():

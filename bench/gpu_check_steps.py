@@ -92,27 +92,28 @@ class Plan:
 
     @classmethod
     def for_dry_run(cls) -> Plan:
-        """The same steps at tiny sizes on the CPU; torch stands in for fla."""
+        """The same steps at tiny sizes on the CPU; torch stands in for fla. One prompt a target and two
+        new tokens: every step still generates, replays, trains and scores (the test suite runs it)."""
         return cls(
             dry_run=True,
             gpu="cpu",
             fla_backend="torch",
             budget_s=300.0,
-            builtin_limit=2,
-            builtin_new_tokens=4,
+            builtin_limit=1,
+            builtin_new_tokens=2,
             builtin_layers="1,3,7",
-            train_steps=5,
+            train_steps=2,
             block_size=4,
             ddtree=(4,),
             real=_real_dims(
                 hidden=64, intermediate=128, layers=4, vocab=1024, heads=(2, 1, 32), linear=(2, 4, 16)
             ),
-            real_limit=2,
-            real_new_tokens=4,
+            real_limit=1,
+            real_new_tokens=2,
             real_layers="1,2,3",
-            real_eval_limit=2,
+            real_eval_limit=1,
             throughput_batches=(1, 2),
-            throughput_new_tokens=4,
+            throughput_new_tokens=2,
             throughput_min_prompts=2,
             pytest_args=["tests/hscache/test_backend.py"],
             pytest_timeout_s=120,

@@ -119,24 +119,28 @@ def tempered(checkpoint: Path, out: Path, tensor: str, scale: float) -> Path:
     return out
 
 
-def drafters(work: Path, prompts: int, quick: bool, scale: float) -> dict[str, str]:
-    """The tests' recipe (tests/scorer/conftest.py) on a greedy cache of the same prompts, tempered."""
+def drafters(
+    work: Path, prompts: int, quick: bool, scale: float, greedy: Path | None = None
+) -> dict[str, str]:
+    """The tests' recipe (tests/scorer/conftest.py) on a greedy cache of the same prompts (or
+    ``greedy``, one of layers 1,3,7 already built), tempered."""
     from scorer import train_drafter
     from scorer.families.dflash2.init import init_from_dflash
     from scorer.families.eagle3.train import train_eagle3
 
-    greedy = work / "greedy"
-    # quick: the drafter only has to exist (its logits are tempered x 0.001 anyway), so one
-    # sequence trained 10 steps stands in for the recipe's 6 trained 150.
-    hscache.extract(
-        hscache.ExtractConfig(
-            out=str(greedy),
-            layers="1,3,7",
-            max_new_tokens=24,
-            dtype="fp32",
-            limit=prompts if quick else max(prompts, 6),
+    # quick: the drafter only has to exist (its logits are tempered x 0.001 anyway), so one (or a given
+    # cache's few) sequence trained 10 steps stands in for the recipe's 6 trained 150.
+    if greedy is None:
+        greedy = work / "greedy"
+        hscache.extract(
+            hscache.ExtractConfig(
+                out=str(greedy),
+                layers="1,3,7",
+                max_new_tokens=24,
+                dtype="fp32",
+                limit=prompts if quick else max(prompts, 6),
+            )
         )
-    )
     train_drafter(greedy, work / "trained-dflash", steps=10 if quick else 150, block_size=6, log_every=0)
     dflash = tempered(work / "trained-dflash", work / "dflash", "norm.weight", scale)
     out = {"dflash": str(dflash), "mtp": "target:mtp"}
@@ -173,7 +177,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ddtree", type=int, default=2, help="DFlash's DDTree node budget (tree mode)")
     parser.add_argument("--tree-temperature", type=float, default=0.01)
     parser.add_argument("--modes", default="chain,tree", help="chain, tree or both (comma-separated)")
+    parser.add_argument(
+        "--greedy-cache",
+        default=None,
+        help="train the drafters on this greedy cache of the built-in target (layers 1,3,7) instead of "
+        "extracting one: the test suite passes its session cache",
+    )
     args = parser.parse_args(argv)
+    if args.greedy_cache and (layers := hscache.open_cache(args.greedy_cache).layer_ids) != [1, 3, 7]:
+        parser.error(
+            f"--greedy-cache {args.greedy_cache} holds layers {layers}: extract one with --layers 1,3,7"
+        )
     if args.quick:
         args.runs, args.samples, args.prompts, args.new_tokens, args.families = 4, 4, 1, 4, "dflash"
     families = args.families.split(",")
@@ -182,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="hscache-sampled-agreement-"))
     try:
         t0 = time.process_time()
-        checkpoints = drafters(work, args.prompts, args.quick, args.temper)
+        greedy = Path(args.greedy_cache) if args.greedy_cache else None
+        checkpoints = drafters(work, args.prompts, args.quick, args.temper, greedy)
         setting = dict(temperature=args.temperature, top_k=args.top_k, top_p=1.0)
         sampling = SamplingSetting.from_flags(**setting, samples_per_prompt=args.samples, seed=args.seed)
         cache = work / "sampled"
