@@ -107,21 +107,21 @@ PLANTS: dict[str, tuple[dict, dict, int]] = {
     # 40 steps: +3.39 [+2.50, +4.43] on all 16 sequences, the lower end where 100 steps put it
     # (+3.92 [+2.60, +5.36], docs/diagnose.md's row), in 1.0 CPU-s instead of 2.1
     "positions+1": ({"block_position_offset": 1}, {}, 40),
-    # The cache's mask id is 3 (<|mask|>, a token the target never saw: its embedding is untrained).
-    # Trained FROM RANDOM WEIGHTS with mask 2, 400 steps (FROM_SCRATCH): the clean drafter fine-tuned
-    # under mask 2 keeps working with mask 3 (it was trained on it first), so that plant had nothing
-    # to find. From scratch, any trained id's embedding serves it better than the untrained one, so
-    # mask 0 is a runner-up: over seeds 0-3 (2026-12-04) `mask_token_id 2` leads every time with an
-    # interval above 0 (lower ends 0.87, 0.16, 0.16, 0.07) and is the finding for seed 0 (+1.40
-    # [+0.87, +1.94]); the others read "inconclusive between mask token id 2 and mask token id 0".
-    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 400),
+    # The clean weights (trained with the cache's mask id 3, <|mask|>), their config saying 0
+    # (<|endoftext|>), as a conversion that writes the pad/eos id gets it wrong: measured 2026-12-07 on
+    # all 16 sequences, the finding `mask_token_id 3` for clean seeds 0/1/2 with interval lower ends
+    # +0.94/+1.35/+0.86 (gains +1.79/+1.86/+1.49), ahead of the runner-up mask id beyond its interval.
+    # Until 2026-12-07 this plant was 400 steps from random weights under mask 2 with config 3 (5.3
+    # CPU-s; lower ends 0.87/0.16/0.16/0.07 over seeds 0-3, an inconclusive verdict for three of them):
+    # the clean drafter fine-tuned under mask 2 kept working with mask 3, so that plant needed its own
+    # training; a config rewrite of the clean weights needs none.
+    "mask0": ({}, {"mask_token_id": 0}, 0),
     "layers": ({}, {"target_layer_ids": [0, 2, 6]}, 0),  # trained on [1, 3, 7]: the config is one off
     # 150 steps (was 250): measured 2026-12-07 on all 16 sequences, finding final_norm pre with interval
     # lower ends 125: +0.90, 150: +1.20, 175: +0.99, 200: +1.00, 250: +0.74 (100: +0.03): 150 sits
     # inside the plateau, clear of the 0.05 the test asks, in 1.7 CPU-s less than 250
     "prenorm": ({"last_layer_normed": False}, {}, 150),
 }
-FROM_SCRATCH = {"mask2"}  # trained from random weights, not fine-tuned from the clean drafter
 
 
 @pytest.fixture(scope="session")
@@ -158,7 +158,7 @@ def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
                 train_drafter(diagnose_cache, trained["{}"], steps=CLEAN_STEPS, **common)
             if key not in trained:
                 trained[key] = root / f"trained{len(trained)}"
-                start = {} if name in FROM_SCRATCH else {"init_from": trained["{}"]}
+                start = {"init_from": trained["{}"]}
                 train_drafter(diagnose_cache, trained[key], steps=steps, **start, **common, **settings)
             out = root / name
             shutil.copytree(trained[key], out)

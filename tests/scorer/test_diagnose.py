@@ -272,19 +272,15 @@ def test_a_planted_convention_is_named_with_its_value(planted_drafter, diagnose_
 
 
 def test_a_wrong_mask_id_is_named(planted_drafter, diagnose_cache):
-    """Trained with mask 2, configured with the cache's 3 (<|mask|>, untrained in the target): the best fix
-    is the trained id, beyond its interval; it is the finding, or (another id's trained embedding serving
-    almost as well, conftest.PLANTS) inconclusive between it and another mask id, never another kind."""
-    report = _diagnose(planted_drafter("mask2"), diagnose_cache)
-    best = max(report["hypotheses"], key=lambda h: h["gain"])
-    assert (best["kind"], best["value"]) == ("mask_token_id", 2), report["verdict"]
-    assert best["ci"][0] > 0.05 and report["sample"]["sequences"] == 16
+    """Trained with the cache's mask 3 (<|mask|>), configured with 0 (<|endoftext|>): the finding is the
+    trained id, beyond its interval and ahead of every other mask id (conftest.PLANTS: lower ends
+    +0.86 to +1.35 over clean seeds 0-2)."""
+    report = _diagnose(planted_drafter("mask0"), diagnose_cache)
     finding = report["finding"]
-    if finding is not None:
-        assert (finding["kind"], finding["value"]) == ("mask_token_id", 2), report["verdict"]
-    else:
-        assert report["verdict"].startswith("inconclusive between mask token id 2"), report["verdict"]
-        assert report["verdict"].count("mask token id") >= 2, report["verdict"]
+    assert finding is not None, report["verdict"]
+    assert (finding["kind"], finding["value"]) == ("mask_token_id", 3), report["verdict"]
+    assert finding["ci"][0] > 0.05 and finding["tau_pooled"] > report["baseline"]["tau_pooled"]
+    assert report["sample"]["sequences"] == 16
 
 
 def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
