@@ -107,21 +107,21 @@ PLANTS: dict[str, tuple[dict, dict, int]] = {
     # 40 steps: +3.39 [+2.50, +4.43] on all 16 sequences, the lower end where 100 steps put it
     # (+3.92 [+2.60, +5.36], docs/diagnose.md's row), in 1.0 CPU-s instead of 2.1
     "positions+1": ({"block_position_offset": 1}, {}, 40),
-    # The cache's mask id is 3 (<|mask|>, a token the target never saw: its embedding is untrained).
-    # Trained FROM RANDOM WEIGHTS with mask 2, 400 steps (FROM_SCRATCH): the clean drafter fine-tuned
-    # under mask 2 keeps working with mask 3 (it was trained on it first), so that plant had nothing
-    # to find. From scratch, any trained id's embedding serves it better than the untrained one, so
-    # mask 0 is a runner-up: over seeds 0-3 (2026-12-04) `mask_token_id 2` leads every time with an
-    # interval above 0 (lower ends 0.87, 0.16, 0.16, 0.07) and is the finding for seed 0 (+1.40
-    # [+0.87, +1.94]); the others read "inconclusive between mask token id 2 and mask token id 0".
-    "mask2": ({"mask_token_id": 2}, {"mask_token_id": 3}, 400),
+    # The clean weights (trained with the cache's mask id 3, <|mask|>), their config saying 0
+    # (<|endoftext|>), as a conversion that writes the pad/eos id gets it wrong: measured 2026-12-07 on
+    # all 16 sequences, the finding `mask_token_id 3` for clean seeds 0/1/2 with interval lower ends
+    # +0.94/+1.35/+0.86 (gains +1.79/+1.86/+1.49), ahead of the runner-up mask id beyond its interval.
+    # Until 2026-12-07 this plant was 400 steps from random weights under mask 2 with config 3 (5.3
+    # CPU-s; lower ends 0.87/0.16/0.16/0.07 over seeds 0-3, an inconclusive verdict for three of them):
+    # the clean drafter fine-tuned under mask 2 kept working with mask 3, so that plant needed its own
+    # training; a config rewrite of the clean weights needs none.
+    "mask0": ({}, {"mask_token_id": 0}, 0),
     "layers": ({}, {"target_layer_ids": [0, 2, 6]}, 0),  # trained on [1, 3, 7]: the config is one off
     # 150 steps (was 250): measured 2026-12-07 on all 16 sequences, finding final_norm pre with interval
     # lower ends 125: +0.90, 150: +1.20, 175: +0.99, 200: +1.00, 250: +0.74 (100: +0.03): 150 sits
     # inside the plateau, clear of the 0.05 the test asks, in 1.7 CPU-s less than 250
     "prenorm": ({"last_layer_normed": False}, {}, 150),
 }
-FROM_SCRATCH = {"mask2"}  # trained from random weights, not fine-tuned from the clean drafter
 
 
 @pytest.fixture(scope="session")
@@ -158,7 +158,7 @@ def planted_drafter(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
                 train_drafter(diagnose_cache, trained["{}"], steps=CLEAN_STEPS, **common)
             if key not in trained:
                 trained[key] = root / f"trained{len(trained)}"
-                start = {} if name in FROM_SCRATCH else {"init_from": trained["{}"]}
+                start = {"init_from": trained["{}"]}
                 train_drafter(diagnose_cache, trained[key], steps=steps, **start, **common, **settings)
             out = root / name
             shutil.copytree(trained[key], out)
@@ -190,7 +190,11 @@ def diagnose_eagle3(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFacto
 # channel, non-unit; lm_head = embed / s: the logits, so every cached argmax, are the same up to
 # rounding, which the fixture checks) and whose target/mtp.safetensors is the head trained on it.
 MTP_NORM_SPREAD = 1.0  # s = exp(N(0, 1)): channels scaled 0.07-30x (seed 0)
-MTP_TRAIN_STEPS = 50  # step 0 only (K = 1): 2.3 CPU-s; loss 22 -> 0.05, tau 1.94 of at most 2
+# Step 0 only (K = 1): 20 full-batch steps at 1e-2 (was 50 at 3e-3: 1.9 CPU-s more): tau 1.93 of at most
+# 2, the plant's finding `final_norm post` for norm seeds 0/1/2 (reparametrise_final_norm) at +0.29
+# [+0.24, +0.35], +0.20 [+0.14, +0.26], +0.15 [+0.10, +0.20] (50 at 3e-3: lower ends +0.17, +0.15,
+# +0.11; measured 2026-12-07, all 16 sequences, n_boot 300)
+MTP_TRAIN_STEPS, MTP_TRAIN_LR = 20, 1e-2
 
 
 def reparametrise_final_norm(root: Path, spread: float, seed: int = 0) -> None:
@@ -318,7 +322,8 @@ def trained_mtp_cache(diagnose_cache: Path, tmp_path_factory: pytest.TempPathFac
         top = logits.gather(-1, cache.target_argmax(r)[:, None].long())[:, 0]
         assert torch.all(logits.max(-1).values - top <= 1e-4)
     save_file(
-        train_mtp_head(out, post_norm=True, steps=MTP_TRAIN_STEPS), str(out / "target" / "mtp.safetensors")
+        train_mtp_head(out, post_norm=True, steps=MTP_TRAIN_STEPS, lr=MTP_TRAIN_LR),
+        str(out / "target" / "mtp.safetensors"),
     )
     reseal_target(out)
     return out

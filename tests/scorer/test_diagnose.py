@@ -249,11 +249,14 @@ def test_measure_drift_is_the_relative_l2_per_layer() -> None:
 # ---- planted conventions ------------------------------------------------------------------------
 # Measured with seed 0 on the trained target of 2026-12-04 (docs/diagnose.md): the finding's interval
 # lower end is >= 0.88 tau above zero for the positions, layers and final-norm plants; we assert the
-# name and value, and a margin of 0.05 on the lower end. The mask plant: its own test below.
-PLANTED = [
-    ("positions+1", "position_offset", 1),
-    ("layers", "layer_ids", 1),
-    ("prenorm", "final_norm", "pre"),
+# name and value, and a margin of 0.05 on the lower end. The mask plant: its own test below. The
+# layers plant (the config one layer off: tau ~1.7 against the clean ~5.6) on 6 sequences, 0.6 CPU-s
+# less than 16: measured 2026-12-07 for clean seeds 0/1/2, +5.73 [+5.00, +6.24], +3.65 [+2.55, +5.35],
+# +3.44 [+2.70, +4.66] (on 16: lower ends +2.80, +2.47, +3.42).
+PLANTED = [  # plant, kind, value, --limit (None: the default sample, all 16 sequences)
+    ("positions+1", "position_offset", 1, None),
+    ("layers", "layer_ids", 1, 6),
+    ("prenorm", "final_norm", "pre", None),
 ]
 
 
@@ -261,30 +264,29 @@ def _diagnose(checkpoint: Path, cache: Path, **options) -> dict:
     return diagnose_checkpoint(checkpoint, [cache], DiagnoseConfig(anchors="all", **options))
 
 
-@pytest.mark.parametrize("plant, kind, value", PLANTED)
-def test_a_planted_convention_is_named_with_its_value(planted_drafter, diagnose_cache, plant, kind, value):
-    report = _diagnose(planted_drafter(plant), diagnose_cache)
+@pytest.mark.parametrize("plant, kind, value, limit", PLANTED)
+def test_a_planted_convention_is_named_with_its_value(
+    planted_drafter, diagnose_cache, plant, kind, value, limit
+):
+    report = _diagnose(planted_drafter(plant), diagnose_cache, limit=limit)
     finding = report["finding"]
     assert finding is not None, report["verdict"]
     assert (finding["kind"], finding["value"]) == (kind, value), report["verdict"]
     assert finding["ci"][0] > 0.05 and finding["tau_pooled"] > report["baseline"]["tau_pooled"]
-    assert report["sample"]["sequences"] == 16  # all of them: fewer than the default sample of 32
+    # all of them (fewer than the default sample of 32), or the --limit asked for
+    assert report["sample"]["sequences"] == (limit or 16)
 
 
 def test_a_wrong_mask_id_is_named(planted_drafter, diagnose_cache):
-    """Trained with mask 2, configured with the cache's 3 (<|mask|>, untrained in the target): the best fix
-    is the trained id, beyond its interval; it is the finding, or (another id's trained embedding serving
-    almost as well, conftest.PLANTS) inconclusive between it and another mask id, never another kind."""
-    report = _diagnose(planted_drafter("mask2"), diagnose_cache)
-    best = max(report["hypotheses"], key=lambda h: h["gain"])
-    assert (best["kind"], best["value"]) == ("mask_token_id", 2), report["verdict"]
-    assert best["ci"][0] > 0.05 and report["sample"]["sequences"] == 16
+    """Trained with the cache's mask 3 (<|mask|>), configured with 0 (<|endoftext|>): the finding is the
+    trained id, beyond its interval and ahead of every other mask id (conftest.PLANTS: lower ends
+    +0.86 to +1.35 over clean seeds 0-2)."""
+    report = _diagnose(planted_drafter("mask0"), diagnose_cache)
     finding = report["finding"]
-    if finding is not None:
-        assert (finding["kind"], finding["value"]) == ("mask_token_id", 2), report["verdict"]
-    else:
-        assert report["verdict"].startswith("inconclusive between mask token id 2"), report["verdict"]
-        assert report["verdict"].count("mask token id") >= 2, report["verdict"]
+    assert finding is not None, report["verdict"]
+    assert (finding["kind"], finding["value"]) == ("mask_token_id", 3), report["verdict"]
+    assert finding["ci"][0] > 0.05 and finding["tau_pooled"] > report["baseline"]["tau_pooled"]
+    assert report["sample"]["sequences"] == 16
 
 
 def test_a_clean_drafter_gets_no_finding(planted_drafter, diagnose_cache):
