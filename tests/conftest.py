@@ -176,7 +176,11 @@ def dask_client():
 
     The workers are forked by a forkserver that imported torch, hscache and the scorer once
     (~3 CPU-s), where each spawned worker (distributed's default) imports them itself (~3.5 CPU-s
-    each); they are still separate processes that receive their tasks pickled, as spawned ones."""
+    each); they are still separate processes that receive their tasks pickled, as spawned ones.
+    It also imports what an extraction of the built-in target imports (test_shards.py's two shard
+    workers each imported it themselves: ~2 CPU-s each) and then freezes its heap (tests/frozen_heap.py).
+    Measured back to back (2026-12-07, shared 2-core VM, noisy): test_shards.py 11.3 -> 8.3 CPU-s; the
+    dask tests of test_distributed.py and test_data.py, which extract nothing, 7.8 -> 8.5."""
     import dask
     from distributed.utils import get_mp_context
 
@@ -204,6 +208,9 @@ def dask_client():
                 "hscache",
                 "scorer.studies.evaluate",
                 "scorer.studies.distributed",
+                "hscache.capture.extract",
+                "transformers.models.qwen3_5.modeling_qwen3_5",
+                "tests.frozen_heap",
             ]
         )
         with cluster_client(workers=2) as client:
