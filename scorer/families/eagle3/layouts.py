@@ -40,11 +40,31 @@ from scorer.formats.checkpoint_io import (
 from scorer.formats.files import FORMAT_PICKLE, read_json, read_weights, resolve_files
 from scorer.offline.sequences import check_fits, fit_problems, layer_fit_problem
 
-__all__ = ["check_eagle3_compatible", "load_eagle3", "read_eagle3"]
+__all__ = ["EAGLE3", "Eagle3Variant", "check_eagle3_compatible", "load_eagle3", "read_eagle3"]
 
 _PREFIXES = ("module.", "_orig_mod.", "draft_model.", "model.")
 _OWN_HEAD = ("embed_tokens.weight", "d2t", "t2d")
 _IGNORED = ("verifier_lm_head.weight", "verifier_norm.weight")  # speculators training-only
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Variant:
+    """A family built on EAGLE-3's loaders (offline `load_eagle3`, online ``online.load_online``).
+
+    ``speculators_type``: the ``speculators_model_type`` read as a speculators config.
+    ``drafter_class``: the module (an `Eagle3Drafter` subclass) whose state dict the weights must fit.
+    ``own_embedding_unless_identical``: keep a shipped ``embed_tokens`` of the target's shape unless it
+    equals the target's (vLLM 0.32.0 ``llm_base_proposer.py`` ``_maybe_share_embeddings``, lines
+    1435-1460: the target's is shared only when the drafter ships none or an identical one); without it,
+    the target's whenever the shapes match.
+    """
+
+    speculators_type: str = "eagle3"
+    drafter_class: type[Eagle3Drafter] = Eagle3Drafter
+    own_embedding_unless_identical: bool = False
+
+
+EAGLE3 = Eagle3Variant()  # EAGLE-3 itself
 
 
 def _normalize(
@@ -107,14 +127,12 @@ def read_eagle3(
     num_speculative_tokens: int | None = None,
     trust_checkpoint: bool = False,
     config_path: str | None = None,
-    speculators_type: str = "eagle3",
-    drafter_class: type[Eagle3Drafter] = Eagle3Drafter,
+    variant: Eagle3Variant = EAGLE3,
 ) -> tuple[Eagle3Config, dict[str, torch.Tensor], dict[str, torch.Tensor], LoadReport]:
     """Read an EAGLE-3 checkpoint: (config, drafter weights, own head tensors, load report).
 
-    A family built on EAGLE-3 reads its own speculators layout through this: ``speculators_type`` is the
-    ``speculators_model_type`` read as a speculators config, ``drafter_class`` (a subclass of
-    `Eagle3Drafter`) the module whose state dict the weights must fit.
+    A family built on EAGLE-3 reads its own speculators layout through this (``variant``: its
+    ``speculators_model_type`` and the module whose state dict the weights must fit).
 
     Raises:
         CheckpointError: unreadable files, no config, an unsupported option or key (named).
@@ -132,7 +150,7 @@ def read_eagle3(
             "from the weights); pass --config DRAFT_CONFIG.json (SpecForge: the run's draft model config)"
         )
     try:
-        if config.get("speculators_model_type") == speculators_type:
+        if config.get("speculators_model_type") == variant.speculators_type:
             fields, sources, notes = from_speculators(config, num_target_layers)
         else:
             layout = "eagle_release" if fmt == FORMAT_PICKLE and root.is_dir() else "specforge"
@@ -156,7 +174,7 @@ def read_eagle3(
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{root}: invalid EAGLE-3 config: {e}") from e
     weights, head, changes = _normalize(raw)
-    _validate(weights, eagle, root, drafter_class)
+    _validate(weights, eagle, root, variant.drafter_class)
     report = LoadReport.of_files(
         root,
         fmt,
@@ -217,17 +235,10 @@ def load_eagle3(
     cache: CacheView,
     config: Any,
     *,
-    speculators_type: str = "eagle3",
-    drafter_class: type[Eagle3Drafter] = Eagle3Drafter,
-    own_embedding_unless_identical: bool = False,
+    variant: Eagle3Variant = EAGLE3,
 ) -> tuple[Eagle3Drafter, Any]:
-    """The family's loader: read, check against ``cache``, build and ready the drafter.
-
-    ``speculators_type`` / ``drafter_class``: as `read_eagle3` (a family built on this one).
-    ``own_embedding_unless_identical``: keep a shipped ``embed_tokens`` of the target's shape unless it
-    equals the target's (vLLM 0.32.0 ``llm_base_proposer.py`` ``_maybe_share_embeddings``, lines
-    1435-1460: the target's is shared only when the drafter ships none or an identical one); without it,
-    the target's whenever the shapes match.
+    """The family's loader: read, check against ``cache``, build and ready the drafter (``variant``: a
+    family built on this one, `Eagle3Variant`).
 
     Raises:
         CheckpointError: a DFlash-only flag was given (named), or the checkpoint is unreadable.
@@ -256,8 +267,7 @@ def load_eagle3(
         num_speculative_tokens=config.num_speculative_tokens,
         trust_checkpoint=config.trust_checkpoint,
         config_path=config.config_path,
-        speculators_type=speculators_type,
-        drafter_class=drafter_class,
+        variant=variant,
     )
     check_eagle3_compatible(eagle, cache, str(cache.path))
     check_scored_sizes(
@@ -269,7 +279,7 @@ def load_eagle3(
         else "its config's K",
     )
     dtype = DTYPES[config.dtype]
-    drafter = drafter_class(eagle)
+    drafter = variant.drafter_class(eagle)
     drafter.load_state_dict(weights)
     drafter = drafter.to(device=config.device, dtype=dtype).eval()
     embed = cache.target_head()["embed_tokens"]
@@ -282,7 +292,11 @@ def load_eagle3(
             own,
             "embedding: the checkpoint's own embed_tokens (its shape differs from the target's)",
         )
-    elif own is not None and own_embedding_unless_identical and not torch.equal(own.to(embed.dtype), embed):
+    elif (
+        own is not None
+        and variant.own_embedding_unless_identical
+        and not torch.equal(own.to(embed.dtype), embed)
+    ):
         embed, note = own, "embedding: the checkpoint's own embed_tokens (it differs from the target's)"
     drafter.attach_embedding(embed.to(device=config.device, dtype=dtype), head.get("d2t"))
     return drafter, _Loaded(eagle, dataclasses.replace(report, notes=(*report.notes, note)))

@@ -10,7 +10,7 @@ import torch
 from scorer.errors import CheckpointError, IncompatibleCacheError
 from scorer.families.autoregressive import EagleTree, eagle_tree
 from scorer.families.base import DraftDraw, OnlineOptions, Proposer
-from scorer.families.eagle3.layouts import read_eagle3
+from scorer.families.eagle3.layouts import EAGLE3, Eagle3Variant, read_eagle3
 from scorer.families.eagle3.model import Eagle3Drafter
 
 __all__ = ["captured_layers", "eagle3_proposer", "load_online", "online"]
@@ -53,13 +53,11 @@ def load_online(
     target: Any,
     options: OnlineOptions,
     *,
-    speculators_type: str = "eagle3",
-    drafter_class: type[Eagle3Drafter] = Eagle3Drafter,
-    own_embedding_unless_identical: bool = False,
+    variant: Eagle3Variant = EAGLE3,
 ) -> tuple[Eagle3Drafter, Any]:
     """(the drafter on the target's device and dtype, its LoadReport): the checkpoint read, checked against
-    the live target, its embedding attached. ``speculators_type`` / ``drafter_class`` /
-    ``own_embedding_unless_identical``: as ``layouts.load_eagle3`` (a family built on this one).
+    the live target, its embedding attached. ``variant``: as ``layouts.load_eagle3`` (a family built on
+    this one).
 
     Raises:
         IncompatibleCacheError: hidden size, vocabulary or layers do not fit the target (all named).
@@ -70,8 +68,7 @@ def load_online(
         num_speculative_tokens=options.num_speculative_tokens,
         trust_checkpoint=options.trust_checkpoint,
         config_path=options.config_path,
-        speculators_type=speculators_type,
-        drafter_class=drafter_class,
+        variant=variant,
     )
     embed = target.model.get_input_embeddings().weight.detach()
     problems = [
@@ -87,7 +84,7 @@ def load_online(
         problems.append(f"drafter target layers {bad} do not exist in a {target.num_layers}-layer target")
     if problems:
         raise IncompatibleCacheError("; ".join(problems))
-    drafter = drafter_class(config)
+    drafter = variant.drafter_class(config)
     drafter.load_state_dict(weights)
     drafter = drafter.to(device=options.device, dtype=target.model.dtype).eval()
     own = head.get("embed_tokens.weight")
@@ -95,7 +92,10 @@ def load_online(
     # shipped one equals it): the same rule as the offline loader (layouts.load_eagle3).
     if own is not None and (
         tuple(own.shape) != tuple(embed.shape)
-        or (own_embedding_unless_identical and not torch.equal(own.to(embed.device, embed.dtype), embed))
+        or (
+            variant.own_embedding_unless_identical
+            and not torch.equal(own.to(embed.device, embed.dtype), embed)
+        )
     ):
         embed = own.to(options.device, target.model.dtype)
     drafter.attach_embedding(embed, head.get("d2t"))

@@ -18,7 +18,7 @@ from scorer.errors import CheckpointError, IncompatibleCacheError, ScorerError
 from scorer.families.base import CheckpointProbe, OnlineOptions, Proposer, checkpoint_model
 from scorer.families.eagle3.config import NEMO_ARCHITECTURE
 from scorer.families.eagle3.init import eagle3_config_for_cache, publish_eagle3
-from scorer.families.eagle3.layouts import load_eagle3
+from scorer.families.eagle3.layouts import Eagle3Variant, load_eagle3
 from scorer.families.eagle3.online import captured_layers, eagle3_proposer, load_online
 from scorer.families.eagle3.seam import cost as eagle3_cost
 from scorer.families.peagle.model import PEagleDrafter
@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 SPECULATORS_TYPE = "peagle"  # speculators 0.9 models/peagle/config.py; vLLM's speculators reader knows it
+# EAGLE-3's loaders read P-EAGLE as: its speculators type, its module, vLLM's embedding rule for it.
+VARIANT = Eagle3Variant(SPECULATORS_TYPE, PEagleDrafter, own_embedding_unless_identical=True)
 ARCHITECTURES = ("PEagleSpeculator", "PEagleDraftModel")
 # Options vLLM's speculators reader does not pass on for a speculators peagle config (configs/speculators/algos.py:53-87 sets
 # draft_vocab_size, target_hidden_size, norm_before_residual, norm_before_fc and the mask token only), so
@@ -81,9 +83,7 @@ def load(checkpoint: str | Path, cache: CacheView, config: Any) -> tuple[PEagleD
         checkpoint,
         cache,
         plain,
-        speculators_type=SPECULATORS_TYPE,
-        drafter_class=PEagleDrafter,
-        own_embedding_unless_identical=True,
+        variant=VARIANT,
     )
     _set_mask_token(checkpoint, drafter, mask)
     return drafter, loaded
@@ -109,9 +109,7 @@ def online(checkpoint: str | Path, target: Any, options: OnlineOptions) -> tuple
         checkpoint,
         target,
         options,
-        speculators_type=SPECULATORS_TYPE,
-        drafter_class=PEagleDrafter,
-        own_embedding_unless_identical=True,
+        variant=VARIANT,
     )
     _set_mask_token(checkpoint, drafter, mask)
     return captured_layers(drafter)[0], eagle3_proposer(drafter), report
