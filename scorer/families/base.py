@@ -45,6 +45,7 @@ __all__ = [
     "Family",
     "FamilyFlag",
     "LazyFunction",
+    "Loaded",
     "OnlineOptions",
     "Proposer",
     "TARGET_PREFIX",
@@ -84,6 +85,15 @@ class Drafter(Protocol):
 
     family: str
     config: DrafterSettings
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a family's ``load`` returns beside the drafter, for the shared report: the drafter's config as
+    it was resolved and its ``LoadReport`` (files, digests, where each field came from)."""
+
+    config: Any
+    report: Any
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from scorer.offline.drafted_rounds import DraftedRounds, counters_summary
 from scorer.offline.sequences import CachedSequence, SequenceResult, result_from_parts, score_rows_with
 
 __all__ = [
-    "LoadedSettings",
     "ProposerSettings",
     "WeightlessDrafter",
     "counters",
@@ -73,13 +72,6 @@ class WeightlessDrafter:
 
     def parameters(self) -> Iterator[Any]:
         return iter(())
-
-
-class LoadedSettings:
-    """What the report reads from a load: ``.report`` (``.config``: the proposer's settings)."""
-
-    def __init__(self, config: Any, report: LoadReport) -> None:
-        self.config, self.report = config, report
 
 
 def refused_flags(config: Any, settings: tuple[str, ...]) -> list[str]:

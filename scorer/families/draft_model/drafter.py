@@ -45,6 +45,7 @@ from scorer.errors import CheckpointError
 from scorer.families.base import (
     CheckpointProbe,
     DraftDraw,
+    Loaded,
     OnlineOptions,
     Proposer,
     attention_flops,
@@ -159,13 +160,6 @@ class DraftModel:
         return self.model.get_output_embeddings()(hidden)
 
 
-class LoadedDraftModel:
-    """What the report reads from a load: ``.report`` and ``.config``."""
-
-    def __init__(self, config: DraftModelSettings, report: LoadReport) -> None:
-        self.config, self.report = config, report
-
-
 def _refuse_flags(checkpoint: str, config: Any) -> None:
     refused = [
         flag
@@ -201,7 +195,7 @@ def check_tokenizer(checkpoint: str, draft_tokenizer: Any, target_tokenizer: Any
         )
 
 
-def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[DraftModel, LoadedDraftModel]:
+def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[DraftModel, Loaded]:
     """The draft LM (hscache's loader: a built-in or an HF directory) in the scoring dtype, checked against
     the cache's tokenizer and vocabulary size.
 
@@ -283,7 +277,7 @@ def _load_lm(
     target_tokenizer: Any,
     target_vocab: int | None,
     target_name: Any,
-) -> tuple[DraftModel, LoadedDraftModel]:
+) -> tuple[DraftModel, Loaded]:
     """The draft LM named by ``checkpoint`` in ``dtype`` on ``device``, checked against the target's
     tokenizer and vocabulary size (vLLM requires them equal), with its load report.
 
@@ -324,7 +318,7 @@ def _load_lm(
         ),
         layout="vllm",
     )
-    return DraftModel(lm.model.eval(), settings, lm.weights_sha256), LoadedDraftModel(settings, report)
+    return DraftModel(lm.model.eval(), settings, lm.weights_sha256), Loaded(settings, report)
 
 
 def _public(lm_config: dict[str, Any]) -> dict[str, Any]:

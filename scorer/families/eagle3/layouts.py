@@ -23,7 +23,7 @@ import torch
 from hscache.store.dtypes import DTYPES
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
-from scorer.families.base import check_scored_sizes, longest_sequence
+from scorer.families.base import Loaded, check_scored_sizes, longest_sequence
 from scorer.families.eagle3.config import (
     ENGINE_DEFAULT_K,
     ENGINE_DEFAULT_K_SOURCE,
@@ -299,11 +299,4 @@ def load_eagle3(
     ):
         embed, note = own, "embedding: the checkpoint's own embed_tokens (it differs from the target's)"
     drafter.attach_embedding(embed.to(device=config.device, dtype=dtype), head.get("d2t"))
-    return drafter, _Loaded(eagle, dataclasses.replace(report, notes=(*report.notes, note)))
-
-
-class _Loaded:
-    """What the shared report reads from a loaded checkpoint (``config``, ``report``)."""
-
-    def __init__(self, config: Eagle3Config, report: LoadReport) -> None:
-        self.config, self.report = config, report
+    return drafter, Loaded(eagle, dataclasses.replace(report, notes=(*report.notes, note)))

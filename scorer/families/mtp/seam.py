@@ -26,6 +26,7 @@ from scorer.families.base import (
     TARGET_PREFIX,
     CheckpointProbe,
     DraftDraw,
+    Loaded,
     OnlineOptions,
     Proposer,
     attention_flops,
@@ -72,13 +73,6 @@ HEADS = {
 }
 _PREFIX = "mtp."
 _VLLM_DEFAULT_K = "vLLM: num_speculative_tokens defaults to n_predict = mtp_num_hidden_layers"
-
-
-class LoadedHead:
-    """What the shared report reads from a loaded checkpoint: ``.report`` (and ``.config``)."""
-
-    def __init__(self, config: MtpConfig, report: LoadReport) -> None:
-        self.config, self.report = config, report
 
 
 def claims(probe: CheckpointProbe) -> bool:
@@ -167,7 +161,7 @@ def _check_keys(head: MtpHead, weights: dict[str, torch.Tensor]) -> None:
         )
 
 
-def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, LoadedHead]:
+def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, Loaded]:
     """Ready the cache's own MTP head (``checkpoint``: ``target:mtp`` or ``target:mtp-prenorm``).
 
     Raises:
@@ -224,7 +218,7 @@ def load_mtp(checkpoint: str, cache: CacheView, config: Any) -> tuple[MtpHead, L
     head.context_norm = None if head.final_norm is None else (0, head.final_norm)
     recorded = cache.manifest.get("checksums", {}).get("target/mtp.safetensors", {}).get("sha256", "")
     report = _report(str(checkpoint), stored, head.config, k_source, recorded)
-    return head, LoadedHead(head.config, report)
+    return head, Loaded(head.config, report)
 
 
 def ready_head(

@@ -16,6 +16,7 @@ from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
 from scorer.families.base import (
     CheckpointProbe,
+    Loaded,
     OnlineOptions,
     Proposer,
     check_scored_sizes,
@@ -25,7 +26,6 @@ from scorer.families.ngram import FLAGS
 from scorer.families.ngram.propose import NgramConfig, NgramIndex, propose
 from scorer.families.ngram.replay import NgramRounds, replay_ngram
 from scorer.families.weightless import (
-    LoadedSettings,
     WeightlessDrafter,
     refused_flags,
     rows_scorer,
@@ -54,7 +54,7 @@ class NgramDrafter(WeightlessDrafter):
         super().__init__("ngram", proposer)
 
 
-def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, LoadedSettings]:
+def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, Loaded]:
     """The proposer with vLLM's settings from the eval config.
 
     Raises:
@@ -74,7 +74,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[NgramDrafter, 
         num_speculative_tokens=proposer.num_speculative_tokens,
         prompt_lookup_max=proposer.prompt_lookup_max,
     )
-    return NgramDrafter(proposer), LoadedSettings(proposer, report)
+    return NgramDrafter(proposer), Loaded(proposer, report)
 
 
 def _settings(checkpoint: str, k: int | None, overrides: dict[str, Any]) -> tuple[NgramConfig, LoadReport]:

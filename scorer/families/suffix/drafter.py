@@ -17,10 +17,10 @@ import numpy as np
 from hscache.store.view import CacheView
 from scorer.errors import CheckpointError
 from scorer.families import weightless
-from scorer.families.base import CheckpointProbe, check_scored_sizes, longest_sequence
+from scorer.families.base import CheckpointProbe, Loaded, check_scored_sizes, longest_sequence
 from scorer.families.suffix import FLAGS
 from scorer.families.suffix.propose import ServedProposer, SuffixConfig
-from scorer.families.weightless import LoadedSettings, WeightlessDrafter
+from scorer.families.weightless import WeightlessDrafter
 from scorer.offline.drafted_rounds import DraftedRounds, replay_drafted
 from scorer.offline.sequences import SequenceResult
 
@@ -42,7 +42,7 @@ class SuffixDrafter(WeightlessDrafter):
         self.proposer = ServedProposer(config)
 
 
-def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter, LoadedSettings]:
+def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter, Loaded]:
     """The proposer with vLLM's settings from the eval config.
 
     Raises:
@@ -73,7 +73,7 @@ def load(checkpoint: str, cache: CacheView, config: Any) -> tuple[SuffixDrafter,
         "vLLM suffix_decoding.py with Arctic Inference 0.3.0's suffix trees: the prompt tree and the "
         "global tree of the earlier rows' responses (rows served one at a time, in order)",
     )
-    return SuffixDrafter(proposer), LoadedSettings(proposer, report)
+    return SuffixDrafter(proposer), Loaded(proposer, report)
 
 
 def score_sequence(
