@@ -223,3 +223,10 @@ def test_a_relative_workdir_reaches_the_worker(tmp_path, monkeypatch):
     job = {"engines": [{"method": "ngram"}], "k": 3}
     assert run_worker("json.tool", job, "wg/engine", python=sys.executable) == job
     assert (tmp_path / "wg" / "engine" / "result.json").is_file()
+
+
+def test_proposed_steps_reads_each_recorded_draft_length_once_in_order():
+    from hscache.engines.vllm.worker import proposed_steps
+
+    unrecorded = proposed_steps([3, 0, 2, 0])
+    assert [unrecorded([]) for _ in range(6)] == [False, True, False, True, False, False]

@@ -111,10 +111,10 @@ def unrecorded_steps(entry: dict[str, Any], prompt_ids: list[int]) -> Callable[[
 def proposed_steps(lengths: list[int]) -> Callable[[list[int]], bool]:
     """``place_rounds``' ``unrecorded`` from a request's recorded draft lengths, one per step in order
     (draft_record.py ``take_proposed``): a step is unrecorded where its draft was empty."""
-    pending = list(lengths)
+    steps = iter(lengths)
 
     def unrecorded(generated: list[int]) -> bool:
-        return bool(pending) and pending.pop(0) == 0
+        return next(steps, None) == 0  # past the recorded steps: recorded (as before, an empty list)
 
     return unrecorded
 
